@@ -1,0 +1,186 @@
+//! Types and names shared by the eBPF programs (`redirect-ebpf`) and the node agent (`redirect`).
+//!
+//! Everything that crosses the kernel/user wall lives here, `#[repr(C)]` with explicit padding so that
+//! map keys never carry uninitialised bytes. The user side gets `aya::Pod` impls with the `user` feature.
+#![no_std]
+
+/// Port the outbound proxy listens on at the gateway address.
+pub const PROXY_PORT: u16 = 15001;
+/// Port the DNS proxy listens on (UDP and TCP) at the gateway address.
+pub const DNS_PROXY_PORT: u16 = 15053;
+/// The DNS port whose traffic the programs steer to the DNS proxy.
+pub const DNS_PORT: u16 = 53;
+/// `SO_MARK` the agent puts on its own upstream sockets; the programs never redirect a socket carrying it.
+pub const AGENT_SOCKET_MARK: u32 = 0x0001_5001;
+
+/// Names of the maps in the eBPF object.
+pub mod maps {
+    /// socket cookie -> [`super::OrigDst`]: written by connect4/sendmsg4, read by sock_ops,
+    /// getpeername4 and recvmsg4 on the same socket.
+    pub const SOCKET_ORIG_DST: &str = "SOCKET_ORIG_DST";
+    /// client address ([`super::SockAddr`]) -> [`super::OrigDst`]: filed by sock_ops before the SYN
+    /// leaves, read by the agent after `accept()` using the peer address.
+    pub const FLOW_ORIG_DST: &str = "FLOW_ORIG_DST";
+    /// Per-CPU counters indexed by [`super::Stat`].
+    pub const STATS: &str = "STATS";
+}
+
+/// Names of the programs in the eBPF object (the function names).
+pub mod programs {
+    pub const CONNECT4: &str = "connect4";
+    pub const SENDMSG4: &str = "sendmsg4";
+    pub const RECVMSG4: &str = "recvmsg4";
+    pub const GETPEERNAME4: &str = "getpeername4";
+    pub const SOCK_OPS: &str = "sock_ops";
+}
+
+/// Names of the read-only globals the agent sets at load time.
+pub mod globals {
+    /// The gateway IPv4 address, in network byte order (as `bpf_sock_addr.user_ip4`).
+    pub const GATEWAY_V4: &str = "GATEWAY_V4";
+    /// Port of the outbound proxy, host byte order.
+    pub const PROXY_PORT: &str = "PROXY_PORT";
+    /// Port of the DNS proxy, host byte order; 0 leaves DNS alone.
+    pub const DNS_PROXY_PORT: &str = "DNS_PROXY_PORT";
+}
+
+/// Sizes of the maps. LRU maps: an entry lives while its socket may still be looked up; the oldest go first.
+pub const SOCKET_MAP_ENTRIES: u32 = 65_536;
+pub const FLOW_MAP_ENTRIES: u32 = 65_536;
+
+/// Counters the programs keep, one slot each in the per-CPU `STATS` array.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stat {
+    /// TCP connect() rewritten to the outbound proxy.
+    TcpRedirected = 0,
+    /// DNS (UDP connect/sendmsg or TCP connect to port 53) rewritten to the DNS proxy.
+    DnsRedirected = 1,
+    /// DNS reply source rewritten back to the resolver the client addressed.
+    DnsReplyRewritten = 2,
+    /// Socket skipped because it carries the agent's mark.
+    SkippedAgentMark = 3,
+    /// Flow filed by sock_ops for the agent to read after accept().
+    FlowFiled = 4,
+    /// A map update failed (map full or similar); the connection went to the proxy without its origin.
+    MapUpdateFailed = 5,
+}
+
+impl Stat {
+    pub const COUNT: u32 = 6;
+    pub const ALL: [Stat; Self::COUNT as usize] = [
+        Stat::TcpRedirected,
+        Stat::DnsRedirected,
+        Stat::DnsReplyRewritten,
+        Stat::SkippedAgentMark,
+        Stat::FlowFiled,
+        Stat::MapUpdateFailed,
+    ];
+
+    /// Name used for the metric label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Stat::TcpRedirected => "tcp_redirected",
+            Stat::DnsRedirected => "dns_redirected",
+            Stat::DnsReplyRewritten => "dns_reply_rewritten",
+            Stat::SkippedAgentMark => "skipped_agent_mark",
+            Stat::FlowFiled => "flow_filed",
+            Stat::MapUpdateFailed => "map_update_failed",
+        }
+    }
+}
+
+/// An IP address and port. IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`) so one layout serves both
+/// families (connect6 comes later and reuses these maps).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct SockAddr {
+    /// Address bytes in network order.
+    pub addr: [u8; 16],
+    /// Port in host byte order.
+    pub port: u16,
+    pub _pad: u16,
+}
+
+impl SockAddr {
+    /// From an IPv4 address in network byte order as the kernel hands it (`user_ip4`, `local_ip4`)
+    /// and a port in host byte order.
+    #[inline(always)]
+    pub const fn from_v4_be(ip_be: u32, port: u16) -> Self {
+        let b = ip_be.to_ne_bytes();
+        SockAddr {
+            addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, b[0], b[1], b[2], b[3]],
+            port,
+            _pad: 0,
+        }
+    }
+
+    /// The IPv4 address in network byte order, when this is an IPv4-mapped address.
+    #[inline(always)]
+    pub const fn v4_be(&self) -> Option<u32> {
+        let a = &self.addr;
+        if a[0] == 0
+            && a[1] == 0
+            && a[2] == 0
+            && a[3] == 0
+            && a[4] == 0
+            && a[5] == 0
+            && a[6] == 0
+            && a[7] == 0
+            && a[8] == 0
+            && a[9] == 0
+            && a[10] == 0xff
+            && a[11] == 0xff
+        {
+            Some(u32::from_ne_bytes([a[12], a[13], a[14], a[15]]))
+        } else {
+            None
+        }
+    }
+}
+
+/// What the programs remember about a redirected socket: where the application meant to go, and who it is.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct OrigDst {
+    /// The destination the application passed to connect()/sendmsg().
+    pub dst: SockAddr,
+    /// IP protocol (6 TCP, 17 UDP).
+    pub protocol: u32,
+    /// cgroup v2 id of the process that connected (its pod's cgroup).
+    pub cgroup_id: u64,
+    /// Network namespace cookie of the socket (its pod's netns).
+    pub netns_cookie: u64,
+}
+
+#[cfg(feature = "user")]
+mod user {
+    // SAFETY: plain-old-data, `#[repr(C)]`, all padding explicit and zeroed by constructors.
+    unsafe impl aya::Pod for super::SockAddr {}
+    // SAFETY: as above; `protocol` fills the hole before the u64s.
+    unsafe impl aya::Pod for super::OrigDst {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(core::mem::size_of::<SockAddr>(), 20);
+        assert_eq!(core::mem::size_of::<OrigDst>(), 40);
+        assert_eq!(core::mem::align_of::<OrigDst>(), 8);
+    }
+
+    #[test]
+    fn v4_round_trips_through_mapped_form() {
+        // 203.0.113.10 as the kernel hands it: network byte order in a u32.
+        let be = u32::from_ne_bytes([203, 0, 113, 10]);
+        let sa = SockAddr::from_v4_be(be, 80);
+        assert_eq!(&sa.addr[10..], &[0xff, 0xff, 203, 0, 113, 10]);
+        assert_eq!(sa.v4_be(), Some(be));
+        let mut v6 = sa;
+        v6.addr[0] = 0x20;
+        assert_eq!(v6.v4_be(), None);
+    }
+}

@@ -1,0 +1,52 @@
+//! Maps and load-time globals shared by the programs. Names and layouts come from `redirect-common`.
+use aya_ebpf::{
+    macros::map,
+    maps::{LruHashMap, PerCpuArray},
+};
+use redirect_common::{FLOW_MAP_ENTRIES, OrigDst, SOCKET_MAP_ENTRIES, SockAddr, Stat};
+
+/// socket cookie -> where the application meant to go.
+#[map]
+pub static SOCKET_ORIG_DST: LruHashMap<u64, OrigDst> =
+    LruHashMap::with_max_entries(SOCKET_MAP_ENTRIES, 0);
+
+/// client ip:port -> where the application meant to go; read by the agent after accept().
+#[map]
+pub static FLOW_ORIG_DST: LruHashMap<SockAddr, OrigDst> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+
+#[map]
+pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
+
+// Set by the agent at load time (`EbpfLoader::set_global`); zero means "not configured".
+#[unsafe(no_mangle)]
+static GATEWAY_V4: u32 = 0;
+#[unsafe(no_mangle)]
+static PROXY_PORT: u16 = 0;
+#[unsafe(no_mangle)]
+static DNS_PROXY_PORT: u16 = 0;
+
+/// Gateway IPv4 in network byte order.
+#[inline(always)]
+pub fn gateway_v4() -> u32 {
+    // Volatile: the value is patched into .rodata at load time, the compiler must not fold the zero.
+    unsafe { core::ptr::read_volatile(&GATEWAY_V4) }
+}
+
+#[inline(always)]
+pub fn proxy_port() -> u16 {
+    unsafe { core::ptr::read_volatile(&PROXY_PORT) }
+}
+
+#[inline(always)]
+pub fn dns_proxy_port() -> u16 {
+    unsafe { core::ptr::read_volatile(&DNS_PROXY_PORT) }
+}
+
+#[inline(always)]
+pub fn count(stat: Stat) {
+    if let Some(slot) = STATS.get_ptr_mut(stat as u32) {
+        // Per-CPU slot: no other writer while this program runs on this CPU.
+        unsafe { *slot += 1 }
+    }
+}

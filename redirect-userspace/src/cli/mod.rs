@@ -1,0 +1,49 @@
+//! The command line: one binary for the node agent (`run`) and the offline tools (`resolve`, `explain`).
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod logging;
+mod resolve;
+mod explain;
+mod run;
+
+/// Exit code for invalid input (configuration errors); usage errors exit 2 (clap's own).
+pub const EXIT_INVALID_INPUT: u8 = 1;
+
+#[derive(Debug, Parser)]
+#[command(name = "redirect", version, about = "ServiceEntry visibility, enforced on a Linux node")]
+pub struct Cli {
+    /// More log output: -v debug, -vv trace.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the node agent: load the eBPF programs, proxy outbound connections.
+    Run(run::RunArgs),
+    /// Offline: every ServiceEntry with its resolved visibility, conditions and addresses.
+    Resolve(resolve::ResolveArgs),
+    /// Offline: what a client in a namespace gets for a host name or an IP, and why.
+    Explain(explain::ExplainArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.verbose);
+    let result = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Resolve(args) => resolve::resolve(args),
+        Command::Explain(args) => explain::explain(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The node agent and its offline tools.
+//!
+//! Data flows one way: files -> [`config`] (typed, validated resources) -> [`visibility`] (the control
+//! plane's resolution) -> [`state`] (the per-node snapshot, swapped whole on reload) -> [`proxy`], `dns`
+//! and `admin` read it. [`redirect`] loads the eBPF programs that bring pod traffic to the proxy.
+pub mod cli;
+pub mod config;
+pub mod proxy;
+pub mod redirect;
+pub mod state;
+pub mod visibility;

@@ -1,0 +1,1 @@
+//! visibility: see ARCHITECTURE.md.
