@@ -50,7 +50,7 @@ pub fn on_path(program: &str) -> bool {
 
 fn describe(command: &Command) -> String {
     let mut parts = vec![command.get_program().to_string_lossy().into_owned()];
-    parts.extend(command.get_args().map(|a| quote(a)));
+    parts.extend(command.get_args().map(quote));
     parts.join(" ")
 }
 
