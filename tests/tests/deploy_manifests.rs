@@ -66,7 +66,10 @@ impl Drop for TempDir {
 #[test]
 fn deploy_manifests_pass_schema_validation() {
     let (code, output) = validate(&repo_root().join("deploy/manifests"));
-    assert_eq!(code, 0, "deploy/validate failed on deploy/manifests:\n{output}");
+    assert_eq!(
+        code, 0,
+        "deploy/validate failed on deploy/manifests:\n{output}"
+    );
     // Every object was validated (none skipped for want of a schema), against both versions.
     for object in [
         "namespace/redirect-system",
