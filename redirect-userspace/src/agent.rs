@@ -15,6 +15,7 @@ use tracing::info;
 
 use crate::{
     admin::{self, AdminState},
+    dns::{Decide, Decision, DnsProxy, DnsQuery, Upstream},
     metrics::Metrics,
     proxy::{self, OutboundProxy, ProxyContext},
     redirect::{RedirectConfig, Redirector},
@@ -25,6 +26,9 @@ pub struct AgentConfig {
     pub cgroup: PathBuf,
     pub gateway: Ipv4Addr,
     pub proxy_port: u16,
+    /// Port of the DNS proxy at the gateway; `None` leaves pods' DNS alone.
+    pub dns_proxy_port: Option<u16>,
+    pub dns_upstream: SocketAddr,
     pub admin: SocketAddr,
     pub admin_allow_non_loopback: bool,
 }
@@ -50,12 +54,24 @@ async fn run_async(config: AgentConfig) -> anyhow::Result<()> {
         cgroup: config.cgroup.clone(),
         gateway: config.gateway,
         proxy_port: config.proxy_port,
-        dns_proxy_port: None,
+        dns_proxy_port: config.dns_proxy_port,
     };
     // Bind before attaching: from the moment the programs are attached, a steered connection must
     // find the proxy listening.
     let proxy_addr = SocketAddr::from((config.gateway, config.proxy_port));
     let listener = proxy::listen(proxy_addr)?;
+    let dns = match config.dns_proxy_port {
+        Some(port) => Some(
+            DnsProxy::bind(
+                SocketAddr::from((config.gateway, port)),
+                Upstream::new(config.dns_upstream),
+                Arc::new(NothingVisible),
+                metrics.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
     let redirector = Redirector::attach(&redirect_config).context("attaching the eBPF programs")?;
     let proxy = OutboundProxy::new(
         listener,
@@ -75,9 +91,10 @@ async fn run_async(config: AgentConfig) -> anyhow::Result<()> {
     )?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let proxy_task = tokio::spawn(proxy.serve(stop_rx));
+    let proxy_task = tokio::spawn(proxy.serve(stop_rx.clone()));
+    let dns_task = dns.map(|dns| tokio::spawn(dns.serve(stop_rx)));
     ready.store(true, Ordering::Release);
-    info!(proxy = %proxy_addr, "agent ready");
+    info!(proxy = %proxy_addr, dns_upstream = %config.dns_upstream, "agent ready");
 
     let signal = shutdown_signal().await?;
     info!(signal, "shutting down");
@@ -86,6 +103,9 @@ async fn run_async(config: AgentConfig) -> anyhow::Result<()> {
     drop(redirector);
     let _ = stop_tx.send(true);
     let _ = proxy_task.await;
+    if let Some(task) = dns_task {
+        let _ = task.await;
+    }
     info!("eBPF programs detached; agent stopped");
     Ok(())
 }
@@ -98,4 +118,13 @@ async fn shutdown_signal() -> anyhow::Result<&'static str> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     })
+}
+
+/// With no configuration loaded nothing is claimed: every query goes to the upstream.
+struct NothingVisible;
+
+impl Decide for NothingVisible {
+    fn decide(&self, _query: &DnsQuery<'_>) -> Decision {
+        Decision::Forward
+    }
 }

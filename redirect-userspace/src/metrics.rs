@@ -56,6 +56,24 @@ impl Direction {
     }
 }
 
+/// How a DNS query was handled (SPEC §4).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum DnsOutcome {
+    Answered,
+    Forwarded,
+    Servfail,
+}
+
+impl DnsOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Answered => "answered",
+            Self::Forwarded => "forwarded",
+            Self::Servfail => "servfail",
+        }
+    }
+}
+
 macro_rules! label_value_as_str {
     ($($ty:ty),*) => {$(
         impl EncodeLabelValue for $ty {
@@ -65,11 +83,16 @@ macro_rules! label_value_as_str {
         }
     )*};
 }
-label_value_as_str!(OutboundOutcome, Direction);
+label_value_as_str!(OutboundOutcome, Direction, DnsOutcome);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
     outcome: OutboundOutcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DnsLabels {
+    outcome: DnsOutcome,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -83,6 +106,7 @@ pub struct Metrics {
     outbound: Family<OutcomeLabels, Counter>,
     bytes: Family<DirectionLabels, Counter>,
     active: Gauge,
+    dns: Family<DnsLabels, Counter>,
 }
 
 impl Metrics {
@@ -96,6 +120,10 @@ impl Metrics {
         self.bytes
             .get_or_create(&DirectionLabels { direction })
             .inc_by(n);
+    }
+
+    pub fn dns(&self, outcome: DnsOutcome) {
+        self.dns.get_or_create(&DnsLabels { outcome }).inc();
     }
 
     /// Counts a proxied connection as open until the returned guard drops.
@@ -122,6 +150,7 @@ impl Metrics {
             "Proxied connections open now",
             self.active.clone(),
         );
+        registry.register("dns_queries", "DNS queries by outcome", self.dns.clone());
         if let Some(maps) = redirect_maps {
             registry.register_collector(Box::new(EbpfEvents(maps)));
         }

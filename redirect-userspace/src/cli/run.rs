@@ -4,9 +4,13 @@ use std::{
     process::ExitCode,
 };
 
-use redirect_common::PROXY_PORT;
+use anyhow::Context;
+use redirect_common::{DNS_PROXY_PORT, PROXY_PORT};
 
-use crate::agent::{self, AgentConfig};
+use crate::{
+    agent::{self, AgentConfig},
+    dns::first_nameserver,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
@@ -19,6 +23,12 @@ pub struct RunArgs {
     /// Port the outbound proxy listens on at the gateway.
     #[arg(long, default_value_t = PROXY_PORT)]
     pub proxy_port: u16,
+    /// Port the DNS proxy listens on (UDP and TCP) at the gateway; 0 leaves pods' DNS alone.
+    #[arg(long, default_value_t = DNS_PROXY_PORT)]
+    pub dns_proxy_port: u16,
+    /// Resolver for every name the mesh does not claim [default: first nameserver of /etc/resolv.conf].
+    #[arg(long, value_name = "IP:PORT")]
+    pub dns_upstream: Option<SocketAddr>,
     /// Admin server address (`/healthz/ready`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:15000")]
     pub admin: SocketAddr,
@@ -28,10 +38,22 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let dns_upstream = match args.dns_upstream {
+        Some(addr) => addr,
+        None => {
+            let conf = std::fs::read_to_string("/etc/resolv.conf").context(
+                "reading /etc/resolv.conf for the default DNS upstream (or pass --dns-upstream)",
+            )?;
+            first_nameserver(&conf)
+                .context("/etc/resolv.conf names no nameserver; pass --dns-upstream IP:PORT")?
+        }
+    };
     agent::run(AgentConfig {
         cgroup: args.cgroup,
         gateway: args.gateway,
         proxy_port: args.proxy_port,
+        dns_proxy_port: (args.dns_proxy_port != 0).then_some(args.dns_proxy_port),
+        dns_upstream,
         admin: args.admin,
         admin_allow_non_loopback: args.admin_allow_non_loopback,
     })?;

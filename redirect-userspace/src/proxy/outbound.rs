@@ -6,9 +6,10 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use super::{relay, upstream::connect_marked};
+use super::relay;
 use crate::{
     metrics::{Direction, Metrics, OutboundOutcome},
+    net::{CONNECT_TIMEOUT, connect_marked},
     redirect::RedirectMaps,
 };
 
@@ -96,7 +97,7 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
     let _ = client.set_nodelay(true);
 
     // Passthrough: nothing here claims the destination, so it goes where the client sent it.
-    let mut upstream = match connect_marked(orig).await {
+    let mut upstream = match connect_marked(orig, CONNECT_TIMEOUT).await {
         Ok(upstream) => upstream,
         Err(e) => {
             debug!(client = %peer, orig_dst = %orig, error = %e, "upstream connect failed");

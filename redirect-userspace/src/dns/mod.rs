@@ -1,0 +1,12 @@
+//! The DNS proxy: answers names that a service visible to the client owns, forwards everything else
+//! to the upstream resolver and returns its reply unchanged (hidden means absent).
+mod answer;
+mod server;
+mod upstream;
+
+pub use answer::{LocalAnswer, authoritative_reply, servfail_reply};
+pub use server::{Decide, Decision, DnsProxy, DnsQuery};
+pub use upstream::{Upstream, UpstreamError, first_nameserver};
+
+/// TTL of the records the agent answers itself (SPEC §3).
+pub const ANSWER_TTL: u32 = 30;

@@ -1,0 +1,413 @@
+//! The DNS proxy's listeners (UDP and TCP at gateway:15053) and the per-query decision.
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
+
+use hickory_proto::{
+    op::{Message, MessageType, OpCode},
+    rr::{DNSClass, Name, RecordType},
+};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpStream, UdpSocket},
+    sync::watch,
+};
+use tracing::{debug, warn};
+
+use super::{
+    LocalAnswer,
+    answer::{
+        authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
+    },
+    upstream::Upstream,
+};
+use crate::metrics::{DnsOutcome, Metrics};
+
+/// A TCP client that sends nothing for this long is dropped (its fd is worth more than its idleness).
+const TCP_IDLE: Duration = Duration::from_secs(10);
+
+/// One question, as the proxy hands it to the decision.
+#[derive(Debug)]
+pub struct DnsQuery<'a> {
+    /// The pod that asked (its namespace decides what it may see).
+    pub client: IpAddr,
+    pub name: &'a Name,
+    pub qtype: RecordType,
+}
+
+/// The agent answers itself, or the upstream does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    Answer(LocalAnswer),
+    Forward,
+}
+
+/// Who decides: the agent wires this to the state snapshot's host lookup.
+pub trait Decide: Send + Sync + 'static {
+    fn decide(&self, query: &DnsQuery<'_>) -> Decision;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    Udp,
+    Tcp,
+}
+
+struct Shared {
+    upstream: Upstream,
+    decide: Arc<dyn Decide>,
+    metrics: Arc<Metrics>,
+}
+
+pub struct DnsProxy {
+    udp: Arc<UdpSocket>,
+    tcp: TcpListener,
+    shared: Arc<Shared>,
+}
+
+impl DnsProxy {
+    /// Binds UDP and TCP on `addr`.
+    pub async fn bind(
+        addr: SocketAddr,
+        upstream: Upstream,
+        decide: Arc<dyn Decide>,
+        metrics: Arc<Metrics>,
+    ) -> io::Result<Self> {
+        let context = |e: io::Error| {
+            io::Error::new(e.kind(), format!("binding the DNS proxy to {addr}: {e}"))
+        };
+        let udp = UdpSocket::bind(addr).await.map_err(context)?;
+        // Same port for both, also when `addr` asks for any port (0).
+        let tcp = TcpListener::bind(udp.local_addr()?)
+            .await
+            .map_err(context)?;
+        Ok(Self {
+            udp: Arc::new(udp),
+            tcp,
+            shared: Arc::new(Shared {
+                upstream,
+                decide,
+                metrics,
+            }),
+        })
+    }
+
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.udp.local_addr()
+    }
+
+    /// Serves until `shutdown` changes.
+    pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+        tokio::select! {
+            _ = shutdown.changed() => {}
+            _ = serve_udp(self.udp, self.shared.clone()) => {}
+            _ = serve_tcp(self.tcp, self.shared) => {}
+        }
+    }
+}
+
+async fn serve_udp(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
+    let mut buf = vec![0u8; 65_535];
+    loop {
+        let (n, client) = match socket.recv_from(&mut buf).await {
+            Ok(received) => received,
+            Err(e) => {
+                warn!(error = %e, "DNS UDP receive failed");
+                continue;
+            }
+        };
+        let raw = &buf[..n];
+        // Local answers are a parse and an encode: done inline, no task per query.
+        match local_reply(raw, client.ip(), Transport::Udp, &shared) {
+            Local::Reply(reply) => {
+                if let Err(e) = socket.send_to(&reply, client).await {
+                    debug!(%client, error = %e, "DNS UDP send failed");
+                }
+            }
+            Local::Forward => {
+                let (socket, shared, query) = (socket.clone(), shared.clone(), raw.to_vec());
+                tokio::spawn(async move {
+                    let result = shared.upstream.forward_udp(&query).await;
+                    if let Some(reply) = finish_forward(&query, result, client, &shared)
+                        && let Err(e) = socket.send_to(&reply, client).await
+                    {
+                        debug!(%client, error = %e, "DNS UDP send failed");
+                    }
+                });
+            }
+            Local::Drop => {}
+        }
+    }
+}
+
+async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, client)) => {
+                tokio::spawn(serve_tcp_client(stream, client, shared.clone()));
+            }
+            Err(e) => {
+                warn!(error = %e, "DNS TCP accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Length-prefixed queries, one after another, until the client closes or idles.
+async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc<Shared>) {
+    loop {
+        let read = async {
+            let len = stream.read_u16().await?;
+            let mut query = vec![0u8; usize::from(len)];
+            stream.read_exact(&mut query).await?;
+            Ok::<_, io::Error>(query)
+        };
+        let query = match tokio::time::timeout(TCP_IDLE, read).await {
+            Ok(Ok(query)) => query,
+            _ => return, // closed, broken or idle
+        };
+        let reply = match local_reply(&query, client.ip(), Transport::Tcp, &shared) {
+            Local::Reply(reply) => Some(reply),
+            Local::Forward => {
+                let result = shared.upstream.forward_tcp(&query).await;
+                finish_forward(&query, result, client, &shared)
+            }
+            Local::Drop => None,
+        };
+        let Some(reply) = reply else { return };
+        let Ok(len) = u16::try_from(reply.len()) else {
+            return;
+        };
+        let mut framed = Vec::with_capacity(reply.len() + 2);
+        framed.extend_from_slice(&len.to_be_bytes());
+        framed.extend_from_slice(&reply);
+        if stream.write_all(&framed).await.is_err() {
+            return;
+        }
+    }
+}
+
+enum Local {
+    Reply(Vec<u8>),
+    Forward,
+    Drop,
+}
+
+/// Decides whether the agent answers `raw` itself. Anything it does not understand goes upstream
+/// unchanged: the upstream is the authority on everything the mesh does not claim.
+fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared) -> Local {
+    let Ok(query) = Message::from_vec(raw) else {
+        return Local::Forward;
+    };
+    if query.metadata.message_type != MessageType::Query {
+        return Local::Drop; // a response sent to us: never reflect it
+    }
+    let [question] = query.queries.as_slice() else {
+        return Local::Forward;
+    };
+    let qtype = question.query_type();
+    if query.metadata.op_code != OpCode::Query
+        || question.query_class() != DNSClass::IN
+        || !matches!(qtype, RecordType::A | RecordType::AAAA)
+    {
+        return Local::Forward;
+    }
+    let decision = shared.decide.decide(&DnsQuery {
+        client,
+        name: question.name(),
+        qtype,
+    });
+    let Decision::Answer(answer) = decision else {
+        return Local::Forward;
+    };
+    let encoded = authoritative_reply(&query, &answer).and_then(|reply| match transport {
+        Transport::Udp => encode_for_udp(&reply, max_udp_reply(&query)),
+        Transport::Tcp => reply.to_vec(),
+    });
+    match encoded {
+        Ok(bytes) => {
+            shared.metrics.dns(DnsOutcome::Answered);
+            Local::Reply(bytes)
+        }
+        Err(e) => {
+            warn!(%client, name = %question.name(), error = %e, "encoding a local DNS answer failed");
+            shared.metrics.dns(DnsOutcome::Servfail);
+            servfail_reply(&query)
+                .to_vec()
+                .map_or(Local::Drop, Local::Reply)
+        }
+    }
+}
+
+/// The upstream's reply unchanged, or SERVFAIL when it could not be had in time.
+fn finish_forward(
+    query: &[u8],
+    result: Result<Vec<u8>, super::UpstreamError>,
+    client: SocketAddr,
+    shared: &Shared,
+) -> Option<Vec<u8>> {
+    match result {
+        Ok(reply) => {
+            shared.metrics.dns(DnsOutcome::Forwarded);
+            Some(reply)
+        }
+        Err(e) => {
+            debug!(%client, error = %e, "DNS forward failed; answering SERVFAIL");
+            shared.metrics.dns(DnsOutcome::Servfail);
+            match Message::from_vec(query) {
+                Ok(parsed) => servfail_reply(&parsed).to_vec().ok(),
+                Err(_) => servfail_for_raw(query),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::{
+        op::{Query, ResponseCode},
+        rr::{RData, rdata},
+    };
+
+    /// Answers `api.example.com.` with one address, forwards everything else.
+    struct OneName;
+
+    impl Decide for OneName {
+        fn decide(&self, query: &DnsQuery<'_>) -> Decision {
+            if query
+                .name
+                .to_ascii()
+                .eq_ignore_ascii_case("api.example.com.")
+            {
+                Decision::Answer(LocalAnswer {
+                    cname_target: None,
+                    v4: vec!["240.240.0.7".parse().unwrap()],
+                    v6: vec![],
+                })
+            } else {
+                Decision::Forward
+            }
+        }
+    }
+
+    fn query(name: &str, qtype: RecordType) -> Vec<u8> {
+        let mut q = Message::query();
+        q.metadata.id = 77;
+        q.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
+        q.to_vec().unwrap()
+    }
+
+    async fn proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
+        let metrics = Arc::new(Metrics::default());
+        let mut up = Upstream::new(upstream);
+        up.timeout = Duration::from_millis(300);
+        let proxy = DnsProxy::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            up,
+            Arc::new(OneName),
+            metrics.clone(),
+        )
+        .await
+        .unwrap();
+        let addr = proxy.local_addr().unwrap();
+        let (stop, stop_rx) = watch::channel(false);
+        tokio::spawn(proxy.serve(stop_rx));
+        (addr, metrics, stop)
+    }
+
+    async fn ask_udp(proxy: SocketAddr, raw: &[u8]) -> Message {
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.send_to(raw, proxy).await.unwrap();
+        let mut buf = [0u8; 1500];
+        let n = tokio::time::timeout(Duration::from_secs(2), client.recv(&mut buf))
+            .await
+            .expect("reply in time")
+            .unwrap();
+        Message::from_vec(&buf[..n]).unwrap()
+    }
+
+    #[tokio::test]
+    async fn owned_name_is_answered_locally_over_udp_and_tcp() {
+        // Nothing listens upstream: a local answer must not need it.
+        let (addr, metrics, _stop) = proxy("127.0.0.1:9".parse().unwrap()).await;
+        let reply = ask_udp(addr, &query("API.example.com.", RecordType::A)).await;
+        assert_eq!(reply.metadata.id, 77);
+        assert_eq!(
+            reply.answers[0].data,
+            RData::A(rdata::A("240.240.0.7".parse().unwrap()))
+        );
+
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let raw = query("api.example.com.", RecordType::A);
+        tcp.write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&raw).await.unwrap();
+        let len = tcp.read_u16().await.unwrap();
+        let mut buf = vec![0u8; usize::from(len)];
+        tcp.read_exact(&mut buf).await.unwrap();
+        let reply = Message::from_vec(&buf).unwrap();
+        assert!(reply.metadata.authoritative);
+        assert_eq!(reply.answers.len(), 1);
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="answered"} 2"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn other_names_and_types_go_upstream_and_come_back_unchanged() {
+        let upstream = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy(upstream.local_addr().unwrap()).await;
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                let mut buf = [0u8; 512];
+                let (n, from) = upstream.recv_from(&mut buf).await.unwrap();
+                let mut reply = Message::from_vec(&buf[..n]).unwrap();
+                seen.push(reply.queries[0].clone());
+                reply.metadata.message_type = MessageType::Response;
+                reply.metadata.response_code = ResponseCode::NXDomain;
+                upstream
+                    .send_to(&reply.to_vec().unwrap(), from)
+                    .await
+                    .unwrap();
+            }
+            seen
+        });
+        let other = ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
+        assert_eq!(other.metadata.response_code, ResponseCode::NXDomain);
+        // An owned name but a type the agent does not answer (MX) is the upstream's business too.
+        let mx = ask_udp(addr, &query("api.example.com.", RecordType::MX)).await;
+        assert_eq!(mx.metadata.response_code, ResponseCode::NXDomain);
+        let seen = server.await.unwrap();
+        assert_eq!(seen[1].query_type(), RecordType::MX);
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 2"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn dead_upstream_gives_servfail_in_time() {
+        let silent = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy(silent.local_addr().unwrap()).await;
+        let started = std::time::Instant::now();
+        let reply = ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
+        assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+        assert_eq!(reply.metadata.id, 77);
+        assert!(started.elapsed() < Duration::from_secs(1));
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="servfail"} 1"#),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! Forwarding a query to the upstream resolver and bringing its reply back byte for byte.
+use std::{io, net::SocketAddr, time::Duration};
+
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    time::{Instant, timeout_at},
+};
+
+use crate::net::{connect_marked, udp_connected_marked};
+
+/// Total time a forwarded query may take before the client gets SERVFAIL: under the 2 s the SPEC
+/// allows and well under glibc's and dig's 5 s retry, so the client sees a failure, not a hang.
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
+/// A lost UDP datagram is sent again once after this long.
+const UDP_RETRANSMIT_AFTER: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream {0} did not answer within {1:?}")]
+    Timeout(SocketAddr, Duration),
+    #[error("upstream {addr}: {source}")]
+    Io {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// The resolver the agent forwards to.
+#[derive(Debug, Clone)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub timeout: Duration,
+}
+
+impl Upstream {
+    pub fn new(addr: SocketAddr) -> Self {
+        Self {
+            addr,
+            timeout: UPSTREAM_TIMEOUT,
+        }
+    }
+
+    /// Forwards over UDP from a fresh socket (its random port is the client's defence against
+    /// spoofed replies, as a resolver's would be). Returns the upstream's reply unchanged.
+    pub async fn forward_udp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
+        let deadline = Instant::now() + self.timeout;
+        let io_err = |source| UpstreamError::Io {
+            addr: self.addr,
+            source,
+        };
+        let socket = udp_connected_marked(self.addr).await.map_err(io_err)?;
+        let mut buf = vec![0u8; 65_535];
+        let mut retransmit_at = Some(Instant::now() + UDP_RETRANSMIT_AFTER);
+        socket.send(query).await.map_err(io_err)?;
+        loop {
+            let wake = retransmit_at.map_or(deadline, |at| at.min(deadline));
+            match timeout_at(wake, socket.recv(&mut buf)).await {
+                Ok(Ok(n)) if same_id(query, &buf[..n]) => {
+                    buf.truncate(n);
+                    return Ok(buf);
+                }
+                Ok(Ok(_)) => continue, // a stale reply to the first send: keep waiting
+                Ok(Err(e)) => return Err(io_err(e)),
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(UpstreamError::Timeout(self.addr, self.timeout));
+                }
+                Err(_) => {
+                    retransmit_at = None;
+                    socket.send(query).await.map_err(io_err)?;
+                }
+            }
+        }
+    }
+
+    /// Forwards over TCP (the client came over TCP, e.g. after a truncated UDP reply).
+    pub async fn forward_tcp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
+        let deadline = Instant::now() + self.timeout;
+        let exchange = async {
+            let mut stream = connect_marked(self.addr, self.timeout).await?;
+            let len = u16::try_from(query.len()).map_err(|_| {
+                io::Error::new(io::ErrorKind::InvalidInput, "query over 65535 bytes")
+            })?;
+            let mut framed = Vec::with_capacity(query.len() + 2);
+            framed.extend_from_slice(&len.to_be_bytes());
+            framed.extend_from_slice(query);
+            stream.write_all(&framed).await?;
+            let len = stream.read_u16().await?;
+            let mut reply = vec![0u8; usize::from(len)];
+            stream.read_exact(&mut reply).await?;
+            Ok::<_, io::Error>(reply)
+        };
+        match timeout_at(deadline, exchange).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(source)) => Err(UpstreamError::Io {
+                addr: self.addr,
+                source,
+            }),
+            Err(_) => Err(UpstreamError::Timeout(self.addr, self.timeout)),
+        }
+    }
+}
+
+fn same_id(query: &[u8], reply: &[u8]) -> bool {
+    query.len() >= 2 && reply.len() >= 2 && query[..2] == reply[..2]
+}
+
+/// The first `nameserver` in a resolv.conf: the default upstream (on a node, the cluster DNS).
+pub fn first_nameserver(resolv_conf: &str) -> Option<SocketAddr> {
+    resolv_conf.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next() == Some("nameserver"))
+            .then(|| words.next())
+            .flatten()
+            .and_then(|ip| ip.parse::<std::net::IpAddr>().ok())
+            .map(|ip| SocketAddr::new(ip, 53))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::UdpSocket;
+
+    #[test]
+    fn default_upstream_is_the_first_nameserver() {
+        let conf =
+            "# generated\nsearch svc.cluster.local\nnameserver 10.96.0.10\nnameserver 8.8.8.8\n";
+        assert_eq!(
+            first_nameserver(conf),
+            Some("10.96.0.10:53".parse().unwrap())
+        );
+        assert_eq!(
+            first_nameserver("nameserver fd00::a\n"),
+            Some("[fd00::a]:53".parse().unwrap())
+        );
+        assert_eq!(first_nameserver("search x\n"), None);
+    }
+
+    #[tokio::test]
+    async fn udp_reply_comes_back_byte_for_byte() {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let upstream = Upstream::new(server.local_addr().unwrap());
+        let echo = tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            let (n, from) = server.recv_from(&mut buf).await.unwrap();
+            let mut reply = buf[..n].to_vec();
+            reply.extend_from_slice(b"-answer");
+            server.send_to(&reply, from).await.unwrap();
+        });
+        let reply = upstream.forward_udp(b"\x01\x02query").await.unwrap();
+        assert_eq!(reply, b"\x01\x02query-answer");
+        echo.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn silent_upstream_times_out_within_the_deadline() {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut upstream = Upstream::new(server.local_addr().unwrap());
+        upstream.timeout = Duration::from_millis(200);
+        let started = std::time::Instant::now();
+        let err = upstream.forward_udp(b"\x01\x02query").await.unwrap_err();
+        assert!(matches!(err, UpstreamError::Timeout(..)), "{err}");
+        assert!(started.elapsed() < Duration::from_millis(600));
+        // The retransmit went out: the silent server got the query twice (or once, if the
+        // timeout hit first); never zero.
+        let mut buf = [0u8; 64];
+        assert!(server.try_recv_from(&mut buf).is_ok());
+    }
+}

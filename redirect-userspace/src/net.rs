@@ -1,0 +1,48 @@
+//! Sockets for the agent's own upstream traffic. Each carries the agent's mark, so the eBPF programs
+//! never steer the agent's connections back to itself (even if it ran inside the attached cgroup).
+use std::{
+    io,
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::Duration,
+};
+
+use redirect_common::AGENT_SOCKET_MARK;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::{TcpSocket, TcpStream, UdpSocket};
+
+/// How long an upstream TCP connect may take before the client is told it failed.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn marked_socket(dst: SocketAddr, ty: Type, protocol: Protocol) -> io::Result<Socket> {
+    let socket = Socket::new(Domain::for_address(dst), ty, Some(protocol))?;
+    socket.set_mark(AGENT_SOCKET_MARK)?;
+    socket.set_nonblocking(true)?;
+    Ok(socket)
+}
+
+/// A marked TCP connection to `dst`, given up after `timeout`.
+pub async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let socket = marked_socket(dst, Type::STREAM, Protocol::TCP)?;
+    socket.set_tcp_nodelay(true)?;
+    let socket = TcpSocket::from_std_stream(socket.into());
+    match tokio::time::timeout(timeout, socket.connect(dst)).await {
+        Ok(result) => result,
+        Err(_) => Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("connect to {dst} timed out after {timeout:?}"),
+        )),
+    }
+}
+
+/// A marked UDP socket connected to `dst` (connected: only `dst` can answer it).
+pub async fn udp_connected_marked(dst: SocketAddr) -> io::Result<UdpSocket> {
+    let socket = marked_socket(dst, Type::DGRAM, Protocol::UDP)?;
+    let any: SocketAddr = match dst {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    socket.bind(&any.into())?;
+    let socket = UdpSocket::from_std(socket.into())?;
+    socket.connect(dst).await?;
+    Ok(socket)
+}
