@@ -42,6 +42,9 @@ pub mod globals {
     pub const PROXY_PORT: &str = "PROXY_PORT";
     /// Port of the DNS proxy, host byte order; 0 leaves DNS alone.
     pub const DNS_PROXY_PORT: &str = "DNS_PROXY_PORT";
+    /// Cookie of the node's own network namespace (the agent's); sockets there are never steered.
+    /// 0 when the kernel cannot tell (SO_NETNS_COOKIE needs 5.14).
+    pub const NODE_NETNS_COOKIE: &str = "NODE_NETNS_COOKIE";
 }
 
 /// Sizes of the maps. LRU maps: an entry lives while its socket may still be looked up; the oldest go first.
@@ -62,12 +65,14 @@ pub enum Stat {
     SkippedAgentMark = 3,
     /// Flow filed by sock_ops for the agent to read after accept().
     FlowFiled = 4,
-    /// A map update failed (map full or similar); the connection went to the proxy without its origin.
+    /// A map update failed (map full or similar); the socket was left alone.
     MapUpdateFailed = 5,
+    /// Socket skipped because it lives in the node's own network namespace (a hostNetwork pod).
+    SkippedNodeNetns = 6,
 }
 
 impl Stat {
-    pub const COUNT: u32 = 6;
+    pub const COUNT: u32 = 7;
     pub const ALL: [Stat; Self::COUNT as usize] = [
         Stat::TcpRedirected,
         Stat::DnsRedirected,
@@ -75,6 +80,7 @@ impl Stat {
         Stat::SkippedAgentMark,
         Stat::FlowFiled,
         Stat::MapUpdateFailed,
+        Stat::SkippedNodeNetns,
     ];
 
     /// Name used for the metric label.
@@ -86,6 +92,7 @@ impl Stat {
             Stat::SkippedAgentMark => "skipped_agent_mark",
             Stat::FlowFiled => "flow_filed",
             Stat::MapUpdateFailed => "map_update_failed",
+            Stat::SkippedNodeNetns => "skipped_node_netns",
         }
     }
 }

@@ -25,6 +25,8 @@ static GATEWAY_V4: u32 = 0;
 static PROXY_PORT: u16 = 0;
 #[unsafe(no_mangle)]
 static DNS_PROXY_PORT: u16 = 0;
+#[unsafe(no_mangle)]
+static NODE_NETNS_COOKIE: u64 = 0;
 
 /// Gateway IPv4 in network byte order.
 #[inline(always)]
@@ -41,6 +43,11 @@ pub fn proxy_port() -> u16 {
 #[inline(always)]
 pub fn dns_proxy_port() -> u16 {
     unsafe { core::ptr::read_volatile(&DNS_PROXY_PORT) }
+}
+
+#[inline(always)]
+pub fn node_netns_cookie() -> u64 {
+    unsafe { core::ptr::read_volatile(&NODE_NETNS_COOKIE) }
 }
 
 #[inline(always)]

@@ -7,7 +7,9 @@ use aya_ebpf::{
 };
 use redirect_common::{AGENT_SOCKET_MARK, DNS_PORT, OrigDst, SockAddr, Stat};
 
-use crate::maps::{SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, proxy_port};
+use crate::maps::{
+    SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, node_netns_cookie, proxy_port,
+};
 
 pub const IPPROTO_TCP: u32 = 6;
 pub const IPPROTO_UDP: u32 = 17;
@@ -57,12 +59,21 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook) {
         return;
     }
 
+    // A hostNetwork pod sits in the pods' cgroup tree but shares the node's netns: it is the node
+    // talking, not a mesh workload, so it goes where it was going.
+    let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
+    let node_netns = node_netns_cookie();
+    if node_netns != 0 && netns_cookie == node_netns {
+        count(Stat::SkippedNodeNetns);
+        return;
+    }
+
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let orig = OrigDst {
         dst: SockAddr::from_v4_be(dst_ip, dst_port),
         protocol,
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
-        netns_cookie: unsafe { bpf_get_netns_cookie(ctx.as_ptr()) },
+        netns_cookie,
     };
     if SOCKET_ORIG_DST.insert(&cookie, &orig, 0).is_err() {
         // Without the origin the agent could not forward it: leave the socket alone.

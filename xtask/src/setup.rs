@@ -49,6 +49,7 @@ fn install(verbose: bool) -> anyhow::Result<()> {
     ensure_nightly_rust_src(&say)?;
     ensure_bpf_linker(&say)?;
     ensure_debian_packages(&say)?;
+    ensure_manifest_validator(&say)?;
     say("everything is installed");
     Ok(())
 }
@@ -189,6 +190,40 @@ fn ensure_debian_packages(say: &dyn Fn(&str)) -> anyhow::Result<()> {
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+/// The Kubernetes schema validator `deploy/validate` runs, in a virtualenv of its own (pinned with its
+/// dependencies in deploy/validate-requirements.txt; the schemas ship inside its wheel, so it works
+/// offline).
+fn ensure_manifest_validator(say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    let requirements = cmd::workspace_root().join("deploy/validate-requirements.txt");
+    let pins = fs::read_to_string(&requirements)
+        .with_context(|| format!("reading {}", requirements.display()))?;
+    let version = pins
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("kubernetes-validate=="))
+        .with_context(|| format!("{} pins no kubernetes-validate", requirements.display()))?
+        .trim()
+        .to_string();
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let venv = PathBuf::from(home).join(format!(
+        ".cache/redirect-xtask/kubernetes-validate-{version}"
+    ));
+    let validator = venv.join("bin/kubernetes-validate");
+    if output(Command::new(&validator).arg("--version")).is_some_and(|v| v.trim() == version) {
+        say(&format!("kubernetes-validate {version}: present"));
+        return Ok(());
+    }
+    println!(
+        "xtask setup: installing kubernetes-validate {version} into {}",
+        venv.display()
+    );
+    cmd::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    cmd::run(
+        Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(&requirements),
     )
 }
 

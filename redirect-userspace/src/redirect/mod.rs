@@ -86,7 +86,12 @@ impl Redirector {
         let cgroup = check_attachable(&config.cgroup)?;
         let gateway_be = u32::from_ne_bytes(config.gateway.octets());
         let dns_port = config.dns_proxy_port.unwrap_or(0);
+        let node_netns = own_netns_cookie().unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot read this network namespace's cookie (kernel < 5.14?); hostNetwork pods in the cgroup will be steered too");
+            0
+        });
         let mut ebpf = EbpfLoader::new()
+            .override_global(globals::NODE_NETNS_COOKIE, &node_netns, true)
             .override_global(globals::GATEWAY_V4, &gateway_be, true)
             .override_global(globals::PROXY_PORT, &config.proxy_port, true)
             .override_global(globals::DNS_PROXY_PORT, &dns_port, true)
@@ -167,6 +172,31 @@ impl RedirectMaps {
             })
             .collect()
     }
+}
+
+/// The cookie of the agent's network namespace: the node's, since the agent runs with hostNetwork.
+fn own_netns_cookie() -> std::io::Result<u64> {
+    use std::os::fd::AsRawFd;
+    // SO_NETNS_COOKIE (linux/asm-generic/socket.h); not in every libc crate release.
+    const SO_NETNS_COOKIE: libc::c_int = 71;
+    // Any socket will do, and it need not be bound (lo may still be down).
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+    let mut cookie: u64 = 0;
+    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
+    // SAFETY: valid socket fd, and a u64 buffer whose size we pass.
+    let rc = unsafe {
+        libc::getsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_NETNS_COOKIE,
+            (&mut cookie as *mut u64).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(cookie)
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, RedirectError>
