@@ -10,6 +10,7 @@ pub mod config;
 pub mod dns;
 pub mod metrics;
 pub mod net;
+pub mod watch;
 pub mod proxy;
 pub mod redirect;
 pub mod state;
