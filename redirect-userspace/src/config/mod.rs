@@ -19,3 +19,6 @@ pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL};
 pub use time::Timestamp;
+
+#[cfg(test)]
+mod tests;
