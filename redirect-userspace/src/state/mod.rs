@@ -1,1 +1,86 @@
-//! state: see ARCHITECTURE.md.
+//! The per-node data-plane state: services indexed by exact VIP, CIDR and host name, workloads by
+//! IP, and the lookups the proxy, the DNS proxy and `redirect explain` all call.
+//!
+//! A [`Snapshot`] is built once per configuration and never changes (but for round-robin counters);
+//! hold it in an `Arc` and swap the whole `Arc` on reload. NONE entries never enter it.
+mod build;
+mod dns;
+mod dump;
+mod outbound;
+mod service;
+mod store;
+mod workload;
+
+use std::net::IpAddr;
+
+pub use dns::{DnsAnswer, DnsDecision, NDOTS, SearchDomains};
+pub use dump::{ConfigDump, EndpointDump, ServiceDump, VisibilityDump, WorkloadDump};
+pub use outbound::{NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick};
+pub use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Target};
+
+use crate::{
+    config::{DEFAULT_CLUSTER_DOMAIN, Model, VisibilityConfig, Workload},
+    visibility::{self, Resolution},
+};
+use store::ServiceStore;
+use workload::WorkloadStore;
+
+#[derive(Debug)]
+pub struct Snapshot {
+    services: ServiceStore,
+    workloads: WorkloadStore,
+    cluster_domain: String,
+    /// The visibility configuration in force, for dumps.
+    visibility: Option<VisibilityConfig>,
+}
+
+impl Default for Snapshot {
+    /// An empty state: every connection passes through, every query is forwarded.
+    fn default() -> Self {
+        Snapshot {
+            services: ServiceStore::default(),
+            workloads: WorkloadStore::default(),
+            cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_string(),
+            visibility: None,
+        }
+    }
+}
+
+impl Snapshot {
+    /// Resolves visibility and builds the state for `model`.
+    pub fn from_model(model: &Model) -> Self {
+        Self::build(model, &visibility::resolve(model))
+    }
+
+    /// Builds the state from a model and its resolution (`visibility::resolve(model)`).
+    pub fn build(model: &Model, resolution: &Resolution) -> Self {
+        Snapshot {
+            services: ServiceStore::new(build::services(model, resolution)),
+            workloads: WorkloadStore::new(model.workloads.clone()),
+            cluster_domain: model.cluster_domain.clone(),
+            visibility: model.mesh.service_entry_visibility.clone(),
+        }
+    }
+
+    /// The client behind a connection's peer IP; `None` (unknown: PUBLIC services only) when no
+    /// workload, or more than one, has that IP.
+    pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Workload> {
+        self.workloads.client(ip)
+    }
+
+    /// Every service in rank order.
+    pub fn services(&self) -> impl Iterator<Item = &Service> {
+        self.services.services.iter()
+    }
+
+    pub fn workloads(&self) -> &[Workload] {
+        &self.workloads.workloads
+    }
+
+    pub fn cluster_domain(&self) -> &str {
+        &self.cluster_domain
+    }
+}
+
+#[cfg(test)]
+mod tests;

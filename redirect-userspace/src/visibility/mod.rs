@@ -1,1 +1,94 @@
-//! visibility: see ARCHITECTURE.md.
+//! The control plane's part: for each ServiceEntry, its visibility (ordered policies over namespace
+//! labels), its status conditions, its effective sidecar `exportTo`, and its addresses (declared, or
+//! allocated when none are). Pure functions over the [`Model`]; no I/O.
+mod alloc;
+mod conditions;
+mod export_to;
+mod policy;
+
+pub use alloc::{Allocation, V4_RANGE, V6_RANGE, allocate, needs_allocation};
+pub use conditions::{
+    CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, Condition, ConditionStatus, VISIBILITY_APPLIED,
+    WAYPOINT_ACCEPTED, WAYPOINT_BOUND, conditions,
+};
+pub use export_to::sidecar_export_to;
+pub use policy::{policy_matches, visibility_for};
+
+pub use crate::config::Visibility;
+use crate::config::{Address, Model, WaypointRef};
+
+/// The resolution of every ServiceEntry of a model, indexed like `model.service_entries`.
+#[derive(Debug, Clone)]
+pub struct Resolution {
+    pub entries: Vec<ResolvedEntry>,
+    /// Whether `serviceEntryVisibility` is set (false: the feature is inert).
+    pub configured: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolvedEntry {
+    pub namespace: String,
+    pub name: String,
+    pub visibility: Visibility,
+    /// 0-based index of the policy that matched; `None` when the default applied or the feature is unset.
+    pub matched_policy: Option<usize>,
+    pub conditions: Vec<Condition>,
+    pub sidecar_export_to: Vec<String>,
+    /// Per host, the addresses allocated because none were declared (empty when declared).
+    pub allocated: Vec<Allocation>,
+    /// The waypoint the data plane uses: `None` without one or when the binding was refused.
+    pub waypoint: Option<WaypointRef>,
+}
+
+impl ResolvedEntry {
+    /// The declared addresses, or the allocated ones when none are declared.
+    pub fn addresses(&self, declared: &[Address]) -> Vec<Address> {
+        if !declared.is_empty() {
+            return declared.to_vec();
+        }
+        self.allocated
+            .iter()
+            .flat_map(Allocation::addresses)
+            .map(Address::Ip)
+            .collect()
+    }
+}
+
+/// Resolves every ServiceEntry of `model`, NONE ones included.
+pub fn resolve(model: &Model) -> Resolution {
+    let config = model.mesh.service_entry_visibility.as_ref();
+    let cap = config.is_some_and(|c| c.apply_to_sidecars);
+    let mut allocations = allocate(model).into_iter();
+    let entries = model
+        .service_entries
+        .iter()
+        .map(|entry| {
+            let ns = &entry.meta.namespace;
+            let (visibility, matched_policy) = visibility_for(config, &model.namespace_labels(ns));
+            let (conditions, waypoint) = conditions(entry, visibility, config.is_some());
+            ResolvedEntry {
+                namespace: ns.clone(),
+                name: entry.meta.name.clone(),
+                visibility,
+                matched_policy,
+                conditions,
+                sidecar_export_to: sidecar_export_to(
+                    entry.export_to.as_deref(),
+                    model.mesh.default_service_export_to.as_deref(),
+                    ns,
+                    visibility,
+                    cap,
+                ),
+                allocated: allocations.next().unwrap_or_default(),
+                waypoint,
+            }
+        })
+        .collect();
+    Resolution {
+        entries,
+        configured: config.is_some(),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,214 @@
+//! Kubernetes core kinds (`v1`): Namespace, Service, Pod.
+use std::{collections::BTreeMap, net::IpAddr};
+
+use serde::Deserialize;
+
+use super::{
+    convert::{self, RawMeta},
+    error::Ctx,
+    labels::Labels,
+    model::{
+        NAMESPACE_NAME_LABEL, Namespace, Service, ServicePort, TargetPort, Workload, WorkloadKind,
+    },
+};
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct RawNamespace {
+    metadata: Option<RawMeta>,
+}
+
+impl RawNamespace {
+    pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<Namespace> {
+        let before = ctx.error_count();
+        let meta = convert::meta(ctx, self.metadata, false);
+        let mut labels = meta.labels;
+        // Kubernetes sets this label on every namespace and overwrites any other value.
+        labels.insert(NAMESPACE_NAME_LABEL.to_string(), meta.name.clone());
+        (ctx.error_count() == before).then(|| Namespace {
+            name: meta.name,
+            labels,
+            declared: true,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct RawService {
+    metadata: Option<RawMeta>,
+    spec: Option<RawServiceSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawServiceSpec {
+    #[serde(rename = "clusterIP")]
+    cluster_ip: Option<String>,
+    #[serde(rename = "clusterIPs")]
+    cluster_ips: Option<Vec<String>>,
+    ports: Option<Vec<RawServicePort>>,
+    selector: Option<Labels>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawServicePort {
+    port: Option<i64>,
+    name: Option<String>,
+    protocol: Option<String>,
+    target_port: Option<IntOrString>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum IntOrString {
+    Int(i64),
+    String(String),
+}
+
+impl RawService {
+    pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<Service> {
+        let before = ctx.error_count();
+        let meta = convert::meta(ctx, self.metadata, true);
+        let spec = self.spec.unwrap_or_default();
+        // clusterIPs wins when both are set (it is the newer, dual-stack field).
+        let (field, texts) = match (spec.cluster_ips, spec.cluster_ip) {
+            (Some(ips), _) => ("spec.clusterIPs", ips),
+            (None, Some(ip)) => ("spec.clusterIP", vec![ip]),
+            (None, None) => ("spec.clusterIP", Vec::new()),
+        };
+        let mut cluster_ips: Vec<IpAddr> = Vec::new();
+        for (i, text) in texts.iter().enumerate() {
+            if text.is_empty() || text == "None" {
+                continue;
+            }
+            let at = if field == "spec.clusterIPs" {
+                format!("{field}[{i}]")
+            } else {
+                field.to_string()
+            };
+            cluster_ips.extend(convert::ip(ctx, &at, text));
+        }
+        let mut ports: Vec<ServicePort> = Vec::new();
+        for (i, raw) in spec.ports.unwrap_or_default().into_iter().enumerate() {
+            let at = format!("spec.ports[{i}]");
+            let Some(port) = convert::port(ctx, &format!("{at}.port"), raw.port) else {
+                continue;
+            };
+            let target_port = match raw.target_port {
+                None => TargetPort::Number(port),
+                Some(IntOrString::Int(n)) => {
+                    match convert::port(ctx, &format!("{at}.targetPort"), Some(n)) {
+                        Some(p) => TargetPort::Number(p),
+                        None => continue,
+                    }
+                }
+                Some(IntOrString::String(name)) => match name.parse::<i64>() {
+                    Ok(n) => match convert::port(ctx, &format!("{at}.targetPort"), Some(n)) {
+                        Some(p) => TargetPort::Number(p),
+                        None => continue,
+                    },
+                    Err(_) => TargetPort::Name(name),
+                },
+            };
+            if ports
+                .iter()
+                .any(|p| p.port == port && p.protocol == raw.protocol)
+            {
+                ctx.error(
+                    format!("{at}.port"),
+                    format!("port {port} is declared twice"),
+                );
+            }
+            ports.push(ServicePort {
+                port,
+                name: raw.name,
+                protocol: raw.protocol,
+                target_port,
+            });
+        }
+        (ctx.error_count() == before).then(|| Service {
+            meta,
+            cluster_ips,
+            ports,
+            selector: spec.selector,
+        })
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct RawPod {
+    metadata: Option<RawMeta>,
+    spec: Option<RawPodSpec>,
+    status: Option<RawPodStatus>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawPodSpec {
+    node_name: Option<String>,
+    containers: Option<Vec<RawContainer>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawContainer {
+    ports: Option<Vec<RawContainerPort>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawContainerPort {
+    name: Option<String>,
+    container_port: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawPodStatus {
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "podIPs")]
+    pod_ips: Option<Vec<RawPodIp>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct RawPodIp {
+    ip: Option<String>,
+}
+
+impl RawPod {
+    pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<Workload> {
+        let before = ctx.error_count();
+        let meta = convert::meta(ctx, self.metadata, true);
+        let spec = self.spec.unwrap_or_default();
+        let status = self.status.unwrap_or_default();
+        let mut ips: Vec<IpAddr> = Vec::new();
+        if let Some(text) = status.pod_ip.as_deref().filter(|t| !t.is_empty()) {
+            ips.extend(convert::ip(ctx, "status.podIP", text));
+        }
+        for (i, raw) in status.pod_ips.unwrap_or_default().into_iter().enumerate() {
+            if let Some(text) = raw.ip.as_deref()
+                && let Some(ip) = convert::ip(ctx, &format!("status.podIPs[{i}].ip"), text)
+                && !ips.contains(&ip)
+            {
+                ips.push(ip);
+            }
+        }
+        let mut ports = BTreeMap::new();
+        for (c, container) in spec.containers.unwrap_or_default().into_iter().enumerate() {
+            for (i, raw) in container.ports.unwrap_or_default().into_iter().enumerate() {
+                let at = format!("spec.containers[{c}].ports[{i}].containerPort");
+                let number = convert::port(ctx, &at, raw.container_port);
+                if let (Some(name), Some(number)) = (raw.name, number) {
+                    ports.insert(name, number);
+                }
+            }
+        }
+        (ctx.error_count() == before).then(|| Workload {
+            kind: WorkloadKind::Pod,
+            meta,
+            ips,
+            node_name: spec.node_name,
+            ports,
+        })
+    }
+}

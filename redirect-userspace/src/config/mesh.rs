@@ -1,0 +1,200 @@
+//! Mesh configuration: `serviceEntryVisibility`, `defaultServiceExportTo`, `trustDomain`, from any of
+//! its three forms (IstioOperator `spec.meshConfig`, ConfigMap `istio` key `mesh`, `kind: MeshConfig`).
+use serde::{Deserialize, Serialize};
+
+use super::{
+    error::Ctx,
+    labels::{LabelSelector, RawLabelSelector},
+};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MeshConfig {
+    /// `None`: the feature is inert (every ServiceEntry PUBLIC, no VisibilityApplied condition).
+    pub service_entry_visibility: Option<VisibilityConfig>,
+    pub default_service_export_to: Option<Vec<String>>,
+    pub trust_domain: Option<String>,
+    /// The file it came from; `None` when the directory holds no mesh config.
+    #[serde(skip)]
+    pub file: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum Visibility {
+    Public,
+    Namespace,
+    None,
+}
+
+impl Visibility {
+    /// The API's enum names; unspecified means PUBLIC, anything else is a configuration error.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "PUBLIC" | "VISIBILITY_UNSPECIFIED" => Some(Visibility::Public),
+            "NAMESPACE" => Some(Visibility::Namespace),
+            "NONE" => Some(Visibility::None),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Visibility::Public => "Public",
+            Visibility::Namespace => "Namespace",
+            Visibility::None => "None",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VisibilityConfig {
+    pub default_visibility: Visibility,
+    pub apply_to_sidecars: bool,
+    pub policies: Vec<Policy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Policy {
+    pub visibility: Visibility,
+    pub matching_rules: Vec<MatchingRule>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MatchingRule {
+    NamespaceSelector(LabelSelector),
+    /// A rule without a matcher this agent knows. It never matches (fails closed).
+    Unrecognized,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct RawMeshConfig {
+    service_entry_visibility: Option<RawVisibilityConfig>,
+    default_service_export_to: Option<Vec<String>>,
+    trust_domain: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawVisibilityConfig {
+    default_visibility: Option<String>,
+    apply_to_sidecars: Option<bool>,
+    policies: Option<Vec<RawPolicy>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawPolicy {
+    visibility: Option<String>,
+    matching_rules: Option<Vec<RawMatchingRule>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawMatchingRule {
+    namespace_selector: Option<RawLabelSelector>,
+}
+
+/// `kind: IstioOperator`: only `spec.meshConfig` is read.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawIstioOperator {
+    spec: Option<RawIstioOperatorSpec>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawIstioOperatorSpec {
+    mesh_config: Option<RawMeshConfig>,
+}
+
+impl RawIstioOperator {
+    pub(crate) fn into_mesh(self) -> RawMeshConfig {
+        self.spec.and_then(|s| s.mesh_config).unwrap_or_default()
+    }
+}
+
+/// `kind: ConfigMap`: the mesh config is YAML text under `data.mesh`.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawConfigMap {
+    pub data: Option<std::collections::BTreeMap<String, String>>,
+}
+
+fn parse_visibility(ctx: &mut Ctx<'_>, field: &str, value: Option<&str>) -> Option<Visibility> {
+    match value {
+        None => Some(Visibility::Public),
+        Some(text) => Visibility::parse(text).or_else(|| {
+            ctx.error(
+                field,
+                format!("unknown visibility {text:?}: expected PUBLIC, NAMESPACE, NONE or VISIBILITY_UNSPECIFIED"),
+            );
+            None
+        }),
+    }
+}
+
+pub(crate) fn validate_export_to(ctx: &mut Ctx<'_>, field: &str, values: &[String]) {
+    if values.len() > 1 && values.iter().any(|v| v == "~") {
+        ctx.error(field, "\"~\" must be the only value");
+    }
+}
+
+impl RawMeshConfig {
+    /// `field` is the path of the mesh config inside its document (`spec.meshConfig.`, `data.mesh.`, ``).
+    pub(crate) fn convert(self, ctx: &mut Ctx<'_>, field: &str) -> Option<MeshConfig> {
+        let before = ctx.error_count();
+        let visibility = self.service_entry_visibility.map(|raw| {
+            let at = format!("{field}serviceEntryVisibility");
+            let default_visibility = parse_visibility(
+                ctx,
+                &format!("{at}.defaultVisibility"),
+                raw.default_visibility.as_deref(),
+            );
+            let mut policies = Vec::new();
+            for (i, policy) in raw.policies.unwrap_or_default().into_iter().enumerate() {
+                let pat = format!("{at}.policies[{i}]");
+                let visibility = parse_visibility(
+                    ctx,
+                    &format!("{pat}.visibility"),
+                    policy.visibility.as_deref(),
+                );
+                let mut matching_rules = Vec::new();
+                for (j, rule) in policy
+                    .matching_rules
+                    .unwrap_or_default()
+                    .into_iter()
+                    .enumerate()
+                {
+                    let rat = format!("{pat}.matchingRules[{j}].namespaceSelector");
+                    matching_rules.push(match rule.namespace_selector {
+                        Some(sel) => match sel.convert(ctx, &rat) {
+                            Some(sel) => MatchingRule::NamespaceSelector(sel),
+                            None => MatchingRule::Unrecognized,
+                        },
+                        None => MatchingRule::Unrecognized,
+                    });
+                }
+                policies.push(Policy {
+                    visibility: visibility.unwrap_or(Visibility::Public),
+                    matching_rules,
+                });
+            }
+            VisibilityConfig {
+                default_visibility: default_visibility.unwrap_or(Visibility::Public),
+                apply_to_sidecars: raw.apply_to_sidecars.unwrap_or(false),
+                policies,
+            }
+        });
+        if let Some(export_to) = &self.default_service_export_to {
+            validate_export_to(ctx, &format!("{field}defaultServiceExportTo"), export_to);
+        }
+        (ctx.error_count() == before).then_some(MeshConfig {
+            service_entry_visibility: visibility,
+            default_service_export_to: self.default_service_export_to,
+            trust_domain: self.trust_domain,
+            file: Some(ctx.file.to_string()),
+        })
+    }
+}

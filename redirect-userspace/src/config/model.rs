@@ -1,0 +1,234 @@
+//! The typed, validated resources: what the rest of the agent reads. Built only by the loader.
+use std::{borrow::Cow, collections::BTreeMap, fmt, net::IpAddr};
+
+use ipnet::IpNet;
+use serde::Serialize;
+
+use super::{labels::Labels, mesh::MeshConfig, time::Timestamp};
+
+/// The label every namespace carries, set by Kubernetes itself.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Everything loaded from one configuration directory.
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    /// Declared namespaces and every namespace an object lives in, by name.
+    pub namespaces: BTreeMap<String, Namespace>,
+    /// Sorted by `namespace/name`.
+    pub service_entries: Vec<ServiceEntry>,
+    /// Kubernetes Services, sorted by `namespace/name`.
+    pub services: Vec<Service>,
+    /// Pods and WorkloadEntries, sorted by kind then `namespace/name`.
+    pub workloads: Vec<Workload>,
+    pub mesh: MeshConfig,
+    pub cluster_domain: String,
+}
+
+impl Model {
+    /// The labels of a namespace; one that nothing declares still carries its name label.
+    pub fn namespace_labels(&self, name: &str) -> Cow<'_, Labels> {
+        match self.namespaces.get(name) {
+            Some(ns) => Cow::Borrowed(&ns.labels),
+            None => Cow::Owned(Namespace::implicit(name).labels),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    pub name: String,
+    /// Always holds `kubernetes.io/metadata.name: <name>`.
+    pub labels: Labels,
+    /// False for a namespace that objects live in but no manifest declares.
+    pub declared: bool,
+}
+
+impl Namespace {
+    pub fn implicit(name: &str) -> Self {
+        Namespace {
+            name: name.to_string(),
+            labels: Labels::from([(NAMESPACE_NAME_LABEL.to_string(), name.to_string())]),
+            declared: false,
+        }
+    }
+}
+
+/// The metadata the agent uses, plus the file the object came from (for messages).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectMeta {
+    pub name: String,
+    pub namespace: String,
+    pub labels: Labels,
+    pub creation_timestamp: Option<Timestamp>,
+    pub file: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntry {
+    pub meta: ObjectMeta,
+    pub hosts: Vec<Host>,
+    pub addresses: Vec<Address>,
+    pub ports: Vec<ServiceEntryPort>,
+    pub location: Location,
+    pub resolution: Resolution,
+    pub endpoints: Vec<ServiceEntryEndpoint>,
+    pub workload_selector: Option<Labels>,
+    /// As declared; `None` when the field is absent.
+    pub export_to: Option<Vec<String>>,
+    /// From `istio.io/use-waypoint` (+ `-namespace`); `None` without the label or with `none`.
+    pub waypoint: Option<WaypointRef>,
+}
+
+/// A host name, stored lower case. A wildcard keeps only the suffix after `*.`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Host {
+    Exact(String),
+    Wildcard(String),
+}
+
+impl fmt::Display for Host {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Host::Exact(h) => f.write_str(h),
+            Host::Wildcard(suffix) => write!(f, "*.{suffix}"),
+        }
+    }
+}
+
+/// A `spec.addresses` entry. A prefix of full length (`/32`, `/128`) is an exact address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Address {
+    Ip(IpAddr),
+    Cidr(IpNet),
+}
+
+impl fmt::Display for Address {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Address::Ip(ip) => write!(f, "{ip}"),
+            Address::Cidr(net) => write!(f, "{net}"),
+        }
+    }
+}
+
+impl Serialize for Address {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntryPort {
+    pub number: u16,
+    pub name: Option<String>,
+    pub protocol: Option<String>,
+    pub target_port: Option<u16>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Location {
+    #[default]
+    MeshExternal,
+    MeshInternal,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Resolution {
+    /// Istio's default: connections go to the address the client asked for.
+    #[default]
+    None,
+    Static,
+    Dns,
+    DnsRoundRobin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceEntryEndpoint {
+    pub address: EndpointAddress,
+    /// Endpoint port by service port name.
+    pub ports: BTreeMap<String, u16>,
+    pub labels: Labels,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum EndpointAddress {
+    Ip(IpAddr),
+    /// Resolved through the upstream resolver when connecting (resolution `DNS`).
+    Host(String),
+}
+
+impl fmt::Display for EndpointAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndpointAddress::Ip(ip) => write!(f, "{ip}"),
+            EndpointAddress::Host(h) => f.write_str(h),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WaypointRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl fmt::Display for WaypointRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A Kubernetes Service (`v1`). Always PUBLIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Service {
+    pub meta: ObjectMeta,
+    /// Empty for a headless Service (`clusterIP: None`).
+    pub cluster_ips: Vec<IpAddr>,
+    pub ports: Vec<ServicePort>,
+    pub selector: Option<Labels>,
+}
+
+impl Service {
+    pub fn hostname(&self, cluster_domain: &str) -> String {
+        format!(
+            "{}.{}.svc.{cluster_domain}",
+            self.meta.name, self.meta.namespace
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServicePort {
+    pub port: u16,
+    pub name: Option<String>,
+    pub protocol: Option<String>,
+    pub target_port: TargetPort,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetPort {
+    Number(u16),
+    /// A container port name, looked up on each selected pod.
+    Name(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum WorkloadKind {
+    Pod,
+    WorkloadEntry,
+}
+
+/// A Pod or a WorkloadEntry: a client (its namespace is the client namespace) and an endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub kind: WorkloadKind,
+    pub meta: ObjectMeta,
+    pub ips: Vec<IpAddr>,
+    pub node_name: Option<String>,
+    /// Named ports: container ports of a Pod, `spec.ports` of a WorkloadEntry.
+    pub ports: BTreeMap<String, u16>,
+}

@@ -1,0 +1,231 @@
+//! Model + resolution -> the data plane's services. NONE entries are dropped here, so no lookup,
+//! DNS answer or dump can ever see them.
+use std::{net::IpAddr, sync::atomic::AtomicUsize};
+
+use super::service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility};
+use crate::{
+    config::{
+        Address, EndpointAddress, Host, Model, Resolution, ServiceEntry, ServiceEntryPort,
+        TargetPort, Visibility, Workload, WorkloadKind, selects,
+    },
+    visibility::ResolvedEntry,
+};
+
+pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolution) -> Vec<Service> {
+    let mut out = Vec::new();
+    for (entry, resolved) in model.service_entries.iter().zip(&resolution.entries) {
+        let visibility = match resolved.visibility {
+            Visibility::None => continue,
+            Visibility::Public => ServiceVisibility::Public,
+            Visibility::Namespace => ServiceVisibility::Namespace,
+        };
+        for host in &entry.hosts {
+            out.push(from_service_entry(model, entry, resolved, host, visibility));
+        }
+    }
+    for svc in &model.services {
+        let selected: Vec<&Workload> = match &svc.selector {
+            Some(selector) => model
+                .workloads
+                .iter()
+                .filter(|w| {
+                    w.meta.namespace == svc.meta.namespace && selects(selector, &w.meta.labels)
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let ports = svc
+            .ports
+            .iter()
+            .map(|p| Port {
+                port: p.port,
+                name: p.name.clone(),
+                protocol: p.protocol.clone(),
+                target_port: match p.target_port {
+                    TargetPort::Number(n) => n,
+                    TargetPort::Name(_) => p.port,
+                },
+                endpoints: selected
+                    .iter()
+                    .filter_map(|w| {
+                        let port = match &p.target_port {
+                            TargetPort::Number(n) => *n,
+                            // A pod without that named port is not an endpoint for this port.
+                            TargetPort::Name(name) => *w.ports.get(name)?,
+                        };
+                        workload_endpoint(w, port)
+                    })
+                    .collect(),
+            })
+            .collect();
+        let (vips_v4, vips_v6) = split_ips(svc.cluster_ips.iter().copied());
+        out.push(Service {
+            name: svc.meta.name.clone(),
+            namespace: svc.meta.namespace.clone(),
+            hostname: svc.hostname(&model.cluster_domain),
+            kind: ServiceKind::Service,
+            visibility: ServiceVisibility::Public,
+            resolution: Resolution::Static,
+            vips_v4,
+            vips_v6,
+            cidrs: Vec::new(),
+            ports,
+            waypoint: None,
+            created: svc.meta.creation_timestamp,
+            next_endpoint: AtomicUsize::new(0),
+        });
+    }
+    out.sort_by(|a, b| a.rank_key().cmp(&b.rank_key()));
+    out
+}
+
+fn from_service_entry(
+    model: &Model,
+    entry: &ServiceEntry,
+    resolved: &ResolvedEntry,
+    host: &Host,
+    visibility: ServiceVisibility,
+) -> Service {
+    let hostname = host.to_string();
+    // Declared addresses belong to every host; allocated ones to their own host.
+    let ips: Vec<IpAddr> = if entry.addresses.is_empty() {
+        resolved
+            .allocated
+            .iter()
+            .filter(|a| a.host == hostname)
+            .flat_map(|a| a.addresses())
+            .collect()
+    } else {
+        entry
+            .addresses
+            .iter()
+            .filter_map(|a| match a {
+                Address::Ip(ip) => Some(*ip),
+                Address::Cidr(_) => None,
+            })
+            .collect()
+    };
+    let cidrs = entry
+        .addresses
+        .iter()
+        .filter_map(|a| match a {
+            Address::Cidr(net) => Some(*net),
+            Address::Ip(_) => None,
+        })
+        .collect();
+    let selected: Vec<&Workload> = match &entry.workload_selector {
+        Some(selector) => model
+            .workloads
+            .iter()
+            .filter(|w| {
+                w.meta.namespace == entry.meta.namespace && selects(selector, &w.meta.labels)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let ports = entry
+        .ports
+        .iter()
+        .map(|p| Port {
+            port: p.number,
+            name: p.name.clone(),
+            protocol: p.protocol.clone(),
+            target_port: p.target_port.unwrap_or(p.number),
+            endpoints: se_endpoints(entry, host, p, &selected),
+        })
+        .collect();
+    let (vips_v4, vips_v6) = split_ips(ips.into_iter());
+    Service {
+        name: entry.meta.name.clone(),
+        namespace: entry.meta.namespace.clone(),
+        hostname,
+        kind: ServiceKind::ServiceEntry,
+        visibility,
+        resolution: entry.resolution,
+        vips_v4,
+        vips_v6,
+        cidrs,
+        ports,
+        waypoint: resolved.waypoint.clone(),
+        created: entry.meta.creation_timestamp,
+        next_endpoint: AtomicUsize::new(0),
+    }
+}
+
+/// The endpoints of one ServiceEntry port. An endpoint's named port wins over `targetPort`, which
+/// wins over the port number, as in Istio.
+fn se_endpoints(
+    entry: &ServiceEntry,
+    host: &Host,
+    port: &ServiceEntryPort,
+    selected: &[&Workload],
+) -> Vec<Endpoint> {
+    let default_port = port.target_port.unwrap_or(port.number);
+    let named = |ports: &std::collections::BTreeMap<String, u16>| {
+        port.name
+            .as_ref()
+            .and_then(|n| ports.get(n))
+            .copied()
+            .unwrap_or(default_port)
+    };
+    if entry.resolution == Resolution::None {
+        return Vec::new();
+    }
+    if !entry.endpoints.is_empty() {
+        return entry
+            .endpoints
+            .iter()
+            .map(|ep| Endpoint {
+                address: ep.address.clone(),
+                port: named(&ep.ports),
+                workload: None,
+            })
+            .collect();
+    }
+    if entry.workload_selector.is_some() {
+        return selected
+            .iter()
+            .filter_map(|w| {
+                let p = match w.kind {
+                    WorkloadKind::WorkloadEntry => named(&w.ports),
+                    WorkloadKind::Pod => default_port,
+                };
+                workload_endpoint(w, p)
+            })
+            .collect();
+    }
+    // Resolution DNS without endpoints: connect to the host itself, resolved upstream.
+    match (entry.resolution, host) {
+        (Resolution::Dns | Resolution::DnsRoundRobin, Host::Exact(name)) => vec![Endpoint {
+            address: EndpointAddress::Host(name.clone()),
+            port: default_port,
+            workload: None,
+        }],
+        _ => Vec::new(),
+    }
+}
+
+/// A workload's endpoint: its first IPv4 address (the redirect is IPv4), else its first address.
+fn workload_endpoint(w: &Workload, port: u16) -> Option<Endpoint> {
+    let ip = w.ips.iter().find(|ip| ip.is_ipv4()).or(w.ips.first())?;
+    Some(Endpoint {
+        address: EndpointAddress::Ip(*ip),
+        port,
+        workload: Some(format!("{}/{}", w.meta.namespace, w.meta.name)),
+    })
+}
+
+fn split_ips(
+    ips: impl Iterator<Item = IpAddr>,
+) -> (Vec<std::net::Ipv4Addr>, Vec<std::net::Ipv6Addr>) {
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for ip in ips {
+        match ip.to_canonical() {
+            IpAddr::V4(ip) if !v4.contains(&ip) => v4.push(ip),
+            IpAddr::V6(ip) if !v6.contains(&ip) => v6.push(ip),
+            _ => {}
+        }
+    }
+    (v4, v6)
+}

@@ -1,0 +1,177 @@
+//! The outbound decision (SPEC §3 "Destination IP lookup"): what a connection from a client
+//! namespace to an original destination `ip:port` gets.
+use std::net::{IpAddr, SocketAddr};
+
+use super::{
+    Snapshot,
+    service::{Endpoint, Port, Service, Target},
+};
+use crate::config::{Resolution, Workload};
+
+/// How to pick among a port's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick {
+    /// Round robin: advances the service's counter (the proxy).
+    Next,
+    /// The endpoint the next `Next` would give, without advancing (`explain`).
+    Peek,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct OutboundDecision<'a> {
+    pub action: Outbound<'a>,
+    /// The best-ranked service claiming this address that the client may not see, if any was
+    /// skipped on the way to `action` (for the "service hidden from client" debug log and counter).
+    pub hidden: Option<&'a Service>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum Outbound<'a> {
+    /// Connect to `endpoint` of `service`; `port.endpoints` are the candidates, `index` the pick.
+    Service {
+        service: &'a Service,
+        port: &'a Port,
+        endpoint: &'a Endpoint,
+        index: usize,
+    },
+    /// No service claims the address, but a workload has it: connect to it directly.
+    Workload {
+        workload: &'a Workload,
+        addr: SocketAddr,
+    },
+    /// Connect to the original destination unchanged.
+    Passthrough {
+        addr: SocketAddr,
+        reason: PassthroughReason<'a>,
+    },
+    /// Reset the client's connection at once.
+    NoHealthyUpstream {
+        service: &'a Service,
+        reason: NoUpstreamReason,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum PassthroughReason<'a> {
+    /// Nothing the client can see claims the address.
+    Unknown,
+    /// A visible service with resolution NONE claims it.
+    ResolutionNone(&'a Service),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoUpstreamReason {
+    PortNotDeclared,
+    NoEndpoints,
+}
+
+impl<'a> OutboundDecision<'a> {
+    /// The outcome label of SPEC §4's outbound counter.
+    pub fn outcome(&self) -> &'static str {
+        match self.action {
+            Outbound::Service { .. } => "service",
+            Outbound::Workload { .. } => "workload",
+            Outbound::Passthrough { .. } => "passthrough",
+            Outbound::NoHealthyUpstream { .. } => "no_healthy_upstream",
+        }
+    }
+
+    /// The service the decision is about, if any.
+    pub fn service(&self) -> Option<&'a Service> {
+        match self.action {
+            Outbound::Service { service, .. } | Outbound::NoHealthyUpstream { service, .. } => {
+                Some(service)
+            }
+            Outbound::Passthrough {
+                reason: PassthroughReason::ResolutionNone(service),
+                ..
+            } => Some(service),
+            _ => None,
+        }
+    }
+
+    /// Where the proxy connects; `None` means reset the client.
+    pub fn target(&self) -> Option<Target<'a>> {
+        match self.action {
+            Outbound::Service { endpoint, .. } => Some(endpoint.target()),
+            Outbound::Workload { addr, .. } | Outbound::Passthrough { addr, .. } => {
+                Some(Target::Addr(addr))
+            }
+            Outbound::NoHealthyUpstream { .. } => None,
+        }
+    }
+}
+
+impl Snapshot {
+    /// The decision for a new connection: advances the round robin.
+    pub fn by_ip(&self, client_ns: Option<&str>, ip: IpAddr, port: u16) -> OutboundDecision<'_> {
+        self.by_ip_with(client_ns, ip, port, Pick::Next)
+    }
+
+    /// The same decision with an explicit endpoint pick. Allocation-free.
+    pub fn by_ip_with(
+        &self,
+        client_ns: Option<&str>,
+        ip: IpAddr,
+        port: u16,
+        pick: Pick,
+    ) -> OutboundDecision<'_> {
+        let ip = ip.to_canonical();
+        let addr = SocketAddr::new(ip, port);
+        let exact = self.services.by_vip(ip, client_ns);
+        let (service, hidden) = match exact.service {
+            Some(svc) => (Some(svc), exact.hidden),
+            None => {
+                let cidr = self.services.by_cidr(ip, client_ns);
+                (cidr.service, exact.hidden.or(cidr.hidden))
+            }
+        };
+        let action = match service {
+            Some(service) => service_action(service, addr, pick),
+            None => match self.workloads.by_ip(ip) {
+                Some(workload) => Outbound::Workload { workload, addr },
+                None => Outbound::Passthrough {
+                    addr,
+                    reason: PassthroughReason::Unknown,
+                },
+            },
+        };
+        OutboundDecision { action, hidden }
+    }
+}
+
+fn service_action(service: &Service, addr: SocketAddr, pick: Pick) -> Outbound<'_> {
+    let Some(port) = service.port(addr.port()) else {
+        return Outbound::NoHealthyUpstream {
+            service,
+            reason: NoUpstreamReason::PortNotDeclared,
+        };
+    };
+    if service.resolution == Resolution::None {
+        return Outbound::Passthrough {
+            addr,
+            reason: PassthroughReason::ResolutionNone(service),
+        };
+    }
+    if port.endpoints.is_empty() {
+        return Outbound::NoHealthyUpstream {
+            service,
+            reason: NoUpstreamReason::NoEndpoints,
+        };
+    }
+    let n = match pick {
+        Pick::Next => service
+            .next_endpoint
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        Pick::Peek => service
+            .next_endpoint
+            .load(std::sync::atomic::Ordering::Relaxed),
+    };
+    let index = n % port.endpoints.len();
+    Outbound::Service {
+        service,
+        port,
+        endpoint: &port.endpoints[index],
+        index,
+    }
+}

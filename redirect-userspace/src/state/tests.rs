@@ -1,0 +1,1092 @@
+//! Table-driven tests of SPEC §3, each case named after the rule it checks.
+use std::net::IpAddr;
+
+use super::*;
+use crate::config::load_sources;
+
+mod props;
+
+/// A small multi-tenant world: every rule of SPEC §3 has an object here to exercise it.
+pub(super) const WORLD: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-b}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-c, labels: {trusted: "true"}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: quarantine, labels: {quarantine: "true"}}
+---
+kind: MeshConfig
+serviceEntryVisibility:
+  defaultVisibility: NAMESPACE
+  policies:
+    - visibility: PUBLIC
+      matchingRules: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: istio-system}}}]
+    - visibility: PUBLIC
+      matchingRules: [{namespaceSelector: {matchLabels: {trusted: "true"}}}]
+    - visibility: NONE
+      matchingRules: [{namespaceSelector: {matchLabels: {quarantine: "true"}}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: a1, namespace: team-a}
+status: {podIP: 10.244.1.10}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: team-a, labels: {app: web}}
+spec: {containers: [{ports: [{name: http, containerPort: 8080}]}]}
+status: {podIP: 10.244.1.20}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b1, namespace: team-b}
+status: {podIP: 10.244.2.10}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: team-a}
+spec: {clusterIP: 10.244.100.10, selector: {app: web}, ports: [{port: 80, targetPort: http}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: team-a}
+spec: {clusterIP: 10.244.100.11, ports: [{port: 80}]}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: team-a}
+spec:
+  hosts: [api.example.com]
+  addresses: [203.0.113.10]
+  ports: [{number: 80, name: http}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.20}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: rr, namespace: team-a}
+spec:
+  hosts: [rr.example.com]
+  addresses: [203.0.113.80]
+  ports: [{number: 80, name: http, targetPort: 8080}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.81}, {address: 198.51.100.82}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: v6, namespace: team-a}
+spec:
+  hosts: [v6.example.com]
+  addresses: ["2001:db8::10"]
+  ports: [{number: 80, name: http}]
+  resolution: STATIC
+  endpoints: [{address: "2001:db8::11"}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shadow-b1, namespace: team-a}
+spec:
+  hosts: [shadow.example.com]
+  addresses: [10.244.2.10]
+  ports: [{number: 8080, name: http}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.21}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: inside, namespace: team-a}
+spec:
+  hosts: [inside.example.com]
+  addresses: [198.51.100.140]
+  ports: [{number: 443, name: tls}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.141}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shared-b, namespace: team-b, creationTimestamp: "2024-06-01T00:00:00Z"}
+spec:
+  hosts: [shared.example.com]
+  addresses: [203.0.113.41]
+  ports: [{number: 80, name: http}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.41}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: cdn, namespace: team-b}
+spec:
+  hosts: [cdn.example.com]
+  addresses: [203.0.113.60]
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+  endpoints: [{address: origin.example.org, ports: {http: 8080}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shared-c, namespace: team-c, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec:
+  hosts: [shared.example.com]
+  addresses: [203.0.113.40]
+  ports: [{number: 80, name: http}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.40}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: partner, namespace: team-c, creationTimestamp: "2024-01-01T00:00:00Z"}
+spec:
+  hosts: [partner.example.com]
+  addresses: [198.51.100.128/25]
+  ports: [{number: 443, name: tls}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: partner-copy, namespace: istio-system, creationTimestamp: "2024-06-01T00:00:00Z"}
+spec:
+  hosts: [partner-copy.example.com]
+  addresses: [198.51.100.128/25]
+  ports: [{number: 443, name: tls}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: partner-wide, namespace: istio-system}
+spec:
+  hosts: [partner-wide.example.com]
+  addresses: [198.51.100.0/24]
+  ports: [{number: 443, name: tls}]
+  resolution: NONE
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: metrics, namespace: istio-system}
+spec:
+  hosts: [metrics.example.com]
+  addresses: [203.0.113.30]
+  ports: [{number: 80, name: http}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.30}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: httpbin, namespace: istio-system}
+spec:
+  hosts: [httpbin.example.com]
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: wild, namespace: istio-system}
+spec:
+  hosts: ["*.wild.example.com"]
+  addresses: [203.0.113.90]
+  ports: [{number: 80, name: http}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.90}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: wild-noaddr, namespace: istio-system}
+spec:
+  hosts: ["*.noaddr.example.com"]
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: hijack, namespace: quarantine}
+spec:
+  hosts: [metrics.example.com, login.example.com]
+  addresses: [203.0.113.30, 203.0.113.50]
+  ports: [{number: 80, name: http}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.99}]
+"#;
+
+pub(super) fn world() -> Snapshot {
+    match load_sources([("world.yaml", WORLD)]) {
+        Ok(model) => Snapshot::from_model(&model),
+        Err(e) => panic!("world does not load:\n{e}"),
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// (action, service, endpoint, hidden) as the CLI prints them.
+pub(super) fn outbound_summary(
+    d: &OutboundDecision<'_>,
+) -> (&'static str, Option<String>, Option<String>, Option<String>) {
+    let action = match d.action {
+        Outbound::Service { .. } => "service",
+        Outbound::Workload { .. } => "workload",
+        Outbound::Passthrough { .. } => "passthrough",
+        Outbound::NoHealthyUpstream { .. } => "noHealthyUpstream",
+    };
+    let service = match d.action {
+        Outbound::Workload { workload, .. } => Some(format!(
+            "{}/{}",
+            workload.meta.namespace, workload.meta.name
+        )),
+        _ => d.service().map(|s| s.to_string()),
+    };
+    (
+        action,
+        service,
+        d.target().map(|t| t.to_string()),
+        d.hidden.map(|s| s.to_string()),
+    )
+}
+
+#[test]
+fn outbound_rules() {
+    struct Case {
+        name: &'static str,
+        client: Option<&'static str>,
+        dst: &'static str,
+        port: u16,
+        action: &'static str,
+        service: Option<&'static str>,
+        endpoint: Option<&'static str>,
+        hidden: Option<&'static str>,
+    }
+    let cases = [
+        Case {
+            name: "NAMESPACE entry serves its own namespace",
+            client: Some("team-a"),
+            dst: "203.0.113.10",
+            port: 80,
+            action: "service",
+            service: Some("team-a/api"),
+            endpoint: Some("198.51.100.20:80"),
+            hidden: None,
+        },
+        Case {
+            name: "NAMESPACE entry is absent for another namespace: passthrough",
+            client: Some("team-b"),
+            dst: "203.0.113.10",
+            port: 80,
+            action: "passthrough",
+            service: None,
+            endpoint: Some("203.0.113.10:80"),
+            hidden: Some("team-a/api"),
+        },
+        Case {
+            name: "unknown client sees only PUBLIC: NAMESPACE entry passes through",
+            client: None,
+            dst: "203.0.113.10",
+            port: 80,
+            action: "passthrough",
+            service: None,
+            endpoint: Some("203.0.113.10:80"),
+            hidden: Some("team-a/api"),
+        },
+        Case {
+            name: "unknown client sees PUBLIC entries",
+            client: None,
+            dst: "203.0.113.30",
+            port: 80,
+            action: "service",
+            service: Some("istio-system/metrics"),
+            endpoint: Some("198.51.100.30:80"),
+            hidden: None,
+        },
+        Case {
+            name: "NONE entry absent from lookups, even in its own namespace",
+            client: Some("quarantine"),
+            dst: "203.0.113.50",
+            port: 80,
+            action: "passthrough",
+            service: None,
+            endpoint: Some("203.0.113.50:80"),
+            hidden: None,
+        },
+        Case {
+            name: "NONE entry never shadows a PUBLIC one on the same address",
+            client: Some("quarantine"),
+            dst: "203.0.113.30",
+            port: 80,
+            action: "service",
+            service: Some("istio-system/metrics"),
+            endpoint: Some("198.51.100.30:80"),
+            hidden: None,
+        },
+        Case {
+            name: "shared address space: own NAMESPACE entry inside",
+            client: Some("team-b"),
+            dst: "203.0.113.41",
+            port: 80,
+            action: "service",
+            service: Some("team-b/shared-b"),
+            endpoint: Some("198.51.100.41:80"),
+            hidden: None,
+        },
+        Case {
+            name: "trusted namespace entry is PUBLIC",
+            client: Some("team-a"),
+            dst: "203.0.113.40",
+            port: 80,
+            action: "service",
+            service: Some("team-c/shared-c"),
+            endpoint: Some("198.51.100.40:80"),
+            hidden: None,
+        },
+        Case {
+            name: "own namespace exact VIP beats a CIDR",
+            client: Some("team-a"),
+            dst: "198.51.100.140",
+            port: 443,
+            action: "service",
+            service: Some("team-a/inside"),
+            endpoint: Some("198.51.100.141:443"),
+            hidden: None,
+        },
+        Case {
+            name: "hidden exact VIP falls through to a visible CIDR",
+            client: Some("team-b"),
+            dst: "198.51.100.140",
+            port: 443,
+            action: "passthrough",
+            service: Some("team-c/partner"),
+            endpoint: Some("198.51.100.140:443"),
+            hidden: Some("team-a/inside"),
+        },
+        Case {
+            name: "hidden exact VIP falls through to a workload",
+            client: Some("team-b"),
+            dst: "10.244.2.10",
+            port: 8080,
+            action: "workload",
+            service: Some("team-b/b1"),
+            endpoint: Some("10.244.2.10:8080"),
+            hidden: Some("team-a/shadow-b1"),
+        },
+        Case {
+            name: "exact VIP serves its own namespace over the workload",
+            client: Some("team-a"),
+            dst: "10.244.2.10",
+            port: 8080,
+            action: "service",
+            service: Some("team-a/shadow-b1"),
+            endpoint: Some("198.51.100.21:8080"),
+            hidden: None,
+        },
+        Case {
+            name: "hidden exact VIP falls through to passthrough",
+            client: Some("team-c"),
+            dst: "203.0.113.41",
+            port: 80,
+            action: "passthrough",
+            service: None,
+            endpoint: Some("203.0.113.41:80"),
+            hidden: Some("team-b/shared-b"),
+        },
+        Case {
+            name: "CIDR longest prefix wins",
+            client: Some("team-b"),
+            dst: "198.51.100.200",
+            port: 443,
+            action: "passthrough",
+            service: Some("team-c/partner"),
+            endpoint: Some("198.51.100.200:443"),
+            hidden: None,
+        },
+        Case {
+            name: "CIDR shorter prefix when the longer does not contain the address",
+            client: Some("team-b"),
+            dst: "198.51.100.5",
+            port: 443,
+            action: "passthrough",
+            service: Some("istio-system/partner-wide"),
+            endpoint: Some("198.51.100.5:443"),
+            hidden: None,
+        },
+        Case {
+            name: "equal CIDRs: oldest creationTimestamp wins",
+            client: Some("team-b"),
+            dst: "198.51.100.200",
+            port: 443,
+            action: "passthrough",
+            service: Some("team-c/partner"),
+            endpoint: Some("198.51.100.200:443"),
+            hidden: None,
+        },
+        Case {
+            name: "equal CIDRs: own namespace wins over age",
+            client: Some("istio-system"),
+            dst: "198.51.100.200",
+            port: 443,
+            action: "passthrough",
+            service: Some("istio-system/partner-copy"),
+            endpoint: Some("198.51.100.200:443"),
+            hidden: None,
+        },
+        Case {
+            name: "resolution NONE passes through with the service",
+            client: Some("team-a"),
+            dst: "198.51.100.129",
+            port: 443,
+            action: "passthrough",
+            service: Some("team-c/partner"),
+            endpoint: Some("198.51.100.129:443"),
+            hidden: None,
+        },
+        Case {
+            name: "undeclared port: no healthy upstream",
+            client: Some("team-a"),
+            dst: "203.0.113.10",
+            port: 81,
+            action: "noHealthyUpstream",
+            service: Some("team-a/api"),
+            endpoint: None,
+            hidden: None,
+        },
+        Case {
+            name: "undeclared port on a resolution NONE service: no healthy upstream",
+            client: Some("team-a"),
+            dst: "198.51.100.129",
+            port: 80,
+            action: "noHealthyUpstream",
+            service: Some("team-c/partner"),
+            endpoint: None,
+            hidden: None,
+        },
+        Case {
+            name: "service without endpoints: no healthy upstream",
+            client: Some("team-b"),
+            dst: "10.244.100.11",
+            port: 80,
+            action: "noHealthyUpstream",
+            service: Some("team-a/empty"),
+            endpoint: None,
+            hidden: None,
+        },
+        Case {
+            name: "Kubernetes Service is PUBLIC and maps a named targetPort",
+            client: Some("team-b"),
+            dst: "10.244.100.10",
+            port: 80,
+            action: "service",
+            service: Some("team-a/web"),
+            endpoint: Some("10.244.1.20:8080"),
+            hidden: None,
+        },
+        Case {
+            name: "resolution DNS endpoint by host name, endpoint port by port name",
+            client: Some("team-b"),
+            dst: "203.0.113.60",
+            port: 80,
+            action: "service",
+            service: Some("team-b/cdn"),
+            endpoint: Some("origin.example.org:8080"),
+            hidden: None,
+        },
+        Case {
+            name: "targetPort maps the service port",
+            client: Some("team-a"),
+            dst: "203.0.113.80",
+            port: 80,
+            action: "service",
+            service: Some("team-a/rr"),
+            endpoint: Some("198.51.100.81:8080"),
+            hidden: None,
+        },
+        Case {
+            name: "workload reached directly",
+            client: Some("team-b"),
+            dst: "10.244.1.10",
+            port: 9000,
+            action: "workload",
+            service: Some("team-a/a1"),
+            endpoint: Some("10.244.1.10:9000"),
+            hidden: None,
+        },
+        Case {
+            name: "unknown address passes through",
+            client: Some("team-a"),
+            dst: "192.0.2.1",
+            port: 80,
+            action: "passthrough",
+            service: None,
+            endpoint: Some("192.0.2.1:80"),
+            hidden: None,
+        },
+        Case {
+            name: "IPv4-mapped IPv6 destination is the IPv4 address",
+            client: Some("team-a"),
+            dst: "::ffff:203.0.113.10",
+            port: 80,
+            action: "service",
+            service: Some("team-a/api"),
+            endpoint: Some("198.51.100.20:80"),
+            hidden: None,
+        },
+        Case {
+            name: "IPv6 VIP",
+            client: Some("team-a"),
+            dst: "2001:db8::10",
+            port: 80,
+            action: "service",
+            service: Some("team-a/v6"),
+            endpoint: Some("[2001:db8::11]:80"),
+            hidden: None,
+        },
+    ];
+    let snap = world();
+    for case in cases {
+        let got = snap.by_ip_with(case.client, ip(case.dst), case.port, Pick::Peek);
+        let want = (
+            case.action,
+            case.service.map(String::from),
+            case.endpoint.map(String::from),
+            case.hidden.map(String::from),
+        );
+        assert_eq!(outbound_summary(&got), want, "{}", case.name);
+    }
+}
+
+#[test]
+fn round_robin_spreads_and_peek_does_not_advance() {
+    let snap = world();
+    let next = |pick| {
+        snap.by_ip_with(Some("team-a"), ip("203.0.113.80"), 80, pick)
+            .target()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(next(Pick::Peek), "198.51.100.81:8080");
+    assert_eq!(
+        next(Pick::Peek),
+        "198.51.100.81:8080",
+        "peek never advances"
+    );
+    let picks: Vec<String> = (0..4).map(|_| next(Pick::Next)).collect();
+    assert_eq!(
+        picks,
+        [
+            "198.51.100.81:8080",
+            "198.51.100.82:8080",
+            "198.51.100.81:8080",
+            "198.51.100.82:8080"
+        ]
+    );
+    assert_eq!(
+        next(Pick::Peek),
+        "198.51.100.81:8080",
+        "peek shows the next pick"
+    );
+}
+
+#[test]
+fn resolution_dns_without_endpoints_connects_to_the_host() {
+    let snap = world();
+    let DnsDecision::Answer(answer) = snap.by_host(Some("team-a"), "httpbin.example.com") else {
+        panic!("httpbin.example.com is PUBLIC and allocated");
+    };
+    let vip = answer.v4()[0];
+    assert!(crate::visibility::V4_RANGE.contains(&vip));
+    let d = snap.by_ip_with(Some("team-b"), IpAddr::V4(vip), 80, Pick::Peek);
+    assert_eq!(d.target().unwrap().to_string(), "httpbin.example.com:80");
+}
+
+#[test]
+fn workload_by_ip_names_the_client() {
+    let snap = world();
+    let w = snap.workload_by_ip(ip("10.244.2.10")).unwrap();
+    assert_eq!(
+        (w.meta.namespace.as_str(), w.meta.name.as_str()),
+        ("team-b", "b1")
+    );
+    assert!(
+        snap.workload_by_ip(ip("10.244.9.9")).is_none(),
+        "unknown IP: unknown client"
+    );
+    let shared = "apiVersion: v1\nkind: Pod\nmetadata: {name: x, namespace: a}\nstatus: {podIP: 10.0.0.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: y, namespace: b}\nstatus: {podIP: 10.0.0.1}\n";
+    let snap = Snapshot::from_model(&load_sources([("p.yaml", shared)]).unwrap());
+    assert!(
+        snap.workload_by_ip(ip("10.0.0.1")).is_none(),
+        "an IP two workloads share names no client namespace"
+    );
+    assert!(
+        matches!(
+            snap.by_ip(None, ip("10.0.0.1"), 80).action,
+            Outbound::Workload { .. }
+        ),
+        "but it is still a workload to reach"
+    );
+}
+
+/// (action, service, cname, v4, v6, hidden)
+type DnsSummary = (
+    &'static str,
+    Option<String>,
+    Option<String>,
+    Vec<String>,
+    Vec<String>,
+    Option<String>,
+);
+
+pub(super) fn dns_summary(d: &DnsDecision<'_, '_>) -> DnsSummary {
+    match d {
+        DnsDecision::Answer(a) => (
+            "answer",
+            Some(a.service.to_string()),
+            a.cname.map(String::from),
+            a.v4().iter().map(|i| i.to_string()).collect(),
+            a.v6().iter().map(|i| i.to_string()).collect(),
+            a.hidden.map(|s| s.to_string()),
+        ),
+        DnsDecision::Forward { hidden } => (
+            "forward",
+            None,
+            None,
+            vec![],
+            vec![],
+            hidden.map(|s| s.to_string()),
+        ),
+    }
+}
+
+#[test]
+fn dns_rules() {
+    struct Case {
+        name: &'static str,
+        client: Option<&'static str>,
+        qname: &'static str,
+        action: &'static str,
+        service: Option<&'static str>,
+        cname: Option<&'static str>,
+        v4: &'static [&'static str],
+        v6: &'static [&'static str],
+        hidden: Option<&'static str>,
+    }
+    let cases = [
+        Case {
+            name: "own namespace resolves its NAMESPACE entry",
+            client: Some("team-a"),
+            qname: "api.example.com.",
+            action: "answer",
+            service: Some("team-a/api"),
+            cname: None,
+            v4: &["203.0.113.10"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "hidden name is forwarded for another namespace",
+            client: Some("team-b"),
+            qname: "api.example.com.",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: Some("team-a/api"),
+        },
+        Case {
+            name: "hidden name is forwarded for an unknown client",
+            client: None,
+            qname: "api.example.com",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: Some("team-a/api"),
+        },
+        Case {
+            name: "search-domain expansion is answered with a CNAME",
+            client: Some("team-a"),
+            qname: "api.example.com.team-a.svc.cluster.local.",
+            action: "answer",
+            service: Some("team-a/api"),
+            cname: Some("api.example.com"),
+            v4: &["203.0.113.10"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "svc search domain is stripped too",
+            client: Some("team-a"),
+            qname: "api.example.com.svc.cluster.local",
+            action: "answer",
+            service: Some("team-a/api"),
+            cname: Some("api.example.com"),
+            v4: &["203.0.113.10"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "cluster domain is stripped too",
+            client: Some("team-a"),
+            qname: "api.example.com.cluster.local",
+            action: "answer",
+            service: Some("team-a/api"),
+            cname: Some("api.example.com"),
+            v4: &["203.0.113.10"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "search-domain expansion of a hidden name is forwarded",
+            client: Some("team-b"),
+            qname: "api.example.com.team-b.svc.cluster.local.",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: Some("team-a/api"),
+        },
+        Case {
+            name: "another namespace's search domain is not stripped",
+            client: Some("team-a"),
+            qname: "api.example.com.team-b.svc.cluster.local.",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "names are case-insensitive",
+            client: Some("team-a"),
+            qname: "API.Example.COM.",
+            action: "answer",
+            service: Some("team-a/api"),
+            cname: None,
+            v4: &["203.0.113.10"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "CNAME target keeps the asked case",
+            client: Some("team-a"),
+            qname: "Api.Example.com.Team-A.svc.cluster.local",
+            action: "answer",
+            service: Some("team-a/api"),
+            cname: Some("Api.Example.com"),
+            v4: &["203.0.113.10"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "shared host name: own namespace wins inside",
+            client: Some("team-b"),
+            qname: "shared.example.com",
+            action: "answer",
+            service: Some("team-b/shared-b"),
+            cname: None,
+            v4: &["203.0.113.41"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "shared host name: PUBLIC wins outside",
+            client: Some("team-a"),
+            qname: "shared.example.com",
+            action: "answer",
+            service: Some("team-c/shared-c"),
+            cname: None,
+            v4: &["203.0.113.40"],
+            v6: &[],
+            hidden: Some("team-b/shared-b"),
+        },
+        Case {
+            name: "NONE entry is never answered, even in its namespace",
+            client: Some("quarantine"),
+            qname: "login.example.com",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "NONE entry never shadows a PUBLIC host",
+            client: Some("quarantine"),
+            qname: "metrics.example.com",
+            action: "answer",
+            service: Some("istio-system/metrics"),
+            cname: None,
+            v4: &["203.0.113.30"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "Kubernetes Service FQDN from another namespace",
+            client: Some("team-b"),
+            qname: "web.team-a.svc.cluster.local.",
+            action: "answer",
+            service: Some("team-a/web"),
+            cname: None,
+            v4: &["10.244.100.10"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "wildcard host answers a subdomain",
+            client: Some("team-b"),
+            qname: "api.wild.example.com",
+            action: "answer",
+            service: Some("istio-system/wild"),
+            cname: None,
+            v4: &["203.0.113.90"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "wildcard host answers a deeper subdomain",
+            client: Some("team-b"),
+            qname: "a.b.wild.example.com",
+            action: "answer",
+            service: Some("istio-system/wild"),
+            cname: None,
+            v4: &["203.0.113.90"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "wildcard host does not answer its apex",
+            client: Some("team-b"),
+            qname: "wild.example.com",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "wildcard without addresses is forwarded",
+            client: Some("team-b"),
+            qname: "x.noaddr.example.com",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "service without an IPv4 address answers A with nothing (NOERROR)",
+            client: Some("team-a"),
+            qname: "v6.example.com",
+            action: "answer",
+            service: Some("team-a/v6"),
+            cname: None,
+            v4: &[],
+            v6: &["2001:db8::10"],
+            hidden: None,
+        },
+        Case {
+            name: "unknown client gets PUBLIC entries",
+            client: None,
+            qname: "metrics.example.com.",
+            action: "answer",
+            service: Some("istio-system/metrics"),
+            cname: None,
+            v4: &["203.0.113.30"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "unknown client: svc search domain stripped",
+            client: None,
+            qname: "metrics.example.com.svc.cluster.local.",
+            action: "answer",
+            service: Some("istio-system/metrics"),
+            cname: Some("metrics.example.com"),
+            v4: &["203.0.113.30"],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "a name no service owns is forwarded",
+            client: Some("team-a"),
+            qname: "www.example.org.",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: None,
+        },
+        Case {
+            name: "an over-long name is forwarded",
+            client: Some("team-a"),
+            qname: "a.example.com",
+            action: "forward",
+            service: None,
+            cname: None,
+            v4: &[],
+            v6: &[],
+            hidden: None,
+        },
+    ];
+    let snap = world();
+    for case in cases {
+        let qname = if case.name.starts_with("an over-long") {
+            format!("{}.{}", "x".repeat(250), case.qname)
+        } else {
+            case.qname.to_string()
+        };
+        let got = dns_summary(&snap.by_host(case.client, &qname));
+        let strs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let want = (
+            case.action,
+            case.service.map(String::from),
+            case.cname.map(String::from),
+            strs(case.v4),
+            strs(case.v6),
+            case.hidden.map(String::from),
+        );
+        assert_eq!(got, want, "{}", case.name);
+    }
+}
+
+#[test]
+fn search_domain_expansion_is_what_the_resolver_sends() {
+    struct Case {
+        name: &'static str,
+        client: Option<&'static str>,
+        short: &'static str,
+        want: &'static [&'static str],
+    }
+    let cases = [
+        Case {
+            name: "short name: search list first, then as is",
+            client: Some("team-a"),
+            short: "web",
+            want: &[
+                "web.team-a.svc.cluster.local.",
+                "web.svc.cluster.local.",
+                "web.cluster.local.",
+                "web.",
+            ],
+        },
+        Case {
+            name: "external name with few dots: search list first",
+            client: Some("team-a"),
+            short: "api.example.com",
+            want: &[
+                "api.example.com.team-a.svc.cluster.local.",
+                "api.example.com.svc.cluster.local.",
+                "api.example.com.cluster.local.",
+                "api.example.com.",
+            ],
+        },
+        Case {
+            name: "absolute name: as is only",
+            client: Some("team-a"),
+            short: "api.example.com.",
+            want: &["api.example.com."],
+        },
+        Case {
+            name: "five dots or more: as is first",
+            client: Some("team-a"),
+            short: "a.b.c.d.e.f",
+            want: &[
+                "a.b.c.d.e.f.",
+                "a.b.c.d.e.f.team-a.svc.cluster.local.",
+                "a.b.c.d.e.f.svc.cluster.local.",
+                "a.b.c.d.e.f.cluster.local.",
+            ],
+        },
+        Case {
+            name: "unknown client: no namespace domain",
+            client: None,
+            short: "web",
+            want: &["web.svc.cluster.local.", "web.cluster.local.", "web."],
+        },
+    ];
+    for case in cases {
+        let got = SearchDomains::new(case.client, "cluster.local").expand(case.short);
+        assert_eq!(got, case.want, "{}", case.name);
+    }
+}
+
+#[test]
+fn short_kubernetes_name_resolves_through_the_first_search_domain() {
+    let snap = world();
+    let queries = snap.search_domains(Some("team-a")).expand("web");
+    let got = dns_summary(&snap.by_host(Some("team-a"), &queries[0]));
+    assert_eq!(
+        got.1.as_deref(),
+        Some("team-a/web"),
+        "web.team-a.svc.cluster.local is the Service's own name"
+    );
+    assert_eq!(got.2, None, "an exact name needs no CNAME");
+}
+
+#[test]
+fn dumps_hold_every_delivered_service_and_no_none_entry() {
+    let snap = world();
+    let dump = snap.config_dump();
+    assert!(
+        dump.services.iter().all(|s| s.namespace != "quarantine"),
+        "NONE entries are absent from the dump"
+    );
+    let web = dump.services.iter().find(|s| s.name == "web").unwrap();
+    let json = serde_json::to_value(web).unwrap();
+    assert_eq!(
+        json["visibility"], "Public",
+        "Kubernetes Services report Public"
+    );
+    assert_eq!(json["hostname"], "web.team-a.svc.cluster.local");
+    assert_eq!(
+        json["ports"]["80"], 80,
+        "a named targetPort differs per pod: the endpoint says"
+    );
+    assert_eq!(json["endpoints"][0]["address"], "10.244.1.20");
+    assert_eq!(json["endpoints"][0]["ports"]["80"], 8080);
+    assert_eq!(json["endpoints"][0]["workload"], "team-a/web-1");
+    let api =
+        serde_json::to_value(dump.services.iter().find(|s| s.name == "api").unwrap()).unwrap();
+    assert_eq!(api["visibility"], "Namespace");
+    assert_eq!(api["vips"], serde_json::json!(["203.0.113.10"]));
+    assert!(api.get("waypoint").is_none(), "waypoint only when bound");
+    assert_eq!(snap.service_dump(Some("team-b")).len(), 2);
+    assert!(dump.service_entry_visibility.configured);
+    assert_eq!(dump.workloads.len(), 3);
+}
+
+#[test]
+fn snapshot_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Snapshot>();
+    assert_send_sync::<std::sync::Arc<Snapshot>>();
+}
+
+#[test]
+fn feature_unset_makes_every_entry_visible_everywhere() {
+    let without_mesh: String = WORLD
+        .split("\n---\n")
+        .filter(|doc| !doc.contains("kind: MeshConfig"))
+        .collect::<Vec<_>>()
+        .join("\n---\n");
+    let snap = Snapshot::from_model(&load_sources([("w.yaml", without_mesh.as_str())]).unwrap());
+    let d = snap.by_ip_with(Some("team-b"), ip("203.0.113.10"), 80, Pick::Peek);
+    assert_eq!(outbound_summary(&d).1.as_deref(), Some("team-a/api"));
+    let got = dns_summary(&snap.by_host(Some("team-b"), "login.example.com"));
+    assert_eq!(
+        got.1.as_deref(),
+        Some("quarantine/hijack"),
+        "no NONE without the feature"
+    );
+}

@@ -1,0 +1,51 @@
+//! The workload store: pods and WorkloadEntries by IP, to name a connection's client namespace
+//! and to reach a workload addressed directly.
+use std::{collections::HashMap, net::IpAddr};
+
+use crate::config::Workload;
+
+#[derive(Debug, Default)]
+pub(crate) struct WorkloadStore {
+    pub workloads: Vec<Workload>,
+    /// Every workload IP -> the first workload (kind, namespace/name order) with it, and whether
+    /// another workload shares it (host-network pods do).
+    by_ip: HashMap<IpAddr, Slot>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Slot {
+    first: u32,
+    shared: bool,
+}
+
+impl WorkloadStore {
+    pub fn new(workloads: Vec<Workload>) -> Self {
+        let mut by_ip: HashMap<IpAddr, Slot> = HashMap::new();
+        for (i, w) in workloads.iter().enumerate() {
+            for ip in &w.ips {
+                by_ip
+                    .entry(ip.to_canonical())
+                    .and_modify(|slot| slot.shared = true)
+                    .or_insert(Slot {
+                        first: i as u32,
+                        shared: false,
+                    });
+            }
+        }
+        WorkloadStore { workloads, by_ip }
+    }
+
+    /// A workload with this IP (any, when several share it): the connection goes to the same place.
+    pub fn by_ip(&self, ip: IpAddr) -> Option<&Workload> {
+        self.by_ip
+            .get(&ip)
+            .map(|slot| &self.workloads[slot.first as usize])
+    }
+
+    /// The client behind a peer IP. An IP several workloads share names no single namespace, so the
+    /// client counts as unknown (PUBLIC services only) rather than borrowing another's namespace.
+    pub fn client(&self, ip: IpAddr) -> Option<&Workload> {
+        let slot = self.by_ip.get(&ip.to_canonical())?;
+        (!slot.shared).then(|| &self.workloads[slot.first as usize])
+    }
+}
