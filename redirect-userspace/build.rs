@@ -3,9 +3,38 @@
 //! `cargo xtask build` compiles `redirect-ebpf` with nightly and passes the object's path in
 //! `REDIRECT_EBPF_OBJECT`. A plain `cargo build` (stable, no bpf-linker) embeds an empty object instead;
 //! such a binary runs every offline command and refuses `redirect run` with a message saying why.
-use std::{env, fs, path::PathBuf};
+use std::{env, fs, path::PathBuf, process::Command};
 
 fn main() {
+    embed_ebpf_object();
+    record_git_revision();
+}
+
+/// `/config_dump` and `--version` name the commit a binary was built from.
+fn record_git_revision() {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    };
+    let rev = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=REDIRECT_GIT_REV={rev}");
+    if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
+        // A commit moves HEAD's branch ref (loose or packed); a checkout moves HEAD.
+        println!("cargo:rerun-if-changed={git_dir}/HEAD");
+        if let Some(common) = git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]) {
+            println!("cargo:rerun-if-changed={common}/packed-refs");
+            if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+                println!("cargo:rerun-if-changed={common}/{branch}");
+            }
+        }
+    }
+}
+
+fn embed_ebpf_object() {
     println!("cargo:rerun-if-env-changed=REDIRECT_EBPF_OBJECT");
     let out =
         PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("redirect.bpf.o");

@@ -74,6 +74,38 @@ impl DnsOutcome {
     }
 }
 
+/// Whether a configuration change was applied or refused.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum ReloadResult {
+    Ok,
+    Failed,
+}
+
+impl ReloadResult {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// Where a hidden service was skipped.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Lookup {
+    Outbound,
+    Dns,
+}
+
+impl Lookup {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Outbound => "outbound",
+            Self::Dns => "dns",
+        }
+    }
+}
+
 macro_rules! label_value_as_str {
     ($($ty:ty),*) => {$(
         impl EncodeLabelValue for $ty {
@@ -83,7 +115,7 @@ macro_rules! label_value_as_str {
         }
     )*};
 }
-label_value_as_str!(OutboundOutcome, Direction, DnsOutcome);
+label_value_as_str!(OutboundOutcome, Direction, DnsOutcome, ReloadResult, Lookup);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -93,6 +125,16 @@ struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DnsLabels {
     outcome: DnsOutcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: ReloadResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LookupLabels {
+    lookup: Lookup,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -107,6 +149,8 @@ pub struct Metrics {
     bytes: Family<DirectionLabels, Counter>,
     active: Gauge,
     dns: Family<DnsLabels, Counter>,
+    reloads: Family<ReloadLabels, Counter>,
+    hidden: Family<LookupLabels, Counter>,
 }
 
 impl Metrics {
@@ -124,6 +168,15 @@ impl Metrics {
 
     pub fn dns(&self, outcome: DnsOutcome) {
         self.dns.get_or_create(&DnsLabels { outcome }).inc();
+    }
+
+    pub fn reload(&self, result: ReloadResult) {
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// A service the client may not see was skipped while deciding for it.
+    pub fn hidden(&self, lookup: Lookup) {
+        self.hidden.get_or_create(&LookupLabels { lookup }).inc();
     }
 
     /// Counts a proxied connection as open until the returned guard drops.
@@ -151,6 +204,16 @@ impl Metrics {
             self.active.clone(),
         );
         registry.register("dns_queries", "DNS queries by outcome", self.dns.clone());
+        registry.register(
+            "config_reloads",
+            "Configuration changes applied (ok) or refused (failed)",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "services_hidden",
+            "Times a service the client may not see was skipped during resolution",
+            self.hidden.clone(),
+        );
         if let Some(maps) = redirect_maps {
             registry.register_collector(Box::new(EbpfEvents(maps)));
         }

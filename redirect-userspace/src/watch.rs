@@ -109,7 +109,8 @@ mod tests {
     use super::*;
 
     fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("redirect-watch-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("redirect-watch-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir

@@ -1,4 +1,4 @@
-//! The admin HTTP server: `/healthz/ready`, `/metrics`.
+//! The admin HTTP server: `/config_dump`, `/metrics`, `/healthz/ready`, `/logging`.
 //!
 //! It runs on its own thread with its own single-threaded runtime, apart from the data path: a busy
 //! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
@@ -18,16 +18,44 @@ use http_body_util::Full;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
+use serde::Serialize;
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
-use crate::metrics;
+use crate::{
+    live::{ConfigStatus, LiveState},
+    logging::LogLevel,
+    metrics,
+    state::ConfigDump,
+};
+
+/// This build: version and, when built from a git checkout, the commit.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("REDIRECT_GIT_REV"));
 
 /// What the admin endpoints show.
 pub struct AdminState {
     pub registry: Registry,
-    /// True once the programs are attached and the proxy is listening.
-    pub ready: Arc<AtomicBool>,
+    /// True while the programs are attached and the proxies listen.
+    pub attached: Arc<AtomicBool>,
+    pub live: Arc<LiveState>,
+    pub log_level: Option<LogLevel>,
+}
+
+impl AdminState {
+    /// Ready: programs attached and a configuration in force (SPEC: traffic is decided right).
+    fn ready(&self) -> bool {
+        self.attached.load(Ordering::Acquire) && self.live.has_config()
+    }
+}
+
+/// `/config_dump`: the running state, what the configuration said, and what this build is.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Dump {
+    version: &'static str,
+    config: ConfigStatus,
+    #[serde(flatten)]
+    state: ConfigDump,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,12 +139,29 @@ async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
 }
 
 fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    if req.uri().path() == "/logging" {
+        return logging(req, state);
+    }
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
     match req.uri().path() {
+        "/config_dump" => {
+            let dump = Dump {
+                version: VERSION,
+                config: state.live.status_report(),
+                state: state.live.snapshot().config_dump(),
+            };
+            match serde_json::to_string_pretty(&dump) {
+                Ok(body) => with_type(StatusCode::OK, "application/json", body + "\n"),
+                Err(e) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("encoding the dump failed: {e}\n"),
+                ),
+            }
+        }
         "/healthz/ready" => {
-            if state.ready.load(Ordering::Acquire) {
+            if state.ready() {
                 text(StatusCode::OK, "ready\n".into())
             } else {
                 text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into())
@@ -135,8 +180,34 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
         },
         _ => text(
             StatusCode::NOT_FOUND,
-            "endpoints: /healthz/ready /metrics\n".into(),
+            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER]\n".into(),
         ),
+    }
+}
+
+/// `/logging` shows the log filter; `/logging?level=FILTER` (RUST_LOG syntax) replaces it.
+fn logging(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    let Some(log_level) = &state.log_level else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "log level control is not available\n".into(),
+        );
+    };
+    // Filters like `info,redirect=debug` arrive percent-encoded from most clients.
+    let level = req.uri().query().and_then(|query| {
+        form_urlencoded::parse(query.as_bytes())
+            .find(|(key, _)| key == "level")
+            .map(|(_, value)| value.into_owned())
+    });
+    match level {
+        None => text(StatusCode::OK, format!("{}\n", log_level.current())),
+        Some(level) => match log_level.set(&level) {
+            Ok(()) => {
+                info!(filter = %level, "log filter changed");
+                text(StatusCode::OK, format!("{}\n", log_level.current()))
+            }
+            Err(e) => text(StatusCode::BAD_REQUEST, format!("invalid log filter {e}\n")),
+        },
     }
 }
 

@@ -4,7 +4,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod explain;
-mod logging;
 mod resolve;
 mod run;
 
@@ -37,9 +36,9 @@ pub enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init(cli.verbose);
+    let log_level = crate::logging::init(cli.verbose);
     let result = match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(args, log_level),
         Command::Resolve(args) => resolve::resolve(args),
         Command::Explain(args) => explain::explain(args),
     };

@@ -10,10 +10,15 @@ use redirect_common::{DNS_PROXY_PORT, PROXY_PORT};
 use crate::{
     agent::{self, AgentConfig},
     dns::first_nameserver,
+    logging::LogLevel,
 };
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
+    /// Directory of Kubernetes manifests (the same `redirect resolve -f` reads), watched and
+    /// reloaded on change. Without it nothing is claimed: all traffic passes through.
+    #[arg(long, value_name = "DIR")]
+    pub config: Option<PathBuf>,
     /// cgroup v2 directory holding the pods (their parent, never the hierarchy's root).
     #[arg(long)]
     pub cgroup: PathBuf,
@@ -37,7 +42,7 @@ pub struct RunArgs {
     pub admin_allow_non_loopback: bool,
 }
 
-pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     let dns_upstream = match args.dns_upstream {
         Some(addr) => addr,
         None => {
@@ -48,14 +53,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 .context("/etc/resolv.conf names no nameserver; pass --dns-upstream IP:PORT")?
         }
     };
-    agent::run(AgentConfig {
-        cgroup: args.cgroup,
-        gateway: args.gateway,
-        proxy_port: args.proxy_port,
-        dns_proxy_port: (args.dns_proxy_port != 0).then_some(args.dns_proxy_port),
-        dns_upstream,
-        admin: args.admin,
-        admin_allow_non_loopback: args.admin_allow_non_loopback,
-    })?;
+    agent::run(
+        AgentConfig {
+            config_dir: args.config,
+            cgroup: args.cgroup,
+            gateway: args.gateway,
+            proxy_port: args.proxy_port,
+            dns_proxy_port: (args.dns_proxy_port != 0).then_some(args.dns_proxy_port),
+            dns_upstream,
+            admin: args.admin,
+            admin_allow_non_loopback: args.admin_allow_non_loopback,
+        },
+        log_level,
+    )?;
     Ok(ExitCode::SUCCESS)
 }

@@ -1,12 +1,16 @@
 //! The DNS proxy: answers names that a service visible to the client owns, forwards everything else
 //! to the upstream resolver and returns its reply unchanged (hidden means absent).
 mod answer;
+mod resolve;
 mod server;
 mod upstream;
+mod visible;
 
 pub use answer::{LocalAnswer, authoritative_reply, servfail_reply};
+pub use resolve::{ResolveError, resolve_host};
 pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};
+pub use visible::{VisibleNames, client_namespace};
 
 /// TTL of the records the agent answers itself (SPEC §3).
 pub const ANSWER_TTL: u32 = 30;

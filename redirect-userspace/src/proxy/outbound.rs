@@ -8,9 +8,12 @@ use tracing::{debug, warn};
 
 use super::relay;
 use crate::{
-    metrics::{Direction, Metrics, OutboundOutcome},
+    dns::{Upstream, client_namespace, resolve_host},
+    live::LiveState,
+    metrics::{Direction, Lookup, Metrics, OutboundOutcome},
     net::{CONNECT_TIMEOUT, connect_marked},
     redirect::RedirectMaps,
+    state::{Outbound, Target},
 };
 
 /// Pending connections the kernel queues for us: bursts of new connections from many pods.
@@ -20,7 +23,10 @@ const BACKLOG: u32 = 4096;
 #[derive(Debug)]
 pub struct ProxyContext {
     pub redirect_maps: Arc<RedirectMaps>,
+    pub live: Arc<LiveState>,
     pub metrics: Arc<Metrics>,
+    /// Resolves endpoints given by host name (resolution DNS).
+    pub dns_upstream: Upstream,
 }
 
 pub struct OutboundProxy {
@@ -96,28 +102,97 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
     };
     let _ = client.set_nodelay(true);
 
-    // Passthrough: nothing here claims the destination, so it goes where the client sent it.
-    let mut upstream = match connect_marked(orig, CONNECT_TIMEOUT).await {
+    let Some(plan) = decide(&context, peer, orig) else {
+        context.metrics.outbound(OutboundOutcome::NoHealthyUpstream);
+        reset(client);
+        return;
+    };
+    let dst = match plan.target {
+        Dst::Addr(addr) => addr,
+        Dst::Host { name, port } => match resolve_host(&context.dns_upstream, &name).await {
+            Ok(ips) => SocketAddr::new(ips[0], port),
+            Err(e) => {
+                debug!(client = %peer, orig_dst = %orig, endpoint = %name, error = %e, "endpoint host name did not resolve");
+                context.metrics.outbound(OutboundOutcome::Error);
+                reset(client);
+                return;
+            }
+        },
+    };
+    let mut upstream = match connect_marked(dst, CONNECT_TIMEOUT).await {
         Ok(upstream) => upstream,
         Err(e) => {
-            debug!(client = %peer, orig_dst = %orig, error = %e, "upstream connect failed");
+            debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
             context.metrics.outbound(OutboundOutcome::Error);
             reset(client);
             return;
         }
     };
-    context.metrics.outbound(OutboundOutcome::Passthrough);
-    debug!(client = %peer, orig_dst = %orig, action = "passthrough", "outbound connection");
+    context.metrics.outbound(plan.outcome);
     match relay(&mut client, &mut upstream).await {
         Ok(carried) => {
             context.metrics.bytes(Direction::Sent, carried.sent);
             context.metrics.bytes(Direction::Received, carried.received);
         }
         Err(e) => {
-            debug!(client = %peer, orig_dst = %orig, error = %e, "connection ended with an error");
+            debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error");
             reset(client);
         }
     }
+}
+
+/// Where to connect, owned: the snapshot it came from may be replaced while the connection lives.
+enum Dst {
+    Addr(SocketAddr),
+    Host { name: String, port: u16 },
+}
+
+struct Plan {
+    outcome: OutboundOutcome,
+    target: Dst,
+}
+
+/// The SPEC §3 decision for this connection, made with `state::Snapshot::by_ip` under one snapshot.
+/// `None`: no healthy upstream, reset the client.
+fn decide(context: &ProxyContext, peer: SocketAddr, orig: SocketAddr) -> Option<Plan> {
+    let snapshot = context.live.snapshot();
+    let client_ns = client_namespace(&snapshot, peer.ip());
+    let decision = snapshot.by_ip(client_ns, orig.ip(), orig.port());
+    let outcome = match decision.action {
+        Outbound::Service { .. } => OutboundOutcome::Service,
+        Outbound::Workload { .. } => OutboundOutcome::Workload,
+        Outbound::Passthrough { .. } => OutboundOutcome::Passthrough,
+        Outbound::NoHealthyUpstream { .. } => OutboundOutcome::NoHealthyUpstream,
+    };
+    if let Some(hidden) = decision.hidden {
+        context.metrics.hidden(Lookup::Outbound);
+        debug!(
+            client = %peer,
+            client_namespace = client_ns.unwrap_or("<unknown>"),
+            service = %format_args!("{}/{}", hidden.namespace, hidden.name),
+            orig_dst = %orig,
+            instead = outcome.as_str(),
+            "service hidden from client"
+        );
+    }
+    let target = decision.target();
+    debug!(
+        client = %peer,
+        client_namespace = client_ns.unwrap_or("<unknown>"),
+        orig_dst = %orig,
+        action = outcome.as_str(),
+        service = %decision.service().map(|s| format!("{}/{}", s.namespace, s.name)).unwrap_or_else(|| "-".into()),
+        endpoint = %target.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
+        "outbound connection"
+    );
+    let target = match target? {
+        Target::Addr(addr) => Dst::Addr(addr),
+        Target::Host { name, port } => Dst::Host {
+            name: name.to_string(),
+            port,
+        },
+    };
+    Some(Plan { outcome, target })
 }
 
 /// Closes with RST rather than FIN, so the client sees a failure at once instead of an empty reply.

@@ -1,5 +1,7 @@
-//! The node agent: wires the eBPF redirect, the outbound proxy and the admin server together, and
-//! takes them down in the right order.
+//! The node agent: wires the eBPF redirect, the outbound proxy, the DNS proxy, the configuration
+//! reload and the admin server together, and takes them down in the right order.
+mod reload;
+
 use std::{
     net::{Ipv4Addr, SocketAddr},
     path::PathBuf,
@@ -13,9 +15,13 @@ use anyhow::Context;
 use tokio::sync::watch;
 use tracing::info;
 
+pub use reload::load;
+
 use crate::{
     admin::{self, AdminState},
-    dns::{Decide, Decision, DnsProxy, DnsQuery, Upstream},
+    dns::{DnsProxy, Upstream, VisibleNames},
+    live::LiveState,
+    logging::LogLevel,
     metrics::Metrics,
     proxy::{self, OutboundProxy, ProxyContext},
     redirect::{RedirectConfig, Redirector},
@@ -23,6 +29,8 @@ use crate::{
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
+    /// Directory of manifests to load and watch; `None` runs with nothing claimed (all passthrough).
+    pub config_dir: Option<PathBuf>,
     pub cgroup: PathBuf,
     pub gateway: Ipv4Addr,
     pub proxy_port: u16,
@@ -34,50 +42,64 @@ pub struct AgentConfig {
 }
 
 /// Runs until SIGINT or SIGTERM.
-pub fn run(config: AgentConfig) -> anyhow::Result<()> {
+pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("proxy")
         .build()
         .context("starting the proxy runtime")?;
-    runtime.block_on(run_async(config))?;
+    runtime.block_on(run_async(config, log_level))?;
     // Connection tasks still running are dropped with the runtime: their sockets close.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
 }
 
-async fn run_async(config: AgentConfig) -> anyhow::Result<()> {
+async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
-    let ready = Arc::new(AtomicBool::new(false));
+    let live = LiveState::new(config.config_dir.clone());
+    let attached = Arc::new(AtomicBool::new(false));
+    let upstream = Upstream::new(config.dns_upstream);
 
-    let redirect_config = RedirectConfig {
-        cgroup: config.cgroup.clone(),
-        gateway: config.gateway,
-        proxy_port: config.proxy_port,
-        dns_proxy_port: config.dns_proxy_port,
+    // The configuration first: when the programs attach, the first answers are already right.
+    // A refused first configuration leaves the agent running but not ready, waiting for a fix.
+    let reload_task = match config.config_dir.clone() {
+        Some(dir) => Some(reload::start(dir, live.clone(), metrics.clone()).await),
+        None => None,
     };
-    // Bind before attaching: from the moment the programs are attached, a steered connection must
-    // find the proxy listening.
+
+    // Bind before attaching: from the moment the programs are attached, a steered connection or
+    // query must find someone listening.
     let proxy_addr = SocketAddr::from((config.gateway, config.proxy_port));
     let listener = proxy::listen(proxy_addr)?;
     let dns = match config.dns_proxy_port {
         Some(port) => Some(
             DnsProxy::bind(
                 SocketAddr::from((config.gateway, port)),
-                Upstream::new(config.dns_upstream),
-                Arc::new(NothingVisible),
+                upstream.clone(),
+                Arc::new(VisibleNames {
+                    live: live.clone(),
+                    metrics: metrics.clone(),
+                }),
                 metrics.clone(),
             )
             .await?,
         ),
         None => None,
     };
-    let redirector = Redirector::attach(&redirect_config).context("attaching the eBPF programs")?;
+    let redirector = Redirector::attach(&RedirectConfig {
+        cgroup: config.cgroup.clone(),
+        gateway: config.gateway,
+        proxy_port: config.proxy_port,
+        dns_proxy_port: config.dns_proxy_port,
+    })
+    .context("attaching the eBPF programs")?;
     let proxy = OutboundProxy::new(
         listener,
         Arc::new(ProxyContext {
             redirect_maps: redirector.maps(),
+            live: live.clone(),
             metrics: metrics.clone(),
+            dns_upstream: upstream,
         }),
     );
 
@@ -86,25 +108,30 @@ async fn run_async(config: AgentConfig) -> anyhow::Result<()> {
         config.admin_allow_non_loopback,
         AdminState {
             registry: metrics.registry(Some(redirector.maps())),
-            ready: ready.clone(),
+            attached: attached.clone(),
+            live: live.clone(),
+            log_level: Some(log_level),
         },
     )?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let proxy_task = tokio::spawn(proxy.serve(stop_rx.clone()));
     let dns_task = dns.map(|dns| tokio::spawn(dns.serve(stop_rx)));
-    ready.store(true, Ordering::Release);
-    info!(proxy = %proxy_addr, dns_upstream = %config.dns_upstream, "agent ready");
+    attached.store(true, Ordering::Release);
+    info!(proxy = %proxy_addr, dns_upstream = %config.dns_upstream, "agent running");
 
     let signal = shutdown_signal().await?;
     info!(signal, "shutting down");
-    ready.store(false, Ordering::Release);
+    attached.store(false, Ordering::Release);
     // Detach first so no new connection is steered to a proxy that is going away.
     drop(redirector);
     let _ = stop_tx.send(true);
     let _ = proxy_task.await;
     if let Some(task) = dns_task {
         let _ = task.await;
+    }
+    if let Some(task) = reload_task {
+        task.abort();
     }
     info!("eBPF programs detached; agent stopped");
     Ok(())
@@ -118,13 +145,4 @@ async fn shutdown_signal() -> anyhow::Result<&'static str> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     })
-}
-
-/// With no configuration loaded nothing is claimed: every query goes to the upstream.
-struct NothingVisible;
-
-impl Decide for NothingVisible {
-    fn decide(&self, _query: &DnsQuery<'_>) -> Decision {
-        Decision::Forward
-    }
 }

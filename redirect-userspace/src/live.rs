@@ -1,0 +1,99 @@
+//! The state in force on this node: the snapshot the proxy and the DNS proxy read, swapped whole on
+//! every good reload, and what the last reload said.
+use std::{
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+
+use crate::{
+    config::{ConfigError, ConfigErrors},
+    state::Snapshot,
+};
+
+/// Readers take one cheap guard per decision and never block a reload, nor a reload them.
+#[derive(Debug)]
+pub struct LiveState {
+    snapshot: ArcSwap<Snapshot>,
+    status: Mutex<ConfigStatus>,
+}
+
+/// What `/config_dump` reports about the configuration itself.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigStatus {
+    /// The directory the agent loads (None: running without configuration, everything passes through).
+    pub source: Option<PathBuf>,
+    /// Good configurations applied since start.
+    pub generation: u64,
+    /// When the configuration in force was applied (RFC 3339).
+    pub applied_at: Option<String>,
+    /// The last refused change, if it has not been superseded by a good one.
+    pub last_error: Option<ConfigErrorReport>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigErrorReport {
+    pub at: String,
+    pub errors: Vec<ConfigError>,
+}
+
+impl LiveState {
+    /// An empty state: nothing claimed, every connection passes through, every query is forwarded.
+    pub fn new(source: Option<PathBuf>) -> Arc<Self> {
+        Arc::new(LiveState {
+            snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            status: Mutex::new(ConfigStatus {
+                source,
+                ..ConfigStatus::default()
+            }),
+        })
+    }
+
+    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.snapshot.load()
+    }
+
+    /// Puts a good configuration in force.
+    pub fn apply(&self, snapshot: Snapshot) {
+        self.snapshot.store(Arc::new(snapshot));
+        let mut status = self.status();
+        status.generation += 1;
+        status.applied_at = Some(now_rfc3339());
+        status.last_error = None;
+    }
+
+    /// Records a refused change; the configuration in force stays.
+    pub fn refuse(&self, errors: &ConfigErrors) {
+        let report = ConfigErrorReport {
+            at: now_rfc3339(),
+            errors: errors.iter().cloned().collect(),
+        };
+        self.status().last_error = Some(report);
+    }
+
+    pub fn status_report(&self) -> ConfigStatus {
+        self.status().clone()
+    }
+
+    /// True once a configuration is in force (or none is expected).
+    pub fn has_config(&self) -> bool {
+        let status = self.status();
+        status.source.is_none() || status.generation > 0
+    }
+
+    fn status(&self) -> std::sync::MutexGuard<'_, ConfigStatus> {
+        // A panic while holding this lock leaves plain data behind: keep serving it.
+        self.status
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
