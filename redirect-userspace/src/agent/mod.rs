@@ -23,7 +23,7 @@ use crate::{
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{self, OutboundProxy, ProxyContext},
+    proxy::{self, OutboundProxy, ProxyContext, RelayMode},
     redirect::{RedirectConfig, Redirector},
 };
 
@@ -39,6 +39,7 @@ pub struct AgentConfig {
     pub dns_upstream: SocketAddr,
     pub admin: SocketAddr,
     pub admin_allow_non_loopback: bool,
+    pub relay: RelayMode,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -100,6 +101,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
             live: live.clone(),
             metrics: metrics.clone(),
             dns_upstream: upstream,
+            relay: config.relay,
         }),
     );
 

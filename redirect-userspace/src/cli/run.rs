@@ -11,6 +11,7 @@ use crate::{
     agent::{self, AgentConfig},
     dns::first_nameserver,
     logging::LogLevel,
+    proxy::RelayMode,
 };
 
 #[derive(Debug, clap::Args)]
@@ -34,6 +35,9 @@ pub struct RunArgs {
     /// Resolver for every name the mesh does not claim [default: first nameserver of /etc/resolv.conf].
     #[arg(long, value_name = "IP:PORT")]
     pub dns_upstream: Option<SocketAddr>,
+    /// How proxied bytes move: `splice` (zero-copy, the default) or `copy` (user-space buffers).
+    #[arg(long, value_enum, default_value_t = RelayMode::Splice)]
+    pub relay: RelayMode,
     /// Admin server address (`/healthz/ready`, `/metrics`).
     #[arg(long, default_value = "127.0.0.1:15000")]
     pub admin: SocketAddr,
@@ -63,6 +67,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             dns_upstream,
             admin: args.admin,
             admin_allow_non_loopback: args.admin_allow_non_loopback,
+            relay: args.relay,
         },
         log_level,
     )?;

@@ -2,6 +2,18 @@
 //! each client meant to go, and carries the bytes there.
 mod outbound;
 mod relay;
+mod splice;
 
 pub use outbound::{OutboundProxy, ProxyContext, listen};
-pub use relay::relay;
+pub use relay::{Carried, relay};
+pub use splice::splice_relay;
+
+/// How the proxy moves bytes between the client and the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum RelayMode {
+    /// Kernel-side `splice(2)` through a pipe: no copy into user space.
+    #[default]
+    Splice,
+    /// A user-space buffer per direction (tokio's copy).
+    Copy,
+}

@@ -6,7 +6,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use super::relay;
+use super::{RelayMode, relay, splice_relay};
 use crate::{
     dns::{Upstream, client_namespace, resolve_host},
     live::LiveState,
@@ -27,6 +27,7 @@ pub struct ProxyContext {
     pub metrics: Arc<Metrics>,
     /// Resolves endpoints given by host name (resolution DNS).
     pub dns_upstream: Upstream,
+    pub relay: RelayMode,
 }
 
 pub struct OutboundProxy {
@@ -129,7 +130,11 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
         }
     };
     context.metrics.outbound(plan.outcome);
-    match relay(&mut client, &mut upstream).await {
+    let carried = match context.relay {
+        RelayMode::Splice => splice_relay(&client, &upstream).await,
+        RelayMode::Copy => relay(&mut client, &mut upstream).await,
+    };
+    match carried {
         Ok(carried) => {
             context.metrics.bytes(Direction::Sent, carried.sent);
             context.metrics.bytes(Direction::Received, carried.received);
