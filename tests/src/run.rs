@@ -105,7 +105,7 @@ impl Owner {
 /// so the sweep never mistakes a run that is starting for a leftover.
 pub fn claim(id: &RunId) -> Result<PathBuf> {
     let dir = id.state_dir();
-    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    create_dir_all_shared(&dir)?;
     fs::write(dir.join("owner"), Owner::current()?.to_record())
         .with_context(|| format!("writing {}/owner", dir.display()))?;
     Ok(dir)
@@ -143,7 +143,37 @@ pub fn remove_run(id: &RunId, cgroup2: &Path) -> Vec<String> {
     {
         errors.push(format!("removing {}: {e}", state.display()));
     }
+    // The shared parents go with the last run (rmdir fails harmlessly while another run uses them).
+    let _ = fs::remove_dir(cgroup2.join(CGROUP_PARENT));
+    let _ = fs::remove_dir(STATE_ROOT);
     errors
+}
+
+/// `create_dir_all` that survives another run removing the shared parent between its steps.
+pub fn create_dir_all_shared(dir: &Path) -> Result<()> {
+    let mut attempt = 0;
+    loop {
+        match fs::create_dir_all(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt < 5 => attempt += 1,
+            r => return r.with_context(|| format!("creating {}", dir.display())),
+        }
+    }
+}
+
+/// What still exists of run `id` (netns, cgroup, state directory): empty once it is fully removed.
+pub fn leftovers(id: &RunId, cgroup2: &Path) -> Vec<String> {
+    let prefix = format!("{}-", id.tag());
+    let mut left: Vec<String> = netns::list()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .map(|n| format!("netns {n}"))
+        .collect();
+    for dir in [id.cgroup_dir(cgroup2), id.state_dir()] {
+        if dir.exists() {
+            left.push(dir.display().to_string());
+        }
+    }
+    left
 }
 
 /// Finds runs whose owner is dead (or that never wrote an owner record) and removes them.

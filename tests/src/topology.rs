@@ -93,6 +93,18 @@ impl Topology {
         Ok(topo)
     }
 
+    /// [`Topology::new`] plus the given pods, e.g. `&[("team-a/a1", "10.244.1.10")]`.
+    pub fn with_pods(pods: &[(&str, &str)]) -> Result<Topology> {
+        let mut topo = Topology::new()?;
+        for (key, addr) in pods {
+            let addr: Ipv4Addr = addr
+                .parse()
+                .with_context(|| format!("pod {key}: address {addr:?}"))?;
+            topo.add_pod(key, addr)?;
+        }
+        Ok(topo)
+    }
+
     fn build_core(&mut self) -> Result<()> {
         // infra: the agent, servers and node-side commands; pods: what the agent attaches to.
         for dir in [&self.node.cgroup, &self.pods_cgroup] {
@@ -335,6 +347,10 @@ impl Topology {
         let mut names = vec![self.node.netns.clone(), self.ext.netns.clone()];
         names.extend(self.pods.iter().map(|p| p.netns().to_string()));
         names
+    }
+    /// The cgroup v2 mount this run found.
+    pub fn cgroup2(&self) -> &Path {
+        &self.cgroup2
     }
     pub fn run_cgroup(&self) -> PathBuf {
         self.id.cgroup_dir(&self.cgroup2)
