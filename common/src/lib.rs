@@ -109,10 +109,35 @@ impl SockAddr {
     pub const fn from_v4_be(ip_be: u32, port: u16) -> Self {
         let b = ip_be.to_ne_bytes();
         SockAddr {
-            addr: [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, b[0], b[1], b[2], b[3]],
+            addr: [
+                0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, b[0], b[1], b[2], b[3],
+            ],
             port,
             _pad: 0,
         }
+    }
+
+    /// From a socket address: IPv4 is stored IPv4-mapped.
+    pub fn from_socket_addr(addr: core::net::SocketAddr) -> Self {
+        let ip = match addr.ip() {
+            core::net::IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            core::net::IpAddr::V6(v6) => v6,
+        };
+        SockAddr {
+            addr: ip.octets(),
+            port: addr.port(),
+            _pad: 0,
+        }
+    }
+
+    /// As a socket address: IPv4-mapped addresses come back as IPv4.
+    pub fn to_socket_addr(&self) -> core::net::SocketAddr {
+        let v6 = core::net::Ipv6Addr::from(self.addr);
+        let ip = match v6.to_ipv4_mapped() {
+            Some(v4) => core::net::IpAddr::V4(v4),
+            None => core::net::IpAddr::V6(v6),
+        };
+        core::net::SocketAddr::new(ip, self.port)
     }
 
     /// The IPv4 address in network byte order, when this is an IPv4-mapped address.
@@ -182,5 +207,18 @@ mod tests {
         let mut v6 = sa;
         v6.addr[0] = 0x20;
         assert_eq!(v6.v4_be(), None);
+    }
+
+    #[test]
+    fn socket_addr_conversions_agree_with_kernel_layout() {
+        let addr: core::net::SocketAddr = "203.0.113.10:8080".parse().unwrap();
+        let sa = SockAddr::from_socket_addr(addr);
+        assert_eq!(
+            sa,
+            SockAddr::from_v4_be(u32::from_ne_bytes([203, 0, 113, 10]), 8080)
+        );
+        assert_eq!(sa.to_socket_addr(), addr);
+        let v6: core::net::SocketAddr = "[2001:db8::1]:53".parse().unwrap();
+        assert_eq!(SockAddr::from_socket_addr(v6).to_socket_addr(), v6);
     }
 }

@@ -12,9 +12,7 @@ use crate::{
 pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
     let dns_port = dns_proxy_port();
-    if dns_port == 0
-        || sa.user_ip4 != gateway_v4()
-        || u16::from_be(sa.user_port as u16) != dns_port
+    if dns_port == 0 || sa.user_ip4 != gateway_v4() || u16::from_be(sa.user_port as u16) != dns_port
     {
         return 1;
     }

@@ -39,7 +39,9 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook) {
     let dst_port = u16::from_be(sa.user_port as u16);
     let dns_port = dns_proxy_port();
     let target_port = match (hook, protocol) {
-        (_, IPPROTO_UDP) | (Hook::Connect, IPPROTO_TCP) if dst_port == DNS_PORT && dns_port != 0 => {
+        (_, IPPROTO_UDP) | (Hook::Connect, IPPROTO_TCP)
+            if dst_port == DNS_PORT && dns_port != 0 =>
+        {
             dns_port
         }
         (Hook::Connect, IPPROTO_TCP) => proxy_port(),

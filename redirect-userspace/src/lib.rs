@@ -2,9 +2,12 @@
 //!
 //! Data flows one way: files -> [`config`] (typed, validated resources) -> [`visibility`] (the control
 //! plane's resolution) -> [`state`] (the per-node snapshot, swapped whole on reload) -> [`proxy`], `dns`
-//! and `admin` read it. [`redirect`] loads the eBPF programs that bring pod traffic to the proxy.
+//! and [`admin`] read it. [`redirect`] loads the eBPF programs that bring pod traffic to the proxy.
+pub mod admin;
+pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod metrics;
 pub mod proxy;
 pub mod redirect;
 pub mod state;

@@ -1,1 +1,45 @@
-fn main() {}
+//! `cargo xtask <command>`: the one way in for people and CI.
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod build;
+mod cmd;
+mod setup;
+mod test;
+
+#[derive(Parser)]
+#[command(
+    name = "cargo xtask",
+    about = "Build, test and run the redirect data plane"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Install everything the build, tests and demo need (idempotent).
+    Setup,
+    /// Build the eBPF object and the agent that embeds it (target/release/redirect).
+    Build,
+    /// Run every test: format and lint checks, unit tests, then the integration suite (as root).
+    Test(test::TestArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Setup => setup::setup(),
+        Command::Build => setup::ensure().and_then(|()| build::build().map(|_| ())),
+        Command::Test(args) => setup::ensure().and_then(|()| test::test(args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The admin HTTP server: `/healthz/ready`, `/metrics`.
+//!
+//! It runs on its own thread with its own single-threaded runtime, apart from the data path: a busy
+//! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
+use std::{
+    convert::Infallible,
+    io,
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread,
+};
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tracing::{debug, info, warn};
+
+use crate::metrics;
+
+/// What the admin endpoints show.
+pub struct AdminState {
+    pub registry: Registry,
+    /// True once the programs are attached and the proxy is listening.
+    pub ready: Arc<AtomicBool>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error(
+        "admin address {0} is not a loopback address; it exposes the node's configuration, pass --admin-allow-non-loopback to bind it anyway"
+    )]
+    NotLoopback(SocketAddr),
+    #[error("binding the admin server to {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// Binds now (so a taken port fails the agent's start) and serves on a thread of its own.
+pub fn spawn(
+    addr: SocketAddr,
+    allow_non_loopback: bool,
+    state: AdminState,
+) -> Result<SocketAddr, AdminError> {
+    if !addr.ip().is_loopback() && !allow_non_loopback {
+        return Err(AdminError::NotLoopback(addr));
+    }
+    let bind_err = |source| AdminError::Bind { addr, source };
+    let listener = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+    listener.set_nonblocking(true).map_err(bind_err)?;
+    let local = listener.local_addr().map_err(bind_err)?;
+    let state = Arc::new(state);
+    thread::Builder::new()
+        .name("admin".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    warn!(error = %e, "admin runtime failed to start; admin server disabled");
+                    return;
+                }
+            };
+            runtime.block_on(serve(listener, state));
+        })
+        .map_err(bind_err)?;
+    info!(addr = %local, "admin server listening");
+    Ok(local)
+}
+
+async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
+    let listener = match TcpListener::from_std(listener) {
+        Ok(listener) => listener,
+        Err(e) => {
+            warn!(error = %e, "admin listener unusable; admin server disabled");
+            return;
+        }
+    };
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                warn!(error = %e, "admin accept failed");
+                continue;
+            }
+        };
+        let state = state.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(route(&req, &state)) }
+            });
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                debug!(peer = %peer, error = %e, "admin connection ended with an error");
+            }
+        });
+    }
+}
+
+fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    if req.method() != Method::GET {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
+    }
+    match req.uri().path() {
+        "/healthz/ready" => {
+            if state.ready.load(Ordering::Acquire) {
+                text(StatusCode::OK, "ready\n".into())
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into())
+            }
+        }
+        "/metrics" => match metrics::encode(&state.registry) {
+            Ok(body) => with_type(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                body,
+            ),
+            Err(_) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encoding metrics failed\n".into(),
+            ),
+        },
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "endpoints: /healthz/ready /metrics\n".into(),
+        ),
+    }
+}
+
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    with_type(status, "text/plain; charset=utf-8", body)
+}
+
+fn with_type(
+    status: StatusCode,
+    content_type: &'static str,
+    body: String,
+) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(content_type),
+    );
+    response
+}

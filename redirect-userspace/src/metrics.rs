@@ -1,0 +1,205 @@
+//! The agent's counters, exported as Prometheus text on the admin server's `/metrics`.
+//!
+//! The data path only touches atomics here; encoding happens on the admin thread.
+use std::{fmt, sync::Arc};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{
+        DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+    },
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::Gauge,
+    },
+    registry::Registry,
+};
+
+use crate::redirect::RedirectMaps;
+
+/// How an outbound connection was handled (SPEC §4).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum OutboundOutcome {
+    Service,
+    Workload,
+    Passthrough,
+    NoHealthyUpstream,
+    Error,
+}
+
+impl OutboundOutcome {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Service => "service",
+            Self::Workload => "workload",
+            Self::Passthrough => "passthrough",
+            Self::NoHealthyUpstream => "no_healthy_upstream",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// Which way bytes went, seen from the client: `sent` client -> upstream, `received` upstream -> client.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Direction {
+    Sent,
+    Received,
+}
+
+impl Direction {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::Received => "received",
+        }
+    }
+}
+
+macro_rules! label_value_as_str {
+    ($($ty:ty),*) => {$(
+        impl EncodeLabelValue for $ty {
+            fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+                fmt::Write::write_str(encoder, self.as_str())
+            }
+        }
+    )*};
+}
+label_value_as_str!(OutboundOutcome, Direction);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: OutboundOutcome,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: Direction,
+}
+
+/// Every counter the agent keeps. Cheap to clone handles are held by the proxy.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    outbound: Family<OutcomeLabels, Counter>,
+    bytes: Family<DirectionLabels, Counter>,
+    active: Gauge,
+}
+
+impl Metrics {
+    pub fn outbound(&self, outcome: OutboundOutcome) {
+        self.outbound
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub fn bytes(&self, direction: Direction, n: u64) {
+        self.bytes
+            .get_or_create(&DirectionLabels { direction })
+            .inc_by(n);
+    }
+
+    /// Counts a proxied connection as open until the returned guard drops.
+    pub fn track_active(self: &Arc<Self>) -> ActiveGuard {
+        self.active.inc();
+        ActiveGuard(self.clone())
+    }
+
+    /// A registry exporting these metrics, plus the eBPF counters when programs are attached.
+    pub fn registry(self: &Arc<Self>, redirect_maps: Option<Arc<RedirectMaps>>) -> Registry {
+        let mut registry = Registry::with_prefix("redirect");
+        registry.register(
+            "outbound_connections",
+            "Outbound connections by outcome",
+            self.outbound.clone(),
+        );
+        registry.register(
+            "outbound_bytes",
+            "Bytes proxied, by direction seen from the client",
+            self.bytes.clone(),
+        );
+        registry.register(
+            "active_connections",
+            "Proxied connections open now",
+            self.active.clone(),
+        );
+        if let Some(maps) = redirect_maps {
+            registry.register_collector(Box::new(EbpfEvents(maps)));
+        }
+        registry
+    }
+}
+
+/// Decrements the active-connections gauge on drop, whatever path the connection ends on.
+pub struct ActiveGuard(Arc<Metrics>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.dec();
+    }
+}
+
+/// Reads the programs' per-CPU counters at scrape time.
+#[derive(Debug)]
+struct EbpfEvents(Arc<RedirectMaps>);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EventLabels {
+    event: &'static str,
+}
+
+impl Collector for EbpfEvents {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let counts = self.0.event_counts();
+        let mut family = encoder.encode_descriptor(
+            "ebpf_events",
+            "Events counted by the eBPF programs (summed over CPUs)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (stat, total) in counts {
+            let labels = EventLabels { event: stat.name() };
+            ConstCounter::new(total).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Renders a registry in the Prometheus text format.
+pub fn encode(registry: &Registry) -> Result<String, fmt::Error> {
+    let mut out = String::new();
+    prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exports_outcomes_bytes_and_active_gauge() {
+        let metrics = Arc::new(Metrics::default());
+        metrics.outbound(OutboundOutcome::Passthrough);
+        metrics.outbound(OutboundOutcome::NoHealthyUpstream);
+        metrics.bytes(Direction::Sent, 10);
+        let guard = metrics.track_active();
+        let text = encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_outbound_connections_total{outcome="passthrough"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"redirect_outbound_connections_total{outcome="no_healthy_upstream"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"redirect_outbound_bytes_total{direction="sent"} 10"#),
+            "{text}"
+        );
+        assert!(text.contains("redirect_active_connections 1"), "{text}");
+        drop(guard);
+        let text = encode(&metrics.registry(None)).unwrap();
+        assert!(text.contains("redirect_active_connections 0"), "{text}");
+    }
+}

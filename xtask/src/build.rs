@@ -1,0 +1,52 @@
+//! `cargo xtask build`: the eBPF object (nightly, bpf-linker) and then the agent embedding it.
+use std::{path::PathBuf, process::Command};
+
+use anyhow::Context;
+
+use crate::{cmd, setup};
+
+/// Builds everything; returns the agent binary's path.
+pub fn build() -> anyhow::Result<PathBuf> {
+    let root = cmd::workspace_root();
+    let linker_bin = setup::bpf_linker_dir()?.join("bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let path =
+        std::env::join_paths(std::iter::once(linker_bin).chain(std::env::split_paths(&path)))
+            .context("building PATH")?;
+    cmd::run(
+        Command::new("cargo")
+            .current_dir(&root)
+            .args([
+                "+nightly",
+                "build",
+                "--package",
+                "redirect-ebpf",
+                "--release",
+            ])
+            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+            .env("PATH", &path)
+            // The stable cargo running xtask must not leak its toolchain into the nightly build.
+            .env_remove("RUSTC")
+            .env_remove("RUSTUP_TOOLCHAIN")
+            .env_remove("CARGO"),
+    )?;
+    let object = target_dir().join("bpfel-unknown-none/release/redirect");
+    cmd::run(
+        cmd::cargo()
+            .current_dir(&root)
+            .args(["build", "--package", "redirect", "--release"])
+            .env("REDIRECT_EBPF_OBJECT", &object),
+    )?;
+    let agent = target_dir().join("release/redirect");
+    println!(
+        "xtask: agent built: {} (eBPF object embedded)",
+        agent.display()
+    );
+    Ok(agent)
+}
+
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cmd::workspace_root().join("target"))
+}

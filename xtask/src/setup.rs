@@ -1,0 +1,198 @@
+//! `cargo xtask setup`: everything the build, tests and demo need, installed idempotently.
+//!
+//! Every other command calls [`ensure`], which checks each piece cheaply and installs only what is
+//! missing. bpf-linker is built against nightly's own LLVM and cached outside the clone, in a folder
+//! named for its version and the LLVM version, so a fresh clone on the same machine reuses it.
+use std::{
+    fs,
+    os::unix::fs::symlink,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{Context, bail};
+
+use crate::cmd::{self, on_path, output};
+
+pub const BPF_LINKER_VERSION: &str = "0.13.0";
+const NIGHTLY: &str = "nightly";
+
+/// Debian packages and a binary each provides (the check that it is installed).
+const DEBIAN_PACKAGES: &[(&str, &str)] = &[
+    ("dnsmasq-base", "/usr/sbin/dnsmasq"),
+    ("bind9-dnsutils", "dig"),
+    ("iproute2", "ip"),
+    ("util-linux", "nsenter"),
+    ("curl", "curl"),
+    ("bpftool", "bpftool"),
+    ("iperf3", "iperf3"),
+    ("sockperf", "sockperf"),
+    ("wrk", "wrk"),
+    ("dnsperf", "dnsperf"),
+];
+
+pub fn setup() -> anyhow::Result<()> {
+    install(true)
+}
+
+/// Installs what is missing, saying nothing when everything is there.
+pub fn ensure() -> anyhow::Result<()> {
+    install(false)
+}
+
+fn install(verbose: bool) -> anyhow::Result<()> {
+    let say = |msg: &str| {
+        if verbose {
+            println!("xtask setup: {msg}");
+        }
+    };
+    ensure_nightly_rust_src(&say)?;
+    ensure_bpf_linker(&say)?;
+    ensure_debian_packages(&say)?;
+    say("everything is installed");
+    Ok(())
+}
+
+fn ensure_nightly_rust_src(say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    let Some(sysroot) = nightly_sysroot() else {
+        println!("xtask setup: installing the nightly toolchain (it builds the eBPF programs)");
+        cmd::run(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            NIGHTLY,
+            "--profile",
+            "minimal",
+        ]))?;
+        return ensure_nightly_rust_src(say);
+    };
+    if sysroot.join("lib/rustlib/src/rust/library/core").is_dir() {
+        say("nightly rust-src: present");
+        return Ok(());
+    }
+    println!("xtask setup: adding rust-src to nightly (needed for -Z build-std=core)");
+    cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", NIGHTLY]))
+}
+
+fn nightly_sysroot() -> Option<PathBuf> {
+    output(Command::new("rustc").args([&format!("+{NIGHTLY}"), "--print", "sysroot"]))
+        .map(|s| PathBuf::from(s.trim()))
+        .filter(|p| p.is_dir())
+}
+
+/// nightly's LLVM version, e.g. "22.1.4".
+fn nightly_llvm_version() -> anyhow::Result<String> {
+    let version = output(Command::new("rustc").args([&format!("+{NIGHTLY}"), "-vV"]))
+        .context("running rustc +nightly -vV")?;
+    version
+        .lines()
+        .find_map(|l| l.strip_prefix("LLVM version: "))
+        .map(|v| v.trim().to_string())
+        .context("rustc +nightly -vV printed no LLVM version")
+}
+
+/// Folder holding bpf-linker (bin/) and the LLVM link folder it was built against (llvm/lib).
+pub fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
+    let home = std::env::var_os("HOME").context("HOME is not set")?;
+    let llvm = nightly_llvm_version()?;
+    Ok(PathBuf::from(home)
+        .join(".cache/redirect-xtask")
+        .join(format!("bpf-linker-{BPF_LINKER_VERSION}-llvm-{llvm}")))
+}
+
+fn ensure_bpf_linker(say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    let dir = bpf_linker_dir()?;
+    let binary = dir.join("bin/bpf-linker");
+    if output(Command::new(&binary).arg("--version")).is_some() {
+        say(&format!("bpf-linker: cached at {}", binary.display()));
+        return Ok(());
+    }
+    println!(
+        "xtask setup: building bpf-linker {BPF_LINKER_VERSION} against nightly's LLVM into {} (about 2 minutes, once per machine)",
+        dir.display()
+    );
+    let sysroot = nightly_sysroot().context("nightly toolchain missing")?;
+    let llvm_lib = dir.join("llvm/lib");
+    fs::create_dir_all(&llvm_lib).with_context(|| format!("creating {}", llvm_lib.display()))?;
+    let library = find_libllvm(&sysroot.join("lib"))?;
+    let soname = library
+        .file_name()
+        .context("libLLVM path has no file name")?
+        .to_owned();
+    for link in [llvm_lib.join("libLLVM.so"), llvm_lib.join(&soname)] {
+        let _ = fs::remove_file(&link);
+        symlink(&library, &link).with_context(|| format!("linking {}", link.display()))?;
+    }
+    let major = nightly_llvm_version()?
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    cmd::run(
+        cmd::cargo()
+            .args([
+                "install",
+                "bpf-linker",
+                "--locked",
+                "--version",
+                BPF_LINKER_VERSION,
+            ])
+            .args([
+                "--no-default-features",
+                "--features",
+                &format!("llvm-{major}"),
+            ])
+            .arg("--root")
+            .arg(&dir)
+            .env("LLVM_PREFIX", dir.join("llvm")),
+    )?;
+    if output(Command::new(&binary).arg("--version")).is_none() {
+        bail!("bpf-linker was built but {} does not run", binary.display());
+    }
+    Ok(())
+}
+
+/// The `libLLVM.so.<version>` file of the nightly sysroot (its name is its soname).
+fn find_libllvm(lib: &Path) -> anyhow::Result<PathBuf> {
+    let entries = fs::read_dir(lib).with_context(|| format!("reading {}", lib.display()))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with("libLLVM.so.") {
+            return Ok(entry.path());
+        }
+    }
+    bail!("no libLLVM.so.* in {}", lib.display())
+}
+
+fn ensure_debian_packages(say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    let missing: Vec<&str> = DEBIAN_PACKAGES
+        .iter()
+        .filter(|(_, binary)| !on_path(binary))
+        .map(|(package, _)| *package)
+        .collect();
+    if missing.is_empty() {
+        say("Debian packages: present");
+        return Ok(());
+    }
+    println!(
+        "xtask setup: installing Debian packages: {}",
+        missing.join(" ")
+    );
+    if !is_root() {
+        bail!(
+            "installing {} needs root: run `sudo cargo xtask setup`",
+            missing.join(" ")
+        );
+    }
+    cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
+    cmd::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
