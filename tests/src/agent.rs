@@ -14,7 +14,8 @@ use crate::{ADMIN_ADDR, GATEWAY, netns, procfs};
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A running agent. Dropping it sends SIGTERM (then SIGKILL); while a test panics, its log is printed.
+/// A running agent. Dropping it sends SIGTERM (then SIGKILL) and prints the end of its log, which the
+/// test runner shows only for a failed test.
 pub struct Agent {
     proc: Proc,
     admin: SocketAddr,
@@ -148,6 +149,13 @@ impl Agent {
         self.proc.is_running()
     }
 
+    /// SIGKILL, as if the agent crashed; returns once it is gone.
+    pub fn kill(mut self) -> Result<()> {
+        self.proc.signal(libc::SIGKILL);
+        self.proc.wait(STOP_TIMEOUT)?;
+        Ok(())
+    }
+
     /// SIGTERM, wait, and require a clean exit (status 0).
     pub fn stop(mut self) -> Result<()> {
         let status = self.proc.terminate(STOP_TIMEOUT)?;
@@ -163,13 +171,17 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "---- agent log ({})\n{}\n---- end of agent log",
-                self.proc.log_path().display(),
-                self.log()
-            );
-        }
-        // Proc's own Drop sends SIGTERM, then SIGKILL.
+        const TAIL: usize = 200;
+        // Stop it first so the log printed below is complete (SIGKILL follows in Proc's drop if needed).
+        let _ = self.proc.terminate(Duration::from_secs(3));
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(TAIL)..];
+        eprintln!(
+            "---- agent log ({}, last {} lines)\n{}\n---- end of agent log",
+            self.proc.log_path().display(),
+            tail.len(),
+            tail.join("\n")
+        );
     }
 }
