@@ -45,17 +45,38 @@ pub enum Proto {
     Udp,
 }
 
-/// Local IPv4 addresses with a listening TCP socket (or a bound UDP socket) in the netns of `pid`.
+/// Local IPv4 addresses of the listening TCP sockets (or bound UDP sockets) that `pid` itself holds.
 pub fn bound_v4(pid: u32, proto: Proto) -> Result<Vec<SocketAddrV4>> {
     let file = match proto {
         Proto::Tcp => format!("/proc/{pid}/net/tcp"),
         Proto::Udp => format!("/proc/{pid}/net/udp"),
     };
     let text = fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
-    Ok(parse_bound_v4(&text, proto))
+    // The table lists the whole netns; the process's own fds say which sockets are its.
+    let own = socket_inodes(pid)?;
+    Ok(parse_bound_v4(&text, proto)
+        .into_iter()
+        .filter(|(_, inode)| own.contains(inode))
+        .map(|(addr, _)| addr)
+        .collect())
 }
 
-fn parse_bound_v4(table: &str, proto: Proto) -> Vec<SocketAddrV4> {
+/// Inodes of the sockets among `pid`'s open fds (`socket:[12345]` links).
+fn socket_inodes(pid: u32) -> Result<Vec<u64>> {
+    let dir = format!("/proc/{pid}/fd");
+    let fds = fs::read_dir(&dir).with_context(|| format!("reading {dir}"))?;
+    Ok(fds
+        .flatten()
+        .filter_map(|fd| fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_str()?;
+            t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect())
+}
+
+/// Rows of `/proc/net/{tcp,udp}` in the listening (TCP) or unconnected (UDP) state: address and inode.
+fn parse_bound_v4(table: &str, proto: Proto) -> Vec<(SocketAddrV4, u64)> {
     const TCP_LISTEN: &str = "0A";
     const UDP_UNCONNECTED: &str = "07";
     let want = match proto {
@@ -74,12 +95,16 @@ fn parse_bound_v4(table: &str, proto: Proto) -> Vec<SocketAddrV4> {
             // The kernel prints the address as the u32 in host (little endian) order.
             let ip = u32::from_str_radix(ip, 16).ok()?;
             let port = u16::from_str_radix(port, 16).ok()?;
-            Some(SocketAddrV4::new(Ipv4Addr::from(u32::from_be(ip)), port))
+            let inode = f.get(9)?.parse().ok()?;
+            Some((
+                SocketAddrV4::new(Ipv4Addr::from(u32::from_be(ip)), port),
+                inode,
+            ))
         })
         .collect()
 }
 
-/// Waits until `pid` has every one of `addrs` bound (a wildcard bind counts), or fails at the deadline.
+/// Waits until `pid` itself has every one of `addrs` bound (a wildcard bind counts), or fails at the deadline.
 /// `alive` is asked between polls so a process that died is reported at once.
 pub fn wait_bound(
     pid: u32,
@@ -138,8 +163,8 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                "203.254.7.10:80".parse().unwrap(),
-                "127.0.0.1:15000".parse().unwrap()
+                ("203.254.7.10:80".parse().unwrap(), 1),
+                ("127.0.0.1:15000".parse().unwrap(), 2)
             ],
             "established sockets are not listeners"
         );
@@ -147,7 +172,7 @@ mod tests {
   1: 356433C6:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0 0";
         assert_eq!(
             parse_bound_v4(udp, Proto::Udp),
-            vec!["198.51.100.53:53".parse().unwrap()]
+            vec![("198.51.100.53:53".parse().unwrap(), 9)]
         );
     }
 }

@@ -318,3 +318,50 @@ fn the_peer_serves_blobs_and_checksums_uploads() -> Result<()> {
     assert_eq!(sum.stdout_str().trim(), pattern::sha256_of_len(n as u64));
     Ok(())
 }
+
+#[test]
+fn a_held_connection_keeps_exchanging_until_dropped() -> Result<()> {
+    let topo = Topology::with_pods(&[A1])?;
+    let echo = addr("203.0.113.20:7");
+    let _ext = topo.start_ext_peer("echo", &[], &[echo])?;
+    let pod = topo.pod("team-a/a1");
+    let mut hold = peer::cmd(pod.place())?
+        .args(["hold", &echo.to_string(), "--interval-ms", "20"])
+        .spawn()?;
+    hold.wait_for_log("ok 5", std::time::Duration::from_secs(10))?;
+    assert!(hold.is_running(), "{}", hold.log());
+    let bounded = peer::cmd(pod.place())?
+        .args([
+            "hold",
+            &echo.to_string(),
+            "--interval-ms",
+            "1",
+            "--count",
+            "3",
+        ])
+        .ok()?;
+    assert!(
+        bounded.stdout_str().ends_with("ok 0\nok 1\nok 2\n"),
+        "{bounded}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_server_that_cannot_bind_fails_to_start() -> Result<()> {
+    let topo = Topology::new()?;
+    let _first = topo.start_ext_peer("first", &[addr("203.0.113.10:80")], &[])?;
+    // The address is listening (by `first`), but not by this process: the start must fail.
+    let second = topo.start_ext_peer("second", &[addr("203.0.113.10:80")], &[]);
+    let err = format!(
+        "{:#}",
+        second
+            .err()
+            .context("a second server on a taken address started")?
+    );
+    assert!(
+        err.contains("Address already in use") || err.contains("exited"),
+        "{err}"
+    );
+    Ok(())
+}
