@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::exec::Proc;
 use crate::http::{self, Response};
 use crate::metrics::Metrics;
+use crate::proc::Proc;
 use crate::topology::Topology;
 use crate::{ADMIN_ADDR, GATEWAY, netns, procfs};
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::exec::{Place, Proc};
+use crate::exec::Place;
+use crate::proc::Proc;
 use crate::procfs::{self, Proto};
 
 const DEFAULT_BIN: &str = "/usr/sbin/dnsmasq";

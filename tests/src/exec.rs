@@ -10,13 +10,14 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
 use crate::netns;
+use crate::proc::Proc;
 
 /// Where a command runs.
 #[derive(Clone, Debug)]
@@ -225,16 +226,10 @@ impl Cmd {
             .stdin(Stdio::piped())
             .stdout(out.try_clone()?)
             .stderr(out);
-        let mut child = self
+        let child = self
             .spawn_entered()
             .with_context(|| format!("starting {what}"))?;
-        let stdin = child.stdin.take();
-        Ok(Proc {
-            what,
-            child,
-            log,
-            stdin,
-        })
+        Ok(Proc::new(what, child, log))
     }
 
     fn spawn_entered(&mut self) -> Result<Child> {
@@ -315,111 +310,4 @@ fn read_all_in_background(
         }
         buf
     })
-}
-
-/// A long-lived process. Dropping it sends SIGTERM, then SIGKILL if it has not exited within 3 s.
-pub struct Proc {
-    what: String,
-    child: Child,
-    log: PathBuf,
-    stdin: Option<ChildStdin>,
-}
-
-impl Proc {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-    pub fn what(&self) -> &str {
-        &self.what
-    }
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-    /// Everything the process printed so far (stdout and stderr interleaved).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-
-    /// Polls the log until a line contains `needle`; fails at the deadline or if the process exits first.
-    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.log().lines().any(|l| l.contains(needle)) {
-                return Ok(());
-            }
-            if !self.is_running() {
-                bail!(
-                    "{} exited before printing {needle:?}; log:\n{}",
-                    self.what,
-                    self.log()
-                );
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} did not print {needle:?} within {timeout:?}; log:\n{}",
-                    self.what,
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    pub fn write_stdin(&mut self, bytes: &[u8]) -> Result<()> {
-        let pipe = self.stdin.as_mut().context("stdin already closed")?;
-        pipe.write_all(bytes)?;
-        pipe.flush()?;
-        Ok(())
-    }
-
-    pub fn close_stdin(&mut self) {
-        self.stdin = None;
-    }
-
-    pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child; it stays a zombie (pid reserved) until we wait for it.
-        unsafe { libc::kill(self.child.id() as i32, signal) };
-    }
-
-    /// Waits for the process to exit by itself.
-    pub fn wait(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok(status);
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "{} still running after {timeout:?}; log:\n{}",
-                    self.what,
-                    self.log()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// SIGTERM and wait; SIGKILL (and an error) if it does not exit within `timeout`.
-    pub fn terminate(&mut self, timeout: Duration) -> Result<ExitStatus> {
-        if let Some(status) = self.child.try_wait()? {
-            return Ok(status);
-        }
-        self.signal(libc::SIGTERM);
-        self.wait(timeout).inspect_err(|_| {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        })
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stdin = None;
-        if self.terminate(Duration::from_secs(3)).is_err() {
-            eprintln!("redirect-tests: {} ignored SIGTERM, killed", self.what);
-        }
-    }
 }

@@ -14,6 +14,21 @@
 //! owner in `/run/redirect-tests/<tag>/owner`, so a later run removes what a dead one left behind.
 //! Cleanup lives in `Drop` (also while panicking); nothing is ever added to the machine's own netns or
 //! attached to the root cgroup.
+//!
+//! ```no_run
+//! use integration::{Agent, DnsRecords, Topology, RESOLVER_IP};
+//! # fn main() -> anyhow::Result<()> {
+//! let topo = Topology::with_pods(&[("team-a/a1", "10.244.1.10"), ("team-b/b1", "10.244.2.10")])?;
+//! let _ext = topo.start_ext_peer("real-api", &["203.0.113.10:80".parse()?], &["203.0.113.10:7".parse()?])?;
+//! let _dns = topo.start_dnsmasq(RESOLVER_IP, DnsRecords::new().host("api.example.com", "203.0.113.10".parse()?))?;
+//! let agent = Agent::start(&topo, &[])?; // `redirect run --cgroup <pods cgroup> ...` in the node netns
+//! let out = topo.pod("team-a/a1").cmd("curl").args(["-sS", "http://api.example.com/"]).ok()?;
+//! assert_eq!(out.stdout_str(), "real-api\n");
+//! let m = agent.metrics()?;
+//! assert_eq!(m.get_or_zero(r#"redirect_outbound_connections_total{outcome="passthrough"}"#), 1.0);
+//! agent.stop()?; // SIGTERM, exit status 0 required
+//! # Ok(()) }
+//! ```
 
 pub mod agent;
 pub mod bpf;
@@ -25,15 +40,17 @@ pub mod metrics;
 pub mod netns;
 pub mod pattern;
 pub mod peer;
+pub mod proc;
 pub mod procfs;
 pub mod run;
 pub mod topology;
 
 pub use agent::Agent;
 pub use dnsmasq::{DnsRecords, Dnsmasq};
-pub use exec::{Cmd, Output, Place, Proc};
+pub use exec::{Cmd, Output, Place};
 pub use metrics::Metrics;
 pub use peer::Peer;
+pub use proc::Proc;
 pub use topology::{Pod, Topology};
 
 use std::net::Ipv4Addr;

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
-use crate::exec::{Cmd, Place, Proc};
+use crate::exec::{Cmd, Place};
+use crate::proc::Proc;
 use crate::procfs::{self, Proto};
 
 /// Path of the `rdt-peer` binary: `$RDT_PEER_BIN`, else next to the running test binary (cargo puts
