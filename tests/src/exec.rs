@@ -142,6 +142,8 @@ impl Cmd {
             Stdio::null()
         });
         self.command.stdout(Stdio::piped()).stderr(Stdio::piped());
+        // Its own process group, so a timeout also kills what it started (which would hold the pipes).
+        self.command.process_group(0);
         let mut child = self
             .spawn_entered()
             .with_context(|| format!("starting {what}"))?;
@@ -160,7 +162,8 @@ impl Cmd {
                 break Some(status);
             }
             if Instant::now() > deadline {
-                let _ = child.kill();
+                // SAFETY: kill(2) of the process group led by our own child (still unreaped).
+                unsafe { libc::kill(-(child.id() as i32), libc::SIGKILL) };
                 let _ = child.wait();
                 break None;
             }

@@ -365,3 +365,25 @@ fn a_server_that_cannot_bind_fails_to_start() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_command_that_overruns_its_timeout_is_killed_with_its_children() -> Result<()> {
+    let topo = Topology::with_pods(&[A1])?;
+    let started = std::time::Instant::now();
+    // The background sleep inherits stdout: unless it dies too, reading the output never ends.
+    let err = topo
+        .pod("team-a/a1")
+        .cmd("sh")
+        .args(["-c", "sleep 30 & echo started; sleep 30"])
+        .timeout(std::time::Duration::from_millis(300))
+        .output()
+        .err()
+        .context("a 30 s command finished within 300 ms")?;
+    assert!(format!("{err:#}").contains("timed out"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("started"),
+        "partial output is kept: {err:#}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    Ok(())
+}
