@@ -1,0 +1,187 @@
+//! The node agent under test (`redirect run`), started in the node netns outside the pod cgroups.
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use crate::http::{self, Response};
+use crate::metrics::Metrics;
+use crate::proc::Proc;
+use crate::topology::Topology;
+use crate::{ADMIN_ADDR, GATEWAY, netns, procfs};
+
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A running agent. Dropping it sends SIGTERM (then SIGKILL) and prints the end of its log, which the
+/// test runner shows only for a failed test.
+pub struct Agent {
+    proc: Proc,
+    admin: SocketAddr,
+    node_netns: String,
+}
+
+impl Agent {
+    /// `$REDIRECT_BIN`, else `<target dir>/release/redirect` of this workspace.
+    pub fn bin() -> Result<PathBuf> {
+        if let Some(p) = std::env::var_os("REDIRECT_BIN") {
+            return Ok(PathBuf::from(p));
+        }
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .context("workspace root")?;
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target"));
+        let bin = target.join("release").join("redirect");
+        if !bin.is_file() {
+            bail!(
+                "agent binary {} is missing: run `cargo xtask build` (or set REDIRECT_BIN)",
+                bin.display()
+            );
+        }
+        Ok(bin)
+    }
+
+    /// Starts `redirect run --cgroup <pods cgroup> --gateway 169.254.7.1 --admin 127.0.0.1:15000 -v`
+    /// plus `extra_args` in the node netns, and waits until `/healthz/ready` answers 200.
+    pub fn start(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
+        let proc = topo
+            .node_cmd(Self::bin()?)
+            .env("RUST_BACKTRACE", "1")
+            .arg("run")
+            .arg("--cgroup")
+            .arg(topo.attach_cgroup())
+            .args([
+                "--gateway",
+                &GATEWAY.to_string(),
+                "--admin",
+                ADMIN_ADDR,
+                "-v",
+            ])
+            .args(extra_args)
+            .spawn()?;
+        let mut agent = Agent {
+            proc,
+            admin: ADMIN_ADDR.parse().context("admin address")?,
+            node_netns: topo.node().netns.clone(),
+        };
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let last = match self.admin_get("/healthz/ready") {
+                Ok(r) if r.status == 200 => return Ok(()),
+                Ok(r) => format!("status {}: {}", r.status, r.text().trim()),
+                Err(e) => format!("{e:#}"),
+            };
+            if !self.proc.is_running() {
+                bail!("the agent exited before it was ready; log:\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the agent was not ready within {READY_TIMEOUT:?} (last: {last}); log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `GET path` on the admin port, from inside the node netns.
+    pub fn admin_get(&self, path: &str) -> Result<Response> {
+        let addr = self.admin;
+        netns::in_netns(&self.node_netns, || {
+            http::get(addr, path, Duration::from_secs(5))
+        })?
+    }
+
+    /// `/metrics`, parsed.
+    pub fn metrics(&self) -> Result<Metrics> {
+        let r = self.admin_get("/metrics")?;
+        if r.status != 200 {
+            bail!("/metrics answered {}: {}", r.status, r.text());
+        }
+        Metrics::parse(&r.text())
+    }
+
+    /// Polls `/metrics` until `done` holds; returns the last metrics seen, or fails at the deadline.
+    pub fn wait_metrics(
+        &self,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&Metrics) -> bool,
+    ) -> Result<Metrics> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let m = self.metrics()?;
+            if done(&m) {
+                return Ok(m);
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "metrics never showed {what} within {timeout:?}; last: {:#?}",
+                    m.samples()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+    /// Open file descriptors of the agent now.
+    pub fn fd_count(&self) -> Result<usize> {
+        procfs::fd_count(self.pid())
+    }
+    pub fn thread_count(&self) -> Result<usize> {
+        procfs::thread_count(self.pid())
+    }
+    pub fn log(&self) -> String {
+        self.proc.log()
+    }
+    pub fn is_running(&mut self) -> bool {
+        self.proc.is_running()
+    }
+
+    /// SIGKILL, as if the agent crashed; returns once it is gone.
+    pub fn kill(mut self) -> Result<()> {
+        self.proc.signal(libc::SIGKILL);
+        self.proc.wait(STOP_TIMEOUT)?;
+        Ok(())
+    }
+
+    /// SIGTERM, wait, and require a clean exit (status 0).
+    pub fn stop(mut self) -> Result<()> {
+        let status = self.proc.terminate(STOP_TIMEOUT)?;
+        if !status.success() {
+            bail!(
+                "the agent exited with {status} after SIGTERM; log:\n{}",
+                self.log()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        const TAIL: usize = 200;
+        // Stop it first so the log printed below is complete (SIGKILL follows in Proc's drop if needed).
+        let _ = self.proc.terminate(Duration::from_secs(3));
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(TAIL)..];
+        eprintln!(
+            "---- agent log ({}, last {} lines)\n{}\n---- end of agent log",
+            self.proc.log_path().display(),
+            tail.len(),
+            tail.join("\n")
+        );
+    }
+}

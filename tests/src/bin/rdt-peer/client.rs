@@ -1,0 +1,146 @@
+//! Clients for what curl cannot show: the peer address the application sees, byte-exact bidirectional
+//! streams with half-close, many connections open at once, and one long-lived connection.
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use integration::pattern::{self, Pattern};
+use sha2::{Digest, Sha256};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn connect(addr: SocketAddr) -> Result<TcpStream> {
+    TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+        .with_context(|| format!("connecting to {addr}"))
+}
+
+pub fn getpeername(addr: SocketAddr) -> Result<()> {
+    let s = connect(addr)?;
+    println!("{}", s.peer_addr().context("getpeername")?);
+    Ok(())
+}
+
+/// Writes `n` pattern bytes and half-closes; returns the hex sha256 of what it wrote.
+fn send_pattern(mut s: TcpStream, n: u64) -> Result<String> {
+    let mut p = Pattern::new();
+    let mut h = Sha256::new();
+    let mut buf = vec![0; 1 << 16];
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(buf.len() as u64) as usize;
+        p.fill(&mut buf[..k]);
+        s.write_all(&buf[..k]).context("sending")?;
+        h.update(&buf[..k]);
+        left -= k as u64;
+    }
+    s.shutdown(Shutdown::Write).context("half-closing")?;
+    Ok(pattern::hex(&h.finalize()))
+}
+
+/// Reads to EOF; returns how many bytes and their hex sha256.
+fn receive_all(mut s: TcpStream) -> Result<(u64, String)> {
+    let mut h = Sha256::new();
+    let mut buf = vec![0; 1 << 16];
+    let mut total = 0u64;
+    loop {
+        let n = s.read(&mut buf).context("receiving")?;
+        if n == 0 {
+            return Ok((total, pattern::hex(&h.finalize())));
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+}
+
+pub fn echo(addr: SocketAddr, bytes: u64) -> Result<()> {
+    let s = connect(addr)?;
+    let writer = s.try_clone()?;
+    // Write and read at once: an echo of more than the socket buffers would deadlock otherwise.
+    let sender = std::thread::spawn(move || send_pattern(writer, bytes));
+    let (received, received_sha) = receive_all(s)?;
+    let sent_sha = sender
+        .join()
+        .map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    println!("sent {bytes} {sent_sha}");
+    println!("received {received} {received_sha}");
+    if received != bytes || received_sha != sent_sha {
+        bail!("echo differs from what was sent");
+    }
+    Ok(())
+}
+
+pub fn fanout(addr: SocketAddr, conns: usize, bytes: usize, wait_stdin: bool) -> Result<()> {
+    let streams: Vec<TcpStream> = (0..conns)
+        .map(|i| connect(addr).with_context(|| format!("connection {i}")))
+        .collect::<Result<_>>()?;
+    println!("open {}", streams.len());
+    if wait_stdin {
+        let mut line = String::new();
+        std::io::stdin()
+            .read_line(&mut line)
+            .context("waiting for a line on stdin")?;
+    }
+    let expected = pattern::bytes(bytes);
+    let workers: Vec<_> = streams
+        .into_iter()
+        .map(|s| {
+            let expected = expected.clone();
+            std::thread::spawn(move || -> Result<()> {
+                let mut w = s.try_clone()?;
+                w.write_all(&expected)?;
+                w.shutdown(Shutdown::Write)?;
+                let mut got = Vec::with_capacity(expected.len());
+                (&s).read_to_end(&mut got)?;
+                if got != expected {
+                    bail!(
+                        "echo of {} bytes came back as {} different bytes",
+                        expected.len(),
+                        got.len()
+                    );
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let (mut ok, mut failed) = (0, 0);
+    for (i, w) in workers.into_iter().enumerate() {
+        match w.join() {
+            Ok(Ok(())) => ok += 1,
+            Ok(Err(e)) => {
+                failed += 1;
+                eprintln!("connection {i}: {e:#}");
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    println!("done ok={ok} failed={failed}");
+    if failed > 0 {
+        bail!("{failed} of {conns} connections failed");
+    }
+    Ok(())
+}
+
+pub fn hold(addr: SocketAddr, interval_ms: u64, count: Option<u64>) -> Result<()> {
+    let mut w = connect(addr)?;
+    let mut r = BufReader::new(w.try_clone()?);
+    let mut line = String::new();
+    println!("connected {}", w.local_addr()?);
+    for i in 0.. {
+        if count.is_some_and(|c| i >= c) {
+            break;
+        }
+        let ping = format!("ping {i}\n");
+        w.write_all(ping.as_bytes())
+            .with_context(|| format!("exchange {i}: sending"))?;
+        line.clear();
+        r.read_line(&mut line)
+            .with_context(|| format!("exchange {i}: receiving"))?;
+        if line != ping {
+            bail!("exchange {i}: sent {ping:?}, got back {line:?}");
+        }
+        println!("ok {i}");
+        std::thread::sleep(Duration::from_millis(interval_ms));
+    }
+    Ok(())
+}

@@ -1,0 +1,93 @@
+//! rdt-peer: the far end (and the odd client) of the integration tests.
+//!
+//! `serve` answers HTTP on every `--listen` address (`GET /` -> name, `GET /peer` -> the client address it
+//! saw, `GET /blob/<n>` -> n pattern bytes, `POST /sha256` -> hex sha256 of the body) and echoes raw TCP on
+//! every `--echo` address. The client subcommands do what curl cannot: see `--help`.
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod client;
+mod serve;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "rdt-peer",
+    about = "Identity HTTP/echo server and test clients for the integration suite"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve identity HTTP and raw TCP echo until killed.
+    Serve {
+        /// The name `GET /` answers with.
+        #[arg(long)]
+        name: String,
+        /// HTTP listen address (repeatable).
+        #[arg(long = "listen")]
+        http: Vec<SocketAddr>,
+        /// TCP echo listen address (repeatable).
+        #[arg(long = "echo")]
+        echo: Vec<SocketAddr>,
+    },
+    /// Connect and print what getpeername() returns.
+    Getpeername { addr: SocketAddr },
+    /// Send N pattern bytes to an echo server while reading the echo; print both checksums.
+    Echo {
+        addr: SocketAddr,
+        #[arg(long)]
+        bytes: u64,
+    },
+    /// Open N connections to an echo server at once, print `open N`, then (after a line on stdin with
+    /// --wait-stdin) push `--bytes` through each and check the echo; print `done ok=.. failed=..`.
+    Fanout {
+        addr: SocketAddr,
+        #[arg(long)]
+        conns: usize,
+        #[arg(long, default_value_t = 4096)]
+        bytes: usize,
+        #[arg(long)]
+        wait_stdin: bool,
+    },
+    /// Keep one connection to an echo server and exchange a line every interval, printing `ok <i>`.
+    Hold {
+        addr: SocketAddr,
+        #[arg(long, default_value_t = 200)]
+        interval_ms: u64,
+        /// Stop after this many exchanges (default: until killed).
+        #[arg(long)]
+        count: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve { name, http, echo } => serve::serve(&name, &http, &echo),
+        Command::Getpeername { addr } => client::getpeername(addr),
+        Command::Echo { addr, bytes } => client::echo(addr, bytes),
+        Command::Fanout {
+            addr,
+            conns,
+            bytes,
+            wait_stdin,
+        } => client::fanout(addr, conns, bytes, wait_stdin),
+        Command::Hold {
+            addr,
+            interval_ms,
+            count,
+        } => client::hold(addr, interval_ms, count),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rdt-peer: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

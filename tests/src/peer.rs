@@ -1,0 +1,96 @@
+//! `rdt-peer`, the helper binary of this crate, run in ext or in a pod: identity HTTP + TCP echo servers
+//! (`serve`), and the clients curl cannot be (`getpeername`, `echo`, `fanout`, `hold`).
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::exec::{Cmd, Place};
+use crate::proc::Proc;
+use crate::procfs::{self, Proto};
+
+/// Path of the `rdt-peer` binary: `$RDT_PEER_BIN`, else next to the running test binary (cargo puts
+/// test executables in `target/<profile>/deps` and the package's binaries one level up).
+pub fn bin() -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("RDT_PEER_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("locating the test binary")?;
+    let candidates: Vec<PathBuf> = exe
+        .ancestors()
+        .skip(1)
+        .take(2)
+        .map(|d| d.join("rdt-peer"))
+        .collect();
+    candidates.iter().find(|p| p.is_file()).cloned().with_context(|| {
+        format!("rdt-peer not found at {candidates:?}: build it with `cargo build -p integration --bins` (cargo test does)")
+    })
+}
+
+/// `rdt-peer ARGS...` to run in `place`.
+pub fn cmd(place: &Place) -> Result<Cmd> {
+    Ok(place.cmd(bin()?))
+}
+
+/// A running `rdt-peer serve`: killed on drop.
+pub struct Peer {
+    name: String,
+    http: Vec<SocketAddrV4>,
+    echo: Vec<SocketAddrV4>,
+    proc: Proc,
+}
+
+impl Peer {
+    /// Starts `rdt-peer serve` in `place` (whose netns must already hold the addresses) and waits until
+    /// every listener is bound. `GET /` answers `name` + newline.
+    pub fn start(
+        place: &Place,
+        name: &str,
+        http: &[SocketAddrV4],
+        echo: &[SocketAddrV4],
+    ) -> Result<Peer> {
+        if http.is_empty() && echo.is_empty() {
+            bail!("peer {name}: nothing to listen on");
+        }
+        let mut c = cmd(place)?.args(["serve", "--name", name]);
+        for a in http {
+            c = c.arg("--listen").arg(a.to_string());
+        }
+        for a in echo {
+            c = c.arg("--echo").arg(a.to_string());
+        }
+        let mut proc = c.spawn()?;
+        let pid = proc.pid();
+        let all: Vec<SocketAddrV4> = http.iter().chain(echo).copied().collect();
+        procfs::wait_bound(pid, Proto::Tcp, &all, Duration::from_secs(10), || {
+            proc.is_running()
+        })
+        .with_context(|| format!("peer {name} in {}; log:\n{}", place.label, proc.log()))?;
+        Ok(Peer {
+            name: name.to_string(),
+            http: http.to_vec(),
+            echo: echo.to_vec(),
+            proc,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    pub fn http(&self) -> &[SocketAddrV4] {
+        &self.http
+    }
+    pub fn echo(&self) -> &[SocketAddrV4] {
+        &self.echo
+    }
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+    pub fn log(&self) -> String {
+        self.proc.log()
+    }
+    pub fn is_running(&mut self) -> bool {
+        self.proc.is_running()
+    }
+}
