@@ -3,16 +3,21 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-mod logging;
-mod resolve;
 mod explain;
+mod logging;
+mod output;
+mod resolve;
 mod run;
 
 /// Exit code for invalid input (configuration errors); usage errors exit 2 (clap's own).
 pub const EXIT_INVALID_INPUT: u8 = 1;
 
 #[derive(Debug, Parser)]
-#[command(name = "redirect", version, about = "ServiceEntry visibility, enforced on a Linux node")]
+#[command(
+    name = "redirect",
+    version,
+    about = "ServiceEntry visibility, enforced on a Linux node"
+)]
 pub struct Cli {
     /// More log output: -v debug, -vv trace.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
