@@ -1,12 +1,390 @@
-use std::{path::PathBuf, process::ExitCode};
+//! `redirect explain`: what a client in a namespace gets for a host name or an IP, and why. Calls
+//! the very `state` lookups the proxy and the DNS proxy call.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+    process::ExitCode,
+};
+
+use serde::Serialize;
+
+use super::output::{self, TableOrJson};
+use crate::{
+    config,
+    state::{
+        DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick,
+        Service, Snapshot,
+    },
+};
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["host", "ip"])))]
 pub struct ExplainArgs {
-    /// Directory of Kubernetes YAML manifests.
+    /// Directory of Kubernetes YAML manifests (or one file).
     #[arg(short = 'f', long = "filename")]
     pub dir: PathBuf,
+    /// The client namespace (a namespace with no pods is still that namespace).
+    #[arg(long = "from", value_name = "NAMESPACE")]
+    pub from: String,
+    /// A host name as the client's application would ask for it (short names are expanded with
+    /// the namespace's search domains; a trailing dot makes it absolute).
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
+    /// An original destination, `IP`, `IP:PORT` or `[IPv6]:PORT`.
+    #[arg(long, value_name = "IP[:PORT]", value_parser = parse_destination)]
+    pub ip: Option<Destination>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = TableOrJson::Table)]
+    pub output: TableOrJson,
 }
 
-pub fn explain(_args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("explain: not built yet")
+#[derive(Debug, Clone, Copy)]
+pub struct Destination {
+    pub ip: IpAddr,
+    pub port: Option<u16>,
+}
+
+fn parse_destination(text: &str) -> Result<Destination, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(Destination {
+            ip: addr.ip(),
+            port: Some(addr.port()),
+        });
+    }
+    text.parse::<IpAddr>()
+        .map(|ip| Destination { ip, port: None })
+        .map_err(|_| format!("{text:?} is not IP, IP:PORT or [IPv6]:PORT"))
+}
+
+#[derive(Debug, Serialize)]
+pub struct Client {
+    pub namespace: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HostExplanation {
+    pub client: Client,
+    pub dns: DnsReport,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsReport {
+    /// `answer` or `forward`.
+    pub action: &'static str,
+    pub service: Option<String>,
+    pub addresses: Vec<String>,
+    /// The query (as the resolver sends it) that decided.
+    pub query: String,
+    pub cname: Option<String>,
+    pub hidden: Option<String>,
+    /// Every query the resolver would send, in order, until one is answered.
+    pub queries: Vec<QueryReport>,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct QueryReport {
+    pub name: String,
+    pub action: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct IpExplanation {
+    pub client: Client,
+    pub outbound: OutboundReport,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OutboundReport {
+    /// `service`, `workload`, `passthrough` or `noHealthyUpstream`.
+    pub action: &'static str,
+    pub service: Option<String>,
+    /// Where the next connection would go (`ip:port` or `host:port`); null for a reset.
+    pub endpoint: Option<String>,
+    pub workload: Option<String>,
+    /// All endpoints of the service port, round robin order.
+    pub candidates: Vec<String>,
+    pub hidden: Option<String>,
+    pub port: Option<u16>,
+    pub reason: String,
+}
+
+pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+    let model = match config::load_dir(&args.dir) {
+        Ok(model) => model,
+        Err(errors) => return Ok(output::invalid_input(&errors)),
+    };
+    let snapshot = Snapshot::from_model(&model);
+    let text = match (&args.host, args.ip) {
+        (Some(host), _) => {
+            let e = explain_host(&snapshot, &args.from, host);
+            match args.output {
+                TableOrJson::Json => output::json(&e)?,
+                TableOrJson::Table => host_table(&e),
+            }
+        }
+        (None, Some(dst)) => {
+            let e = explain_ip(&snapshot, &args.from, dst);
+            match args.output {
+                TableOrJson::Json => output::json(&e)?,
+                TableOrJson::Table => ip_table(&e),
+            }
+        }
+        (None, None) => anyhow::bail!("one of --host and --ip is required"),
+    };
+    println!("{}", text.trim_end());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn vis(s: &Service) -> &'static str {
+    match s.visibility {
+        crate::state::ServiceVisibility::Public => "Public",
+        crate::state::ServiceVisibility::Namespace => "Namespace",
+    }
+}
+
+/// Sends the queries a pod's resolver would send, in order, through `Snapshot::by_host`; the first
+/// one the agent answers decides. Forwarded ones are up to the upstream resolver.
+pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExplanation {
+    let queries = snapshot.search_domains(Some(namespace)).expand(host);
+    let mut reports = Vec::new();
+    let mut hidden: Option<String> = None;
+    let mut decided = None;
+    for query in &queries {
+        let decision = snapshot.by_host(Some(namespace), query);
+        hidden = hidden.or(decision.hidden().map(|s| s.to_string()));
+        match decision {
+            DnsDecision::Answer(a) => {
+                reports.push(QueryReport {
+                    name: query.clone(),
+                    action: "answer",
+                });
+                let mut addresses: Vec<String> = a.v4().iter().map(|ip| ip.to_string()).collect();
+                addresses.extend(a.v6().iter().map(|ip| ip.to_string()));
+                let mut reason = format!(
+                    "{} ({}) owns {} and is visible to {namespace}: the agent answers (TTL 30s)",
+                    a.service,
+                    vis(a.service),
+                    a.service.hostname
+                );
+                if let Some(target) = a.cname {
+                    reason.push_str(&format!(
+                        "; a search domain was stripped, so the answer is a CNAME to {target}"
+                    ));
+                }
+                if addresses.is_empty() {
+                    reason.push_str("; it has no address, so the answer is empty (NOERROR)");
+                }
+                decided = Some(DnsReport {
+                    action: "answer",
+                    service: Some(a.service.to_string()),
+                    addresses,
+                    query: query.clone(),
+                    cname: a.cname.map(String::from),
+                    hidden: None,
+                    queries: Vec::new(),
+                    reason,
+                });
+                break;
+            }
+            DnsDecision::Forward { .. } => reports.push(QueryReport {
+                name: query.clone(),
+                action: "forward",
+            }),
+        }
+    }
+    let mut dns = decided.unwrap_or_else(|| DnsReport {
+        action: "forward",
+        service: None,
+        addresses: Vec::new(),
+        query: queries.last().cloned().unwrap_or_default(),
+        cname: None,
+        hidden: None,
+        queries: Vec::new(),
+        reason: match &hidden {
+            Some(h) => format!(
+                "{h} owns the name but is hidden from {namespace}: every query goes to the upstream resolver, as if it did not exist"
+            ),
+            None => "no service visible to this namespace owns the name: every query goes to the upstream resolver".to_string(),
+        },
+    });
+    dns.hidden = hidden;
+    dns.queries = reports;
+    HostExplanation {
+        client: Client {
+            namespace: namespace.to_string(),
+        },
+        dns,
+    }
+}
+
+/// Runs `Snapshot::by_ip_with(.., Pick::Peek)`: the decision the proxy's next connection would get.
+/// Without a port, a service's first declared port is used.
+pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpExplanation {
+    let client = Some(namespace);
+    let port = dst.port.or_else(|| {
+        snapshot
+            .by_ip_with(client, dst.ip, 0, Pick::Peek)
+            .service()
+            .and_then(|s| s.ports.first())
+            .map(|p| p.port)
+    });
+    let d = snapshot.by_ip_with(client, dst.ip, port.unwrap_or(0), Pick::Peek);
+    let endpoint = d.target().map(|t| match port {
+        Some(_) => t.to_string(),
+        None => dst.ip.to_string(),
+    });
+    let hidden = d.hidden.map(|s| s.to_string());
+    let mut reason = match d.hidden {
+        Some(h) => format!(
+            "{h} claims {} but is hidden from {namespace} ({}); ",
+            dst.ip,
+            vis(h)
+        ),
+        None => String::new(),
+    };
+    reason.push_str(&why(&d, namespace, dst.ip, port));
+    let (action, workload, candidates) = match d.action {
+        Outbound::Service { port, .. } => (
+            "service",
+            None,
+            port.endpoints
+                .iter()
+                .map(|e| e.target().to_string())
+                .collect(),
+        ),
+        Outbound::Workload { workload, .. } => (
+            "workload",
+            Some(format!(
+                "{}/{}",
+                workload.meta.namespace, workload.meta.name
+            )),
+            Vec::new(),
+        ),
+        Outbound::Passthrough { .. } => ("passthrough", None, Vec::new()),
+        Outbound::NoHealthyUpstream { .. } => ("noHealthyUpstream", None, Vec::new()),
+    };
+    IpExplanation {
+        client: Client {
+            namespace: namespace.to_string(),
+        },
+        outbound: OutboundReport {
+            action,
+            service: d.service().map(|s| s.to_string()),
+            endpoint,
+            workload,
+            candidates,
+            hidden,
+            port,
+            reason,
+        },
+    }
+}
+
+fn why(d: &OutboundDecision<'_>, namespace: &str, ip: IpAddr, port: Option<u16>) -> String {
+    let port_text = port.map_or("its first port".to_string(), |p| format!("port {p}"));
+    match d.action {
+        Outbound::Service {
+            service,
+            port,
+            index,
+            endpoint,
+        } => format!(
+            "{service} ({}) claims {ip} and is visible to {namespace}; {} of {} endpoint(s) for port {}, next pick {} (round robin)",
+            vis(service),
+            index + 1,
+            port.endpoints.len(),
+            port.port,
+            endpoint.target()
+        ),
+        Outbound::Workload { workload, .. } => format!(
+            "no visible service claims {ip}; workload {}/{} has it: connect to it directly",
+            workload.meta.namespace, workload.meta.name
+        ),
+        Outbound::Passthrough {
+            reason: PassthroughReason::Unknown,
+            ..
+        } => {
+            format!(
+                "no visible service or workload has {ip}: passthrough to the original destination (unknown traffic)"
+            )
+        }
+        Outbound::Passthrough {
+            reason: PassthroughReason::ResolutionNone(s),
+            ..
+        } => format!(
+            "{s} ({}) claims {ip} with resolution NONE: the connection goes to the original destination",
+            vis(s)
+        ),
+        Outbound::NoHealthyUpstream {
+            service,
+            reason: NoUpstreamReason::PortNotDeclared,
+        } => format!(
+            "{service} ({}) claims {ip} but does not declare {port_text}: the connection is reset (no_healthy_upstream)",
+            vis(service)
+        ),
+        Outbound::NoHealthyUpstream {
+            service,
+            reason: NoUpstreamReason::NoEndpoints,
+        } => format!(
+            "{service} ({}) claims {ip} but has no endpoint for {port_text}: the connection is reset (no_healthy_upstream)",
+            vis(service)
+        ),
+    }
+}
+
+fn or_dash(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "-".to_string())
+}
+
+fn host_table(e: &HostExplanation) -> String {
+    let d = &e.dns;
+    let queries: Vec<String> = d
+        .queries
+        .iter()
+        .map(|q| format!("{} -> {}", q.name, q.action))
+        .collect();
+    let rows = [
+        ("client", e.client.namespace.clone()),
+        ("action", d.action.to_string()),
+        ("service", or_dash(&d.service)),
+        ("query", d.query.clone()),
+        ("cname", or_dash(&d.cname)),
+        (
+            "addresses",
+            if d.addresses.is_empty() {
+                "-".into()
+            } else {
+                d.addresses.join(", ")
+            },
+        ),
+        ("hidden", or_dash(&d.hidden)),
+        ("queries", queries.join("\n           ")),
+        ("why", d.reason.clone()),
+    ];
+    rows.iter().map(|(k, v)| format!("{k:<10} {v}\n")).collect()
+}
+
+fn ip_table(e: &IpExplanation) -> String {
+    let o = &e.outbound;
+    let rows = [
+        ("client", e.client.namespace.clone()),
+        ("action", o.action.to_string()),
+        ("service", or_dash(&o.service)),
+        ("workload", or_dash(&o.workload)),
+        ("endpoint", or_dash(&o.endpoint)),
+        (
+            "candidates",
+            if o.candidates.is_empty() {
+                "-".into()
+            } else {
+                o.candidates.join(", ")
+            },
+        ),
+        ("hidden", or_dash(&o.hidden)),
+        ("why", o.reason.clone()),
+    ];
+    rows.iter().map(|(k, v)| format!("{k:<10} {v}\n")).collect()
 }

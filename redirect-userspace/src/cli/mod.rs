@@ -4,6 +4,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod explain;
+mod output;
 mod resolve;
 mod run;
 

@@ -1,12 +1,183 @@
+//! `redirect resolve`: every ServiceEntry with its resolved visibility, matched policy, status
+//! conditions, effective sidecar exportTo and addresses. Offline; no root, no eBPF.
 use std::{path::PathBuf, process::ExitCode};
+
+use serde::Serialize;
+
+use super::output::{self, Format};
+use crate::{
+    config::{self, Address, ConfigError, Model},
+    visibility::{self, Condition, Visibility},
+};
 
 #[derive(Debug, clap::Args)]
 pub struct ResolveArgs {
-    /// Directory of Kubernetes YAML manifests.
+    /// Directory of Kubernetes YAML manifests (or one file).
     #[arg(short = 'f', long = "filename")]
     pub dir: PathBuf,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub output: Format,
 }
 
-pub fn resolve(_args: ResolveArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("resolve: not built yet")
+/// The JSON/YAML shape: a public interface, keep it stable.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolveReport {
+    pub service_entries: Vec<EntryReport>,
+    pub errors: Vec<ConfigError>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EntryReport {
+    pub namespace: String,
+    pub name: String,
+    pub visibility: Visibility,
+    pub matched_policy: Option<usize>,
+    pub conditions: Vec<Condition>,
+    pub sidecar_export_to: Vec<String>,
+    pub addresses: Vec<Address>,
+}
+
+pub fn report(model: &Model) -> ResolveReport {
+    let resolution = visibility::resolve(model);
+    let service_entries = model
+        .service_entries
+        .iter()
+        .zip(resolution.entries)
+        .map(|(se, r)| EntryReport {
+            addresses: r.addresses(&se.addresses),
+            namespace: r.namespace,
+            name: r.name,
+            visibility: r.visibility,
+            matched_policy: r.matched_policy,
+            conditions: r.conditions,
+            sidecar_export_to: r.sidecar_export_to,
+        })
+        .collect();
+    ResolveReport {
+        service_entries,
+        errors: Vec::new(),
+    }
+}
+
+pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
+    let model = match config::load_dir(&args.dir) {
+        Ok(model) => model,
+        Err(errors) => {
+            if args.output != Format::Table {
+                let report = ResolveReport {
+                    service_entries: Vec::new(),
+                    errors: errors.0.clone(),
+                };
+                print_report(&report, args.output)?;
+            }
+            return Ok(output::invalid_input(&errors));
+        }
+    };
+    let report = report(&model);
+    match args.output {
+        Format::Table => print!("{}", render_table(&model, &report)),
+        format => print_report(&report, format)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_report(report: &ResolveReport, format: Format) -> anyhow::Result<()> {
+    match format {
+        Format::Json => println!("{}", output::json(report)?),
+        _ => print!("{}", output::yaml(report)?),
+    }
+    Ok(())
+}
+
+fn render_table(model: &Model, report: &ResolveReport) -> String {
+    let mut out = match &model.mesh.service_entry_visibility {
+        None => "serviceEntryVisibility: not set (the feature is inert: every ServiceEntry is Public)\n\n".to_string(),
+        Some(c) => format!(
+            "serviceEntryVisibility: defaultVisibility {}, {} polic{}, applyToSidecars {}\n\n",
+            c.default_visibility.api_name(),
+            c.policies.len(),
+            if c.policies.len() == 1 { "y" } else { "ies" },
+            c.apply_to_sidecars
+        ),
+    };
+    let rows: Vec<Vec<String>> = model
+        .service_entries
+        .iter()
+        .zip(&report.service_entries)
+        .map(|(se, e)| {
+            let hosts: Vec<String> = se.hosts.iter().map(|h| h.to_string()).collect();
+            let conditions = if e.visibility == Visibility::None {
+                "none (NONE: delivered to no data plane)".to_string()
+            } else if e.conditions.is_empty() {
+                "-".to_string()
+            } else {
+                e.conditions
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{}={}/{}",
+                            c.type_.trim_start_matches("istio.io/"),
+                            c.status,
+                            c.reason
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            vec![
+                e.namespace.clone(),
+                e.name.clone(),
+                hosts.join(","),
+                e.visibility.as_str().to_string(),
+                e.matched_policy
+                    .map_or("default".to_string(), |i| i.to_string()),
+                e.sidecar_export_to.join(","),
+                list_or_dash(&e.addresses),
+                conditions,
+            ]
+        })
+        .collect();
+    out.push_str(&output::table(
+        &[
+            "NAMESPACE",
+            "NAME",
+            "HOSTS",
+            "VISIBILITY",
+            "POLICY",
+            "SIDECAR EXPORTTO",
+            "ADDRESSES",
+            "CONDITIONS",
+        ],
+        &rows,
+    ));
+    let refused: Vec<String> = report
+        .service_entries
+        .iter()
+        .flat_map(|e| {
+            e.conditions
+                .iter()
+                .filter(|c| c.status == visibility::ConditionStatus::False)
+                .map(move |c| format!("  {}/{}: {}: {}", e.namespace, e.name, c.reason, c.message))
+        })
+        .collect();
+    if !refused.is_empty() {
+        out.push_str("\nRefused:\n");
+        out.push_str(&refused.join("\n"));
+        out.push('\n');
+    }
+    out
+}
+
+fn list_or_dash(addresses: &[Address]) -> String {
+    if addresses.is_empty() {
+        return "-".to_string();
+    }
+    addresses
+        .iter()
+        .map(|a| a.to_string())
+        .collect::<Vec<_>>()
+        .join(",")
 }

@@ -37,6 +37,16 @@ impl Visibility {
         }
     }
 
+    /// The API's own spelling (`NAMESPACE`), as written in mesh config.
+    pub fn api_name(self) -> &'static str {
+        match self {
+            Visibility::Public => "PUBLIC",
+            Visibility::Namespace => "NAMESPACE",
+            Visibility::None => "NONE",
+        }
+    }
+
+    /// The status condition's spelling (`Namespace`), as `resolve` and dumps show it.
     pub fn as_str(self) -> &'static str {
         match self {
             Visibility::Public => "Public",

@@ -3,6 +3,7 @@
 //!
 //! A [`Snapshot`] is built once per configuration and never changes (but for round-robin counters);
 //! hold it in an `Arc` and swap the whole `Arc` on reload. NONE entries never enter it.
+mod bucket;
 mod build;
 mod dns;
 mod dump;

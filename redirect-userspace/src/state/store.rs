@@ -1,39 +1,42 @@
-//! The service store: services in rank order, and the indexes lookups use. Every bucket lists
-//! service positions in ascending order, which is rank order, so choosing is one short scan.
+//! The service store: services in rank order, and the indexes lookups use.
 use std::{collections::HashMap, net::IpAddr};
 
 use ipnet::IpNet;
 
-use super::service::{Service, ServiceVisibility};
+use super::{
+    bucket::{Bucket, Choice},
+    service::Service,
+};
 
 #[derive(Debug, Default)]
 pub(crate) struct ServiceStore {
     /// Sorted by [`Service::rank_key`].
     pub services: Vec<Service>,
     /// Exact addresses (VIPs, declared or allocated): the first step of an outbound lookup.
-    by_vip: HashMap<IpAddr, Vec<u32>>,
+    by_vip: HashMap<IpAddr, Bucket>,
     /// CIDR addresses: the second step, longest prefix first.
     by_cidr: CidrIndex,
     /// Exact host names (lower case): DNS.
-    by_host: HashMap<Box<str>, Vec<u32>>,
+    by_host: HashMap<Box<str>, Bucket>,
     /// Wildcard hosts by the suffix after `*.`: DNS, after exact names.
-    by_wildcard: HashMap<Box<str>, Vec<u32>>,
+    by_wildcard: HashMap<Box<str>, Bucket>,
+    /// The longest wildcard suffix: longer parts of a query name need no probe.
+    longest_wildcard: usize,
+    /// The last label of every indexed name (a handful: `com`, `local`, ...): most names the
+    /// resolver tries (`x.example.com.team-a.svc`) end in none of them and need no hash lookup.
+    last_labels: Vec<Box<str>>,
+}
+
+fn last_label(name: &str) -> &str {
+    name.rsplit_once('.').map_or(name, |(_, last)| last)
 }
 
 /// One hash table per prefix length, longest first: a lookup masks the address once per length in
 /// use (a handful), instead of scanning every CIDR.
 #[derive(Debug, Default)]
 struct CidrIndex {
-    v4: Vec<(u8, HashMap<u32, Vec<u32>>)>,
-    v6: Vec<(u8, HashMap<u128, Vec<u32>>)>,
-}
-
-/// The outcome of ranking the services that claim one key, for one client.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Choice<'a> {
-    pub service: Option<&'a Service>,
-    /// The best-ranked claimant the client may not see, for the "hidden from client" log.
-    pub hidden: Option<&'a Service>,
+    v4: Vec<(u8, HashMap<u32, Bucket>)>,
+    v6: Vec<(u8, HashMap<u128, Bucket>)>,
 }
 
 fn mask_v4(ip: u32, len: u8) -> u32 {
@@ -63,51 +66,57 @@ impl ServiceStore {
             for net in &svc.cidrs {
                 store.by_cidr.insert(*net, i);
             }
-            let key: Box<str> = svc.hostname.as_str().into();
-            match key.strip_prefix("*.") {
-                Some(suffix) => store.by_wildcard.entry(suffix.into()).or_default().push(i),
-                None => store.by_host.entry(key).or_default().push(i),
+            // Only a service with an address can answer DNS; one without is not in the name indexes.
+            if !svc.has_addresses() {
+                continue;
+            }
+            let last = last_label(&svc.hostname);
+            if !store.last_labels.iter().any(|l| **l == *last) {
+                store.last_labels.push(last.into());
+            }
+            match svc.hostname.strip_prefix("*.") {
+                Some(suffix) => {
+                    store.longest_wildcard = store.longest_wildcard.max(suffix.len());
+                    store.by_wildcard.entry(suffix.into()).or_default().push(i)
+                }
+                None => store
+                    .by_host
+                    .entry(svc.hostname.as_str().into())
+                    .or_default()
+                    .push(i),
             }
         }
         store.by_cidr.v4.sort_by(|a, b| b.0.cmp(&a.0));
         store.by_cidr.v6.sort_by(|a, b| b.0.cmp(&a.0));
+        let buckets = store
+            .by_vip
+            .values_mut()
+            .chain(store.by_host.values_mut())
+            .chain(store.by_wildcard.values_mut())
+            .chain(
+                store
+                    .by_cidr
+                    .v4
+                    .iter_mut()
+                    .flat_map(|(_, m)| m.values_mut()),
+            )
+            .chain(
+                store
+                    .by_cidr
+                    .v6
+                    .iter_mut()
+                    .flat_map(|(_, m)| m.values_mut()),
+            );
+        for bucket in buckets {
+            bucket.seal(&services);
+        }
         store.services = services;
         store
     }
 
-    /// Ranks the claimants of one key for a client: a service in the client's own namespace first,
-    /// then the global rank order; services the client may not see are skipped (and remembered).
-    fn choose<'a>(
-        &'a self,
-        bucket: &[u32],
-        client_ns: Option<&str>,
-        usable: fn(&Service) -> bool,
-    ) -> Choice<'a> {
-        let mut choice = Choice::default();
-        for &i in bucket {
-            let svc = &self.services[i as usize];
-            if !usable(svc) {
-                continue;
-            }
-            if client_ns == Some(svc.namespace.as_str()) {
-                choice.service = Some(svc);
-                return choice;
-            }
-            match svc.visibility {
-                ServiceVisibility::Public => {
-                    choice.service.get_or_insert(svc);
-                }
-                ServiceVisibility::Namespace => {
-                    choice.hidden.get_or_insert(svc);
-                }
-            }
-        }
-        choice
-    }
-
     pub fn by_vip(&self, ip: IpAddr, client_ns: Option<&str>) -> Choice<'_> {
         match self.by_vip.get(&ip) {
-            Some(bucket) => self.choose(bucket, client_ns, |_| true),
+            Some(bucket) => bucket.choose(&self.services, client_ns),
             None => Choice::default(),
         }
     }
@@ -115,8 +124,8 @@ impl ServiceStore {
     /// The longest prefix with a visible claimant wins; equal prefixes are ranked.
     pub fn by_cidr(&self, ip: IpAddr, client_ns: Option<&str>) -> Choice<'_> {
         let mut hidden = None;
-        let mut found = |bucket: &[u32]| {
-            let choice = self.choose(bucket, client_ns, |_| true);
+        let mut found = |bucket: &Bucket| {
+            let choice = bucket.choose(&self.services, client_ns);
             hidden = hidden.or(choice.hidden);
             choice.service
         };
@@ -140,20 +149,34 @@ impl ServiceStore {
     }
 
     /// A host name (lower case, no trailing dot): the exact name first, then wildcards from the
-    /// most specific. Only services with an address can answer DNS; the others are skipped.
+    /// most specific (`*.b.example.com` before `*.example.com`).
     pub fn by_host(&self, name: &str, client_ns: Option<&str>) -> Choice<'_> {
+        let last = last_label(name);
+        if !self.last_labels.iter().any(|l| **l == *last) {
+            return Choice::default();
+        }
         let mut hidden = None;
         if let Some(bucket) = self.by_host.get(name) {
-            let choice = self.choose(bucket, client_ns, Service::has_addresses);
+            let choice = bucket.choose(&self.services, client_ns);
             if choice.service.is_some() {
                 return choice;
             }
             hidden = choice.hidden;
         }
+        if self.by_wildcard.is_empty() {
+            return Choice {
+                service: None,
+                hidden,
+            };
+        }
         let mut rest = name;
         while let Some((_, suffix)) = rest.split_once('.') {
+            rest = suffix;
+            if suffix.len() > self.longest_wildcard {
+                continue;
+            }
             if let Some(bucket) = self.by_wildcard.get(suffix) {
-                let choice = self.choose(bucket, client_ns, Service::has_addresses);
+                let choice = bucket.choose(&self.services, client_ns);
                 hidden = hidden.or(choice.hidden);
                 if choice.service.is_some() {
                     return Choice {
@@ -162,7 +185,6 @@ impl ServiceStore {
                     };
                 }
             }
-            rest = suffix;
         }
         Choice {
             service: None,

@@ -1,0 +1,565 @@
+//! The offline CLI, run as a user runs it: the built `redirect` binary over `examples/` and over
+//! bad manifests. Checks the JSON shapes (a public interface), exit codes and the examples' outcomes.
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use serde_json::Value;
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+fn redirect(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_redirect"))
+        .args(args)
+        .output()
+        .expect("the redirect binary runs")
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}):\n{}\nstderr:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A scratch directory removed on drop, also when a test panics.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str, files: &[(&str, &str)]) -> Self {
+        let dir = std::env::temp_dir().join(format!("redirect-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for (file, text) in files {
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+        Scratch(dir)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn resolve_json_shape_and_outcomes_for_examples() {
+    let out = redirect(&["resolve", "-f", examples().to_str().unwrap(), "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(v["errors"], serde_json::json!([]));
+    let entries = v["serviceEntries"].as_array().unwrap();
+    let find = |ns: &str, name: &str| {
+        entries
+            .iter()
+            .find(|e| e["namespace"] == ns && e["name"] == name)
+            .unwrap_or_else(|| panic!("{ns}/{name} missing"))
+            .clone()
+    };
+    for e in entries {
+        let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "addresses",
+                "conditions",
+                "matchedPolicy",
+                "name",
+                "namespace",
+                "sidecarExportTo",
+                "visibility"
+            ],
+            "resolve entry keys are the documented ones"
+        );
+    }
+    struct Case {
+        entry: (&'static str, &'static str),
+        visibility: &'static str,
+        matched: Value,
+        export_to: &'static [&'static str],
+        conditions: &'static [(&'static str, &'static str, &'static str)],
+    }
+    let cases = [
+        Case {
+            entry: ("team-a", "api-example"),
+            visibility: "Namespace",
+            matched: Value::Null,
+            export_to: &["."],
+            conditions: &[
+                ("istio.io/VisibilityApplied", "True", "Namespace"),
+                ("istio.io/WaypointBound", "True", "WaypointAccepted"),
+            ],
+        },
+        Case {
+            entry: ("team-b", "payments"),
+            visibility: "Namespace",
+            matched: Value::Null,
+            export_to: &["~"],
+            conditions: &[
+                ("istio.io/VisibilityApplied", "True", "Namespace"),
+                (
+                    "istio.io/WaypointBound",
+                    "False",
+                    "CrossNamespaceWaypointForbidden",
+                ),
+            ],
+        },
+        Case {
+            entry: ("team-c", "shared-public"),
+            visibility: "Public",
+            matched: 1.into(),
+            export_to: &["*"],
+            conditions: &[("istio.io/VisibilityApplied", "True", "Public")],
+        },
+        Case {
+            entry: ("istio-system", "metrics"),
+            visibility: "Public",
+            matched: 0.into(),
+            export_to: &["*"],
+            conditions: &[
+                ("istio.io/VisibilityApplied", "True", "Public"),
+                ("istio.io/WaypointBound", "True", "WaypointAccepted"),
+            ],
+        },
+        Case {
+            entry: ("quarantine", "login-hijack"),
+            visibility: "None",
+            matched: 2.into(),
+            export_to: &["~"],
+            conditions: &[],
+        },
+    ];
+    for case in cases {
+        let e = find(case.entry.0, case.entry.1);
+        let name = format!("{}/{}", case.entry.0, case.entry.1);
+        assert_eq!(e["visibility"], case.visibility, "{name}");
+        assert_eq!(e["matchedPolicy"], case.matched, "{name}");
+        assert_eq!(
+            e["sidecarExportTo"],
+            serde_json::json!(case.export_to),
+            "{name}"
+        );
+        let got: Vec<(String, String, String)> = e["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["type"].as_str().unwrap().into(),
+                    c["status"].as_str().unwrap().into(),
+                    c["reason"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, String, String)> = case
+            .conditions
+            .iter()
+            .map(|(t, s, r)| (t.to_string(), s.to_string(), r.to_string()))
+            .collect();
+        assert_eq!(got, want, "{name}");
+    }
+    let httpbin = find("istio-system", "httpbin");
+    let v4 = httpbin["addresses"][0].as_str().unwrap();
+    assert!(
+        v4.starts_with("240.240."),
+        "allocated VIP shown in addresses: {v4}"
+    );
+    assert!(
+        httpbin["addresses"][1]
+            .as_str()
+            .unwrap()
+            .starts_with("2001:2:"),
+        "and the IPv6 one"
+    );
+    // Same answer on every run: allocation is stable.
+    let again = json(&redirect(&[
+        "resolve",
+        "-f",
+        examples().to_str().unwrap(),
+        "-o",
+        "json",
+    ]));
+    assert_eq!(again, v);
+}
+
+#[test]
+fn resolve_yaml_and_table_outputs() {
+    let dir = examples();
+    let yaml = redirect(&["resolve", "-f", dir.to_str().unwrap(), "-o", "yaml"]);
+    assert!(yaml.status.success());
+    let parsed: serde_yaml_ng::Value = serde_yaml_ng::from_slice(&yaml.stdout).unwrap();
+    assert!(
+        parsed["serviceEntries"]
+            .as_sequence()
+            .is_some_and(|s| s.len() == 11)
+    );
+    let table = redirect(&["resolve", "-f", dir.to_str().unwrap()]);
+    let text = String::from_utf8(table.stdout).unwrap();
+    assert!(text.contains("CrossNamespaceWaypointForbidden"), "{text}");
+    assert!(text.contains("NONE: delivered to no data plane"), "{text}");
+}
+
+/// The outcomes examples/README.md promises, through `explain` (the same lookups the proxy uses).
+#[test]
+fn explain_outcomes_for_examples() {
+    struct Case {
+        name: &'static str,
+        from: &'static str,
+        host: Option<&'static str>,
+        ip: Option<&'static str>,
+        action: &'static str,
+        service: Value,
+        /// DNS: addresses; outbound: endpoint.
+        result: Value,
+    }
+    let null = Value::Null;
+    let cases = [
+        Case {
+            name: "team-a resolves its own api.example.com",
+            from: "team-a",
+            host: Some("api.example.com"),
+            ip: None,
+            action: "answer",
+            service: "team-a/api-example".into(),
+            result: serde_json::json!(["203.0.113.10"]),
+        },
+        Case {
+            name: "team-b: api.example.com is forwarded upstream",
+            from: "team-b",
+            host: Some("api.example.com"),
+            ip: None,
+            action: "forward",
+            service: null.clone(),
+            result: serde_json::json!([]),
+        },
+        Case {
+            name: "team-a connects to its api endpoint",
+            from: "team-a",
+            host: None,
+            ip: Some("203.0.113.10:80"),
+            action: "service",
+            service: "team-a/api-example".into(),
+            result: "198.51.100.20:80".into(),
+        },
+        Case {
+            name: "team-b passes through to the real api",
+            from: "team-b",
+            host: None,
+            ip: Some("203.0.113.10:80"),
+            action: "passthrough",
+            service: null.clone(),
+            result: "203.0.113.10:80".into(),
+        },
+        Case {
+            name: "metrics is PUBLIC for team-b",
+            from: "team-b",
+            host: Some("metrics.example.com"),
+            ip: None,
+            action: "answer",
+            service: "istio-system/metrics".into(),
+            result: serde_json::json!(["203.0.113.30"]),
+        },
+        Case {
+            name: "shared host: team-b gets its own",
+            from: "team-b",
+            host: Some("shared.example.com"),
+            ip: None,
+            action: "answer",
+            service: "team-b/shared-private".into(),
+            result: serde_json::json!(["203.0.113.41"]),
+        },
+        Case {
+            name: "shared host: team-a gets the PUBLIC one",
+            from: "team-a",
+            host: Some("shared.example.com"),
+            ip: None,
+            action: "answer",
+            service: "team-c/shared-public".into(),
+            result: serde_json::json!(["203.0.113.40"]),
+        },
+        Case {
+            name: "NONE entry: even quarantine forwards",
+            from: "quarantine",
+            host: Some("login.example.com"),
+            ip: None,
+            action: "forward",
+            service: null.clone(),
+            result: serde_json::json!([]),
+        },
+        Case {
+            name: "NONE entry address passes through",
+            from: "quarantine",
+            host: None,
+            ip: Some("203.0.113.50:80"),
+            action: "passthrough",
+            service: null.clone(),
+            result: "203.0.113.50:80".into(),
+        },
+        Case {
+            name: "CIDR entry passes through with its service",
+            from: "team-a",
+            host: None,
+            ip: Some("198.51.100.200:443"),
+            action: "passthrough",
+            service: "team-c/partner-net".into(),
+            result: "198.51.100.200:443".into(),
+        },
+        Case {
+            name: "CIDR entry on an undeclared port resets",
+            from: "team-a",
+            host: None,
+            ip: Some("198.51.100.200:22"),
+            action: "noHealthyUpstream",
+            service: "team-c/partner-net".into(),
+            result: null.clone(),
+        },
+        Case {
+            name: "resolution DNS endpoint by name",
+            from: "team-b",
+            host: None,
+            ip: Some("203.0.113.60:80"),
+            action: "service",
+            service: "istio-system/cdn".into(),
+            result: "origin.example.org:80".into(),
+        },
+        Case {
+            name: "Kubernetes Service by short name",
+            from: "team-a",
+            host: Some("web"),
+            ip: None,
+            action: "answer",
+            service: "team-a/web".into(),
+            result: serde_json::json!(["10.244.100.10"]),
+        },
+        Case {
+            name: "Kubernetes Service by FQDN from another namespace",
+            from: "team-b",
+            host: Some("web.team-a.svc.cluster.local"),
+            ip: None,
+            action: "answer",
+            service: "team-a/web".into(),
+            result: serde_json::json!(["10.244.100.10"]),
+        },
+        Case {
+            name: "Kubernetes Service VIP to the pod's named port",
+            from: "team-c",
+            host: None,
+            ip: Some("10.244.100.10:80"),
+            action: "service",
+            service: "team-a/web".into(),
+            result: "10.244.1.20:8080".into(),
+        },
+        Case {
+            name: "wildcard host",
+            from: "team-c",
+            host: Some("shop.apps.example.com"),
+            ip: None,
+            action: "answer",
+            service: "istio-system/apps".into(),
+            result: serde_json::json!(["203.0.113.90"]),
+        },
+        Case {
+            name: "pod reached directly",
+            from: "team-b",
+            host: None,
+            ip: Some("10.244.1.10:8080"),
+            action: "workload",
+            service: null.clone(),
+            result: "10.244.1.10:8080".into(),
+        },
+        Case {
+            name: "unknown address passes through",
+            from: "team-a",
+            host: None,
+            ip: Some("192.0.2.7:80"),
+            action: "passthrough",
+            service: null.clone(),
+            result: "192.0.2.7:80".into(),
+        },
+        Case {
+            name: "a namespace with no pods is still that namespace",
+            from: "team-z",
+            host: Some("api.example.com"),
+            ip: None,
+            action: "forward",
+            service: null.clone(),
+            result: serde_json::json!([]),
+        },
+    ];
+    let dir = examples();
+    let dir = dir.to_str().unwrap();
+    for case in cases {
+        let mut args = vec!["explain", "-f", dir, "--from", case.from, "-o", "json"];
+        match (case.host, case.ip) {
+            (Some(h), _) => args.extend(["--host", h]),
+            (_, Some(ip)) => args.extend(["--ip", ip]),
+            _ => unreachable!(),
+        }
+        let out = redirect(&args);
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            case.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = json(&out);
+        assert_eq!(v["client"]["namespace"], case.from, "{}", case.name);
+        let (section, result_key) = if case.host.is_some() {
+            ("dns", "addresses")
+        } else {
+            ("outbound", "endpoint")
+        };
+        assert_eq!(v[section]["action"], case.action, "{}: {v}", case.name);
+        assert_eq!(v[section]["service"], case.service, "{}: {v}", case.name);
+        assert_eq!(v[section][result_key], case.result, "{}: {v}", case.name);
+    }
+}
+
+#[test]
+fn allocated_vip_resolves_and_routes_to_the_host() {
+    let dir = examples();
+    let dns = json(&redirect(&[
+        "explain",
+        "-f",
+        dir.to_str().unwrap(),
+        "--from",
+        "team-a",
+        "--host",
+        "httpbin.example.com",
+        "-o",
+        "json",
+    ]));
+    let vip = dns["dns"]["addresses"][0].as_str().unwrap().to_string();
+    assert!(vip.starts_with("240.240."), "{dns}");
+    let out = json(&redirect(&[
+        "explain",
+        "-f",
+        dir.to_str().unwrap(),
+        "--from",
+        "team-a",
+        "--ip",
+        &format!("{vip}:80"),
+        "-o",
+        "json",
+    ]));
+    assert_eq!(out["outbound"]["endpoint"], "httpbin.example.com:80");
+}
+
+#[test]
+fn bad_input_exits_1_with_every_error() {
+    let scratch = Scratch::new(
+        "bad",
+        &[
+            (
+                "a.yaml",
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: api, namespace: team-a}\nspec: {hosts: [a.example.com], addresses: [300.0.0.1], ports: [{number: 70000, name: http}]}\n",
+            ),
+            (
+                "b.yaml",
+                "kind: MeshConfig\nserviceEntryVisibility:\n  policies: [{matchingRules: [{namespaceSelector: {matchExpressions: [{key: x, operator: Near}]}}]}]\n",
+            ),
+            ("c.yaml", "kind: [broken\n"),
+        ],
+    );
+    let out = redirect(&["resolve", "-f", scratch.path(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json(&out);
+    assert_eq!(
+        v["serviceEntries"],
+        serde_json::json!([]),
+        "nothing half-applied"
+    );
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), 4, "{v}");
+    assert_eq!(errors[0]["object"], "ServiceEntry team-a/api");
+    assert_eq!(errors[0]["field"], "spec.addresses[0]");
+    assert!(errors[0]["file"].as_str().unwrap().ends_with("a.yaml"));
+    assert_eq!(errors[1]["field"], "spec.ports[0].number");
+    assert_eq!(errors[2]["object"], "MeshConfig");
+    assert!(
+        errors[2]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown operator")
+    );
+    assert!(errors[3]["file"].as_str().unwrap().ends_with("c.yaml"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("a.yaml: ServiceEntry team-a/api: spec.addresses[0]: "),
+        "{stderr}"
+    );
+
+    let table = redirect(&["resolve", "-f", scratch.path()]);
+    assert_eq!(table.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&table.stderr).lines().count(),
+        5,
+        "a header and one line per error"
+    );
+
+    let explain = redirect(&[
+        "explain",
+        "-f",
+        scratch.path(),
+        "--from",
+        "team-a",
+        "--host",
+        "a.example.com",
+    ]);
+    assert_eq!(explain.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&explain.stderr).contains("unknown operator"));
+}
+
+#[test]
+fn missing_directory_exits_1() {
+    let out = redirect(&["resolve", "-f", "/nonexistent/redirect-config"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/redirect-config: cannot read")
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = examples();
+    let dir = dir.to_str().unwrap();
+    for (name, args) in [
+        ("no target", vec!["explain", "-f", dir, "--from", "team-a"]),
+        (
+            "both targets",
+            vec![
+                "explain", "-f", dir, "--from", "team-a", "--host", "a", "--ip", "1.2.3.4",
+            ],
+        ),
+        (
+            "bad ip",
+            vec!["explain", "-f", dir, "--from", "team-a", "--ip", "1.2.3"],
+        ),
+        ("no namespace", vec!["explain", "-f", dir, "--host", "a"]),
+        ("unknown output", vec!["resolve", "-f", dir, "-o", "xml"]),
+        (
+            "yaml is not an explain format",
+            vec![
+                "explain", "-f", dir, "--from", "a", "--host", "a", "-o", "yaml",
+            ],
+        ),
+        ("no directory", vec!["resolve"]),
+    ] {
+        assert_eq!(redirect(&args).status.code(), Some(2), "{name}");
+    }
+}
