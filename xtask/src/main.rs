@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod build;
 mod cmd;
 mod setup;
@@ -26,6 +27,8 @@ enum Command {
     Build,
     /// Run every test: format and lint checks, unit tests, then the integration suite (as root).
     Test(test::TestArgs),
+    /// Measure the data plane against the direct path and write BENCHMARKS.md (as root).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +37,7 @@ fn main() -> ExitCode {
         Command::Setup => setup::setup(),
         Command::Build => setup::ensure().and_then(|()| build::build().map(|_| ())),
         Command::Test(args) => setup::ensure().and_then(|()| test::test(args)),
+        Command::Bench(args) => setup::ensure().and_then(|()| bench::bench(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

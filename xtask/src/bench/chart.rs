@@ -1,0 +1,232 @@
+//! The PNG: each path's median ratio to direct as a bar, min–max as a whisker, the target as a
+//! red tick. Left: higher is better; right: lower is better. Drawn with plotters on a bitmap, with
+//! DejaVu Sans embedded (crate `dejavu`), so it renders the same on a machine without fonts.
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow};
+use plotters::prelude::*;
+use plotters::style::{
+    FontStyle, register_font,
+    text_anchor::{HPos, Pos, VPos},
+};
+
+use super::model::{Metric, Results, Route};
+use super::targets::RATIO_TARGETS;
+
+const WIDTH: u32 = 1600;
+const ROW: i32 = 30;
+const TOP: i32 = 90;
+const PANEL: i32 = 800;
+const LABELS: i32 = 290;
+const PLOT: i32 = 430;
+
+struct Bar {
+    label: String,
+    route: Route,
+    median: f64,
+    min: f64,
+    max: f64,
+    target: Option<f64>,
+}
+
+pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
+    register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
+        .map_err(|_| anyhow!("the embedded DejaVu Sans font did not load"))?;
+    let higher = bars(
+        results,
+        &[
+            (
+                Metric::Throughput1,
+                &[
+                    Route::Service,
+                    Route::Passthrough,
+                    Route::ServiceCopy,
+                    Route::PassthroughCopy,
+                ][..],
+            ),
+            (
+                Metric::Throughput8,
+                &[
+                    Route::Service,
+                    Route::Passthrough,
+                    Route::ServiceCopy,
+                    Route::PassthroughCopy,
+                ][..],
+            ),
+            (Metric::ConnRate, &[Route::Service, Route::Passthrough][..]),
+            (
+                Metric::DnsQps,
+                &[Route::DnsForwarded, Route::DnsAnswered][..],
+            ),
+        ],
+    );
+    let lower = bars(
+        results,
+        &[
+            (
+                Metric::LatencyP50,
+                &[Route::Service, Route::Passthrough][..],
+            ),
+            (
+                Metric::LatencyP99,
+                &[Route::Service, Route::Passthrough][..],
+            ),
+            (
+                Metric::LatencyP999,
+                &[Route::Service, Route::Passthrough][..],
+            ),
+            (
+                Metric::DnsLatency,
+                &[Route::DnsForwarded, Route::DnsAnswered][..],
+            ),
+        ],
+    );
+    let rows = higher.len().max(lower.len()) as i32;
+    let height = (TOP + rows * ROW + 80) as u32;
+    let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+    let text = |size: i32| ("sans-serif", size).into_font();
+    root.draw(&Text::new(title, (20, 15), text(26)))
+        .map_err(|e| anyhow!("{e}"))?;
+    panel(
+        &root,
+        0,
+        "higher is better (throughput, connections/s, DNS queries/s)",
+        &higher,
+        rows,
+    )?;
+    panel(&root, PANEL, "lower is better (latency)", &lower, rows)?;
+    root.present()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn bars(results: &Results, groups: &[(Metric, &[Route])]) -> Vec<Bar> {
+    let mut out = Vec::new();
+    for (metric, routes) in groups {
+        for route in *routes {
+            let Some(r) = results.ratio(*metric, *route) else {
+                continue;
+            };
+            let target = RATIO_TARGETS
+                .iter()
+                .find(|(m, _, _)| m == metric)
+                .filter(|_| matches!(route, Route::Service | Route::Passthrough))
+                .map(|(_, bound, _)| *bound);
+            out.push(Bar {
+                label: format!("{} · {}", metric.label(), route.label()),
+                route: *route,
+                median: r.median,
+                min: r.min,
+                max: r.max,
+                target,
+            });
+        }
+    }
+    out
+}
+
+fn color(route: Route) -> RGBColor {
+    match route {
+        Route::Service => RGBColor(31, 119, 180),
+        Route::ServiceCopy => RGBColor(158, 202, 225),
+        Route::Passthrough => RGBColor(255, 127, 14),
+        Route::PassthroughCopy => RGBColor(253, 208, 162),
+        Route::DnsAnswered => RGBColor(44, 160, 44),
+        _ => RGBColor(150, 150, 150),
+    }
+}
+
+fn panel(
+    root: &DrawingArea<BitMapBackend, plotters::coord::Shift>,
+    left: i32,
+    heading: &str,
+    bars: &[Bar],
+    rows: i32,
+) -> Result<()> {
+    let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
+    let font = |size: i32| ("sans-serif", size).into_font();
+    root.draw(&Text::new(heading, (left + 20, 55), font(18)))
+        .map_err(err)?;
+    let scale_max = bars
+        .iter()
+        .flat_map(|b| [b.max, b.target.unwrap_or(0.0)])
+        .fold(1.25_f64, f64::max);
+    // Round the scale up to a quarter.
+    let scale_max = (scale_max * 4.0).ceil() / 4.0;
+    let x0 = left + LABELS;
+    let x = |v: f64| x0 + (v / scale_max * f64::from(PLOT)) as i32;
+    let bottom = TOP + rows * ROW;
+    // Grid every quarter (labels every half), and the direct line at 1.
+    let mut tick = 0.0;
+    while tick <= scale_max + 1e-9 {
+        let major = (tick * 2.0).fract().abs() < 1e-9;
+        let shade = if major { 215 } else { 238 };
+        root.draw(&PathElement::new(
+            vec![(x(tick), TOP - 5), (x(tick), bottom)],
+            RGBColor(shade, shade, shade),
+        ))
+        .map_err(err)?;
+        if major {
+            root.draw(&Text::new(
+                format!("{tick}×"),
+                (x(tick), bottom + 8),
+                TextStyle::from(font(14)).pos(Pos::new(HPos::Center, VPos::Top)),
+            ))
+            .map_err(err)?;
+        }
+        tick += 0.25;
+    }
+    root.draw(&PathElement::new(
+        vec![(x(1.0), TOP - 10), (x(1.0), bottom)],
+        BLACK.stroke_width(2),
+    ))
+    .map_err(err)?;
+    root.draw(&Text::new(
+        "direct = 1×; red tick: target; whisker: min–max of rounds",
+        (x0, bottom + 32),
+        font(14),
+    ))
+    .map_err(err)?;
+    for (i, bar) in bars.iter().enumerate() {
+        let y = TOP + i as i32 * ROW;
+        let mid = y + ROW / 2;
+        root.draw(&Text::new(
+            bar.label.clone(),
+            (x0 - 8, mid),
+            TextStyle::from(font(14)).pos(Pos::new(HPos::Right, VPos::Center)),
+        ))
+        .map_err(err)?;
+        root.draw(&Rectangle::new(
+            [(x0, y + 5), (x(bar.median), y + ROW - 5)],
+            color(bar.route).filled(),
+        ))
+        .map_err(err)?;
+        root.draw(&PathElement::new(
+            vec![(x(bar.min), mid), (x(bar.max), mid)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(err)?;
+        for end in [bar.min, bar.max] {
+            root.draw(&PathElement::new(
+                vec![(x(end), mid - 5), (x(end), mid + 5)],
+                BLACK,
+            ))
+            .map_err(err)?;
+        }
+        if let Some(t) = bar.target {
+            root.draw(&PathElement::new(
+                vec![(x(t), y + 1), (x(t), y + ROW - 1)],
+                RED.stroke_width(3),
+            ))
+            .map_err(err)?;
+        }
+        root.draw(&Text::new(
+            format!("{:.2}×", bar.median),
+            (x(bar.max.max(bar.target.unwrap_or(0.0))) + 8, mid),
+            TextStyle::from(font(14)).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))
+        .map_err(err)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,222 @@
+//! The control plane: the criterion benches of `state` (run as they are, by name), and the agent's
+//! resident memory with the 10,000-entry config loaded.
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context, Result, bail};
+use integration::{Agent, RESOLVER_IP};
+
+use super::big_config;
+use super::scene::Scene;
+use crate::{build, cmd};
+
+/// The criterion bench target (redirect-userspace/benches/state.rs).
+pub const BENCH: &str = "state";
+
+/// One criterion benchmark: its median time per iteration and the 95 % interval of that median, ns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Criterion {
+    pub id: String,
+    pub median_ns: f64,
+    pub lower_ns: f64,
+    pub upper_ns: f64,
+}
+
+/// The command line that runs the benches (also what the report prints).
+pub fn criterion_command(quick: bool) -> String {
+    let mut c = format!("cargo bench -p redirect --bench {BENCH}");
+    if quick {
+        c.push_str(" -- --quick");
+    }
+    c
+}
+
+/// Builds the bench binary without running it (so a later run times only the benches).
+pub fn build_criterion(ebpf_object: &Path) -> Result<()> {
+    cmd::run(
+        cmd::cargo()
+            .current_dir(cmd::workspace_root())
+            .args(["bench", "-p", "redirect", "--bench", BENCH, "--no-run"])
+            // The same embedded object as `cargo xtask build`: otherwise cargo would rebuild the agent
+            // binary in target/release without its eBPF programs.
+            .env("REDIRECT_EBPF_OBJECT", ebpf_object),
+    )
+}
+
+/// Runs the benches and reads what criterion saved for each.
+pub fn run_criterion(quick: bool, ebpf_object: &Path) -> Result<Vec<Criterion>> {
+    let started = SystemTime::now();
+    let mut c = cmd::cargo();
+    c.current_dir(cmd::workspace_root())
+        .args(["bench", "-p", "redirect", "--bench", BENCH])
+        .env("REDIRECT_EBPF_OBJECT", ebpf_object);
+    if quick {
+        c.args(["--", "--quick"]);
+    }
+    cmd::run(&mut c)?;
+    let dir = build::target_dir().join("criterion");
+    let mut found = Vec::new();
+    collect(&dir, started, &mut found)?;
+    if found.is_empty() {
+        bail!("criterion saved no results under {}", dir.display());
+    }
+    found.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(found)
+}
+
+/// Every `new/benchmark.json` + `new/estimates.json` pair under `dir` written since `since`.
+fn collect(dir: &Path, since: SystemTime, out: &mut Vec<Criterion>) -> Result<()> {
+    let entries = fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))?;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if !path.is_dir() {
+            continue;
+        }
+        if path.file_name().is_some_and(|n| n == "new") {
+            let estimates = path.join("estimates.json");
+            let fresh = fs::metadata(&estimates)
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t >= since);
+            if fresh {
+                out.push(read_result(&path)?);
+            }
+        } else {
+            collect(&path, since, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn read_result(new_dir: &Path) -> Result<Criterion> {
+    let read = |name: &str| -> Result<serde_json::Value> {
+        let p = new_dir.join(name);
+        let text = fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", p.display()))
+    };
+    parse_result(&read("benchmark.json")?, &read("estimates.json")?)
+        .with_context(|| format!("criterion results in {}", new_dir.display()))
+}
+
+fn parse_result(benchmark: &serde_json::Value, estimates: &serde_json::Value) -> Result<Criterion> {
+    let num = |pointer: &str| {
+        estimates
+            .pointer(pointer)
+            .and_then(serde_json::Value::as_f64)
+            .with_context(|| format!("estimates.json has no {pointer}"))
+    };
+    Ok(Criterion {
+        id: benchmark
+            .get("full_id")
+            .and_then(|v| v.as_str())
+            .context("benchmark.json has no full_id")?
+            .to_string(),
+        median_ns: num("/median/point_estimate")?,
+        lower_ns: num("/median/confidence_interval/lower_bound")?,
+        upper_ns: num("/median/confidence_interval/upper_bound")?,
+    })
+}
+
+/// The agent's memory with the 10,000-entry config loaded.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Memory {
+    /// VmRSS once ready, KiB.
+    pub rss_kib: u64,
+    /// VmHWM (peak RSS) once ready, KiB: loading the config included.
+    pub peak_kib: u64,
+    /// From start to `/healthz/ready`: loading, resolving and building the state, attaching.
+    pub ready: Duration,
+    pub services: usize,
+}
+
+/// Starts the agent in the scene with the big config (agent otherwise detached), reads its memory,
+/// and checks it really loaded every entry.
+pub fn agent_memory(scene: &Scene) -> Result<Memory> {
+    let dir: PathBuf = scene.topo().scratch_path("big-config");
+    fs::create_dir_all(&dir)?;
+    fs::write(dir.join("entries.yaml"), big_config::yaml())?;
+    let config = dir.to_string_lossy().into_owned();
+    let started = Instant::now();
+    let agent = Agent::start(
+        scene.topo(),
+        &[
+            "--config",
+            &config,
+            "--dns-upstream",
+            &format!("{RESOLVER_IP}:53"),
+        ],
+    )?;
+    let ready = started.elapsed();
+    // Let the allocator settle after the build (freed parse buffers).
+    std::thread::sleep(Duration::from_millis(500));
+    let status = fs::read_to_string(format!("/proc/{}/status", agent.pid()))?;
+    let rss_kib = status_kib(&status, "VmRSS:")?;
+    let peak_kib = status_kib(&status, "VmHWM:")?;
+    // Only now (the dump itself allocates): every entry must be in the agent's state.
+    let dump = agent.admin_get("/config_dump")?;
+    let dump: serde_json::Value =
+        serde_json::from_slice(&dump.body).context("parsing /config_dump")?;
+    let services = dump
+        .pointer("/state/services")
+        .and_then(|s| s.as_array())
+        .map_or(0, Vec::len);
+    if services < big_config::ENTRIES {
+        bail!(
+            "the agent holds {services} services, expected {} from the big config",
+            big_config::ENTRIES
+        );
+    }
+    agent.stop()?;
+    Ok(Memory {
+        rss_kib,
+        peak_kib,
+        ready,
+        services,
+    })
+}
+
+/// `VmRSS:     12345 kB` -> 12345
+fn status_kib(status: &str, field: &str) -> Result<u64> {
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .with_context(|| format!("/proc/PID/status has no {field}"))?;
+    let n = line.split_whitespace().next().unwrap_or("");
+    n.parse()
+        .with_context(|| format!("/proc/PID/status {field} {line:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_criterion_median_and_interval() {
+        let benchmark = serde_json::json!({"group_id": "by_ip", "function_id": "own_namespace_service",
+            "full_id": "by_ip/own_namespace_service"});
+        let estimates = serde_json::json!({
+            "mean": {"point_estimate": 50.0, "standard_error": 1.0,
+                     "confidence_interval": {"confidence_level": 0.95, "lower_bound": 49.0, "upper_bound": 51.0}},
+            "median": {"point_estimate": 48.5, "standard_error": 1.0,
+                     "confidence_interval": {"confidence_level": 0.95, "lower_bound": 48.0, "upper_bound": 49.25}}
+        });
+        assert_eq!(
+            parse_result(&benchmark, &estimates).unwrap(),
+            Criterion {
+                id: "by_ip/own_namespace_service".into(),
+                median_ns: 48.5,
+                lower_ns: 48.0,
+                upper_ns: 49.25
+            }
+        );
+        assert!(parse_result(&serde_json::json!({}), &estimates).is_err());
+    }
+
+    #[test]
+    fn reads_status_fields() {
+        let status = "Name:\tredirect\nVmHWM:\t   40960 kB\nVmRSS:\t   30720 kB\n";
+        assert_eq!(status_kib(status, "VmRSS:").unwrap(), 30720);
+        assert_eq!(status_kib(status, "VmHWM:").unwrap(), 40960);
+        assert!(status_kib(status, "VmSwap:").is_err());
+    }
+}

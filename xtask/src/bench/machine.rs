@@ -1,0 +1,64 @@
+//! The machine a run happened on, for the report.
+use std::fs;
+use std::process::Command;
+
+use crate::cmd::output;
+
+/// Debian packages of the measuring tools (their versions go in the report).
+const TOOLS: &[&str] = &["iperf3", "sockperf", "wrk", "dnsperf", "dnsmasq-base"];
+
+#[derive(Clone, Debug)]
+pub struct Machine {
+    pub cpu: String,
+    pub cores: usize,
+    pub kernel: String,
+    /// UTC, `YYYY-MM-DD HH:MM`.
+    pub date: String,
+    pub load_before: String,
+    pub load_after: String,
+    pub tools: Vec<String>,
+}
+
+impl Machine {
+    pub fn probe() -> Machine {
+        let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|l| l.split_once(':'))
+            .map_or_else(|| "unknown".to_string(), |(_, v)| v.trim().to_string());
+        let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+        let kernel = fs::read_to_string("/proc/sys/kernel/osrelease")
+            .map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string());
+        let date = output(Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
+            .map_or_else(|| "unknown".to_string(), |s| s.trim().to_string());
+        let tools = output(
+            Command::new("dpkg-query")
+                .args(["-W", "-f", "${Package} ${Version}\\n"])
+                .args(TOOLS),
+        )
+        .map(|s| s.lines().map(str::to_string).collect())
+        .unwrap_or_default();
+        Machine {
+            cpu,
+            cores,
+            kernel,
+            date,
+            load_before: load_average(),
+            load_after: String::new(),
+            tools,
+        }
+    }
+
+    /// Notes the load when the measuring is over.
+    pub fn finish(&mut self) {
+        self.load_after = load_average();
+    }
+}
+
+/// The 1, 5 and 15 minute load averages.
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

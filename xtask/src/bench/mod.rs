@@ -1,0 +1,138 @@
+//! `cargo xtask bench [--quick]`: what the redirect and the proxy cost, side by side with the direct
+//! path, in one run on one machine. Writes BENCHMARKS.md and docs/benchmarks.png and prints the table.
+//!
+//! Order: build (agent, the harness's `rdt-peer`, the criterion bench), then the measuring rounds in a
+//! fresh netns topology ([`scene`], [`rounds`]), the agent's memory with a 10,000-entry config, and the
+//! criterion benches; last the report. The topology is removed when the scene drops, also on error.
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+
+use crate::{build, cmd, setup};
+
+mod big_config;
+mod chart;
+mod control;
+mod dnsperf;
+mod iperf;
+mod machine;
+mod model;
+mod report;
+mod rounds;
+mod scene;
+mod sockperf;
+mod stats;
+mod targets;
+mod wrk;
+
+/// Short runs: under 5 minutes once built.
+const QUICK: rounds::Settings = rounds::Settings {
+    rounds: 3,
+    secs: 1,
+    wrk_conns: 16,
+};
+/// The numbers to commit: under 20 minutes.
+const FULL: rounds::Settings = rounds::Settings {
+    rounds: 5,
+    secs: 4,
+    wrk_conns: 16,
+};
+const CHART: &str = "docs/benchmarks.png";
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// 3 rounds of 1 s runs and criterion's --quick (a few minutes) instead of 5 rounds of 4 s.
+    #[arg(long)]
+    quick: bool,
+}
+
+pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
+    if !setup::is_root() {
+        bail!(
+            "the bench builds network namespaces and cgroups and loads eBPF: run it as root (`sudo cargo xtask bench`)"
+        );
+    }
+    let started = Instant::now();
+    let settings = if args.quick { QUICK } else { FULL };
+    let root = cmd::workspace_root();
+    build::build()?;
+    let ebpf_object = build::target_dir().join("bpfel-unknown-none/release/redirect");
+    cmd::run(cmd::cargo().current_dir(&root).args([
+        "build",
+        "--release",
+        "--package",
+        "integration",
+        "--bin",
+        "rdt-peer",
+    ]))?;
+    let peer = build::target_dir().join("release/rdt-peer");
+    control::build_criterion(&ebpf_object)?;
+
+    let mut machine = machine::Machine::probe();
+    let measuring = Instant::now();
+    let (results, commands, memory) = {
+        let scene = scene::Scene::build(&peer).context("building the bench topology")?;
+        let mut runner = rounds::Runner::new(&scene, settings)?;
+        runner.run()?;
+        println!("xtask bench: agent memory with the 10,000-entry config");
+        let memory = control::agent_memory(&scene)?;
+        (runner.results, runner.commands, memory)
+    };
+    println!(
+        "xtask bench: criterion ({})",
+        control::criterion_command(args.quick)
+    );
+    let criterion = control::run_criterion(args.quick, &ebpf_object)?;
+    let measuring = measuring.elapsed();
+    machine.finish();
+
+    let verdicts = targets::judge(&results, &criterion, Some(&memory));
+    let report = report::Report {
+        quick: args.quick,
+        settings,
+        machine: &machine,
+        results: &results,
+        commands: &commands,
+        criterion: &criterion,
+        criterion_command: control::criterion_command(args.quick),
+        memory: Some(memory),
+        verdicts: &verdicts,
+        measuring,
+        chart: CHART,
+    };
+    println!("\n{}", report.tables());
+    write_outputs(&root, &report, &results, &machine)?;
+    println!(
+        "xtask bench: done in {:.1} min ({:.1} min measuring)",
+        started.elapsed().as_secs_f64() / 60.0,
+        measuring.as_secs_f64() / 60.0
+    );
+    Ok(())
+}
+
+fn write_outputs(
+    root: &Path,
+    report: &report::Report,
+    results: &model::Results,
+    machine: &machine::Machine,
+) -> anyhow::Result<()> {
+    let md: PathBuf = root.join("BENCHMARKS.md");
+    let why = report::kept_why(&std::fs::read_to_string(&md).unwrap_or_default());
+    std::fs::write(&md, report.markdown(&why))
+        .with_context(|| format!("writing {}", md.display()))?;
+    let png = root.join(CHART);
+    if let Some(dir) = png.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    chart::draw(
+        results,
+        &format!(
+            "redirect: ratio to direct, same run ({}, {} × {}, {})",
+            machine.date, machine.cores, machine.cpu, machine.kernel
+        ),
+        &png,
+    )?;
+    println!("xtask bench: wrote {} and {}", md.display(), png.display());
+    Ok(())
+}

@@ -1,0 +1,341 @@
+//! BENCHMARKS.md and the table printed at the end of a run.
+use std::collections::BTreeSet;
+use std::fmt::Write;
+use std::time::Duration;
+
+use super::control::{Criterion, Memory};
+use super::machine::Machine;
+use super::model::{Metric, Results, Route};
+use super::rounds::Settings;
+use super::scene::{self, Relay};
+use super::stats::Summary;
+use super::targets::Verdict;
+
+/// Markers around the hand-written analysis, which a rerun keeps.
+pub const WHY_BEGIN: &str = "<!-- why:begin (kept when the file is regenerated) -->";
+pub const WHY_END: &str = "<!-- why:end -->";
+
+pub struct Report<'a> {
+    pub quick: bool,
+    pub settings: Settings,
+    pub machine: &'a Machine,
+    pub results: &'a Results,
+    pub commands: &'a BTreeSet<String>,
+    pub criterion: &'a [Criterion],
+    pub criterion_command: String,
+    pub memory: Option<Memory>,
+    pub verdicts: &'a [Verdict],
+    pub measuring: Duration,
+    /// The chart, relative to BENCHMARKS.md.
+    pub chart: &'a str,
+}
+
+const TCP_ROUTES: [Route; 3] = [Route::Direct, Route::Service, Route::Passthrough];
+const THROUGHPUT_ROUTES: [Route; 5] = [
+    Route::Direct,
+    Route::Service,
+    Route::ServiceCopy,
+    Route::Passthrough,
+    Route::PassthroughCopy,
+];
+const DNS_ROUTES: [Route; 3] = [Route::DnsUpstream, Route::DnsForwarded, Route::DnsAnswered];
+
+impl Report<'_> {
+    /// The figures: headline, one table per section, targets.
+    pub fn tables(&self) -> String {
+        let mut s = String::new();
+        s.push_str("## Headline: ratio to direct (median of per-round ratios, min–max)\n\n");
+        s.push_str("| | service | passthrough |\n| --- | --- | --- |\n");
+        for metric in [
+            Metric::Throughput1,
+            Metric::Throughput8,
+            Metric::LatencyP50,
+            Metric::LatencyP99,
+            Metric::LatencyP999,
+            Metric::ConnRate,
+        ] {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} |",
+                metric.label(),
+                self.ratio(metric, Route::Service),
+                self.ratio(metric, Route::Passthrough)
+            );
+        }
+        let _ = writeln!(
+            s,
+            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded: {} |",
+            self.ratio(Metric::DnsQps, Route::DnsAnswered),
+            self.ratio(Metric::DnsQps, Route::DnsForwarded)
+        );
+
+        s.push_str("\n## 1. Bulk throughput (iperf3), Gbit/s\n\n");
+        self.table(
+            &mut s,
+            &THROUGHPUT_ROUTES,
+            &[Metric::Throughput1, Metric::Throughput8],
+        );
+        s.push_str(
+            "\n`(copy)`: the agent with `--relay copy` (tokio `copy_bidirectional`, 64 KiB buffers) instead of \
+             the default zero-copy `splice`: the before/after of zero-copy.\n",
+        );
+        s.push_str("\n## 2. Request/response latency (sockperf ping-pong, 1 KiB, one connection), round trip µs\n\n");
+        self.table(
+            &mut s,
+            &TCP_ROUTES,
+            &[Metric::LatencyP50, Metric::LatencyP99, Metric::LatencyP999],
+        );
+        s.push_str("\n## 3. New connections per second (wrk, `Connection: close`: connect, one request, close)\n\n");
+        self.table(&mut s, &TCP_ROUTES, &[Metric::ConnRate]);
+        s.push_str("\n## 4. DNS (dnsperf, UDP): queries/s with 64 outstanding; mean latency with 1 outstanding, µs\n\n");
+        self.table(&mut s, &DNS_ROUTES, &[Metric::DnsQps, Metric::DnsLatency]);
+        s.push_str("\n## 5. Control plane\n\n");
+        self.control(&mut s);
+        s.push_str(
+            "\n## Targets (issue 6)\n\n| target | measured (median) | |\n| --- | --- | --- |\n",
+        );
+        for v in self.verdicts {
+            let mark = match v.met {
+                Some(true) => "met",
+                Some(false) => "**missed**",
+                None => "not measured",
+            };
+            let _ = writeln!(s, "| {} | {} | {mark} |", v.target, v.measured);
+        }
+        if !self.results.failures.is_empty() {
+            s.push_str("\n## Failed runs (left out of the figures)\n\n");
+            for f in &self.results.failures {
+                let _ = writeln!(s, "- {}", f.replace('\n', " "));
+            }
+        }
+        s
+    }
+
+    /// The whole BENCHMARKS.md; `why` is the kept hand-written analysis.
+    pub fn markdown(&self, why: &str) -> String {
+        let m = self.machine;
+        let mut s = String::from("# Benchmarks\n\n");
+        let _ = writeln!(
+            s,
+            "What the redirect and the proxy cost against a connection that does not go through them, \
+             measured in one run on one machine. Reproduce with `sudo cargo xtask bench` (full run) or \
+             `sudo cargo xtask bench --quick`. This file is written by that command; the **Why** section at \
+             the end is kept across reruns.\n"
+        );
+        let _ = writeln!(
+            s,
+            "**This run:** {} mode, {} rounds of {} s per tool run, {:.1} min of measuring. \
+             {}\n",
+            if self.quick { "quick" } else { "full" },
+            self.settings.rounds,
+            self.settings.secs,
+            self.measuring.as_secs_f64() / 60.0,
+            if self.quick {
+                "Quick runs are short and noisy: the committed numbers come from a full run."
+            } else {
+                ""
+            }
+        );
+        let _ = writeln!(s, "![ratios to direct]({})\n", self.chart);
+        s.push_str(&self.tables());
+        s.push_str("\n## Machine\n\n");
+        let _ = writeln!(s, "- CPU: {} × {} (no SMT)", m.cpu, m.cores);
+        let _ = writeln!(s, "- Kernel: {}", m.kernel);
+        let _ = writeln!(s, "- Date: {}", m.date);
+        let _ = writeln!(
+            s,
+            "- Load average (1, 5, 15 min) before: {}; after: {}",
+            m.load_before, m.load_after
+        );
+        let _ = writeln!(s, "- Tools (Debian): {}", m.tools.join(", "));
+        s.push_str(
+            "\nThe machine is shared with other engineers' builds, so absolute numbers move from run to run. \
+             **Compare ratios from the same run**: every round runs every path, odd rounds in reverse order, \
+             and each ratio is taken between runs of the same round before the median is taken.\n",
+        );
+        s.push_str(METHOD);
+        s.push_str("\n## Commands\n\nServers, in the ext netns:\n\n```\n");
+        for c in scene::server_commands() {
+            let _ = writeln!(s, "{c}");
+        }
+        s.push_str(
+            "```\n\nThe agent, in the node netns (only in the phases that use it):\n\n```\n",
+        );
+        for relay in [Relay::Splice, Relay::Copy] {
+            let _ = writeln!(s, "{}", scene::agent_command(relay));
+        }
+        s.push_str("```\n\nClients, in the pod `bench/client` (its cgroup and netns), every one run each round:\n\n```\n");
+        for c in self.commands {
+            let _ = writeln!(s, "{c}");
+        }
+        let _ = writeln!(
+            s,
+            "```\n\nControl plane, from the workspace root:\n\n```\n{}\n```",
+            self.criterion_command
+        );
+        s.push_str("\n## Why\n\n");
+        s.push_str(WHY_BEGIN);
+        s.push('\n');
+        s.push_str(why.trim());
+        s.push('\n');
+        s.push_str(WHY_END);
+        s.push('\n');
+        s
+    }
+
+    fn ratio(&self, metric: Metric, route: Route) -> String {
+        self.results
+            .ratio(metric, route)
+            .map_or("–".into(), |r| ratio_cell(&r))
+    }
+
+    fn table(&self, s: &mut String, routes: &[Route], metrics: &[Metric]) {
+        s.push_str("| path |");
+        for m in metrics {
+            let _ = write!(s, " {} ({}) | ratio |", m.label(), m.unit());
+        }
+        s.push_str("\n| --- |");
+        for _ in metrics {
+            s.push_str(" ---: | ---: |");
+        }
+        s.push('\n');
+        for route in routes {
+            let _ = write!(s, "| {} |", route.label());
+            for m in metrics {
+                let value = self
+                    .results
+                    .summary(*m, *route)
+                    .map_or("–".into(), |v| value_cell(*m, &v));
+                let ratio = if route.baseline() == *route {
+                    "1".into()
+                } else {
+                    self.ratio(*m, *route)
+                };
+                let _ = write!(s, " {value} | {ratio} |");
+            }
+            s.push('\n');
+        }
+    }
+
+    fn control(&self, s: &mut String) {
+        s.push_str("Criterion (`redirect-userspace/benches/state.rs`, 10,000 ServiceEntries in 1,000 namespaces): \
+                    median time per call with criterion's 95 % interval of the median.\n\n");
+        s.push_str("| benchmark | median | interval |\n| --- | ---: | ---: |\n");
+        for c in self.criterion {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} – {} |",
+                c.id,
+                duration_cell(c.median_ns),
+                duration_cell(c.lower_ns),
+                duration_cell(c.upper_ns)
+            );
+        }
+        if self.criterion.is_empty() {
+            s.push_str("| (not run) | | |\n");
+        }
+        match &self.memory {
+            Some(m) => {
+                let _ = writeln!(
+                    s,
+                    "\nAgent with the same 10,000-entry config loaded through `--config` ({} services in its \
+                     state): VmRSS **{:.1} MiB**, peak (VmHWM) {:.1} MiB, ready {:.2} s after start \
+                     (load, resolve, build the state, attach).",
+                    m.services,
+                    m.rss_kib as f64 / 1024.0,
+                    m.peak_kib as f64 / 1024.0,
+                    m.ready.as_secs_f64()
+                );
+            }
+            None => s.push_str("\nAgent RSS: not measured.\n"),
+        }
+    }
+}
+
+const METHOD: &str = "
+## Method
+
+- The harness's topology (`tests/`): a pod netns + cgroup `bench/client` (10.244.1.10), the node netns with the
+  agent, and an ext netns holding the servers on 203.0.113.20 and dnsmasq on 198.51.100.53. Veth pairs link them;
+  nothing runs in the machine's own netns.
+- **direct**: no agent (no program attached); the pod's connection is routed by the node to ext.
+  **service**: the agent runs with a NAMESPACE ServiceEntry in the pod's namespace that claims VIP
+  100.64.0.10 (ports 80, 5201, 11111) with the ext server as its endpoint; the client connects to the VIP,
+  which is routed nowhere, so only the proxy can carry it. **passthrough**: the agent runs, the client connects
+  to 203.0.113.20 itself, which nothing claims.
+- Every run through the agent is checked against its counters (`redirect_outbound_connections_total` by outcome,
+  `redirect_dns_queries_total` by outcome): all of the run's connections (as counted by the pod's kernel,
+  `Tcp: ActiveOpens`) must carry the route's outcome and none another, or the bench fails.
+- Pinning: clients on CPU 0; servers, dnsmasq and every agent thread on CPU 1 (`taskset`). DNS \"on one core\" is
+  therefore the agent on one CPU. The agent runs at log level `info`, as on a node.
+- Connection rate: wrk with `-H \"Connection: close\"`; the server (the harness's `rdt-peer`, release build, a
+  thread per connection) answers with `Connection: close` and wrk opens a new connection for each request.
+  The pod's `ActiveOpens` must grow by at least 95 % of wrk's request count, so the figure is connections, not
+  requests on kept-alive connections. The server is the same for all three paths, so its cost cancels in the ratio.
+- DNS: dnsperf sends one name over and over: `backend.bench.example` (owned by the ServiceEntry: answered by the
+  agent) or `upstream.bench.example` (only in dnsmasq: forwarded by the agent, or asked of dnsmasq directly with
+  the agent detached).
+";
+
+fn ratio_cell(r: &Summary) -> String {
+    format!("{:.2}× ({:.2}–{:.2})", r.median, r.min, r.max)
+}
+
+fn value_cell(metric: Metric, v: &Summary) -> String {
+    let digits = match metric {
+        Metric::Throughput1 | Metric::Throughput8 => 2,
+        Metric::LatencyP50 | Metric::LatencyP99 | Metric::LatencyP999 | Metric::DnsLatency => 1,
+        Metric::ConnRate | Metric::DnsQps => 0,
+    };
+    format!("{:.d$} ({:.d$}–{:.d$})", v.median, v.min, v.max, d = digits)
+}
+
+fn duration_cell(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.2} ms", ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.2} µs", ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}
+
+/// The hand-written analysis of an existing BENCHMARKS.md (between the markers), or a placeholder.
+pub fn kept_why(existing: &str) -> String {
+    existing
+        .split_once(WHY_BEGIN)
+        .and_then(|(_, rest)| rest.split_once(WHY_END))
+        .map(|(why, _)| why.trim().to_string())
+        .filter(|w| !w.is_empty())
+        .unwrap_or_else(|| {
+            "(No analysis yet: profile the missed targets and write it here.)".into()
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_analysis_survives_regeneration() {
+        let old =
+            format!("# Benchmarks\n...\n## Why\n\n{WHY_BEGIN}\nperf shows copies.\n{WHY_END}\n");
+        assert_eq!(kept_why(&old), "perf shows copies.");
+        assert!(kept_why("# no markers").starts_with("(No analysis yet"));
+    }
+
+    #[test]
+    fn cells_show_median_and_spread() {
+        let s = Summary {
+            median: 12.346,
+            min: 10.0,
+            max: 15.5,
+            runs: 3,
+        };
+        assert_eq!(value_cell(Metric::Throughput1, &s), "12.35 (10.00–15.50)");
+        assert_eq!(value_cell(Metric::ConnRate, &s), "12 (10–16)");
+        assert_eq!(ratio_cell(&s), "12.35× (10.00–15.50)");
+        assert_eq!(duration_cell(87.0), "87.0 ns");
+        assert_eq!(duration_cell(12_500_000.0), "12.50 ms");
+    }
+}

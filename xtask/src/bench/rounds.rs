@@ -1,0 +1,348 @@
+//! The measuring loop. Each round runs every path once, phase by phase (agent detached, agent with
+//! splice, agent with copy); odd rounds run the phases in reverse, so slow drift on a shared machine
+//! lands on every path alike. Every run through the agent is checked against its counters: a run that
+//! took another path than the one it is filed under fails the bench.
+use std::collections::BTreeSet;
+use std::net::SocketAddrV4;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use integration::{Agent, Metrics, RESOLVER_IP};
+
+use super::model::{Metric, Results, Route};
+use super::scene::{self, Relay, Scene};
+use super::{dnsperf, iperf, sockperf, wrk};
+
+/// How long and how often.
+#[derive(Clone, Copy, Debug)]
+pub struct Settings {
+    pub rounds: usize,
+    /// Length of each tool run, seconds.
+    pub secs: u32,
+    /// Concurrent connections wrk keeps opening.
+    pub wrk_conns: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Detached,
+    Splice,
+    Copy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Tcp {
+    Throughput(u32),
+    Latency,
+    ConnRate,
+}
+
+const TCP_TESTS: [Tcp; 4] = [
+    Tcp::Throughput(1),
+    Tcp::Throughput(8),
+    Tcp::Latency,
+    Tcp::ConnRate,
+];
+const OUTCOME: &str = "redirect_outbound_connections_total";
+const DNS_OUTCOME: &str = "redirect_dns_queries_total";
+
+pub struct Runner<'a> {
+    scene: &'a Scene,
+    settings: Settings,
+    pub results: Results,
+    /// Every distinct command line run, for the report.
+    pub commands: BTreeSet<String>,
+    answered_queries: PathBuf,
+    forwarded_queries: PathBuf,
+}
+
+impl<'a> Runner<'a> {
+    pub fn new(scene: &'a Scene, settings: Settings) -> Result<Runner<'a>> {
+        Ok(Runner {
+            answered_queries: scene
+                .scratch_file("answered.queries", &format!("{} A\n", scene::ANSWERED_NAME))?,
+            forwarded_queries: scene.scratch_file(
+                "forwarded.queries",
+                &format!("{} A\n", scene::FORWARDED_NAME),
+            )?,
+            scene,
+            settings,
+            results: Results::new(settings.rounds),
+            commands: BTreeSet::new(),
+        })
+    }
+
+    pub fn run(&mut self) -> Result<()> {
+        for round in 0..self.settings.rounds {
+            let mut phases = [Phase::Detached, Phase::Splice, Phase::Copy];
+            if round % 2 == 1 {
+                phases.reverse();
+            }
+            println!("xtask bench: round {}/{}", round + 1, self.settings.rounds);
+            for phase in phases {
+                self.phase(round, phase)
+                    .with_context(|| format!("round {}, phase {phase:?}", round + 1))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn phase(&mut self, round: usize, phase: Phase) -> Result<()> {
+        match phase {
+            Phase::Detached => {
+                for test in TCP_TESTS {
+                    self.tcp(round, test, Route::Direct, None)?;
+                }
+                self.dns(round, Route::DnsUpstream, None)?;
+            }
+            Phase::Splice => {
+                let agent = self.scene.start_agent(Relay::Splice)?;
+                for test in TCP_TESTS {
+                    self.tcp(round, test, Route::Service, Some(&agent))?;
+                    self.tcp(round, test, Route::Passthrough, Some(&agent))?;
+                }
+                self.dns(round, Route::DnsAnswered, Some(&agent))?;
+                self.dns(round, Route::DnsForwarded, Some(&agent))?;
+                agent.stop()?;
+            }
+            Phase::Copy => {
+                let agent = self.scene.start_agent(Relay::Copy)?;
+                for test in [Tcp::Throughput(1), Tcp::Throughput(8)] {
+                    self.tcp(round, test, Route::ServiceCopy, Some(&agent))?;
+                    self.tcp(round, test, Route::PassthroughCopy, Some(&agent))?;
+                }
+                agent.stop()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// One TCP test on one route. A tool failure is recorded as a failed run; a wrong path is fatal.
+    fn tcp(&mut self, round: usize, test: Tcp, route: Route, agent: Option<&Agent>) -> Result<()> {
+        let ip = match route {
+            Route::Service | Route::ServiceCopy => scene::VIP,
+            _ => scene::SERVER_IP,
+        };
+        let secs = self.settings.secs;
+        let (tool, args) = match test {
+            Tcp::Throughput(streams) => (
+                "iperf3",
+                iperf::client_args(SocketAddrV4::new(ip, scene::IPERF_PORT), streams, secs),
+            ),
+            Tcp::Latency => (
+                "sockperf",
+                sockperf::client_args(SocketAddrV4::new(ip, scene::SOCKPERF_PORT), secs),
+            ),
+            Tcp::ConnRate => (
+                "wrk",
+                wrk::client_args(
+                    &format!("http://{ip}:{}/", scene::HTTP_PORT),
+                    self.settings.wrk_conns,
+                    secs,
+                ),
+            ),
+        };
+        let before = agent.map(Agent::metrics).transpose()?;
+        let opens_before = self.scene.pod_active_opens()?;
+        let out = self.client(tool, &args);
+        let opens = self.scene.pod_active_opens()? - opens_before;
+        if let (Some(agent), Some(before)) = (agent, &before) {
+            check_outbound(route, before, &agent.metrics()?, opens)?;
+        }
+        let parsed: Result<Vec<(Metric, f64)>> = out.and_then(|out| match test {
+            Tcp::Throughput(1) => Ok(vec![(Metric::Throughput1, iperf::parse(&out)?)]),
+            Tcp::Throughput(_) => Ok(vec![(Metric::Throughput8, iperf::parse(&out)?)]),
+            Tcp::Latency => {
+                let p = sockperf::parse(&out)?;
+                Ok(vec![
+                    (Metric::LatencyP50, p.p50),
+                    (Metric::LatencyP99, p.p99),
+                    (Metric::LatencyP999, p.p999),
+                ])
+            }
+            Tcp::ConnRate => {
+                let r = wrk::parse(&out)?;
+                // Each request must have been its own connection, seen by the pod's kernel.
+                if (opens as f64) < 0.95 * r.requests as f64 {
+                    bail!(
+                        "wrk reported {} requests but the pod opened only {opens} connections: not one connection per request",
+                        r.requests
+                    );
+                }
+                if r.errors * 100 > r.requests {
+                    bail!("wrk: {} errors in {} requests", r.errors, r.requests);
+                }
+                Ok(vec![(Metric::ConnRate, r.per_second)])
+            }
+        });
+        self.file(round, route, test_metrics(test), parsed);
+        Ok(())
+    }
+
+    fn dns(&mut self, round: usize, route: Route, agent: Option<&Agent>) -> Result<()> {
+        let file = match route {
+            Route::DnsAnswered => self.answered_queries.clone(),
+            _ => self.forwarded_queries.clone(),
+        };
+        let server = SocketAddrV4::new(RESOLVER_IP, 53);
+        for (metric, outstanding) in [
+            (Metric::DnsQps, dnsperf::LOAD_OUTSTANDING),
+            (Metric::DnsLatency, 1),
+        ] {
+            let args = dnsperf::client_args(server, &file, self.settings.secs, outstanding);
+            let before = agent.map(Agent::metrics).transpose()?;
+            let out = self.client("dnsperf", &args);
+            let report = out.and_then(|o| dnsperf::parse(&o));
+            if let (Some(agent), Some(before), Ok(report)) = (agent, &before, &report) {
+                check_dns(route, before, &agent.metrics()?, report.completed)?;
+            }
+            let parsed = report.map(|r| {
+                vec![(
+                    metric,
+                    if metric == Metric::DnsQps {
+                        r.qps
+                    } else {
+                        r.mean_latency_us
+                    },
+                )]
+            });
+            self.file(round, route, &[metric], parsed);
+        }
+        Ok(())
+    }
+
+    /// Runs a client tool in the pod, pinned to the client CPU; its stdout, or why it failed.
+    fn client(&mut self, tool: &str, args: &[String]) -> Result<String> {
+        let cpu = scene::CLIENT_CPU.to_string();
+        self.commands
+            .insert(format!("taskset -c {cpu} {tool} {}", shell_words(args)));
+        let out = self
+            .scene
+            .pod()
+            .cmd("taskset")
+            .args(["-c", &cpu, tool])
+            .args(args)
+            .timeout(Duration::from_secs(u64::from(self.settings.secs) + 30))
+            .output()?;
+        if !out.success() {
+            bail!("{out}");
+        }
+        Ok(out.stdout_str())
+    }
+
+    fn file(
+        &mut self,
+        round: usize,
+        route: Route,
+        metrics: &[Metric],
+        parsed: Result<Vec<(Metric, f64)>>,
+    ) {
+        match parsed {
+            Ok(values) => {
+                for (metric, value) in values {
+                    println!(
+                        "xtask bench:   {:<28} {:<20} {value:>12.2} {}",
+                        metric.label(),
+                        route.label(),
+                        metric.unit()
+                    );
+                    self.results.record(round, metric, route, Some(value));
+                }
+            }
+            Err(e) => {
+                let names: Vec<&str> = metrics.iter().map(|m| m.label()).collect();
+                let msg = format!(
+                    "round {}: {} over {}: {e:#}",
+                    round + 1,
+                    names.join(", "),
+                    route.label()
+                );
+                eprintln!("xtask bench: run failed: {msg}");
+                self.results.failures.push(msg);
+                for m in metrics {
+                    self.results.record(round, *m, route, None);
+                }
+            }
+        }
+    }
+}
+
+fn test_metrics(test: Tcp) -> &'static [Metric] {
+    match test {
+        Tcp::Throughput(1) => &[Metric::Throughput1],
+        Tcp::Throughput(_) => &[Metric::Throughput8],
+        Tcp::Latency => &[Metric::LatencyP50, Metric::LatencyP99, Metric::LatencyP999],
+        Tcp::ConnRate => &[Metric::ConnRate],
+    }
+}
+
+/// The agent must have carried the run's connections under the route's outcome, and none under another.
+fn check_outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
+    let expected = match route {
+        Route::Service | Route::ServiceCopy => "service",
+        Route::Passthrough | Route::PassthroughCopy => "passthrough",
+        other => bail!("{other:?} is not an outbound route"),
+    };
+    let mut counted = 0.0;
+    for outcome in [
+        "service",
+        "workload",
+        "passthrough",
+        "no_healthy_upstream",
+        "error",
+    ] {
+        let d = scene::delta(
+            before,
+            after,
+            &format!("{OUTCOME}{{outcome=\"{outcome}\"}}"),
+        );
+        if outcome == expected {
+            counted = d;
+        } else if d > 0.0 {
+            bail!(
+                "a {} run made {d} `{outcome}` connections in the agent",
+                route.label()
+            );
+        }
+    }
+    if counted < 1.0 || counted + 0.5 < opens as f64 * 0.99 {
+        bail!(
+            "a {} run: the pod opened {opens} connections, the agent counted {counted} as `{expected}`",
+            route.label()
+        );
+    }
+    Ok(())
+}
+
+fn check_dns(route: Route, before: &Metrics, after: &Metrics, completed: u64) -> Result<()> {
+    let (expected, other) = match route {
+        Route::DnsAnswered => ("answered", "forwarded"),
+        Route::DnsForwarded => ("forwarded", "answered"),
+        other => bail!("{other:?} is not a DNS route through the agent"),
+    };
+    let key = |o: &str| format!("{DNS_OUTCOME}{{outcome=\"{o}\"}}");
+    let counted = scene::delta(before, after, &key(expected));
+    let stray = scene::delta(before, after, &key(other));
+    if counted < completed as f64 || stray > 0.0 {
+        bail!(
+            "a DNS run {}: dnsperf got {completed} answers, the agent counted {counted} `{expected}` and {stray} `{other}`",
+            route.label()
+        );
+    }
+    Ok(())
+}
+
+/// Arguments as a shell would need them (quoted when they hold spaces).
+fn shell_words(args: &[String]) -> String {
+    args.iter()
+        .map(|a| {
+            if a.contains(' ') {
+                format!("\"{a}\"")
+            } else {
+                a.clone()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}

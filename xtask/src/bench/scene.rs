@@ -1,0 +1,321 @@
+//! The stage every run plays on: the harness's netns topology with one client pod, the servers in ext
+//! (iperf3, sockperf, an HTTP server, dnsmasq), the agent's config, and the agent when a phase needs it.
+//!
+//! Client programs are pinned to CPU 0; servers, the upstream resolver and the agent to CPU 1. On a
+//! 2-core machine that keeps the load generator from stealing the server side's CPU, so runs repeat.
+use std::fs;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use integration::procfs::{self, Proto};
+use integration::{Agent, Metrics, Pod, Proc, RESOLVER_IP, Topology};
+
+use super::{iperf, sockperf};
+
+pub const CLIENT_CPU: u32 = 0;
+pub const SERVER_CPU: u32 = 1;
+
+const POD: (&str, &str) = ("bench/client", "10.244.1.10");
+/// The ext host every TCP test talks to (direct and passthrough connect here themselves).
+pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
+/// The ServiceEntry's VIP: routed nowhere, so a connection to it works only through the proxy.
+pub const VIP: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 10);
+pub const HTTP_PORT: u16 = 80;
+pub const IPERF_PORT: u16 = 5201;
+pub const SOCKPERF_PORT: u16 = 11111;
+/// A name the ServiceEntry owns: the agent answers it.
+pub const ANSWERED_NAME: &str = "backend.bench.example";
+/// A name only the upstream knows: the agent forwards it.
+pub const FORWARDED_NAME: &str = "upstream.bench.example";
+
+/// How the proxy moves bytes (`redirect run --relay`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Relay {
+    Splice,
+    Copy,
+}
+
+impl Relay {
+    pub fn arg(self) -> &'static str {
+        match self {
+            Relay::Splice => "splice",
+            Relay::Copy => "copy",
+        }
+    }
+}
+
+pub struct Scene {
+    // Declared first so they stop before the topology goes.
+    _servers: Vec<Proc>,
+    topo: Topology,
+    pod: Pod,
+    config_dir: PathBuf,
+}
+
+impl Scene {
+    /// Builds the topology, writes the agent's config and starts every server. `peer` is the release
+    /// build of the harness's `rdt-peer` (its HTTP server answers `GET /` and closes).
+    pub fn build(peer: &Path) -> Result<Scene> {
+        let topo = Topology::with_pods(&[POD])?;
+        let pod = topo.pod(POD.0).clone();
+        // Connection-rate runs open tens of thousands of connections: more ephemeral ports for the
+        // pod and the proxy's upstream side (a per-netns sysctl; 15000-15053 stay clear for the agent).
+        for place in [pod.place(), topo.node()] {
+            place
+                .cmd("sysctl")
+                .args(["-q", "-w", "net.ipv4.ip_local_port_range=20000 65000"])
+                .ok()?;
+        }
+        let config_dir = topo.scratch_path("config");
+        fs::create_dir_all(&config_dir)?;
+        fs::write(config_dir.join("bench.yaml"), bench_config(&pod))?;
+
+        topo.ensure_ext_address(SERVER_IP)?;
+        topo.ensure_ext_address(RESOLVER_IP)?;
+        let server = |port| SocketAddrV4::new(SERVER_IP, port);
+        let ext = topo.ext();
+        let mut servers = Vec::new();
+        let start = |program: &str, args: Vec<String>, proto: Proto, addr: SocketAddrV4| {
+            let mut proc = ext
+                .cmd("taskset")
+                .args(["-c", &SERVER_CPU.to_string(), program])
+                .args(args)
+                .spawn()?;
+            let pid = proc.pid();
+            procfs::wait_bound(pid, proto, &[addr], Duration::from_secs(10), || {
+                proc.is_running()
+            })
+            .with_context(|| format!("{program} in ext; log:\n{}", proc.log()))?;
+            anyhow::Ok(proc)
+        };
+        servers.push(start(
+            "iperf3",
+            iperf::server_args(server(IPERF_PORT)),
+            Proto::Tcp,
+            server(IPERF_PORT),
+        )?);
+        servers.push(start(
+            "sockperf",
+            sockperf::server_args(server(SOCKPERF_PORT)),
+            Proto::Tcp,
+            server(SOCKPERF_PORT),
+        )?);
+        let peer = peer.to_string_lossy().into_owned();
+        servers.push(start(
+            &peer,
+            vec![
+                "serve".into(),
+                "--name".into(),
+                "bench".into(),
+                "--listen".into(),
+                server(HTTP_PORT).to_string(),
+            ],
+            Proto::Tcp,
+            server(HTTP_PORT),
+        )?);
+        let resolver = SocketAddrV4::new(RESOLVER_IP, 53);
+        servers.push(start(
+            "/usr/sbin/dnsmasq",
+            dnsmasq_args(),
+            Proto::Udp,
+            resolver,
+        )?);
+        Ok(Scene {
+            _servers: servers,
+            topo,
+            pod,
+            config_dir,
+        })
+    }
+
+    pub fn pod(&self) -> &Pod {
+        &self.pod
+    }
+    pub fn topo(&self) -> &Topology {
+        &self.topo
+    }
+
+    /// Starts the agent with the bench config, at the production log level, pinned to the server CPU.
+    pub fn start_agent(&self, relay: Relay) -> Result<Agent> {
+        let config = self.config_dir.to_string_lossy().into_owned();
+        let args = agent_args(&config, relay);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let agent = Agent::start(&self.topo, &args)?;
+        // The harness starts it with -v (debug logs per connection); a node runs at info.
+        let r = agent.admin_get("/logging?level=info")?;
+        if r.status != 200 {
+            bail!("setting the agent's log level: {} {}", r.status, r.text());
+        }
+        pin_all_threads(agent.pid(), SERVER_CPU)?;
+        Ok(agent)
+    }
+
+    /// Writes `lines` to a file the pod's tools can read (the run's state directory).
+    pub fn scratch_file(&self, name: &str, contents: &str) -> Result<PathBuf> {
+        let path = self.topo.scratch_path(name);
+        fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    }
+
+    /// TCP connections the pod has opened so far (`Tcp: ActiveOpens` of its netns).
+    pub fn pod_active_opens(&self) -> Result<u64> {
+        let out = self.pod.cmd("cat").arg("/proc/net/snmp").ok()?;
+        active_opens(&out.stdout_str())
+    }
+}
+
+/// What runs on the server side, as command lines (for the report).
+pub fn server_commands() -> Vec<String> {
+    let server = |port| SocketAddrV4::new(SERVER_IP, port);
+    let cpu = format!("taskset -c {SERVER_CPU}");
+    vec![
+        format!(
+            "{cpu} iperf3 {}",
+            iperf::server_args(server(IPERF_PORT)).join(" ")
+        ),
+        format!(
+            "{cpu} sockperf {}",
+            sockperf::server_args(server(SOCKPERF_PORT)).join(" ")
+        ),
+        format!(
+            "{cpu} rdt-peer serve --name bench --listen {}",
+            server(HTTP_PORT)
+        ),
+        format!("{cpu} dnsmasq {}", dnsmasq_args().join(" ")),
+    ]
+}
+
+/// The agent's command line (the harness adds `-v`; the bench sets `/logging?level=info` at once and
+/// pins every agent thread with `taskset -a -p -c 1 PID`).
+pub fn agent_command(relay: Relay) -> String {
+    format!(
+        "redirect run --cgroup <pods cgroup> --gateway {} --admin {} -v {}",
+        integration::GATEWAY,
+        integration::ADMIN_ADDR,
+        agent_args("<config dir>", relay).join(" ")
+    )
+}
+
+/// The agent's arguments beyond the harness's own (`--cgroup`, `--gateway`, `--admin`).
+pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
+    vec![
+        "--config".into(),
+        config.into(),
+        "--dns-upstream".into(),
+        format!("{RESOLVER_IP}:53"),
+        "--relay".into(),
+        relay.arg().into(),
+    ]
+}
+
+/// dnsmasq as the upstream: our one record, NXDOMAIN for the rest, and no per-query logging (the
+/// harness's dnsmasq logs every query, which would make it the bottleneck).
+fn dnsmasq_args() -> Vec<String> {
+    [
+        "--keep-in-foreground",
+        "--conf-file=/dev/null",
+        "--no-resolv",
+        "--no-hosts",
+        "--bind-interfaces",
+        "--port=53",
+        "--user=root",
+        "--pid-file=",
+        "--log-facility=-",
+        "--address=/#/",
+    ]
+    .into_iter()
+    .map(String::from)
+    .chain([
+        format!("--listen-address={RESOLVER_IP}"),
+        format!("--host-record={FORWARDED_NAME},{SERVER_IP}"),
+    ])
+    .collect()
+}
+
+/// The client's namespace, its pod, and one NAMESPACE ServiceEntry in it whose VIP leads to the ext server
+/// on every port the tests use.
+fn bench_config(pod: &Pod) -> String {
+    let ns = &pod.namespace;
+    format!(
+        "apiVersion: v1
+kind: Namespace
+metadata: {{name: {ns}}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: {ns}}}
+status: {{podIP: {ip}}}
+---
+apiVersion: install.istio.io/v1alpha1
+kind: IstioOperator
+spec: {{meshConfig: {{serviceEntryVisibility: {{defaultVisibility: NAMESPACE}}}}}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: backend, namespace: {ns}}}
+spec:
+  hosts: [{ANSWERED_NAME}]
+  addresses: [{VIP}]
+  ports:
+    - {{number: {HTTP_PORT}, name: http, protocol: HTTP}}
+    - {{number: {IPERF_PORT}, name: tcp-iperf, protocol: TCP}}
+    - {{number: {SOCKPERF_PORT}, name: tcp-sockperf, protocol: TCP}}
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  endpoints:
+    - address: {SERVER_IP}
+",
+        name = pod.name,
+        ip = pod.ip,
+    )
+}
+
+/// Pins every thread of `pid` (the agent's tokio workers included) to `cpu`.
+fn pin_all_threads(pid: u32, cpu: u32) -> Result<()> {
+    let out = Command::new("taskset")
+        .args(["-a", "-p", "-c", &cpu.to_string(), &pid.to_string()])
+        .output()
+        .context("running taskset")?;
+    if !out.status.success() {
+        bail!(
+            "taskset -a -p -c {cpu} {pid}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// `Tcp: ... ActiveOpens ...` from /proc/net/snmp (a header line, then a value line).
+fn active_opens(snmp: &str) -> Result<u64> {
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (Some(header), Some(values)) = (tcp.next(), tcp.next()) else {
+        bail!("/proc/net/snmp has no Tcp lines");
+    };
+    let at = header
+        .split_whitespace()
+        .position(|h| h == "ActiveOpens")
+        .context("/proc/net/snmp has no Tcp ActiveOpens")?;
+    let v = values.split_whitespace().nth(at).unwrap_or("");
+    v.parse()
+        .with_context(|| format!("/proc/net/snmp ActiveOpens {v:?}"))
+}
+
+/// Counter deltas the agent shows for one run, to prove which path it took.
+pub fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
+    after.get_or_zero(key) - before.get_or_zero(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_active_opens() {
+        let snmp = "Ip: Forwarding DefaultTTL\nIp: 1 64\nTcp: RtoAlgorithm RtoMin RtoMax MaxConn ActiveOpens PassiveOpens\nTcp: 1 200 120000 -1 4242 7\nUdp: InDatagrams\nUdp: 3\n";
+        assert_eq!(active_opens(snmp).unwrap(), 4242);
+        assert!(active_opens("Ip: a\nIp: 1\n").is_err());
+    }
+}
