@@ -230,3 +230,46 @@ fn panel(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_a_png_with_every_bar() {
+        let mut r = Results::new(2);
+        for round in 0..2 {
+            let k = round as f64;
+            for (metric, base) in [
+                (Metric::Throughput1, 20.0),
+                (Metric::LatencyP50, 40.0),
+                (Metric::ConnRate, 9000.0),
+            ] {
+                r.record(round, metric, Route::Direct, Some(base));
+                r.record(round, metric, Route::Service, Some(base * (0.6 + k / 10.0)));
+                r.record(round, metric, Route::Passthrough, Some(base * 1.7));
+            }
+        }
+        let higher = bars(
+            &r,
+            &[(
+                Metric::Throughput1,
+                &[Route::Service, Route::Passthrough][..],
+            )],
+        );
+        assert_eq!(higher.len(), 2);
+        assert_eq!(higher[0].target, Some(0.8));
+        let dir = std::env::temp_dir().join(format!("xtask-chart-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let png = dir.join("chart.png");
+        draw(&r, "test chart", &png).unwrap();
+        let bytes = std::fs::read(&png).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        assert!(
+            bytes.len() > 10_000,
+            "a chart with text is more than {} bytes",
+            bytes.len()
+        );
+    }
+}

@@ -4,12 +4,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{Context, Result, bail};
-use integration::{Agent, RESOLVER_IP};
-
+use super::agent::BenchAgent;
 use super::big_config;
-use super::scene::Scene;
+use super::scene::{self, Relay, Scene, agent_args};
 use crate::{build, cmd};
+use anyhow::{Context, Result, bail};
 
 /// The criterion bench target (redirect-userspace/benches/state.rs).
 pub const BENCH: &str = "state";
@@ -137,14 +136,10 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     fs::write(dir.join("entries.yaml"), big_config::yaml())?;
     let config = dir.to_string_lossy().into_owned();
     let started = Instant::now();
-    let agent = Agent::start(
+    let agent = BenchAgent::start(
         scene.topo(),
-        &[
-            "--config",
-            &config,
-            "--dns-upstream",
-            &format!("{RESOLVER_IP}:53"),
-        ],
+        &agent_args(&config, Relay::Splice),
+        scene::SERVER_CPU,
     )?;
     let ready = started.elapsed();
     // Let the allocator settle after the build (freed parse buffers).
@@ -153,11 +148,11 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     let rss_kib = status_kib(&status, "VmRSS:")?;
     let peak_kib = status_kib(&status, "VmHWM:")?;
     // Only now (the dump itself allocates): every entry must be in the agent's state.
-    let dump = agent.admin_get("/config_dump")?;
+    let dump = agent.get("/config_dump")?;
     let dump: serde_json::Value =
         serde_json::from_slice(&dump.body).context("parsing /config_dump")?;
     let services = dump
-        .pointer("/state/services")
+        .pointer("/services")
         .and_then(|s| s.as_array())
         .map_or(0, Vec::len);
     if services < big_config::ENTRIES {

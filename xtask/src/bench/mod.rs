@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 
 use crate::{build, cmd, setup};
 
+mod agent;
 mod big_config;
 mod chart;
 mod control;

@@ -1,15 +1,17 @@
-//! The measuring loop. Each round runs every path once, phase by phase (agent detached, agent with
-//! splice, agent with copy); odd rounds run the phases in reverse, so slow drift on a shared machine
-//! lands on every path alike. Every run through the agent is checked against its counters: a run that
-//! took another path than the one it is filed under fails the bench.
+//! The measuring loop. Each round runs every test over every path back to back (agent detached, agent
+//! with splice, agent with copy, restarting the agent in between), so the runs a ratio compares are
+//! seconds apart; odd rounds take the paths in reverse order, so slow drift on a shared machine lands on
+//! every path alike. Every run through the agent is checked against its counters: a run that took
+//! another path than the one it is filed under fails the bench.
 use std::collections::BTreeSet;
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use integration::{Agent, Metrics, RESOLVER_IP};
+use integration::{Metrics, RESOLVER_IP};
 
+use super::agent::BenchAgent;
 use super::model::{Metric, Results, Route};
 use super::scene::{self, Relay, Scene};
 use super::{dnsperf, iperf, sockperf, wrk};
@@ -24,11 +26,17 @@ pub struct Settings {
     pub wrk_conns: u32,
 }
 
+/// Whether and how the agent runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
     Detached,
-    Splice,
-    Copy,
+    Agent(Relay),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Test {
+    Tcp(Tcp),
+    Dns,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,11 +46,12 @@ enum Tcp {
     ConnRate,
 }
 
-const TCP_TESTS: [Tcp; 4] = [
-    Tcp::Throughput(1),
-    Tcp::Throughput(8),
-    Tcp::Latency,
-    Tcp::ConnRate,
+const TESTS: [Test; 5] = [
+    Test::Tcp(Tcp::Throughput(1)),
+    Test::Tcp(Tcp::Throughput(8)),
+    Test::Tcp(Tcp::Latency),
+    Test::Tcp(Tcp::ConnRate),
+    Test::Dns,
 ];
 const OUTCOME: &str = "redirect_outbound_connections_total";
 const DNS_OUTCOME: &str = "redirect_dns_queries_total";
@@ -75,51 +84,61 @@ impl<'a> Runner<'a> {
 
     pub fn run(&mut self) -> Result<()> {
         for round in 0..self.settings.rounds {
-            let mut phases = [Phase::Detached, Phase::Splice, Phase::Copy];
-            if round % 2 == 1 {
-                phases.reverse();
-            }
             println!("xtask bench: round {}/{}", round + 1, self.settings.rounds);
-            for phase in phases {
-                self.phase(round, phase)
-                    .with_context(|| format!("round {}, phase {phase:?}", round + 1))?;
+            for test in TESTS {
+                let mut phases = vec![Phase::Detached, Phase::Agent(Relay::Splice)];
+                // Zero-copy before/after: throughput only.
+                if matches!(test, Test::Tcp(Tcp::Throughput(_))) {
+                    phases.push(Phase::Agent(Relay::Copy));
+                }
+                if round % 2 == 1 {
+                    phases.reverse();
+                }
+                for phase in phases {
+                    self.step(round, test, phase)
+                        .with_context(|| format!("round {}, {test:?} with {phase:?}", round + 1))?;
+                }
             }
         }
         Ok(())
     }
 
-    fn phase(&mut self, round: usize, phase: Phase) -> Result<()> {
-        match phase {
+    fn step(&mut self, round: usize, test: Test, phase: Phase) -> Result<()> {
+        let relay = match phase {
             Phase::Detached => {
-                for test in TCP_TESTS {
-                    self.tcp(round, test, Route::Direct, None)?;
-                }
-                self.dns(round, Route::DnsUpstream, None)?;
+                return match test {
+                    Test::Dns => self.dns(round, Route::DnsUpstream, None),
+                    Test::Tcp(tcp) => self.tcp(round, tcp, Route::Direct, None),
+                };
             }
-            Phase::Splice => {
-                let agent = self.scene.start_agent(Relay::Splice)?;
-                for test in TCP_TESTS {
-                    self.tcp(round, test, Route::Service, Some(&agent))?;
-                    self.tcp(round, test, Route::Passthrough, Some(&agent))?;
-                }
-                self.dns(round, Route::DnsAnswered, Some(&agent))?;
-                self.dns(round, Route::DnsForwarded, Some(&agent))?;
-                agent.stop()?;
-            }
-            Phase::Copy => {
-                let agent = self.scene.start_agent(Relay::Copy)?;
-                for test in [Tcp::Throughput(1), Tcp::Throughput(8)] {
-                    self.tcp(round, test, Route::ServiceCopy, Some(&agent))?;
-                    self.tcp(round, test, Route::PassthroughCopy, Some(&agent))?;
-                }
-                agent.stop()?;
+            Phase::Agent(relay) => relay,
+        };
+        let agent = self.scene.start_agent(relay)?;
+        let mut routes = match (test, relay) {
+            (Test::Dns, _) => vec![Route::DnsAnswered, Route::DnsForwarded],
+            (_, Relay::Splice) => vec![Route::Service, Route::Passthrough],
+            (_, Relay::Copy) => vec![Route::ServiceCopy, Route::PassthroughCopy],
+        };
+        if round % 2 == 1 {
+            routes.reverse();
+        }
+        for route in routes {
+            match test {
+                Test::Dns => self.dns(round, route, Some(&agent))?,
+                Test::Tcp(tcp) => self.tcp(round, tcp, route, Some(&agent))?,
             }
         }
-        Ok(())
+        agent.stop()
     }
 
     /// One TCP test on one route. A tool failure is recorded as a failed run; a wrong path is fatal.
-    fn tcp(&mut self, round: usize, test: Tcp, route: Route, agent: Option<&Agent>) -> Result<()> {
+    fn tcp(
+        &mut self,
+        round: usize,
+        test: Tcp,
+        route: Route,
+        agent: Option<&BenchAgent>,
+    ) -> Result<()> {
         let ip = match route {
             Route::Service | Route::ServiceCopy => scene::VIP,
             _ => scene::SERVER_IP,
@@ -143,7 +162,7 @@ impl<'a> Runner<'a> {
                 ),
             ),
         };
-        let before = agent.map(Agent::metrics).transpose()?;
+        let before = agent.map(BenchAgent::metrics).transpose()?;
         let opens_before = self.scene.pod_active_opens()?;
         let out = self.client(tool, &args);
         let opens = self.scene.pod_active_opens()? - opens_before;
@@ -180,7 +199,7 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
-    fn dns(&mut self, round: usize, route: Route, agent: Option<&Agent>) -> Result<()> {
+    fn dns(&mut self, round: usize, route: Route, agent: Option<&BenchAgent>) -> Result<()> {
         let file = match route {
             Route::DnsAnswered => self.answered_queries.clone(),
             _ => self.forwarded_queries.clone(),
@@ -191,7 +210,7 @@ impl<'a> Runner<'a> {
             (Metric::DnsLatency, 1),
         ] {
             let args = dnsperf::client_args(server, &file, self.settings.secs, outstanding);
-            let before = agent.map(Agent::metrics).transpose()?;
+            let before = agent.map(BenchAgent::metrics).transpose()?;
             let out = self.client("dnsperf", &args);
             let report = out.and_then(|o| dnsperf::parse(&o));
             if let (Some(agent), Some(before), Ok(report)) = (agent, &before, &report) {

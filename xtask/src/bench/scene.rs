@@ -6,13 +6,13 @@
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use integration::procfs::{self, Proto};
-use integration::{Agent, Metrics, Pod, Proc, RESOLVER_IP, Topology};
+use integration::{Metrics, Pod, Proc, RESOLVER_IP, Topology};
 
+use super::agent::BenchAgent;
 use super::{iperf, sockperf};
 
 pub const CLIENT_CPU: u32 = 0;
@@ -138,19 +138,10 @@ impl Scene {
         &self.topo
     }
 
-    /// Starts the agent with the bench config, at the production log level, pinned to the server CPU.
-    pub fn start_agent(&self, relay: Relay) -> Result<Agent> {
+    /// Starts the agent with the bench config, pinned to the server CPU.
+    pub fn start_agent(&self, relay: Relay) -> Result<BenchAgent> {
         let config = self.config_dir.to_string_lossy().into_owned();
-        let args = agent_args(&config, relay);
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let agent = Agent::start(&self.topo, &args)?;
-        // The harness starts it with -v (debug logs per connection); a node runs at info.
-        let r = agent.admin_get("/logging?level=info")?;
-        if r.status != 200 {
-            bail!("setting the agent's log level: {} {}", r.status, r.text());
-        }
-        pin_all_threads(agent.pid(), SERVER_CPU)?;
-        Ok(agent)
+        BenchAgent::start(&self.topo, &agent_args(&config, relay), SERVER_CPU)
     }
 
     /// Writes `lines` to a file the pod's tools can read (the run's state directory).
@@ -188,11 +179,10 @@ pub fn server_commands() -> Vec<String> {
     ]
 }
 
-/// The agent's command line (the harness adds `-v`; the bench sets `/logging?level=info` at once and
-/// pins every agent thread with `taskset -a -p -c 1 PID`).
+/// The agent's command line (in the node netns).
 pub fn agent_command(relay: Relay) -> String {
     format!(
-        "redirect run --cgroup <pods cgroup> --gateway {} --admin {} -v {}",
+        "taskset -c {SERVER_CPU} redirect run --cgroup <pods cgroup> --gateway {} --admin {} {}",
         integration::GATEWAY,
         integration::ADMIN_ADDR,
         agent_args("<config dir>", relay).join(" ")
@@ -271,21 +261,6 @@ spec:
         name = pod.name,
         ip = pod.ip,
     )
-}
-
-/// Pins every thread of `pid` (the agent's tokio workers included) to `cpu`.
-fn pin_all_threads(pid: u32, cpu: u32) -> Result<()> {
-    let out = Command::new("taskset")
-        .args(["-a", "-p", "-c", &cpu.to_string(), &pid.to_string()])
-        .output()
-        .context("running taskset")?;
-    if !out.status.success() {
-        bail!(
-            "taskset -a -p -c {cpu} {pid}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
 }
 
 /// `Tcp: ... ActiveOpens ...` from /proc/net/snmp (a header line, then a value line).
