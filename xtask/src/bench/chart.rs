@@ -94,8 +94,9 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
         "higher is better (throughput, connections/s, DNS queries/s)",
         &higher,
         rows,
+        2.0,
     )?;
-    panel(&root, PANEL, "lower is better (latency)", &lower, rows)?;
+    panel(&root, PANEL, "lower is better (latency)", &lower, rows, 4.0)?;
     root.present()
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
@@ -143,24 +144,27 @@ fn panel(
     heading: &str,
     bars: &[Bar],
     rows: i32,
+    cap: f64,
 ) -> Result<()> {
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("{e}");
     let font = |size: i32| ("sans-serif", size).into_font();
     root.draw(&Text::new(heading, (left + 20, 55), font(18)))
         .map_err(err)?;
+    // The scale fits the bars up to `cap`: a whisker beyond it (one noisy p99.9 run) is cut at the edge.
     let scale_max = bars
         .iter()
         .flat_map(|b| [b.max, b.target.unwrap_or(0.0)])
-        .fold(1.25_f64, f64::max);
-    // Round the scale up to a quarter.
-    let scale_max = (scale_max * 4.0).ceil() / 4.0;
+        .fold(1.25_f64, f64::max)
+        .min(cap);
+    let step = if scale_max > 2.0 { 0.5 } else { 0.25 };
+    let scale_max = (scale_max / step).ceil() * step;
     let x0 = left + LABELS;
-    let x = |v: f64| x0 + (v / scale_max * f64::from(PLOT)) as i32;
+    let x = |v: f64| x0 + (v.min(scale_max) / scale_max * f64::from(PLOT)) as i32;
     let bottom = TOP + rows * ROW;
-    // Grid every quarter (labels every half), and the direct line at 1.
+    // A grid line every step (labels every other one), and the direct line at 1.
     let mut tick = 0.0;
     while tick <= scale_max + 1e-9 {
-        let major = (tick * 2.0).fract().abs() < 1e-9;
+        let major = (tick / (2.0 * step)).fract().abs() < 1e-9;
         let shade = if major { 215 } else { 238 };
         root.draw(&PathElement::new(
             vec![(x(tick), TOP - 5), (x(tick), bottom)],
@@ -175,7 +179,7 @@ fn panel(
             ))
             .map_err(err)?;
         }
-        tick += 0.25;
+        tick += step;
     }
     root.draw(&PathElement::new(
         vec![(x(1.0), TOP - 10), (x(1.0), bottom)],
@@ -221,8 +225,9 @@ fn panel(
             ))
             .map_err(err)?;
         }
+        let cut = if bar.max > scale_max { " ▸" } else { "" };
         root.draw(&Text::new(
-            format!("{:.2}×", bar.median),
+            format!("{:.2}×{cut}", bar.median),
             (x(bar.max.max(bar.target.unwrap_or(0.0))) + 8, mid),
             TextStyle::from(font(14)).pos(Pos::new(HPos::Left, VPos::Center)),
         ))

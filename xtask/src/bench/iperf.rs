@@ -48,6 +48,15 @@ pub fn parse(json: &str) -> anyhow::Result<f64> {
     Ok(bps / 1e9)
 }
 
+/// Bytes the receiver got (`end.sum_received.bytes`).
+pub fn received_bytes(json: &str) -> anyhow::Result<u64> {
+    let v: serde_json::Value =
+        serde_json::from_str(json).context("iperf3 -J output is not JSON")?;
+    v.pointer("/end/sum_received/bytes")
+        .and_then(|b| b.as_u64())
+        .context("iperf3 output has no end.sum_received.bytes")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,8 +64,9 @@ mod tests {
     #[test]
     fn reads_the_receiver_rate() {
         let out = r#"{"start":{},"intervals":[],"end":{"sum_sent":{"bits_per_second":2.1e10},
-            "sum_received":{"bits_per_second":2.05e10}}}"#;
+            "sum_received":{"bits_per_second":2.05e10,"bytes":2562500000}}}"#;
         assert_eq!(parse(out).unwrap(), 20.5);
+        assert_eq!(received_bytes(out).unwrap(), 2_562_500_000);
     }
 
     #[test]

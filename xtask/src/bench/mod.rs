@@ -19,6 +19,7 @@ mod dnsperf;
 mod iperf;
 mod machine;
 mod model;
+mod profile;
 mod report;
 mod rounds;
 mod scene;
@@ -46,6 +47,10 @@ pub struct BenchArgs {
     /// 3 rounds of 1 s runs and criterion's --quick (a few minutes) instead of 5 rounds of 4 s.
     #[arg(long)]
     quick: bool,
+    /// Instead of measuring: profile direct vs service with perf (latency, new connections, 8-stream
+    /// throughput) into target/bench-profile/.
+    #[arg(long, conflicts_with = "quick")]
+    profile: bool,
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
@@ -68,6 +73,12 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         "rdt-peer",
     ]))?;
     let peer = build::target_dir().join("release/rdt-peer");
+    if args.profile {
+        let scene = scene::Scene::build(&peer).context("building the bench topology")?;
+        let summary = profile::profile(&scene)?;
+        println!("xtask bench: profile summary in {}", summary.display());
+        return Ok(());
+    }
     control::build_criterion(&ebpf_object)?;
 
     let mut machine = machine::Machine::probe();

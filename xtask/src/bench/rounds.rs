@@ -40,7 +40,7 @@ enum Test {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Tcp {
+pub enum Tcp {
     Throughput(u32),
     Latency,
     ConnRate,
@@ -139,29 +139,7 @@ impl<'a> Runner<'a> {
         route: Route,
         agent: Option<&BenchAgent>,
     ) -> Result<()> {
-        let ip = match route {
-            Route::Service | Route::ServiceCopy => scene::VIP,
-            _ => scene::SERVER_IP,
-        };
-        let secs = self.settings.secs;
-        let (tool, args) = match test {
-            Tcp::Throughput(streams) => (
-                "iperf3",
-                iperf::client_args(SocketAddrV4::new(ip, scene::IPERF_PORT), streams, secs),
-            ),
-            Tcp::Latency => (
-                "sockperf",
-                sockperf::client_args(SocketAddrV4::new(ip, scene::SOCKPERF_PORT), secs),
-            ),
-            Tcp::ConnRate => (
-                "wrk",
-                wrk::client_args(
-                    &format!("http://{ip}:{}/", scene::HTTP_PORT),
-                    self.settings.wrk_conns,
-                    secs,
-                ),
-            ),
-        };
+        let (tool, args) = tcp_command(test, route, self.settings);
         let before = agent.map(BenchAgent::metrics).transpose()?;
         let opens_before = self.scene.pod_active_opens()?;
         let out = self.client(tool, &args);
@@ -231,23 +209,15 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
-    /// Runs a client tool in the pod, pinned to the client CPU; its stdout, or why it failed.
+    /// Runs a client tool in the pod (pinned to the client CPU), noting its command line for the report.
     fn client(&mut self, tool: &str, args: &[String]) -> Result<String> {
-        let cpu = scene::CLIENT_CPU.to_string();
-        self.commands
-            .insert(format!("taskset -c {cpu} {tool} {}", shell_words(args)));
-        let out = self
-            .scene
-            .pod()
-            .cmd("taskset")
-            .args(["-c", &cpu, tool])
-            .args(args)
-            .timeout(Duration::from_secs(u64::from(self.settings.secs) + 30))
-            .output()?;
-        if !out.success() {
-            bail!("{out}");
-        }
-        Ok(out.stdout_str())
+        self.commands.insert(format!(
+            "taskset -c {} {tool} {}",
+            scene::CLIENT_CPU,
+            shell_words(args)
+        ));
+        let timeout = Duration::from_secs(u64::from(self.settings.secs) + 30);
+        self.scene.client(tool, args, timeout)
     }
 
     fn file(
@@ -284,6 +254,33 @@ impl<'a> Runner<'a> {
                 }
             }
         }
+    }
+}
+
+/// The client tool and its arguments for `test` over `route`.
+pub fn tcp_command(test: Tcp, route: Route, settings: Settings) -> (&'static str, Vec<String>) {
+    let ip = match route {
+        Route::Service | Route::ServiceCopy => scene::VIP,
+        _ => scene::SERVER_IP,
+    };
+    let secs = settings.secs;
+    match test {
+        Tcp::Throughput(streams) => (
+            "iperf3",
+            iperf::client_args(SocketAddrV4::new(ip, scene::IPERF_PORT), streams, secs),
+        ),
+        Tcp::Latency => (
+            "sockperf",
+            sockperf::client_args(SocketAddrV4::new(ip, scene::SOCKPERF_PORT), secs),
+        ),
+        Tcp::ConnRate => (
+            "wrk",
+            wrk::client_args(
+                &format!("http://{ip}:{}/", scene::HTTP_PORT),
+                settings.wrk_conns,
+                secs,
+            ),
+        ),
     }
 }
 

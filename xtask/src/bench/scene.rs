@@ -131,9 +131,6 @@ impl Scene {
         })
     }
 
-    pub fn pod(&self) -> &Pod {
-        &self.pod
-    }
     pub fn topo(&self) -> &Topology {
         &self.topo
     }
@@ -142,6 +139,21 @@ impl Scene {
     pub fn start_agent(&self, relay: Relay) -> Result<BenchAgent> {
         let config = self.config_dir.to_string_lossy().into_owned();
         BenchAgent::start(&self.topo, &agent_args(&config, relay), SERVER_CPU)
+    }
+
+    /// Runs a client tool in the pod, pinned to the client CPU; its stdout, or what it printed on failure.
+    pub fn client(&self, tool: &str, args: &[String], timeout: Duration) -> Result<String> {
+        let out = self
+            .pod
+            .cmd("taskset")
+            .args(["-c", &CLIENT_CPU.to_string(), tool])
+            .args(args)
+            .timeout(timeout)
+            .output()?;
+        if !out.success() {
+            bail!("{out}");
+        }
+        Ok(out.stdout_str())
     }
 
     /// Writes `lines` to a file the pod's tools can read (the run's state directory).

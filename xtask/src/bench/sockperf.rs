@@ -69,6 +69,16 @@ pub fn parse(out: &str) -> anyhow::Result<Percentiles> {
     })
 }
 
+/// How many round trips a run measured (`Total N observations`).
+pub fn observations(out: &str) -> anyhow::Result<u64> {
+    out.lines()
+        .find_map(|l| {
+            let rest = l.split("Total ").nth(1)?;
+            rest.split_once(" observations")?.0.trim().parse().ok()
+        })
+        .context("sockperf printed no `Total N observations`")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +112,12 @@ sockperf: ---> <MIN> observation =   32.335
                 p999: 150.531
             }
         );
+    }
+
+    #[test]
+    fn counts_observations() {
+        assert_eq!(observations(OUT).unwrap(), 21007);
+        assert!(observations("sockperf: nothing").is_err());
     }
 
     #[test]

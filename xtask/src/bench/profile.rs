@@ -1,0 +1,237 @@
+//! `cargo xtask bench --profile`: where the time goes on the proxy path. For each test it runs direct,
+//! then service, once each, under `perf record -a -g -e cpu-clock` (a software clock: this kind of VM
+//! exposes no hardware counters), then service once more under `perf trace -s` on the agent, to count
+//! its system calls per request. Writes `target/bench-profile/` (perf.data files, reports, summary.txt).
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use super::model::Route;
+use super::rounds::{Settings, Tcp, tcp_command};
+use super::scene::{Relay, Scene};
+use super::{sockperf, wrk};
+use crate::build;
+
+const SETTINGS: Settings = Settings {
+    rounds: 1,
+    secs: 4,
+    wrk_conns: 16,
+};
+
+pub fn profile(scene: &Scene) -> Result<PathBuf> {
+    let dir = build::target_dir().join("bench-profile");
+    fs::create_dir_all(&dir)?;
+    let mut summary = String::new();
+    for (name, test) in [
+        ("latency", Tcp::Latency),
+        ("connections", Tcp::ConnRate),
+        ("throughput-8", Tcp::Throughput(8)),
+    ] {
+        println!("xtask bench: profiling {name}");
+        let _ = writeln!(summary, "==== {name}");
+        for route in [Route::Direct, Route::Service] {
+            let agent = match route {
+                Route::Direct => None,
+                _ => Some(scene.start_agent(Relay::Splice)?),
+            };
+            let data = dir.join(format!("{name}-{}.data", route.label()));
+            let perf = record(&data, SETTINGS.secs)?;
+            let out = run(scene, test, route);
+            finish(perf, "perf record")?;
+            let out = out?;
+            let _ = writeln!(
+                summary,
+                "-- {} ({})\nCPU samples by command (whole machine):\n{}",
+                route.label(),
+                units(test, &out)?.describe(),
+                report(&data, &["--sort", "comm", "--percent-limit", "2"])?
+            );
+            if let Some(agent) = agent {
+                let pid = agent.pid().to_string();
+                let _ = writeln!(
+                    summary,
+                    "Agent, by symbol (user and kernel, self time):\n{}",
+                    report(
+                        &data,
+                        &["--pid", &pid, "--sort", "dso,sym", "--percent-limit", "1.5"]
+                    )?
+                );
+                // A separate run: tracing every system call slows the agent down.
+                let trace_file = dir.join(format!("{name}-syscalls.txt"));
+                let tracer = trace(agent.pid(), &trace_file, SETTINGS.secs)?;
+                let traced = run(scene, test, route);
+                finish(tracer, "perf trace")?;
+                let units = units(test, &traced?)?;
+                let text = fs::read_to_string(&trace_file).unwrap_or_default();
+                let _ = writeln!(
+                    summary,
+                    "Agent system calls per {} (perf trace -s, {}):\n{}",
+                    units.name,
+                    units.describe(),
+                    per_unit(&text, units.count)
+                );
+                agent.stop()?;
+            }
+        }
+    }
+    let path = dir.join("summary.txt");
+    fs::write(&path, &summary)?;
+    println!("{summary}");
+    Ok(path)
+}
+
+fn run(scene: &Scene, test: Tcp, route: Route) -> Result<String> {
+    let (tool, args) = tcp_command(test, route, SETTINGS);
+    scene.client(tool, &args, Duration::from_secs(60))
+}
+
+/// How much work a run did, to divide system calls by.
+struct Units {
+    name: &'static str,
+    count: u64,
+}
+
+impl Units {
+    fn describe(&self) -> String {
+        format!("{} {}s", self.count, self.name)
+    }
+}
+
+fn units(test: Tcp, out: &str) -> Result<Units> {
+    Ok(match test {
+        Tcp::Latency => Units {
+            name: "round trip",
+            count: sockperf::observations(out)?,
+        },
+        Tcp::ConnRate => Units {
+            name: "connection",
+            count: wrk::parse(out)?.requests,
+        },
+        // Bytes are what a bulk run does: count MiB.
+        Tcp::Throughput(_) => Units {
+            name: "MiB",
+            count: super::iperf::received_bytes(out)? >> 20,
+        },
+    })
+}
+
+/// `perf record -a -g -e cpu-clock -F 999 -o DATA -- sleep SECS`, started before the client.
+fn record(data: &Path, secs: u32) -> Result<Child> {
+    Command::new("perf")
+        .args([
+            "record",
+            "-a",
+            "-g",
+            "-e",
+            "cpu-clock",
+            "-F",
+            "999",
+            "-q",
+            "-o",
+        ])
+        .arg(data)
+        .args(["--", "sleep", &(secs + 1).to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting perf record (Debian package linux-perf)")
+}
+
+/// `perf trace -s -p PID -o FILE -- sleep SECS`: a per-syscall summary of the agent.
+fn trace(pid: u32, file: &Path, secs: u32) -> Result<Child> {
+    Command::new("perf")
+        .args(["trace", "-s", "-p", &pid.to_string(), "-o"])
+        .arg(file)
+        .args(["--", "sleep", &(secs + 1).to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .context("starting perf trace")
+}
+
+fn finish(mut child: Child, what: &str) -> Result<()> {
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("{what} failed: {status}");
+    }
+    Ok(())
+}
+
+fn report(data: &Path, args: &[&str]) -> Result<String> {
+    let out = Command::new("perf")
+        .args(["report", "--stdio", "--no-children", "-g", "none", "-i"])
+        .arg(data)
+        .args(args)
+        .output()
+        .context("running perf report")?;
+    if !out.status.success() {
+        bail!("perf report: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .take(25)
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
+/// perf trace's summary, summed over threads: `syscall calls per-unit`, most frequent first.
+fn per_unit(trace: &str, units: u64) -> String {
+    let mut calls: Vec<(String, u64)> = Vec::new();
+    for line in trace.lines() {
+        // "   splice            8123      0     1.234 ..."
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (Some(name), Some(n)) = (f.first(), f.get(1).and_then(|n| n.parse::<u64>().ok()))
+        else {
+            continue;
+        };
+        if f.len() < 7 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        match calls.iter_mut().find(|(s, _)| s == name) {
+            Some((_, total)) => *total += n,
+            None => calls.push((name.to_string(), n)),
+        }
+    }
+    calls.sort_by(|a, b| b.1.cmp(&a.1));
+    let total: u64 = calls.iter().map(|(_, n)| n).sum();
+    let per = |n: u64| n as f64 / units.max(1) as f64;
+    let mut s = format!("  all: {total} calls, {:.1} per unit\n", per(total));
+    for (name, n) in calls.iter().take(15) {
+        let _ = writeln!(s, "  {name:<16} {n:>10} {:>8.2}", per(*n));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sums_perf_trace_summaries_over_threads() {
+        let trace = "
+ Summary of events:
+
+ tokio-runtime-w (1234), 300 events, 40.0%
+
+   syscall            calls  errors  total       min       avg       max       stddev
+                                     (msec)    (msec)    (msec)    (msec)        (%)
+   --------------- --------  ------ -------- --------- --------- ---------     ------
+   splice               200     50     1.000     0.001     0.005     0.010      1.00%
+   epoll_wait           100      0     9.000     0.001     0.090     1.000      5.00%
+
+ tokio-runtime-w (1235), 100 events, 10.0%
+
+   syscall            calls  errors  total       min       avg       max       stddev
+   --------------- --------  ------ -------- --------- --------- ---------     ------
+   splice                50      0     0.200     0.001     0.004     0.010      1.00%
+";
+        let s = per_unit(trace, 50);
+        assert!(s.contains("all: 350 calls, 7.0 per unit"), "{s}");
+        assert!(s.contains("splice                  250     5.00"), "{s}");
+        assert!(s.contains("epoll_wait              100     2.00"), "{s}");
+    }
+}
