@@ -32,13 +32,13 @@ mod wrk;
 const QUICK: rounds::Settings = rounds::Settings {
     rounds: 3,
     secs: 1,
-    wrk_conns: 16,
+    wrk_conns: 64,
 };
 /// The numbers to commit: under 20 minutes.
 const FULL: rounds::Settings = rounds::Settings {
     rounds: 5,
     secs: 4,
-    wrk_conns: 16,
+    wrk_conns: 64,
 };
 const CHART: &str = "docs/benchmarks.png";
 

@@ -19,7 +19,7 @@ use crate::build;
 const SETTINGS: Settings = Settings {
     rounds: 1,
     secs: 4,
-    wrk_conns: 16,
+    wrk_conns: 64,
 };
 
 pub fn profile(scene: &Scene) -> Result<PathBuf> {
@@ -51,13 +51,21 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
                 report(&data, &["--sort", "comm", "--percent-limit", "2"])?
             );
             if let Some(agent) = agent {
-                let pid = agent.pid().to_string();
+                // perf report filters by thread: name every thread of the agent.
+                let tids = threads(agent.pid())?;
                 let _ = writeln!(
                     summary,
                     "Agent, by symbol (user and kernel, self time):\n{}",
                     report(
                         &data,
-                        &["--pid", &pid, "--sort", "dso,sym", "--percent-limit", "1.5"]
+                        &[
+                            "--tid",
+                            &tids,
+                            "--sort",
+                            "dso,sym",
+                            "--percent-limit",
+                            "1.5"
+                        ]
                     )?
                 );
                 // A separate run: tracing every system call slows the agent down.
@@ -82,6 +90,17 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
     fs::write(&path, &summary)?;
     println!("{summary}");
     Ok(path)
+}
+
+/// `tid,tid,...` of every thread of `pid`.
+fn threads(pid: u32) -> Result<String> {
+    let dir = format!("/proc/{pid}/task");
+    let tids: Vec<String> = fs::read_dir(&dir)
+        .with_context(|| format!("reading {dir}"))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    Ok(tids.join(","))
 }
 
 fn run(scene: &Scene, test: Tcp, route: Route) -> Result<String> {
