@@ -43,12 +43,24 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
             let out = run(scene, test, route);
             finish(perf, "perf record")?;
             let out = out?;
+            let units = work_done(test, &out)?;
+            let by_command = report(
+                &data,
+                &[
+                    "--sort",
+                    "comm",
+                    "--show-nr-samples",
+                    "--percent-limit",
+                    "2",
+                ],
+            )?;
             let _ = writeln!(
                 summary,
-                "-- {} ({})\nCPU samples by command (whole machine):\n{}",
+                "-- {} ({})\nCPU by command, whole machine (share, samples, µs of CPU per {}):\n{}",
                 route.label(),
-                units(test, &out)?.describe(),
-                report(&data, &["--sort", "comm", "--percent-limit", "2"])?
+                units.describe(),
+                units.name,
+                cpu_per_unit(&by_command, units.count)
             );
             if let Some(agent) = agent {
                 // perf report filters by thread: name every thread of the agent.
@@ -73,14 +85,14 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
                 let tracer = trace(agent.pid(), &trace_file, SETTINGS.secs)?;
                 let traced = run(scene, test, route);
                 finish(tracer, "perf trace")?;
-                let units = units(test, &traced?)?;
+                let traced = work_done(test, &traced?)?;
                 let text = fs::read_to_string(&trace_file).unwrap_or_default();
                 let _ = writeln!(
                     summary,
                     "Agent system calls per {} (perf trace -s, {}):\n{}",
-                    units.name,
-                    units.describe(),
-                    per_unit(&text, units.count)
+                    traced.name,
+                    traced.describe(),
+                    per_unit(&text, traced.count)
                 );
                 agent.stop()?;
             }
@@ -120,7 +132,7 @@ impl Units {
     }
 }
 
-fn units(test: Tcp, out: &str) -> Result<Units> {
+fn work_done(test: Tcp, out: &str) -> Result<Units> {
     Ok(match test {
         Tcp::Latency => Units {
             name: "round trip",
@@ -197,6 +209,25 @@ fn report(data: &Path, args: &[&str]) -> Result<String> {
         .join("\n"))
 }
 
+/// Adds µs of CPU per unit to `perf report --sort comm --show-nr-samples` lines (one sample per
+/// 1/999 s of one CPU).
+fn cpu_per_unit(by_command: &str, units: u64) -> String {
+    by_command
+        .lines()
+        .map(|line| {
+            let samples = line
+                .split_whitespace()
+                .nth(1)
+                .and_then(|n| n.parse::<f64>().ok());
+            match samples {
+                Some(n) => format!("{line:<40} {:>8.1}", n / 999.0 * 1e6 / units.max(1) as f64),
+                None => line.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// perf trace's summary, summed over threads: `syscall calls per-unit`, most frequent first.
 fn per_unit(trace: &str, units: u64) -> String {
     let mut calls: Vec<(String, u64)> = Vec::new();
@@ -215,7 +246,7 @@ fn per_unit(trace: &str, units: u64) -> String {
             None => calls.push((name.to_string(), n)),
         }
     }
-    calls.sort_by(|a, b| b.1.cmp(&a.1));
+    calls.sort_by_key(|c| std::cmp::Reverse(c.1));
     let total: u64 = calls.iter().map(|(_, n)| n).sum();
     let per = |n: u64| n as f64 / units.max(1) as f64;
     let mut s = format!("  all: {total} calls, {:.1} per unit\n", per(total));

@@ -139,7 +139,7 @@ impl Report<'_> {
         let _ = writeln!(s, "![ratios to direct]({})\n", self.chart);
         s.push_str(&self.tables());
         s.push_str("\n## Machine\n\n");
-        let _ = writeln!(s, "- CPU: {} × {} (no SMT)", m.cpu, m.cores);
+        let _ = writeln!(s, "- CPU: {}, {} CPUs", m.cpu, m.cores);
         let _ = writeln!(s, "- Kernel: {}", m.kernel);
         let _ = writeln!(s, "- Date: {}", m.date);
         let _ = writeln!(
@@ -164,13 +164,25 @@ impl Report<'_> {
         for relay in [Relay::Splice, Relay::Copy] {
             let _ = writeln!(s, "{}", scene::agent_command(relay));
         }
-        s.push_str("```\n\nClients, in the pod `bench/client` (its cgroup and netns), every one run each round:\n\n```\n");
+        let _ = write!(
+            s,
+            "```\n\nIts config (`<config dir>/bench.yaml`):\n\n```yaml\n{}```\n",
+            scene::bench_config()
+        );
+        let _ = write!(
+            s,
+            "\nClients, in the pod `bench/client` (its cgroup and netns), every one run each round \
+             (`<run dir>/answered.queries` holds `{} A`, `forwarded.queries` holds `{} A`):\n\n```\n",
+            scene::ANSWERED_NAME,
+            scene::FORWARDED_NAME
+        );
         for c in self.commands {
             let _ = writeln!(s, "{c}");
         }
         let _ = writeln!(
             s,
-            "```\n\nControl plane, from the workspace root:\n\n```\n{}\n```",
+            "```\n\nControl plane, from the workspace root:\n\n```\n{}\n```\n\nProfiles (the **Why** below): \
+             `sudo cargo xtask bench --profile` writes `target/bench-profile/summary.txt`.",
             self.criterion_command
         );
         s.push_str("\n## Why\n\n");
@@ -322,6 +334,56 @@ mod tests {
             format!("# Benchmarks\n...\n## Why\n\n{WHY_BEGIN}\nperf shows copies.\n{WHY_END}\n");
         assert_eq!(kept_why(&old), "perf shows copies.");
         assert!(kept_why("# no markers").starts_with("(No analysis yet"));
+    }
+
+    #[test]
+    fn renders_every_section() {
+        let mut results = Results::new(2);
+        for round in 0..2 {
+            results.record(round, Metric::Throughput1, Route::Direct, Some(20.0));
+            results.record(round, Metric::Throughput1, Route::Service, Some(16.0));
+        }
+        let machine = Machine {
+            cpu: "Test CPU".into(),
+            cores: 2,
+            kernel: "6.1".into(),
+            date: "2026-01-01 00:00 UTC".into(),
+            load_before: "0.1 0.1 0.1".into(),
+            load_after: "0.2 0.2 0.2".into(),
+            tools: vec!["iperf3 3.12".into()],
+        };
+        let commands = BTreeSet::from(["taskset -c 0 iperf3 -c 100.64.0.10".to_string()]);
+        let verdicts = super::super::targets::judge(&results, &[], None);
+        let report = Report {
+            quick: true,
+            settings: Settings {
+                rounds: 2,
+                secs: 1,
+                wrk_conns: 64,
+            },
+            machine: &machine,
+            results: &results,
+            commands: &commands,
+            criterion: &[],
+            criterion_command: "cargo bench".into(),
+            memory: None,
+            verdicts: &verdicts,
+            measuring: Duration::from_secs(90),
+            chart: "docs/benchmarks.png",
+        };
+        let md = report.markdown("kept analysis");
+        for needle in [
+            "| service | 16.00 (16.00–16.00) | 0.80× (0.80–0.80) |",
+            "## 5. Control plane",
+            "| throughput, 1 stream service ≥ 0.8× direct | 0.80× (0.80–0.80) | met |",
+            "addresses: [100.64.0.10]",
+            "taskset -c 0 iperf3 -c 100.64.0.10",
+            "Test CPU, 2 CPUs",
+            "kept analysis",
+        ] {
+            assert!(md.contains(needle), "missing {needle:?} in:\n{md}");
+        }
+        assert_eq!(kept_why(&md), "kept analysis");
     }
 
     #[test]

@@ -211,11 +211,13 @@ impl<'a> Runner<'a> {
 
     /// Runs a client tool in the pod (pinned to the client CPU), noting its command line for the report.
     fn client(&mut self, tool: &str, args: &[String]) -> Result<String> {
-        self.commands.insert(format!(
+        let line = format!(
             "taskset -c {} {tool} {}",
             scene::CLIENT_CPU,
             shell_words(args)
-        ));
+        );
+        let run_dir = self.scene.run_dir().to_string_lossy().into_owned();
+        self.commands.insert(line.replace(&run_dir, "<run dir>"));
         let timeout = Duration::from_secs(u64::from(self.settings.secs) + 30);
         self.scene.client(tool, args, timeout)
     }

@@ -71,7 +71,7 @@ impl Scene {
         }
         let config_dir = topo.scratch_path("config");
         fs::create_dir_all(&config_dir)?;
-        fs::write(config_dir.join("bench.yaml"), bench_config(&pod))?;
+        fs::write(config_dir.join("bench.yaml"), bench_config())?;
 
         topo.ensure_ext_address(SERVER_IP)?;
         topo.ensure_ext_address(RESOLVER_IP)?;
@@ -156,7 +156,12 @@ impl Scene {
         Ok(out.stdout_str())
     }
 
-    /// Writes `lines` to a file the pod's tools can read (the run's state directory).
+    /// The run's private directory (in the client command lines the report shows it as `<run dir>`).
+    pub fn run_dir(&self) -> &Path {
+        self.topo.state_dir()
+    }
+
+    /// Writes `contents` to a file the pod's tools can read (the run's state directory).
     pub fn scratch_file(&self, name: &str, contents: &str) -> Result<PathBuf> {
         let path = self.topo.scratch_path(name);
         fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
@@ -239,8 +244,9 @@ fn dnsmasq_args() -> Vec<String> {
 
 /// The client's namespace, its pod, and one NAMESPACE ServiceEntry in it whose VIP leads to the ext server
 /// on every port the tests use.
-fn bench_config(pod: &Pod) -> String {
-    let ns = &pod.namespace;
+pub fn bench_config() -> String {
+    let (key, ip) = POD;
+    let (ns, name) = key.split_once('/').unwrap_or(("bench", "client"));
     format!(
         "apiVersion: v1
 kind: Namespace
@@ -269,9 +275,7 @@ spec:
   resolution: STATIC
   endpoints:
     - address: {SERVER_IP}
-",
-        name = pod.name,
-        ip = pod.ip,
+"
     )
 }
 
