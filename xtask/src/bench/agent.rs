@@ -1,6 +1,6 @@
-//! The agent as a node runs it: `redirect run` at its default log level (info), every thread pinned to
-//! one CPU from the start. The harness's `Agent` adds `-v` and prints its log tail whenever it is
-//! dropped: right for a test, noise for a bench that restarts the agent dozens of times.
+//! The agent as a node runs it: `redirect run` at its default log level (info), unpinned or with every
+//! thread pinned to one CPU from the start. The harness's `Agent` adds `-v` and prints its log tail
+//! whenever it is dropped: right for a test, noise for a bench that restarts the agent dozens of times.
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -17,13 +17,18 @@ pub struct BenchAgent {
 }
 
 impl BenchAgent {
-    /// `taskset -c CPU redirect run --cgroup <pods> --gateway 169.254.7.1 --admin 127.0.0.1:15000 ARGS`
+    /// `[taskset -c CPU] redirect run --cgroup <pods> --gateway 169.254.7.1 --admin 127.0.0.1:15000 ARGS`
     /// in the node netns; returns once `/healthz/ready` answers 200.
-    pub fn start(topo: &Topology, args: &[String], cpu: u32) -> Result<BenchAgent> {
-        let proc = topo
-            .node_cmd("taskset")
-            .args(["-c", &cpu.to_string()])
-            .arg(integration::Agent::bin()?)
+    pub fn start(topo: &Topology, args: &[String], cpu: Option<u32>) -> Result<BenchAgent> {
+        let agent = integration::Agent::bin()?;
+        let cmd = match cpu {
+            Some(cpu) => topo
+                .node_cmd("taskset")
+                .args(["-c", &cpu.to_string()])
+                .arg(agent),
+            None => topo.node_cmd(agent),
+        };
+        let proc = cmd
             .arg("run")
             .arg("--cgroup")
             .arg(topo.attach_cgroup())

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::agent::BenchAgent;
 use super::big_config;
-use super::scene::{self, Relay, Scene, agent_args};
+use super::scene::{Relay, Scene, agent_args};
 use crate::{build, cmd};
 use anyhow::{Context, Result, bail};
 
@@ -139,7 +139,7 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     let agent = BenchAgent::start(
         scene.topo(),
         &agent_args(&config, Relay::Splice),
-        scene::SERVER_CPU,
+        scene.agent_cpu(),
     )?;
     let ready = started.elapsed();
     // Let the allocator settle after the build (freed parse buffers).

@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// 3 rounds of 1 s runs and criterion's --quick (a few minutes) instead of 5 rounds of 4 s.
     #[arg(long)]
     quick: bool,
+    /// Pin the agent to this CPU for the TCP tests (default: not pinned, as a DaemonSet runs; the DNS
+    /// rate always runs it on CPU 1, since its target is per core).
+    #[arg(long, value_name = "CPU", value_parser = clap::value_parser!(u32).range(0..2))]
+    agent_cpu: Option<u32>,
     /// Instead of measuring: profile direct vs service with perf (latency, new connections, 8-stream
     /// throughput) into target/bench-profile/.
     #[arg(long, conflicts_with = "quick")]
@@ -74,7 +78,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     ]))?;
     let peer = build::target_dir().join("release/rdt-peer");
     if args.profile {
-        let scene = scene::Scene::build(&peer).context("building the bench topology")?;
+        let scene =
+            scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
         let summary = profile::profile(&scene)?;
         println!("xtask bench: profile summary in {}", summary.display());
         return Ok(());
@@ -84,7 +89,8 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let mut machine = machine::Machine::probe();
     let measuring = Instant::now();
     let (results, commands, memory) = {
-        let scene = scene::Scene::build(&peer).context("building the bench topology")?;
+        let scene =
+            scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
         let mut runner = rounds::Runner::new(&scene, settings)?;
         runner.run()?;
         println!("xtask bench: agent memory with the 10,000-entry config");
@@ -108,6 +114,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         commands: &commands,
         criterion: &criterion,
         criterion_command: control::criterion_command(args.quick),
+        agent_cpu: args.agent_cpu,
         memory: Some(memory),
         verdicts: &verdicts,
         measuring,

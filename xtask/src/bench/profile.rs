@@ -29,6 +29,7 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
     for (name, test) in [
         ("latency", Tcp::Latency),
         ("connections", Tcp::ConnRate),
+        ("throughput-1", Tcp::Throughput(1)),
         ("throughput-8", Tcp::Throughput(8)),
     ] {
         println!("xtask bench: profiling {name}");

@@ -23,6 +23,8 @@ pub struct Report<'a> {
     pub commands: &'a BTreeSet<String>,
     pub criterion: &'a [Criterion],
     pub criterion_command: String,
+    /// `--agent-cpu`: where the agent ran for the TCP tests (None: unpinned).
+    pub agent_cpu: Option<u32>,
     pub memory: Option<Memory>,
     pub verdicts: &'a [Verdict],
     pub measuring: Duration,
@@ -124,12 +126,16 @@ impl Report<'_> {
         );
         let _ = writeln!(
             s,
-            "**This run:** {} mode, {} rounds of {} s per tool run, {:.1} min of measuring. \
-             {}\n",
+            "**This run:** {} mode, {} rounds of {} s per tool run, {:.1} min of measuring; agent {} for the \
+             TCP tests. {}\n",
             if self.quick { "quick" } else { "full" },
             self.settings.rounds,
             self.settings.secs,
             self.measuring.as_secs_f64() / 60.0,
+            self.agent_cpu
+                .map_or("not pinned".to_string(), |cpu| format!(
+                    "pinned to CPU {cpu}"
+                )),
             if self.quick {
                 "Quick runs are short and noisy: the committed numbers come from a full run."
             } else {
@@ -159,11 +165,16 @@ impl Report<'_> {
             let _ = writeln!(s, "{c}");
         }
         s.push_str(
-            "```\n\nThe agent, in the node netns (only in the phases that use it):\n\n```\n",
+            "```\n\nThe agent, in the node netns (only in the phases that use it): for the TCP tests, then for DNS:\n\n```\n",
         );
+        let tcp_prefix = self
+            .agent_cpu
+            .map_or(String::new(), |cpu| format!("taskset -c {cpu} "));
         for relay in [Relay::Splice, Relay::Copy] {
-            let _ = writeln!(s, "{}", scene::agent_command(relay));
+            let _ = writeln!(s, "{}", scene::agent_command(&tcp_prefix, relay));
         }
+        let dns_prefix = format!("taskset -c {} ", scene::SERVER_CPU);
+        let _ = writeln!(s, "{}", scene::agent_command(&dns_prefix, Relay::Splice));
         let _ = write!(
             s,
             "```\n\nIts config (`<config dir>/bench.yaml`):\n\n```yaml\n{}```\n",
@@ -278,8 +289,10 @@ const METHOD: &str = "
 - Every run through the agent is checked against its counters (`redirect_outbound_connections_total` by outcome,
   `redirect_dns_queries_total` by outcome): all of the run's connections (as counted by the pod's kernel,
   `Tcp: ActiveOpens`) must carry the route's outcome and none another, or the bench fails.
-- Pinning: clients on CPU 0; servers, dnsmasq and every agent thread on CPU 1 (`taskset`). DNS \"on one core\" is
-  therefore the agent on one CPU. The agent runs at log level `info`, as on a node.
+- Pinning: clients on CPU 0; servers and dnsmasq on CPU 1 (`taskset`). The agent is not pinned for the TCP tests
+  (a DaemonSet is not: the scheduler places it; `--agent-cpu N` pins it), and runs on CPU 1 alone for the DNS tests,
+  whose target is per core. On 2 CPUs the agent's placement moves the ratios a lot: see **Why**. The agent runs at
+  log level `info`, as on a node.
 - Connection rate: wrk with `-H \"Connection: close\"`; the server (the harness's `rdt-peer`, release build, a
   thread per connection) answers with `Connection: close` and wrk opens a new connection for each request.
   The pod's `ActiveOpens` must grow by at least 95 % of wrk's request count, so the figure is connections, not
@@ -366,6 +379,7 @@ mod tests {
             commands: &commands,
             criterion: &[],
             criterion_command: "cargo bench".into(),
+            agent_cpu: None,
             memory: None,
             verdicts: &verdicts,
             measuring: Duration::from_secs(90),

@@ -113,7 +113,11 @@ impl<'a> Runner<'a> {
             }
             Phase::Agent(relay) => relay,
         };
-        let agent = self.scene.start_agent(relay)?;
+        // The DNS target is per core: the agent gets one CPU of its own (the server side's) there.
+        let agent = match test {
+            Test::Dns => self.scene.start_agent_on(relay, Some(scene::SERVER_CPU))?,
+            Test::Tcp(_) => self.scene.start_agent(relay)?,
+        };
         let mut routes = match (test, relay) {
             (Test::Dns, _) => vec![Route::DnsAnswered, Route::DnsForwarded],
             (_, Relay::Splice) => vec![Route::Service, Route::Passthrough],

@@ -1,8 +1,10 @@
 //! The stage every run plays on: the harness's netns topology with one client pod, the servers in ext
 //! (iperf3, sockperf, an HTTP server, dnsmasq), the agent's config, and the agent when a phase needs it.
 //!
-//! Client programs are pinned to CPU 0; servers, the upstream resolver and the agent to CPU 1. On a
-//! 2-core machine that keeps the load generator from stealing the server side's CPU, so runs repeat.
+//! Client programs are pinned to CPU 0; servers and the upstream resolver to CPU 1. On a 2-core machine
+//! that keeps the load generator from stealing the server side's CPU, so the direct runs repeat. The
+//! agent is not pinned (a DaemonSet is not), unless `--agent-cpu` says so; for the DNS rate it runs on
+//! one CPU, the server's, because that target is per core.
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -53,12 +55,14 @@ pub struct Scene {
     topo: Topology,
     pod: Pod,
     config_dir: PathBuf,
+    /// Where the agent runs for the TCP tests (None: wherever the scheduler puts it).
+    agent_cpu: Option<u32>,
 }
 
 impl Scene {
     /// Builds the topology, writes the agent's config and starts every server. `peer` is the release
     /// build of the harness's `rdt-peer` (its HTTP server answers `GET /` and closes).
-    pub fn build(peer: &Path) -> Result<Scene> {
+    pub fn build(peer: &Path, agent_cpu: Option<u32>) -> Result<Scene> {
         let topo = Topology::with_pods(&[POD])?;
         let pod = topo.pod(POD.0).clone();
         // Connection-rate runs open tens of thousands of connections: more ephemeral ports for the
@@ -128,6 +132,7 @@ impl Scene {
             topo,
             pod,
             config_dir,
+            agent_cpu,
         })
     }
 
@@ -135,10 +140,19 @@ impl Scene {
         &self.topo
     }
 
-    /// Starts the agent with the bench config, pinned to the server CPU.
+    /// Starts the agent with the bench config, placed as `--agent-cpu` says (unpinned by default).
     pub fn start_agent(&self, relay: Relay) -> Result<BenchAgent> {
+        self.start_agent_on(relay, self.agent_cpu)
+    }
+
+    /// Starts the agent with the bench config, every thread on `cpu` (None: unpinned).
+    pub fn start_agent_on(&self, relay: Relay, cpu: Option<u32>) -> Result<BenchAgent> {
         let config = self.config_dir.to_string_lossy().into_owned();
-        BenchAgent::start(&self.topo, &agent_args(&config, relay), SERVER_CPU)
+        BenchAgent::start(&self.topo, &agent_args(&config, relay), cpu)
+    }
+
+    pub fn agent_cpu(&self) -> Option<u32> {
+        self.agent_cpu
     }
 
     /// Runs a client tool in the pod, pinned to the client CPU; its stdout, or what it printed on failure.
@@ -196,10 +210,10 @@ pub fn server_commands() -> Vec<String> {
     ]
 }
 
-/// The agent's command line (in the node netns).
-pub fn agent_command(relay: Relay) -> String {
+/// The agent's command line (in the node netns), with `prefix` (e.g. `taskset -c 1 `).
+pub fn agent_command(prefix: &str, relay: Relay) -> String {
     format!(
-        "taskset -c {SERVER_CPU} redirect run --cgroup <pods cgroup> --gateway {} --admin {} {}",
+        "{prefix}redirect run --cgroup <pods cgroup> --gateway {} --admin {} {}",
         integration::GATEWAY,
         integration::ADMIN_ADDR,
         agent_args("<config dir>", relay).join(" ")
