@@ -16,6 +16,10 @@ use super::scene::{Relay, Scene};
 use super::{sockperf, wrk};
 use crate::build;
 
+/// Time perf takes to attach: the client starts after it, and perf stops well after the client, so
+/// the counts cover the whole run.
+const ATTACH: Duration = Duration::from_secs(1);
+
 const SETTINGS: Settings = Settings {
     rounds: 1,
     secs: 4,
@@ -41,6 +45,7 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
             };
             let data = dir.join(format!("{name}-{}.data", route.label()));
             let perf = record(&data, SETTINGS.secs)?;
+            std::thread::sleep(ATTACH);
             let out = run(scene, test, route);
             finish(perf, "perf record")?;
             let out = out?;
@@ -48,6 +53,7 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
             let by_command = report(
                 &data,
                 &[
+                    "--no-children",
                     "--sort",
                     "comm",
                     "--show-nr-samples",
@@ -64,26 +70,41 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
                 cpu_per_unit(&by_command, units.count)
             );
             if let Some(agent) = agent {
+                let split = report(
+                    &data,
+                    &[
+                        "--no-children",
+                        "--sort",
+                        "comm,dso",
+                        "--percent-limit",
+                        "0.5",
+                    ],
+                )?;
                 // perf report filters by thread: name every thread of the agent.
                 let tids = threads(agent.pid())?;
+                let inclusive = report(
+                    &data,
+                    &[
+                        "--children",
+                        "--tid",
+                        &tids,
+                        "--percentage",
+                        "relative",
+                        "--sort",
+                        "sym",
+                        "--percent-limit",
+                        "8",
+                    ],
+                )?;
                 let _ = writeln!(
                     summary,
-                    "Agent, by symbol (user and kernel, self time):\n{}",
-                    report(
-                        &data,
-                        &[
-                            "--tid",
-                            &tids,
-                            "--sort",
-                            "dso,sym",
-                            "--percent-limit",
-                            "1.5"
-                        ]
-                    )?
+                    "Kernel or user space, by command (the agent's threads are `proxy`):\n{split}\n\
+                     Agent, inclusive time by function (share of the agent's samples):\n{inclusive}"
                 );
                 // A separate run: tracing every system call slows the agent down.
                 let trace_file = dir.join(format!("{name}-syscalls.txt"));
                 let tracer = trace(agent.pid(), &trace_file, SETTINGS.secs)?;
+                std::thread::sleep(ATTACH);
                 let traced = run(scene, test, route);
                 finish(tracer, "perf trace")?;
                 let traced = work_done(test, &traced?)?;
@@ -166,7 +187,7 @@ fn record(data: &Path, secs: u32) -> Result<Child> {
             "-o",
         ])
         .arg(data)
-        .args(["--", "sleep", &(secs + 1).to_string()])
+        .args(["--", "sleep", &(secs + 3).to_string()])
         .stdout(Stdio::null())
         .spawn()
         .context("starting perf record (Debian package linux-perf)")
@@ -177,7 +198,7 @@ fn trace(pid: u32, file: &Path, secs: u32) -> Result<Child> {
     Command::new("perf")
         .args(["trace", "-s", "-p", &pid.to_string(), "-o"])
         .arg(file)
-        .args(["--", "sleep", &(secs + 1).to_string()])
+        .args(["--", "sleep", &(secs + 3).to_string()])
         .stdout(Stdio::null())
         .spawn()
         .context("starting perf trace")
@@ -193,7 +214,7 @@ fn finish(mut child: Child, what: &str) -> Result<()> {
 
 fn report(data: &Path, args: &[&str]) -> Result<String> {
     let out = Command::new("perf")
-        .args(["report", "--stdio", "--no-children", "-g", "none", "-i"])
+        .args(["report", "--stdio", "-g", "none", "-i"])
         .arg(data)
         .args(args)
         .output()
@@ -205,7 +226,7 @@ fn report(data: &Path, args: &[&str]) -> Result<String> {
     Ok(text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
-        .take(25)
+        .take(30)
         .collect::<Vec<_>>()
         .join("\n"))
 }
