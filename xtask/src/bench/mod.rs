@@ -26,6 +26,7 @@ mod scene;
 mod sockperf;
 mod stats;
 mod targets;
+mod verify;
 mod wrk;
 
 /// Short runs: under 5 minutes once built.

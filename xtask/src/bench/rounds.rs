@@ -8,13 +8,13 @@ use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use integration::{Metrics, RESOLVER_IP};
+use anyhow::{Context, Result};
+use integration::RESOLVER_IP;
 
 use super::agent::BenchAgent;
 use super::model::{Metric, Results, Route};
 use super::scene::{self, Relay, Scene};
-use super::{dnsperf, iperf, sockperf, wrk};
+use super::{dnsperf, iperf, sockperf, verify, wrk};
 
 /// How long and how often.
 #[derive(Clone, Copy, Debug)]
@@ -53,8 +53,6 @@ const TESTS: [Test; 5] = [
     Test::Tcp(Tcp::ConnRate),
     Test::Dns,
 ];
-const OUTCOME: &str = "redirect_outbound_connections_total";
-const DNS_OUTCOME: &str = "redirect_dns_queries_total";
 
 pub struct Runner<'a> {
     scene: &'a Scene,
@@ -149,7 +147,7 @@ impl<'a> Runner<'a> {
         let out = self.client(tool, &args);
         let opens = self.scene.pod_active_opens()? - opens_before;
         if let (Some(agent), Some(before)) = (agent, &before) {
-            check_outbound(route, before, &agent.metrics()?, opens)?;
+            verify::outbound(route, before, &agent.metrics()?, opens)?;
         }
         let parsed: Result<Vec<(Metric, f64)>> = out.and_then(|out| match test {
             Tcp::Throughput(1) => Ok(vec![(Metric::Throughput1, iperf::parse(&out)?)]),
@@ -164,16 +162,7 @@ impl<'a> Runner<'a> {
             }
             Tcp::ConnRate => {
                 let r = wrk::parse(&out)?;
-                // Each request must have been its own connection, seen by the pod's kernel.
-                if (opens as f64) < 0.95 * r.requests as f64 {
-                    bail!(
-                        "wrk reported {} requests but the pod opened only {opens} connections: not one connection per request",
-                        r.requests
-                    );
-                }
-                if r.errors * 100 > r.requests {
-                    bail!("wrk: {} errors in {} requests", r.errors, r.requests);
-                }
+                verify::new_connections(&r, opens)?;
                 Ok(vec![(Metric::ConnRate, r.per_second)])
             }
         });
@@ -196,7 +185,7 @@ impl<'a> Runner<'a> {
             let out = self.client("dnsperf", &args);
             let report = out.and_then(|o| dnsperf::parse(&o));
             if let (Some(agent), Some(before), Ok(report)) = (agent, &before, &report) {
-                check_dns(route, before, &agent.metrics()?, report.completed)?;
+                verify::dns(route, before, &agent.metrics()?, report.completed)?;
             }
             let parsed = report.map(|r| {
                 vec![(
@@ -297,62 +286,6 @@ fn test_metrics(test: Tcp) -> &'static [Metric] {
         Tcp::Latency => &[Metric::LatencyP50, Metric::LatencyP99, Metric::LatencyP999],
         Tcp::ConnRate => &[Metric::ConnRate],
     }
-}
-
-/// The agent must have carried the run's connections under the route's outcome, and none under another.
-fn check_outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
-    let expected = match route {
-        Route::Service | Route::ServiceCopy => "service",
-        Route::Passthrough | Route::PassthroughCopy => "passthrough",
-        other => bail!("{other:?} is not an outbound route"),
-    };
-    let mut counted = 0.0;
-    for outcome in [
-        "service",
-        "workload",
-        "passthrough",
-        "no_healthy_upstream",
-        "error",
-    ] {
-        let d = scene::delta(
-            before,
-            after,
-            &format!("{OUTCOME}{{outcome=\"{outcome}\"}}"),
-        );
-        if outcome == expected {
-            counted = d;
-        } else if d > 0.0 {
-            bail!(
-                "a {} run made {d} `{outcome}` connections in the agent",
-                route.label()
-            );
-        }
-    }
-    if counted < 1.0 || counted + 0.5 < opens as f64 * 0.99 {
-        bail!(
-            "a {} run: the pod opened {opens} connections, the agent counted {counted} as `{expected}`",
-            route.label()
-        );
-    }
-    Ok(())
-}
-
-fn check_dns(route: Route, before: &Metrics, after: &Metrics, completed: u64) -> Result<()> {
-    let (expected, other) = match route {
-        Route::DnsAnswered => ("answered", "forwarded"),
-        Route::DnsForwarded => ("forwarded", "answered"),
-        other => bail!("{other:?} is not a DNS route through the agent"),
-    };
-    let key = |o: &str| format!("{DNS_OUTCOME}{{outcome=\"{o}\"}}");
-    let counted = scene::delta(before, after, &key(expected));
-    let stray = scene::delta(before, after, &key(other));
-    if counted < completed as f64 || stray > 0.0 {
-        bail!(
-            "a DNS run {}: dnsperf got {completed} answers, the agent counted {counted} `{expected}` and {stray} `{other}`",
-            route.label()
-        );
-    }
-    Ok(())
 }
 
 /// Arguments as a shell would need them (quoted when they hold spaces).

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use integration::procfs::{self, Proto};
-use integration::{Metrics, Pod, Proc, RESOLVER_IP, Topology};
+use integration::{Pod, Proc, RESOLVER_IP, Topology};
 
 use super::agent::BenchAgent;
 use super::{iperf, sockperf};
@@ -306,11 +306,6 @@ fn active_opens(snmp: &str) -> Result<u64> {
     let v = values.split_whitespace().nth(at).unwrap_or("");
     v.parse()
         .with_context(|| format!("/proc/net/snmp ActiveOpens {v:?}"))
-}
-
-/// Counter deltas the agent shows for one run, to prove which path it took.
-pub fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
-    after.get_or_zero(key) - before.get_or_zero(key)
 }
 
 #[cfg(test)]

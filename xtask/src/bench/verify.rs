@@ -1,0 +1,143 @@
+//! Proof that a run took the path it is filed under, from the agent's counters and the pod's kernel.
+//! A run that fails these is a bench bug (or an agent bug), never a slow run: the bench stops.
+use anyhow::{Result, bail};
+use integration::Metrics;
+
+use super::model::Route;
+use super::wrk;
+
+const OUTCOME: &str = "redirect_outbound_connections_total";
+const DNS_OUTCOME: &str = "redirect_dns_queries_total";
+const OUTCOMES: [&str; 5] = [
+    "service",
+    "workload",
+    "passthrough",
+    "no_healthy_upstream",
+    "error",
+];
+
+/// The agent carried every connection the pod opened (`opens`, from its `ActiveOpens`) under the route's
+/// outcome, and none under another.
+pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
+    let expected = match route {
+        Route::Service | Route::ServiceCopy => "service",
+        Route::Passthrough | Route::PassthroughCopy => "passthrough",
+        other => bail!("{other:?} is not an outbound route"),
+    };
+    let mut counted = 0.0;
+    for outcome in OUTCOMES {
+        let d = delta(
+            before,
+            after,
+            &format!("{OUTCOME}{{outcome=\"{outcome}\"}}"),
+        );
+        if outcome == expected {
+            counted = d;
+        } else if d > 0.0 {
+            bail!(
+                "a {} run made {d} `{outcome}` connections in the agent",
+                route.label()
+            );
+        }
+    }
+    // The pod's count may include a connection the agent refused before counting it: allow 1 %.
+    if counted < 1.0 || counted + 0.5 < opens as f64 * 0.99 {
+        bail!(
+            "a {} run: the pod opened {opens} connections, the agent counted {counted} as `{expected}`",
+            route.label()
+        );
+    }
+    Ok(())
+}
+
+/// The agent answered (or forwarded) at least every query dnsperf got an answer to, and did nothing else.
+pub fn dns(route: Route, before: &Metrics, after: &Metrics, completed: u64) -> Result<()> {
+    let (expected, other) = match route {
+        Route::DnsAnswered => ("answered", "forwarded"),
+        Route::DnsForwarded => ("forwarded", "answered"),
+        other => bail!("{other:?} is not a DNS route through the agent"),
+    };
+    let key = |o: &str| format!("{DNS_OUTCOME}{{outcome=\"{o}\"}}");
+    let counted = delta(before, after, &key(expected));
+    let stray = delta(before, after, &key(other));
+    if counted < completed as f64 || stray > 0.0 {
+        bail!(
+            "a DNS run {}: dnsperf got {completed} answers, the agent counted {counted} `{expected}` and {stray} `{other}`",
+            route.label()
+        );
+    }
+    Ok(())
+}
+
+/// wrk's requests were each a connection of their own (the pod's kernel opened about as many), and
+/// almost all succeeded.
+pub fn new_connections(report: &wrk::Report, opens: u64) -> Result<()> {
+    if (opens as f64) < 0.95 * report.requests as f64 {
+        bail!(
+            "wrk reported {} requests but the pod opened only {opens} connections: not one connection per request",
+            report.requests
+        );
+    }
+    if report.errors * 100 > report.requests {
+        bail!(
+            "wrk: {} errors in {} requests",
+            report.errors,
+            report.requests
+        );
+    }
+    Ok(())
+}
+
+fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
+    after.get_or_zero(key) - before.get_or_zero(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(service: u32, passthrough: u32, answered: u32, forwarded: u32) -> Metrics {
+        Metrics::parse(&format!(
+            "redirect_outbound_connections_total{{outcome=\"service\"}} {service}\n\
+             redirect_outbound_connections_total{{outcome=\"passthrough\"}} {passthrough}\n\
+             redirect_dns_queries_total{{outcome=\"answered\"}} {answered}\n\
+             redirect_dns_queries_total{{outcome=\"forwarded\"}} {forwarded}\n"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_service_run_must_be_all_service() {
+        let before = metrics(10, 5, 0, 0);
+        assert!(outbound(Route::Service, &before, &metrics(19, 5, 0, 0), 9).is_ok());
+        assert!(outbound(Route::ServiceCopy, &before, &metrics(19, 5, 0, 0), 9).is_ok());
+        let e = outbound(Route::Service, &before, &metrics(19, 6, 0, 0), 10).unwrap_err();
+        assert!(e.to_string().contains("`passthrough`"), "{e}");
+        let e = outbound(Route::Service, &before, &metrics(12, 5, 0, 0), 9).unwrap_err();
+        assert!(e.to_string().contains("opened 9"), "{e}");
+        assert!(outbound(Route::Passthrough, &before, &before, 0).is_err());
+        assert!(outbound(Route::Direct, &before, &before, 0).is_err());
+    }
+
+    #[test]
+    fn a_dns_run_must_be_all_one_outcome() {
+        let before = metrics(0, 0, 100, 100);
+        assert!(dns(Route::DnsAnswered, &before, &metrics(0, 0, 200, 100), 100).is_ok());
+        assert!(dns(Route::DnsAnswered, &before, &metrics(0, 0, 200, 101), 100).is_err());
+        assert!(dns(Route::DnsForwarded, &before, &metrics(0, 0, 100, 150), 100).is_err());
+        assert!(dns(Route::DnsForwarded, &before, &metrics(0, 0, 100, 300), 200).is_ok());
+    }
+
+    #[test]
+    fn connections_are_counted_by_the_kernel() {
+        let r = wrk::Report {
+            requests: 1000,
+            per_second: 500.0,
+            errors: 0,
+        };
+        assert!(new_connections(&r, 1000).is_ok());
+        assert!(new_connections(&r, 100).is_err(), "kept-alive connections");
+        let failing = wrk::Report { errors: 50, ..r };
+        assert!(new_connections(&failing, 1000).is_err());
+    }
+}
