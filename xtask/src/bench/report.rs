@@ -127,7 +127,7 @@ impl Report<'_> {
         let _ = writeln!(
             s,
             "**This run:** {} mode, {} rounds of {} s per tool run, {:.1} min of measuring; agent {} for the \
-             TCP tests. {}\n",
+             TCP tests.{}\n",
             if self.quick { "quick" } else { "full" },
             self.settings.rounds,
             self.settings.secs,
@@ -137,7 +137,7 @@ impl Report<'_> {
                     "pinned to CPU {cpu}"
                 )),
             if self.quick {
-                "Quick runs are short and noisy: the committed numbers come from a full run."
+                " Quick runs are short and noisy: the committed numbers come from a full run."
             } else {
                 ""
             }
