@@ -52,8 +52,8 @@ pub struct BenchArgs {
     /// rate always runs it on CPU 1, since its target is per core).
     #[arg(long, value_name = "CPU", value_parser = clap::value_parser!(u32).range(0..2))]
     agent_cpu: Option<u32>,
-    /// Instead of measuring: profile direct vs service with perf (latency, new connections, 8-stream
-    /// throughput) into target/bench-profile/.
+    /// Instead of measuring: profile direct vs service with perf (latency, new connections, 1- and
+    /// 8-stream throughput) into target/bench-profile/ (needs Debian's linux-perf).
     #[arg(long, conflicts_with = "quick")]
     profile: bool,
 }
