@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod config;
 mod explain;
 mod output;
 mod resolve;
@@ -33,6 +34,8 @@ pub enum Command {
     Resolve(resolve::ResolveArgs),
     /// Offline: what a client in a namespace gets for a host name or an IP, and why.
     Explain(explain::ExplainArgs),
+    /// Ask a running agent what it holds (its admin server).
+    Config(config::ConfigArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -42,6 +45,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args, log_level),
         Command::Resolve(args) => resolve::resolve(args),
         Command::Explain(args) => explain::explain(args),
+        Command::Config(args) => config::config(args),
     };
     match result {
         Ok(code) => code,
