@@ -47,7 +47,8 @@ const EXT_SERVERS: &[(&str, &[&str], &[&str])] = &[
     ("shared-private-endpoint", &["198.51.100.41:80"], &[]),
     ("login-hijack-endpoint", &["198.51.100.50:80"], &[]),
     ("origin", &["198.51.100.60:80"], &[]),
-    ("payments-endpoint", &["198.51.100.70:443"], &[]),
+    // An echo, for long-lived connections through a service.
+    ("payments-endpoint", &[], &["198.51.100.70:443"]),
     ("public-httpbin", &["198.51.100.80:80"], &[]),
     ("apps-endpoint", &["198.51.100.90:80"], &[]),
     ("partner-host", &["198.51.100.200:80"], &[]),
@@ -195,6 +196,12 @@ impl World {
     pub fn explain(&self) -> &Explain {
         &self.explain
     }
+    /// Makes the checks ask explain about `dir` instead of the live copy: the last good configuration,
+    /// while the live copy holds a change the agent refused (explain rejects it too).
+    pub fn explain_over(&mut self, dir: &Path) -> Result<()> {
+        self.explain = Explain::new(dir)?;
+        Ok(())
+    }
 
     /// The client pod of `namespace`.
     pub fn client(&self, namespace: &str) -> &Pod {
@@ -279,14 +286,69 @@ impl World {
                         && delta(&before, &after, key::DNS_ANSWERED) == 0.0,
                     "the agent must have forwarded it: {after:#?}"
                 );
-                let hidden = if verdict.hidden.is_some() { 1.0 } else { 0.0 };
-                ensure!(
-                    delta(&before, &after, key::HIDDEN_DNS) == hidden,
-                    "hidden services counted once per query that skipped one: {after:#?}; {what}"
-                );
             }
         }
+        let hidden = if verdict.hidden.is_some() { 1.0 } else { 0.0 };
+        ensure!(
+            delta(&before, &after, key::HIDDEN_DNS) == hidden,
+            "a hidden service is counted once per query that skipped one: {after:#?}; {what}"
+        );
         Ok((verdict, reply))
+    }
+
+    /// `dig +search name` from the client pod of `from` (the pod's search path and ndots, as glibc
+    /// uses them), for a name explain says the agent answers: the same records, CNAMEd from the
+    /// search-domain expansion when there is one. Returns explain's verdict and the reply.
+    pub fn check_dig_search(&self, from: &str, name: &str) -> Result<(DnsVerdict, Reply)> {
+        let verdict = self.explain.host(from, name)?;
+        ensure!(
+            verdict.action == DnsAction::Answer,
+            "check_dig_search covers answered names only; explain: {}",
+            verdict.json
+        );
+        let before = self.agent.metrics()?;
+        let reply = dig::run(self.dig_cmd(from).args(["+search", name]))?;
+        let after = self.agent.metrics()?;
+        let what = format!(
+            "dig +search {name} from {from}: {reply:#?}\nexplain: {}",
+            verdict.json
+        );
+        let want: Vec<IpAddr> = verdict
+            .addresses
+            .iter()
+            .filter(|a| a.is_ipv4())
+            .copied()
+            .collect();
+        let got: Vec<IpAddr> = reply.a_records().into_iter().map(IpAddr::V4).collect();
+        ensure!(reply.status == "NOERROR" && reply.has_flag("aa"), "{what}");
+        ensure!(
+            got == want,
+            "A records {got:?}, explain says {want:?}; {what}"
+        );
+        let cname: Vec<String> = verdict.cname.iter().cloned().collect();
+        ensure!(reply.cnames() == cname, "CNAMEs; {what}");
+        ensure!(
+            reply.answer.first().map(|r| r.name.as_str()) == Some(verdict.query.as_str()),
+            "the answered question is explain's {}; {what}",
+            verdict.query
+        );
+        ensure!(
+            delta(&before, &after, key::DNS_ANSWERED) == 1.0,
+            "exactly the last query answered by the agent: {after:#?}"
+        );
+        Ok((verdict, reply))
+    }
+
+    /// `/config_dump`, parsed.
+    pub fn config_dump(&self) -> Result<serde_json::Value> {
+        let r = self.agent.admin_get("/config_dump")?;
+        ensure!(
+            r.status == 200,
+            "/config_dump answered {}: {}",
+            r.status,
+            r.text()
+        );
+        serde_json::from_slice(&r.body).context("/config_dump is not JSON")
     }
 
     /// What a client of `from` gets connecting to `dest`, per explain: the server at the endpoint it
@@ -371,11 +433,19 @@ impl World {
             verdict.json
         );
         // The upstream connect (which counts it) may finish a moment after curl saw the reply.
-        self.agent
+        let after = self
+            .agent
             .wait_metrics(&format!("{counter} +1"), Duration::from_secs(2), |m| {
                 delta(&before, m, &counter) == 1.0
             })
             .with_context(|| format!("curl {url} from {from}"))?;
+        let hidden = if verdict.hidden.is_some() { 1.0 } else { 0.0 };
+        ensure!(
+            delta(&before, &after, key::HIDDEN_OUTBOUND) == hidden,
+            "curl {url} from {from}: a hidden service is counted once per connection that skipped one: \
+             {after:#?}; explain: {}",
+            verdict.json
+        );
         Ok((verdict, want))
     }
 
@@ -386,14 +456,15 @@ impl World {
         let out = self
             .client(from)
             .cmd("curl")
-            .args(["-sS", "--max-time", "10", url])
+            .args(["-sSv", "--max-time", "10", url])
             .output()?;
         let elapsed = started.elapsed();
         if out.success() {
             return Ok(Reach::Server(out.stdout_str().trim().to_string()));
         }
-        // 56: "Recv failure: Connection reset by peer".
-        if out.status.code() == Some(56) && out.stderr_str().contains("reset") {
+        // Depending on when the RST lands, curl fails connecting (7), sending (55) or receiving (56);
+        // its verbose log names the cause every time.
+        if out.stderr_str().contains("Connection reset by peer") {
             ensure!(
                 elapsed < Duration::from_secs(1),
                 "reset, but only after {elapsed:?}: {out}"
@@ -440,9 +511,13 @@ pub fn examples_dir() -> PathBuf {
 
 /// Copies the manifests of `examples/` (not its README) into a new directory `to`.
 pub fn copy_examples(to: &Path) -> Result<()> {
+    copy_manifests(&examples_dir(), to)
+}
+
+/// Copies the `.yaml` files of `from` into a new directory `to`.
+pub fn copy_manifests(from: &Path, to: &Path) -> Result<()> {
     fs::create_dir_all(to)?;
-    let from = examples_dir();
-    for entry in fs::read_dir(&from).with_context(|| format!("reading {}", from.display()))? {
+    for entry in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "yaml") {
             let name = path.file_name().context("file name")?;

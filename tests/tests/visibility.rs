@@ -89,3 +89,342 @@ fn namespace_entry_is_answered_in_its_namespace_and_forwarded_upstream_elsewhere
     );
     Ok(())
 }
+
+#[test]
+fn namespace_entry_address_reaches_its_endpoint_inside_and_the_real_host_outside() -> Result<()> {
+    let w = World::start()?;
+    let dest = addr("203.0.113.10:80");
+    let got = w.check_connect("team-a", dest)?;
+    spec_outbound(
+        &got,
+        OutboundAction::Service,
+        Some("team-a/api-example"),
+        Reach::server("api-endpoint"),
+    );
+    for ns in &EVERYONE[1..] {
+        let got = w.check_connect(ns, dest)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Passthrough,
+            None,
+            Reach::server("real-203.0.113.10"),
+        );
+        assert_eq!(got.0.hidden.as_deref(), Some("team-a/api-example"));
+    }
+    Ok(())
+}
+
+/// SPEC: an allocated address: v4 from 240.240.0.0/16, v6 from 2001:2::/48.
+fn spec_answer_allocated(v: &DnsVerdict, service: &str) {
+    assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
+    assert_eq!(v.service.as_deref(), Some(service), "{}", v.json);
+    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = v.addresses.iter().partition(|a| a.is_ipv4());
+    assert!(
+        matches!(v4[..], [IpAddr::V4(a)] if a.octets()[..2] == [240, 240]),
+        "{}",
+        v.json
+    );
+    assert!(
+        matches!(v6[..], [IpAddr::V6(a)] if a.segments()[..3] == [0x2001, 2, 0]),
+        "{}",
+        v.json
+    );
+}
+
+#[test]
+fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywhere() -> Result<()>
+{
+    let w = World::start()?;
+    for ns in EVERYONE {
+        // istio-system (policy 0): an entry with an endpoint address.
+        let (v, _) = w.check_dig(ns, "metrics.example.com")?;
+        spec_answer(&v, "istio-system/metrics", &["203.0.113.30"]);
+        let got = w.check_host(ns, "metrics.example.com", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("istio-system/metrics"),
+            Reach::server("metrics-endpoint"),
+        );
+        // A wildcard host.
+        let (v, _) = w.check_dig(ns, "x.apps.example.com")?;
+        spec_answer(&v, "istio-system/apps", &["203.0.113.90"]);
+        let got = w.check_host(ns, "x.apps.example.com", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("istio-system/apps"),
+            Reach::server("apps-endpoint"),
+        );
+        // Resolution DNS: the endpoint's host name is resolved through the upstream.
+        let (v, _) = w.check_dig(ns, "cdn.example.com")?;
+        spec_answer(&v, "istio-system/cdn", &["203.0.113.60"]);
+        let got = w.check_host(ns, "cdn.example.com", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("istio-system/cdn"),
+            Reach::server("origin"),
+        );
+        // No addresses: an allocated VIP; no endpoints: the host itself, resolved upstream.
+        let (v, _) = w.check_dig(ns, "httpbin.example.com")?;
+        spec_answer_allocated(&v, "istio-system/httpbin");
+        let got = w.check_host(ns, "httpbin.example.com", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("istio-system/httpbin"),
+            Reach::server("public-httpbin"),
+        );
+        // team-c is labelled trusted (policy 1): its VM-backed entry on an allocated VIP.
+        let (v, _) = w.check_dig(ns, "legacy.example.internal")?;
+        spec_answer_allocated(&v, "team-c/legacy");
+        let got = w.check_host(ns, "legacy.example.internal", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("team-c/legacy"),
+            Reach::server("legacy-vm"),
+        );
+        // team-c's CIDR entry with resolution NONE: the original destination, counted as passthrough.
+        let got = w.check_connect(ns, addr("198.51.100.200:80"))?;
+        spec_outbound(
+            &got,
+            OutboundAction::Passthrough,
+            Some("team-c/partner-net"),
+            Reach::server("partner-host"),
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn none_entry_is_absent_for_every_namespace_its_own_included() -> Result<()> {
+    let w = World::start()?;
+    for ns in EVERYONE {
+        let (v, reply) = w.check_dig(ns, "login.example.com")?;
+        // Not even "hidden": it never reached the data plane.
+        spec_forward(&v, None);
+        assert_eq!(
+            reply.a_records(),
+            ["203.0.113.150".parse::<std::net::Ipv4Addr>()?]
+        );
+        let got = w.check_host(ns, "login.example.com", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Passthrough,
+            None,
+            Reach::server("public-login"),
+        );
+        // Its address is unknown traffic: passthrough to whatever really is there.
+        let got = w.check_connect(ns, addr("203.0.113.50:80"))?;
+        spec_outbound(
+            &got,
+            OutboundAction::Passthrough,
+            None,
+            Reach::server("real-203.0.113.50"),
+        );
+        assert_eq!(got.0.hidden, None, "{}", got.0.json);
+    }
+    // Nor is it in the agent's configuration dump.
+    let dump = w.config_dump()?;
+    let services = dump["services"].as_array().expect("services list");
+    assert!(
+        !services.is_empty() && !services.iter().any(|s| s["name"] == "login-hijack"),
+        "{dump:#}"
+    );
+    Ok(())
+}
+
+#[test]
+fn shared_host_name_own_namespace_first_public_definition_elsewhere() -> Result<()> {
+    let w = World::start()?;
+    let (v, _) = w.check_dig("team-b", "shared.example.com")?;
+    spec_answer(&v, "team-b/shared-private", &["203.0.113.41"]);
+    let got = w.check_host("team-b", "shared.example.com", 80)?;
+    spec_outbound(
+        &got,
+        OutboundAction::Service,
+        Some("team-b/shared-private"),
+        Reach::server("shared-private-endpoint"),
+    );
+    for ns in ["team-a", "team-c", "istio-system", "quarantine"] {
+        let (v, _) = w.check_dig(ns, "shared.example.com")?;
+        spec_answer(&v, "team-c/shared-public", &["203.0.113.40"]);
+        let hidden = (ns != "team-c").then_some("team-b/shared-private");
+        assert_eq!(
+            v.hidden.as_deref(),
+            hidden.or(v.hidden.as_deref()),
+            "{}",
+            v.json
+        );
+        let got = w.check_host(ns, "shared.example.com", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("team-c/shared-public"),
+            Reach::server("shared-public-endpoint"),
+        );
+        // team-b's private address is unknown traffic here.
+        let got = w.check_connect(ns, addr("203.0.113.41:80"))?;
+        spec_outbound(
+            &got,
+            OutboundAction::Passthrough,
+            None,
+            Reach::server("real-203.0.113.41"),
+        );
+    }
+    // The public definition's address still serves team-b: only the name is shadowed there.
+    let got = w.check_connect("team-b", addr("203.0.113.40:80"))?;
+    spec_outbound(
+        &got,
+        OutboundAction::Service,
+        Some("team-c/shared-public"),
+        Reach::server("shared-public-endpoint"),
+    );
+    Ok(())
+}
+
+#[test]
+fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()> {
+    // examples/ sets defaultVisibility NAMESPACE: Services stay Public regardless.
+    let w = World::start()?;
+    let fqdn = "web.team-a.svc.cluster.local";
+    for ns in EVERYONE {
+        let (v, _) = w.check_dig(ns, fqdn)?;
+        spec_answer(&v, "team-a/web", &["10.244.100.10"]);
+        // `web.team-a`: the `svc.cluster.local` search domain makes it the FQDN.
+        let (v, reply) = w.check_dig_search(ns, "web.team-a")?;
+        spec_answer(&v, "team-a/web", &["10.244.100.10"]);
+        assert_eq!(reply.answer[0].name, format!("{fqdn}."));
+        for host in [fqdn, "web.team-a"] {
+            let got = w.check_host(ns, host, 80)?;
+            spec_outbound(
+                &got,
+                OutboundAction::Service,
+                Some("team-a/web"),
+                Reach::server("web-1"),
+            );
+        }
+    }
+    // The bare short name inside its own namespace (first search domain).
+    let (v, _) = w.check_dig_search("team-a", "web")?;
+    spec_answer(&v, "team-a/web", &["10.244.100.10"]);
+    let got = w.check_host("team-a", "web", 80)?;
+    spec_outbound(
+        &got,
+        OutboundAction::Service,
+        Some("team-a/web"),
+        Reach::server("web-1"),
+    );
+    Ok(())
+}
+
+#[test]
+fn feature_unset_every_entry_is_public() -> Result<()> {
+    // The same manifests without the mesh config: serviceEntryVisibility is not set at all.
+    let w = World::start_with(|dir| Ok(std::fs::remove_file(dir.join("01-mesh-config.yaml"))?))?;
+    for ns in EVERYONE {
+        let (v, _) = w.check_dig(ns, "api.example.com")?;
+        spec_answer(&v, "team-a/api-example", &["203.0.113.10"]);
+        let got = w.check_connect(ns, addr("203.0.113.10:80"))?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("team-a/api-example"),
+            Reach::server("api-endpoint"),
+        );
+        // Even the quarantined entry: without the feature nothing is NONE.
+        let (v, _) = w.check_dig(ns, "login.example.com")?;
+        spec_answer(&v, "quarantine/login-hijack", &["203.0.113.50"]);
+        let got = w.check_host(ns, "login.example.com", 80)?;
+        spec_outbound(
+            &got,
+            OutboundAction::Service,
+            Some("quarantine/login-hijack"),
+            Reach::server("login-hijack-endpoint"),
+        );
+        let (v, _) = w.check_dig(ns, "payments.example.com")?;
+        spec_answer(&v, "team-b/payments", &["203.0.113.70"]);
+        // Both copies of the shared name are Public: own namespace first, then the older one.
+        let (v, _) = w.check_dig(ns, "shared.example.com")?;
+        if ns == "team-b" {
+            spec_answer(&v, "team-b/shared-private", &["203.0.113.41"]);
+        } else {
+            spec_answer(&v, "team-c/shared-public", &["203.0.113.40"]);
+        }
+    }
+    let dump = w.config_dump()?;
+    assert_eq!(
+        dump["serviceEntryVisibility"]["configured"], false,
+        "{dump:#}"
+    );
+    let services = dump["services"].as_array().expect("services list");
+    assert!(
+        services.iter().any(|s| s["name"] == "login-hijack")
+            && services.iter().all(|s| s["visibility"] == "Public"),
+        "{dump:#}"
+    );
+    Ok(())
+}
+
+/// A ServiceEntry whose workloads are all gone: it declares port 80, nothing serves it.
+const DRAINED: &str = "\
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: drained, namespace: team-a}
+spec:
+  hosts: [drained.example.com]
+  addresses: [203.0.113.80]
+  ports:
+    - {number: 80, name: http}
+  resolution: STATIC
+  workloadSelector:
+    labels: {app: nothing-matches}
+";
+
+#[test]
+fn no_endpoint_for_the_port_resets_the_client_at_once() -> Result<()> {
+    let w = World::start_with(|dir| Ok(std::fs::write(dir.join("90-drained.yaml"), DRAINED)?))?;
+    // The port is not declared by the visible entry; elsewhere the entry is hidden: the real host.
+    let got = w.check_connect("team-a", addr("203.0.113.10:443"))?;
+    spec_outbound(
+        &got,
+        OutboundAction::NoHealthyUpstream,
+        Some("team-a/api-example"),
+        Reach::Reset,
+    );
+    let got = w.check_connect("team-b", addr("203.0.113.10:443"))?;
+    spec_outbound(
+        &got,
+        OutboundAction::Passthrough,
+        None,
+        Reach::server("real-203.0.113.10"),
+    );
+    // The port is declared but no endpoint serves it.
+    let got = w.check_connect("team-a", addr("203.0.113.80:80"))?;
+    spec_outbound(
+        &got,
+        OutboundAction::NoHealthyUpstream,
+        Some("team-a/drained"),
+        Reach::Reset,
+    );
+    let got = w.check_connect("team-b", addr("203.0.113.80:80"))?;
+    spec_outbound(
+        &got,
+        OutboundAction::Passthrough,
+        None,
+        Reach::server("real-203.0.113.80"),
+    );
+    // A Public CIDR entry that does not declare the port: reset for everyone.
+    for ns in EVERYONE {
+        let got = w.check_connect(ns, addr("198.51.100.200:22"))?;
+        spec_outbound(
+            &got,
+            OutboundAction::NoHealthyUpstream,
+            Some("team-c/partner-net"),
+            Reach::Reset,
+        );
+    }
+    Ok(())
+}
