@@ -222,25 +222,47 @@ impl World {
 
     /// `dig @upstream name` from the node netns, outside the pods' cgroup: nothing steers it.
     pub fn dig_upstream(&self, name: &str) -> Result<Reply> {
-        dig::run(self.topo.node_cmd("dig").args([
-            &format!("@{RESOLVER_IP}"),
-            "+tries=2",
-            "+time=2",
-            name,
-        ]))
+        self.dig_upstream_with(&[name])
     }
 
-    /// Resolves `dig`'s absolute question `name` (A) from the client pod of `from` and checks the reply
-    /// against what `explain` says: the agent's authoritative answer, or exactly the upstream's reply.
-    /// Returns explain's verdict, for the caller to hold against SPEC, and the pod's reply.
+    /// `dig @upstream QUESTION...` from the node netns.
+    pub fn dig_upstream_with(&self, question: &[&str]) -> Result<Reply> {
+        dig::run(
+            self.topo
+                .node_cmd("dig")
+                .args([&format!("@{RESOLVER_IP}"), "+tries=2", "+time=2"])
+                .args(question),
+        )
+    }
+
+    /// [`World::check_dig_with`] for an A question over UDP.
     pub fn check_dig(&self, from: &str, name: &str) -> Result<(DnsVerdict, Reply)> {
+        self.check_dig_with(from, name, "A", false)
+    }
+
+    /// Asks `dig`'s absolute question `name` (type `qtype`, `A` or `AAAA`; over TCP if `tcp`) from the
+    /// client pod of `from` and checks the reply against what `explain` says: the agent's authoritative
+    /// answer with explain's addresses of that family (none: an empty NOERROR), or exactly the reply the
+    /// upstream gives to the same question. Returns explain's verdict, for the caller to hold against
+    /// SPEC, and the pod's reply.
+    pub fn check_dig_with(
+        &self,
+        from: &str,
+        name: &str,
+        qtype: &str,
+        tcp: bool,
+    ) -> Result<(DnsVerdict, Reply)> {
         let absolute = format!("{}.", name.trim_end_matches('.'));
+        let mut question = vec![absolute.as_str(), qtype];
+        if tcp {
+            question.push("+tcp");
+        }
         let verdict = self.explain.host(from, &absolute)?;
         let before = self.agent.metrics()?;
-        let reply = dig::run(self.dig_cmd(from).arg(&absolute))?;
+        let reply = dig::run(self.dig_cmd(from).args(&question))?;
         let after = self.agent.metrics()?;
         let what = format!(
-            "dig {absolute} from {from}: {reply:#?}\nexplain: {}",
+            "dig {question:?} from {from}: {reply:#?}\nexplain: {}",
             verdict.json
         );
         ensure!(
@@ -257,13 +279,13 @@ impl World {
                 let want: Vec<IpAddr> = verdict
                     .addresses
                     .iter()
-                    .filter(|a| a.is_ipv4())
+                    .filter(|a| a.is_ipv4() == (qtype == "A"))
                     .copied()
                     .collect();
-                let got: Vec<IpAddr> = reply.a_records().into_iter().map(IpAddr::V4).collect();
                 ensure!(
-                    got == want,
-                    "A records {got:?}, explain says {want:?}; {what}"
+                    reply.addresses() == want,
+                    "{qtype} records {:?}, explain says {want:?}; {what}",
+                    reply.addresses()
                 );
                 ensure!(
                     reply.answer.iter().all(|r| r.ttl == AGENT_TTL),
@@ -276,7 +298,7 @@ impl World {
                 );
             }
             DnsAction::Forward => {
-                let upstream = self.dig_upstream(&absolute)?;
+                let upstream = self.dig_upstream_with(&question)?;
                 ensure!(
                     reply.content() == upstream.content(),
                     "the pod must get exactly the upstream's reply; straight from the upstream: {upstream:#?}\n{what}"

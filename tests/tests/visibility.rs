@@ -53,13 +53,26 @@ fn namespace_entry_is_answered_in_its_namespace_and_forwarded_upstream_elsewhere
         ["203.0.113.110".parse::<std::net::Ipv4Addr>()?]
     );
 
-    let (v, _) = w.check_dig("team-a", "api.example.com")?;
-    spec_answer(&v, "team-a/api-example", &["203.0.113.10"]);
-    for ns in &EVERYONE[1..] {
-        let (v, reply) = w.check_dig(ns, "api.example.com")?;
-        spec_forward(&v, Some("team-a/api-example"));
-        assert_eq!(reply.status, "NOERROR");
+    // A over UDP and TCP, and AAAA (the entry has no IPv6 address: an empty NOERROR from the agent,
+    // whatever the upstream says).
+    for tcp in [false, true] {
+        let (v, _) = w.check_dig_with("team-a", "api.example.com", "A", tcp)?;
+        spec_answer(&v, "team-a/api-example", &["203.0.113.10"]);
+        for ns in &EVERYONE[1..] {
+            let (v, reply) = w.check_dig_with(ns, "api.example.com", "A", tcp)?;
+            spec_forward(&v, Some("team-a/api-example"));
+            assert_eq!(reply.status, "NOERROR");
+        }
     }
+    let (_, reply) = w.check_dig_with("team-a", "api.example.com", "AAAA", false)?;
+    assert_eq!((reply.status.as_str(), reply.answer.len()), ("NOERROR", 0));
+    let (v, _) = w.check_dig_with("team-b", "api.example.com", "AAAA", false)?;
+    spec_forward(&v, Some("team-a/api-example"));
+    // With the pod's search path (ndots 5), the first expansion is answered with a CNAME.
+    let (v, _) = w.check_dig_search("team-a", "api.example.com")?;
+    spec_answer(&v, "team-a/api-example", &["203.0.113.10"]);
+    assert_eq!(v.query, "api.example.com.team-a.svc.cluster.local.");
+    assert_eq!(v.cname.as_deref(), Some("api.example.com"));
 
     // A hidden name that does not exist upstream: the upstream's own NXDOMAIN.
     let (v, reply) = w.check_dig("team-a", "payments.example.com")?;
@@ -139,6 +152,9 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         // istio-system (policy 0): an entry with an endpoint address.
         let (v, _) = w.check_dig(ns, "metrics.example.com")?;
         spec_answer(&v, "istio-system/metrics", &["203.0.113.30"]);
+        // No IPv6 address: an empty NOERROR, not NXDOMAIN.
+        let (_, reply) = w.check_dig_with(ns, "metrics.example.com", "AAAA", false)?;
+        assert_eq!((reply.status.as_str(), reply.answer.len()), ("NOERROR", 0));
         let got = w.check_host(ns, "metrics.example.com", 80)?;
         spec_outbound(
             &got,
@@ -169,6 +185,11 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         // No addresses: an allocated VIP; no endpoints: the host itself, resolved upstream.
         let (v, _) = w.check_dig(ns, "httpbin.example.com")?;
         spec_answer_allocated(&v, "istio-system/httpbin");
+        let (_, reply) = w.check_dig_with(ns, "httpbin.example.com", "AAAA", false)?;
+        assert!(
+            matches!(reply.addresses()[..], [IpAddr::V6(a)] if a.segments()[..3] == [0x2001, 2, 0]),
+            "{reply:#?}"
+        );
         let got = w.check_host(ns, "httpbin.example.com", 80)?;
         spec_outbound(
             &got,
