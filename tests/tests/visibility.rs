@@ -328,6 +328,11 @@ fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()
             );
         }
     }
+    // The backing pod's own address: no service claims it, so the workload directly.
+    for ns in EVERYONE {
+        let got = w.check_connect(ns, addr("10.244.1.20:8080"))?;
+        spec_outbound(&got, OutboundAction::Workload, None, Reach::server("web-1"));
+    }
     // The bare short name inside its own namespace (first search domain).
     let (v, _) = w.check_dig_search("team-a", "web")?;
     spec_answer(&v, "team-a/web", &["10.244.100.10"]);
