@@ -197,9 +197,11 @@ fn namespace_label_change_flips_visibility_within_a_second_and_open_connections_
     Ok(())
 }
 
-/// One bad change: the edits to make in one file, and where the error must point.
+/// One bad change: `source`'s text with `edits` made, written as `file` (`source` itself, or a new
+/// file beside it); and where the error must point.
 struct Bad {
     name: &'static str,
+    source: &'static str,
     file: &'static str,
     edits: &'static [(&'static str, &'static str)],
     object: &'static str,
@@ -207,9 +209,10 @@ struct Bad {
 }
 
 /// Each would also change what clients see if any of it were applied.
-const BAD_CHANGES: [Bad; 3] = [
+const BAD_CHANGES: [Bad; 5] = [
     Bad {
         name: "bad CIDR",
+        source: "30-team-a.yaml",
         file: "30-team-a.yaml",
         edits: &[(
             "addresses: [203.0.113.10]",
@@ -220,6 +223,7 @@ const BAD_CHANGES: [Bad; 3] = [
     },
     Bad {
         name: "port out of range",
+        source: "30-team-a.yaml",
         file: "30-team-a.yaml",
         edits: &[
             ("addresses: [203.0.113.10]", "addresses: [203.0.113.11]"),
@@ -233,6 +237,7 @@ const BAD_CHANGES: [Bad; 3] = [
     },
     Bad {
         name: "unknown selector operator",
+        source: "01-mesh-config.yaml",
         file: "01-mesh-config.yaml",
         edits: &[
             ("defaultVisibility: NAMESPACE", "defaultVisibility: PUBLIC"),
@@ -243,6 +248,23 @@ const BAD_CHANGES: [Bad; 3] = [
         ],
         object: "IstioOperator",
         field: "spec.meshConfig.serviceEntryVisibility.policies[1].matchingRules[0].namespaceSelector.matchExpressions[0].operator",
+    },
+    Bad {
+        // An unknown value is an error, not a silent default (which would be PUBLIC).
+        name: "unknown visibility",
+        source: "01-mesh-config.yaml",
+        file: "01-mesh-config.yaml",
+        edits: &[("defaultVisibility: NAMESPACE", "defaultVisibility: PRIVATE")],
+        object: "IstioOperator",
+        field: "spec.meshConfig.serviceEntryVisibility.defaultVisibility",
+    },
+    Bad {
+        name: "duplicate object",
+        source: "30-team-a.yaml",
+        file: "35-duplicate.yaml",
+        edits: &[("addresses: [203.0.113.10]", "addresses: [203.0.113.11]")],
+        object: "ServiceEntry team-a/api-example",
+        field: "metadata.name",
     },
 ];
 
@@ -294,14 +316,14 @@ fn invalid_config_change_is_refused_reported_and_the_old_behaviour_continues() -
     old_behaviour_holds(&w)?;
 
     for bad in &BAD_CHANGES {
-        let original = std::fs::read_to_string(dir.join(bad.file))?;
+        let original = std::fs::read_to_string(dir.join(bad.source))?;
         let mut text = original.clone();
         for (from, to) in bad.edits {
             ensure!(
                 text.contains(from),
                 "{}: {} lacks {from:?}",
                 bad.name,
-                bad.file
+                bad.source
             );
             text = text.replacen(from, to, 1);
         }
@@ -356,7 +378,11 @@ fn invalid_config_change_is_refused_reported_and_the_old_behaviour_continues() -
 
         // Put right: applied again, the error cleared.
         let before = w.agent.metrics()?;
-        world::replace_file(&dir, bad.file, &original)?;
+        if bad.file == bad.source {
+            world::replace_file(&dir, bad.file, &original)?;
+        } else {
+            std::fs::remove_file(dir.join(bad.file))?;
+        }
         w.agent.wait_metrics(
             &format!("{}: fixed, a good reload", bad.name),
             Duration::from_secs(2),
