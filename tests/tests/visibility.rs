@@ -8,7 +8,8 @@ use std::net::{IpAddr, SocketAddrV4};
 
 use anyhow::Result;
 use integration::explain::{DnsAction, DnsVerdict, OutboundAction, OutboundVerdict};
-use integration::world::{Reach, World};
+use integration::world::{Reach, World, delta, key};
+use integration::{RESOLVER_IP, peer};
 
 const EVERYONE: [&str; 5] = ["team-a", "team-b", "team-c", "istio-system", "quarantine"];
 
@@ -452,5 +453,101 @@ fn no_endpoint_for_the_port_resets_the_client_at_once() -> Result<()> {
             Reach::Reset,
         );
     }
+    Ok(())
+}
+
+#[test]
+fn a_pod_the_manifests_do_not_know_sees_public_services_only() -> Result<()> {
+    let mut w = World::start()?;
+    // In team-b's address range, with team-b's search path: neither makes it a team-b client.
+    w.add_stranger("team-b/stranger", "10.244.2.99", "unregistered")?;
+    let me = "unregistered";
+    let (v, _) = w.check_dig(me, "shared.example.com")?;
+    spec_answer(&v, "team-c/shared-public", &["203.0.113.40"]);
+    let (v, _) = w.check_dig(me, "payments.example.com")?;
+    spec_forward(&v, Some("team-b/payments"));
+    let (v, _) = w.check_dig(me, "metrics.example.com")?;
+    spec_answer(&v, "istio-system/metrics", &["203.0.113.30"]);
+    let got = w.check_host(me, "shared.example.com", 80)?;
+    spec_outbound(
+        &got,
+        OutboundAction::Service,
+        Some("team-c/shared-public"),
+        Reach::server("shared-public-endpoint"),
+    );
+    let got = w.check_connect(me, addr("203.0.113.41:80"))?;
+    spec_outbound(
+        &got,
+        OutboundAction::Passthrough,
+        None,
+        Reach::server("real-203.0.113.41"),
+    );
+    Ok(())
+}
+
+/// What `rdt-peer dns-unconnected` printed: the reply's source, rcode, aa, A records.
+fn unconnected_query(
+    w: &World,
+    from: &str,
+    name: &str,
+) -> Result<(String, String, String, Vec<IpAddr>)> {
+    let out = peer::cmd(w.client(from).place())?
+        .args(["dns-unconnected", &format!("{RESOLVER_IP}:53"), name])
+        .ok()?
+        .stdout_str();
+    let field = |key: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(' '))
+            .unwrap_or_default()
+            .to_string()
+    };
+    let a = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("A ")?.parse().ok())
+        .collect();
+    Ok((field("from"), field("rcode"), field("aa"), a))
+}
+
+#[test]
+fn unconnected_udp_dns_clients_are_answered_as_from_the_resolver_they_asked() -> Result<()> {
+    // glibc and dig connect() first; other resolvers use sendto/recvfrom on an unconnected socket.
+    let w = World::start()?;
+    let resolver = format!("{RESOLVER_IP}:53");
+    for (from, name) in [
+        ("team-a", "api.example.com."),
+        ("team-b", "api.example.com."),
+    ] {
+        let v = w.explain().host(from, name)?;
+        let before = w.agent.metrics()?;
+        let (src, rcode, _, a) = unconnected_query(&w, from, name)?;
+        let after = w.agent.metrics()?;
+        assert_eq!(
+            src, resolver,
+            "recvfrom must report the resolver asked, from {from}"
+        );
+        assert_eq!(rcode, "0");
+        let want: Vec<IpAddr> = match v.action {
+            DnsAction::Answer => v.addresses.clone(),
+            DnsAction::Forward => w.dig_upstream(&v.query)?.addresses(),
+        };
+        assert_eq!(a, want, "from {from}: {}", v.json);
+        let counter = match v.action {
+            DnsAction::Answer => key::DNS_ANSWERED,
+            DnsAction::Forward => key::DNS_FORWARDED,
+        };
+        assert_eq!(
+            delta(&before, &after, counter),
+            1.0,
+            "steered to the agent: {after:#?}"
+        );
+    }
+    // SPEC: team-a's own entry, team-b the upstream's answer.
+    let (_, _, aa, a) = unconnected_query(&w, "team-a", "api.example.com.")?;
+    assert_eq!(
+        (aa.as_str(), a),
+        ("true", vec!["203.0.113.10".parse::<IpAddr>()?])
+    );
+    let (_, _, _, a) = unconnected_query(&w, "team-b", "api.example.com.")?;
+    assert_eq!(a, vec!["203.0.113.110".parse::<IpAddr>()?]);
     Ok(())
 }

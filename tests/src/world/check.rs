@@ -139,6 +139,10 @@ impl World {
         let cname: Vec<String> = verdict.cname.iter().cloned().collect();
         ensure!(reply.cnames() == cname, "CNAMEs; {what}");
         ensure!(
+            reply.answer.iter().all(|r| r.ttl == AGENT_TTL),
+            "the agent's TTL is {AGENT_TTL}; {what}"
+        );
+        ensure!(
             reply.answer.first().map(|r| r.name.as_str()) == Some(verdict.query.as_str()),
             "the answered question is explain's {}; {what}",
             verdict.query

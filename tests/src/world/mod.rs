@@ -114,6 +114,8 @@ pub struct World {
     _servers: Vec<Peer>,
     /// Who answers HTTP at each address.
     names: BTreeMap<SocketAddrV4, String>,
+    /// Pods the manifests do not know: (the name explain knows their view by, pod key).
+    strangers: Vec<(String, String)>,
     config: PathBuf,
     explain: Explain,
     pub topo: Topology,
@@ -174,6 +176,7 @@ impl World {
             upstream,
             _servers: servers,
             names,
+            strangers: Vec::new(),
             config,
             explain,
             topo,
@@ -194,14 +197,29 @@ impl World {
         Ok(())
     }
 
-    /// The client pod of `namespace`.
+    /// The client pod of `namespace` (or the stranger known by that name).
     pub fn client(&self, namespace: &str) -> &Pod {
         let key = CLIENTS
             .iter()
             .find(|(key, _)| key.split('/').next() == Some(namespace))
             .map(|(key, _)| *key)
+            .or_else(|| {
+                self.strangers
+                    .iter()
+                    .find(|(view, _)| view == namespace)
+                    .map(|(_, key)| key.as_str())
+            })
             .unwrap_or_else(|| panic!("no client pod in namespace {namespace}"));
         self.topo.pod(key)
+    }
+
+    /// Adds a pod `key` at `ip` that no manifest declares: the agent cannot tell its namespace, so it
+    /// must see what a namespace owning nothing sees (PUBLIC only). The checks address it as `view`,
+    /// a namespace no manifest mentions, and ask explain about that namespace.
+    pub fn add_stranger(&mut self, key: &str, ip: &str, view: &str) -> Result<()> {
+        self.topo.add_pod(key, ip.parse()?)?;
+        self.strangers.push((view.to_string(), key.to_string()));
+        Ok(())
     }
 
     /// `dig` in the client pod of `namespace`, with short retries; add the question.
