@@ -32,6 +32,23 @@ fn spec_forward(v: &DnsVerdict, hidden: Option<&str>) {
     assert_eq!(v.hidden.as_deref(), hidden, "{}", v.json);
 }
 
+/// SPEC: an allocated address: v4 from 240.240.0.0/16, v6 from 2001:2::/48.
+fn spec_answer_allocated(v: &DnsVerdict, service: &str) {
+    assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
+    assert_eq!(v.service.as_deref(), Some(service), "{}", v.json);
+    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = v.addresses.iter().partition(|a| a.is_ipv4());
+    assert!(
+        matches!(v4[..], [IpAddr::V4(a)] if a.octets()[..2] == [240, 240]),
+        "{}",
+        v.json
+    );
+    assert!(
+        matches!(v6[..], [IpAddr::V6(a)] if a.segments()[..3] == [0x2001, 2, 0]),
+        "{}",
+        v.json
+    );
+}
+
 /// SPEC: the outbound decision and who answers.
 fn spec_outbound(
     got: &(OutboundVerdict, Reach),
@@ -126,23 +143,6 @@ fn namespace_entry_address_reaches_its_endpoint_inside_and_the_real_host_outside
         assert_eq!(got.0.hidden.as_deref(), Some("team-a/api-example"));
     }
     Ok(())
-}
-
-/// SPEC: an allocated address: v4 from 240.240.0.0/16, v6 from 2001:2::/48.
-fn spec_answer_allocated(v: &DnsVerdict, service: &str) {
-    assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
-    assert_eq!(v.service.as_deref(), Some(service), "{}", v.json);
-    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) = v.addresses.iter().partition(|a| a.is_ipv4());
-    assert!(
-        matches!(v4[..], [IpAddr::V4(a)] if a.octets()[..2] == [240, 240]),
-        "{}",
-        v.json
-    );
-    assert!(
-        matches!(v6[..], [IpAddr::V6(a)] if a.segments()[..3] == [0x2001, 2, 0]),
-        "{}",
-        v.json
-    );
 }
 
 #[test]
@@ -347,10 +347,25 @@ fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()
     Ok(())
 }
 
+/// A mesh config that sets other things, but not serviceEntryVisibility.
+const NO_VISIBILITY: &str = "\
+apiVersion: install.istio.io/v1alpha1
+kind: IstioOperator
+spec:
+  meshConfig:
+    trustDomain: cluster.local
+    defaultServiceExportTo: [\"*\"]
+";
+
 #[test]
 fn feature_unset_every_entry_is_public() -> Result<()> {
-    // The same manifests without the mesh config: serviceEntryVisibility is not set at all.
-    let w = World::start_with(|dir| Ok(std::fs::remove_file(dir.join("01-mesh-config.yaml"))?))?;
+    // The same manifests, the mesh config without serviceEntryVisibility.
+    let w = World::start_with(|dir| {
+        Ok(std::fs::write(
+            dir.join("01-mesh-config.yaml"),
+            NO_VISIBILITY,
+        )?)
+    })?;
     for ns in EVERYONE {
         let (v, _) = w.check_dig(ns, "api.example.com")?;
         spec_answer(&v, "team-a/api-example", &["203.0.113.10"]);
