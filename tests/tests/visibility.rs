@@ -142,6 +142,20 @@ fn namespace_entry_address_reaches_its_endpoint_inside_and_the_real_host_outside
         );
         assert_eq!(got.0.hidden.as_deref(), Some("team-a/api-example"));
     }
+    // Not secrecy: the agent's dump still shows the entry, with its visibility.
+    let dump = w.config_dump()?;
+    let entry = dump["services"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["name"] == "api-example"));
+    assert_eq!(
+        entry.map(|s| (&s["namespace"], &s["visibility"], &s["vips"])),
+        Some((
+            &"team-a".into(),
+            &"Namespace".into(),
+            &serde_json::json!(["203.0.113.10"])
+        )),
+        "{dump:#}"
+    );
     Ok(())
 }
 
