@@ -20,6 +20,8 @@ pub struct Agent {
     proc: Proc,
     admin: SocketAddr,
     node_netns: String,
+    /// Set by a successful `stop()`: Drop then has no log to show.
+    stopped_cleanly: bool,
 }
 
 impl Agent {
@@ -66,6 +68,7 @@ impl Agent {
             proc,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
+            stopped_cleanly: false,
         };
         agent.wait_ready()?;
         Ok(agent)
@@ -165,6 +168,8 @@ impl Agent {
                 self.log()
             );
         }
+        // A clean stop needs no post-mortem.
+        self.stopped_cleanly = true;
         Ok(())
     }
 }
@@ -172,6 +177,9 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         const TAIL: usize = 200;
+        if self.stopped_cleanly {
+            return;
+        }
         // Stop it first so the log printed below is complete (SIGKILL follows in Proc's drop if needed).
         let _ = self.proc.terminate(Duration::from_secs(3));
         let log = self.log();
