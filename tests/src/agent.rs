@@ -49,6 +49,13 @@ impl Agent {
     /// Starts `redirect run --cgroup <pods cgroup> --gateway 169.254.7.1 --admin 127.0.0.1:15000 -v`
     /// plus `extra_args` in the node netns, and waits until `/healthz/ready` answers 200.
     pub fn start(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
+        let mut agent = Self::spawn(topo, extra_args)?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    /// Like [`Agent::start`] without waiting for readiness (to watch an agent that is not ready).
+    pub fn spawn(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
         let proc = topo
             .node_cmd(Self::bin()?)
             .env("RUST_BACKTRACE", "1")
@@ -64,17 +71,16 @@ impl Agent {
             ])
             .args(extra_args)
             .spawn()?;
-        let mut agent = Agent {
+        Ok(Agent {
             proc,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
             stopped_cleanly: false,
-        };
-        agent.wait_ready()?;
-        Ok(agent)
+        })
     }
 
-    fn wait_ready(&mut self) -> Result<()> {
+    /// Polls `/healthz/ready` until it answers 200; fails if the agent exits or the deadline passes.
+    pub fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let last = match self.admin_get("/healthz/ready") {
