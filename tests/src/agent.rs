@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::http::{self, Response};
 use crate::metrics::Metrics;
 use crate::proc::Proc;
 use crate::topology::Topology;
 use crate::{ADMIN_ADDR, GATEWAY, netns, procfs};
+use redirect::admin::client::{self, Response};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -105,7 +105,7 @@ impl Agent {
     pub fn admin_get(&self, path: &str) -> Result<Response> {
         let addr = self.admin;
         netns::in_netns(&self.node_netns, || {
-            http::get(addr, path, Duration::from_secs(5))
+            client::get(addr, path, Duration::from_secs(5))
         })?
     }
 

@@ -35,7 +35,6 @@ pub mod bpf;
 pub mod cgroup;
 pub mod dnsmasq;
 pub mod exec;
-pub mod http;
 pub mod metrics;
 pub mod netns;
 pub mod pattern;
