@@ -37,7 +37,6 @@ pub mod dig;
 pub mod dnsmasq;
 pub mod exec;
 pub mod explain;
-pub mod http;
 pub mod metrics;
 pub mod netns;
 pub mod pattern;

@@ -39,8 +39,19 @@ pub fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn service(args: ServiceArgs) -> anyhow::Result<ExitCode> {
-    let body = client::get(args.admin, "/config_dump")?;
-    let dump: Value = serde_json::from_slice(&body).context("/config_dump is not JSON")?;
+    let response = client::get(
+        args.admin,
+        "/config_dump",
+        std::time::Duration::from_secs(10),
+    )?;
+    if !response.is_success() {
+        anyhow::bail!(
+            "/config_dump answered {}: {}",
+            response.status,
+            response.text().trim()
+        );
+    }
+    let dump: Value = serde_json::from_slice(&response.body).context("/config_dump is not JSON")?;
     let services = services(&dump, args.service_namespace.as_deref())?;
     let text = match args.output {
         Format::Json => output::json(&services)? + "\n",
