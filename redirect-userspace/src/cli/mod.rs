@@ -40,6 +40,12 @@ pub enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        // A reader that goes away (`redirect explain … | head`) ends the command quietly, as with any
+        // Unix tool. The agent keeps SIGPIPE ignored: a closed socket must be an error, not a death.
+        // SAFETY: setting a signal disposition before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let log_level = crate::logging::init(cli.verbose);
     let result = match cli.command {
         Command::Run(args) => run::run(args, log_level),
