@@ -5,11 +5,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use crate::http::{self, Response};
 use crate::metrics::Metrics;
 use crate::proc::Proc;
 use crate::topology::Topology;
 use crate::{ADMIN_ADDR, GATEWAY, netns, procfs};
+use redirect::admin::client::{self, Response};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -20,6 +20,8 @@ pub struct Agent {
     proc: Proc,
     admin: SocketAddr,
     node_netns: String,
+    /// Set by a successful `stop()`: Drop then has no log to show.
+    stopped_cleanly: bool,
 }
 
 impl Agent {
@@ -47,6 +49,13 @@ impl Agent {
     /// Starts `redirect run --cgroup <pods cgroup> --gateway 169.254.7.1 --admin 127.0.0.1:15000 -v`
     /// plus `extra_args` in the node netns, and waits until `/healthz/ready` answers 200.
     pub fn start(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
+        let mut agent = Self::spawn(topo, extra_args)?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    /// Like [`Agent::start`] without waiting for readiness (to watch an agent that is not ready).
+    pub fn spawn(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
         let proc = topo
             .node_cmd(Self::bin()?)
             .env("RUST_BACKTRACE", "1")
@@ -62,16 +71,16 @@ impl Agent {
             ])
             .args(extra_args)
             .spawn()?;
-        let mut agent = Agent {
+        Ok(Agent {
             proc,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
-        };
-        agent.wait_ready()?;
-        Ok(agent)
+            stopped_cleanly: false,
+        })
     }
 
-    fn wait_ready(&mut self) -> Result<()> {
+    /// Polls `/healthz/ready` until it answers 200; fails if the agent exits or the deadline passes.
+    pub fn wait_ready(&mut self) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             let last = match self.admin_get("/healthz/ready") {
@@ -96,7 +105,7 @@ impl Agent {
     pub fn admin_get(&self, path: &str) -> Result<Response> {
         let addr = self.admin;
         netns::in_netns(&self.node_netns, || {
-            http::get(addr, path, Duration::from_secs(5))
+            client::get(addr, path, Duration::from_secs(5))
         })?
     }
 
@@ -165,6 +174,8 @@ impl Agent {
                 self.log()
             );
         }
+        // A clean stop needs no post-mortem.
+        self.stopped_cleanly = true;
         Ok(())
     }
 }
@@ -172,6 +183,9 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         const TAIL: usize = 200;
+        if self.stopped_cleanly {
+            return;
+        }
         // Stop it first so the log printed below is complete (SIGKILL follows in Proc's drop if needed).
         let _ = self.proc.terminate(Duration::from_secs(3));
         let log = self.log();

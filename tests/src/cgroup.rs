@@ -5,47 +5,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-/// The cgroup v2 mount point, from `/proc/self/mountinfo` (`/sys/fs/cgroup/unified` on a hybrid host,
-/// `/sys/fs/cgroup` on a unified one).
+/// The cgroup v2 mount point (`/sys/fs/cgroup/unified` on a hybrid host, `/sys/fs/cgroup` on a unified
+/// one), found the way the agent finds it.
 pub fn cgroup2_mount() -> Result<PathBuf> {
-    let mountinfo =
-        fs::read_to_string("/proc/self/mountinfo").context("reading /proc/self/mountinfo")?;
-    parse_cgroup2_mount(&mountinfo)
+    redirect::redirect::cgroup2_mount_points()
+        .context("reading /proc/self/mountinfo")?
+        .into_iter()
+        .next()
         .context("no cgroup2 file system is mounted (see /proc/self/mountinfo)")
-}
-
-fn parse_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        // `id parent maj:min root mount-point options [optional...] - fstype source super-options`
-        let (before, after) = line.split_once(" - ")?;
-        if after.split_whitespace().next()? != "cgroup2" {
-            return None;
-        }
-        before.split_whitespace().nth(4).map(unescape_octal)
-    })
-}
-
-/// mountinfo writes space, tab, newline and backslash as `\040`-style octal escapes.
-fn unescape_octal(field: &str) -> PathBuf {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
-        match (bytes[i], octal) {
-            (b'\\', Some(b)) => {
-                out.push(b);
-                i += 4;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    PathBuf::from(String::from_utf8_lossy(&out).into_owned())
 }
 
 /// True while any process lives in `dir` or below it.
@@ -112,35 +79,4 @@ pub fn remove_tree(dir: &Path) -> Result<()> {
         remove_tree(&child)?;
     }
     fs::remove_dir(dir).with_context(|| format!("rmdir {}", dir.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_the_cgroup2_mount_among_v1_mounts() {
-        let mountinfo = "\
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime shared:9 - cgroup2 cgroup2 rw
-";
-        assert_eq!(
-            parse_cgroup2_mount(mountinfo),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-        assert_eq!(
-            parse_cgroup2_mount("31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n"),
-            None
-        );
-    }
-
-    #[test]
-    fn mount_points_with_escaped_spaces() {
-        let mountinfo = "41 31 0:38 / /mnt/my\\040cgroup rw - cgroup2 none rw\n";
-        assert_eq!(
-            parse_cgroup2_mount(mountinfo),
-            Some(PathBuf::from("/mnt/my cgroup"))
-        );
-    }
 }

@@ -33,9 +33,10 @@
 pub mod agent;
 pub mod bpf;
 pub mod cgroup;
+pub mod dig;
 pub mod dnsmasq;
 pub mod exec;
-pub mod http;
+pub mod explain;
 pub mod metrics;
 pub mod netns;
 pub mod pattern;
@@ -44,6 +45,7 @@ pub mod proc;
 pub mod procfs;
 pub mod run;
 pub mod topology;
+pub mod world;
 
 pub use agent::Agent;
 pub use dnsmasq::{DnsRecords, Dnsmasq};

@@ -1,5 +1,6 @@
 //! `rdt-peer`, the helper binary of this crate, run in ext or in a pod: identity HTTP + TCP echo servers
-//! (`serve`), and the clients curl cannot be (`getpeername`, `echo`, `fanout`, `hold`).
+//! (`serve`), and the clients curl and dig cannot be (`getpeername`, `echo`, `fanout`, `hold`,
+//! `dns-unconnected`).
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
 use std::time::Duration;

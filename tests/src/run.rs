@@ -101,15 +101,26 @@ impl Owner {
     }
 }
 
-/// Claims a run: creates its state directory and writes the owner record, before anything else exists,
+/// Claims a run: creates its state directory with the owner record in it, before anything else exists,
 /// so the sweep never mistakes a run that is starting for a leftover.
 pub fn claim(id: &RunId) -> Result<PathBuf> {
     let dir = id.state_dir();
-    create_dir_all_shared(&dir)?;
-    fs::write(dir.join("owner"), Owner::current()?.to_record())
-        .with_context(|| format!("writing {}/owner", dir.display()))?;
+    // Filled under a name no sweep takes for a run, then renamed into place: a concurrent sweep (another
+    // test, another process) must never see the directory without its owner record and remove it.
+    let staging = staging_dir(id);
+    create_dir_all_shared(&staging)?;
+    fs::write(staging.join("owner"), Owner::current()?.to_record())
+        .with_context(|| format!("writing {}/owner", staging.display()))?;
+    fs::rename(&staging, &dir)
+        .with_context(|| format!("renaming {} to {}", staging.display(), dir.display()))?;
     Ok(dir)
 }
+
+fn staging_dir(id: &RunId) -> PathBuf {
+    Path::new(STATE_ROOT).join(format!(".{}{STAGING_SUFFIX}", id.tag()))
+}
+
+const STAGING_SUFFIX: &str = ".claiming";
 
 /// Removes everything of one run: its processes (the whole cgroup subtree, then anything left in its
 /// netns), its netns, its cgroups, and last its state directory. Best effort: returns what failed.
@@ -200,6 +211,26 @@ pub fn sweep_stale(cgroup2: &Path) -> Vec<RunId> {
             .iter()
             .filter_map(|n| RunId::from_name(n)),
     );
+
+    // A run that died between creating its staging directory and renaming it.
+    for name in names_in(Path::new(STATE_ROOT)) {
+        let staged = name
+            .strip_prefix('.')
+            .and_then(|n| n.strip_suffix(STAGING_SUFFIX))
+            .and_then(RunId::from_name);
+        if let Some(id) = staged {
+            let dir = staging_dir(&id);
+            let owner = fs::read_to_string(dir.join("owner")).ok();
+            // No record yet may mean it is being written right now: only a dead owner's is removed.
+            if owner
+                .as_deref()
+                .and_then(Owner::parse)
+                .is_some_and(|o| !o.is_alive())
+            {
+                let _ = fs::remove_dir_all(&dir);
+            }
+        }
+    }
 
     let mut removed = Vec::new();
     for id in candidates {

@@ -364,3 +364,36 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
     wait_detached(&topo)?;
     Ok(())
 }
+
+/// A hostNetwork pod sits in the pods' cgroup tree but in the node's netns: the programs recognise the
+/// node's netns (its cookie, set at load) and leave its sockets alone.
+#[test]
+fn a_host_network_process_inside_the_pods_cgroup_is_not_redirected() -> Result<()> {
+    let s = setup(&[A1])?;
+    let node = s.topo.node();
+    let host_network_pod = integration::Place {
+        label: "hostNetwork pod".into(),
+        netns: node.netns.clone(),
+        cgroup: s.topo.pod("team-a/a1").cgroup().to_path_buf(),
+        resolv_conf: None,
+        log_dir: node.log_dir.clone(),
+    };
+    let before = s.agent.metrics()?;
+    let body = curl(host_network_pod.cmd("curl"), "http://203.0.113.10/")
+        .ok()?
+        .stdout_str();
+    assert_eq!(body, format!("{EXT_NAME}\n"));
+    let after = s.agent.metrics()?;
+    assert_eq!(delta(&before, &after, TCP_REDIRECTED), 0.0, "{after:#?}");
+    assert_eq!(delta(&before, &after, PASSTHROUGH), 0.0, "{after:#?}");
+    assert_eq!(
+        delta(
+            &before,
+            &after,
+            r#"redirect_ebpf_events_total{event="skipped_node_netns"}"#
+        ),
+        1.0,
+        "the programs saw the connect and skipped it: {after:#?}"
+    );
+    Ok(())
+}

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 mod bench;
 mod build;
 mod cmd;
+mod demo;
 mod setup;
 mod test;
 
@@ -25,6 +26,8 @@ enum Command {
     Setup,
     /// Build the eBPF object and the agent that embeds it (target/release/redirect).
     Build,
+    /// Build, set up a throwaway node, run real traffic from several namespaces, show what each saw.
+    Demo,
     /// Run every test: format and lint checks, unit tests, then the integration suite (as root).
     Test(test::TestArgs),
     /// Measure the data plane against the direct path and write BENCHMARKS.md (as root).
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup => setup::setup(),
         Command::Build => setup::ensure().and_then(|()| build::build().map(|_| ())),
+        Command::Demo => setup::ensure().and_then(|()| demo::demo()),
         Command::Test(args) => setup::ensure().and_then(|()| test::test(args)),
         Command::Bench(args) => setup::ensure().and_then(|()| bench::bench(args)),
     };

@@ -2,6 +2,8 @@
 //!
 //! It runs on its own thread with its own single-threaded runtime, apart from the data path: a busy
 //! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
+pub mod client;
+
 use std::{
     convert::Infallible,
     io,

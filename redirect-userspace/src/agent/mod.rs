@@ -44,6 +44,7 @@ pub struct AgentConfig {
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
+    raise_fd_limit();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("proxy")
@@ -59,7 +60,8 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
     let metrics = Arc::new(Metrics::default());
     let live = LiveState::new(config.config_dir.clone());
     let attached = Arc::new(AtomicBool::new(false));
-    let upstream = Upstream::new(config.dns_upstream);
+    // One upstream (and one pool of its sockets) for the DNS proxy and endpoint resolution.
+    let upstream = Arc::new(Upstream::new(config.dns_upstream));
 
     // The configuration first: when the programs attach, the first answers are already right.
     // A refused first configuration leaves the agent running but not ready, waiting for a fix.
@@ -137,6 +139,31 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
     }
     info!("eBPF programs detached; agent stopped");
     Ok(())
+}
+
+/// Each proxied connection holds two sockets and two pipes (six descriptors): lift the soft limit on
+/// open files to the hard one, as Go's runtime does, so the default 1024 never caps the proxy.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            let wanted = libc::rlimit {
+                rlim_cur: limit.rlim_max,
+                rlim_max: limit.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
+                tracing::warn!(
+                    soft = limit.rlim_cur,
+                    "could not raise the open-files limit"
+                );
+            }
+        }
+    }
 }
 
 async fn shutdown_signal() -> anyhow::Result<&'static str> {

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod config;
 mod explain;
 mod output;
 mod resolve;
@@ -33,15 +34,24 @@ pub enum Command {
     Resolve(resolve::ResolveArgs),
     /// Offline: what a client in a namespace gets for a host name or an IP, and why.
     Explain(explain::ExplainArgs),
+    /// Ask a running agent what it holds (its admin server).
+    Config(config::ConfigArgs),
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(cli.command, Command::Run(_)) {
+        // A reader that goes away (`redirect explain … | head`) ends the command quietly, as with any
+        // Unix tool. The agent keeps SIGPIPE ignored: a closed socket must be an error, not a death.
+        // SAFETY: setting a signal disposition before any thread exists.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let log_level = crate::logging::init(cli.verbose);
     let result = match cli.command {
         Command::Run(args) => run::run(args, log_level),
         Command::Resolve(args) => resolve::resolve(args),
         Command::Explain(args) => explain::explain(args),
+        Command::Config(args) => config::config(args),
     };
     match result {
         Ok(code) => code,

@@ -38,7 +38,7 @@ pub struct RunArgs {
     /// How proxied bytes move: `splice` (zero-copy, the default) or `copy` (user-space buffers).
     #[arg(long, value_enum, default_value_t = RelayMode::Splice)]
     pub relay: RelayMode,
-    /// Admin server address (`/healthz/ready`, `/metrics`).
+    /// Admin server address (`/config_dump`, `/metrics`, `/healthz/ready`, `/logging`).
     #[arg(long, default_value = "127.0.0.1:15000")]
     pub admin: SocketAddr,
     /// Allow the admin server on a non-loopback address (it shows the node's configuration).

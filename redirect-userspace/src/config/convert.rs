@@ -5,10 +5,10 @@ use ipnet::IpNet;
 use serde::Deserialize;
 
 use super::{
+    Timestamp,
     error::Ctx,
     labels::Labels,
     model::{Address, DEFAULT_NAMESPACE, Host, ObjectMeta},
-    time::Timestamp,
 };
 
 #[derive(Debug, Default, Deserialize)]
@@ -47,7 +47,8 @@ pub(crate) fn meta(ctx: &mut Ctx<'_>, raw: Option<RawMeta>, namespaced: bool) ->
         String::new()
     };
     let creation_timestamp = raw.creation_timestamp.and_then(|text| {
-        let ts = Timestamp::parse(&text);
+        // RFC 3339 with an offset (`Z` or `±hh:mm`), as the API server writes it.
+        let ts = text.parse::<Timestamp>().ok();
         if ts.is_none() {
             ctx.error(
                 "metadata.creationTimestamp",
@@ -313,5 +314,79 @@ mod tests {
             let mut errors = Vec::new();
             assert_eq!(port(&mut ctx(&mut errors), "p", value), want, "{name}");
         }
+    }
+}
+
+#[cfg(test)]
+mod timestamp_tests {
+    use super::Timestamp;
+
+    /// creationTimestamp is RFC 3339 with an offset, as the API server writes it; only its order matters.
+    #[test]
+    fn creation_timestamps_parse_as_rfc3339_with_an_offset() {
+        struct Case {
+            name: &'static str,
+            text: &'static str,
+            unix: Option<i64>,
+        }
+        let cases = [
+            Case {
+                name: "epoch",
+                text: "1970-01-01T00:00:00Z",
+                unix: Some(0),
+            },
+            Case {
+                name: "api server form",
+                text: "2024-05-01T12:00:00Z",
+                unix: Some(1_714_564_800),
+            },
+            Case {
+                name: "fraction",
+                text: "2024-05-01T12:00:00.5Z",
+                unix: Some(1_714_564_800),
+            },
+            Case {
+                name: "offset",
+                text: "2024-05-01T14:00:00+02:00",
+                unix: Some(1_714_564_800),
+            },
+            Case {
+                name: "leap day",
+                text: "2024-02-29T00:00:00Z",
+                unix: Some(1_709_164_800),
+            },
+            Case {
+                name: "no leap day",
+                text: "2023-02-29T00:00:00Z",
+                unix: None,
+            },
+            Case {
+                name: "date only",
+                text: "2024-05-01",
+                unix: None,
+            },
+            Case {
+                name: "no offset",
+                text: "2024-05-01T12:00:00",
+                unix: None,
+            },
+            Case {
+                name: "garbage",
+                text: "yesterday at noon ok",
+                unix: None,
+            },
+            Case {
+                name: "bad hour",
+                text: "2024-05-01T25:00:00Z",
+                unix: None,
+            },
+        ];
+        for case in cases {
+            let parsed = case.text.parse::<Timestamp>().ok().map(|t| t.as_second());
+            assert_eq!(parsed, case.unix, "{}: {:?}", case.name, case.text);
+        }
+        let older: Timestamp = "2024-01-01T00:00:00Z".parse().unwrap();
+        let newer: Timestamp = "2024-01-01T00:00:00.000000001Z".parse().unwrap();
+        assert!(older < newer);
     }
 }

@@ -24,7 +24,7 @@ impl RawNamespace {
         let mut labels = meta.labels;
         // Kubernetes sets this label on every namespace and overwrites any other value.
         labels.insert(NAMESPACE_NAME_LABEL.to_string(), meta.name.clone());
-        (ctx.error_count() == before).then(|| Namespace {
+        (ctx.error_count() == before).then_some(Namespace {
             name: meta.name,
             labels,
             declared: true,
@@ -126,7 +126,7 @@ impl RawService {
                 target_port,
             });
         }
-        (ctx.error_count() == before).then(|| Service {
+        (ctx.error_count() == before).then_some(Service {
             meta,
             cluster_ips,
             ports,
@@ -203,7 +203,7 @@ impl RawPod {
                 }
             }
         }
-        (ctx.error_count() == before).then(|| Workload {
+        (ctx.error_count() == before).then_some(Workload {
             kind: WorkloadKind::Pod,
             meta,
             ips,

@@ -10,15 +10,15 @@ mod loader;
 mod mesh;
 mod model;
 mod service_entry;
-mod time;
 
 pub use error::{ConfigError, ConfigErrors};
+/// `metadata.creationTimestamp`: only its order matters (the ranking rule).
+pub use jiff::Timestamp;
 pub use labels::{LabelSelector, Labels, Operator, Requirement, selects};
 pub use loader::{load_dir, load_sources};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL};
-pub use time::Timestamp;
 
 #[cfg(test)]
 mod tests;

@@ -4,7 +4,7 @@ use std::{borrow::Cow, collections::BTreeMap, fmt, net::IpAddr};
 use ipnet::IpNet;
 use serde::Serialize;
 
-use super::{labels::Labels, mesh::MeshConfig, time::Timestamp};
+use super::{Timestamp, labels::Labels, mesh::MeshConfig};
 
 /// The label every namespace carries, set by Kubernetes itself.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";

@@ -246,7 +246,7 @@ impl RawServiceEntry {
             })
         });
 
-        (ctx.error_count() == before).then(|| ServiceEntry {
+        (ctx.error_count() == before).then_some(ServiceEntry {
             meta,
             hosts,
             addresses,

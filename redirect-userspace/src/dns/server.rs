@@ -57,7 +57,7 @@ enum Transport {
 }
 
 struct Shared {
-    upstream: Upstream,
+    upstream: Arc<Upstream>,
     decide: Arc<dyn Decide>,
     metrics: Arc<Metrics>,
 }
@@ -72,7 +72,7 @@ impl DnsProxy {
     /// Binds UDP and TCP on `addr`.
     pub async fn bind(
         addr: SocketAddr,
-        upstream: Upstream,
+        upstream: Arc<Upstream>,
         decide: Arc<dyn Decide>,
         metrics: Arc<Metrics>,
     ) -> io::Result<Self> {
@@ -308,7 +308,7 @@ mod tests {
         up.timeout = Duration::from_millis(300);
         let proxy = DnsProxy::bind(
             "127.0.0.1:0".parse().unwrap(),
-            up,
+            Arc::new(up),
             Arc::new(OneName),
             metrics.clone(),
         )

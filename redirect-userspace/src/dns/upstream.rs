@@ -1,8 +1,9 @@
 //! Forwarding a query to the upstream resolver and bringing its reply back byte for byte.
-use std::{io, net::SocketAddr, time::Duration};
+use std::{io, net::SocketAddr, sync::Mutex, time::Duration};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
+    net::UdpSocket,
     time::{Instant, timeout_at},
 };
 
@@ -13,6 +14,8 @@ use crate::net::{connect_marked, udp_connected_marked};
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
 /// A lost UDP datagram is sent again once after this long.
 const UDP_RETRANSMIT_AFTER: Duration = Duration::from_millis(500);
+/// Idle upstream sockets kept for reuse (making one costs socket, SO_MARK, bind, connect and close).
+const UDP_POOL_MAX: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -27,10 +30,13 @@ pub enum UpstreamError {
 }
 
 /// The resolver the agent forwards to.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Upstream {
     pub addr: SocketAddr,
     pub timeout: Duration,
+    /// Sockets whose last query was answered: nothing more is expected on them, so the next query
+    /// can use one without a stale reply reaching it (a timed-out socket is closed instead).
+    idle: Mutex<Vec<UdpSocket>>,
 }
 
 impl Upstream {
@@ -38,26 +44,48 @@ impl Upstream {
         Self {
             addr,
             timeout: UPSTREAM_TIMEOUT,
+            idle: Mutex::new(Vec::new()),
         }
     }
 
-    /// Forwards over UDP from a fresh socket (its random port is the client's defence against
-    /// spoofed replies, as a resolver's would be). Returns the upstream's reply unchanged.
+    async fn socket(&self) -> io::Result<UdpSocket> {
+        let pooled = self.idle.lock().map(|mut idle| idle.pop()).unwrap_or(None);
+        match pooled {
+            Some(socket) => Ok(socket),
+            None => udp_connected_marked(self.addr).await,
+        }
+    }
+
+    fn reuse(&self, socket: UdpSocket) {
+        if let Ok(mut idle) = self.idle.lock()
+            && idle.len() < UDP_POOL_MAX
+        {
+            idle.push(socket);
+        }
+    }
+
+    /// Forwards over UDP from a connected socket with a random source port (only the upstream can
+    /// answer it). Returns the upstream's reply unchanged.
     pub async fn forward_udp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
         let deadline = Instant::now() + self.timeout;
         let io_err = |source| UpstreamError::Io {
             addr: self.addr,
             source,
         };
-        let socket = udp_connected_marked(self.addr).await.map_err(io_err)?;
-        let mut buf = vec![0u8; 65_535];
+        let socket = self.socket().await.map_err(io_err)?;
+        // Not zeroed: recv_buf writes into spare capacity. UDP replies are at most 64 KiB.
+        let mut buf = Vec::with_capacity(65_535);
         let mut retransmit_at = Some(Instant::now() + UDP_RETRANSMIT_AFTER);
         socket.send(query).await.map_err(io_err)?;
         loop {
             let wake = retransmit_at.map_or(deadline, |at| at.min(deadline));
-            match timeout_at(wake, socket.recv(&mut buf)).await {
-                Ok(Ok(n)) if same_id(query, &buf[..n]) => {
-                    buf.truncate(n);
+            buf.clear();
+            match timeout_at(wake, socket.recv_buf(&mut buf)).await {
+                Ok(Ok(_)) if same_id(query, &buf) => {
+                    // After a retransmit a second reply may still come: that socket is not reused.
+                    if retransmit_at.is_some() {
+                        self.reuse(socket);
+                    }
                     return Ok(buf);
                 }
                 Ok(Ok(_)) => continue, // a stale reply to the first send: keep waiting
@@ -151,6 +179,32 @@ mod tests {
         let reply = upstream.forward_udp(b"\x01\x02query").await.unwrap();
         assert_eq!(reply, b"\x01\x02query-answer");
         echo.await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_socket_whose_query_was_answered_is_reused() {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let upstream = Upstream::new(server.local_addr().unwrap());
+        let answer_next = |server: &UdpSocket| {
+            let mut buf = [0u8; 64];
+            let (n, from) = server.try_recv_from(&mut buf).unwrap();
+            (buf[..n].to_vec(), from)
+        };
+        let mut ports = Vec::new();
+        for id in [[0, 1], [0, 2]] {
+            let query = [id[0], id[1], b'q'];
+            let forward = upstream.forward_udp(&query);
+            let serve = async {
+                server.readable().await.unwrap();
+                let (query, from) = answer_next(&server);
+                server.send_to(&query, from).await.unwrap();
+                from.port()
+            };
+            let (reply, port) = tokio::join!(forward, serve);
+            assert_eq!(reply.unwrap(), vec![id[0], id[1], b'q']);
+            ports.push(port);
+        }
+        assert_eq!(ports[0], ports[1], "the answered socket was not reused");
     }
 
     #[tokio::test]

@@ -26,7 +26,7 @@ pub struct ProxyContext {
     pub live: Arc<LiveState>,
     pub metrics: Arc<Metrics>,
     /// Resolves endpoints given by host name (resolution DNS).
-    pub dns_upstream: Upstream,
+    pub dns_upstream: Arc<Upstream>,
     pub relay: RelayMode,
 }
 

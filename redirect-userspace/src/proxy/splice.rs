@@ -3,6 +3,7 @@
 use std::{
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+    sync::Mutex,
 };
 
 use tokio::{io::Interest, net::TcpStream};
@@ -14,6 +15,11 @@ const PIPE_SIZE: libc::c_int = 1 << 20;
 /// Most bytes asked of one splice.
 const CHUNK: usize = 1 << 20;
 
+/// Empty pipes kept for the next connections: making and sizing two pipes is most of what splice adds
+/// to a short connection (pipe2, fcntl, close: six syscalls, and the pipe's buffer ring).
+const POOL_MAX: usize = 256;
+static POOL: Mutex<Vec<Pipe>> = Mutex::new(Vec::new());
+
 /// A pipe used as the kernel-side buffer of one direction.
 struct Pipe {
     read: OwnedFd,
@@ -21,6 +27,24 @@ struct Pipe {
 }
 
 impl Pipe {
+    /// A pipe from the pool, or a new one.
+    fn take() -> io::Result<Pipe> {
+        let pooled = POOL.lock().map(|mut pool| pool.pop()).unwrap_or(None);
+        match pooled {
+            Some(pipe) => Ok(pipe),
+            None => Pipe::new(),
+        }
+    }
+
+    /// Back to the pool. Only a drained pipe may go back: its next user must read only its own bytes.
+    fn give_back(self) {
+        if let Ok(mut pool) = POOL.lock()
+            && pool.len() < POOL_MAX
+        {
+            pool.push(self);
+        }
+    }
+
     fn new() -> io::Result<Pipe> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
@@ -62,7 +86,8 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
 
 /// Moves `from`'s bytes to `to` until `from` reaches EOF, then half-closes `to`.
 async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
-    let pipe = Pipe::new()?;
+    // On any error the pipe may still hold bytes: it is dropped, not given back.
+    let pipe = Pipe::take()?;
     let mut total = 0u64;
     loop {
         let filled = from
@@ -79,6 +104,8 @@ async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
                     return Err(e);
                 }
             }
+            // Every byte read into the pipe was written out: it is empty.
+            pipe.give_back();
             return Ok(total);
         }
         let mut left = filled;

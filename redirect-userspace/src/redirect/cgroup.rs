@@ -79,26 +79,27 @@ fn parse_cgroup2_mounts(mountinfo: &str) -> Vec<PathBuf> {
         .collect()
 }
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape_octal(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut rest = s;
-    while let Some(pos) = rest.find('\\') {
-        out.push_str(&rest[..pos]);
-        let code = rest.get(pos + 1..pos + 4);
-        match code.and_then(|c| u8::from_str_radix(c, 8).ok()) {
-            Some(byte) => {
-                out.push(byte as char);
-                rest = &rest[pos + 4..];
+/// mountinfo writes space, tab, newline and backslash as `\040`-style octal escapes (of bytes).
+fn unescape_octal(field: &str) -> String {
+    let bytes = field.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .and_then(|d| u8::from_str_radix(std::str::from_utf8(d).ok()?, 8).ok());
+        match (bytes[i], octal) {
+            (b'\\', Some(b)) => {
+                out.push(b);
+                i += 4;
             }
-            None => {
-                out.push('\\');
-                rest = &rest[pos + 1..];
+            (b, _) => {
+                out.push(b);
+                i += 1;
             }
         }
     }
-    out.push_str(rest);
-    out
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn join_paths(paths: &[PathBuf]) -> String {
@@ -133,6 +134,8 @@ mod tests {
             parse_cgroup2_mounts(unified),
             vec![PathBuf::from("/sys/fs/cgroup")]
         );
+        let v1_only = "31 23 0:28 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n";
+        assert!(parse_cgroup2_mounts(v1_only).is_empty());
     }
 
     #[test]

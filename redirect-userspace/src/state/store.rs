@@ -86,8 +86,14 @@ impl ServiceStore {
                     .push(i),
             }
         }
-        store.by_cidr.v4.sort_by(|a, b| b.0.cmp(&a.0));
-        store.by_cidr.v6.sort_by(|a, b| b.0.cmp(&a.0));
+        store
+            .by_cidr
+            .v4
+            .sort_by_key(|(len, _)| std::cmp::Reverse(*len));
+        store
+            .by_cidr
+            .v6
+            .sort_by_key(|(len, _)| std::cmp::Reverse(*len));
         let buckets = store
             .by_vip
             .values_mut()
@@ -135,14 +141,14 @@ impl ServiceStore {
                 self.by_cidr
                     .v4
                     .iter()
-                    .find_map(|(len, map)| map.get(&mask_v4(ip, *len)).and_then(|b| found(b)))
+                    .find_map(|(len, map)| map.get(&mask_v4(ip, *len)).and_then(&mut found))
             }
             IpAddr::V6(ip) => {
                 let ip = u128::from(ip);
                 self.by_cidr
                     .v6
                     .iter()
-                    .find_map(|(len, map)| map.get(&mask_v6(ip, *len)).and_then(|b| found(b)))
+                    .find_map(|(len, map)| map.get(&mask_v6(ip, *len)).and_then(&mut found))
             }
         };
         Choice { service, hidden }

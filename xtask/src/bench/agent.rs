@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use integration::http::{self, Response};
 use integration::{ADMIN_ADDR, GATEWAY, Metrics, Proc, Topology, netns};
+use redirect::admin::client::{self, Response};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -65,7 +65,7 @@ impl BenchAgent {
     pub fn get(&self, path: &str) -> Result<Response> {
         let addr = self.admin;
         netns::in_netns(&self.netns, || {
-            http::get(addr, path, Duration::from_secs(5))
+            client::get(addr, path, Duration::from_secs(5))
         })?
     }
 

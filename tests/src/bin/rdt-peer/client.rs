@@ -144,3 +144,64 @@ pub fn hold(addr: SocketAddr, interval_ms: u64, count: Option<u64>) -> Result<()
     }
     Ok(())
 }
+
+/// One DNS question (type A, recursion desired) sent with an unconnected UDP socket (`sendto`, as some
+/// resolvers do, unlike glibc and dig which `connect()` first). Prints where the reply came from as
+/// `recvfrom` reports it, the header, and the answer records it can read (A, CNAME).
+pub fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
+    let id = (std::process::id() & 0xffff) as u16;
+    let mut query = Vec::with_capacity(64);
+    query.extend_from_slice(&id.to_be_bytes());
+    query.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD; one question
+    for label in name.trim_end_matches('.').split('.') {
+        let len = u8::try_from(label.len()).context("label too long")?;
+        query.push(len);
+        query.extend_from_slice(label.as_bytes());
+    }
+    query.extend_from_slice(&[0, 0, 1, 0, 1]); // root, type A, class IN
+
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").context("binding")?;
+    socket.set_read_timeout(Some(Duration::from_secs(5)))?;
+    socket.send_to(&query, server).context("sendto")?;
+    let mut buf = [0u8; 4096];
+    let (n, from) = socket.recv_from(&mut buf).context("recvfrom")?;
+    let reply = &buf[..n];
+    if n < 12 || reply[..2] != id.to_be_bytes() {
+        bail!("not a reply to our query: {:02x?}", reply);
+    }
+    println!("from {from}");
+    println!("rcode {}", reply[3] & 0x0f);
+    println!("aa {}", reply[2] & 0x04 != 0);
+    let answers = u16::from_be_bytes([reply[6], reply[7]]);
+    let mut at = skip_name(reply, 12)? + 4; // the question
+    for _ in 0..answers {
+        at = skip_name(reply, at)?;
+        let field = |i: usize| -> Result<u16> {
+            let b = reply.get(at + i..at + i + 2).context("record cut short")?;
+            Ok(u16::from_be_bytes([b[0], b[1]]))
+        };
+        let (rtype, len) = (field(0)?, usize::from(field(8)?));
+        let rdata = reply
+            .get(at + 10..at + 10 + len)
+            .context("rdata cut short")?;
+        match (rtype, rdata) {
+            (1, &[a, b, c, d]) => println!("A {a}.{b}.{c}.{d}"),
+            (5, _) => println!("CNAME"),
+            _ => println!("type {rtype}"),
+        }
+        at += 10 + len;
+    }
+    Ok(())
+}
+
+/// The offset just past the (possibly compressed) name at `at`.
+fn skip_name(msg: &[u8], mut at: usize) -> Result<usize> {
+    loop {
+        let len = *msg.get(at).context("name cut short")?;
+        match len {
+            0 => return Ok(at + 1),
+            l if l & 0xc0 == 0xc0 => return Ok(at + 2),
+            l => at += 1 + usize::from(l),
+        }
+    }
+}

@@ -54,6 +54,9 @@ enum Command {
         #[arg(long)]
         wait_stdin: bool,
     },
+    /// Ask `server` for the A records of `name` from an unconnected UDP socket (sendto/recvfrom);
+    /// print the reply's source address, rcode, aa flag and answers.
+    DnsUnconnected { server: SocketAddr, name: String },
     /// Keep one connection to an echo server and exchange a line every interval, printing `ok <i>`.
     Hold {
         addr: SocketAddr,
@@ -77,6 +80,7 @@ fn main() -> ExitCode {
             bytes,
             wait_stdin,
         } => client::fanout(addr, conns, bytes, wait_stdin),
+        Command::DnsUnconnected { server, name } => client::dns_unconnected(server, &name),
         Command::Hold {
             addr,
             interval_ms,

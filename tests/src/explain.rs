@@ -1,0 +1,156 @@
+//! `redirect explain -o json` run offline over a manifest directory, read into the parts a scenario
+//! needs. The scenarios build what they expect of the agent from these answers, so the agent and the CLI
+//! (which share the state lookups) are held to the same outcome.
+use std::net::{IpAddr, SocketAddrV4};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+
+use crate::Agent;
+
+/// What `explain --host` says the DNS proxy does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DnsAction {
+    /// The agent answers, authoritatively, with `addresses`.
+    Answer,
+    /// The query goes to the upstream resolver unchanged.
+    Forward,
+}
+
+#[derive(Clone, Debug)]
+pub struct DnsVerdict {
+    pub action: DnsAction,
+    /// `namespace/name` of the service that answers.
+    pub service: Option<String>,
+    pub addresses: Vec<IpAddr>,
+    /// The (last) query name the client sends, absolute, e.g. `api.example.com.`.
+    pub query: String,
+    /// The full name a search-domain expansion is CNAMEd to.
+    pub cname: Option<String>,
+    /// A service that owns the name but is hidden from the client.
+    pub hidden: Option<String>,
+    pub json: Value,
+}
+
+/// What `explain --ip` says the outbound proxy does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OutboundAction {
+    Service,
+    Workload,
+    Passthrough,
+    NoHealthyUpstream,
+}
+
+#[derive(Clone, Debug)]
+pub struct OutboundVerdict {
+    pub action: OutboundAction,
+    pub service: Option<String>,
+    /// Where the proxy connects: `ip:port`, or `host:port` for a DNS endpoint; none for a reset.
+    pub endpoint: Option<String>,
+    pub hidden: Option<String>,
+    pub json: Value,
+}
+
+/// `redirect explain` over one manifest directory (read afresh on every call, so it follows edits).
+#[derive(Clone, Debug)]
+pub struct Explain {
+    bin: PathBuf,
+    dir: PathBuf,
+}
+
+impl Explain {
+    /// Uses the agent binary under test ([`Agent::bin`]): the CLI and the agent are one binary.
+    pub fn new(dir: &Path) -> Result<Explain> {
+        Ok(Explain {
+            bin: Agent::bin()?,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    /// `explain --from <from> --host <host>`: `host` as the application asks for it (a trailing dot
+    /// makes it absolute, as dig sends it; without one the search domains apply, as for glibc).
+    pub fn host(&self, from: &str, host: &str) -> Result<DnsVerdict> {
+        let json = self.run(from, "--host", host)?;
+        let dns = &json["dns"];
+        let action = match str_field(dns, "action")?.as_deref() {
+            Some("answer") => DnsAction::Answer,
+            Some("forward") => DnsAction::Forward,
+            other => bail!("explain --host {host}: unknown dns.action {other:?}"),
+        };
+        let addresses = dns["addresses"]
+            .as_array()
+            .context("dns.addresses is not a list")?
+            .iter()
+            .map(|a| {
+                a.as_str()
+                    .and_then(|s| s.parse().ok())
+                    .with_context(|| format!("dns.addresses: {a}"))
+            })
+            .collect::<Result<_>>()?;
+        Ok(DnsVerdict {
+            action,
+            service: str_field(dns, "service")?,
+            addresses,
+            query: str_field(dns, "query")?.context("dns.query missing")?,
+            cname: str_field(dns, "cname")?,
+            hidden: str_field(dns, "hidden")?,
+            json,
+        })
+    }
+
+    /// `explain --from <from> --ip <dest>`.
+    pub fn ip(&self, from: &str, dest: SocketAddrV4) -> Result<OutboundVerdict> {
+        let json = self.run(from, "--ip", &dest.to_string())?;
+        let out = &json["outbound"];
+        let action = match str_field(out, "action")?.as_deref() {
+            Some("service") => OutboundAction::Service,
+            Some("workload") => OutboundAction::Workload,
+            Some("passthrough") => OutboundAction::Passthrough,
+            Some("noHealthyUpstream") => OutboundAction::NoHealthyUpstream,
+            other => bail!("explain --ip {dest}: unknown outbound.action {other:?}"),
+        };
+        Ok(OutboundVerdict {
+            action,
+            service: str_field(out, "service")?,
+            endpoint: str_field(out, "endpoint")?,
+            hidden: str_field(out, "hidden")?,
+            json,
+        })
+    }
+
+    fn run(&self, from: &str, flag: &str, what: &str) -> Result<Value> {
+        let out = Command::new(&self.bin)
+            .arg("explain")
+            .arg("-f")
+            .arg(&self.dir)
+            .args(["--from", from, flag, what, "-o", "json"])
+            .output()
+            .with_context(|| format!("running {}", self.bin.display()))?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!(
+                "redirect explain --from {from} {flag} {what} exited with {}: {}{}",
+                out.status,
+                stdout,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let json: Value = serde_json::from_str(&stdout)
+            .with_context(|| format!("explain printed no JSON: {stdout}"))?;
+        if json["client"]["namespace"] != from {
+            bail!("explain answered for another client: {json}");
+        }
+        Ok(json)
+    }
+}
+
+/// A string or null field; anything else is a shape error.
+fn str_field(v: &Value, key: &str) -> Result<Option<String>> {
+    match &v[key] {
+        Value::Null => Ok(None),
+        Value::String(s) => Ok(Some(s.clone())),
+        other => bail!("field {key} is neither a string nor null: {other}"),
+    }
+}

@@ -1,0 +1,303 @@
+//! The checks: run dig or curl in a client pod and hold what it observed (and the agent's counters)
+//! to what `redirect explain` says over the same manifests.
+use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+
+use super::{AGENT_TTL, World, delta, key};
+use crate::RESOLVER_IP;
+use crate::dig::{self, Reply};
+use crate::explain::{DnsAction, DnsVerdict, OutboundAction, OutboundVerdict};
+
+/// What a TCP client gets: the named server answered, or the connection was reset.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reach {
+    Server(String),
+    Reset,
+}
+
+impl Reach {
+    pub fn server(name: &str) -> Reach {
+        Reach::Server(name.to_string())
+    }
+}
+
+impl World {
+    /// [`World::check_dig_with`] for an A question over UDP.
+    pub fn check_dig(&self, from: &str, name: &str) -> Result<(DnsVerdict, Reply)> {
+        self.check_dig_with(from, name, "A", false)
+    }
+
+    /// Asks `dig`'s absolute question `name` (type `qtype`, `A` or `AAAA`; over TCP if `tcp`) from the
+    /// client pod of `from` and checks the reply against what `explain` says: the agent's authoritative
+    /// answer with explain's addresses of that family (none: an empty NOERROR), or exactly the reply the
+    /// upstream gives to the same question. Returns explain's verdict, for the caller to hold against
+    /// SPEC, and the pod's reply.
+    pub fn check_dig_with(
+        &self,
+        from: &str,
+        name: &str,
+        qtype: &str,
+        tcp: bool,
+    ) -> Result<(DnsVerdict, Reply)> {
+        let absolute = format!("{}.", name.trim_end_matches('.'));
+        let mut question = vec![absolute.as_str(), qtype];
+        if tcp {
+            question.push("+tcp");
+        }
+        let verdict = self.explain.host(from, &absolute)?;
+        let before = self.agent.metrics()?;
+        let reply = dig::run(self.dig_cmd(from).args(&question))?;
+        let after = self.agent.metrics()?;
+        let what = format!(
+            "dig {question:?} from {from}: {reply:#?}\nexplain: {}",
+            verdict.json
+        );
+        ensure!(
+            reply.server.starts_with(&format!("{RESOLVER_IP}#53")),
+            "the reply must appear to come from the resolver the pod asked; {what}"
+        );
+        match verdict.action {
+            DnsAction::Answer => {
+                ensure!(reply.status == "NOERROR", "{what}");
+                ensure!(
+                    reply.has_flag("aa"),
+                    "the agent answers authoritatively; {what}"
+                );
+                let want: Vec<IpAddr> = verdict
+                    .addresses
+                    .iter()
+                    .filter(|a| a.is_ipv4() == (qtype == "A"))
+                    .copied()
+                    .collect();
+                ensure!(
+                    reply.addresses() == want,
+                    "{qtype} records {:?}, explain says {want:?}; {what}",
+                    reply.addresses()
+                );
+                ensure!(
+                    reply.answer.iter().all(|r| r.ttl == AGENT_TTL),
+                    "the agent's TTL is {AGENT_TTL}; {what}"
+                );
+                ensure!(
+                    delta(&before, &after, key::DNS_ANSWERED) == 1.0
+                        && delta(&before, &after, key::DNS_FORWARDED) == 0.0,
+                    "the agent must have answered it itself: {after:#?}"
+                );
+            }
+            DnsAction::Forward => {
+                let upstream = self.dig_upstream_with(&question)?;
+                ensure!(
+                    reply.content() == upstream.content(),
+                    "the pod must get exactly the upstream's reply; straight from the upstream: {upstream:#?}\n{what}"
+                );
+                ensure!(
+                    delta(&before, &after, key::DNS_FORWARDED) == 1.0
+                        && delta(&before, &after, key::DNS_ANSWERED) == 0.0,
+                    "the agent must have forwarded it: {after:#?}"
+                );
+            }
+        }
+        let hidden = if verdict.hidden.is_some() { 1.0 } else { 0.0 };
+        ensure!(
+            delta(&before, &after, key::HIDDEN_DNS) == hidden,
+            "a hidden service is counted once per query that skipped one: {after:#?}; {what}"
+        );
+        Ok((verdict, reply))
+    }
+
+    /// `dig +search name` from the client pod of `from` (the pod's search path and ndots, as glibc
+    /// uses them), for a name explain says the agent answers: the same records, CNAMEd from the
+    /// search-domain expansion when there is one. Returns explain's verdict and the reply.
+    pub fn check_dig_search(&self, from: &str, name: &str) -> Result<(DnsVerdict, Reply)> {
+        let verdict = self.explain.host(from, name)?;
+        ensure!(
+            verdict.action == DnsAction::Answer,
+            "check_dig_search covers answered names only; explain: {}",
+            verdict.json
+        );
+        let before = self.agent.metrics()?;
+        let reply = dig::run(self.dig_cmd(from).args(["+search", name]))?;
+        let after = self.agent.metrics()?;
+        let what = format!(
+            "dig +search {name} from {from}: {reply:#?}\nexplain: {}",
+            verdict.json
+        );
+        let want: Vec<IpAddr> = verdict
+            .addresses
+            .iter()
+            .filter(|a| a.is_ipv4())
+            .copied()
+            .collect();
+        let got: Vec<IpAddr> = reply.a_records().into_iter().map(IpAddr::V4).collect();
+        ensure!(reply.status == "NOERROR" && reply.has_flag("aa"), "{what}");
+        ensure!(
+            got == want,
+            "A records {got:?}, explain says {want:?}; {what}"
+        );
+        let cname: Vec<String> = verdict.cname.iter().cloned().collect();
+        ensure!(reply.cnames() == cname, "CNAMEs; {what}");
+        ensure!(
+            reply.answer.iter().all(|r| r.ttl == AGENT_TTL),
+            "the agent's TTL is {AGENT_TTL}; {what}"
+        );
+        ensure!(
+            reply.answer.first().map(|r| r.name.as_str()) == Some(verdict.query.as_str()),
+            "the answered question is explain's {}; {what}",
+            verdict.query
+        );
+        ensure!(
+            delta(&before, &after, key::DNS_ANSWERED) == 1.0,
+            "exactly the last query answered by the agent: {after:#?}"
+        );
+        Ok((verdict, reply))
+    }
+
+    /// What a client of `from` gets connecting to `dest`, per explain: the server at the endpoint it
+    /// names (a host-name endpoint resolved through the upstream), or a reset.
+    pub fn expected_reach(
+        &self,
+        from: &str,
+        dest: SocketAddrV4,
+    ) -> Result<(OutboundVerdict, Reach)> {
+        let verdict = self.explain.ip(from, dest)?;
+        let reach = match verdict.action {
+            OutboundAction::NoHealthyUpstream => Reach::Reset,
+            _ => {
+                let endpoint = verdict
+                    .endpoint
+                    .as_deref()
+                    .with_context(|| format!("explain names no endpoint: {}", verdict.json))?;
+                let at = self.endpoint_addr(endpoint)?;
+                Reach::Server(self.server_at(at)?)
+            }
+        };
+        Ok((verdict, reach))
+    }
+
+    /// Where a client of `from` connects for `host` (as an application asks, search domains apply):
+    /// the agent's first A record, or the upstream's, per explain.
+    pub fn expected_address(&self, from: &str, host: &str) -> Result<(DnsVerdict, Ipv4Addr)> {
+        let verdict = self.explain.host(from, host)?;
+        let ip = match verdict.action {
+            DnsAction::Answer => verdict.addresses.iter().find_map(|a| match a {
+                IpAddr::V4(v4) => Some(*v4),
+                IpAddr::V6(_) => None,
+            }),
+            DnsAction::Forward => self
+                .dig_upstream(&verdict.query)?
+                .a_records()
+                .first()
+                .copied(),
+        };
+        let ip = ip
+            .with_context(|| format!("no IPv4 address for {host} from {from}: {}", verdict.json))?;
+        Ok((verdict, ip))
+    }
+
+    /// `curl http://<dest>/` from the client pod of `from`, checked against [`World::expected_reach`]
+    /// (and the agent's outcome counter). Returns the expectation for the caller to hold against SPEC.
+    pub fn check_connect(
+        &self,
+        from: &str,
+        dest: SocketAddrV4,
+    ) -> Result<(OutboundVerdict, Reach)> {
+        let url = format!("http://{dest}/");
+        self.check_url(from, &url, dest)
+    }
+
+    /// `curl http://<host>:<port>/` from the client pod of `from`: glibc resolves `host` through the
+    /// agent (search domains and all), then connects. Checked against explain's DNS and outbound verdicts.
+    pub fn check_host(
+        &self,
+        from: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<(OutboundVerdict, Reach)> {
+        let (_, ip) = self.expected_address(from, host)?;
+        let url = format!("http://{host}:{port}/");
+        self.check_url(from, &url, SocketAddrV4::new(ip, port))
+    }
+
+    fn check_url(
+        &self,
+        from: &str,
+        url: &str,
+        dest: SocketAddrV4,
+    ) -> Result<(OutboundVerdict, Reach)> {
+        let (verdict, want) = self.expected_reach(from, dest)?;
+        let counter = key::outbound(&verdict.action);
+        let before = self.agent.metrics()?;
+        let got = self.curl(from, url)?;
+        ensure!(
+            got == want,
+            "curl {url} from {from}: got {got:?}, explain says {want:?} ({})",
+            verdict.json
+        );
+        // The upstream connect (which counts it) may finish a moment after curl saw the reply.
+        let after = self
+            .agent
+            .wait_metrics(&format!("{counter} +1"), Duration::from_secs(2), |m| {
+                delta(&before, m, &counter) == 1.0
+            })
+            .with_context(|| format!("curl {url} from {from}"))?;
+        let hidden = if verdict.hidden.is_some() { 1.0 } else { 0.0 };
+        ensure!(
+            delta(&before, &after, key::HIDDEN_OUTBOUND) == hidden,
+            "curl {url} from {from}: a hidden service is counted once per connection that skipped one: \
+             {after:#?}; explain: {}",
+            verdict.json
+        );
+        Ok((verdict, want))
+    }
+
+    /// `curl` in the client pod of `from`: the server that answered, or [`Reach::Reset`] for a
+    /// connection reset that came at once (within a second); any other failure is an error.
+    pub fn curl(&self, from: &str, url: &str) -> Result<Reach> {
+        let started = Instant::now();
+        let out = self
+            .client(from)
+            .cmd("curl")
+            .args(["-sSv", "--max-time", "10", url])
+            .output()?;
+        let elapsed = started.elapsed();
+        if out.success() {
+            return Ok(Reach::Server(out.stdout_str().trim().to_string()));
+        }
+        // Depending on when the RST lands, curl fails connecting (7), sending (55) or receiving (56);
+        // its verbose log names the cause every time.
+        if out.stderr_str().contains("Connection reset by peer") {
+            ensure!(
+                elapsed < Duration::from_secs(1),
+                "reset, but only after {elapsed:?}: {out}"
+            );
+            return Ok(Reach::Reset);
+        }
+        bail!("curl {url} from {from} failed after {elapsed:?}: {out}")
+    }
+
+    /// `ip:port`, or `host:port` with `host` resolved through the upstream (as the agent does).
+    fn endpoint_addr(&self, endpoint: &str) -> Result<SocketAddrV4> {
+        if let Ok(addr) = endpoint.parse() {
+            return Ok(addr);
+        }
+        let (host, port) = endpoint
+            .rsplit_once(':')
+            .with_context(|| format!("endpoint {endpoint:?}"))?;
+        let ip = self
+            .dig_upstream(host)?
+            .a_records()
+            .first()
+            .copied()
+            .with_context(|| format!("the upstream does not know {host}"))?;
+        Ok(SocketAddrV4::new(ip, port.parse()?))
+    }
+
+    fn server_at(&self, addr: SocketAddrV4) -> Result<String> {
+        self.names
+            .get(&addr)
+            .cloned()
+            .with_context(|| format!("no server of this world listens on {addr}"))
+    }
+}

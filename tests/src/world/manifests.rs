@@ -1,0 +1,48 @@
+//! The test's private copy of the manifests, and edits to it that a watcher never sees half-done.
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+
+/// The repository's `examples/`.
+pub fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples")
+}
+
+/// Copies the manifests of `examples/` (not its README) into a new directory `to`.
+pub fn copy_examples(to: &Path) -> Result<()> {
+    copy_manifests(&examples_dir(), to)
+}
+
+/// Copies the `.yaml` files of `from` into a new directory `to`.
+pub fn copy_manifests(from: &Path, to: &Path) -> Result<()> {
+    fs::create_dir_all(to)?;
+    for entry in fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let name = path.file_name().context("file name")?;
+            fs::copy(&path, to.join(name))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces `dir/name` with `contents` in one step (written beside `dir`, then renamed over), so a
+/// watcher never reads half a file.
+pub fn replace_file(dir: &Path, name: &str, contents: &str) -> Result<()> {
+    let parent = dir.parent().context("config dir has no parent")?;
+    let staged = parent.join(format!(".staged-{name}"));
+    fs::write(&staged, contents)?;
+    fs::rename(&staged, dir.join(name))
+        .with_context(|| format!("renaming {} into {}", staged.display(), dir.display()))?;
+    Ok(())
+}
+
+/// Reads `dir/name`, replaces `from` with `to` (which must occur), and writes it back with
+/// [`replace_file`].
+pub fn edit_file(dir: &Path, name: &str, from: &str, to: &str) -> Result<()> {
+    let text = fs::read_to_string(dir.join(name))?;
+    ensure!(text.contains(from), "{name} does not contain {from:?}");
+    replace_file(dir, name, &text.replacen(from, to, 1))
+}

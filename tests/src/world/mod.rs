@@ -1,0 +1,263 @@
+//! The multi-tenant mesh of `examples/` made real for one test: a client pod per namespace, the pods and
+//! VMs that back services, every endpoint and every "real" host as an identity server in ext, dnsmasq
+//! holding the public answers, and the agent enforcing a private copy of the manifests.
+//!
+//! A scenario asks `redirect explain` (over the same copy) what a client should get, turns that into what
+//! dig and curl must observe ([`World::check_dig`], [`World::check_connect`]), and runs them in the pod.
+//! Which server answers where and what the public DNS says are facts of this world, written below;
+//! what a client gets is never written here: it comes from explain, and each test pins explain to SPEC.
+use std::collections::BTreeMap;
+use std::net::SocketAddrV4;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, ensure};
+
+use crate::dig::{self, Reply};
+use crate::exec::Cmd;
+use crate::explain::Explain;
+use crate::metrics::Metrics;
+use crate::topology::Pod;
+use crate::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, Topology};
+
+mod check;
+mod manifests;
+
+pub use check::Reach;
+pub use manifests::{copy_examples, copy_manifests, edit_file, examples_dir, replace_file};
+
+/// The client pod of each namespace (examples/10-workloads.yaml).
+pub const CLIENTS: [(&str, &str); 5] = [
+    ("team-a/a1", "10.244.1.10"),
+    ("team-b/b1", "10.244.2.10"),
+    ("team-c/c1", "10.244.3.10"),
+    ("istio-system/sys1", "10.244.4.10"),
+    ("quarantine/q1", "10.244.5.10"),
+];
+
+/// Workloads of examples/10-workloads.yaml that back services: (pod in the topology, where it listens,
+/// the name it answers with). `team-c/legacy-vm` is a WorkloadEntry in the manifests; here it is a netns.
+const BACKENDS: [(&str, &str, &str); 2] = [
+    ("team-a/web-1", "10.244.1.20:8080", "web-1"),
+    ("team-c/legacy-vm", "10.244.3.50:8080", "legacy-vm"),
+];
+
+/// Identity servers in ext: (name, HTTP addresses, echo addresses). Endpoints named in the manifests
+/// answer `*-endpoint`; the hosts a name or address really points to outside the mesh answer `real-*`
+/// or `public-*`.
+const EXT_SERVERS: &[(&str, &[&str], &[&str])] = &[
+    ("api-endpoint", &["198.51.100.20:80"], &[]),
+    ("metrics-endpoint", &["198.51.100.30:80"], &[]),
+    ("shared-public-endpoint", &["198.51.100.40:80"], &[]),
+    ("shared-private-endpoint", &["198.51.100.41:80"], &[]),
+    ("login-hijack-endpoint", &["198.51.100.50:80"], &[]),
+    ("origin", &["198.51.100.60:80"], &[]),
+    // An echo, for long-lived connections through a service.
+    ("payments-endpoint", &[], &["198.51.100.70:443"]),
+    ("public-httpbin", &["198.51.100.80:80"], &[]),
+    ("apps-endpoint", &["198.51.100.90:80"], &[]),
+    ("partner-host", &["198.51.100.200:80"], &[]),
+    (
+        "real-203.0.113.10",
+        &["203.0.113.10:80", "203.0.113.10:443"],
+        &["203.0.113.10:7"],
+    ),
+    ("real-203.0.113.41", &["203.0.113.41:80"], &[]),
+    ("real-203.0.113.50", &["203.0.113.50:80"], &[]),
+    ("real-203.0.113.80", &["203.0.113.80:80"], &[]),
+    ("public-api", &["203.0.113.110:80"], &[]),
+    ("public-metrics", &["203.0.113.130:80"], &[]),
+    ("public-shared", &["203.0.113.140:80"], &[]),
+    ("public-login", &["203.0.113.150:80"], &[]),
+];
+
+/// The upstream resolver's (public) answers. Each differs from any address the mesh gives the same
+/// name, so a reply tells who answered. Every other name is NXDOMAIN.
+pub const PUBLIC_DNS: &[(&str, &str)] = &[
+    ("api.example.com", "203.0.113.110"),
+    ("metrics.example.com", "203.0.113.130"),
+    ("shared.example.com", "203.0.113.140"),
+    ("login.example.com", "203.0.113.150"),
+    ("origin.example.org", "198.51.100.60"),
+    ("httpbin.example.com", "198.51.100.80"),
+];
+
+/// TTL of the agent's own answers (SPEC §3).
+pub const AGENT_TTL: u32 = 30;
+
+/// Metric keys the scenarios read.
+pub mod key {
+    pub const DNS_ANSWERED: &str = r#"redirect_dns_queries_total{outcome="answered"}"#;
+    pub const DNS_FORWARDED: &str = r#"redirect_dns_queries_total{outcome="forwarded"}"#;
+    pub const DNS_SERVFAIL: &str = r#"redirect_dns_queries_total{outcome="servfail"}"#;
+    pub const HIDDEN_DNS: &str = r#"redirect_services_hidden_total{lookup="dns"}"#;
+    pub const HIDDEN_OUTBOUND: &str = r#"redirect_services_hidden_total{lookup="outbound"}"#;
+    pub const RELOAD_OK: &str = r#"redirect_config_reloads_total{result="ok"}"#;
+    pub const RELOAD_FAILED: &str = r#"redirect_config_reloads_total{result="failed"}"#;
+
+    /// `redirect_outbound_connections_total{outcome=...}` for an explain action.
+    pub fn outbound(action: &crate::explain::OutboundAction) -> String {
+        use crate::explain::OutboundAction::*;
+        let outcome = match action {
+            Service => "service",
+            Workload => "workload",
+            Passthrough => "passthrough",
+            NoHealthyUpstream => "no_healthy_upstream",
+        };
+        format!(r#"redirect_outbound_connections_total{{outcome="{outcome}"}}"#)
+    }
+}
+
+/// The world of one test. Fields drop in order: agent, upstream, servers, then the topology.
+pub struct World {
+    pub agent: Agent,
+    pub upstream: Dnsmasq,
+    _servers: Vec<Peer>,
+    /// Who answers HTTP at each address.
+    names: BTreeMap<SocketAddrV4, String>,
+    /// Pods the manifests do not know: (the name explain knows their view by, pod key).
+    strangers: Vec<(String, String)>,
+    config: PathBuf,
+    explain: Explain,
+    pub topo: Topology,
+}
+
+impl World {
+    /// The world with an unchanged copy of `examples/`.
+    pub fn start() -> Result<World> {
+        World::start_with(|_| Ok(()))
+    }
+
+    /// The world with a copy of `examples/` that `edit` may change before the agent starts.
+    pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
+        let mut topo = Topology::new()?;
+        for (key, ip) in CLIENTS {
+            topo.add_pod(key, ip.parse()?)?;
+        }
+        for (key, listen, _) in BACKENDS {
+            let listen: SocketAddrV4 = listen.parse()?;
+            topo.add_pod(key, *listen.ip())?;
+        }
+        let mut servers = Vec::new();
+        let mut names = BTreeMap::new();
+        for (key, listen, name) in BACKENDS {
+            let listen: SocketAddrV4 = listen.parse()?;
+            servers.push(Peer::start(topo.pod(key).place(), name, &[listen], &[])?);
+            names.insert(listen, name.to_string());
+        }
+        for (name, http, echo) in EXT_SERVERS {
+            let http: Vec<SocketAddrV4> =
+                http.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+            let echo: Vec<SocketAddrV4> =
+                echo.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+            servers.push(topo.start_ext_peer(name, &http, &echo)?);
+            names.extend(http.into_iter().map(|a| (a, name.to_string())));
+        }
+        let mut records = DnsRecords::new();
+        for (host, ip) in PUBLIC_DNS {
+            records = records.host(host, ip.parse()?);
+        }
+        let upstream = topo.start_dnsmasq(RESOLVER_IP, records)?;
+
+        let config = topo.scratch_path("config");
+        copy_examples(&config)?;
+        edit(&config).context("editing the copy of examples/")?;
+        let explain = Explain::new(&config)?;
+        let agent = Agent::start(
+            &topo,
+            &[
+                "--config",
+                &config.to_string_lossy(),
+                "--dns-upstream",
+                &format!("{RESOLVER_IP}:53"),
+            ],
+        )?;
+        Ok(World {
+            agent,
+            upstream,
+            _servers: servers,
+            names,
+            strangers: Vec::new(),
+            config,
+            explain,
+            topo,
+        })
+    }
+
+    /// The agent's copy of the manifests (edit it to reload; see [`replace_file`]).
+    pub fn config_dir(&self) -> &Path {
+        &self.config
+    }
+    pub fn explain(&self) -> &Explain {
+        &self.explain
+    }
+    /// Makes the checks ask explain about `dir` instead of the live copy: the last good configuration,
+    /// while the live copy holds a change the agent refused (explain rejects it too).
+    pub fn explain_over(&mut self, dir: &Path) -> Result<()> {
+        self.explain = Explain::new(dir)?;
+        Ok(())
+    }
+
+    /// The client pod of `namespace` (or the stranger known by that name).
+    pub fn client(&self, namespace: &str) -> &Pod {
+        let key = CLIENTS
+            .iter()
+            .find(|(key, _)| key.split('/').next() == Some(namespace))
+            .map(|(key, _)| *key)
+            .or_else(|| {
+                self.strangers
+                    .iter()
+                    .find(|(view, _)| view == namespace)
+                    .map(|(_, key)| key.as_str())
+            })
+            .unwrap_or_else(|| panic!("no client pod in namespace {namespace}"));
+        self.topo.pod(key)
+    }
+
+    /// Adds a pod `key` at `ip` that no manifest declares: the agent cannot tell its namespace, so it
+    /// must see what a namespace owning nothing sees (PUBLIC only). The checks address it as `view`,
+    /// a namespace no manifest mentions, and ask explain about that namespace.
+    pub fn add_stranger(&mut self, key: &str, ip: &str, view: &str) -> Result<()> {
+        self.topo.add_pod(key, ip.parse()?)?;
+        self.strangers.push((view.to_string(), key.to_string()));
+        Ok(())
+    }
+
+    /// `dig` in the client pod of `namespace`, with short retries; add the question.
+    pub fn dig_cmd(&self, namespace: &str) -> Cmd {
+        self.client(namespace)
+            .cmd("dig")
+            .args(["+tries=2", "+time=2"])
+    }
+
+    /// `dig @upstream name` from the node netns, outside the pods' cgroup: nothing steers it.
+    pub fn dig_upstream(&self, name: &str) -> Result<Reply> {
+        self.dig_upstream_with(&[name])
+    }
+
+    /// `dig @upstream QUESTION...` from the node netns.
+    pub fn dig_upstream_with(&self, question: &[&str]) -> Result<Reply> {
+        dig::run(
+            self.topo
+                .node_cmd("dig")
+                .args([&format!("@{RESOLVER_IP}"), "+tries=2", "+time=2"])
+                .args(question),
+        )
+    }
+
+    /// `/config_dump`, parsed.
+    pub fn config_dump(&self) -> Result<serde_json::Value> {
+        let r = self.agent.admin_get("/config_dump")?;
+        ensure!(
+            r.status == 200,
+            "/config_dump answered {}: {}",
+            r.status,
+            r.text()
+        );
+        serde_json::from_slice(&r.body).context("/config_dump is not JSON")
+    }
+}
+
+/// `after - before` of one counter.
+pub fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
+    after.get_or_zero(key) - before.get_or_zero(key)
+}

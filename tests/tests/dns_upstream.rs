@@ -1,0 +1,83 @@
+//! Issue 4: the upstream resolver goes away and comes back. Names the agent forwards get SERVFAIL
+//! within two seconds (never a hang), over UDP and TCP, whether the upstream refuses (dnsmasq stopped:
+//! the port is closed) or stays silent (its address gone: packets vanish); the names the agent answers
+//! itself keep working; once the upstream is back its answers resume.
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use integration::explain::DnsAction;
+use integration::world::{World, delta, key};
+use integration::{RESOLVER_IP, dig, netns};
+
+/// SPEC / issue 4: SERVFAIL within 2 s of the query.
+const SERVFAIL_DEADLINE: Duration = Duration::from_secs(2);
+
+/// Asks `name` from team-b once, with a client timeout well past the deadline, over UDP or TCP, and
+/// requires SERVFAIL in time. Returns how long it took.
+fn servfail(w: &World, name: &str, tcp: bool) -> Result<Duration> {
+    let mut cmd = w
+        .client("team-b")
+        .cmd("dig")
+        .args(["+tries=1", "+time=5", name]);
+    if tcp {
+        cmd = cmd.arg("+tcp");
+    }
+    let reply = dig::run(cmd)?;
+    let how = if tcp { "TCP" } else { "UDP" };
+    ensure!(reply.status == "SERVFAIL", "{how} {name}: {reply:#?}");
+    ensure!(
+        reply.server.starts_with(&format!("{RESOLVER_IP}#53")),
+        "{how}: the SERVFAIL must appear to come from the resolver the pod asked: {reply:#?}"
+    );
+    ensure!(
+        reply.elapsed < SERVFAIL_DEADLINE,
+        "{how} {name}: SERVFAIL only after {:?}",
+        reply.elapsed
+    );
+    Ok(reply.elapsed)
+}
+
+#[test]
+fn upstream_down_gives_servfail_within_two_seconds_and_answers_resume() -> Result<()> {
+    let mut w = World::start()?;
+    let name = "login.example.com";
+    // A forwarded name (the NONE entry's), per explain; and one the agent answers.
+    let (v, up) = w.check_dig("team-b", name)?;
+    assert_eq!(v.action, DnsAction::Forward, "{}", v.json);
+    assert_eq!(up.status, "NOERROR");
+    let (v, _) = w.check_dig("team-b", "metrics.example.com")?;
+    assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
+
+    let before = w.agent.metrics()?;
+    w.upstream.stop()?;
+    for tcp in [false, true] {
+        let took = servfail(&w, name, tcp)?;
+        eprintln!("upstream stopped: SERVFAIL (tcp={tcp}) after {took:?}");
+    }
+    // The agent's own answers need no upstream.
+    let (v, _) = w.check_dig("team-b", "metrics.example.com")?;
+    assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
+
+    // Silent: the resolver's address leaves ext and what is sent to it is dropped without an ICMP.
+    let ext = w.topo.ext().netns.clone();
+    let resolver = format!("{RESOLVER_IP}/32");
+    netns::ip(&["-n", &ext, "addr", "del", &resolver, "dev", "lo"])?;
+    netns::ip(&["-n", &ext, "route", "add", "blackhole", &resolver])?;
+    for tcp in [false, true] {
+        let took = servfail(&w, name, tcp)?;
+        eprintln!("upstream silent: SERVFAIL (tcp={tcp}) after {took:?}");
+    }
+    netns::ip(&["-n", &ext, "route", "del", "blackhole", &resolver])?;
+    netns::ip(&["-n", &ext, "addr", "add", &resolver, "dev", "lo"])?;
+
+    let after = w.agent.metrics()?;
+    assert_eq!(delta(&before, &after, key::DNS_SERVFAIL), 4.0, "{after:#?}");
+    assert!(w.agent.is_running(), "the agent must survive its upstream");
+
+    // Back: the very next query gets the upstream's answer again, exactly.
+    w.upstream.start_again()?;
+    let (v, reply) = w.check_dig("team-b", name)?;
+    assert_eq!(v.action, DnsAction::Forward, "{}", v.json);
+    assert_eq!(reply.content(), up.content());
+    Ok(())
+}
