@@ -293,10 +293,11 @@ const METHOD: &str = "
   (a DaemonSet is not: the scheduler places it; `--agent-cpu N` pins it), and runs on CPU 1 alone for the DNS tests,
   whose target is per core. On 2 CPUs the agent's placement moves the ratios a lot: see **Why**. The agent runs at
   log level `info`, as on a node.
-- Connection rate: wrk with `-H \"Connection: close\"`; the server (the harness's `rdt-peer`, release build, a
-  thread per connection) answers with `Connection: close` and wrk opens a new connection for each request.
-  The pod's `ActiveOpens` must grow by at least 95 % of wrk's request count, so the figure is connections, not
-  requests on kept-alive connections. The server is the same for all three paths, so its cost cancels in the ratio.
+- Connection rate: wrk with `-H \"Connection: close\"` and 64 connections at a time (enough to keep the CPUs
+  busy, so the figure is capacity, not round-trip time); the server (the harness's `rdt-peer`, release build,
+  hyper on tokio) answers with `Connection: close` and wrk opens a new connection for each request. The pod's
+  `ActiveOpens` must grow by at least 95 % of wrk's request count, so the figure is connections, not requests on
+  kept-alive connections. The server is the same for all three paths.
 - DNS: dnsperf sends one name over and over: `backend.bench.example` (owned by the ServiceEntry: answered by the
   agent) or `upstream.bench.example` (only in dnsmasq: forwarded by the agent, or asked of dnsmasq directly with
   the agent detached).
