@@ -31,24 +31,14 @@ pub fn criterion_command(quick: bool) -> String {
     c
 }
 
-/// Builds the bench binary without running it (so a later run times only the benches).
-pub fn build_criterion(ebpf_object: &Path) -> Result<()> {
-    cmd::run(
-        cmd::cargo()
-            .current_dir(cmd::workspace_root())
-            .args(["bench", "-p", "redirect", "--bench", BENCH, "--no-run"])
-            // The same embedded object as `cargo xtask build`: otherwise cargo would rebuild the agent
-            // binary in target/release without its eBPF programs.
-            .env("REDIRECT_EBPF_OBJECT", ebpf_object),
-    )
-}
-
 /// Runs the benches and reads what criterion saved for each.
 pub fn run_criterion(quick: bool, ebpf_object: &Path) -> Result<Vec<Criterion>> {
     let started = SystemTime::now();
     let mut c = cmd::cargo();
     c.current_dir(cmd::workspace_root())
         .args(["bench", "-p", "redirect", "--bench", BENCH])
+        // The same embedded object as `cargo xtask build`: otherwise cargo would rebuild the agent binary
+        // in target/release without its eBPF programs.
         .env("REDIRECT_EBPF_OBJECT", ebpf_object);
     if quick {
         c.args(["--", "--quick"]);

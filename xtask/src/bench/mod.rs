@@ -1,9 +1,10 @@
 //! `cargo xtask bench [--quick]`: what the redirect and the proxy cost, side by side with the direct
 //! path, in one run on one machine. Writes BENCHMARKS.md and docs/benchmarks.png and prints the table.
 //!
-//! Order: build (agent, the harness's `rdt-peer`, the criterion bench), then the measuring rounds in a
-//! fresh netns topology ([`scene`], [`rounds`]), the agent's memory with a 10,000-entry config, and the
-//! criterion benches; last the report. The topology is removed when the scene drops, also on error.
+//! Order: build (the agent, the harness's `rdt-peer`), then the measuring rounds in a fresh netns
+//! topology ([`scene`], [`rounds`]) and the agent's memory with a 10,000-entry config, then the criterion
+//! benches (built with the same embedded eBPF object, so the agent binary stays whole); last the report.
+//! The topology is removed when the scene drops, also on error.
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -85,7 +86,6 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         println!("xtask bench: profile summary in {}", summary.display());
         return Ok(());
     }
-    control::build_criterion(&ebpf_object)?;
 
     let mut machine = machine::Machine::probe();
     let measuring = Instant::now();
@@ -98,13 +98,13 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         let memory = control::agent_memory(&scene)?;
         (runner.results, runner.commands, memory)
     };
+    let measuring = measuring.elapsed();
+    machine.finish();
     println!(
         "xtask bench: criterion ({})",
         control::criterion_command(args.quick)
     );
     let criterion = control::run_criterion(args.quick, &ebpf_object)?;
-    let measuring = measuring.elapsed();
-    machine.finish();
 
     let verdicts = targets::judge(&results, &criterion, Some(&memory));
     let report = report::Report {
