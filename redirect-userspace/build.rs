@@ -22,15 +22,21 @@ fn record_git_revision() {
     };
     let rev = git(&["rev-parse", "--short=12", "HEAD"]).unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=REDIRECT_GIT_REV={rev}");
+    // A commit moves HEAD's branch ref (loose or packed); a checkout moves HEAD. Only existing files
+    // are named: cargo reruns the script on every build for a path that does not exist.
+    let mut watched = Vec::new();
     if let Some(git_dir) = git(&["rev-parse", "--absolute-git-dir"]) {
-        // A commit moves HEAD's branch ref (loose or packed); a checkout moves HEAD.
-        println!("cargo:rerun-if-changed={git_dir}/HEAD");
-        if let Some(common) = git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]) {
-            println!("cargo:rerun-if-changed={common}/packed-refs");
-            if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-                println!("cargo:rerun-if-changed={common}/{branch}");
-            }
+        watched.push(PathBuf::from(&git_dir).join("HEAD"));
+    }
+    if let Some(common) = git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]) {
+        let common = PathBuf::from(common);
+        watched.push(common.join("packed-refs"));
+        if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            watched.push(common.join(branch));
         }
+    }
+    for path in watched.iter().filter(|p| p.exists()) {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
 }
 

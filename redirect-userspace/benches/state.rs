@@ -6,54 +6,12 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use redirect::{
     config::{Model, load_sources},
     state::{Pick, Snapshot},
+    synthetic,
 };
 
-const NAMESPACES: usize = 1_000;
-const ENTRIES: usize = 10_000;
-
-/// Every tenth namespace publishes (PUBLIC); the rest keep their entries (NAMESPACE). One entry in
-/// ten shares a host name with other namespaces, one in five declares no address (allocated).
+/// The synthetic mesh at the scale (the same one `cargo xtask bench` measures the agent's RSS with).
 fn model() -> Model {
-    let mut yaml = String::from(
-        "kind: MeshConfig\nserviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n  policies:\n  - visibility: PUBLIC\n    matchingRules: [{namespaceSelector: {matchLabels: {trusted: \"true\"}}}]\n",
-    );
-    for n in 0..NAMESPACES {
-        let labels = if n % 10 == 0 {
-            "{trusted: \"true\"}"
-        } else {
-            "{}"
-        };
-        yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: ns-{n}, labels: {labels}}}\n"
-        ));
-        yaml.push_str(&format!(
-            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: client, namespace: ns-{n}}}\nstatus: {{podIP: 10.{}.{}.10}}\n",
-            n / 256,
-            n % 256
-        ));
-    }
-    for i in 0..ENTRIES {
-        let n = i % NAMESPACES;
-        let host = if i % 10 == 0 {
-            format!("shared-{}.example.com", i % 100)
-        } else {
-            format!("svc-{i}.ns-{n}.example.com")
-        };
-        let addresses = if i % 5 == 4 {
-            String::new()
-        } else {
-            format!(
-                "addresses: [100.{}.{}.{}], ",
-                64 + i / 65536,
-                (i / 256) % 256,
-                i % 256
-            )
-        };
-        yaml.push_str(&format!(
-            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: se-{i}, namespace: ns-{n}}}\nspec: {{hosts: [{host}], {addresses}ports: [{{number: 80, name: http, targetPort: 8080}}], resolution: STATIC, endpoints: [{{address: 198.18.{}.{}}}, {{address: 198.19.{}.{}}}]}}\n",
-            i / 256 % 256, i % 256, i / 256 % 256, i % 256
-        ));
-    }
+    let yaml = synthetic::large_mesh_yaml(synthetic::NAMESPACES, synthetic::ENTRIES);
     load_sources([("bench.yaml", yaml.as_str())]).expect("bench model loads")
 }
 

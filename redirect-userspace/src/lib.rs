@@ -15,5 +15,6 @@ pub mod net;
 pub mod proxy;
 pub mod redirect;
 pub mod state;
+pub mod synthetic;
 pub mod visibility;
 pub mod watch;

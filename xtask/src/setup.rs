@@ -29,6 +29,8 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("sockperf", "sockperf"),
     ("wrk", "wrk"),
     ("dnsperf", "dnsperf"),
+    // Only `cargo xtask bench --profile` uses it.
+    ("linux-perf", "perf"),
 ];
 
 pub fn setup() -> anyhow::Result<()> {

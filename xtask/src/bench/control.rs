@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::agent::BenchAgent;
-use super::big_config;
 use super::scene::{Relay, Scene, agent_args};
 use crate::{build, cmd};
 use anyhow::{Context, Result, bail};
+use redirect::synthetic;
 
 /// The criterion bench target (redirect-userspace/benches/state.rs).
 pub const BENCH: &str = "state";
@@ -123,7 +123,10 @@ pub struct Memory {
 pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     let dir: PathBuf = scene.topo().scratch_path("big-config");
     fs::create_dir_all(&dir)?;
-    fs::write(dir.join("entries.yaml"), big_config::yaml())?;
+    fs::write(
+        dir.join("entries.yaml"),
+        synthetic::large_mesh_yaml(synthetic::NAMESPACES, synthetic::ENTRIES),
+    )?;
     let config = dir.to_string_lossy().into_owned();
     let started = Instant::now();
     let agent = BenchAgent::start(
@@ -145,10 +148,10 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
         .pointer("/services")
         .and_then(|s| s.as_array())
         .map_or(0, Vec::len);
-    if services < big_config::ENTRIES {
+    if services < synthetic::ENTRIES {
         bail!(
             "the agent holds {services} services, expected {} from the big config",
-            big_config::ENTRIES
+            synthetic::ENTRIES
         );
     }
     agent.stop()?;

@@ -13,7 +13,6 @@ use anyhow::{Context, bail};
 use crate::{build, cmd, setup};
 
 mod agent;
-mod big_config;
 mod chart;
 mod control;
 mod dnsperf;

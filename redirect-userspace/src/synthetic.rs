@@ -1,17 +1,19 @@
-//! The 10,000-entry / 1,000-namespace config the agent's RSS is measured with.
+//! A synthetic mesh of any size, as one multi-document manifest: what the criterion benches load and
+//! what `cargo xtask bench` gives the real agent to measure its memory, so both measure the same thing.
 //!
-//! The same shape as the criterion bench's model (redirect-userspace/benches/state.rs), written out as a
-//! manifest file so the real agent loads it through `--config`: every tenth namespace is trusted
-//! (PUBLIC by policy), the rest keep their entries (NAMESPACE); one entry in ten shares a host name,
-//! one in five declares no address (allocated).
+//! Every tenth namespace is trusted (PUBLIC by policy), the rest keep their entries (NAMESPACE). One
+//! entry in ten shares a host name with other namespaces; one in five declares no address (allocated).
+//! Each namespace has one client pod.
+
+/// The scale the targets are stated at.
 pub const NAMESPACES: usize = 1_000;
 pub const ENTRIES: usize = 10_000;
 
-pub fn yaml() -> String {
+pub fn large_mesh_yaml(namespaces: usize, entries: usize) -> String {
     let mut yaml = String::from(
         "kind: MeshConfig\nserviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n  policies:\n  - visibility: PUBLIC\n    matchingRules: [{namespaceSelector: {matchLabels: {trusted: \"true\"}}}]\n",
     );
-    for n in 0..NAMESPACES {
+    for n in 0..namespaces {
         let labels = if n % 10 == 0 {
             "{trusted: \"true\"}"
         } else {
@@ -26,8 +28,8 @@ pub fn yaml() -> String {
             n % 256
         ));
     }
-    for i in 0..ENTRIES {
-        let n = i % NAMESPACES;
+    for i in 0..entries {
+        let n = i % namespaces.max(1);
         let host = if i % 10 == 0 {
             format!("shared-{}.example.com", i % 100)
         } else {
@@ -57,12 +59,15 @@ pub fn yaml() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::load_sources;
 
     #[test]
-    fn holds_every_entry_and_namespace() {
-        let y = yaml();
-        assert_eq!(y.matches("kind: ServiceEntry").count(), ENTRIES);
-        assert_eq!(y.matches("kind: Namespace").count(), NAMESPACES);
-        assert_eq!(y.matches("kind: Pod").count(), NAMESPACES);
+    fn a_small_one_loads_with_every_object() {
+        let yaml = large_mesh_yaml(20, 100);
+        assert_eq!(yaml.matches("kind: ServiceEntry").count(), 100);
+        assert_eq!(yaml.matches("kind: Namespace").count(), 20);
+        let model = load_sources([("synthetic.yaml", yaml.as_str())]).expect("loads");
+        assert_eq!(model.service_entries.len(), 100);
+        assert_eq!(model.workloads.len(), 20);
     }
 }
