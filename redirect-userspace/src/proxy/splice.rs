@@ -17,8 +17,71 @@ const CHUNK: usize = 1 << 20;
 
 /// Empty pipes kept for the next connections: making and sizing two pipes is most of what splice adds
 /// to a short connection (pipe2, fcntl, close: six syscalls, and the pipe's buffer ring).
+///
+/// The pool never holds more idle pipes than are in use: under load, connections that end leave
+/// their pipes to the ones that start; when traffic stops, the last release empties it, so an idle
+/// agent holds no descriptors it does not need.
+struct PipePool {
+    idle: Vec<Pipe>,
+    in_use: usize,
+}
+
 const POOL_MAX: usize = 256;
-static POOL: Mutex<Vec<Pipe>> = Mutex::new(Vec::new());
+static POOL: Mutex<PipePool> = Mutex::new(PipePool {
+    idle: Vec::new(),
+    in_use: 0,
+});
+
+fn pool() -> std::sync::MutexGuard<'static, PipePool> {
+    // The pool holds only pipes: after a panic elsewhere its data is still fine to use.
+    POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A pipe lent to one direction of one connection; it goes back to the pool (or is closed) on drop.
+struct Lease {
+    /// The pipe's ends, copied out for the splice calls; valid while `pipe` is held.
+    read: RawFd,
+    write: RawFd,
+    pipe: Option<Pipe>,
+    /// Set once the pipe is known empty; only then may it serve another connection.
+    drained: bool,
+}
+
+impl Lease {
+    fn take() -> io::Result<Lease> {
+        let pooled = {
+            let mut pool = pool();
+            pool.in_use += 1;
+            pool.idle.pop()
+        };
+        let pipe = match pooled {
+            Some(pipe) => pipe,
+            None => Pipe::new().inspect_err(|_| pool().in_use -= 1)?,
+        };
+        Ok(Lease {
+            read: pipe.read.as_raw_fd(),
+            write: pipe.write.as_raw_fd(),
+            pipe: Some(pipe),
+            drained: false,
+        })
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut pool = pool();
+        pool.in_use -= 1;
+        let keep = pool.in_use.min(POOL_MAX);
+        if let Some(pipe) = self.pipe.take()
+            && self.drained
+            && pool.idle.len() < keep
+        {
+            pool.idle.push(pipe);
+        }
+        // Closing happens here, under the lock: a close is cheap and the lock is never contended long.
+        pool.idle.truncate(keep);
+    }
+}
 
 /// A pipe used as the kernel-side buffer of one direction.
 struct Pipe {
@@ -27,24 +90,6 @@ struct Pipe {
 }
 
 impl Pipe {
-    /// A pipe from the pool, or a new one.
-    fn take() -> io::Result<Pipe> {
-        let pooled = POOL.lock().map(|mut pool| pool.pop()).unwrap_or(None);
-        match pooled {
-            Some(pipe) => Ok(pipe),
-            None => Pipe::new(),
-        }
-    }
-
-    /// Back to the pool. Only a drained pipe may go back: its next user must read only its own bytes.
-    fn give_back(self) {
-        if let Ok(mut pool) = POOL.lock()
-            && pool.len() < POOL_MAX
-        {
-            pool.push(self);
-        }
-    }
-
     fn new() -> io::Result<Pipe> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
@@ -86,13 +131,13 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
 
 /// Moves `from`'s bytes to `to` until `from` reaches EOF, then half-closes `to`.
 async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
-    // On any error the pipe may still hold bytes: it is dropped, not given back.
-    let pipe = Pipe::take()?;
+    // On any error the pipe may still hold bytes: the lease drops it undrained and it is closed.
+    let mut pipe = Lease::take()?;
     let mut total = 0u64;
     loop {
         let filled = from
             .async_io(Interest::READABLE, || {
-                splice(from.as_raw_fd(), pipe.write.as_raw_fd(), CHUNK)
+                splice(from.as_raw_fd(), pipe.write, CHUNK)
             })
             .await?;
         if filled == 0 {
@@ -105,14 +150,14 @@ async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
                 }
             }
             // Every byte read into the pipe was written out: it is empty.
-            pipe.give_back();
+            pipe.drained = true;
             return Ok(total);
         }
         let mut left = filled;
         while left > 0 {
             left -= to
                 .async_io(Interest::WRITABLE, || {
-                    splice(pipe.read.as_raw_fd(), to.as_raw_fd(), left)
+                    splice(pipe.read, to.as_raw_fd(), left)
                 })
                 .await?;
         }
@@ -124,4 +169,36 @@ async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
 pub async fn splice_relay(client: &TcpStream, upstream: &TcpStream) -> io::Result<Carried> {
     let (sent, received) = tokio::try_join!(one_way(client, upstream), one_way(upstream, client))?;
     Ok(Carried { sent, received })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whatever runs concurrently, the pool never keeps more idle pipes than are in use, so an agent
+    /// whose connections have all ended holds none.
+    #[test]
+    fn idle_pipes_never_outnumber_busy_ones() {
+        let leases: Vec<Lease> = (0..4).map(|_| Lease::take().unwrap()).collect();
+        for mut lease in leases {
+            lease.drained = true;
+            drop(lease);
+            let pool = pool();
+            assert!(
+                pool.idle.len() <= pool.in_use,
+                "{} idle, {} in use",
+                pool.idle.len(),
+                pool.in_use
+            );
+        }
+        // An undrained pipe (an error mid-stream) is closed, and the invariant still holds.
+        drop(Lease::take().unwrap());
+        let pool = pool();
+        assert!(
+            pool.idle.len() <= pool.in_use,
+            "{} idle, {} in use",
+            pool.idle.len(),
+            pool.in_use
+        );
+    }
 }
