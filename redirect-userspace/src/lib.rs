@@ -8,6 +8,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod dns;
+pub mod identity;
 pub mod live;
 pub mod logging;
 pub mod metrics;

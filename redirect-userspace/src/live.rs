@@ -58,6 +58,11 @@ impl LiveState {
         self.snapshot.load()
     }
 
+    /// The snapshot in force, owned: for a task that holds it across an await.
+    pub fn snapshot_arc(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
+    }
+
     /// Puts a good configuration in force.
     pub fn apply(&self, snapshot: Snapshot) {
         self.snapshot.store(Arc::new(snapshot));

@@ -151,6 +151,7 @@ pub struct Metrics {
     dns: Family<DnsLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
     hidden: Family<LookupLabels, Counter>,
+    identity_mismatches: Counter,
 }
 
 impl Metrics {
@@ -177,6 +178,11 @@ impl Metrics {
     /// A service the client may not see was skipped while deciding for it.
     pub fn hidden(&self, lookup: Lookup) {
         self.hidden.get_or_create(&LookupLabels { lookup }).inc();
+    }
+
+    /// A connection whose cgroup names another pod than the one holding its source IP.
+    pub fn identity_mismatch(&self) {
+        self.identity_mismatches.inc();
     }
 
     /// Counts a proxied connection as open until the returned guard drops.
@@ -213,6 +219,11 @@ impl Metrics {
             "services_hidden",
             "Times a service the client may not see was skipped during resolution",
             self.hidden.clone(),
+        );
+        registry.register(
+            "client_identity_mismatches",
+            "Connections served as an unknown client because the connecting process's cgroup belongs to another pod than the one the registry gives its address to",
+            self.identity_mismatches.clone(),
         );
         if let Some(maps) = redirect_maps {
             registry.register_collector(Box::new(EbpfEvents(maps)));

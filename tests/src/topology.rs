@@ -179,6 +179,16 @@ impl Topology {
 
     /// Adds pod `namespace/name` with address `ip` (a /32 from 10.244.0.0/16).
     pub fn add_pod(&mut self, key: &str, ip_addr: Ipv4Addr) -> Result<Pod> {
+        self.add_pod_in(key, ip_addr, None)
+    }
+
+    /// Like [`Topology::add_pod`], with the cgroups kubelet's cgroupfs driver makes for pod `uid`: the
+    /// pod's `pod<uid>` and, below it, the container `app` its processes run in.
+    pub fn add_kube_pod(&mut self, key: &str, ip_addr: Ipv4Addr, uid: &str) -> Result<Pod> {
+        self.add_pod_in(key, ip_addr, Some(uid))
+    }
+
+    fn add_pod_in(&mut self, key: &str, ip_addr: Ipv4Addr, uid: Option<&str>) -> Result<Pod> {
         let (namespace, name) = key
             .split_once('/')
             .with_context(|| format!("pod {key:?}: want namespace/name"))?;
@@ -206,12 +216,15 @@ impl Topology {
             place: Place {
                 label: format!("pod {key}"),
                 netns: format!("{}-pod-{slug}", self.id.tag()),
-                cgroup: self.pods_cgroup.join(&slug),
+                cgroup: match uid {
+                    None => self.pods_cgroup.join(&slug),
+                    Some(uid) => self.pods_cgroup.join(format!("pod{uid}")).join("app"),
+                },
                 resolv_conf: Some(resolv),
                 log_dir: self.state_dir.join("logs"),
             },
         };
-        fs::create_dir(pod.cgroup())
+        fs::create_dir_all(pod.cgroup())
             .with_context(|| format!("creating cgroup {}", pod.cgroup().display()))?;
         let veth = format!("vp{}", self.pods.len());
         self.pods.push(pod.clone());

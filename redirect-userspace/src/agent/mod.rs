@@ -20,6 +20,7 @@ pub use reload::load;
 use crate::{
     admin::{self, AdminState},
     dns::{DnsProxy, Upstream, VisibleNames},
+    identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
@@ -104,6 +105,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
             metrics: metrics.clone(),
             dns_upstream: upstream,
             relay: config.relay,
+            cgroups: Arc::new(CgroupPods::new(config.cgroup.clone())),
         }),
     );
 

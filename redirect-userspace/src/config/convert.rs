@@ -3,6 +3,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use serde::Deserialize;
+use uuid::Uuid;
 
 use super::{
     Timestamp,
@@ -18,6 +19,7 @@ pub(crate) struct RawMeta {
     pub namespace: Option<String>,
     pub labels: Option<Labels>,
     pub creation_timestamp: Option<String>,
+    pub uid: Option<String>,
 }
 
 /// Checks `metadata`; a namespaced object without a namespace lands in `default`, as with kubectl.
@@ -57,11 +59,22 @@ pub(crate) fn meta(ctx: &mut Ctx<'_>, raw: Option<RawMeta>, namespaced: bool) ->
         }
         ts
     });
+    let uid = raw.uid.and_then(|text| {
+        let uid = Uuid::try_parse(&text).ok();
+        if uid.is_none() {
+            ctx.error(
+                "metadata.uid",
+                format!("{text:?} is not a UUID such as 6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a5b"),
+            );
+        }
+        uid
+    });
     ObjectMeta {
         name,
         namespace,
         labels: raw.labels.unwrap_or_default(),
         creation_timestamp,
+        uid,
         file: ctx.file.to_string(),
     }
 }

@@ -62,6 +62,8 @@ pub struct ObjectMeta {
     pub namespace: String,
     pub labels: Labels,
     pub creation_timestamp: Option<Timestamp>,
+    /// `metadata.uid`: for a Pod, what ties it to its cgroup on the node (see `identity`).
+    pub uid: Option<uuid::Uuid>,
     pub file: String,
 }
 

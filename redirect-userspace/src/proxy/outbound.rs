@@ -9,11 +9,12 @@ use tracing::{debug, warn};
 use super::{RelayMode, relay, splice_relay};
 use crate::{
     dns::{Upstream, client_namespace, resolve_host},
+    identity::{CgroupPods, Check},
     live::LiveState,
     metrics::{Direction, Lookup, Metrics, OutboundOutcome},
     net::{CONNECT_TIMEOUT, connect_marked},
     redirect::RedirectMaps,
-    state::{Outbound, Target},
+    state::{Outbound, Snapshot, Target},
 };
 
 /// Pending connections the kernel queues for us: bursts of new connections from many pods.
@@ -28,6 +29,8 @@ pub struct ProxyContext {
     /// Resolves endpoints given by host name (resolution DNS).
     pub dns_upstream: Arc<Upstream>,
     pub relay: RelayMode,
+    /// The pods' cgroups, to check the registry's word for who a client is.
+    pub cgroups: Arc<CgroupPods>,
 }
 
 pub struct OutboundProxy {
@@ -86,8 +89,8 @@ impl OutboundProxy {
 
 async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyContext>) {
     let _active = context.metrics.track_active();
-    let orig = match context.redirect_maps.original_destination(peer) {
-        Ok(Some(orig)) => orig.dst.to_socket_addr(),
+    let (orig, cgroup_id) = match context.redirect_maps.original_destination(peer) {
+        Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
             warn!(client = %peer, "no original destination recorded for this connection; closing it");
             context.metrics.outbound(OutboundOutcome::Error);
@@ -103,7 +106,9 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
     };
     let _ = client.set_nodelay(true);
 
-    let Some(plan) = decide(&context, peer, orig) else {
+    let snapshot = context.live.snapshot_arc();
+    let check = check_client(&context, &snapshot, peer, cgroup_id).await;
+    let Some(plan) = decide(&context, &snapshot, peer, orig, check) else {
         context.metrics.outbound(OutboundOutcome::NoHealthyUpstream);
         reset(client);
         return;
@@ -157,11 +162,41 @@ struct Plan {
     target: Dst,
 }
 
+/// Compares the pod the registry gives `peer`'s address to with the pod whose cgroup connected.
+/// The cgroup tree is read only when the registry names a pod uid, so without uids nothing is walked.
+async fn check_client(
+    context: &ProxyContext,
+    snapshot: &Snapshot,
+    peer: SocketAddr,
+    cgroup_id: u64,
+) -> Check {
+    let Some(registry) = snapshot.workload_by_ip(peer.ip()).and_then(|w| w.meta.uid) else {
+        return Check::Unchecked;
+    };
+    let check = Check::compare(Some(registry), context.cgroups.pod_uid(cgroup_id).await);
+    if let Check::Mismatch { registry, kernel } = check {
+        context.metrics.identity_mismatch();
+        warn!(
+            client = %peer,
+            registry_pod = %registry,
+            kernel_pod = %kernel,
+            cgroup_id,
+            "the connecting process is not in the cgroup of the pod that holds its address; serving it as an unknown client (PUBLIC services only)"
+        );
+    }
+    check
+}
+
 /// The SPEC §3 decision for this connection, made with `state::Snapshot::by_ip` under one snapshot.
 /// `None`: no healthy upstream, reset the client.
-fn decide(context: &ProxyContext, peer: SocketAddr, orig: SocketAddr) -> Option<Plan> {
-    let snapshot = context.live.snapshot();
-    let client_ns = client_namespace(&snapshot, peer.ip());
+fn decide(
+    context: &ProxyContext,
+    snapshot: &Snapshot,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    check: Check,
+) -> Option<Plan> {
+    let client_ns = client_namespace(snapshot, peer.ip()).filter(|_| check.trusted());
     let decision = snapshot.by_ip(client_ns, orig.ip(), orig.port());
     let outcome = match decision.action {
         Outbound::Service { .. } => OutboundOutcome::Service,

@@ -47,6 +47,9 @@ pub struct WorkloadDump {
     pub ips: Vec<IpAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// `metadata.uid`: checked against the connecting process's pod cgroup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -130,6 +133,7 @@ impl Snapshot {
                     namespace: w.meta.namespace.clone(),
                     ips: w.ips.clone(),
                     node: w.node_name.clone(),
+                    uid: w.meta.uid.map(|uid| uid.to_string()),
                 })
                 .collect(),
             service_entry_visibility: VisibilityDump {

@@ -1,0 +1,212 @@
+//! The pods' cgroups on this node: cgroup id -> pod uid, read from the cgroup tree the programs are
+//! attached to. On cgroup v2 a cgroup's id (what `bpf_get_current_cgroup_id` returns) is the inode
+//! number of its directory, so one walk of the tree maps every id to a path, and the path to a pod.
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use arc_swap::ArcSwap;
+use tracing::{debug, warn};
+use uuid::Uuid;
+
+/// cgroup id -> the uid of the pod it belongs to (`None`: in the tree, but not a pod's cgroup).
+type Table = HashMap<u64, Option<Uuid>>;
+
+/// Cached view of the tree, walked again when a connection comes from a cgroup it has not seen (a pod
+/// started since). Concurrent misses share one walk; a cgroup seen once is never walked for again.
+#[derive(Debug)]
+pub struct CgroupPods {
+    root: PathBuf,
+    table: ArcSwap<Table>,
+    /// Walks finished so far: a task that missed before the latest walk need not walk again.
+    walks: AtomicU64,
+    walking: tokio::sync::Mutex<()>,
+}
+
+impl CgroupPods {
+    /// Walks `root` (the attached cgroup) once now.
+    pub fn new(root: PathBuf) -> CgroupPods {
+        let table = walk(&root);
+        debug!(root = %root.display(), cgroups = table.len(), "read the pods' cgroups");
+        CgroupPods {
+            root,
+            table: ArcSwap::from_pointee(table),
+            walks: AtomicU64::new(1),
+            walking: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// The uid of the pod whose cgroup has id `cgroup_id`, if it is a kubelet pod cgroup.
+    pub async fn pod_uid(&self, cgroup_id: u64) -> Option<Uuid> {
+        if let Some(found) = self.table.load().get(&cgroup_id) {
+            return *found;
+        }
+        let missed_after = self.walks.load(Ordering::Acquire);
+        let _walking = self.walking.lock().await;
+        if self.walks.load(Ordering::Acquire) == missed_after {
+            let root = self.root.clone();
+            match tokio::task::spawn_blocking(move || walk(&root)).await {
+                Ok(mut table) => {
+                    // Not in the tree even now (a process that left it): remember, walk no more for it.
+                    table.entry(cgroup_id).or_insert(None);
+                    self.table.store(Arc::new(table));
+                }
+                Err(e) => warn!(error = %e, "walking the pods' cgroups failed"),
+            }
+            self.walks.fetch_add(1, Ordering::Release);
+        }
+        self.table.load().get(&cgroup_id).copied().flatten()
+    }
+}
+
+/// Every cgroup under `root` (itself included) with the pod uid its path names. A directory that
+/// vanishes during the walk (a pod ending) is skipped.
+fn walk(root: &Path) -> Table {
+    let mut table = Table::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+            continue;
+        };
+        table.insert(meta.ino(), pod_uid_in_path(&dir));
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                pending.push(entry.path());
+            }
+        }
+    }
+    table
+}
+
+/// The pod uid a kubelet cgroup path names, from its deepest component that names one:
+/// `pod<uid>` (cgroupfs driver) or `kubepods[-<qos>]-pod<uid with _ for ->.slice` (systemd driver).
+/// Container cgroups below the pod's (`cri-containerd-<id>.scope`, `<id>`) name none.
+pub fn pod_uid_in_path(path: &Path) -> Option<Uuid> {
+    path.components().rev().find_map(|component| {
+        let name = component.as_os_str().to_str()?;
+        let name = name.strip_suffix(".slice").unwrap_or(name);
+        let at = name.rfind("pod")?;
+        if at != 0 && !name[..at].ends_with('-') {
+            return None;
+        }
+        let uid = name[at + 3..].replace('_', "-");
+        // Only the hyphenated form: a container id is 64 hex digits, never a UUID, but be strict.
+        (uid.len() == 36)
+            .then(|| Uuid::try_parse(&uid).ok())
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UID: &str = "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a5b";
+
+    #[test]
+    fn kubelet_cgroup_names_give_the_pod_uid() {
+        let uid = Uuid::parse_str(UID).ok();
+        let systemd = UID.replace('-', "_");
+        let cases = [
+            (
+                "cgroupfs, pod level",
+                format!("/sys/fs/cgroup/kubepods/burstable/pod{UID}"),
+                uid,
+            ),
+            (
+                "cgroupfs, container below the pod",
+                format!(
+                    "/sys/fs/cgroup/kubepods/pod{UID}/0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+                ),
+                uid,
+            ),
+            (
+                "systemd, burstable",
+                format!(
+                    "/sys/fs/cgroup/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{systemd}.slice"
+                ),
+                uid,
+            ),
+            (
+                "systemd, guaranteed, containerd scope below",
+                format!(
+                    "/sys/fs/cgroup/kubepods.slice/kubepods-pod{systemd}.slice/cri-containerd-0123abcd.scope"
+                ),
+                uid,
+            ),
+            (
+                "QoS level only",
+                "/sys/fs/cgroup/kubepods.slice/kubepods-besteffort.slice".into(),
+                None,
+            ),
+            (
+                "not kubelet",
+                "/sys/fs/cgroup/system.slice/sshd.service".into(),
+                None,
+            ),
+            (
+                "pod without a uid",
+                "/sys/fs/cgroup/kubepods/podcast".into(),
+                None,
+            ),
+            ("uid not after pod", format!("/sys/fs/cgroup/x{UID}"), None),
+            (
+                "pod glued to a word",
+                format!("/sys/fs/cgroup/ipod{UID}"),
+                None,
+            ),
+        ];
+        for (name, path, want) in cases {
+            assert_eq!(pod_uid_in_path(Path::new(&path)), want, "{name}: {path}");
+        }
+    }
+
+    struct TempTree(PathBuf);
+    impl Drop for TempTree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cgroup_created_after_the_first_walk_is_found_on_a_miss() {
+        let root = TempTree(
+            std::env::temp_dir().join(format!("redirect-cgroups-test-{}", std::process::id())),
+        );
+        let pod = root.0.join(format!("pod{UID}"));
+        std::fs::create_dir_all(&pod).unwrap();
+        let pods = CgroupPods::new(root.0.clone());
+        let id = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        let uid = Uuid::parse_str(UID).ok();
+
+        assert_eq!(pods.pod_uid(id(&pod)).await, uid);
+        assert_eq!(pods.pod_uid(id(&root.0)).await, None, "the root is no pod");
+
+        // A container started later: unknown at first, found by the walk the miss starts.
+        let container = pod.join("app");
+        std::fs::create_dir(&container).unwrap();
+        assert_eq!(pods.pod_uid(id(&container)).await, uid);
+        let walks = pods.walks.load(Ordering::Acquire);
+        assert_eq!(pods.pod_uid(id(&container)).await, uid);
+        assert_eq!(
+            pods.walks.load(Ordering::Acquire),
+            walks,
+            "a hit walks nothing"
+        );
+
+        // An id no cgroup has: one walk, then "not a pod" without walking again.
+        assert_eq!(pods.pod_uid(u64::MAX).await, None);
+        let walks = pods.walks.load(Ordering::Acquire);
+        assert_eq!(pods.pod_uid(u64::MAX).await, None);
+        assert_eq!(pods.walks.load(Ordering::Acquire), walks);
+    }
+}
