@@ -56,6 +56,10 @@ pub struct BenchArgs {
     /// 8-stream throughput) into target/bench-profile/ (needs Debian's linux-perf).
     #[arg(long, conflicts_with = "quick")]
     profile: bool,
+    /// Measure only these tests (comma-separated) and print their table; writes no files and skips
+    /// the agent's memory and criterion. For trying a change to the agent.
+    #[arg(long, value_delimiter = ',', value_enum, conflicts_with = "profile")]
+    only: Vec<rounds::Pick>,
 }
 
 pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
@@ -91,8 +95,32 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let (results, commands, memory) = {
         let scene =
             scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
-        let mut runner = rounds::Runner::new(&scene, settings)?;
+        let picked = if args.only.is_empty() {
+            rounds::Pick::ALL.to_vec()
+        } else {
+            args.only.clone()
+        };
+        let mut runner = rounds::Runner::new(&scene, settings, &picked)?;
         runner.run()?;
+        if !args.only.is_empty() {
+            let report = report::Report {
+                quick: args.quick,
+                settings,
+                machine: &machine,
+                results: &runner.results,
+                commands: &runner.commands,
+                criterion: &[],
+                criterion_command: String::new(),
+                agent_cpu: args.agent_cpu,
+                memory: None,
+                verdicts: &targets::judge(&runner.results, &[], None),
+                measuring: measuring.elapsed(),
+                chart: CHART,
+            };
+            println!("\n{}", report.tables());
+            println!("xtask bench: --only: nothing written");
+            return Ok(());
+        }
         println!("xtask bench: agent memory with the 10,000-entry config");
         let memory = control::agent_memory(&scene)?;
         (runner.results, runner.commands, memory)

@@ -84,7 +84,7 @@ impl Report<'_> {
         s.push_str("\n## 2. Request/response latency (sockperf ping-pong, 1 KiB, one connection), round trip µs\n\n");
         self.table(
             &mut s,
-            &TCP_ROUTES,
+            &THROUGHPUT_ROUTES,
             &[Metric::LatencyP50, Metric::LatencyP99, Metric::LatencyP999],
         );
         s.push_str("\n## 3. New connections per second (wrk, `Connection: close`: connect, one request, close)\n\n");

@@ -46,17 +46,40 @@ pub enum Tcp {
     ConnRate,
 }
 
-const TESTS: [Test; 5] = [
-    Test::Tcp(Tcp::Throughput(1)),
-    Test::Tcp(Tcp::Throughput(8)),
-    Test::Tcp(Tcp::Latency),
-    Test::Tcp(Tcp::ConnRate),
-    Test::Dns,
-];
+/// The tests `--only` can pick, in the order a round runs them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Pick {
+    Throughput1,
+    Throughput8,
+    Latency,
+    ConnRate,
+    Dns,
+}
+
+impl Pick {
+    pub const ALL: [Pick; 5] = [
+        Pick::Throughput1,
+        Pick::Throughput8,
+        Pick::Latency,
+        Pick::ConnRate,
+        Pick::Dns,
+    ];
+
+    fn test(self) -> Test {
+        match self {
+            Pick::Throughput1 => Test::Tcp(Tcp::Throughput(1)),
+            Pick::Throughput8 => Test::Tcp(Tcp::Throughput(8)),
+            Pick::Latency => Test::Tcp(Tcp::Latency),
+            Pick::ConnRate => Test::Tcp(Tcp::ConnRate),
+            Pick::Dns => Test::Dns,
+        }
+    }
+}
 
 pub struct Runner<'a> {
     scene: &'a Scene,
     settings: Settings,
+    tests: Vec<Test>,
     pub results: Results,
     /// Every distinct command line run, for the report.
     pub commands: BTreeSet<String>,
@@ -65,8 +88,14 @@ pub struct Runner<'a> {
 }
 
 impl<'a> Runner<'a> {
-    pub fn new(scene: &'a Scene, settings: Settings) -> Result<Runner<'a>> {
+    /// Runs the `picked` tests (in round order) each round.
+    pub fn new(scene: &'a Scene, settings: Settings, picked: &[Pick]) -> Result<Runner<'a>> {
         Ok(Runner {
+            tests: Pick::ALL
+                .into_iter()
+                .filter(|p| picked.contains(p))
+                .map(Pick::test)
+                .collect(),
             answered_queries: scene
                 .scratch_file("answered.queries", &format!("{} A\n", scene::ANSWERED_NAME))?,
             forwarded_queries: scene.scratch_file(
@@ -83,10 +112,10 @@ impl<'a> Runner<'a> {
     pub fn run(&mut self) -> Result<()> {
         for round in 0..self.settings.rounds {
             println!("xtask bench: round {}/{}", round + 1, self.settings.rounds);
-            for test in TESTS {
+            for test in self.tests.clone() {
                 let mut phases = vec![Phase::Detached, Phase::Agent(Relay::Splice)];
-                // Zero-copy before/after: throughput only.
-                if matches!(test, Test::Tcp(Tcp::Throughput(_))) {
+                // The relay's before/after: throughput (zero-copy) and latency (small messages).
+                if matches!(test, Test::Tcp(Tcp::Throughput(_) | Tcp::Latency)) {
                     phases.push(Phase::Agent(Relay::Copy));
                 }
                 if round % 2 == 1 {
