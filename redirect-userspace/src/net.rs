@@ -7,16 +7,25 @@ use std::{
 };
 
 use redirect_common::AGENT_SOCKET_MARK;
-use socket2::{Domain, Protocol, Socket, Type};
+use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
 /// How long an upstream TCP connect may take before the client is told it failed.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Idle time before TCP keepalive probes start on proxied connections, both sides: a peer that
+/// vanished without a FIN or RST (node gone, pod killed mid-partition) does not pin two sockets and
+/// two pipes forever. The kernel's interval and probe count (75 s, 9) do the rest.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(300);
+
+pub fn keepalive() -> TcpKeepalive {
+    TcpKeepalive::new().with_time(KEEPALIVE_IDLE)
+}
+
 fn marked_socket(dst: SocketAddr, ty: Type, protocol: Protocol) -> io::Result<Socket> {
-    let socket = Socket::new(Domain::for_address(dst), ty, Some(protocol))?;
+    // Non-blocking from birth: one fcntl less per connection.
+    let socket = Socket::new(Domain::for_address(dst), ty.nonblocking(), Some(protocol))?;
     socket.set_mark(AGENT_SOCKET_MARK)?;
-    socket.set_nonblocking(true)?;
     Ok(socket)
 }
 
@@ -24,6 +33,7 @@ fn marked_socket(dst: SocketAddr, ty: Type, protocol: Protocol) -> io::Result<So
 pub async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let socket = marked_socket(dst, Type::STREAM, Protocol::TCP)?;
     socket.set_tcp_nodelay(true)?;
+    socket.set_tcp_keepalive(&keepalive())?;
     let socket = TcpSocket::from_std_stream(socket.into());
     match tokio::time::timeout(timeout, socket.connect(dst)).await {
         Ok(result) => result,

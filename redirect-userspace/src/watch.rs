@@ -91,11 +91,18 @@ impl DirWatch {
     /// Waits until the content changed.
     pub async fn changed(&mut self) {
         loop {
-            let _ = tokio::time::timeout(POLL, self.events.recv()).await;
+            if let Ok(None) = tokio::time::timeout(POLL, self.events.recv()).await {
+                // No watcher (it could not be set up): the channel is closed, so only the poll is left.
+                tokio::time::sleep(POLL).await;
+            }
             // Let a burst of events settle, then drain what queued meanwhile.
             tokio::time::sleep(SETTLE).await;
             while self.events.try_recv().is_ok() {}
-            let now = Fingerprint::of(&self.dir);
+            // Reading and hashing every file is blocking work: keep it off the proxy's workers.
+            let dir = self.dir.clone();
+            let Ok(now) = tokio::task::spawn_blocking(move || Fingerprint::of(&dir)).await else {
+                continue;
+            };
             if now != self.last {
                 self.last = now;
                 return;

@@ -120,7 +120,9 @@ async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
+                // Usually EMFILE: back off instead of spinning on a CPU the proxy needs.
                 warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 continue;
             }
         };

@@ -90,6 +90,11 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
         ),
         None => None,
     };
+    // Which pod each cgroup is, read before attaching: the first connections find it ready.
+    let cgroup_root = config.cgroup.clone();
+    let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
+        .await
+        .context("reading the pods' cgroups")?;
     let redirector = Redirector::attach(&RedirectConfig {
         cgroup: config.cgroup.clone(),
         gateway: config.gateway,
@@ -105,7 +110,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
             metrics: metrics.clone(),
             dns_upstream: upstream,
             relay: config.relay,
-            cgroups: Arc::new(CgroupPods::new(config.cgroup.clone())),
+            cgroups: Arc::new(cgroups),
         }),
     );
 

@@ -240,13 +240,13 @@ impl Loader {
                 let mesh = typed::<RawIstioOperator>(&mut ctx, value)
                     .and_then(|r| r.into_mesh().convert(&mut ctx, "spec.meshConfig."));
                 let object = ctx.object;
-                self.set_mesh(file, object, mesh);
+                self.set_mesh(file, object, "spec.meshConfig", mesh);
             }
             "MeshConfig" => {
                 let mesh =
                     typed::<RawMeshConfig>(&mut ctx, value).and_then(|r| r.convert(&mut ctx, ""));
                 let object = ctx.object;
-                self.set_mesh(file, object, mesh);
+                self.set_mesh(file, object, "kind", mesh);
             }
             "ConfigMap" => {
                 if str_at(&value, &["metadata", "name"]) != Some("istio") {
@@ -277,7 +277,7 @@ impl Loader {
                 };
                 let mesh = raw.and_then(|r| r.convert(&mut ctx, "data.mesh."));
                 let object = ctx.object;
-                self.set_mesh(file, object, mesh);
+                self.set_mesh(file, object, "data.mesh", mesh);
             }
             _ => unreachable!("classify returns only the kinds above"),
         }
@@ -309,13 +309,14 @@ impl Loader {
         true
     }
 
-    fn set_mesh(&mut self, file: &str, object: String, mesh: Option<MeshConfig>) {
+    /// `field`: where this object holds its mesh config, named in the error if it is a second one.
+    fn set_mesh(&mut self, file: &str, object: String, field: &str, mesh: Option<MeshConfig>) {
         let Some(mesh) = mesh else { return };
         if let Some((_, first)) = &self.mesh {
             self.errors.push(ConfigError::new(
                 file,
                 Some(object),
-                None,
+                Some(field.to_string()),
                 format!("a second mesh config: {first} is one already; keep exactly one"),
             ));
             return;

@@ -13,7 +13,7 @@ use hickory_proto::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, UdpSocket},
-    sync::watch,
+    sync::{Semaphore, watch},
 };
 use tracing::{debug, warn};
 
@@ -28,6 +28,8 @@ use crate::metrics::{DnsOutcome, Metrics};
 
 /// A TCP client that sends nothing for this long is dropped (its fd is worth more than its idleness).
 const TCP_IDLE: Duration = Duration::from_secs(10);
+/// DNS over TCP clients served at once; DNS is mostly UDP, so this is room for bursts, not a workload.
+const MAX_TCP_CLIENTS: usize = 1024;
 
 /// One question, as the proxy hands it to the decision.
 #[derive(Debug)]
@@ -144,10 +146,20 @@ async fn serve_udp(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
 }
 
 async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
+    let slots = Arc::new(Semaphore::new(MAX_TCP_CLIENTS));
     loop {
         match listener.accept().await {
             Ok((stream, client)) => {
-                tokio::spawn(serve_tcp_client(stream, client, shared.clone()));
+                // Over the cap the connection is closed at once: the client retries, no fd piles up.
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    debug!(%client, "too many DNS TCP clients; closing this one");
+                    continue;
+                };
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    serve_tcp_client(stream, client, shared).await;
+                    drop(slot);
+                });
             }
             Err(e) => {
                 warn!(error = %e, "DNS TCP accept failed");
@@ -185,7 +197,11 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
         let mut framed = Vec::with_capacity(reply.len() + 2);
         framed.extend_from_slice(&len.to_be_bytes());
         framed.extend_from_slice(&reply);
-        if stream.write_all(&framed).await.is_err() {
+        // A client that sends but never reads must not hold the task and its socket forever.
+        if !matches!(
+            tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
+            Ok(Ok(()))
+        ) {
             return;
         }
     }

@@ -2,11 +2,11 @@
 //! attached to. On cgroup v2 a cgroup's id (what `bpf_get_current_cgroup_id` returns) is the inode
 //! number of its directory, so one walk of the tree maps every id to a path, and the path to a pod.
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     sync::{
-        Arc,
+        Arc, Mutex,
         atomic::{AtomicU64, Ordering},
     },
 };
@@ -19,14 +19,17 @@ use uuid::Uuid;
 type Table = HashMap<u64, Option<Uuid>>;
 
 /// Cached view of the tree, walked again when a connection comes from a cgroup it has not seen (a pod
-/// started since). Concurrent misses share one walk; a cgroup seen once is never walked for again.
+/// started since). Misses wait for each other, so a burst of them walks once or twice, not once each;
+/// a cgroup seen once is never walked for again.
 #[derive(Debug)]
 pub struct CgroupPods {
     root: PathBuf,
     table: ArcSwap<Table>,
-    /// Walks finished so far: a task that missed before the latest walk need not walk again.
+    /// Walks done so far (for tests).
     walks: AtomicU64,
     walking: tokio::sync::Mutex<()>,
+    /// cgroups already warned about.
+    warned: Mutex<HashSet<u64>>,
 }
 
 impl CgroupPods {
@@ -39,6 +42,7 @@ impl CgroupPods {
             table: ArcSwap::from_pointee(table),
             walks: AtomicU64::new(1),
             walking: tokio::sync::Mutex::new(()),
+            warned: Mutex::new(HashSet::new()),
         }
     }
 
@@ -47,21 +51,30 @@ impl CgroupPods {
         if let Some(found) = self.table.load().get(&cgroup_id) {
             return *found;
         }
-        let missed_after = self.walks.load(Ordering::Acquire);
         let _walking = self.walking.lock().await;
-        if self.walks.load(Ordering::Acquire) == missed_after {
-            let root = self.root.clone();
-            match tokio::task::spawn_blocking(move || walk(&root)).await {
-                Ok(mut table) => {
-                    // Not in the tree even now (a process that left it): remember, walk no more for it.
-                    table.entry(cgroup_id).or_insert(None);
-                    self.table.store(Arc::new(table));
-                }
-                Err(e) => warn!(error = %e, "walking the pods' cgroups failed"),
-            }
-            self.walks.fetch_add(1, Ordering::Release);
+        // A walk that ended while we waited may have found it; one that began before the cgroup
+        // existed did not, so look again rather than trusting that a walk happened.
+        if let Some(found) = self.table.load().get(&cgroup_id) {
+            return *found;
         }
+        let root = self.root.clone();
+        match tokio::task::spawn_blocking(move || walk(&root)).await {
+            Ok(mut table) => {
+                // Not in the tree even now (a process that left it): remember, walk no more for it.
+                table.entry(cgroup_id).or_insert(None);
+                self.table.store(Arc::new(table));
+            }
+            Err(e) => warn!(error = %e, "walking the pods' cgroups failed"),
+        }
+        self.walks.fetch_add(1, Ordering::Release);
         self.table.load().get(&cgroup_id).copied().flatten()
+    }
+
+    /// True the first time a mismatch is seen for `cgroup_id`: the warning is logged once per cgroup,
+    /// the counter counts every connection.
+    pub fn first_mismatch(&self, cgroup_id: u64) -> bool {
+        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        warned.insert(cgroup_id)
     }
 }
 

@@ -8,6 +8,7 @@ use tracing::{debug, warn};
 
 use super::{RelayMode, relay, splice_relay};
 use crate::{
+    config::WorkloadKind,
     dns::{Upstream, client_namespace, resolve_host},
     identity::{CgroupPods, Check},
     live::LiveState,
@@ -45,6 +46,9 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
     };
     socket.set_reuseaddr(true)?;
+    // Accepted sockets inherit these: no per-connection system calls for them.
+    socket.set_nodelay(true)?;
+    socket2::SockRef::from(&socket).set_tcp_keepalive(&crate::net::keepalive())?;
     socket.bind(addr).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -104,7 +108,6 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
             return;
         }
     };
-    let _ = client.set_nodelay(true);
 
     let snapshot = context.live.snapshot_arc();
     let check = check_client(&context, &snapshot, peer, cgroup_id).await;
@@ -170,12 +173,21 @@ async fn check_client(
     peer: SocketAddr,
     cgroup_id: u64,
 ) -> Check {
-    let Some(registry) = snapshot.workload_by_ip(peer.ip()).and_then(|w| w.meta.uid) else {
+    // Only a Pod has a cgroup on this node; a WorkloadEntry's uid names no cgroup.
+    let Some(registry) = snapshot
+        .workload_by_ip(peer.ip())
+        .filter(|w| w.kind == WorkloadKind::Pod)
+        .and_then(|w| w.meta.uid)
+    else {
         return Check::Unchecked;
     };
     let check = Check::compare(Some(registry), context.cgroups.pod_uid(cgroup_id).await);
     if let Check::Mismatch { registry, kernel } = check {
         context.metrics.identity_mismatch();
+        if !context.cgroups.first_mismatch(cgroup_id) {
+            debug!(client = %peer, registry_pod = %registry, kernel_pod = %kernel, cgroup_id, "client identity mismatch (warned before for this cgroup)");
+            return check;
+        }
         warn!(
             client = %peer,
             registry_pod = %registry,
@@ -240,5 +252,27 @@ fn reset(stream: TcpStream) {
     if let Ok(std) = stream.into_std() {
         let socket = socket2::Socket::from(std);
         let _ = socket.set_linger(Some(Duration::ZERO));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The listener's TCP_NODELAY and keepalive are what every accepted client socket gets, with no
+    /// system call per connection: Linux clones them from the listener.
+    #[tokio::test]
+    async fn accepted_sockets_inherit_nodelay_and_keepalive() {
+        let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (_client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        let (accepted, _) = accepted.unwrap();
+        assert!(accepted.nodelay().unwrap());
+        let socket = socket2::SockRef::from(&accepted);
+        assert!(socket.keepalive().unwrap());
+        assert_eq!(
+            socket.tcp_keepalive_time().unwrap(),
+            crate::net::KEEPALIVE_IDLE
+        );
     }
 }
