@@ -19,7 +19,7 @@ pub use reload::load;
 
 use crate::{
     admin::{self, AdminState},
-    dns::{DnsProxy, Upstream, VisibleNames},
+    dns::{DnsProxy, HostCache, Upstream, VisibleNames},
     identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
@@ -108,7 +108,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
             redirect_maps: redirector.maps(),
             live: live.clone(),
             metrics: metrics.clone(),
-            dns_upstream: upstream,
+            endpoint_hosts: Arc::new(HostCache::new(upstream)),
             relay: config.relay,
             cgroups: Arc::new(cgroups),
         }),

@@ -7,7 +7,7 @@ mod upstream;
 mod visible;
 
 pub use answer::{LocalAnswer, authoritative_reply, servfail_reply};
-pub use resolve::{ResolveError, resolve_host};
+pub use resolve::{HostCache, ResolveError, Resolved, resolve_host};
 pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};
 pub use visible::{VisibleNames, client_namespace};

@@ -9,7 +9,7 @@ use tracing::{debug, warn};
 use super::{RelayMode, relay, splice_relay};
 use crate::{
     config::WorkloadKind,
-    dns::{Upstream, client_namespace, resolve_host},
+    dns::{HostCache, client_namespace},
     identity::{CgroupPods, Check},
     live::LiveState,
     metrics::{Direction, Lookup, Metrics, OutboundOutcome},
@@ -27,8 +27,8 @@ pub struct ProxyContext {
     pub redirect_maps: Arc<RedirectMaps>,
     pub live: Arc<LiveState>,
     pub metrics: Arc<Metrics>,
-    /// Resolves endpoints given by host name (resolution DNS).
-    pub dns_upstream: Arc<Upstream>,
+    /// Endpoints given by host name (resolution DNS), resolved through the upstream and kept for their TTL.
+    pub endpoint_hosts: Arc<HostCache>,
     pub relay: RelayMode,
     /// The pods' cgroups, to check the registry's word for who a client is.
     pub cgroups: Arc<CgroupPods>,
@@ -118,8 +118,8 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
     };
     let dst = match plan.target {
         Dst::Addr(addr) => addr,
-        Dst::Host { name, port } => match resolve_host(&context.dns_upstream, &name).await {
-            Ok(ips) => SocketAddr::new(ips[0], port),
+        Dst::Host { name, port } => match context.endpoint_hosts.address(&name).await {
+            Ok(ip) => SocketAddr::new(ip, port),
             Err(e) => {
                 debug!(client = %peer, orig_dst = %orig, endpoint = %name, error = %e, "endpoint host name did not resolve");
                 context.metrics.outbound(OutboundOutcome::Error);
