@@ -14,20 +14,13 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use integration::{Agent, DnsRecords, Metrics, Peer, RESOLVER_IP, Topology};
+use integration::{Agent, DnsRecords, Metrics, Peer, RESOLVER_IP, Topology, world};
 use serde_json::Value;
 
 use crate::{build, cmd};
 
-/// The pods of examples/ (examples/README.md): one client per namespace, and team-a's web backend.
-const PODS: &[(&str, &str)] = &[
-    ("team-a/a1", "10.244.1.10"),
-    ("team-b/b1", "10.244.2.10"),
-    ("team-c/c1", "10.244.3.10"),
-    ("istio-system/sys1", "10.244.4.10"),
-    ("quarantine/q1", "10.244.5.10"),
-    ("team-a/web-1", "10.244.1.20"),
-];
+/// team-a's web backend, from examples/; the clients, one per namespace, are `world::CLIENTS`.
+const WEB: (&str, &str) = ("team-a/web-1", "10.244.1.20");
 
 /// The world outside the node: (address, what the server answers when asked who it is).
 const SERVERS: &[(&str, &str)] = &[
@@ -128,7 +121,11 @@ pub fn demo() -> anyhow::Result<()> {
     println!(
         "\n== Setting up a throwaway node: network namespaces, one pod per namespace, and the world"
     );
-    let topo = Topology::with_pods(PODS)?;
+    let mut topo = Topology::new()?;
+    for (key, ip, uid) in world::CLIENTS {
+        topo.add_kube_pod(key, ip.parse()?, uid)?;
+    }
+    topo.add_pod(WEB.0, WEB.1.parse()?)?;
     let mut servers = Vec::new();
     for (addr, name) in SERVERS {
         let addr: SocketAddrV4 = addr.parse()?;

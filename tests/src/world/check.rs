@@ -249,6 +249,11 @@ impl World {
              {after:#?}; explain: {}",
             verdict.json
         );
+        // The clients are kubelet-style pods whose uids the manifests give: the check must agree.
+        ensure!(
+            delta(&before, &after, key::IDENTITY_MISMATCHES) == 0.0,
+            "curl {url} from {from}: the agent doubted the client's identity: {after:#?}"
+        );
         Ok((verdict, want))
     }
 

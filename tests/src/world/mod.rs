@@ -26,12 +26,14 @@ pub use check::Reach;
 pub use manifests::{copy_examples, copy_manifests, edit_file, examples_dir, replace_file};
 
 /// The client pod of each namespace (examples/10-workloads.yaml).
-pub const CLIENTS: [(&str, &str); 5] = [
-    ("team-a/a1", "10.244.1.10"),
-    ("team-b/b1", "10.244.2.10"),
-    ("team-c/c1", "10.244.3.10"),
-    ("istio-system/sys1", "10.244.4.10"),
-    ("quarantine/q1", "10.244.5.10"),
+/// (pod, address, `metadata.uid`). Each gets the cgroups kubelet would make for its uid, so every
+/// connection in the suite goes through the agent's identity check (and must pass it).
+pub const CLIENTS: [(&str, &str, &str); 5] = [
+    ("team-a/a1", "10.244.1.10", "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1"),
+    ("team-b/b1", "10.244.2.10", "5d2e8c4b-1f3a-4b6c-8d9e-b1b1b1b1b1b1"),
+    ("team-c/c1", "10.244.3.10", "7a9b1c3d-5e7f-4a1b-9c2d-c1c1c1c1c1c1"),
+    ("istio-system/sys1", "10.244.4.10", "9c4d6e8f-2a4b-4c6d-8e0f-5151515151a1"),
+    ("quarantine/q1", "10.244.5.10", "b8e0f2a4-6c8e-4a0b-9d1f-91919191a1a1"),
 ];
 
 /// Workloads of examples/10-workloads.yaml that back services: (pod in the topology, where it listens,
@@ -91,6 +93,7 @@ pub mod key {
     pub const DNS_SERVFAIL: &str = r#"redirect_dns_queries_total{outcome="servfail"}"#;
     pub const HIDDEN_DNS: &str = r#"redirect_services_hidden_total{lookup="dns"}"#;
     pub const HIDDEN_OUTBOUND: &str = r#"redirect_services_hidden_total{lookup="outbound"}"#;
+    pub const IDENTITY_MISMATCHES: &str = "redirect_client_identity_mismatches_total";
     pub const RELOAD_OK: &str = r#"redirect_config_reloads_total{result="ok"}"#;
     pub const RELOAD_FAILED: &str = r#"redirect_config_reloads_total{result="failed"}"#;
 
@@ -130,8 +133,8 @@ impl World {
     /// The world with a copy of `examples/` that `edit` may change before the agent starts.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
         let mut topo = Topology::new()?;
-        for (key, ip) in CLIENTS {
-            topo.add_pod(key, ip.parse()?)?;
+        for (key, ip, uid) in CLIENTS {
+            topo.add_kube_pod(key, ip.parse()?, uid)?;
         }
         for (key, listen, _) in BACKENDS {
             let listen: SocketAddrV4 = listen.parse()?;
@@ -201,8 +204,8 @@ impl World {
     pub fn client(&self, namespace: &str) -> &Pod {
         let key = CLIENTS
             .iter()
-            .find(|(key, _)| key.split('/').next() == Some(namespace))
-            .map(|(key, _)| *key)
+            .find(|(key, _, _)| key.split('/').next() == Some(namespace))
+            .map(|(key, _, _)| *key)
             .or_else(|| {
                 self.strangers
                     .iter()
