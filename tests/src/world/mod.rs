@@ -29,11 +29,31 @@ pub use manifests::{copy_examples, copy_manifests, edit_file, examples_dir, repl
 /// (pod, address, `metadata.uid`). Each gets the cgroups kubelet would make for its uid, so every
 /// connection in the suite goes through the agent's identity check (and must pass it).
 pub const CLIENTS: [(&str, &str, &str); 5] = [
-    ("team-a/a1", "10.244.1.10", "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1"),
-    ("team-b/b1", "10.244.2.10", "5d2e8c4b-1f3a-4b6c-8d9e-b1b1b1b1b1b1"),
-    ("team-c/c1", "10.244.3.10", "7a9b1c3d-5e7f-4a1b-9c2d-c1c1c1c1c1c1"),
-    ("istio-system/sys1", "10.244.4.10", "9c4d6e8f-2a4b-4c6d-8e0f-5151515151a1"),
-    ("quarantine/q1", "10.244.5.10", "b8e0f2a4-6c8e-4a0b-9d1f-91919191a1a1"),
+    (
+        "team-a/a1",
+        "10.244.1.10",
+        "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1",
+    ),
+    (
+        "team-b/b1",
+        "10.244.2.10",
+        "5d2e8c4b-1f3a-4b6c-8d9e-b1b1b1b1b1b1",
+    ),
+    (
+        "team-c/c1",
+        "10.244.3.10",
+        "7a9b1c3d-5e7f-4a1b-9c2d-c1c1c1c1c1c1",
+    ),
+    (
+        "istio-system/sys1",
+        "10.244.4.10",
+        "9c4d6e8f-2a4b-4c6d-8e0f-5151515151a1",
+    ),
+    (
+        "quarantine/q1",
+        "10.244.5.10",
+        "b8e0f2a4-6c8e-4a0b-9d1f-91919191a1a1",
+    ),
 ];
 
 /// Workloads of examples/10-workloads.yaml that back services: (pod in the topology, where it listens,
