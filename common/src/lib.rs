@@ -23,6 +23,8 @@ pub mod maps {
     pub const FLOW_ORIG_DST: &str = "FLOW_ORIG_DST";
     /// Per-CPU counters indexed by [`super::Stat`].
     pub const STATS: &str = "STATS";
+    /// cgroup id (u64) of a pod that opted out of capture -> 1: kept by the agent, read by the hooks.
+    pub const OPTED_OUT_CGROUPS: &str = "OPTED_OUT_CGROUPS";
 }
 
 /// Names of the programs in the eBPF object (the function names).
@@ -50,6 +52,10 @@ pub mod globals {
 /// Sizes of the maps. LRU maps: an entry lives while its socket may still be looked up; the oldest go first.
 pub const SOCKET_MAP_ENTRIES: u32 = 65_536;
 pub const FLOW_MAP_ENTRIES: u32 = 65_536;
+/// Pods on one node that opted out of capture, at most.
+pub const OPTED_OUT_MAP_ENTRIES: u32 = 4096;
+/// cgroup levels the programs climb looking for an opted-out pod's cgroup (kubelet's is at 2 to 4).
+pub const MAX_CGROUP_DEPTH: i32 = 12;
 
 /// Counters the programs keep, one slot each in the per-CPU `STATS` array.
 #[repr(u32)]
@@ -69,10 +75,12 @@ pub enum Stat {
     MapUpdateFailed = 5,
     /// Socket skipped because it lives in the node's own network namespace (a hostNetwork pod).
     SkippedNodeNetns = 6,
+    /// Socket skipped because its pod opted out of capture (`istio.io/dataplane-mode: none`).
+    SkippedOptedOut = 7,
 }
 
 impl Stat {
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 8;
     pub const ALL: [Stat; Self::COUNT as usize] = [
         Stat::TcpRedirected,
         Stat::DnsRedirected,
@@ -81,6 +89,7 @@ impl Stat {
         Stat::FlowFiled,
         Stat::MapUpdateFailed,
         Stat::SkippedNodeNetns,
+        Stat::SkippedOptedOut,
     ];
 
     /// Name used for the metric label.
@@ -93,6 +102,7 @@ impl Stat {
             Stat::FlowFiled => "flow_filed",
             Stat::MapUpdateFailed => "map_update_failed",
             Stat::SkippedNodeNetns => "skipped_node_netns",
+            Stat::SkippedOptedOut => "skipped_opted_out",
         }
     }
 }

@@ -1,9 +1,11 @@
 //! Maps and load-time globals shared by the programs. Names and layouts come from `redirect-common`.
 use aya_ebpf::{
     macros::map,
-    maps::{LruHashMap, PerCpuArray},
+    maps::{HashMap, LruHashMap, PerCpuArray},
 };
-use redirect_common::{FLOW_MAP_ENTRIES, OrigDst, SOCKET_MAP_ENTRIES, SockAddr, Stat};
+use redirect_common::{
+    FLOW_MAP_ENTRIES, OPTED_OUT_MAP_ENTRIES, OrigDst, SOCKET_MAP_ENTRIES, SockAddr, Stat,
+};
 
 /// socket cookie -> where the application meant to go.
 #[map]
@@ -17,6 +19,11 @@ pub static FLOW_ORIG_DST: LruHashMap<SockAddr, OrigDst> =
 
 #[map]
 pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
+
+/// Pod cgroups whose processes are left alone (their pods opted out of capture); kept by the agent.
+#[map]
+pub static OPTED_OUT_CGROUPS: HashMap<u64, u8> =
+    HashMap::with_max_entries(OPTED_OUT_MAP_ENTRIES, 0);
 
 // Set by the agent at load time (`EbpfLoader::set_global`); zero means "not configured".
 #[unsafe(no_mangle)]

@@ -2,13 +2,17 @@
 //! and to which port. Kept in one place so both hooks agree.
 use aya_ebpf::{
     EbpfContext,
-    helpers::{bpf_get_current_cgroup_id, bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::{
+        bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_netns_cookie,
+        bpf_get_socket_cookie,
+    },
     programs::SockAddrContext,
 };
-use redirect_common::{AGENT_SOCKET_MARK, DNS_PORT, OrigDst, SockAddr, Stat};
+use redirect_common::{AGENT_SOCKET_MARK, DNS_PORT, MAX_CGROUP_DEPTH, OrigDst, SockAddr, Stat};
 
 use crate::maps::{
-    SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, node_netns_cookie, proxy_port,
+    OPTED_OUT_CGROUPS, SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, node_netns_cookie,
+    proxy_port,
 };
 
 pub const IPPROTO_TCP: u32 = 6;
@@ -68,6 +72,11 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook) {
         return;
     }
 
+    if pod_opted_out() {
+        count(Stat::SkippedOptedOut);
+        return;
+    }
+
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let orig = OrigDst {
         dst: SockAddr::from_v4_be(dst_ip, dst_port),
@@ -87,6 +96,22 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook) {
     } else {
         Stat::TcpRedirected
     });
+}
+
+/// Whether the calling process sits in (or below) the cgroup of a pod that opted out of capture. A
+/// container's cgroup is below its pod's, so the hook climbs from the root down to the process's own.
+#[inline(always)]
+fn pod_opted_out() -> bool {
+    for level in 1..=MAX_CGROUP_DEPTH {
+        let id = unsafe { bpf_get_current_ancestor_cgroup_id(level) };
+        if id == 0 {
+            return false; // above the process's own cgroup: nothing deeper to look at
+        }
+        if unsafe { OPTED_OUT_CGROUPS.get(&id) }.is_some() {
+            return true;
+        }
+    }
+    false
 }
 
 /// The original destination remembered for this socket, if we steered it.

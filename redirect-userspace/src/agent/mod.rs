@@ -20,7 +20,7 @@ pub use reload::load;
 use crate::{
     admin::{self, AdminState},
     dns::{DnsProxy, HostCache, Upstream, VisibleNames},
-    identity::CgroupPods,
+    identity::{CgroupPods, OptOutSync},
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
@@ -102,6 +102,10 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
         dns_proxy_port: config.dns_proxy_port,
     })
     .context("attaching the eBPF programs")?;
+    let cgroups = Arc::new(cgroups);
+    // Pods that opted out are left alone before the agent calls itself ready.
+    let mut opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
+    opt_out.sync().await;
     let proxy = OutboundProxy::new(
         listener,
         Arc::new(ProxyContext {
@@ -110,7 +114,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
             metrics: metrics.clone(),
             endpoint_hosts: Arc::new(HostCache::new(upstream)),
             relay: config.relay,
-            cgroups: Arc::new(cgroups),
+            cgroups,
         }),
     );
 
@@ -127,6 +131,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let proxy_task = tokio::spawn(proxy.serve(stop_rx.clone()));
+    tokio::spawn(opt_out.run(stop_rx.clone()));
     let dns_task = dns.map(|dns| tokio::spawn(dns.serve(stop_rx)));
     attached.store(true, Ordering::Release);
     info!(proxy = %proxy_addr, dns_upstream = %config.dns_upstream, "agent running");

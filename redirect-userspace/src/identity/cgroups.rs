@@ -15,8 +15,14 @@ use arc_swap::ArcSwap;
 use tracing::{debug, warn};
 use uuid::Uuid;
 
-/// cgroup id -> the uid of the pod it belongs to (`None`: in the tree, but not a pod's cgroup).
-type Table = HashMap<u64, Option<Uuid>>;
+/// What one walk found.
+#[derive(Debug, Default)]
+struct Table {
+    /// cgroup id -> the uid of the pod it belongs to (`None`: in the tree, but not a pod's cgroup).
+    ids: HashMap<u64, Option<Uuid>>,
+    /// pod uid -> the id of the pod's own cgroup (its containers' are below it).
+    pods: HashMap<Uuid, u64>,
+}
 
 /// Cached view of the tree, walked again when a connection comes from a cgroup it has not seen (a pod
 /// started since). Misses wait for each other, so a burst of them walks once or twice, not once each;
@@ -36,7 +42,7 @@ impl CgroupPods {
     /// Walks `root` (the attached cgroup) once now.
     pub fn new(root: PathBuf) -> CgroupPods {
         let table = walk(&root);
-        debug!(root = %root.display(), cgroups = table.len(), "read the pods' cgroups");
+        debug!(root = %root.display(), cgroups = table.ids.len(), pods = table.pods.len(), "read the pods' cgroups");
         CgroupPods {
             root,
             table: ArcSwap::from_pointee(table),
@@ -48,26 +54,50 @@ impl CgroupPods {
 
     /// The uid of the pod whose cgroup has id `cgroup_id`, if it is a kubelet pod cgroup.
     pub async fn pod_uid(&self, cgroup_id: u64) -> Option<Uuid> {
-        if let Some(found) = self.table.load().get(&cgroup_id) {
+        if let Some(found) = self.table.load().ids.get(&cgroup_id) {
             return *found;
         }
         let _walking = self.walking.lock().await;
         // A walk that ended while we waited may have found it; one that began before the cgroup
         // existed did not, so look again rather than trusting that a walk happened.
-        if let Some(found) = self.table.load().get(&cgroup_id) {
+        if let Some(found) = self.table.load().ids.get(&cgroup_id) {
             return *found;
         }
+        self.walk_now(Some(cgroup_id)).await;
+        self.table.load().ids.get(&cgroup_id).copied().flatten()
+    }
+
+    /// The ids of the own cgroups of the pods `uids` (those found), walking the tree again first if
+    /// one is missing (a pod whose cgroup appeared since).
+    pub async fn pod_cgroups(&self, uids: &[Uuid]) -> HashMap<Uuid, u64> {
+        if uids
+            .iter()
+            .any(|uid| !self.table.load().pods.contains_key(uid))
+        {
+            let _walking = self.walking.lock().await;
+            self.walk_now(None).await;
+        }
+        let table = self.table.load();
+        uids.iter()
+            .filter_map(|uid| Some((*uid, *table.pods.get(uid)?)))
+            .collect()
+    }
+
+    /// Walks the tree and puts the result in force. `missed`: an id a connection came from, kept
+    /// as "not a pod" if the walk does not find it (a process that left the tree), so it is not
+    /// walked for again. Call with `walking` held.
+    async fn walk_now(&self, missed: Option<u64>) {
         let root = self.root.clone();
         match tokio::task::spawn_blocking(move || walk(&root)).await {
             Ok(mut table) => {
-                // Not in the tree even now (a process that left it): remember, walk no more for it.
-                table.entry(cgroup_id).or_insert(None);
+                if let Some(id) = missed {
+                    table.ids.entry(id).or_insert(None);
+                }
                 self.table.store(Arc::new(table));
             }
             Err(e) => warn!(error = %e, "walking the pods' cgroups failed"),
         }
         self.walks.fetch_add(1, Ordering::Release);
-        self.table.load().get(&cgroup_id).copied().flatten()
     }
 
     /// True the first time a mismatch is seen for `cgroup_id`: the warning is logged once per cgroup,
@@ -81,13 +111,19 @@ impl CgroupPods {
 /// Every cgroup under `root` (itself included) with the pod uid its path names. A directory that
 /// vanishes during the walk (a pod ending) is skipped.
 fn walk(root: &Path) -> Table {
-    let mut table = Table::new();
+    let mut table = Table::default();
     let mut pending = vec![root.to_path_buf()];
     while let Some(dir) = pending.pop() {
         let Ok(meta) = std::fs::symlink_metadata(&dir) else {
             continue;
         };
-        table.insert(meta.ino(), pod_uid_in_path(&dir));
+        let uid = pod_uid_in_path(&dir);
+        if let Some(uid) = uid
+            && dir.file_name().map(Path::new).and_then(pod_uid_in_path) == Some(uid)
+        {
+            table.pods.insert(uid, meta.ino());
+        }
+        table.ids.insert(meta.ino(), uid);
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -215,6 +251,12 @@ mod tests {
             walks,
             "a hit walks nothing"
         );
+
+        // The pod's own cgroup, not its container's, is what an opt-out names.
+        let other = Uuid::from_u128(7);
+        let found = pods.pod_cgroups(&[uid.unwrap(), other]).await;
+        assert_eq!(found.get(&uid.unwrap()), Some(&id(&pod)));
+        assert_eq!(found.get(&other), None);
 
         // An id no cgroup has: one walk, then "not a pod" without walking again.
         assert_eq!(pods.pod_uid(u64::MAX).await, None);

@@ -5,10 +5,11 @@
 mod cgroup;
 
 use std::{
+    collections::BTreeSet,
     net::{Ipv4Addr, SocketAddr},
     os::fd::AsFd,
     path::PathBuf,
-    sync::Arc,
+    sync::{Arc, Mutex},
 };
 
 use aya::{
@@ -75,6 +76,8 @@ pub struct Redirector {
 pub struct RedirectMaps {
     flows: HashMap<MapData, SockAddr, OrigDst>,
     stats: PerCpuArray<MapData, u64>,
+    /// The pod cgroups the programs leave alone, and our copy of what the map holds.
+    opted_out: Mutex<(HashMap<MapData, u64, u8>, BTreeSet<u64>)>,
 }
 
 impl Redirector {
@@ -122,6 +125,7 @@ impl Redirector {
 
         let flows = take_map(&mut ebpf, maps::FLOW_ORIG_DST, HashMap::try_from)?;
         let stats = take_map(&mut ebpf, maps::STATS, PerCpuArray::try_from)?;
+        let opted_out = take_map(&mut ebpf, maps::OPTED_OUT_CGROUPS, HashMap::try_from)?;
         tracing::info!(
             cgroup = %config.cgroup.display(),
             gateway = %config.gateway,
@@ -130,7 +134,11 @@ impl Redirector {
             "eBPF programs attached"
         );
         Ok(Self {
-            maps: Arc::new(RedirectMaps { flows, stats }),
+            maps: Arc::new(RedirectMaps {
+                flows,
+                stats,
+                opted_out: Mutex::new((opted_out, BTreeSet::new())),
+            }),
             _ebpf: ebpf,
         })
     }
@@ -156,6 +164,27 @@ impl RedirectMaps {
             Err(MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Makes `want` the set of pod cgroups the programs leave alone; returns the ids it added and
+    /// removed. On an error the map holds part of the change and the next call completes it.
+    pub fn set_opted_out(&self, want: &BTreeSet<u64>) -> Result<(Vec<u64>, Vec<u64>), MapError> {
+        let mut guard = self.opted_out.lock().unwrap_or_else(|p| p.into_inner());
+        let (map, held) = &mut *guard;
+        let added: Vec<u64> = want.difference(held).copied().collect();
+        let removed: Vec<u64> = held.difference(want).copied().collect();
+        for id in &added {
+            map.insert(id, 1, 0)?;
+            held.insert(*id);
+        }
+        for id in &removed {
+            match map.remove(id) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(e),
+            }
+            held.remove(id);
+        }
+        Ok((added, removed))
     }
 
     /// Totals of the programs' per-CPU counters.

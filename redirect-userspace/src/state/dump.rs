@@ -50,6 +50,9 @@ pub struct WorkloadDump {
     /// `metadata.uid`: checked against the connecting process's pod cgroup.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uid: Option<String>,
+    /// Labelled `istio.io/dataplane-mode: none`: the programs leave this pod alone.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub opted_out: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -134,6 +137,7 @@ impl Snapshot {
                     ips: w.ips.clone(),
                     node: w.node_name.clone(),
                     uid: w.meta.uid.map(|uid| uid.to_string()),
+                    opted_out: crate::identity::opts_out(w),
                 })
                 .collect(),
             service_entry_visibility: VisibilityDump {
