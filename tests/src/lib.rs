@@ -37,6 +37,7 @@ pub mod dig;
 pub mod dnsmasq;
 pub mod exec;
 pub mod explain;
+pub mod fixtures;
 pub mod metrics;
 pub mod netns;
 pub mod pattern;

@@ -2,17 +2,16 @@
 //! connections and DNS queries go where they were going, as if no agent ran, and the agent never sees
 //! them. This is what the cluster DNS needs on a node (its upstream queries must not come back to the
 //! agent). Removing the label captures the pod again, without restarting the agent.
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use integration::{Agent, DnsRecords, Dnsmasq, Metrics, Peer, RESOLVER_IP, Topology, dig};
+use integration::fixtures::{self, API_ENDPOINT_BODY, API_REAL_BODY, API_URL};
+use integration::world::{delta, replace_file};
+use integration::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, Topology, dig};
 
 const RESOLVER_UID: &str = "0d0d0d0d-0000-4000-8000-00000000000d";
 const CLIENT_UID: &str = "0a1a1a1a-0000-4000-8000-000000000001";
 
-const SERVICE_BODY: &str = "team-a-api";
-const REAL_BODY: &str = "real-203.0.113.10";
 /// What dnsmasq, the real resolver, says about the entry's host name.
 const REAL_ANSWER: &str = "203.0.113.99";
 
@@ -20,40 +19,23 @@ const TCP_REDIRECTED: &str = r#"redirect_ebpf_events_total{event="tcp_redirected
 const DNS_REDIRECTED: &str = r#"redirect_ebpf_events_total{event="dns_redirected"}"#;
 const SKIPPED: &str = r#"redirect_ebpf_events_total{event="skipped_opted_out"}"#;
 
-fn config(resolver_labels: &str) -> String {
-    format!(
-        r#"apiVersion: v1
-kind: Namespace
-metadata: {{name: team-a}}
----
-kind: MeshConfig
-serviceEntryVisibility: {{defaultVisibility: NAMESPACE}}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: api, namespace: team-a}}
-spec:
-  hosts: [api.example.com]
-  addresses: [203.0.113.10]
-  ports: [{{number: 80, name: http, protocol: HTTP}}]
-  resolution: STATIC
-  endpoints: [{{address: 198.51.100.20}}]
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: a1, namespace: team-a, uid: {CLIENT_UID}}}
-status: {{podIP: 10.244.1.10}}
----
-apiVersion: v1
-kind: Pod
-metadata: {{name: resolver, namespace: team-a, uid: {RESOLVER_UID}, labels: {resolver_labels}}}
-status: {{podIP: 10.244.1.53}}
-"#
-    )
-}
-
 const OPTED_OUT: &str = "{istio.io/dataplane-mode: none}";
 const CAPTURED: &str = "{app: resolver}";
+
+/// team-a's entry, its client a1, and the pod `resolver` with `resolver_labels`.
+fn config(resolver_labels: &str) -> String {
+    [
+        fixtures::TEAM_A_API.to_string(),
+        fixtures::pod("team-a/a1", CLIENT_UID, "10.244.1.10", "{}"),
+        fixtures::pod(
+            "team-a/resolver",
+            RESOLVER_UID,
+            "10.244.1.53",
+            resolver_labels,
+        ),
+    ]
+    .join("---\n")
+}
 
 /// Fields drop in order: the agent, the servers, then the topology.
 struct Setup {
@@ -66,17 +48,14 @@ fn setup() -> Result<Setup> {
     let mut topo = Topology::new()?;
     topo.add_kube_pod("team-a/a1", "10.244.1.10".parse()?, CLIENT_UID)?;
     topo.add_kube_pod("team-a/resolver", "10.244.1.53".parse()?, RESOLVER_UID)?;
-    let servers = (
-        topo.start_ext_peer(SERVICE_BODY, &["198.51.100.20:80".parse()?], &[])?,
-        topo.start_ext_peer(REAL_BODY, &["203.0.113.10:80".parse()?], &[])?,
-        topo.start_dnsmasq(
-            RESOLVER_IP,
-            DnsRecords::new().host("api.example.com", REAL_ANSWER.parse()?),
-        )?,
-    );
+    let (endpoint, real) = fixtures::start_api_servers(&topo)?;
+    let dnsmasq = topo.start_dnsmasq(
+        RESOLVER_IP,
+        DnsRecords::new().host("api.example.com", REAL_ANSWER.parse()?),
+    )?;
     let dir = topo.scratch_path("config");
     std::fs::create_dir_all(&dir)?;
-    write_config(&dir, OPTED_OUT)?;
+    replace_file(&dir, "pods.yaml", &config(OPTED_OUT))?;
     let upstream = format!("{RESOLVER_IP}:53");
     let agent = Agent::start(
         &topo,
@@ -89,26 +68,13 @@ fn setup() -> Result<Setup> {
     )?;
     Ok(Setup {
         agent,
-        _servers: servers,
+        _servers: (endpoint, real, dnsmasq),
         topo,
     })
 }
 
-fn write_config(dir: &Path, resolver_labels: &str) -> Result<()> {
-    let tmp = dir.join(".pods.yaml.tmp");
-    std::fs::write(&tmp, config(resolver_labels))?;
-    std::fs::rename(&tmp, dir.join("pods.yaml")).context("replacing pods.yaml")
-}
-
 fn curl(s: &Setup, pod: &str) -> Result<String> {
-    Ok(s.topo
-        .pod(pod)
-        .cmd("curl")
-        .args(["-sS", "--fail", "--max-time", "10", "http://203.0.113.10/"])
-        .ok()?
-        .stdout_str()
-        .trim()
-        .to_string())
+    fixtures::curl_body(s.topo.pod(pod), API_URL)
 }
 
 fn dig_api(s: &Setup, pod: &str) -> Result<Vec<String>> {
@@ -121,22 +87,18 @@ fn dig_api(s: &Setup, pod: &str) -> Result<Vec<String>> {
     Ok(reply.a_records().iter().map(|a| a.to_string()).collect())
 }
 
-fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
-    after.get_or_zero(key) - before.get_or_zero(key)
-}
-
 #[test]
 fn a_pod_labelled_dataplane_mode_none_is_left_alone_until_the_label_goes() -> Result<()> {
     let s = setup()?;
 
     // The captured pod gets team-a's entry, from the agent.
-    assert_eq!(curl(&s, "team-a/a1")?, SERVICE_BODY);
+    assert_eq!(curl(&s, "team-a/a1")?, API_ENDPOINT_BODY);
     assert_eq!(dig_api(&s, "team-a/a1")?, ["203.0.113.10"]);
 
     // The opted-out pod, same namespace: the kernel does not steer it. It reaches the real host and
     // the real resolver's answer, and the agent never sees either.
     let before = s.agent.metrics()?;
-    assert_eq!(curl(&s, "team-a/resolver")?, REAL_BODY);
+    assert_eq!(curl(&s, "team-a/resolver")?, API_REAL_BODY);
     assert_eq!(dig_api(&s, "team-a/resolver")?, [REAL_ANSWER]);
     let after = s.agent.metrics()?;
     assert_eq!(delta(&before, &after, TCP_REDIRECTED), 0.0, "{after:#?}");
@@ -161,9 +123,13 @@ fn a_pod_labelled_dataplane_mode_none_is_left_alone_until_the_label_goes() -> Re
     );
 
     // The label goes: the pod is captured again within a few seconds, no restart.
-    write_config(&s.topo.scratch_path("config"), CAPTURED)?;
+    replace_file(
+        &s.topo.scratch_path("config"),
+        "pods.yaml",
+        &config(CAPTURED),
+    )?;
     let deadline = Instant::now() + Duration::from_secs(5);
-    while curl(&s, "team-a/resolver")? != SERVICE_BODY {
+    while curl(&s, "team-a/resolver")? != API_ENDPOINT_BODY {
         ensure!(
             Instant::now() < deadline,
             "the resolver pod was not captured again after its label was removed:\n{}",

@@ -1,0 +1,60 @@
+//! What the small scenario suites share (`identity.rs`, `opt_out.rs`): team-a's NAMESPACE entry for
+//! `api.example.com` at 203.0.113.10, the two servers that tell whether it was reached, Pod manifests,
+//! and fetching a body with curl from a pod.
+use anyhow::Result;
+
+use crate::{Peer, Pod, Topology};
+
+/// team-a, default visibility NAMESPACE, and team-a's entry `api`: `api.example.com` at 203.0.113.10:80,
+/// its endpoint 198.51.100.20. Outside team-a the entry is absent and 203.0.113.10 is the real host.
+pub const TEAM_A_API: &str = r#"apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+kind: MeshConfig
+serviceEntryVisibility: {defaultVisibility: NAMESPACE}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: api, namespace: team-a}
+spec:
+  hosts: [api.example.com]
+  addresses: [203.0.113.10]
+  ports: [{number: 80, name: http, protocol: HTTP}]
+  resolution: STATIC
+  endpoints: [{address: 198.51.100.20}]
+"#;
+
+/// The body the entry's endpoint answers with.
+pub const API_ENDPOINT_BODY: &str = "team-a-api";
+/// The body the real host at 203.0.113.10 answers with.
+pub const API_REAL_BODY: &str = "real-203.0.113.10";
+/// The entry's address, as a URL.
+pub const API_URL: &str = "http://203.0.113.10/";
+
+/// Starts the entry's endpoint and the real host, in ext.
+pub fn start_api_servers(topo: &Topology) -> Result<(Peer, Peer)> {
+    Ok((
+        topo.start_ext_peer(API_ENDPOINT_BODY, &["198.51.100.20:80".parse()?], &[])?,
+        topo.start_ext_peer(API_REAL_BODY, &["203.0.113.10:80".parse()?], &[])?,
+    ))
+}
+
+/// A Pod manifest (a document to append after `---`). `labels` is a YAML flow map, e.g. `{app: x}`.
+pub fn pod(key: &str, uid: &str, ip: &str, labels: &str) -> String {
+    let (namespace, name) = key.split_once('/').unwrap_or(("default", key));
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}, labels: {labels}}}\nstatus: {{podIP: {ip}}}\n"
+    )
+}
+
+/// The body of `url` as curl in `pod` gets it, trimmed; an error if curl fails.
+pub fn curl_body(pod: &Pod, url: &str) -> Result<String> {
+    Ok(pod
+        .cmd("curl")
+        .args(["-sS", "--fail", "--max-time", "10", url])
+        .ok()?
+        .stdout_str()
+        .trim()
+        .to_string())
+}
