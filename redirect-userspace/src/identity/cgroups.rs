@@ -70,14 +70,12 @@ impl CgroupPods {
     /// The ids of the own cgroups of the pods `uids` (those found), walking the tree again first if
     /// one is missing (a pod whose cgroup appeared since).
     pub async fn pod_cgroups(&self, uids: &[Uuid]) -> HashMap<Uuid, u64> {
-        if uids
-            .iter()
-            .any(|uid| !self.table.load().pods.contains_key(uid))
-        {
+        let mut table = self.table.load_full();
+        if uids.iter().any(|uid| !table.pods.contains_key(uid)) {
             let _walking = self.walking.lock().await;
             self.walk_now(None).await;
+            table = self.table.load_full();
         }
-        let table = self.table.load();
         uids.iter()
             .filter_map(|uid| Some((*uid, *table.pods.get(uid)?)))
             .collect()

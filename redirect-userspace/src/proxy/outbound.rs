@@ -8,8 +8,8 @@ use tracing::{debug, warn};
 
 use super::{RelayMode, relay, splice_relay};
 use crate::{
-    config::WorkloadKind,
-    dns::{HostCache, client_namespace},
+    config::{Workload, WorkloadKind},
+    dns::HostCache,
     identity::{CgroupPods, Check},
     live::LiveState,
     metrics::{Direction, Lookup, Metrics, OutboundOutcome},
@@ -110,8 +110,13 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
     };
 
     let snapshot = context.live.snapshot_arc();
-    let check = check_client(&context, &snapshot, peer, cgroup_id).await;
-    let Some(plan) = decide(&context, &snapshot, peer, orig, check) else {
+    // The registry's word for who the client is, held against the kernel's.
+    let registered = snapshot.workload_by_ip(peer.ip());
+    let check = check_client(&context, registered, peer, cgroup_id).await;
+    let client_ns = registered
+        .filter(|_| check.trusted())
+        .map(|w| w.meta.namespace.as_str());
+    let Some(plan) = decide(&context, &snapshot, peer, client_ns, orig) else {
         context.metrics.outbound(OutboundOutcome::NoHealthyUpstream);
         reset(client);
         return;
@@ -169,13 +174,12 @@ struct Plan {
 /// The cgroup tree is read only when the registry names a pod uid, so without uids nothing is walked.
 async fn check_client(
     context: &ProxyContext,
-    snapshot: &Snapshot,
+    registered: Option<&Workload>,
     peer: SocketAddr,
     cgroup_id: u64,
 ) -> Check {
     // Only a Pod has a cgroup on this node; a WorkloadEntry's uid names no cgroup.
-    let Some(registry) = snapshot
-        .workload_by_ip(peer.ip())
+    let Some(registry) = registered
         .filter(|w| w.kind == WorkloadKind::Pod)
         .and_then(|w| w.meta.uid)
     else {
@@ -201,14 +205,14 @@ async fn check_client(
 
 /// The SPEC §3 decision for this connection, made with `state::Snapshot::by_ip` under one snapshot.
 /// `None`: no healthy upstream, reset the client.
+/// `client_ns`: the client's namespace, `None` for an unknown client (PUBLIC services only).
 fn decide(
     context: &ProxyContext,
     snapshot: &Snapshot,
     peer: SocketAddr,
+    client_ns: Option<&str>,
     orig: SocketAddr,
-    check: Check,
 ) -> Option<Plan> {
-    let client_ns = client_namespace(snapshot, peer.ip()).filter(|_| check.trusted());
     let decision = snapshot.by_ip(client_ns, orig.ip(), orig.port());
     let outcome = match decision.action {
         Outbound::Service { .. } => OutboundOutcome::Service,
