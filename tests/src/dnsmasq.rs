@@ -12,6 +12,22 @@ use crate::procfs::{self, Proto};
 
 const DEFAULT_BIN: &str = "/usr/sbin/dnsmasq";
 
+/// dnsmasq as a bare upstream: in the foreground, no config file, no `/etc/resolv.conf` or
+/// `/etc/hosts`, bound only to the addresses given, logging to stderr, and NXDOMAIN for every name no
+/// record names (more specific records win over `#`). Add `--listen-address` and the records.
+pub const BASE_ARGS: [&str; 10] = [
+    "--keep-in-foreground",
+    "--conf-file=/dev/null",
+    "--no-resolv",
+    "--no-hosts",
+    "--bind-interfaces",
+    "--port=53",
+    "--user=root",
+    "--pid-file=",
+    "--log-facility=-",
+    "--address=/#/",
+];
+
 /// The answers dnsmasq holds (turned into its own command-line options).
 #[derive(Clone, Debug, Default)]
 pub struct DnsRecords {
@@ -81,20 +97,9 @@ impl Dnsmasq {
         let mut proc = self
             .place
             .cmd(Self::bin()?)
-            .args([
-                "--keep-in-foreground",
-                "--conf-file=/dev/null",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-                "--port=53",
-                "--user=root",
-                "--pid-file=",
-                "--log-facility=-",
-                "--log-queries",
-                // Every name not given below: NXDOMAIN (more specific records win over `#`).
-                "--address=/#/",
-            ])
+            .args(BASE_ARGS)
+            // The tests read which queries reached the upstream.
+            .arg("--log-queries")
             .arg(format!("--listen-address={}", self.listen))
             .args(&self.records.args)
             .spawn()?;

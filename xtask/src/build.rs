@@ -45,6 +45,20 @@ pub fn build() -> anyhow::Result<PathBuf> {
     Ok(agent)
 }
 
+/// Builds the harness's helper server (`rdt-peer`: identity web servers and echo) for the demo and
+/// the bench; returns its path.
+pub fn peer() -> anyhow::Result<PathBuf> {
+    cmd::run(cmd::cargo().current_dir(cmd::workspace_root()).args([
+        "build",
+        "--release",
+        "--package",
+        "integration",
+        "--bin",
+        "rdt-peer",
+    ]))?;
+    Ok(target_dir().join("release/rdt-peer"))
+}
+
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)

@@ -109,7 +109,7 @@ pub fn demo() -> anyhow::Result<()> {
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     let agent_bin = build::build()?;
-    let peer_bin = build_peer()?;
+    let peer_bin = build::peer()?;
     // The harness finds its binaries through these (as the integration tests do).
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     unsafe {
@@ -385,17 +385,4 @@ fn print_rows(rows: &[Row]) {
     for (i, r) in rows.iter().enumerate() {
         println!("{:>3}  {}", i + 1, r.why);
     }
-}
-
-/// Builds the harness's helper server binary (the identity web servers) and returns its path.
-fn build_peer() -> anyhow::Result<std::path::PathBuf> {
-    cmd::run(cmd::cargo().current_dir(cmd::workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "integration",
-        "--bin",
-        "rdt-peer",
-    ]))?;
-    Ok(build::target_dir().join("release/rdt-peer"))
 }

@@ -73,15 +73,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let root = cmd::workspace_root();
     build::build()?;
     let ebpf_object = build::target_dir().join("bpfel-unknown-none/release/redirect");
-    cmd::run(cmd::cargo().current_dir(&root).args([
-        "build",
-        "--release",
-        "--package",
-        "integration",
-        "--bin",
-        "rdt-peer",
-    ]))?;
-    let peer = build::target_dir().join("release/rdt-peer");
+    let peer = build::peer()?;
     if args.profile {
         let scene =
             scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
@@ -92,48 +84,39 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
 
     let mut machine = machine::Machine::probe();
     let measuring = Instant::now();
+    // `--only`: the picked tests and their table; no memory, no criterion, no files.
+    let full = args.only.is_empty();
     let (results, commands, memory) = {
         let scene =
             scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
-        let picked = if args.only.is_empty() {
+        let picked = if full {
             rounds::Pick::ALL.to_vec()
         } else {
             args.only.clone()
         };
         let mut runner = rounds::Runner::new(&scene, settings, &picked)?;
         runner.run()?;
-        if !args.only.is_empty() {
-            let report = report::Report {
-                quick: args.quick,
-                settings,
-                machine: &machine,
-                results: &runner.results,
-                commands: &runner.commands,
-                criterion: &[],
-                criterion_command: String::new(),
-                agent_cpu: args.agent_cpu,
-                memory: None,
-                verdicts: &targets::judge(&runner.results, &[], None),
-                measuring: measuring.elapsed(),
-                chart: CHART,
-            };
-            println!("\n{}", report.tables());
-            println!("xtask bench: --only: nothing written");
-            return Ok(());
-        }
-        println!("xtask bench: agent memory with the 10,000-entry config");
-        let memory = control::agent_memory(&scene)?;
+        let memory = if full {
+            println!("xtask bench: agent memory with the 10,000-entry config");
+            Some(control::agent_memory(&scene)?)
+        } else {
+            None
+        };
         (runner.results, runner.commands, memory)
     };
     let measuring = measuring.elapsed();
     machine.finish();
-    println!(
-        "xtask bench: criterion ({})",
-        control::criterion_command(args.quick)
-    );
-    let criterion = control::run_criterion(args.quick, &ebpf_object)?;
+    let criterion = if full {
+        println!(
+            "xtask bench: criterion ({})",
+            control::criterion_command(args.quick)
+        );
+        control::run_criterion(args.quick, &ebpf_object)?
+    } else {
+        Vec::new()
+    };
 
-    let verdicts = targets::judge(&results, &criterion, Some(&memory));
+    let verdicts = targets::judge(&results, &criterion, memory.as_ref());
     let report = report::Report {
         quick: args.quick,
         settings,
@@ -143,11 +126,16 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         criterion: &criterion,
         criterion_command: control::criterion_command(args.quick),
         agent_cpu: args.agent_cpu,
-        memory: Some(memory),
+        memory,
         verdicts: &verdicts,
         measuring,
         chart: CHART,
     };
+    if !full {
+        println!("\n{}", report.tables());
+        println!("xtask bench: --only: nothing written");
+        return Ok(());
+    }
     println!("\n{}", report.tables());
     write_outputs(&root, &report, &results, &machine)?;
     println!(

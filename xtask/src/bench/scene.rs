@@ -235,25 +235,14 @@ pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
 /// dnsmasq as the upstream: our one record, NXDOMAIN for the rest, and no per-query logging (the
 /// harness's dnsmasq logs every query, which would make it the bottleneck).
 fn dnsmasq_args() -> Vec<String> {
-    [
-        "--keep-in-foreground",
-        "--conf-file=/dev/null",
-        "--no-resolv",
-        "--no-hosts",
-        "--bind-interfaces",
-        "--port=53",
-        "--user=root",
-        "--pid-file=",
-        "--log-facility=-",
-        "--address=/#/",
-    ]
-    .into_iter()
-    .map(String::from)
-    .chain([
-        format!("--listen-address={RESOLVER_IP}"),
-        format!("--host-record={FORWARDED_NAME},{SERVER_IP}"),
-    ])
-    .collect()
+    integration::dnsmasq::BASE_ARGS
+        .into_iter()
+        .map(String::from)
+        .chain([
+            format!("--listen-address={RESOLVER_IP}"),
+            format!("--host-record={FORWARDED_NAME},{SERVER_IP}"),
+        ])
+        .collect()
 }
 
 /// The client's namespace, its pod, and one NAMESPACE ServiceEntry in it whose VIP leads to the ext server
