@@ -205,7 +205,10 @@ pub(crate) fn enum_value<T: Copy>(
         };
         ctx.error(
             field,
-            format!("unknown {what} {given}: expected one of {}", names.join(", ")),
+            format!(
+                "unknown {what} {given}: expected one of {}",
+                names.join(", ")
+            ),
         );
     }
     found.map(|(_, _, value)| *value)

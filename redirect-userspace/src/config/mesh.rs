@@ -107,7 +107,10 @@ impl RawMeshConfig {
     /// whole, not merged): `self` wins, as `spec.meshConfig` wins over `spec.values.meshConfig`.
     fn over(mut self, under: RawMeshConfig, under_origin: &'static str) -> RawMeshConfig {
         let from_under = |mine: bool| (!mine).then_some(under_origin);
-        self.service_entry_visibility = match (self.service_entry_visibility, under.service_entry_visibility) {
+        self.service_entry_visibility = match (
+            self.service_entry_visibility,
+            under.service_entry_visibility,
+        ) {
             (Some(mine), Some(theirs)) => {
                 self.origin.default_visibility = from_under(mine.default_visibility.is_some());
                 self.origin.policies = from_under(mine.policies.is_some());
@@ -218,9 +221,7 @@ impl RawMeshConfig {
     pub(crate) fn convert(self, ctx: &mut Ctx<'_>, field: &str) -> Option<MeshConfig> {
         let before = ctx.error_count();
         let origin = self.origin;
-        let at = |from: Option<&str>| {
-            format!("{}serviceEntryVisibility", from.unwrap_or(field))
-        };
+        let at = |from: Option<&str>| format!("{}serviceEntryVisibility", from.unwrap_or(field));
         let visibility = self.service_entry_visibility.map(|raw| {
             let default_visibility = parse_visibility(
                 ctx,

@@ -21,4 +21,6 @@ pub use model::*;
 pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL, use_waypoint};
 
 #[cfg(test)]
+mod istio_tests;
+#[cfg(test)]
 mod tests;

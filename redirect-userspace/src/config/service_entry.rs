@@ -9,8 +9,8 @@ use super::{
     labels::Labels,
     mesh::validate_export_to,
     model::{
-        Address, Location, Resolution, ServiceEntry, ServiceEntryEndpoint,
-        ServiceEntryPort, UseWaypoint, WaypointRef, Workload, WorkloadAddress, WorkloadKind,
+        Address, Location, Resolution, ServiceEntry, ServiceEntryEndpoint, ServiceEntryPort,
+        UseWaypoint, WaypointRef, Workload, WorkloadAddress, WorkloadKind,
     },
 };
 
@@ -279,10 +279,7 @@ impl RawServiceEntry {
                         continue;
                     }
                     Some(WorkloadAddress::Unix(_)) if resolution != Resolution::Static => {
-                        ctx.error(
-                            &field,
-                            "a unix socket endpoint needs resolution STATIC",
-                        );
+                        ctx.error(&field, "a unix socket endpoint needs resolution STATIC");
                         continue;
                     }
                     Some(address) => address,

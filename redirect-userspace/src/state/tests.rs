@@ -5,6 +5,7 @@ use super::*;
 use crate::config::load_sources;
 
 mod props;
+mod upstream;
 
 /// A small multi-tenant world: every rule of SPEC §3 has an object here to exercise it.
 pub(super) const WORLD: &str = r#"

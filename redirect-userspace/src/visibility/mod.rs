@@ -66,7 +66,8 @@ pub fn resolve(model: &Model) -> Resolution {
             let ns = &entry.meta.namespace;
             let ns_labels = model.namespace_labels(ns);
             let (visibility, matched_policy) = visibility_for(config, &ns_labels);
-            let (conditions, waypoint) = conditions(entry, &ns_labels, visibility, config.is_some());
+            let (conditions, waypoint) =
+                conditions(entry, &ns_labels, visibility, config.is_some());
             ResolvedEntry {
                 namespace: ns.clone(),
                 name: entry.meta.name.clone(),
