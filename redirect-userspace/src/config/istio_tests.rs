@@ -262,6 +262,12 @@ fn what_istio_refuses_is_refused_with_its_reason() {
             field: "spec.address",
             message: "must not contain a wildcard",
         },
+        Case {
+            name: "an address that looks like an IPv4 address but is none",
+            yaml: we("{address: 300.1.2.3}"),
+            field: "spec.address",
+            message: "not a valid IP address",
+        },
     ];
     for case in cases {
         let errors = match load(&case.yaml) {

@@ -106,7 +106,10 @@ fn workload_address(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<Worklo
         };
     }
     let name = text.trim_end_matches('.');
-    if text.contains('*') {
+    if name.bytes().all(|c| c.is_ascii_digit() || c == b'.') {
+        ctx.error(field, format!("{text:?} is not a valid IP address"));
+        None
+    } else if text.contains('*') {
         ctx.error(field, format!("{text:?} must not contain a wildcard"));
         None
     } else if convert::is_dns_name(name) {
