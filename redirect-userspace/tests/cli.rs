@@ -320,13 +320,14 @@ fn explain_outcomes_for_examples() {
             result: "198.51.100.200:443".into(),
         },
         Case {
-            name: "CIDR entry on an undeclared port resets",
+            // ztunnel find_upstream: resolution NONE goes to the original destination on any port.
+            name: "resolution NONE CIDR entry on an undeclared port passes through",
             from: "team-a",
             host: None,
             ip: Some("198.51.100.200:22"),
-            action: "noHealthyUpstream",
+            action: "passthrough",
             service: "team-c/partner-net".into(),
-            result: null.clone(),
+            result: "198.51.100.200:22".into(),
         },
         Case {
             name: "resolution DNS endpoint by name",

@@ -472,14 +472,21 @@ fn no_endpoint_for_the_port_resets_the_client_at_once() -> Result<()> {
         None,
         Reach::server("real-203.0.113.80"),
     );
-    // A Public CIDR entry that does not declare the port: reset for everyone.
+    Ok(())
+}
+
+/// A resolution NONE entry sends every port to the original destination, declared or not, as
+/// ztunnel's find_upstream does (Istio's github.yaml declares port 22 only; HTTPS must still work).
+#[test]
+fn resolution_none_entry_passes_every_port_through() -> Result<()> {
+    let w = World::start()?;
     for ns in EVERYONE {
         let got = w.check_connect(ns, addr("198.51.100.200:22"))?;
         spec_outbound(
             &got,
-            OutboundAction::NoHealthyUpstream,
+            OutboundAction::Passthrough,
             Some("team-c/partner-net"),
-            Reach::Reset,
+            Reach::server("partner-host"),
         );
     }
     Ok(())

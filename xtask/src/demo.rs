@@ -36,6 +36,10 @@ const SERVERS: &[(&str, &str)] = &[
     ),
     ("198.51.100.30:80", "metrics, published by istio-system"),
     ("203.0.113.55:80", "the real login.example.com"),
+    (
+        "198.51.100.200:22",
+        "a partner host, on a port partner-net does not declare",
+    ),
 ];
 
 /// What the real DNS says (the upstream resolver every pod's node forwards to).

@@ -4,9 +4,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod config;
-mod explain;
+/// `explain` and `resolve` are public for the conformance suite, which checks their reports.
+pub mod explain;
 mod output;
-mod resolve;
+pub mod resolve;
 mod run;
 
 /// Exit code for invalid input (configuration errors); usage errors exit 2 (clap's own).

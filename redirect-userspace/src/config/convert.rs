@@ -103,24 +103,15 @@ pub(crate) fn ip(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<IpAddr> {
     })
 }
 
-/// An IP or a CIDR. A CIDR must be a network address (no host bits), as Istio validates it.
+/// An IP or a CIDR. A CIDR with host bits set is taken as its network (`192.192.192.192/24` is
+/// `192.192.192.0/24`), as Istio accepts it.
 pub(crate) fn address(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<Address> {
     if let Ok(ip) = text.parse::<IpAddr>() {
         return Some(Address::Ip(ip));
     }
     match text.parse::<IpNet>() {
-        Ok(net) if net.trunc() != net => {
-            ctx.error(
-                field,
-                format!(
-                    "CIDR {text:?} has host bits set (did you mean {}?)",
-                    net.trunc()
-                ),
-            );
-            None
-        }
         Ok(net) if net.prefix_len() == net.max_prefix_len() => Some(Address::Ip(net.addr())),
-        Ok(net) => Some(Address::Cidr(net)),
+        Ok(net) => Some(Address::Cidr(net.trunc())),
         Err(_) => {
             ctx.error(field, format!("{text:?} is not a valid IP address or CIDR"));
             None
@@ -129,6 +120,8 @@ pub(crate) fn address(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<Addr
 }
 
 /// A ServiceEntry host: a DNS name, optionally with one leading `*.` label. Stored lower case.
+/// A partial wildcard (`*x`, `*foo.example.com`) is accepted with a warning, as Istio does; it
+/// names no DNS name the agent answers.
 pub(crate) fn host(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<Host> {
     let lower = text.trim_end_matches('.').to_ascii_lowercase();
     if lower == "*" {
@@ -138,24 +131,87 @@ pub(crate) fn host(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<Host> {
         );
         return None;
     }
-    let (wildcard, name) = match lower.strip_prefix("*.") {
-        Some(rest) => (true, rest),
-        None => (false, lower.as_str()),
-    };
-    if !is_dns_name(name) {
-        let hint = if name.contains('*') {
-            ": a wildcard is allowed only as the whole first label (\"*.example.com\")"
-        } else {
-            ""
-        };
-        ctx.error(field, format!("{text:?} is not a valid host name{hint}"));
-        return None;
+    if let Some(rest) = lower.strip_prefix("*.") {
+        if is_dns_name(rest) {
+            return Some(Host::Wildcard(rest.to_string()));
+        }
+    } else if let Some(rest) = lower.strip_prefix('*')
+        && is_dns_name(rest)
+    {
+        ctx.warn(
+            field,
+            format!("partial wildcard {text:?}: no DNS name matches it here; use \"*.{rest}\" for a domain"),
+        );
+        return Some(Host::Partial(lower));
+    } else if is_dns_name(&lower) {
+        return Some(Host::Exact(lower));
     }
-    Some(if wildcard {
-        Host::Wildcard(name.to_string())
+    let hint = if lower.contains('*') {
+        ": a wildcard is allowed only at the start (\"*.example.com\")"
     } else {
-        Host::Exact(name.to_string())
-    })
+        ""
+    };
+    ctx.error(field, format!("{text:?} is not a valid host name{hint}"));
+    None
+}
+
+/// An enum field as the API writes it: its name, or its number in Istio's protos.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RawEnum {
+    Name(String),
+    Number(i64),
+}
+
+impl<'de> Deserialize<'de> for RawEnum {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawEnum;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an enum value: its name or its number")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawEnum, E> {
+                Ok(RawEnum::Name(v.to_string()))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawEnum, E> {
+                Ok(RawEnum::Number(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawEnum, E> {
+                Ok(RawEnum::Number(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+/// Reads an enum by name or number from `table` (`(name, number, value)`); `what` names the field
+/// in the error ("resolution").
+pub(crate) fn enum_value<T: Copy>(
+    ctx: &mut Ctx<'_>,
+    field: &str,
+    raw: &RawEnum,
+    what: &str,
+    table: &[(&str, i64, T)],
+) -> Option<T> {
+    let found = table.iter().find(|(name, number, _)| match raw {
+        RawEnum::Name(text) => text == name,
+        RawEnum::Number(n) => n == number,
+    });
+    if found.is_none() {
+        let names: Vec<String> = table.iter().map(|(n, i, _)| format!("{n} ({i})")).collect();
+        let given = match raw {
+            RawEnum::Name(text) => format!("{text:?}"),
+            RawEnum::Number(n) => n.to_string(),
+        };
+        ctx.error(
+            field,
+            format!(
+                "unknown {what} {given}: expected one of {}",
+                names.join(", ")
+            ),
+        );
+    }
+    found.map(|(_, _, value)| *value)
 }
 
 /// RFC 1123 host name: labels of letters, digits and `-`, not starting or ending with `-`.
@@ -235,9 +291,10 @@ mod tests {
                 want: Some("203.0.113.10"),
             },
             Case {
-                name: "host bits set is an error",
+                // Istio's own doc example `192.192.192.192/24`: accepted as its network.
+                name: "host bits set are cleared, as Istio accepts it",
                 text: "198.51.100.129/25",
-                want: None,
+                want: Some("198.51.100.128/25"),
             },
             Case {
                 name: "octet out of range is an error",
@@ -297,9 +354,15 @@ mod tests {
                 want: None,
             },
             Case {
-                name: "partial wildcard label refused",
+                name: "wildcard inside a label refused",
                 text: "api*.example.com",
                 want: None,
+            },
+            Case {
+                // pkg/config/validation/testdata/crds/serviceentry-valid.yaml `partial-wildcard`.
+                name: "partial wildcard accepted (Istio warns)",
+                text: "*x",
+                want: Some(Host::Partial("*x".into())),
             },
             Case {
                 name: "empty label refused",

@@ -98,6 +98,17 @@ impl Ctx<'_> {
         ));
     }
 
+    /// Something Istio accepts with a warning: logged with file, object and field, not refused.
+    pub fn warn(&mut self, field: &str, message: impl AsRef<str>) {
+        tracing::warn!(
+            file = self.file,
+            object = %self.object,
+            field = %format!("{}{field}", self.prefix),
+            "{}",
+            message.as_ref()
+        );
+    }
+
     /// Number of errors recorded so far (all objects), to tell whether this object added any.
     pub fn error_count(&self) -> usize {
         self.errors.len()

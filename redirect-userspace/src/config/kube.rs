@@ -209,6 +209,7 @@ impl RawPod {
             ips,
             node_name: spec.node_name,
             ports,
+            other_address: None,
         })
     }
 }

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{
+    convert::{self, RawEnum},
     error::Ctx,
     labels::{LabelSelector, RawLabelSelector},
 };
@@ -85,12 +86,62 @@ pub(crate) struct RawMeshConfig {
     service_entry_visibility: Option<RawVisibilityConfig>,
     default_service_export_to: Option<Vec<String>>,
     trust_domain: Option<String>,
+    /// Where each field came from, when not from the document's own mesh config (an IstioOperator's
+    /// `spec.values.meshConfig.`): errors name the field the user wrote.
+    #[serde(skip)]
+    origin: Origin,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Origin {
+    default_visibility: Option<&'static str>,
+    policies: Option<&'static str>,
+    default_service_export_to: Option<&'static str>,
+}
+
+/// Where an IstioOperator's Helm values hold the mesh config.
+const VALUES_MESH_CONFIG: &str = "spec.values.meshConfig.";
+
+impl RawMeshConfig {
+    /// Fills every field `self` leaves unset from `under`, field by field (lists are replaced
+    /// whole, not merged): `self` wins, as `spec.meshConfig` wins over `spec.values.meshConfig`.
+    fn over(mut self, under: RawMeshConfig, under_origin: &'static str) -> RawMeshConfig {
+        let from_under = |mine: bool| (!mine).then_some(under_origin);
+        self.service_entry_visibility = match (
+            self.service_entry_visibility,
+            under.service_entry_visibility,
+        ) {
+            (Some(mine), Some(theirs)) => {
+                self.origin.default_visibility = from_under(mine.default_visibility.is_some());
+                self.origin.policies = from_under(mine.policies.is_some());
+                Some(RawVisibilityConfig {
+                    default_visibility: mine.default_visibility.or(theirs.default_visibility),
+                    apply_to_sidecars: mine.apply_to_sidecars.or(theirs.apply_to_sidecars),
+                    policies: mine.policies.or(theirs.policies),
+                })
+            }
+            (Some(mine), None) => Some(mine),
+            (None, theirs) => {
+                if theirs.is_some() {
+                    self.origin.default_visibility = Some(under_origin);
+                    self.origin.policies = Some(under_origin);
+                }
+                theirs
+            }
+        };
+        if self.default_service_export_to.is_none() && under.default_service_export_to.is_some() {
+            self.origin.default_service_export_to = Some(under_origin);
+            self.default_service_export_to = under.default_service_export_to;
+        }
+        self.trust_domain = self.trust_domain.or(under.trust_domain);
+        self
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RawVisibilityConfig {
-    default_visibility: Option<String>,
+    default_visibility: Option<RawEnum>,
     apply_to_sidecars: Option<bool>,
     policies: Option<Vec<RawPolicy>>,
 }
@@ -98,7 +149,7 @@ struct RawVisibilityConfig {
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct RawPolicy {
-    visibility: Option<String>,
+    visibility: Option<RawEnum>,
     matching_rules: Option<Vec<RawMatchingRule>>,
 }
 
@@ -108,7 +159,8 @@ struct RawMatchingRule {
     namespace_selector: Option<RawLabelSelector>,
 }
 
-/// `kind: IstioOperator`: only `spec.meshConfig` is read.
+/// `kind: IstioOperator`: `spec.meshConfig`, merged over the Helm values' `spec.values.meshConfig`
+/// (as the operator does: `spec.meshConfig` wins field by field).
 #[derive(Debug, Default, Deserialize)]
 pub(crate) struct RawIstioOperator {
     spec: Option<RawIstioOperatorSpec>,
@@ -118,11 +170,22 @@ pub(crate) struct RawIstioOperator {
 #[serde(rename_all = "camelCase")]
 struct RawIstioOperatorSpec {
     mesh_config: Option<RawMeshConfig>,
+    values: Option<RawHelmValues>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawHelmValues {
+    mesh_config: Option<RawMeshConfig>,
 }
 
 impl RawIstioOperator {
     pub(crate) fn into_mesh(self) -> RawMeshConfig {
-        self.spec.and_then(|s| s.mesh_config).unwrap_or_default()
+        let spec = self.spec.unwrap_or_default();
+        let values = spec.values.and_then(|v| v.mesh_config).unwrap_or_default();
+        spec.mesh_config
+            .unwrap_or_default()
+            .over(values, VALUES_MESH_CONFIG)
     }
 }
 
@@ -132,16 +195,18 @@ pub(crate) struct RawConfigMap {
     pub data: Option<std::collections::BTreeMap<String, String>>,
 }
 
-fn parse_visibility(ctx: &mut Ctx<'_>, field: &str, value: Option<&str>) -> Option<Visibility> {
+/// Istio's proto numbering of `ServiceEntryVisibility.Visibility`; unspecified means PUBLIC.
+const VISIBILITIES: &[(&str, i64, Visibility)] = &[
+    ("VISIBILITY_UNSPECIFIED", 0, Visibility::Public),
+    ("PUBLIC", 1, Visibility::Public),
+    ("NAMESPACE", 2, Visibility::Namespace),
+    ("NONE", 3, Visibility::None),
+];
+
+fn parse_visibility(ctx: &mut Ctx<'_>, field: &str, value: Option<&RawEnum>) -> Option<Visibility> {
     match value {
         None => Some(Visibility::Public),
-        Some(text) => Visibility::parse(text).or_else(|| {
-            ctx.error(
-                field,
-                format!("unknown visibility {text:?}: expected PUBLIC, NAMESPACE, NONE or VISIBILITY_UNSPECIFIED"),
-            );
-            None
-        }),
+        Some(raw) => convert::enum_value(ctx, field, raw, "visibility", VISIBILITIES),
     }
 }
 
@@ -155,20 +220,21 @@ impl RawMeshConfig {
     /// `field` is the path of the mesh config inside its document (`spec.meshConfig.`, `data.mesh.`, ``).
     pub(crate) fn convert(self, ctx: &mut Ctx<'_>, field: &str) -> Option<MeshConfig> {
         let before = ctx.error_count();
+        let origin = self.origin;
+        let at = |from: Option<&str>| format!("{}serviceEntryVisibility", from.unwrap_or(field));
         let visibility = self.service_entry_visibility.map(|raw| {
-            let at = format!("{field}serviceEntryVisibility");
             let default_visibility = parse_visibility(
                 ctx,
-                &format!("{at}.defaultVisibility"),
-                raw.default_visibility.as_deref(),
+                &format!("{}.defaultVisibility", at(origin.default_visibility)),
+                raw.default_visibility.as_ref(),
             );
             let mut policies = Vec::new();
             for (i, policy) in raw.policies.unwrap_or_default().into_iter().enumerate() {
-                let pat = format!("{at}.policies[{i}]");
+                let pat = format!("{}.policies[{i}]", at(origin.policies));
                 let visibility = parse_visibility(
                     ctx,
                     &format!("{pat}.visibility"),
-                    policy.visibility.as_deref(),
+                    policy.visibility.as_ref(),
                 );
                 let mut matching_rules = Vec::new();
                 for (j, rule) in policy
@@ -198,7 +264,8 @@ impl RawMeshConfig {
             }
         });
         if let Some(export_to) = &self.default_service_export_to {
-            validate_export_to(ctx, &format!("{field}defaultServiceExportTo"), export_to);
+            let from = origin.default_service_export_to.unwrap_or(field);
+            validate_export_to(ctx, &format!("{from}defaultServiceExportTo"), export_to);
         }
         (ctx.error_count() == before).then_some(MeshConfig {
             service_entry_visibility: visibility,

@@ -18,7 +18,9 @@ pub use labels::{LabelSelector, Labels, Operator, Requirement, selects};
 pub use loader::{load_dir, load_sources};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
-pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL};
+pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL, use_waypoint};
 
+#[cfg(test)]
+mod istio_tests;
 #[cfg(test)]
 mod tests;

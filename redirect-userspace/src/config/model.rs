@@ -79,8 +79,19 @@ pub struct ServiceEntry {
     pub workload_selector: Option<Labels>,
     /// As declared; `None` when the field is absent.
     pub export_to: Option<Vec<String>>,
-    /// From `istio.io/use-waypoint` (+ `-namespace`); `None` without the label or with `none`.
-    pub waypoint: Option<WaypointRef>,
+    /// The entry's own `istio.io/use-waypoint` (+ `-namespace`) labels. Without them the entry
+    /// inherits its namespace's (see `visibility`).
+    pub use_waypoint: UseWaypoint,
+}
+
+/// What an object's waypoint labels say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UseWaypoint {
+    /// No `istio.io/use-waypoint` label: the namespace's labels decide.
+    Unset,
+    /// `istio.io/use-waypoint: none`: no waypoint, whatever the namespace says.
+    Opted,
+    Use(WaypointRef),
 }
 
 /// A host name, stored lower case. A wildcard keeps only the suffix after `*.`.
@@ -88,12 +99,15 @@ pub struct ServiceEntry {
 pub enum Host {
     Exact(String),
     Wildcard(String),
+    /// A partial wildcard such as `*x` or `*foo.example.com`, kept whole: Istio accepts it (with a
+    /// warning), but it is no DNS name or domain, so the agent never answers for it.
+    Partial(String),
 }
 
 impl fmt::Display for Host {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Host::Exact(h) => f.write_str(h),
+            Host::Exact(h) | Host::Partial(h) => f.write_str(h),
             Host::Wildcard(suffix) => write!(f, "*.{suffix}"),
         }
     }
@@ -150,7 +164,7 @@ pub enum Resolution {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceEntryEndpoint {
-    pub address: EndpointAddress,
+    pub address: WorkloadAddress,
     /// Endpoint port by service port name.
     pub ports: BTreeMap<String, u16>,
     pub labels: Labels,
@@ -161,6 +175,37 @@ pub enum EndpointAddress {
     Ip(IpAddr),
     /// Resolved through the upstream resolver when connecting (resolution `DNS`).
     Host(String),
+}
+
+/// The `address` of a ServiceEntry endpoint or a WorkloadEntry, as Istio accepts it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum WorkloadAddress {
+    Ip(IpAddr),
+    /// Resolved through the upstream resolver when connecting.
+    Host(String),
+    /// `unix:///path` or `unix://@abstract`, as written: kept in the model, but a socket on some
+    /// other machine's file system is never a destination for the node's proxy.
+    Unix(String),
+}
+
+impl WorkloadAddress {
+    /// Where the node's proxy can connect; `None` for a unix socket.
+    pub fn reachable(&self) -> Option<EndpointAddress> {
+        match self {
+            WorkloadAddress::Ip(ip) => Some(EndpointAddress::Ip(*ip)),
+            WorkloadAddress::Host(name) => Some(EndpointAddress::Host(name.clone())),
+            WorkloadAddress::Unix(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for WorkloadAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkloadAddress::Ip(ip) => write!(f, "{ip}"),
+            WorkloadAddress::Host(h) | WorkloadAddress::Unix(h) => f.write_str(h),
+        }
+    }
 }
 
 impl fmt::Display for EndpointAddress {
@@ -233,4 +278,7 @@ pub struct Workload {
     pub node_name: Option<String>,
     /// Named ports: container ports of a Pod, `spec.ports` of a WorkloadEntry.
     pub ports: BTreeMap<String, u16>,
+    /// A WorkloadEntry's `spec.address` when it is not an IP (a host name or a unix socket);
+    /// `None` for Pods and for a WorkloadEntry with only a `network`.
+    pub other_address: Option<WorkloadAddress>,
 }

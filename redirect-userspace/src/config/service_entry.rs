@@ -4,13 +4,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Deserialize;
 
 use super::{
-    convert::{self, RawMeta},
+    convert::{self, RawEnum, RawMeta},
     error::Ctx,
     labels::Labels,
     mesh::validate_export_to,
     model::{
-        EndpointAddress, Location, Resolution, ServiceEntry, ServiceEntryEndpoint,
-        ServiceEntryPort, WaypointRef, Workload, WorkloadKind,
+        Address, Location, Resolution, ServiceEntry, ServiceEntryEndpoint, ServiceEntryPort,
+        UseWaypoint, WaypointRef, Workload, WorkloadAddress, WorkloadKind,
     },
 };
 
@@ -29,8 +29,8 @@ struct RawServiceEntrySpec {
     hosts: Option<Vec<String>>,
     addresses: Option<Vec<String>>,
     ports: Option<Vec<RawPort>>,
-    location: Option<String>,
-    resolution: Option<String>,
+    location: Option<RawEnum>,
+    resolution: Option<RawEnum>,
     endpoints: Option<Vec<RawWorkloadEntrySpec>>,
     workload_selector: Option<RawWorkloadSelector>,
     export_to: Option<Vec<String>>,
@@ -56,12 +56,71 @@ pub(crate) struct RawWorkloadEntrySpec {
     address: Option<String>,
     ports: Option<BTreeMap<String, i64>>,
     labels: Option<Labels>,
+    network: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct RawWorkloadEntry {
     metadata: Option<RawMeta>,
     spec: Option<RawWorkloadEntrySpec>,
+}
+
+/// Istio's proto numbering of `ServiceEntry.Location`.
+const LOCATIONS: &[(&str, i64, Location)] = &[
+    ("MESH_EXTERNAL", 0, Location::MeshExternal),
+    ("MESH_INTERNAL", 1, Location::MeshInternal),
+];
+
+/// Istio's proto numbering of `ServiceEntry.Resolution`. `DYNAMIC_DNS` (the host name comes from
+/// the request) is resolved here like `DNS`: the agent has no request to read it from.
+const RESOLUTIONS: &[(&str, i64, Resolution)] = &[
+    ("NONE", 0, Resolution::None),
+    ("STATIC", 1, Resolution::Static),
+    ("DNS", 2, Resolution::Dns),
+    ("DNS_ROUND_ROBIN", 3, Resolution::DnsRoundRobin),
+    ("DYNAMIC_DNS", 4, Resolution::Dns),
+];
+
+/// An endpoint or WorkloadEntry address: an IP, a host name, or a unix socket (`unix:///path`,
+/// `unix://@abstract`), with Istio's reasons for refusing a socket path.
+fn workload_address(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<WorkloadAddress> {
+    if let Ok(ip) = text.parse() {
+        return Some(WorkloadAddress::Ip(ip));
+    }
+    if let Some(path) = text.strip_prefix("unix://") {
+        let problem = if path.starts_with('@') {
+            (path.len() == 1).then_some("UDS abstract socket needs a name")
+        } else if !path.starts_with('/') {
+            Some("UDS must be an absolute path or abstract socket")
+        } else if path.ends_with('/') {
+            Some("UDS may not be a dir")
+        } else {
+            None
+        };
+        return match problem {
+            Some(message) => {
+                ctx.error(field, format!("{text:?}: {message}"));
+                None
+            }
+            None => Some(WorkloadAddress::Unix(text.to_string())),
+        };
+    }
+    let name = text.trim_end_matches('.');
+    if name.bytes().all(|c| c.is_ascii_digit() || c == b'.') {
+        ctx.error(field, format!("{text:?} is not a valid IP address"));
+        None
+    } else if text.contains('*') {
+        ctx.error(field, format!("{text:?} must not contain a wildcard"));
+        None
+    } else if convert::is_dns_name(name) {
+        Some(WorkloadAddress::Host(name.to_ascii_lowercase()))
+    } else {
+        ctx.error(
+            field,
+            format!("{text:?} is neither an IP address, a host name nor a unix socket"),
+        );
+        None
+    }
 }
 
 fn named_ports(
@@ -76,6 +135,24 @@ fn named_ports(
         }
     }
     ports
+}
+
+/// Reads the waypoint labels of an object or a namespace. The waypoint's namespace is
+/// `istio.io/use-waypoint-namespace`, else `default_namespace` (the object's own, or the labelled
+/// namespace itself). `none` opts out; the namespace label alone binds nothing.
+pub fn use_waypoint(labels: &Labels, default_namespace: &str) -> UseWaypoint {
+    match labels.get(USE_WAYPOINT_LABEL).map(String::as_str) {
+        None | Some("") => UseWaypoint::Unset,
+        Some("none") => UseWaypoint::Opted,
+        Some(name) => UseWaypoint::Use(WaypointRef {
+            name: name.to_string(),
+            namespace: labels
+                .get(USE_WAYPOINT_NAMESPACE_LABEL)
+                .filter(|ns| !ns.is_empty())
+                .map_or(default_namespace, String::as_str)
+                .to_string(),
+        }),
+    }
 }
 
 impl RawServiceEntry {
@@ -137,33 +214,43 @@ impl RawServiceEntry {
             });
         }
 
-        let location = match spec.location.as_deref() {
-            None | Some("MESH_EXTERNAL") => Location::MeshExternal,
-            Some("MESH_INTERNAL") => Location::MeshInternal,
-            Some(other) => {
-                ctx.error(
-                    "spec.location",
-                    format!("unknown location {other:?}: expected MESH_EXTERNAL or MESH_INTERNAL"),
-                );
-                Location::MeshExternal
-            }
-        };
-        let resolution = match spec.resolution.as_deref() {
-            None | Some("NONE") => Resolution::None,
-            Some("STATIC") => Resolution::Static,
-            Some("DNS") => Resolution::Dns,
-            Some("DNS_ROUND_ROBIN") => Resolution::DnsRoundRobin,
-            Some(other) => {
-                ctx.error(
-                    "spec.resolution",
-                    format!("unknown resolution {other:?}: expected NONE, STATIC, DNS or DNS_ROUND_ROBIN"),
-                );
-                Resolution::None
-            }
-        };
+        let location = spec
+            .location
+            .and_then(|raw| convert::enum_value(ctx, "spec.location", &raw, "location", LOCATIONS))
+            .unwrap_or_default();
+        let resolution = spec
+            .resolution
+            .and_then(|raw| {
+                convert::enum_value(ctx, "spec.resolution", &raw, "resolution", RESOLUTIONS)
+            })
+            .unwrap_or_default();
+        if addresses.iter().any(|a| matches!(a, Address::Cidr(_)))
+            && !matches!(resolution, Resolution::None | Resolution::Static)
+        {
+            ctx.error(
+                "spec.addresses",
+                "CIDR addresses are allowed only for NONE/STATIC resolution types",
+            );
+        }
 
         let raw_endpoints = spec.endpoints.unwrap_or_default();
         let workload_selector = spec.workload_selector.map(|s| s.labels.unwrap_or_default());
+        if let Some(selector) = &workload_selector {
+            for (key, value) in selector {
+                if key.contains('*') || value.contains('*') {
+                    ctx.error(
+                        format!("spec.workloadSelector.labels.{key}"),
+                        "wildcard is not supported in selector",
+                    );
+                }
+            }
+        }
+        if resolution == Resolution::DnsRoundRobin && raw_endpoints.len() > 1 {
+            ctx.error(
+                "spec.endpoints",
+                "DNS_ROUND_ROBIN mode cannot have multiple endpoints",
+            );
+        }
         if !raw_endpoints.is_empty() && workload_selector.is_some() {
             ctx.error(
                 "spec.workloadSelector",
@@ -180,39 +267,31 @@ impl RawServiceEntry {
         let mut endpoints = Vec::new();
         for (i, raw) in raw_endpoints.into_iter().enumerate() {
             let at = format!("spec.endpoints[{i}]");
+            let field = format!("{at}.address");
             let address = match raw.address.as_deref() {
                 None | Some("") => {
-                    ctx.error(format!("{at}.address"), "an address is required");
+                    ctx.error(&field, "an address is required");
                     continue;
                 }
-                Some(text) => match text.parse() {
-                    Ok(ip) => EndpointAddress::Ip(ip),
-                    Err(_) if text.starts_with("unix://") => {
+                Some(text) => match workload_address(ctx, &field, text) {
+                    Some(WorkloadAddress::Host(_)) if resolution == Resolution::Static => {
                         ctx.error(
-                            format!("{at}.address"),
-                            "unix socket endpoints are not supported by this data plane",
-                        );
-                        continue;
-                    }
-                    Err(_) if resolution == Resolution::Static => {
-                        ctx.error(
-                            format!("{at}.address"),
+                            &field,
                             format!("{text:?} is not an IP address (resolution STATIC needs IP endpoints; use DNS for host names)"),
                         );
                         continue;
                     }
-                    Err(_) if convert::is_dns_name(text) => {
-                        EndpointAddress::Host(text.to_ascii_lowercase())
-                    }
-                    Err(_) => {
-                        ctx.error(
-                            format!("{at}.address"),
-                            format!("{text:?} is neither an IP address nor a host name"),
-                        );
+                    Some(WorkloadAddress::Unix(_)) if resolution != Resolution::Static => {
+                        ctx.error(&field, "a unix socket endpoint needs resolution STATIC");
                         continue;
                     }
+                    Some(address) => address,
+                    None => continue,
                 },
             };
+            if matches!(address, WorkloadAddress::Unix(_)) && raw.ports.is_some() {
+                ctx.error(format!("{at}.ports"), "UDS may not include ports");
+            }
             let eps = named_ports(ctx, &format!("{at}.ports"), raw.ports);
             for name in eps.keys() {
                 if !port_names.contains(name.as_str()) {
@@ -233,18 +312,7 @@ impl RawServiceEntry {
             validate_export_to(ctx, "spec.exportTo", export_to);
         }
 
-        let waypoint = meta.labels.get(USE_WAYPOINT_LABEL).and_then(|name| {
-            // `none` opts an object out of a namespace-wide waypoint, as in Istio.
-            (name != "none" && !name.is_empty()).then(|| WaypointRef {
-                name: name.clone(),
-                namespace: meta
-                    .labels
-                    .get(USE_WAYPOINT_NAMESPACE_LABEL)
-                    .filter(|ns| !ns.is_empty())
-                    .unwrap_or(&meta.namespace)
-                    .clone(),
-            })
-        });
+        let use_waypoint = use_waypoint(&meta.labels, &meta.namespace);
 
         (ctx.error_count() == before).then_some(ServiceEntry {
             meta,
@@ -256,7 +324,7 @@ impl RawServiceEntry {
             endpoints,
             workload_selector,
             export_to: spec.export_to,
-            waypoint,
+            use_waypoint,
         })
     }
 }
@@ -266,13 +334,21 @@ impl RawWorkloadEntry {
         let before = ctx.error_count();
         let mut meta = convert::meta(ctx, self.metadata, true);
         let spec = self.spec.unwrap_or_default();
-        let ip = match spec.address.as_deref() {
+        // Istio accepts a WorkloadEntry with only a network (reached through that network's gateway).
+        let address = match spec.address.as_deref() {
+            None | Some("") if spec.network.as_deref().is_some_and(|n| !n.is_empty()) => None,
             None | Some("") => {
-                ctx.error("spec.address", "an address is required");
+                ctx.error(
+                    "spec.address",
+                    "Address is required (or a network, for a workload behind its gateway)",
+                );
                 None
             }
-            Some(text) => convert::ip(ctx, "spec.address", text),
+            Some(text) => workload_address(ctx, "spec.address", text),
         };
+        if matches!(address, Some(WorkloadAddress::Unix(_))) && spec.ports.is_some() {
+            ctx.error("spec.ports", "UDS may not include ports");
+        }
         let ports = named_ports(ctx, "spec.ports", spec.ports);
         // A WorkloadEntry's own labels are in spec.labels; those are what selectors match.
         if let Some(labels) = spec.labels {
@@ -281,9 +357,13 @@ impl RawWorkloadEntry {
         (ctx.error_count() == before).then(|| Workload {
             kind: WorkloadKind::WorkloadEntry,
             meta,
-            ips: ip.into_iter().collect(),
+            ips: match &address {
+                Some(WorkloadAddress::Ip(ip)) => vec![*ip],
+                _ => Vec::new(),
+            },
             node_name: None,
             ports,
+            other_address: address.filter(|a| !matches!(a, WorkloadAddress::Ip(_))),
         })
     }
 }

@@ -72,8 +72,8 @@ impl Bucket {
     }
 
     /// The ranking rule: a claimant in the client's own namespace first, then the best-ranked
-    /// PUBLIC one (oldest, then `namespace/name`); NAMESPACE claimants of other namespaces are
-    /// skipped, as if they did not exist.
+    /// PUBLIC one (a Kubernetes Service, then the oldest, then `namespace/name`); NAMESPACE
+    /// claimants of other namespaces are skipped, as if they did not exist.
     pub fn choose<'a>(&self, services: &'a [Service], client_ns: Option<&str>) -> Choice<'a> {
         let Some(index) = &self.index else {
             let mut choice = Choice::default();

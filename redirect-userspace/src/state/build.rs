@@ -172,13 +172,16 @@ fn se_endpoints(
         return Vec::new();
     }
     if !entry.endpoints.is_empty() {
+        // A unix socket endpoint stays in the model but is never a destination for this proxy.
         return entry
             .endpoints
             .iter()
-            .map(|ep| Endpoint {
-                address: ep.address.clone(),
-                port: named(&ep.ports),
-                workload: None,
+            .filter_map(|ep| {
+                Some(Endpoint {
+                    address: ep.address.reachable()?,
+                    port: named(&ep.ports),
+                    workload: None,
+                })
             })
             .collect();
     }
@@ -205,11 +208,15 @@ fn se_endpoints(
     }
 }
 
-/// A workload's endpoint: its first IPv4 address (the redirect is IPv4), else its first address.
+/// A workload's endpoint: its first IPv4 address (the redirect is IPv4), else its first address,
+/// else a WorkloadEntry's host name. A unix socket or a network-only WorkloadEntry is none.
 fn workload_endpoint(w: &Workload, port: u16) -> Option<Endpoint> {
-    let ip = w.ips.iter().find(|ip| ip.is_ipv4()).or(w.ips.first())?;
+    let address = match w.ips.iter().find(|ip| ip.is_ipv4()).or(w.ips.first()) {
+        Some(ip) => EndpointAddress::Ip(*ip),
+        None => w.other_address.as_ref()?.reachable()?,
+    };
     Some(Endpoint {
-        address: EndpointAddress::Ip(*ip),
+        address,
         port,
         workload: Some(format!("{}/{}", w.meta.namespace, w.meta.name)),
     })

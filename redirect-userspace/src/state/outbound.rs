@@ -141,18 +141,20 @@ impl Snapshot {
 }
 
 fn service_action(service: &Service, addr: SocketAddr, pick: Pick) -> Outbound<'_> {
-    let Some(port) = service.port(addr.port()) else {
-        return Outbound::NoHealthyUpstream {
-            service,
-            reason: NoUpstreamReason::PortNotDeclared,
-        };
-    };
+    // Resolution NONE forwards to the original destination on any port, declared or not, before the
+    // port check: a NONE entry for a network (GitHub's ranges, port 22) must not break :443 to it.
     if service.resolution == Resolution::None {
         return Outbound::Passthrough {
             addr,
             reason: PassthroughReason::ResolutionNone(service),
         };
     }
+    let Some(port) = service.port(addr.port()) else {
+        return Outbound::NoHealthyUpstream {
+            service,
+            reason: NoUpstreamReason::PortNotDeclared,
+        };
+    };
     if port.endpoints.is_empty() {
         return Outbound::NoHealthyUpstream {
             service,

@@ -66,10 +66,13 @@ impl Service {
             .chain(self.vips_v6.iter().map(|ip| IpAddr::V6(*ip)))
     }
 
-    /// The rank key shared by every client: oldest first (no timestamp counts as newest), then
-    /// `namespace/name`, then host name. The client's own namespace is ranked first at lookup time.
-    pub(crate) fn rank_key(&self) -> (bool, Option<Timestamp>, &str, &str, &str) {
+    /// The rank key shared by every client: a Kubernetes Service before any ServiceEntry, whatever
+    /// their ages (upstream: "a Kubernetes Service always wins, else the oldest"); then oldest first
+    /// (no timestamp counts as newest), then `namespace/name`, then host name. The client's own
+    /// namespace is ranked first at lookup time.
+    pub(crate) fn rank_key(&self) -> (bool, bool, Option<Timestamp>, &str, &str, &str) {
         (
+            self.kind != ServiceKind::Service,
             self.created.is_none(),
             self.created,
             &self.namespace,

@@ -66,8 +66,10 @@ impl ServiceStore {
             for net in &svc.cidrs {
                 store.by_cidr.insert(*net, i);
             }
-            // Only a service with an address can answer DNS; one without is not in the name indexes.
-            if !svc.has_addresses() {
+            // Only a service with an address can answer DNS; one without is not in the name indexes,
+            // nor is a partial wildcard (`*x`), which names no domain.
+            let partial_wildcard = svc.hostname.starts_with('*') && !svc.hostname.starts_with("*.");
+            if !svc.has_addresses() || partial_wildcard {
                 continue;
             }
             let last = last_label(&svc.hostname);
@@ -127,31 +129,57 @@ impl ServiceStore {
         }
     }
 
-    /// The longest prefix with a visible claimant wins; equal prefixes are ranked.
+    /// A claimant in the client's own namespace wins over a more specific prefix elsewhere (as
+    /// ztunnel prefers the namespace over CIDR specificity); among the rest the longest prefix with a
+    /// visible claimant wins, and equal prefixes are ranked.
     pub fn by_cidr(&self, ip: IpAddr, client_ns: Option<&str>) -> Choice<'_> {
+        let mut best: Option<&Service> = None;
         let mut hidden = None;
-        let mut found = |bucket: &Bucket| {
+        let mut own = None;
+        let mut consider = |bucket: &Bucket| {
             let choice = bucket.choose(&self.services, client_ns);
             hidden = hidden.or(choice.hidden);
-            choice.service
+            match choice.service {
+                Some(svc) if client_ns == Some(svc.namespace.as_str()) => {
+                    own = Some(svc);
+                    true
+                }
+                Some(svc) => {
+                    best = best.or(Some(svc));
+                    // An unknown client has no namespace to prefer: the longest prefix settles it.
+                    client_ns.is_none()
+                }
+                None => false,
+            }
         };
-        let service = match ip {
+        match ip {
             IpAddr::V4(ip) => {
                 let ip = u32::from(ip);
-                self.by_cidr
-                    .v4
-                    .iter()
-                    .find_map(|(len, map)| map.get(&mask_v4(ip, *len)).and_then(&mut found))
+                for (len, map) in &self.by_cidr.v4 {
+                    if map.get(&mask_v4(ip, *len)).is_some_and(&mut consider) {
+                        break;
+                    }
+                }
             }
             IpAddr::V6(ip) => {
                 let ip = u128::from(ip);
-                self.by_cidr
-                    .v6
-                    .iter()
-                    .find_map(|(len, map)| map.get(&mask_v6(ip, *len)).and_then(&mut found))
+                for (len, map) in &self.by_cidr.v6 {
+                    if map.get(&mask_v6(ip, *len)).is_some_and(&mut consider) {
+                        break;
+                    }
+                }
             }
-        };
-        Choice { service, hidden }
+        }
+        match own {
+            Some(svc) => Choice {
+                service: Some(svc),
+                hidden: None,
+            },
+            None => Choice {
+                service: best,
+                hidden,
+            },
+        }
     }
 
     /// A host name (lower case, no trailing dot): the exact name first, then wildcards from the

@@ -5,6 +5,7 @@ use super::*;
 use crate::config::load_sources;
 
 mod props;
+mod upstream;
 
 /// A small multi-tenant world: every rule of SPEC §3 has an object here to exercise it.
 pub(super) const WORLD: &str = r#"
@@ -455,13 +456,14 @@ fn outbound_rules() {
             hidden: None,
         },
         Case {
-            name: "undeclared port on a resolution NONE service: no healthy upstream",
+            // ztunnel find_upstream: a PASSTHROUGH service returns the original destination first.
+            name: "undeclared port on a resolution NONE service: passthrough (ztunnel find_upstream)",
             client: Some("team-a"),
             dst: "198.51.100.129",
-            port: 80,
-            action: "noHealthyUpstream",
+            port: 22,
+            action: "passthrough",
             service: Some("team-c/partner"),
-            endpoint: None,
+            endpoint: Some("198.51.100.129:22"),
             hidden: None,
         },
         Case {

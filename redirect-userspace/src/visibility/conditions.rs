@@ -3,7 +3,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::config::{ServiceEntry, Visibility, WaypointRef};
+use crate::config::{Labels, ServiceEntry, UseWaypoint, Visibility, WaypointRef, use_waypoint};
 
 pub const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
 pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
@@ -35,10 +35,28 @@ impl fmt::Display for ConditionStatus {
     }
 }
 
+/// The waypoint an entry asks for and whether it came from its namespace: its own labels, else
+/// its namespace's, as upstream inherits them. `none` on the entry opts out of the namespace's.
+pub fn requested_waypoint(
+    entry: &ServiceEntry,
+    namespace_labels: &Labels,
+) -> Option<(WaypointRef, bool)> {
+    match &entry.use_waypoint {
+        UseWaypoint::Use(waypoint) => Some((waypoint.clone(), false)),
+        UseWaypoint::Opted => None,
+        UseWaypoint::Unset => match use_waypoint(namespace_labels, &entry.meta.namespace) {
+            UseWaypoint::Use(waypoint) => Some((waypoint, true)),
+            UseWaypoint::Unset | UseWaypoint::Opted => None,
+        },
+    }
+}
+
 /// The conditions of one entry and the waypoint the data plane honours (`None` when refused or
 /// absent). A NONE entry is delivered to no proxy: it gets neither condition, as upstream does.
+/// `namespace_labels` are the labels of the entry's namespace (for an inherited waypoint).
 pub fn conditions(
     entry: &ServiceEntry,
+    namespace_labels: &Labels,
     visibility: Visibility,
     configured: bool,
 ) -> (Vec<Condition>, Option<WaypointRef>) {
@@ -67,8 +85,13 @@ pub fn conditions(
             message,
         });
     }
-    let Some(waypoint) = &entry.waypoint else {
+    let Some((waypoint, inherited)) = requested_waypoint(entry, namespace_labels) else {
         return (out, None);
+    };
+    let origin = if inherited {
+        format!(" (from the labels of namespace {})", entry.meta.namespace)
+    } else {
+        String::new()
     };
     if visibility == Visibility::Namespace && waypoint.namespace != entry.meta.namespace {
         out.push(Condition {
@@ -76,7 +99,7 @@ pub fn conditions(
             status: ConditionStatus::False,
             reason: CROSS_NAMESPACE_WAYPOINT_FORBIDDEN,
             message: format!(
-                "waypoint {waypoint} is in another namespace; a NAMESPACE-visibility ServiceEntry may bind only a waypoint in {}",
+                "waypoint {waypoint}{origin} is in another namespace; a NAMESPACE-visibility ServiceEntry may bind only a waypoint in {}",
                 entry.meta.namespace
             ),
         });
@@ -86,7 +109,7 @@ pub fn conditions(
         type_: WAYPOINT_BOUND,
         status: ConditionStatus::True,
         reason: WAYPOINT_ACCEPTED,
-        message: format!("bound to waypoint {waypoint}"),
+        message: format!("bound to waypoint {waypoint}{origin}"),
     });
-    (out, Some(waypoint.clone()))
+    (out, Some(waypoint))
 }

@@ -9,7 +9,7 @@ mod policy;
 pub use alloc::{Allocation, V4_RANGE, V6_RANGE, allocate, needs_allocation};
 pub use conditions::{
     CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, Condition, ConditionStatus, VISIBILITY_APPLIED,
-    WAYPOINT_ACCEPTED, WAYPOINT_BOUND, conditions,
+    WAYPOINT_ACCEPTED, WAYPOINT_BOUND, conditions, requested_waypoint,
 };
 pub use export_to::sidecar_export_to;
 pub use policy::{policy_matches, visibility_for};
@@ -64,8 +64,10 @@ pub fn resolve(model: &Model) -> Resolution {
         .iter()
         .map(|entry| {
             let ns = &entry.meta.namespace;
-            let (visibility, matched_policy) = visibility_for(config, &model.namespace_labels(ns));
-            let (conditions, waypoint) = conditions(entry, visibility, config.is_some());
+            let ns_labels = model.namespace_labels(ns);
+            let (visibility, matched_policy) = visibility_for(config, &ns_labels);
+            let (conditions, waypoint) =
+                conditions(entry, &ns_labels, visibility, config.is_some());
             ResolvedEntry {
                 namespace: ns.clone(),
                 name: entry.meta.name.clone(),

@@ -4,6 +4,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::config::{Model, load_sources};
 
+mod waypoints;
+
 fn model(yaml: &str) -> Model {
     match load_sources([("test.yaml", yaml)]) {
         Ok(model) => model,

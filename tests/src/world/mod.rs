@@ -77,7 +77,12 @@ const EXT_SERVERS: &[(&str, &[&str], &[&str])] = &[
     ("payments-endpoint", &[], &["198.51.100.70:443"]),
     ("public-httpbin", &["198.51.100.80:80"], &[]),
     ("apps-endpoint", &["198.51.100.90:80"], &[]),
-    ("partner-host", &["198.51.100.200:80"], &[]),
+    // Port 22 too: partner-net (resolution NONE) declares 80 and 443 only.
+    (
+        "partner-host",
+        &["198.51.100.200:80", "198.51.100.200:22"],
+        &[],
+    ),
     (
         "real-203.0.113.10",
         &["203.0.113.10:80", "203.0.113.10:443"],
