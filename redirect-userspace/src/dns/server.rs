@@ -68,7 +68,8 @@ struct Shared {
 }
 
 pub struct DnsProxy {
-    udp: Arc<UdpSocket>,
+    /// One socket per client queue (see `queues`).
+    udp: Vec<UdpSocket>,
     tcp: TcpListener,
     shared: Arc<Shared>,
 }
@@ -84,13 +85,13 @@ impl DnsProxy {
         let context = |e: io::Error| {
             io::Error::new(e.kind(), format!("binding the DNS proxy to {addr}: {e}"))
         };
-        let udp = UdpSocket::bind(addr).await.map_err(context)?;
+        let udp = super::queues::bind_queues(addr).map_err(context)?;
         // Same port for both, also when `addr` asks for any port (0).
-        let tcp = TcpListener::bind(udp.local_addr()?)
+        let tcp = TcpListener::bind(udp[0].local_addr()?)
             .await
             .map_err(context)?;
         Ok(Self {
-            udp: Arc::new(udp),
+            udp,
             tcp,
             shared: Arc::new(Shared {
                 upstream,
@@ -110,15 +111,22 @@ impl DnsProxy {
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.udp.local_addr()
+        self.tcp.local_addr()
     }
 
     /// Serves until `shutdown` changes.
     pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+        let queues: Vec<_> = self
+            .udp
+            .into_iter()
+            .map(|socket| tokio::spawn(serve_udp(Arc::new(socket), self.shared.clone())))
+            .collect();
         tokio::select! {
             _ = shutdown.changed() => {}
-            _ = serve_udp(self.udp, self.shared.clone()) => {}
             _ = serve_tcp(self.tcp, self.shared) => {}
+        }
+        for queue in queues {
+            queue.abort();
         }
     }
 }

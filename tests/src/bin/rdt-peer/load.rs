@@ -46,14 +46,17 @@ pub fn dns_flood(server: SocketAddr, seconds: u64) -> Result<()> {
 /// Opens `conns` connections, sends nothing, and after a second says how many are still open and
 /// how many the far end reset; holds them until stdin closes or a line arrives.
 pub fn hold_idle(addr: SocketAddr, conns: usize) -> Result<()> {
-    let streams: Vec<TcpStream> = (0..conns)
-        .map(|i| {
-            TcpStream::connect_timeout(&addr, Duration::from_secs(10))
-                .with_context(|| format!("connection {i}"))
-        })
-        .collect::<Result<_>>()?;
-    std::thread::sleep(Duration::from_secs(1));
     let (mut open, mut reset, mut closed) = (0, 0, 0);
+    let mut streams = Vec::new();
+    for i in 0..conns {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
+            Ok(s) => streams.push(s),
+            // Reset so fast that connect() itself reports it.
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => reset += 1,
+            Err(e) => return Err(e).with_context(|| format!("connection {i}")),
+        }
+    }
+    std::thread::sleep(Duration::from_secs(1));
     let mut byte = [0u8; 1];
     for s in &streams {
         s.set_nonblocking(true)?;
