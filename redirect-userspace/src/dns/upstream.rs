@@ -72,7 +72,7 @@ impl Upstream {
     fn reuse(&self, socket: Option<UdpSocket>) {
         // Counted before this forward ends: it still holds its socket.
         let busy = self.in_flight.load(Ordering::Acquire).saturating_sub(1);
-        let keep = busy.max(UDP_POOL_QUIET).min(UDP_POOL_MAX);
+        let keep = busy.clamp(UDP_POOL_QUIET, UDP_POOL_MAX);
         if let Ok(mut idle) = self.idle.lock() {
             if let Some(socket) = socket
                 && idle.len() < keep
