@@ -371,3 +371,26 @@ fn killing_the_agent_mid_download_and_mid_upload_resets_both_ends() -> Result<()
     );
     Ok(())
 }
+
+/// A proxied connection on which nothing moves is reset at the idle timeout (here 1 s), both sides.
+#[test]
+fn an_idle_proxied_connection_is_reset_at_the_idle_timeout() -> Result<()> {
+    const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+    let s = setup(&[A1], None, &["--idle-timeout", "1s"])?;
+    let started = Instant::now();
+    // The echo server sends nothing unless sent to: the connection stays idle.
+    let mut idle = peer::cmd(s.topo.pod("team-a/a1").place())?
+        .args(["read", EXT_ECHO])
+        .spawn()?;
+    let down = ended_with_error(&mut idle)?;
+    let took = started.elapsed();
+    eprintln!("idle connection: {down} after {took:?}");
+    ensure!(down.contains("ConnectionReset"), "{down}");
+    ensure!(took < Duration::from_secs(5), "reset only after {took:?}");
+    let m = s.agent.metrics()?;
+    ensure!(
+        m.get_or_zero(r#"redirect_outbound_timeouts_total{timeout="idle"}"#) == 1.0,
+        "{m:#?}"
+    );
+    s.agent.stop()
+}
