@@ -299,6 +299,20 @@ fn ten_thousand_connections_under_a_low_fd_limit_work_or_are_reset_at_once() -> 
         "every connection that worked is still carried: {m:#?}"
     );
     ensure!(busy_fds < FD_LIMIT as usize, "{busy_fds} fds");
+    // Sized from the 4,096 limit: 256 kept back, DNS an eighth of the rest (480 forwards, 240 TCP
+    // clients at 2 each), the proxy the remaining 2,880 descriptors: 1,440 connections, 360 a pod.
+    for (budget, scope, expect) in [
+        ("fds", "node", 2880.0),
+        ("connections", "node", 1440.0),
+        ("connections", "client", 360.0),
+        ("dns_forwards", "node", 480.0),
+        ("dns_tcp_clients", "node", 240.0),
+    ] {
+        ensure!(
+            m.get_or_zero(&limit(budget, scope)) == expect,
+            "{budget} {scope}: {m:#?}"
+        );
+    }
 
     for storm in &mut storms {
         storm.write_stdin(b"done\n")?;

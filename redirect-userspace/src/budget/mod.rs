@@ -39,11 +39,6 @@ impl Budgets {
         }
     }
 
-    /// Room for as many as the process allows: for tests of code that takes budgets.
-    pub fn unlimited(metrics: &Arc<Metrics>) -> Budgets {
-        Budgets::new(Limits::size(1 << 20, &BudgetArgs::default()), metrics)
-    }
-
     /// Why a new proxied connection would be refused now whoever asked, if it would: readiness says so.
     pub fn saturated(&self) -> Option<&'static str> {
         if self.fds.used() + FDS_PER_CONNECTION > self.fds.limit() {

@@ -25,8 +25,8 @@ use super::{
     upstream::Upstream,
 };
 use crate::{
-    budget::Budgets,
-    metrics::{DnsOutcome, Metrics},
+    budget::{Budgets, Permit},
+    metrics::{DnsOutcome, Metrics, Refusal},
 };
 
 /// A TCP client that sends nothing for this long is dropped (its fd is worth more than its idleness).
@@ -63,8 +63,26 @@ struct Shared {
     upstream: Arc<Upstream>,
     decide: Arc<dyn Decide>,
     metrics: Arc<Metrics>,
-    /// Forwards in flight and TCP clients, per client and node-wide.
-    budgets: Arc<Budgets>,
+    /// Forwards in flight and TCP clients, per client and node-wide; `None`: no caps.
+    budgets: Option<Arc<Budgets>>,
+}
+
+impl Shared {
+    /// A place among the forwards in flight for `client` (held until dropped), or `Err` when the
+    /// client is at its share or the node at its limit.
+    fn forward_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
+        self.budgets
+            .as_ref()
+            .map(|b| b.dns_forwards.take(client))
+            .transpose()
+    }
+
+    fn tcp_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
+        self.budgets
+            .as_ref()
+            .map(|b| b.dns_tcp_clients.take(client))
+            .transpose()
+    }
 }
 
 pub struct DnsProxy {
@@ -96,16 +114,16 @@ impl DnsProxy {
             shared: Arc::new(Shared {
                 upstream,
                 decide,
-                budgets: Arc::new(Budgets::unlimited(&metrics)),
+                budgets: None,
                 metrics,
             }),
         })
     }
 
-    /// Holds forwards and TCP clients to `budgets` (unbound, the proxy allows what the process can).
+    /// Holds forwards and TCP clients to `budgets` (without, nothing is capped).
     pub fn with_budgets(mut self, budgets: Arc<Budgets>) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
-            shared.budgets = budgets;
+            shared.budgets = Some(budgets);
         }
         self
     }
@@ -151,7 +169,7 @@ async fn serve_udp(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
             }
             Local::Forward => {
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
-                let Ok(permit) = shared.budgets.dns_forwards.take(client.ip()) else {
+                let Ok(permit) = shared.forward_slot(client.ip()) else {
                     shared.metrics.dns(DnsOutcome::Servfail);
                     if let Some(reply) = servfail_for(raw)
                         && let Err(e) = socket.send_to(&reply, client).await
@@ -182,7 +200,7 @@ async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
             Ok((stream, client)) => {
                 // Past the client's share (or the node's) the connection is reset at once: the
                 // client sees the refusal, no fd piles up, and other pods keep their room.
-                let Ok(slot) = shared.budgets.dns_tcp_clients.take(client.ip()) else {
+                let Ok(slot) = shared.tcp_slot(client.ip()) else {
                     debug!(%client, "DNS TCP client over budget; resetting it");
                     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
                     continue;
