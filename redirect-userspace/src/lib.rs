@@ -5,6 +5,7 @@
 //! and [`admin`] read it. [`redirect`] loads the eBPF programs that bring pod traffic to the proxy.
 pub mod admin;
 pub mod agent;
+pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod dns;

@@ -62,6 +62,8 @@ pub enum DnsOutcome {
     Answered,
     Forwarded,
     Servfail,
+    /// Not a DNS message: dropped, never forwarded.
+    Malformed,
 }
 
 impl DnsOutcome {
@@ -70,6 +72,7 @@ impl DnsOutcome {
             Self::Answered => "answered",
             Self::Forwarded => "forwarded",
             Self::Servfail => "servfail",
+            Self::Malformed => "malformed",
         }
     }
 }
@@ -106,6 +109,82 @@ impl Lookup {
     }
 }
 
+/// A resource the agent caps (see `budget`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum BudgetKind {
+    /// Descriptors of the outbound proxy (sockets and pipes).
+    Fds,
+    Connections,
+    DnsForwards,
+    DnsTcpClients,
+}
+
+impl BudgetKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fds => "fds",
+            Self::Connections => "connections",
+            Self::DnsForwards => "dns_forwards",
+            Self::DnsTcpClients => "dns_tcp_clients",
+        }
+    }
+}
+
+/// Why a budget said no.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Refusal {
+    /// The client holds its whole share.
+    ClientShare,
+    /// The node-wide limit is reached.
+    NodeLimit,
+    /// The descriptors a connection needs are not in the budget.
+    Fds,
+}
+
+impl Refusal {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::ClientShare => "client_share",
+            Self::NodeLimit => "node_limit",
+            Self::Fds => "fds",
+        }
+    }
+}
+
+/// Which limit a budget gauge is.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Scope {
+    Node,
+    Client,
+}
+
+impl Scope {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "node",
+            Self::Client => "client",
+        }
+    }
+}
+
+/// Why the proxy ended a connection that had not failed by itself.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Timeout {
+    /// No byte either way for the idle timeout.
+    Idle,
+    /// One side closed and the other did not take a write for the write timeout.
+    Write,
+}
+
+impl Timeout {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Write => "write",
+        }
+    }
+}
+
 macro_rules! label_value_as_str {
     ($($ty:ty),*) => {$(
         impl EncodeLabelValue for $ty {
@@ -115,7 +194,39 @@ macro_rules! label_value_as_str {
         }
     )*};
 }
-label_value_as_str!(OutboundOutcome, Direction, DnsOutcome, ReloadResult, Lookup);
+label_value_as_str!(
+    OutboundOutcome,
+    Direction,
+    DnsOutcome,
+    ReloadResult,
+    Lookup,
+    BudgetKind,
+    Refusal,
+    Scope,
+    Timeout
+);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    budget: BudgetKind,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    budget: BudgetKind,
+    scope: Scope,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    budget: BudgetKind,
+    reason: Refusal,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TimeoutLabels {
+    timeout: Timeout,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -152,6 +263,11 @@ pub struct Metrics {
     reloads: Family<ReloadLabels, Counter>,
     hidden: Family<LookupLabels, Counter>,
     identity_mismatches: Counter,
+    budget_used: Family<BudgetLabels, Gauge>,
+    budget_limit: Family<LimitLabels, Gauge>,
+    budget_refusals: Family<RefusalLabels, Counter>,
+    splice_fallbacks: Counter,
+    timeouts: Family<TimeoutLabels, Counter>,
 }
 
 impl Metrics {
@@ -183,6 +299,44 @@ impl Metrics {
     /// A connection whose cgroup names another pod than the one holding its source IP.
     pub fn identity_mismatch(&self) {
         self.identity_mismatches.inc();
+    }
+
+    /// A budget's limits, set once when the budget is made.
+    pub fn budget_limits(&self, budget: BudgetKind, node: usize, client: Option<usize>) {
+        let set = |scope, n: usize| {
+            self.budget_limit
+                .get_or_create(&LimitLabels { budget, scope })
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        };
+        set(Scope::Node, node);
+        if let Some(client) = client {
+            set(Scope::Client, client);
+        }
+    }
+
+    /// How much of a budget is held now, node-wide.
+    pub fn budget_used(&self, budget: BudgetKind, used: usize) {
+        self.budget_used
+            .get_or_create(&BudgetLabels { budget })
+            .set(i64::try_from(used).unwrap_or(i64::MAX));
+    }
+
+    pub fn budget_refused(&self, budget: BudgetKind, reason: Refusal) {
+        self.budget_refusals
+            .get_or_create(&RefusalLabels { budget, reason })
+            .inc();
+    }
+
+    /// A connection relayed by copy because the splice pipes did not fit the descriptor budget.
+    pub fn splice_fallback(&self) {
+        self.splice_fallbacks.inc();
+    }
+
+    /// A connection the proxy reset because it timed out.
+    pub fn timed_out(&self, timeout: Timeout) {
+        self.timeouts
+            .get_or_create(&TimeoutLabels { timeout })
+            .inc();
     }
 
     /// Counts a proxied connection as open until the returned guard drops.
@@ -224,6 +378,31 @@ impl Metrics {
             "client_identity_mismatches",
             "Connections served as an unknown client because the connecting process's cgroup belongs to another pod than the one the registry gives its address to",
             self.identity_mismatches.clone(),
+        );
+        registry.register(
+            "budget_used",
+            "What the agent holds now, node-wide, of each budget",
+            self.budget_used.clone(),
+        );
+        registry.register(
+            "budget_limit",
+            "Each budget's node-wide limit and one client's share of it",
+            self.budget_limit.clone(),
+        );
+        registry.register(
+            "budget_refusals",
+            "Requests refused because a budget was reached, by budget and reason",
+            self.budget_refusals.clone(),
+        );
+        registry.register(
+            "splice_fallbacks",
+            "Connections relayed by copy because the splice pipes did not fit the descriptor budget",
+            self.splice_fallbacks.clone(),
+        );
+        registry.register(
+            "outbound_timeouts",
+            "Proxied connections reset because they timed out (idle, or a peer that never reads)",
+            self.timeouts.clone(),
         );
         if let Some(maps) = redirect_maps {
             registry.register_collector(Box::new(EbpfEvents(maps)));

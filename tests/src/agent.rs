@@ -54,10 +54,25 @@ impl Agent {
         Ok(agent)
     }
 
+    /// Like [`Agent::start`], with the open-files limit (soft and hard) set to `nofile` by
+    /// `prlimit`, which then runs the agent in its own place (same pid).
+    pub fn start_with_fd_limit(topo: &Topology, nofile: u64, extra_args: &[&str]) -> Result<Agent> {
+        let launcher = topo
+            .node_cmd("prlimit")
+            .arg(format!("--nofile={nofile}:{nofile}"))
+            .arg(Self::bin()?);
+        let mut agent = Self::spawn_via(topo, launcher, extra_args)?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
     /// Like [`Agent::start`] without waiting for readiness (to watch an agent that is not ready).
     pub fn spawn(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
-        let proc = topo
-            .node_cmd(Self::bin()?)
+        Self::spawn_via(topo, topo.node_cmd(Self::bin()?), extra_args)
+    }
+
+    fn spawn_via(topo: &Topology, launcher: crate::Cmd, extra_args: &[&str]) -> Result<Agent> {
+        let proc = launcher
             .env("RUST_BACKTRACE", "1")
             .arg("run")
             .arg("--cgroup")
@@ -147,6 +162,10 @@ impl Agent {
     /// Open file descriptors of the agent now.
     pub fn fd_count(&self) -> Result<usize> {
         procfs::fd_count(self.pid())
+    }
+    /// Resident memory of the agent now, in KiB.
+    pub fn rss_kib(&self) -> Result<u64> {
+        procfs::rss_kib(self.pid())
     }
     pub fn thread_count(&self) -> Result<usize> {
         procfs::thread_count(self.pid())

@@ -51,27 +51,50 @@ impl Peer {
         http: &[SocketAddrV4],
         echo: &[SocketAddrV4],
     ) -> Result<Peer> {
-        if http.is_empty() && echo.is_empty() {
+        let listeners: Vec<(&str, SocketAddrV4)> = http
+            .iter()
+            .map(|a| ("--listen", *a))
+            .chain(echo.iter().map(|a| ("--echo", *a)))
+            .collect();
+        let mut peer = Self::start_listening(place, name, &listeners)?;
+        (peer.http, peer.echo) = (http.to_vec(), echo.to_vec());
+        Ok(peer)
+    }
+
+    /// Starts `rdt-peer serve` with a stream source (pattern bytes until the client goes) and a sink
+    /// (reads to the end, prints `sink eof N` or `sink error N KIND` to its log).
+    pub fn start_streams(
+        place: &Place,
+        name: &str,
+        source: SocketAddrV4,
+        sink: SocketAddrV4,
+    ) -> Result<Peer> {
+        Self::start_listening(place, name, &[("--source", source), ("--sink", sink)])
+    }
+
+    fn start_listening(
+        place: &Place,
+        name: &str,
+        listeners: &[(&str, SocketAddrV4)],
+    ) -> Result<Peer> {
+        if listeners.is_empty() {
             bail!("peer {name}: nothing to listen on");
         }
         let mut c = cmd(place)?.args(["serve", "--name", name]);
-        for a in http {
-            c = c.arg("--listen").arg(a.to_string());
-        }
-        for a in echo {
-            c = c.arg("--echo").arg(a.to_string());
+        for (flag, a) in listeners {
+            c = c.arg(flag).arg(a.to_string());
         }
         let mut proc = c.spawn()?;
         let pid = proc.pid();
-        let all: Vec<SocketAddrV4> = http.iter().chain(echo).copied().collect();
+        let all: Vec<SocketAddrV4> = listeners.iter().map(|(_, a)| *a).collect();
         procfs::wait_bound(pid, Proto::Tcp, &all, Duration::from_secs(10), || {
             proc.is_running()
         })
         .with_context(|| format!("peer {name} in {}; log:\n{}", place.label, proc.log()))?;
         Ok(Peer {
             name: name.to_string(),
-            http: http.to_vec(),
-            echo: echo.to_vec(),
+            http: Vec::new(),
+            echo: Vec::new(),
             proc,
         })
     }

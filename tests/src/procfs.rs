@@ -31,6 +31,17 @@ pub fn fd_count(pid: u32) -> Result<usize> {
         .count())
 }
 
+/// Resident memory of `pid` in KiB (`VmRSS` of `/proc/<pid>/status`).
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    let file = format!("/proc/{pid}/status");
+    let status = fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no VmRSS in {file}"))
+}
+
 /// Number of threads of `pid`.
 pub fn thread_count(pid: u32) -> Result<usize> {
     let dir = format!("/proc/{pid}/task");
@@ -151,6 +162,7 @@ mod tests {
     fn our_own_start_time_is_readable() {
         assert!(start_time(std::process::id()).unwrap().is_some());
         assert!(fd_count(std::process::id()).unwrap() >= 3);
+        assert!(rss_kib(std::process::id()).unwrap() > 0);
     }
 
     #[test]

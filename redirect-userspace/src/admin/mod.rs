@@ -25,6 +25,7 @@ use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
 use crate::{
+    budget::Budgets,
     live::{ConfigStatus, LiveState},
     logging::LogLevel,
     metrics,
@@ -41,12 +42,24 @@ pub struct AdminState {
     pub attached: Arc<AtomicBool>,
     pub live: Arc<LiveState>,
     pub log_level: Option<LogLevel>,
+    /// When the proxy is at its limits it says so: a new connection would be refused.
+    pub budgets: Option<Arc<Budgets>>,
 }
 
 impl AdminState {
-    /// Ready: programs attached and a configuration in force (SPEC: traffic is decided right).
-    fn ready(&self) -> bool {
-        self.attached.load(Ordering::Acquire) && self.live.has_config()
+    /// Ready: programs attached, a configuration in force (traffic is decided right), and room
+    /// for new connections. `Err` says why not.
+    fn ready(&self) -> Result<(), &'static str> {
+        if !self.attached.load(Ordering::Acquire) {
+            return Err("the eBPF programs are not attached");
+        }
+        if !self.live.has_config() {
+            return Err("no configuration in force");
+        }
+        match self.budgets.as_ref().and_then(|b| b.saturated()) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
     }
 }
 
@@ -164,13 +177,13 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
                 ),
             }
         }
-        "/healthz/ready" => {
-            if state.ready() {
-                text(StatusCode::OK, "ready\n".into())
-            } else {
-                text(StatusCode::SERVICE_UNAVAILABLE, "not ready\n".into())
-            }
-        }
+        "/healthz/ready" => match state.ready() {
+            Ok(()) => text(StatusCode::OK, "ready\n".into()),
+            Err(why) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {why}\n"),
+            ),
+        },
         "/metrics" => match metrics::encode(&state.registry) {
             Ok(body) => with_type(
                 StatusCode::OK,

@@ -19,12 +19,13 @@ pub use reload::load;
 
 use crate::{
     admin::{self, AdminState},
+    budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
     dns::{DnsProxy, HostCache, Upstream, VisibleNames},
     identity::{CgroupPods, OptOutSync},
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{self, OutboundProxy, ProxyContext, RelayMode},
+    proxy::{self, OutboundProxy, ProxyContext, RelayMode, Timeouts},
     redirect::{RedirectConfig, Redirector},
 };
 
@@ -41,24 +42,29 @@ pub struct AgentConfig {
     pub admin: SocketAddr,
     pub admin_allow_non_loopback: bool,
     pub relay: RelayMode,
+    /// Caps and timeouts; the caps not given are sized from the open-files limit.
+    pub budget: BudgetArgs,
 }
 
 /// Runs until SIGINT or SIGTERM.
 pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
-    raise_fd_limit();
+    let fd_limit = raise_fd_limit();
+    let limits = Limits::size(fd_limit, &config.budget);
+    info!(?limits, "resource budgets");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("proxy")
         .build()
         .context("starting the proxy runtime")?;
-    runtime.block_on(run_async(config, log_level))?;
+    runtime.block_on(run_async(config, limits, log_level))?;
     // Connection tasks still running are dropped with the runtime: their sockets close.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
 }
 
-async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
+async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
+    let budgets = Arc::new(Budgets::new(limits, &metrics));
     let live = LiveState::new(config.config_dir.clone());
     let attached = Arc::new(AtomicBool::new(false));
     // One upstream (and one pool of its sockets) for the DNS proxy and endpoint resolution.
@@ -86,7 +92,8 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
                 }),
                 metrics.clone(),
             )
-            .await?,
+            .await?
+            .with_budgets(budgets.clone()),
         ),
         None => None,
     };
@@ -115,6 +122,11 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
             endpoint_hosts: Arc::new(HostCache::new(upstream)),
             relay: config.relay,
             cgroups,
+            budgets: budgets.clone(),
+            timeouts: Timeouts {
+                idle: config.budget.idle_timeout,
+                write: config.budget.write_timeout,
+            },
         }),
     );
 
@@ -126,6 +138,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
             attached: attached.clone(),
             live: live.clone(),
             log_level: Some(log_level),
+            budgets: Some(budgets),
         },
     )?;
 
@@ -151,31 +164,6 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
     }
     info!("eBPF programs detached; agent stopped");
     Ok(())
-}
-
-/// Each proxied connection holds two sockets and two pipes (six descriptors): lift the soft limit on
-/// open files to the hard one, as Go's runtime does, so the default 1024 never caps the proxy.
-fn raise_fd_limit() {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit/setrlimit on a valid struct.
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
-        {
-            let wanted = libc::rlimit {
-                rlim_cur: limit.rlim_max,
-                rlim_max: limit.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &wanted) != 0 {
-                tracing::warn!(
-                    soft = limit.rlim_cur,
-                    "could not raise the open-files limit"
-                );
-            }
-        }
-    }
 }
 
 async fn shutdown_signal() -> anyhow::Result<&'static str> {

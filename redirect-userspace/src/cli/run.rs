@@ -9,6 +9,7 @@ use redirect_common::{DNS_PROXY_PORT, PROXY_PORT};
 
 use crate::{
     agent::{self, AgentConfig},
+    budget::BudgetArgs,
     dns::first_nameserver,
     logging::LogLevel,
     proxy::RelayMode,
@@ -44,6 +45,8 @@ pub struct RunArgs {
     /// Allow the admin server on a non-loopback address (it shows the node's configuration).
     #[arg(long)]
     pub admin_allow_non_loopback: bool,
+    #[command(flatten)]
+    pub budget: BudgetArgs,
 }
 
 pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
@@ -68,6 +71,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             admin: args.admin,
             admin_allow_non_loopback: args.admin_allow_non_loopback,
             relay: args.relay,
+            budget: args.budget,
         },
         log_level,
     )?;

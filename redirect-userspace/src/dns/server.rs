@@ -13,7 +13,7 @@ use hickory_proto::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, UdpSocket},
-    sync::{Semaphore, watch},
+    sync::watch,
 };
 use tracing::{debug, warn};
 
@@ -24,12 +24,13 @@ use super::{
     },
     upstream::Upstream,
 };
-use crate::metrics::{DnsOutcome, Metrics};
+use crate::{
+    budget::{Budgets, Permit},
+    metrics::{DnsOutcome, Metrics, Refusal},
+};
 
 /// A TCP client that sends nothing for this long is dropped (its fd is worth more than its idleness).
 const TCP_IDLE: Duration = Duration::from_secs(10);
-/// DNS over TCP clients served at once; DNS is mostly UDP, so this is room for bursts, not a workload.
-const MAX_TCP_CLIENTS: usize = 1024;
 
 /// One question, as the proxy hands it to the decision.
 #[derive(Debug)]
@@ -62,10 +63,31 @@ struct Shared {
     upstream: Arc<Upstream>,
     decide: Arc<dyn Decide>,
     metrics: Arc<Metrics>,
+    /// Forwards in flight and TCP clients, per client and node-wide; `None`: no caps.
+    budgets: Option<Arc<Budgets>>,
+}
+
+impl Shared {
+    /// A place among the forwards in flight for `client` (held until dropped), or `Err` when the
+    /// client is at its share or the node at its limit.
+    fn forward_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
+        self.budgets
+            .as_ref()
+            .map(|b| b.dns_forwards.take(client))
+            .transpose()
+    }
+
+    fn tcp_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
+        self.budgets
+            .as_ref()
+            .map(|b| b.dns_tcp_clients.take(client))
+            .transpose()
+    }
 }
 
 pub struct DnsProxy {
-    udp: Arc<UdpSocket>,
+    /// One socket per client queue (see `queues`).
+    udp: Vec<UdpSocket>,
     tcp: TcpListener,
     shared: Arc<Shared>,
 }
@@ -81,32 +103,48 @@ impl DnsProxy {
         let context = |e: io::Error| {
             io::Error::new(e.kind(), format!("binding the DNS proxy to {addr}: {e}"))
         };
-        let udp = UdpSocket::bind(addr).await.map_err(context)?;
+        let udp = super::queues::bind_queues(addr).map_err(context)?;
         // Same port for both, also when `addr` asks for any port (0).
-        let tcp = TcpListener::bind(udp.local_addr()?)
+        let tcp = TcpListener::bind(udp[0].local_addr()?)
             .await
             .map_err(context)?;
         Ok(Self {
-            udp: Arc::new(udp),
+            udp,
             tcp,
             shared: Arc::new(Shared {
                 upstream,
                 decide,
+                budgets: None,
                 metrics,
             }),
         })
     }
 
+    /// Holds forwards and TCP clients to `budgets` (without, nothing is capped).
+    pub fn with_budgets(mut self, budgets: Arc<Budgets>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.budgets = Some(budgets);
+        }
+        self
+    }
+
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
-        self.udp.local_addr()
+        self.tcp.local_addr()
     }
 
     /// Serves until `shutdown` changes.
     pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+        let queues: Vec<_> = self
+            .udp
+            .into_iter()
+            .map(|socket| tokio::spawn(serve_udp(Arc::new(socket), self.shared.clone())))
+            .collect();
         tokio::select! {
             _ = shutdown.changed() => {}
-            _ = serve_udp(self.udp, self.shared.clone()) => {}
             _ = serve_tcp(self.tcp, self.shared) => {}
+        }
+        for queue in queues {
+            queue.abort();
         }
     }
 }
@@ -130,9 +168,20 @@ async fn serve_udp(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
                 }
             }
             Local::Forward => {
+                // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
+                let Ok(permit) = shared.forward_slot(client.ip()) else {
+                    shared.metrics.dns(DnsOutcome::Servfail);
+                    if let Some(reply) = servfail_for(raw)
+                        && let Err(e) = socket.send_to(&reply, client).await
+                    {
+                        debug!(%client, error = %e, "DNS UDP send failed");
+                    }
+                    continue;
+                };
                 let (socket, shared, query) = (socket.clone(), shared.clone(), raw.to_vec());
                 tokio::spawn(async move {
                     let result = shared.upstream.forward_udp(&query).await;
+                    drop(permit);
                     if let Some(reply) = finish_forward(&query, result, client, &shared)
                         && let Err(e) = socket.send_to(&reply, client).await
                     {
@@ -146,13 +195,14 @@ async fn serve_udp(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
 }
 
 async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
-    let slots = Arc::new(Semaphore::new(MAX_TCP_CLIENTS));
     loop {
         match listener.accept().await {
             Ok((stream, client)) => {
-                // Over the cap the connection is closed at once: the client retries, no fd piles up.
-                let Ok(slot) = slots.clone().try_acquire_owned() else {
-                    debug!(%client, "too many DNS TCP clients; closing this one");
+                // Past the client's share (or the node's) the connection is reset at once: the
+                // client sees the refusal, no fd piles up, and other pods keep their room.
+                let Ok(slot) = shared.tcp_slot(client.ip()) else {
+                    debug!(%client, "DNS TCP client over budget; resetting it");
+                    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
                     continue;
                 };
                 let shared = shared.clone();
@@ -213,11 +263,13 @@ enum Local {
     Drop,
 }
 
-/// Decides whether the agent answers `raw` itself. Anything it does not understand goes upstream
-/// unchanged: the upstream is the authority on everything the mesh does not claim.
+/// Decides whether the agent answers `raw` itself. A query it does not answer goes upstream
+/// unchanged: the upstream is the authority on everything the mesh does not claim. Bytes that are
+/// not a DNS message at all are dropped (and counted): forwarding junk only costs sockets.
 fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared) -> Local {
     let Ok(query) = Message::from_vec(raw) else {
-        return Local::Forward;
+        shared.metrics.dns(DnsOutcome::Malformed);
+        return Local::Drop;
     };
     if query.metadata.message_type != MessageType::Query {
         return Local::Drop; // a response sent to us: never reflect it
@@ -259,6 +311,14 @@ fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared
     }
 }
 
+/// SERVFAIL for a query that parsed (only those are forwarded).
+fn servfail_for(query: &[u8]) -> Option<Vec<u8>> {
+    match Message::from_vec(query) {
+        Ok(parsed) => servfail_reply(&parsed).to_vec().ok(),
+        Err(_) => servfail_for_raw(query),
+    }
+}
+
 /// The upstream's reply unchanged, or SERVFAIL when it could not be had in time.
 fn finish_forward(
     query: &[u8],
@@ -274,10 +334,7 @@ fn finish_forward(
         Err(e) => {
             debug!(%client, error = %e, "DNS forward failed; answering SERVFAIL");
             shared.metrics.dns(DnsOutcome::Servfail);
-            match Message::from_vec(query) {
-                Ok(parsed) => servfail_reply(&parsed).to_vec().ok(),
-                Err(_) => servfail_for_raw(query),
-            }
+            servfail_for(query)
         }
     }
 }
@@ -319,6 +376,14 @@ mod tests {
     }
 
     async fn proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
+        proxy_with(upstream, None).await
+    }
+
+    /// With `caps` = (forwards per client, TCP clients per client), the node allowing 100 of each.
+    async fn proxy_with(
+        upstream: SocketAddr,
+        caps: Option<(usize, usize)>,
+    ) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
         let metrics = Arc::new(Metrics::default());
         let mut up = Upstream::new(upstream);
         up.timeout = Duration::from_millis(300);
@@ -330,6 +395,20 @@ mod tests {
         )
         .await
         .unwrap();
+        let proxy = match caps {
+            Some((forwards, tcp)) => {
+                let args = crate::budget::BudgetArgs {
+                    max_dns_forwards: Some(100),
+                    max_dns_forwards_per_client: Some(forwards),
+                    max_dns_tcp_clients: Some(100),
+                    max_dns_tcp_clients_per_client: Some(tcp),
+                    ..Default::default()
+                };
+                let limits = crate::budget::Limits::size(1 << 16, &args);
+                proxy.with_budgets(Arc::new(Budgets::new(limits, &metrics)))
+            }
+            None => proxy,
+        };
         let addr = proxy.local_addr().unwrap();
         let (stop, stop_rx) = watch::channel(false);
         tokio::spawn(proxy.serve(stop_rx));
@@ -425,5 +504,116 @@ mod tests {
             text.contains(r#"redirect_dns_queries_total{outcome="servfail"} 1"#),
             "{text}"
         );
+    }
+
+    /// Bytes that are not DNS never reach the upstream: dropped, counted, no reply.
+    #[tokio::test]
+    async fn junk_is_dropped_and_counted_never_forwarded() {
+        let upstream = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy(upstream.local_addr().unwrap()).await;
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        for junk in [&b"\x01"[..], b"not a dns message at all", &[0xff; 40]] {
+            client.send_to(junk, addr).await.unwrap();
+        }
+        // A real query after the junk is still forwarded: the proxy kept serving.
+        client
+            .send_to(&query("other.example.com.", RecordType::A), addr)
+            .await
+            .unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = tokio::time::timeout(Duration::from_secs(2), upstream.recv_from(&mut buf))
+            .await
+            .expect("the valid query reaches the upstream")
+            .unwrap();
+        assert_eq!(Message::from_vec(&buf[..n]).unwrap().metadata.id, 77);
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="malformed"} 3"#),
+            "{text}"
+        );
+        assert!(
+            upstream.try_recv_from(&mut buf).is_err(),
+            "only the one valid query went upstream"
+        );
+    }
+
+    /// A client with its share of forwards in flight gets SERVFAIL at once; another client's
+    /// queries still go upstream.
+    #[tokio::test]
+    async fn a_client_past_its_forward_share_gets_servfail_others_are_forwarded() {
+        // The upstream holds every query unanswered: forwards stay in flight.
+        let silent = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy_with(silent.local_addr().unwrap(), Some((2, 2))).await;
+        let greedy = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        for _ in 0..2 {
+            greedy
+                .send_to(&query("other.example.com.", RecordType::A), addr)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The third (from the same address) is over the share: answered at once.
+        let started = std::time::Instant::now();
+        let reply = ask_udp(addr, &query("third.example.com.", RecordType::A)).await;
+        // `ask_udp` binds a fresh socket on 127.0.0.1: the same client address.
+        assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+        assert!(started.elapsed() < Duration::from_millis(250));
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(
+                r#"redirect_budget_refusals_total{budget="dns_forwards",reason="client_share"} 1"#
+            ),
+            "{text}"
+        );
+        // Another client (another address) still has its share.
+        let other = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+        other
+            .send_to(&query("fourth.example.com.", RecordType::A), addr)
+            .await
+            .unwrap();
+        let mut seen = 0;
+        let mut buf = [0u8; 512];
+        while let Ok(Ok(_)) =
+            tokio::time::timeout(Duration::from_millis(300), silent.recv_from(&mut buf)).await
+        {
+            seen += 1;
+        }
+        // 2 from the greedy client, 1 from the other (each possibly retransmitted once).
+        assert!((3..=6).contains(&seen), "{seen} datagrams upstream");
+    }
+
+    /// A client at its share of TCP connections is reset at once; another client is served.
+    #[tokio::test]
+    async fn a_client_past_its_tcp_share_is_reset_others_are_answered() {
+        let (addr, _metrics, _stop) =
+            proxy_with("127.0.0.1:9".parse().unwrap(), Some((2, 2))).await;
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            held.push(TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let mut refused = TcpStream::connect(addr).await.unwrap();
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_secs(1), refused.read(&mut byte))
+            .await
+            .expect("refused at once");
+        assert_eq!(
+            read.unwrap_err().kind(),
+            io::ErrorKind::ConnectionReset,
+            "a refusal is a reset"
+        );
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut other = socket.connect(addr).await.unwrap();
+        let raw = query("api.example.com.", RecordType::A);
+        other
+            .write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        other.write_all(&raw).await.unwrap();
+        let len = other.read_u16().await.unwrap();
+        let mut buf = vec![0u8; usize::from(len)];
+        other.read_exact(&mut buf).await.unwrap();
+        assert_eq!(Message::from_vec(&buf).unwrap().answers.len(), 1);
     }
 }

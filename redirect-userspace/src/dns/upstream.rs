@@ -1,5 +1,13 @@
 //! Forwarding a query to the upstream resolver and bringing its reply back byte for byte.
-use std::{io, net::SocketAddr, sync::Mutex, time::Duration};
+use std::{
+    io,
+    net::SocketAddr,
+    sync::{
+        Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -14,8 +22,10 @@ use crate::net::{connect_marked, udp_connected_marked};
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
 /// A lost UDP datagram is sent again once after this long.
 const UDP_RETRANSMIT_AFTER: Duration = Duration::from_millis(500);
-/// Idle upstream sockets kept for reuse (making one costs socket, SO_MARK, bind, connect and close).
+/// Idle upstream sockets kept for reuse (making one costs socket, SO_MARK, bind, connect and close):
+/// as many as forwards are in flight, at most 64; once traffic stops, a few.
 const UDP_POOL_MAX: usize = 64;
+const UDP_POOL_QUIET: usize = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -37,6 +47,8 @@ pub struct Upstream {
     /// Sockets whose last query was answered: nothing more is expected on them, so the next query
     /// can use one without a stale reply reaching it (a timed-out socket is closed instead).
     idle: Mutex<Vec<UdpSocket>>,
+    /// UDP forwards under way: the pool never keeps more idle sockets than this (or a few).
+    in_flight: AtomicUsize,
 }
 
 impl Upstream {
@@ -45,6 +57,7 @@ impl Upstream {
             addr,
             timeout: UPSTREAM_TIMEOUT,
             idle: Mutex::new(Vec::new()),
+            in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -56,17 +69,38 @@ impl Upstream {
         }
     }
 
-    fn reuse(&self, socket: UdpSocket) {
-        if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < UDP_POOL_MAX
-        {
-            idle.push(socket);
+    fn reuse(&self, socket: Option<UdpSocket>) {
+        // Counted before this forward ends: it still holds its socket.
+        let busy = self.in_flight.load(Ordering::Acquire).saturating_sub(1);
+        let keep = busy.clamp(UDP_POOL_QUIET, UDP_POOL_MAX);
+        if let Ok(mut idle) = self.idle.lock() {
+            if let Some(socket) = socket
+                && idle.len() < keep
+            {
+                idle.push(socket);
+            }
+            // After a burst, sockets beyond what is busy are closed as forwards end.
+            idle.truncate(keep);
         }
     }
 
     /// Forwards over UDP from a connected socket with a random source port (only the upstream can
     /// answer it). Returns the upstream's reply unchanged.
     pub async fn forward_udp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        let mut kept = None;
+        let result = self.forward_udp_on(query, &mut kept).await;
+        self.reuse(kept);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        result
+    }
+
+    /// One UDP exchange; the socket is left in `kept` when it may serve another query.
+    async fn forward_udp_on(
+        &self,
+        query: &[u8],
+        kept: &mut Option<UdpSocket>,
+    ) -> Result<Vec<u8>, UpstreamError> {
         let deadline = Instant::now() + self.timeout;
         let io_err = |source| UpstreamError::Io {
             addr: self.addr,
@@ -84,7 +118,7 @@ impl Upstream {
                 Ok(Ok(_)) if same_id(query, &buf) => {
                     // After a retransmit a second reply may still come: that socket is not reused.
                     if retransmit_at.is_some() {
-                        self.reuse(socket);
+                        *kept = Some(socket);
                     }
                     return Ok(buf);
                 }
@@ -205,6 +239,31 @@ mod tests {
             ports.push(port);
         }
         assert_eq!(ports[0], ports[1], "the answered socket was not reused");
+    }
+
+    /// After a burst of forwards, the pool keeps only a few sockets: an idle agent's descriptors
+    /// come back to what they were.
+    #[tokio::test]
+    async fn after_a_burst_the_pool_shrinks_to_a_few() {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let upstream = std::sync::Arc::new(Upstream::new(server.local_addr().unwrap()));
+        let forwards: Vec<_> = (0..32u8)
+            .map(|i| {
+                let upstream = upstream.clone();
+                tokio::spawn(async move { upstream.forward_udp(&[0, i, b'q']).await })
+            })
+            .collect();
+        for _ in 0..32 {
+            let mut buf = [0u8; 64];
+            let (n, from) = server.recv_from(&mut buf).await.unwrap();
+            server.send_to(&buf[..n], from).await.unwrap();
+        }
+        for forward in forwards {
+            forward.await.unwrap().unwrap();
+        }
+        let idle = upstream.idle.lock().unwrap().len();
+        assert!(idle <= UDP_POOL_QUIET, "{idle} idle sockets kept");
+        assert_eq!(upstream.in_flight.load(Ordering::Acquire), 0);
     }
 
     #[tokio::test]

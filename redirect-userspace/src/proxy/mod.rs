@@ -5,8 +5,8 @@ mod relay;
 mod splice;
 
 pub use outbound::{OutboundProxy, ProxyContext, listen};
-pub use relay::{Carried, relay};
-pub use splice::splice_relay;
+pub use relay::{Carried, RelayError, Timeouts, relay};
+pub use splice::{Pipes, splice_relay};
 
 /// How the proxy moves bytes between the client and the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -6,13 +6,14 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use super::{RelayMode, relay, splice_relay};
+use super::{Pipes, RelayError, RelayMode, Timeouts, relay, splice_relay};
 use crate::{
+    budget::{Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit},
     config::{Workload, WorkloadKind},
     dns::HostCache,
     identity::{CgroupPods, Check},
     live::LiveState,
-    metrics::{Direction, Lookup, Metrics, OutboundOutcome},
+    metrics::{BudgetKind, Direction, Lookup, Metrics, OutboundOutcome, Refusal, Timeout},
     net::{CONNECT_TIMEOUT, connect_marked},
     redirect::RedirectMaps,
     state::{Outbound, Snapshot, Target},
@@ -32,11 +33,17 @@ pub struct ProxyContext {
     pub relay: RelayMode,
     /// The pods' cgroups, to check the registry's word for who a client is.
     pub cgroups: Arc<CgroupPods>,
+    /// Connections and descriptors each client, and the node, may hold.
+    pub budgets: Arc<Budgets>,
+    pub timeouts: Timeouts,
 }
 
 pub struct OutboundProxy {
     listener: TcpListener,
     context: Arc<ProxyContext>,
+    /// A descriptor held back for the day the process runs out anyway: closed, it lets one waiting
+    /// client be accepted and reset instead of left hanging in the queue.
+    spare: Option<std::fs::File>,
 }
 
 /// Binds the proxy's listener.
@@ -49,6 +56,9 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     // Accepted sockets inherit these: no per-connection system calls for them.
     socket.set_nodelay(true)?;
     socket2::SockRef::from(&socket).set_tcp_keepalive(&crate::net::keepalive())?;
+    // Linger 0: a connection that ends any way but the graceful one (a refusal, a failed relay,
+    // the agent killed) is reset, so neither peer takes a cut stream for a complete one.
+    socket2::SockRef::from(&socket).set_linger(Some(Duration::ZERO))?;
     socket.bind(addr).map_err(|e| {
         io::Error::new(
             e.kind(),
@@ -62,7 +72,11 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 
 impl OutboundProxy {
     pub fn new(listener: TcpListener, context: Arc<ProxyContext>) -> Self {
-        Self { listener, context }
+        Self {
+            listener,
+            context,
+            spare: spare_fd(),
+        }
     }
 
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
@@ -71,17 +85,21 @@ impl OutboundProxy {
 
     /// Accepts until `shutdown` changes. Connection tasks are detached: they end with their
     /// connection, or with the runtime.
-    pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn serve(mut self, mut shutdown: watch::Receiver<bool>) {
         loop {
             tokio::select! {
                 // Any change (or the sender gone) means stop.
                 _ = shutdown.changed() => return,
                 accepted = self.listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        tokio::spawn(handle(stream, peer, self.context.clone()));
-                    }
+                    // Over budget: dropped at once, reset (the listener's linger 0), no task.
+                    Ok((stream, peer)) => match admit(&self.context, peer) {
+                        Some(admitted) => {
+                            tokio::spawn(handle(stream, peer, admitted, self.context.clone()));
+                        }
+                        None => debug!(client = %peer, "over budget; connection reset"),
+                    },
+                    Err(e) if out_of_fds(&e) => self.reset_one_waiting().await,
                     Err(e) => {
-                        // Usually EMFILE: back off instead of spinning, keep serving.
                         warn!(error = %e, "outbound accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
@@ -89,9 +107,58 @@ impl OutboundProxy {
             }
         }
     }
+
+    /// The process is out of descriptors (something outside the budget took them): frees the spare
+    /// to take one waiting client off the queue and reset it, then holds a spare again.
+    async fn reset_one_waiting(&mut self) {
+        warn!("outbound accept: out of file descriptors; resetting a waiting client");
+        self.context
+            .metrics
+            .budget_refused(BudgetKind::Fds, Refusal::Fds);
+        self.spare = None;
+        let _ = tokio::time::timeout(Duration::from_millis(1), self.listener.accept()).await;
+        self.spare = spare_fd();
+        if self.spare.is_none() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
-async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyContext>) {
+fn spare_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+fn out_of_fds(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE))
+}
+
+/// What an admitted connection holds until it ends: its place in the client's share and the
+/// descriptors of its two sockets.
+struct Admitted {
+    _permit: Permit,
+    _fds: FdCharge,
+}
+
+/// Whether `peer` may have one more connection: within its share, the node's limit, and the
+/// descriptor budget (each refusal counted by reason).
+fn admit(context: &ProxyContext, peer: SocketAddr) -> Option<Admitted> {
+    let permit = context.budgets.connections.take(peer.ip()).ok()?;
+    let fds = context
+        .budgets
+        .fds
+        .charge(FDS_PER_CONNECTION, Ceiling::Limit)?;
+    Some(Admitted {
+        _permit: permit,
+        _fds: fds,
+    })
+}
+
+async fn handle(
+    client: TcpStream,
+    peer: SocketAddr,
+    _admitted: Admitted,
+    context: Arc<ProxyContext>,
+) {
     let _active = context.metrics.track_active();
     let (orig, cgroup_id) = match context.redirect_maps.original_destination(peer) {
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
@@ -133,7 +200,7 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
             }
         },
     };
-    let mut upstream = match connect_marked(dst, CONNECT_TIMEOUT).await {
+    let upstream = match connect_marked(dst, CONNECT_TIMEOUT).await {
         Ok(upstream) => upstream,
         Err(e) => {
             debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
@@ -143,18 +210,36 @@ async fn handle(mut client: TcpStream, peer: SocketAddr, context: Arc<ProxyConte
         }
     };
     context.metrics.outbound(plan.outcome);
-    let carried = match context.relay {
-        RelayMode::Splice => splice_relay(&client, &upstream).await,
-        RelayMode::Copy => relay(&mut client, &mut upstream).await,
+    // The client socket has linger 0 from the listener; the upstream gets it too.
+    let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+    let pipes = match context.relay {
+        RelayMode::Splice => Pipes::lease(&context.budgets.fds).or_else(|| {
+            context.metrics.splice_fallback();
+            None
+        }),
+        RelayMode::Copy => None,
+    };
+    let carried = match pipes {
+        Some(pipes) => splice_relay(&client, &upstream, pipes, context.timeouts).await,
+        None => relay(&client, &upstream, context.timeouts).await,
     };
     match carried {
         Ok(carried) => {
             context.metrics.bytes(Direction::Sent, carried.sent);
             context.metrics.bytes(Direction::Received, carried.received);
+            // Both sides ended cleanly: close gracefully, so data still in flight is delivered.
+            for socket in [&client, &upstream] {
+                let _ = socket2::SockRef::from(socket).set_linger(None);
+            }
         }
         Err(e) => {
-            debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error");
-            reset(client);
+            match e {
+                RelayError::Idle(_) => context.metrics.timed_out(Timeout::Idle),
+                RelayError::Write(_) => context.metrics.timed_out(Timeout::Write),
+                RelayError::Io(_) => {}
+            }
+            // Both sockets still linger 0: dropping them resets both peers.
+            debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error; resetting both sides");
         }
     }
 }
@@ -263,10 +348,10 @@ fn reset(stream: TcpStream) {
 mod tests {
     use super::*;
 
-    /// The listener's TCP_NODELAY and keepalive are what every accepted client socket gets, with no
-    /// system call per connection: Linux clones them from the listener.
+    /// The listener's TCP_NODELAY, keepalive and linger 0 are what every accepted client socket
+    /// gets, with no system call per connection: Linux clones them from the listener.
     #[tokio::test]
-    async fn accepted_sockets_inherit_nodelay_and_keepalive() {
+    async fn accepted_sockets_inherit_nodelay_keepalive_and_linger() {
         let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let (_client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
@@ -278,5 +363,6 @@ mod tests {
             socket.tcp_keepalive_time().unwrap(),
             crate::net::KEEPALIVE_IDLE
         );
+        assert_eq!(socket.linger().unwrap(), Some(Duration::ZERO));
     }
 }

@@ -3,12 +3,13 @@
 use std::{
     io,
     os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
-    sync::Mutex,
+    sync::{Arc, Mutex},
 };
 
-use tokio::{io::Interest, net::TcpStream};
+use tokio::net::TcpStream;
 
-use super::relay::Carried;
+use super::relay::{Buffer, Carried, RelayError, Timeouts, carry};
+use crate::budget::{Ceiling, FdCharge, FdLedger};
 
 /// Pipe capacity per direction: a bulk stream moves in few syscalls; pages are used only when full.
 const PIPE_SIZE: libc::c_int = 1 << 20;
@@ -37,33 +38,77 @@ fn pool() -> std::sync::MutexGuard<'static, PipePool> {
     POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// The two pipes of one connection, one per direction.
+pub struct Pipes {
+    to_upstream: Lease,
+    to_client: Lease,
+}
+
+impl Pipes {
+    /// Pooled pipes, or new ones if their descriptors fit under the splice mark of `fds`; `None`
+    /// means relay by copy.
+    pub fn lease(fds: &Arc<FdLedger>) -> Option<Pipes> {
+        Some(Pipes {
+            to_upstream: Lease::take(fds)?,
+            to_client: Lease::take(fds)?,
+        })
+    }
+}
+
 /// A pipe lent to one direction of one connection; it goes back to the pool (or is closed) on drop.
 struct Lease {
     /// The pipe's ends, copied out for the splice calls; valid while `pipe` is held.
     read: RawFd,
     write: RawFd,
     pipe: Option<Pipe>,
+    /// Bytes in the pipe not yet written out.
+    pending: usize,
     /// Set once the pipe is known empty; only then may it serve another connection.
     drained: bool,
 }
 
 impl Lease {
-    fn take() -> io::Result<Lease> {
+    fn take(fds: &Arc<FdLedger>) -> Option<Lease> {
         let pooled = {
             let mut pool = pool();
             pool.in_use += 1;
             pool.idle.pop()
         };
-        let pipe = match pooled {
-            Some(pipe) => pipe,
-            None => Pipe::new().inspect_err(|_| pool().in_use -= 1)?,
-        };
-        Ok(Lease {
+        let pipe = pooled.or_else(|| {
+            let made = fds
+                .charge(2, Ceiling::Splice)
+                .and_then(|charge| Pipe::new(charge).ok());
+            if made.is_none() {
+                pool().in_use -= 1;
+            }
+            made
+        })?;
+        Some(Lease {
             read: pipe.read.as_raw_fd(),
             write: pipe.write.as_raw_fd(),
             pipe: Some(pipe),
+            pending: 0,
             drained: false,
         })
+    }
+}
+
+impl Buffer for Lease {
+    fn fill(&mut self, from: &TcpStream) -> io::Result<usize> {
+        let n = splice(from.as_raw_fd(), self.write, CHUNK)?;
+        self.pending = n;
+        Ok(n)
+    }
+
+    fn drain(&mut self, to: &TcpStream) -> io::Result<usize> {
+        let n = splice(self.read, to.as_raw_fd(), self.pending)?;
+        self.pending -= n;
+        Ok(n)
+    }
+
+    fn emptied(&mut self) {
+        // Every byte read into the pipe was written out: it may serve another connection.
+        self.drained = true;
     }
 }
 
@@ -83,14 +128,16 @@ impl Drop for Lease {
     }
 }
 
-/// A pipe used as the kernel-side buffer of one direction.
+/// A pipe used as the kernel-side buffer of one direction, its two descriptors charged to the
+/// budget for as long as it is open (in use or pooled).
 struct Pipe {
     read: OwnedFd,
     write: OwnedFd,
+    _charge: FdCharge,
 }
 
 impl Pipe {
-    fn new() -> io::Result<Pipe> {
+    fn new(charge: FdCharge) -> io::Result<Pipe> {
         let mut fds = [0 as RawFd; 2];
         // SAFETY: `fds` has room for the two descriptors pipe2 writes.
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
@@ -101,6 +148,7 @@ impl Pipe {
             Pipe {
                 read: OwnedFd::from_raw_fd(fds[0]),
                 write: OwnedFd::from_raw_fd(fds[1]),
+                _charge: charge,
             }
         };
         // Larger is faster; if the system caps it (pipe-max-size), the default 64 KiB still works.
@@ -129,46 +177,22 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
     }
 }
 
-/// Moves `from`'s bytes to `to` until `from` reaches EOF, then half-closes `to`.
-async fn one_way(from: &TcpStream, to: &TcpStream) -> io::Result<u64> {
-    // On any error the pipe may still hold bytes: the lease drops it undrained and it is closed.
-    let mut pipe = Lease::take()?;
-    let mut total = 0u64;
-    loop {
-        let filled = from
-            .async_io(Interest::READABLE, || {
-                splice(from.as_raw_fd(), pipe.write, CHUNK)
-            })
-            .await?;
-        if filled == 0 {
-            // EOF: pass the half-close on; the other direction may still be talking.
-            // SAFETY: valid socket descriptor.
-            if unsafe { libc::shutdown(to.as_raw_fd(), libc::SHUT_WR) } != 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::NotConnected {
-                    return Err(e);
-                }
-            }
-            // Every byte read into the pipe was written out: it is empty.
-            pipe.drained = true;
-            return Ok(total);
-        }
-        let mut left = filled;
-        while left > 0 {
-            left -= to
-                .async_io(Interest::WRITABLE, || {
-                    splice(pipe.read, to.as_raw_fd(), left)
-                })
-                .await?;
-        }
-        total += filled as u64;
-    }
-}
-
-/// Copies both ways until both sides are done, with half-close passed on, like [`super::relay`].
-pub async fn splice_relay(client: &TcpStream, upstream: &TcpStream) -> io::Result<Carried> {
-    let (sent, received) = tokio::try_join!(one_way(client, upstream), one_way(upstream, client))?;
-    Ok(Carried { sent, received })
+/// Copies both ways through `pipes` until both sides are done, with half-close passed on, like
+/// [`super::relay`]. On an error a pipe may still hold bytes: it is closed, never pooled.
+pub async fn splice_relay(
+    client: &TcpStream,
+    upstream: &TcpStream,
+    pipes: Pipes,
+    timeouts: Timeouts,
+) -> Result<Carried, RelayError> {
+    carry(
+        client,
+        upstream,
+        pipes.to_upstream,
+        pipes.to_client,
+        timeouts,
+    )
+    .await
 }
 
 #[cfg(test)]
@@ -189,14 +213,28 @@ mod tests {
 
     #[test]
     fn idle_pipes_never_outnumber_busy_ones() {
-        let leases: Vec<Lease> = (0..4).map(|_| Lease::take().unwrap()).collect();
+        let fds = FdLedger::new(64, 64, Default::default());
+        let leases: Vec<Lease> = (0..4).map(|_| Lease::take(&fds).unwrap()).collect();
         for mut lease in leases {
             lease.drained = true;
             drop(lease);
             assert_idle_within_in_use();
         }
         // An undrained pipe (an error mid-stream) is closed, and the invariant still holds.
-        drop(Lease::take().unwrap());
+        drop(Lease::take(&fds).unwrap());
+        assert_idle_within_in_use();
+    }
+
+    #[test]
+    fn pipes_past_the_splice_mark_are_refused() {
+        let fds = FdLedger::new(100, 4, Default::default());
+        let mut held = Vec::new();
+        // Pooled pipes (left by other tests) cost nothing new; new ones stop at the mark.
+        while let Some(lease) = Lease::take(&fds) {
+            held.push(lease);
+            assert!(held.len() < 1000, "leases never stopped");
+        }
+        assert!(fds.used() <= 4);
         assert_idle_within_in_use();
     }
 }

@@ -78,7 +78,7 @@ impl Report<'_> {
             &[Metric::Throughput1, Metric::Throughput8],
         );
         s.push_str(
-            "\n`(copy)`: the agent with `--relay copy` (tokio `copy_bidirectional`, 64 KiB buffers) instead of \
+            "\n`(copy)`: the agent with `--relay copy` (a 64 KiB user-space buffer per direction) instead of \
              the default zero-copy `splice`: the before/after of zero-copy.\n",
         );
         s.push_str("\n## 2. Request/response latency (sockperf ping-pong, 1 KiB, one connection), round trip µs\n\n");

@@ -150,15 +150,7 @@ pub fn hold(addr: SocketAddr, interval_ms: u64, count: Option<u64>) -> Result<()
 /// `recvfrom` reports it, the header, and the answer records it can read (A, CNAME).
 pub fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
     let id = (std::process::id() & 0xffff) as u16;
-    let mut query = Vec::with_capacity(64);
-    query.extend_from_slice(&id.to_be_bytes());
-    query.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD; one question
-    for label in name.trim_end_matches('.').split('.') {
-        let len = u8::try_from(label.len()).context("label too long")?;
-        query.push(len);
-        query.extend_from_slice(label.as_bytes());
-    }
-    query.extend_from_slice(&[0, 0, 1, 0, 1]); // root, type A, class IN
+    let query = dns_query(id, name)?;
 
     let socket = std::net::UdpSocket::bind("0.0.0.0:0").context("binding")?;
     socket.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -192,6 +184,20 @@ pub fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
         at += 10 + len;
     }
     Ok(())
+}
+
+/// A DNS question for the A records of `name` (recursion desired), in wire format.
+pub fn dns_query(id: u16, name: &str) -> Result<Vec<u8>> {
+    let mut query = Vec::with_capacity(64);
+    query.extend_from_slice(&id.to_be_bytes());
+    query.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD; one question
+    for label in name.trim_end_matches('.').split('.') {
+        let len = u8::try_from(label.len()).context("label too long")?;
+        query.push(len);
+        query.extend_from_slice(label.as_bytes());
+    }
+    query.extend_from_slice(&[0, 0, 1, 0, 1]); // root, type A, class IN
+    Ok(query)
 }
 
 /// The offset just past the (possibly compressed) name at `at`.

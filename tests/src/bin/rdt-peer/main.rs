@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod client;
+mod load;
 mod serve;
 
 #[derive(Debug, Parser)]
@@ -34,6 +35,12 @@ enum Command {
         /// TCP echo listen address (repeatable).
         #[arg(long = "echo")]
         echo: Vec<SocketAddr>,
+        /// Sends pattern bytes to each client until the connection fails (repeatable).
+        #[arg(long)]
+        source: Vec<SocketAddr>,
+        /// Reads each client to its end and prints `sink eof N` or `sink error N KIND` (repeatable).
+        #[arg(long)]
+        sink: Vec<SocketAddr>,
     },
     /// Connect and print what getpeername() returns.
     Getpeername { addr: SocketAddr },
@@ -66,12 +73,42 @@ enum Command {
         #[arg(long)]
         count: Option<u64>,
     },
+    /// Send junk and valid DNS queries in turn from one connected UDP socket, at full speed.
+    DnsFlood {
+        server: SocketAddr,
+        #[arg(long)]
+        seconds: u64,
+    },
+    /// Open N idle connections, print `open= reset= closed=` after a second, hold until stdin.
+    HoldIdle {
+        addr: SocketAddr,
+        #[arg(long)]
+        conns: usize,
+    },
+    /// Open N connections to an echo server, each exchanging a line within 10 s; print how many
+    /// worked, were reset, closed cleanly or hung; hold the working ones until a line on stdin.
+    Storm {
+        addr: SocketAddr,
+        #[arg(long)]
+        conns: usize,
+    },
+    /// Read until the stream ends: `eof N` (exit 0) or `error N KIND` (exit 1).
+    Read { addr: SocketAddr },
+    /// Write until the stream fails: `error N KIND` (exit 1).
+    Write { addr: SocketAddr },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    raise_fd_limit();
     let result = match cli.command {
-        Command::Serve { name, http, echo } => serve::serve(&name, &http, &echo),
+        Command::Serve {
+            name,
+            http,
+            echo,
+            source,
+            sink,
+        } => serve::serve(&name, &http, &echo, &source, &sink),
         Command::Getpeername { addr } => client::getpeername(addr),
         Command::Echo { addr, bytes } => client::echo(addr, bytes),
         Command::Fanout {
@@ -86,12 +123,32 @@ fn main() -> ExitCode {
             interval_ms,
             count,
         } => client::hold(addr, interval_ms, count),
+        Command::DnsFlood { server, seconds } => load::dns_flood(server, seconds),
+        Command::HoldIdle { addr, conns } => load::hold_idle(addr, conns),
+        Command::Storm { addr, conns } => load::storm(addr, conns),
+        Command::Read { addr } => load::read(addr),
+        Command::Write { addr } => load::write(addr),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("rdt-peer: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Load clients and servers hold thousands of sockets: lift the soft open-files limit to the hard one.
+fn raise_fd_limit() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on a valid struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
         }
     }
 }

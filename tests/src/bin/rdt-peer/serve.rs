@@ -19,9 +19,23 @@ type Body = BoxBody<Bytes, Infallible>;
 /// Blob chunks: large enough that a 64 MiB download is a few thousand frames.
 const CHUNK: usize = 1 << 16;
 
-pub fn serve(name: &str, http: &[SocketAddr], echo: &[SocketAddr]) -> Result<()> {
-    if http.is_empty() && echo.is_empty() {
-        bail!("nothing to serve: give --listen and/or --echo");
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Http,
+    Echo,
+    Source,
+    Sink,
+}
+
+pub fn serve(
+    name: &str,
+    http: &[SocketAddr],
+    echo: &[SocketAddr],
+    source: &[SocketAddr],
+    sink: &[SocketAddr],
+) -> Result<()> {
+    if http.is_empty() && echo.is_empty() && source.is_empty() && sink.is_empty() {
+        bail!("nothing to serve: give --listen, --echo, --source or --sink");
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -30,22 +44,24 @@ pub fn serve(name: &str, http: &[SocketAddr], echo: &[SocketAddr]) -> Result<()>
     runtime.block_on(async {
         // Bind everything before accepting anything: a bad address fails the start, not a test later.
         let mut listeners = Vec::new();
-        for (addr, is_http) in http
+        for (addr, kind) in http
             .iter()
-            .map(|a| (a, true))
-            .chain(echo.iter().map(|a| (a, false)))
+            .map(|a| (a, Kind::Http))
+            .chain(echo.iter().map(|a| (a, Kind::Echo)))
+            .chain(source.iter().map(|a| (a, Kind::Source)))
+            .chain(sink.iter().map(|a| (a, Kind::Sink)))
         {
             let listener = TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr}"))?;
-            listeners.push((listener, is_http));
+            listeners.push((listener, kind));
         }
         let name: Arc<str> = Arc::from(name);
         eprintln!("rdt-peer {name}: serving");
         let mut tasks = Vec::new();
-        for (listener, is_http) in listeners {
+        for (listener, kind) in listeners {
             let name = name.clone();
-            tasks.push(tokio::spawn(accept_loop(listener, is_http, name)));
+            tasks.push(tokio::spawn(accept_loop(listener, kind, name)));
         }
         for task in tasks {
             let _ = task.await;
@@ -54,7 +70,7 @@ pub fn serve(name: &str, http: &[SocketAddr], echo: &[SocketAddr]) -> Result<()>
     })
 }
 
-async fn accept_loop(listener: TcpListener, is_http: bool, name: Arc<str>) {
+async fn accept_loop(listener: TcpListener, kind: Kind, name: Arc<str>) {
     loop {
         let (stream, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -65,10 +81,11 @@ async fn accept_loop(listener: TcpListener, is_http: bool, name: Arc<str>) {
         };
         let name = name.clone();
         tokio::spawn(async move {
-            let result = if is_http {
-                serve_http(stream, peer, name).await
-            } else {
-                echo(stream).await
+            let result = match kind {
+                Kind::Http => serve_http(stream, peer, name).await,
+                Kind::Echo => echo(stream).await,
+                Kind::Source => source(stream).await,
+                Kind::Sink => sink(stream).await,
             };
             if let Err(e) = result {
                 eprintln!("rdt-peer: connection from {peer}: {e:#}");
@@ -83,6 +100,41 @@ async fn echo(mut stream: TcpStream) -> Result<()> {
     tokio::io::copy(&mut r, &mut w).await?;
     w.shutdown().await?;
     Ok(())
+}
+
+/// Pattern bytes until the client goes away.
+async fn source(mut stream: TcpStream) -> Result<()> {
+    let mut pattern = Pattern::new();
+    let mut chunk = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    loop {
+        pattern.fill(&mut chunk);
+        if let Err(e) = stream.write_all(&chunk).await {
+            println!("source error {total} {:?}", e.kind());
+            return Ok(());
+        }
+        total += CHUNK as u64;
+    }
+}
+
+/// Reads to the end and says how the stream ended: a clean end, or an error.
+async fn sink(mut stream: TcpStream) -> Result<()> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = vec![0u8; CHUNK];
+    let mut total = 0u64;
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) => {
+                println!("sink eof {total}");
+                return Ok(());
+            }
+            Ok(n) => total += n as u64,
+            Err(e) => {
+                println!("sink error {total} {:?}", e.kind());
+                return Ok(());
+            }
+        }
+    }
 }
 
 async fn serve_http(stream: TcpStream, peer: SocketAddr, name: Arc<str>) -> Result<()> {

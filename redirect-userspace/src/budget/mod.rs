@@ -1,0 +1,52 @@
+//! The resources the agent lets its clients make it hold, each capped for the node and shared out per
+//! client (a pod, by its source address): proxied connections and their file descriptors, DNS queries
+//! in flight upstream, DNS-over-TCP connections. A pod at its share is refused; the others go on.
+//!
+//! Sizes come from the open-files limit (see [`Limits::size`]), so the agent refuses early, with a
+//! reset or SERVFAIL the client sees at once, instead of running out of descriptors and hanging
+//! everyone's accepts.
+mod fds;
+mod limits;
+mod share;
+
+use std::sync::Arc;
+
+pub use fds::{Ceiling, FdCharge, FdLedger, raise_fd_limit};
+pub use limits::{BudgetArgs, Cap, FDS_PER_CONNECTION, FDS_PER_SPLICE, Limits, RESERVED_FDS};
+pub use share::{Permit, Share};
+
+use crate::metrics::{BudgetKind, Metrics};
+
+/// Every budget of one agent.
+#[derive(Debug)]
+pub struct Budgets {
+    pub limits: Limits,
+    pub fds: Arc<FdLedger>,
+    pub connections: Arc<Share>,
+    pub dns_forwards: Arc<Share>,
+    pub dns_tcp_clients: Arc<Share>,
+}
+
+impl Budgets {
+    pub fn new(limits: Limits, metrics: &Arc<Metrics>) -> Budgets {
+        let share = |kind, cap: Cap| Share::new(kind, cap.node, cap.client, metrics.clone());
+        Budgets {
+            limits,
+            fds: FdLedger::new(limits.proxy_fds, limits.splice_below, metrics.clone()),
+            connections: share(BudgetKind::Connections, limits.connections),
+            dns_forwards: share(BudgetKind::DnsForwards, limits.dns_forwards),
+            dns_tcp_clients: share(BudgetKind::DnsTcpClients, limits.dns_tcp_clients),
+        }
+    }
+
+    /// Why a new proxied connection would be refused now whoever asked, if it would: readiness says so.
+    pub fn saturated(&self) -> Option<&'static str> {
+        if self.fds.used() + FDS_PER_CONNECTION > self.fds.limit() {
+            Some("the outbound proxy is at its file-descriptor budget")
+        } else if self.connections.used() >= self.connections.node_limit() {
+            Some("the outbound proxy is at its connection limit")
+        } else {
+            None
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! A count of things held (connections, forwards), capped per client and for the node.
+use std::{
+    collections::HashMap,
+    net::IpAddr,
+    sync::{Arc, Mutex, MutexGuard},
+};
+
+use crate::metrics::{BudgetKind, Metrics, Refusal};
+
+/// One budget: at most `node` held in all, at most `client` by any one client (a pod, by its source
+/// address). With `client` below `node`, a pod that uses its whole share leaves the rest to others.
+#[derive(Debug)]
+pub struct Share {
+    kind: BudgetKind,
+    node: usize,
+    client: usize,
+    held: Mutex<Held>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug, Default)]
+struct Held {
+    total: usize,
+    /// Only clients holding something have an entry: the map never outgrows what is held.
+    by_client: HashMap<IpAddr, usize>,
+}
+
+impl Share {
+    pub fn new(kind: BudgetKind, node: usize, client: usize, metrics: Arc<Metrics>) -> Arc<Share> {
+        let client = client.min(node);
+        metrics.budget_limits(kind, node, Some(client));
+        Arc::new(Share {
+            kind,
+            node,
+            client,
+            held: Mutex::new(Held::default()),
+            metrics,
+        })
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        // Plain counters: still consistent after a panic elsewhere.
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// One more for `client`, or the reason it may not have it (counted).
+    pub fn take(self: &Arc<Self>, client: IpAddr) -> Result<Permit, Refusal> {
+        let mut held = self.held();
+        let refusal = if held.by_client.get(&client).copied().unwrap_or(0) >= self.client {
+            Some(Refusal::ClientShare)
+        } else if held.total >= self.node {
+            Some(Refusal::NodeLimit)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            drop(held);
+            self.metrics.budget_refused(self.kind, refusal);
+            return Err(refusal);
+        }
+        *held.by_client.entry(client).or_default() += 1;
+        held.total += 1;
+        self.metrics.budget_used(self.kind, held.total);
+        Ok(Permit {
+            share: self.clone(),
+            client,
+        })
+    }
+
+    /// Held now, node-wide.
+    pub fn used(&self) -> usize {
+        self.held().total
+    }
+
+    pub fn node_limit(&self) -> usize {
+        self.node
+    }
+
+    fn give_back(&self, client: IpAddr) {
+        let mut held = self.held();
+        if let Some(n) = held.by_client.get_mut(&client) {
+            *n -= 1;
+            if *n == 0 {
+                held.by_client.remove(&client);
+            }
+        }
+        held.total = held.total.saturating_sub(1);
+        self.metrics.budget_used(self.kind, held.total);
+    }
+}
+
+/// One unit of a [`Share`], given back on drop.
+#[derive(Debug)]
+pub struct Permit {
+    share: Arc<Share>,
+    client: IpAddr,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.share.give_back(self.client);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_client_at_its_share_leaves_the_rest_to_others() {
+        let metrics = Arc::new(Metrics::default());
+        let share = Share::new(BudgetKind::Connections, 5, 2, metrics.clone());
+        let a: Vec<Permit> = (0..2)
+            .map(|_| share.take(ip("10.0.0.1")).unwrap())
+            .collect();
+        assert_eq!(
+            share.take(ip("10.0.0.1")).unwrap_err(),
+            Refusal::ClientShare
+        );
+        let b: Vec<Permit> = (0..2)
+            .map(|_| share.take(ip("10.0.0.2")).unwrap())
+            .collect();
+        let c = share.take(ip("10.0.0.3")).unwrap();
+        assert_eq!(share.take(ip("10.0.0.4")).unwrap_err(), Refusal::NodeLimit);
+        assert_eq!(share.used(), 5);
+        drop((a, b, c));
+        assert_eq!(share.used(), 0);
+        assert!(
+            share.held().by_client.is_empty(),
+            "no entry outlives its permits"
+        );
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        for line in [
+            r#"redirect_budget_refusals_total{budget="connections",reason="client_share"} 1"#,
+            r#"redirect_budget_refusals_total{budget="connections",reason="node_limit"} 1"#,
+            r#"redirect_budget_used{budget="connections"} 0"#,
+            r#"redirect_budget_limit{budget="connections",scope="node"} 5"#,
+            r#"redirect_budget_limit{budget="connections",scope="client"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_client_share_never_exceeds_the_node_limit() {
+        let share = Share::new(BudgetKind::DnsForwards, 1, 10, Arc::new(Metrics::default()));
+        let _one = share.take(ip("10.0.0.1")).unwrap();
+        assert_eq!(
+            share.take(ip("10.0.0.1")).unwrap_err(),
+            Refusal::ClientShare
+        );
+    }
+}

@@ -1,0 +1,129 @@
+//! The DNS proxy's UDP port as a group of sockets (`SO_REUSEPORT`), the kernel picking one by the
+//! client's address: each client queue is its own socket buffer, so a pod that floods the port
+//! overflows only its own queue and other pods' queries are still received.
+use std::{io, net::SocketAddr, os::fd::AsRawFd};
+
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::UdpSocket;
+
+/// Sockets in the group: two clients share a queue only when their addresses are equal modulo this
+/// (for consecutive pod addresses, never among 64 neighbours).
+pub const QUEUES: u32 = 64;
+/// Receive buffer per queue: a burst of a few thousand queries waits instead of being dropped.
+const RECV_BUFFER: usize = 1 << 20;
+/// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
+const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+
+/// Binds [`QUEUES`] UDP sockets to `addr` (a port of 0 is chosen once, for all of them).
+pub fn bind_queues(addr: SocketAddr) -> io::Result<Vec<UdpSocket>> {
+    let first = bind_one(addr)?;
+    let addr = first.local_addr()?.as_socket().unwrap_or(addr);
+    let mut sockets = vec![first];
+    for _ in 1..QUEUES {
+        sockets.push(bind_one(addr)?);
+    }
+    // One program for the whole group: socket index = the client's address modulo QUEUES.
+    attach_pick_by_source(&sockets[0], addr)?;
+    sockets
+        .into_iter()
+        .map(|s| UdpSocket::from_std(s.into()))
+        .collect()
+}
+
+fn bind_one(addr: SocketAddr) -> io::Result<Socket> {
+    let socket = Socket::new(
+        Domain::for_address(addr),
+        Type::DGRAM.nonblocking(),
+        Some(Protocol::UDP),
+    )?;
+    socket.set_reuse_port(true)?;
+    // Best effort: the system may cap it (net.core.rmem_max); the default still works.
+    let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+    socket.bind(&addr.into())?;
+    Ok(socket)
+}
+
+/// A classic BPF program run by the kernel for each datagram: load the last 32 bits of the source
+/// address from the network header and return them modulo the group size.
+fn attach_pick_by_source(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
+    // Offset of the source address's last 4 bytes: IPv4 header 12..16, IPv6 header 20..24.
+    let src_low = match addr {
+        SocketAddr::V4(_) => 12,
+        SocketAddr::V6(_) => 20,
+    };
+    let mut program = [
+        libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k: (libc::SKF_NET_OFF + src_low) as u32,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: QUEUES,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_A) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
+    ];
+    let fprog = libc::sock_fprog {
+        len: program.len() as u16,
+        filter: program.as_mut_ptr(),
+    };
+    // SAFETY: a valid descriptor and a program that outlives the call (the kernel copies it).
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            std::mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Datagrams from one source address always land in the same socket, and from addresses that
+    /// differ modulo the group size in different ones.
+    #[tokio::test]
+    async fn each_source_address_has_its_own_queue() {
+        let sockets = bind_queues("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = sockets[0].local_addr().unwrap();
+        let which = |from: &'static str| {
+            let sockets = &sockets;
+            async move {
+                let client = UdpSocket::bind(from).await.unwrap();
+                client.send_to(b"q", addr).await.unwrap();
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                let mut buf = [0u8; 8];
+                let got: Vec<usize> = sockets
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.try_recv_from(&mut buf).is_ok())
+                    .map(|(i, _)| i)
+                    .collect();
+                got
+            }
+        };
+        // 127.0.0.1 and 127.0.0.2: last bytes 1 and 2.
+        assert_eq!(which("127.0.0.1:0").await, vec![1]);
+        assert_eq!(
+            which("127.0.0.1:0").await,
+            vec![1],
+            "another port, the same queue"
+        );
+        assert_eq!(which("127.0.0.2:0").await, vec![2]);
+    }
+}
