@@ -102,7 +102,10 @@ fn plain_got(got: &str) -> Cow<'_, str> {
         "sequence" => Cow::Borrowed("a list"),
         "unit value" => Cow::Borrowed("null"),
         g => match g.split_once(' ') {
-            Some(("floating", rest)) => Cow::Owned(format!("number {}", rest.trim_start_matches("point ").trim_matches('`'))),
+            Some(("floating", rest)) => Cow::Owned(format!(
+                "number {}",
+                rest.trim_start_matches("point ").trim_matches('`')
+            )),
             Some((kind, value)) if value.starts_with('`') => {
                 Cow::Owned(format!("{kind} {}", value.trim_matches('`')))
             }

@@ -31,19 +31,26 @@ pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
     let present: HashSet<Id<'_>> = model
         .service_entries
         .iter()
-        .map(|s| ("ServiceEntry", s.meta.namespace.as_str(), s.meta.name.as_str()))
+        .map(|s| {
+            (
+                "ServiceEntry",
+                s.meta.namespace.as_str(),
+                s.meta.name.as_str(),
+            )
+        })
         .chain(
             model
                 .services
                 .iter()
                 .map(|s| ("Service", s.meta.namespace.as_str(), s.meta.name.as_str())),
         )
-        .chain(
-            model
-                .workloads
-                .iter()
-                .map(|w| (workload_kind(w.kind), w.meta.namespace.as_str(), w.meta.name.as_str())),
-        )
+        .chain(model.workloads.iter().map(|w| {
+            (
+                workload_kind(w.kind),
+                w.meta.namespace.as_str(),
+                w.meta.name.as_str(),
+            )
+        }))
         .chain(
             model
                 .namespaces
@@ -64,13 +71,23 @@ pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
     let entries: Vec<_> = previous
         .service_entries
         .iter()
-        .filter(|s| keep(("ServiceEntry", &s.meta.namespace, &s.meta.name), Some(&s.meta.file)))
+        .filter(|s| {
+            keep(
+                ("ServiceEntry", &s.meta.namespace, &s.meta.name),
+                Some(&s.meta.file),
+            )
+        })
         .cloned()
         .collect();
     let services: Vec<_> = previous
         .services
         .iter()
-        .filter(|s| keep(("Service", &s.meta.namespace, &s.meta.name), Some(&s.meta.file)))
+        .filter(|s| {
+            keep(
+                ("Service", &s.meta.namespace, &s.meta.name),
+                Some(&s.meta.file),
+            )
+        })
         .cloned()
         .collect();
     let workloads: Vec<_> = previous
@@ -104,13 +121,28 @@ pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
                 .is_some_and(|f| broken.contains(f)));
 
     for s in &entries {
-        kept.push(("ServiceEntry", s.meta.namespace.clone(), s.meta.name.clone(), Some(s.meta.file.clone())));
+        kept.push((
+            "ServiceEntry",
+            s.meta.namespace.clone(),
+            s.meta.name.clone(),
+            Some(s.meta.file.clone()),
+        ));
     }
     for s in &services {
-        kept.push(("Service", s.meta.namespace.clone(), s.meta.name.clone(), Some(s.meta.file.clone())));
+        kept.push((
+            "Service",
+            s.meta.namespace.clone(),
+            s.meta.name.clone(),
+            Some(s.meta.file.clone()),
+        ));
     }
     for w in &workloads {
-        kept.push((workload_kind(w.kind), w.meta.namespace.clone(), w.meta.name.clone(), Some(w.meta.file.clone())));
+        kept.push((
+            workload_kind(w.kind),
+            w.meta.namespace.clone(),
+            w.meta.name.clone(),
+            Some(w.meta.file.clone()),
+        ));
     }
     for n in &namespaces {
         kept.push(("Namespace", String::new(), n.name.clone(), None));
@@ -130,7 +162,8 @@ pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
     let mesh_file = previous.mesh.file.as_deref();
     for r in &mut loaded.rejected {
         r.last_good_in_force = if r.kind == "File" {
-            kept.iter().any(|(_, _, _, f)| f.as_deref() == Some(r.file.as_str()))
+            kept.iter()
+                .any(|(_, _, _, f)| f.as_deref() == Some(r.file.as_str()))
                 || keep_mesh && mesh_file == Some(r.file.as_str())
         } else if MESH_KINDS.contains(&r.kind) {
             keep_mesh
@@ -153,7 +186,8 @@ mod tests {
     use super::*;
     use crate::config::{Address, read_sources};
 
-    const NS: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {trusted: \"true\"}}\n";
+    const NS: &str =
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a, labels: {trusted: \"true\"}}\n";
 
     fn entry(name: &str, address: &str) -> String {
         format!(
@@ -195,15 +229,25 @@ mod tests {
         let [r] = loaded.rejected.as_slice() else {
             panic!("{:?}", loaded.rejected)
         };
-        assert_eq!((r.kind, r.name.as_str(), r.last_good_in_force), ("ServiceEntry", "b", true));
+        assert_eq!(
+            (r.kind, r.name.as_str(), r.last_good_in_force),
+            ("ServiceEntry", "b", true)
+        );
     }
 
     #[test]
     fn a_new_invalid_object_is_not_applied_and_a_deleted_one_stays_deleted() {
         let a = entry("a", "203.0.113.1");
         let c = entry("c", "not-an-ip");
-        let loaded = reload(&[("0.yaml", NS), ("a.yaml", &a)], &[("0.yaml", NS), ("c.yaml", &c)]);
-        assert_eq!(addresses(&loaded.model, "a"), None, "deleted from a good file");
+        let loaded = reload(
+            &[("0.yaml", NS), ("a.yaml", &a)],
+            &[("0.yaml", NS), ("c.yaml", &c)],
+        );
+        assert_eq!(
+            addresses(&loaded.model, "a"),
+            None,
+            "deleted from a good file"
+        );
         assert_eq!(addresses(&loaded.model, "c"), None, "new and invalid");
         assert!(!loaded.rejected[0].last_good_in_force);
     }

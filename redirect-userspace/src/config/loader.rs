@@ -1,9 +1,6 @@
 //! Reading a directory of Kubernetes YAML into a [`Model`]: every document of every file, each
 //! object checked on its own. An invalid object is left out and reported; every valid one loads.
-use std::{
-    collections::HashMap,
-    path::Path,
-};
+use std::{collections::HashMap, path::Path};
 
 use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
@@ -190,9 +187,7 @@ fn describe(id: &Identity) -> String {
 }
 
 fn identity(kind: &'static str, value: &Value) -> Identity {
-    let text = |path: &[&str]| {
-        str_at(value, path).map(|s| bounded(s, MAX_QUOTED).into_owned())
-    };
+    let text = |path: &[&str]| str_at(value, path).map(|s| bounded(s, MAX_QUOTED).into_owned());
     let name = text(&["metadata", "name"]).unwrap_or_default();
     let namespace = match kind {
         "Namespace" => String::new(),
@@ -219,7 +214,8 @@ impl Loader {
 
     /// A file that could not be read: its objects are the ones left out.
     fn file_error(&mut self, file: &str, message: String) {
-        self.errors.push(ConfigError::new(file, None, None, message));
+        self.errors
+            .push(ConfigError::new(file, None, None, message));
         self.rejected.push(Rejected::file(file));
     }
 
@@ -229,7 +225,10 @@ impl Loader {
                 Ok(value) => self.add_document(file, value, String::new()),
                 Err(e) => {
                     // The parser cannot resynchronise after a syntax error: the rest of the file is lost.
-                    self.file_error(file, format!("document {} is not valid YAML: {e}", index + 1));
+                    self.file_error(
+                        file,
+                        format!("document {} is not valid YAML: {e}", index + 1),
+                    );
                 }
             }
         }
@@ -454,7 +453,9 @@ pub(crate) fn complete(model: &mut Model) {
         .collect();
     for ns in referenced {
         if !model.namespaces.contains_key(&ns) {
-            model.namespaces.insert(ns.clone(), Namespace::implicit(&ns));
+            model
+                .namespaces
+                .insert(ns.clone(), Namespace::implicit(&ns));
         }
     }
     let key = |m: &super::model::ObjectMeta| (m.namespace.clone(), m.name.clone());
@@ -482,5 +483,204 @@ fn typed_at<T: for<'de> Deserialize<'de>>(ctx: &mut Ctx<'_>, value: Value, at: &
             ctx.error(field, plain_message(&e.into_inner().to_string()));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        fs,
+        time::{Duration, Instant},
+    };
+
+    use super::*;
+
+    const NS: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n";
+
+    fn entry(name: &str, spec: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: team-a}}\nspec: {spec}\n"
+        )
+    }
+
+    fn names(loaded: &Loaded) -> Vec<&str> {
+        loaded
+            .model
+            .service_entries
+            .iter()
+            .map(|s| s.meta.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn one_bad_object_is_left_out_and_every_valid_one_loads() {
+        let good = entry(
+            "good",
+            "{hosts: [good.example.com], addresses: [203.0.113.1]}",
+        );
+        let bad = entry(
+            "bad",
+            "{hosts: [bad.example.com], addresses: [203.0.113.0/33]}",
+        );
+        let text = format!("{NS}---\n{good}---\n{bad}");
+        let loaded = read_sources([("a.yaml", text.as_str()), ("b.yaml", "kind: [unclosed")]);
+        assert_eq!(names(&loaded), ["good"]);
+        assert!(loaded.model.namespaces["team-a"].declared);
+        let got: Vec<(&str, &str, &str)> = loaded
+            .rejected
+            .iter()
+            .map(|r| (r.kind, r.name.as_str(), r.file.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("ServiceEntry", "bad", "a.yaml"), ("File", "", "b.yaml")]
+        );
+        assert_eq!(loaded.errors.len(), 2, "{:?}", loaded.errors);
+        assert_eq!(loaded.errors[0].field.as_deref(), Some("spec.addresses[0]"));
+        assert!(loaded.into_result().is_err(), "a strict load still refuses");
+    }
+
+    #[test]
+    fn documents_before_a_syntax_error_still_load() {
+        let good = entry("good", "{hosts: [good.example.com]}");
+        let text = format!("{good}---\nkind: [unclosed\n");
+        let loaded = read_sources([("a.yaml", text.as_str())]);
+        assert_eq!(names(&loaded), ["good"]);
+        assert_eq!(loaded.rejected[0].kind, "File");
+    }
+
+    /// Messages name the form a field expects, never the Rust type behind it.
+    #[test]
+    fn messages_are_in_the_users_terms() {
+        struct Case {
+            name: &'static str,
+            yaml: String,
+            message: &'static str,
+        }
+        let cases = [
+            Case {
+                name: "port number as text",
+                yaml: entry("x", "{hosts: [a.example.com], ports: [{number: eighty}]}"),
+                message: "expected an integer, got string \"eighty\"",
+            },
+            Case {
+                name: "ports as a mapping",
+                yaml: entry("x", "{hosts: [a.example.com], ports: {number: 80}}"),
+                message: "expected a list, got a mapping",
+            },
+            Case {
+                name: "spec as a list",
+                yaml: entry("x", "[a, b]"),
+                message: "expected a mapping, got a list",
+            },
+            Case {
+                name: "visibility config as a list",
+                yaml: "kind: MeshConfig\nserviceEntryVisibility: [1]\n".into(),
+                message: "expected a mapping, got a list",
+            },
+            Case {
+                name: "applyToSidecars as a number",
+                yaml: "kind: MeshConfig\nserviceEntryVisibility: {applyToSidecars: 3}\n".into(),
+                message: "expected true or false, got integer 3",
+            },
+            Case {
+                name: "Service targetPort as a list",
+                yaml: "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: a}\nspec: {ports: [{port: 80, targetPort: [1]}]}\n".into(),
+                message: "expected a port number or a port name",
+            },
+        ];
+        for case in cases {
+            let loaded = read_sources([("a.yaml", case.yaml.as_str())]);
+            let [e] = loaded.errors.as_slice() else {
+                panic!("{}: {:?}", case.name, loaded.errors)
+            };
+            assert!(e.message.contains(case.message), "{}: {e}", case.name);
+            for rust in ["i64", "u16", "struct", "Raw", "enum", "sequence", "map,"] {
+                assert!(!e.message.contains(rust), "{}: {rust} in {e}", case.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_quoted_only_in_part() {
+        let huge = "x".repeat(1 << 20);
+        let text = entry(
+            &huge,
+            &format!("{{hosts: [a.example.com], addresses: [{huge}]}}"),
+        );
+        let loaded = read_sources([("a.yaml", text.as_str())]);
+        assert!(!loaded.errors.is_empty());
+        for e in &loaded.errors {
+            let shown = e.to_string();
+            assert!(
+                shown.len() < 2 * (MAX_QUOTED + crate::config::MAX_MESSAGE),
+                "{} bytes",
+                shown.len()
+            );
+        }
+        assert!(loaded.rejected.iter().all(|r| r.name.len() <= MAX_QUOTED));
+    }
+
+    #[test]
+    fn a_directory_with_hostile_files_loads_what_it_may_quickly() {
+        let dir =
+            std::env::temp_dir().join(format!("redirect-loader-hostile-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("a.yaml"),
+            entry("good", "{hosts: [good.example.com]}"),
+        )
+        .unwrap();
+        super::super::source::tests::mkfifo(&dir.join("fifo.yaml"));
+        std::os::unix::fs::symlink("/dev/zero", dir.join("zero.yaml")).unwrap();
+        // An ignored 100 MB file (sparse) and an over-cap manifest.
+        let ignored = fs::File::create(dir.join("big.bin")).unwrap();
+        ignored.set_len(100 << 20).unwrap();
+        let over = fs::File::create(dir.join("over.yaml")).unwrap();
+        over.set_len(5 << 20).unwrap();
+        fs::write(
+            dir.join("bomb.yaml"),
+            crate::config::yaml::tests::alias_bomb(),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let loaded = read_dir(&dir, &Limits::default());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(names(&loaded), ["good"]);
+        let files: Vec<&str> = loaded
+            .errors
+            .iter()
+            .map(|e| e.file.rsplit('/').next().unwrap_or_default())
+            .collect();
+        assert_eq!(files, ["bomb.yaml", "over.yaml"], "{:?}", loaded.errors);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_directory_cap_leaves_out_the_files_past_it() {
+        let dir =
+            std::env::temp_dir().join(format!("redirect-loader-dircap-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let a = entry("a", "{hosts: [a.example.com]}");
+        fs::write(dir.join("a.yaml"), &a).unwrap();
+        fs::write(dir.join("b.yaml"), entry("b", "{hosts: [b.example.com]}")).unwrap();
+        let limits = Limits {
+            max_file_bytes: 1 << 20,
+            max_dir_bytes: a.len() as u64 + 10,
+        };
+        let loaded = read_dir(&dir, &limits);
+        assert_eq!(names(&loaded), ["a"]);
+        assert!(
+            loaded.errors[0].message.contains("--config-max-dir-bytes"),
+            "{:?}",
+            loaded.errors
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,8 +6,8 @@
 mod convert;
 mod error;
 mod kube;
-mod last_good;
 mod labels;
+mod last_good;
 mod loader;
 mod mesh;
 mod model;
@@ -21,10 +21,10 @@ pub use jiff::Timestamp;
 pub use labels::{LabelSelector, Labels, Operator, Requirement, selects};
 pub use last_good::keep_last_good;
 pub use loader::{Loaded, Rejected, load_dir, load_sources, read_dir, read_sources};
-pub use source::{Limits, is_manifest_name, list as list_files, read as read_file};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL};
+pub use source::{Limits, is_manifest_name, list as list_files, read as read_file};
 
 #[cfg(test)]
 mod tests;

@@ -137,7 +137,7 @@ fn too_large(len: u64, max: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::{
         ffi::CString,
         time::{Duration, Instant},
@@ -146,7 +146,8 @@ mod tests {
     use super::*;
 
     pub(crate) fn temp_dir(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("redirect-source-{name}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("redirect-source-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
         fs::create_dir_all(&dir).unwrap();
         dir
@@ -189,8 +190,15 @@ mod tests {
         mkfifo(&dir.join("pipe.yaml"));
         assert_eq!(read(&dir.join("small.yaml"), 100).unwrap(), "a: 1\n");
         let big = read(&dir.join("big.yaml"), 100).unwrap_err();
-        assert!(big.contains("2000 bytes") && big.contains("100-byte"), "{big}");
-        assert!(read(&dir.join("binary.yaml"), 100).unwrap_err().contains("UTF-8"));
+        assert!(
+            big.contains("2000 bytes") && big.contains("100-byte"),
+            "{big}"
+        );
+        assert!(
+            read(&dir.join("binary.yaml"), 100)
+                .unwrap_err()
+                .contains("UTF-8")
+        );
         let started = Instant::now();
         let fifo = read(&dir.join("pipe.yaml"), 100).unwrap_err();
         assert!(fifo.contains("not a regular file"), "{fifo}");

@@ -85,9 +85,14 @@ fn check_nesting(text: &str) -> Result<(), String> {
                 block_scalar = None;
             }
             node_col = indent;
-            while bytes.get(i + node_col) == Some(&b'-') && bytes.get(i + node_col + 1) == Some(&b' ') {
+            while bytes.get(i + node_col) == Some(&b'-')
+                && bytes.get(i + node_col + 1) == Some(&b' ')
+            {
                 node_col += 1;
-                node_col += bytes[i + node_col..].iter().take_while(|&&b| b == b' ').count();
+                node_col += bytes[i + node_col..]
+                    .iter()
+                    .take_while(|&&b| b == b' ')
+                    .count();
             }
             i += indent;
             continue;
@@ -102,7 +107,10 @@ fn check_nesting(text: &str) -> Result<(), String> {
                 at_line_start = true;
             }
             b'#' if after_space => {
-                i += bytes[i..].iter().position(|&b| b == b'\n').unwrap_or(bytes.len() - i);
+                i += bytes[i..]
+                    .iter()
+                    .position(|&b| b == b'\n')
+                    .unwrap_or(bytes.len() - i);
                 continue;
             }
             b'"' | b'\'' if node_start => {
@@ -293,7 +301,7 @@ pub fn single(text: &str, budget: usize) -> Result<Value, String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
@@ -386,7 +394,9 @@ mod tests {
 
     /// Nine levels of nine aliases each: 350 bytes that expand to 9^9 strings.
     pub(crate) fn alias_bomb() -> String {
-        let mut text = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        let mut text = String::from(
+            "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+        );
         for level in 1..9u8 {
             let (name, prev) = ((b'a' + level) as char, (b'a' + level - 1) as char);
             let refs = vec![format!("*{prev}"); 9].join(",");
