@@ -15,7 +15,7 @@ use anyhow::Context;
 use tokio::sync::watch;
 use tracing::info;
 
-pub use reload::load;
+pub use reload::{Loaded, Reloader};
 
 use crate::{
     admin::{self, AdminState},
@@ -41,6 +41,8 @@ pub struct AgentConfig {
     pub admin: SocketAddr,
     pub admin_allow_non_loopback: bool,
     pub relay: RelayMode,
+    /// Input bounds of each configuration load.
+    pub limits: crate::config::Limits,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -67,7 +69,7 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
     // The configuration first: when the programs attach, the first answers are already right.
     // A refused first configuration leaves the agent running but not ready, waiting for a fix.
     let reload_task = match config.config_dir.clone() {
-        Some(dir) => Some(reload::start(dir, live.clone(), metrics.clone()).await),
+        Some(dir) => Some(reload::start(dir, config.limits, live.clone(), metrics.clone()).await),
         None => None,
     };
 

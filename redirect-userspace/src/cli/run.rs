@@ -44,6 +44,8 @@ pub struct RunArgs {
     /// Allow the admin server on a non-loopback address (it shows the node's configuration).
     #[arg(long)]
     pub admin_allow_non_loopback: bool,
+    #[command(flatten)]
+    pub limits: super::LimitArgs,
 }
 
 pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
@@ -68,6 +70,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             admin: args.admin,
             admin_allow_non_loopback: args.admin_allow_non_loopback,
             relay: args.relay,
+            limits: args.limits.limits(),
         },
         log_level,
     )?;

@@ -53,7 +53,14 @@ pub struct Candidate {
     pub inode: (u64, u64),
 }
 
+/// What identifies a file's version without reading it.
+pub type FileStat = (u64, i128, (u64, u64));
+
 impl Candidate {
+    pub fn stat(&self) -> FileStat {
+        (self.len, self.modified_ns, self.inode)
+    }
+
     fn new(path: PathBuf, meta: &Metadata) -> Self {
         Candidate {
             path,
