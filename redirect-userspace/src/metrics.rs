@@ -358,7 +358,10 @@ mod tests {
             text.contains(r#"redirect_config_objects_rejected{kind="ServiceEntry"} 2"#),
             "{text}"
         );
-        assert!(text.contains(r#"redirect_config_objects_rejected{kind="File"} 1"#), "{text}");
+        assert!(
+            text.contains(r#"redirect_config_objects_rejected{kind="File"} 1"#),
+            "{text}"
+        );
         // Fixed: back to 0, the series kept.
         metrics.rejected([]);
         let text = encode(&metrics.registry(None)).unwrap();

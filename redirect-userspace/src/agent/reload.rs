@@ -94,7 +94,11 @@ pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &
                 info!(dir = %shown, services, workloads, "configuration applied");
                 ReloadResult::Ok
             } else {
-                let kept = loaded.rejected.iter().filter(|r| r.last_good_in_force).count();
+                let kept = loaded
+                    .rejected
+                    .iter()
+                    .filter(|r| r.last_good_in_force)
+                    .count();
                 warn!(
                     dir = %shown,
                     services,

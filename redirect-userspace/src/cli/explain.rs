@@ -9,11 +9,9 @@ use std::{
 use serde::Serialize;
 
 use super::output::{self, TableOrJson};
-use crate::{
-    state::{
-        DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick,
-        Service, Snapshot,
-    },
+use crate::state::{
+    DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick, Service,
+    Snapshot,
 };
 
 #[derive(Debug, clap::Args)]

@@ -38,7 +38,11 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
                 text.push_str("  ");
             }
             text.push_str(cell);
-            let pad = widths.get(i).copied().unwrap_or(0).saturating_sub(cell.chars().count());
+            let pad = widths
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(cell.chars().count());
             text.extend(std::iter::repeat_n(' ', pad));
         }
         out.push_str(text.trim_end());
@@ -169,7 +173,8 @@ fn yaml_string(s: &str) -> String {
 /// one of the words YAML 1.1 reads as a boolean or null (in any case).
 fn is_plain_safe(s: &str) -> bool {
     const SPECIAL: [&str; 13] = [
-        "y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan", "inf", "infinity", "none",
+        "y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan", "inf", "infinity",
+        "none",
     ];
     let mut chars = s.chars();
     chars.next().is_some_and(|c| c.is_ascii_alphabetic())
@@ -189,7 +194,10 @@ mod tests {
             .collect::<Vec<_>>()
             .join(",");
         assert!(wide.len() > 65_535);
-        let out = table(&["A", "B"], &[vec![wide.clone(), "x".into()], vec!["y".into(), "z".into()]]);
+        let out = table(
+            &["A", "B"],
+            &[vec![wide.clone(), "x".into()], vec!["y".into(), "z".into()]],
+        );
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[1], format!("{wide}  x"));
         assert_eq!(lines[2], format!("y{}  z", " ".repeat(wide.len() - 1)));
@@ -202,36 +210,119 @@ mod tests {
             quoted: bool,
         }
         let cases = [
-            Case { text: "team-a", quoted: false },
-            Case { text: "istio.io/VisibilityApplied", quoted: false },
-            Case { text: "api.example.com", quoted: false },
-            Case { text: "no", quoted: true },
-            Case { text: "No", quoted: true },
-            Case { text: "yes", quoted: true },
-            Case { text: "on", quoted: true },
-            Case { text: "OFF", quoted: true },
-            Case { text: "y", quoted: true },
-            Case { text: "n", quoted: true },
-            Case { text: "true", quoted: true },
-            Case { text: "null", quoted: true },
-            Case { text: "~", quoted: true },
-            Case { text: "", quoted: true },
-            Case { text: "1e3", quoted: true },
-            Case { text: "0x10", quoted: true },
-            Case { text: "1_000", quoted: true },
-            Case { text: "10:20", quoted: true },
-            Case { text: "2024-01-01", quoted: true },
-            Case { text: "203.0.113.10", quoted: true },
-            Case { text: ".inf", quoted: true },
-            Case { text: "a: b", quoted: true },
-            Case { text: "*.example.com", quoted: true },
-            Case { text: "- x", quoted: true },
-            Case { text: "#x", quoted: true },
-            Case { text: "line\nbreak", quoted: true },
+            Case {
+                text: "team-a",
+                quoted: false,
+            },
+            Case {
+                text: "istio.io/VisibilityApplied",
+                quoted: false,
+            },
+            Case {
+                text: "api.example.com",
+                quoted: false,
+            },
+            Case {
+                text: "no",
+                quoted: true,
+            },
+            Case {
+                text: "No",
+                quoted: true,
+            },
+            Case {
+                text: "yes",
+                quoted: true,
+            },
+            Case {
+                text: "on",
+                quoted: true,
+            },
+            Case {
+                text: "OFF",
+                quoted: true,
+            },
+            Case {
+                text: "y",
+                quoted: true,
+            },
+            Case {
+                text: "n",
+                quoted: true,
+            },
+            Case {
+                text: "true",
+                quoted: true,
+            },
+            Case {
+                text: "null",
+                quoted: true,
+            },
+            Case {
+                text: "~",
+                quoted: true,
+            },
+            Case {
+                text: "",
+                quoted: true,
+            },
+            Case {
+                text: "1e3",
+                quoted: true,
+            },
+            Case {
+                text: "0x10",
+                quoted: true,
+            },
+            Case {
+                text: "1_000",
+                quoted: true,
+            },
+            Case {
+                text: "10:20",
+                quoted: true,
+            },
+            Case {
+                text: "2024-01-01",
+                quoted: true,
+            },
+            Case {
+                text: "203.0.113.10",
+                quoted: true,
+            },
+            Case {
+                text: ".inf",
+                quoted: true,
+            },
+            Case {
+                text: "a: b",
+                quoted: true,
+            },
+            Case {
+                text: "*.example.com",
+                quoted: true,
+            },
+            Case {
+                text: "- x",
+                quoted: true,
+            },
+            Case {
+                text: "#x",
+                quoted: true,
+            },
+            Case {
+                text: "line\nbreak",
+                quoted: true,
+            },
         ];
         for case in cases {
             let got = yaml_string(case.text);
-            assert_eq!(got.starts_with('"'), case.quoted, "{:?} -> {got}", case.text);
+            assert_eq!(
+                got.starts_with('"'),
+                case.quoted,
+                "{:?} -> {got}",
+                case.text
+            );
             // Read back by a YAML 1.2 reader, it is the same string.
             let back: serde_yaml_ng::Value = serde_yaml_ng::from_str(&format!("k: {got}")).unwrap();
             assert_eq!(back["k"].as_str(), Some(case.text), "{got}");

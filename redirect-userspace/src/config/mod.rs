@@ -24,9 +24,9 @@ pub use loader::{Loaded, Rejected, load_dir, load_sources, read_dir, read_source
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL};
-pub use source::{FileStat, Limits, is_manifest_name, list as list_files, read as read_file};
 #[cfg(test)]
 pub(crate) use source::tests as source_tests;
+pub use source::{FileStat, Limits, is_manifest_name, list as list_files, read as read_file};
 
 #[cfg(test)]
 mod tests;
