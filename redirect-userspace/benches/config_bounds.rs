@@ -70,7 +70,9 @@ fn benches(c: &mut Criterion) {
     }
 
     // The address pool past exhaustion: 100,000 hosts to allocate, 65,534 addresses.
-    let one = entry("  hosts: [one.example.com]\n  resolution: DNS\n  ports: [{number: 80, name: http}]\n");
+    let one = entry(
+        "  hosts: [one.example.com]\n  resolution: DNS\n  ports: [{number: 80, name: http}]\n",
+    );
     let mut model = read_sources([("one.yaml", one.as_str())]).model;
     let template = model.service_entries[0].clone();
     model.service_entries = (0..ALLOCATED)

@@ -249,7 +249,11 @@ fn an_object_in_error_shows_in_config_dump_and_metrics_and_the_rest_stays() -> R
     })?;
     let dump = config_dump(&agent)?;
     ensure!(dump["config"]["lastError"].is_null(), "{}", dump["config"]);
-    ensure!(dump["config"]["rejected"] == serde_json::json!([]), "{}", dump["config"]);
+    ensure!(
+        dump["config"]["rejected"] == serde_json::json!([]),
+        "{}",
+        dump["config"]
+    );
     ensure!(dump["config"]["generation"] == 3, "{}", dump["config"]);
     ensure!(agent.metrics()?.get_or_zero(REJECTED_SERVICE_ENTRIES) == 0.0);
     agent.stop()

@@ -422,7 +422,12 @@ fn an_invalid_object_keeps_its_last_good_version_is_reported_and_the_old_behavio
             "{}: {dump:#}",
             bad.name
         );
-        assert_eq!(dump["config"]["rejected"], serde_json::json!([]), "{}", bad.name);
+        assert_eq!(
+            dump["config"]["rejected"],
+            serde_json::json!([]),
+            "{}",
+            bad.name
+        );
     }
     old_behaviour_holds(&w)
 }
@@ -472,10 +477,16 @@ fn one_bad_object_among_good_changes_the_good_apply_and_the_bad_keeps_its_last_g
         .wait_metrics("the object in error counted", Duration::from_secs(2), |m| {
             m.get_or_zero(&key::rejected("ServiceEntry")) == 1.0
         })?;
-    ensure!(delta(&before, &m, key::RELOAD_FAILED) == 0.0, "nothing refused whole");
+    ensure!(
+        delta(&before, &m, key::RELOAD_FAILED) == 0.0,
+        "nothing refused whole"
+    );
     let dump = w.config_dump()?;
     let config = &dump["config"];
-    let errors = config["lastError"]["errors"].as_array().cloned().unwrap_or_default();
+    let errors = config["lastError"]["errors"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let [e] = errors.as_slice() else {
         panic!("one error expected: {config:#}")
     };
@@ -494,7 +505,11 @@ fn one_bad_object_among_good_changes_the_good_apply_and_the_bad_keeps_its_last_g
         .filter(|s| s["name"] == "api-example")
         .map(|s| &s["vips"])
         .collect();
-    assert_eq!(vips, [&serde_json::json!(["203.0.113.10"])], "the last good version");
+    assert_eq!(
+        vips,
+        [&serde_json::json!(["203.0.113.10"])],
+        "the last good version"
+    );
     assert!(
         w.agent.log().lines().any(|l| l.contains("ERROR")
             && l.contains("ServiceEntry team-a/api-example")
@@ -530,7 +545,9 @@ fn hostile_files_in_the_config_directory_change_nothing() -> Result<()> {
         std::os::unix::fs::symlink("/dev/zero", dir.join("zero.yaml"))?;
         // Sparse: 100 MB to whoever reads it, nothing on disk.
         std::fs::File::create(dir.join("backup.tar"))?.set_len(100 << 20)?;
-        let mut bomb = String::from("a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n");
+        let mut bomb = String::from(
+            "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+        );
         for level in 1..9u8 {
             let (name, prev) = ((b'a' + level) as char, (b'a' + level - 1) as char);
             let refs = vec![format!("*{prev}"); 9].join(",");
@@ -544,7 +561,10 @@ fn hostile_files_in_the_config_directory_change_nothing() -> Result<()> {
     let own: IpAddr = "203.0.113.10".parse()?;
     wait_dig(&w, "team-a", "api.example.com.", &[own], Instant::now())?;
     let dump = w.config_dump()?;
-    let rejected = dump["config"]["rejected"].as_array().cloned().unwrap_or_default();
+    let rejected = dump["config"]["rejected"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let files: Vec<&str> = rejected
         .iter()
         .filter_map(|r| r["file"].as_str()?.rsplit('/').next())
@@ -565,9 +585,15 @@ fn hostile_files_in_the_config_directory_change_nothing() -> Result<()> {
 
     // A few more polls of the directory, then the peak.
     std::thread::sleep(Duration::from_secs(3));
-    ensure!(w.agent.admin_get("/healthz/ready")?.status == 200, "not ready");
+    ensure!(
+        w.agent.admin_get("/healthz/ready")?.status == 200,
+        "not ready"
+    );
     let peak = peak_rss_kib(w.agent.pid())?;
     eprintln!("agent peak RSS: {} MiB", peak / 1024);
-    ensure!(peak < MEMORY_BUDGET_KIB, "peak RSS {peak} kB over the budget");
+    ensure!(
+        peak < MEMORY_BUDGET_KIB,
+        "peak RSS {peak} kB over the budget"
+    );
     Ok(())
 }

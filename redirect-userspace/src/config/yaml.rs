@@ -268,8 +268,17 @@ impl<'de> Visitor<'de> for Build<'_> {
         self.charge(0)?;
         let mut mapping = Mapping::new();
         while let Some(key) = map.next_key_seed(self)? {
+            // A repeated key is an error, as serde_yaml_ng's own Value makes it.
+            if mapping.contains_key(&key) {
+                let shown = match &key {
+                    Value::String(s) => format!("{:?}", super::error::bounded(s, 64)),
+                    _ => "that is not a string".into(),
+                };
+                return Err(de::Error::custom(format!(
+                    "duplicate key {shown} in a mapping"
+                )));
+            }
             let value = map.next_value_seed(self)?;
-            // A repeated key: the last one wins, as in Kubernetes' own decoder.
             mapping.insert(key, value);
         }
         Ok(Value::Mapping(mapping))
@@ -419,6 +428,12 @@ pub(crate) mod tests {
         let docs = documents("a: 1\n---\nb: [\n---\nc: 3\n", BUDGET);
         assert_eq!(docs.len(), 2, "{docs:?}");
         assert!(docs[0].is_ok() && docs[1].is_err(), "{docs:?}");
+    }
+
+    #[test]
+    fn a_repeated_key_is_an_error() {
+        let err = first("a: 1\na: 2\n").unwrap_err();
+        assert!(err.contains("duplicate key \"a\""), "{err}");
     }
 
     #[test]

@@ -157,7 +157,14 @@ mod tests {
         assert_eq!(met("agent RSS"), Some(true));
         assert_eq!(met("DNS answered"), None);
         assert_eq!(met("pathological config"), Some(true));
-        let lookups = v.iter().find(|v| v.target.starts_with("every lookup")).unwrap();
-        assert!(lookups.measured.contains("by_host/exact"), "{}", lookups.measured);
+        let lookups = v
+            .iter()
+            .find(|v| v.target.starts_with("every lookup"))
+            .unwrap();
+        assert!(
+            lookups.measured.contains("by_host/exact"),
+            "{}",
+            lookups.measured
+        );
     }
 }
