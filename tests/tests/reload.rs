@@ -4,7 +4,7 @@
 //! reported, while every valid change applies; hostile files in the directory change nothing.
 //!
 //! As in `visibility.rs`, every outcome is what `redirect explain` says over the same manifests, and
-//! explain is held to the SPEC's answer written here.
+//! explain is held to the answer the rules give, written here.
 use std::net::{IpAddr, SocketAddrV4};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use integration::world::{self, Reach, World, delta, key};
 use integration::{Proc, dig, peer};
 use serde_json::Value;
 
-/// SPEC: within a second of the change.
+/// Within a second of the change.
 const FLIP_DEADLINE: Duration = Duration::from_secs(1);
 
 fn addr(s: &str) -> SocketAddrV4 {
@@ -358,7 +358,7 @@ fn an_invalid_object_keeps_its_last_good_version_is_reported_and_the_old_behavio
             "{}: agent and CLI report the same errors",
             bad.name
         );
-        // SPEC: the error names file, object and field.
+        // The error names file, object and field.
         let [e] = agent.as_array().map(Vec::as_slice).unwrap_or_default() else {
             panic!("{}: one error expected: {dump:#}", bad.name);
         };
