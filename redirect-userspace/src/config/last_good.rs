@@ -159,17 +159,23 @@ pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
     }
     complete(model);
 
+    // Sets, so marking stays linear however many objects are in error.
+    let kept_files: HashSet<&str> = kept
+        .iter()
+        .filter_map(|(_, _, _, f)| f.as_deref())
+        .collect();
+    let kept_ids: HashSet<Id<'_>> = kept
+        .iter()
+        .map(|(k, ns, name, _)| (*k, ns.as_str(), name.as_str()))
+        .collect();
     let mesh_file = previous.mesh.file.as_deref();
     for r in &mut loaded.rejected {
         r.last_good_in_force = if r.kind == "File" {
-            kept.iter()
-                .any(|(_, _, _, f)| f.as_deref() == Some(r.file.as_str()))
-                || keep_mesh && mesh_file == Some(r.file.as_str())
+            kept_files.contains(r.file.as_str()) || keep_mesh && mesh_file == Some(r.file.as_str())
         } else if MESH_KINDS.contains(&r.kind) {
             keep_mesh
         } else {
-            kept.iter()
-                .any(|(k, ns, name, _)| *k == r.kind && *ns == r.namespace && *name == r.name)
+            kept_ids.contains(&(r.kind, r.namespace.as_str(), r.name.as_str()))
         };
     }
 }
