@@ -53,10 +53,16 @@ impl Fingerprinter {
             }
         };
         let mut known = HashMap::with_capacity(files.len());
+        let mut total: u64 = 0;
         for file in files {
             let stat = file.stat();
+            total = total.saturating_add(file.len);
             let digest = match self.known.remove(&file.path) {
                 Some((was, digest)) if was == stat => digest,
+                // Past the directory's cap the loader reads nothing: its `stat` stands for it.
+                _ if total > self.limits.max_dir_bytes => {
+                    Sha256::digest(format!("{stat:?}").as_bytes()).into()
+                }
                 _ => {
                     let content = config::read_file(&file.path, self.limits.max_file_bytes);
                     let mut h = Sha256::new();

@@ -84,6 +84,16 @@ fn check_nesting(text: &str) -> Result<(), String> {
                 }
                 block_scalar = None;
             }
+            // A document marker (the parser stops at one inside an open collection) starts afresh.
+            let marker = rest.starts_with(b"---") || rest.starts_with(b"...");
+            if indent == 0
+                && marker
+                && rest
+                    .get(3)
+                    .is_none_or(|&b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+            {
+                depth = 0;
+            }
             node_col = indent;
             while bytes.get(i + node_col) == Some(&b'-')
                 && bytes.get(i + node_col + 1) == Some(&b' ')
@@ -367,6 +377,16 @@ pub(crate) mod tests {
                 name: "brackets inside a plain scalar do not count",
                 text: format!("a: x{}\n", deep("[", 500)),
                 refused: false,
+            },
+            Case {
+                name: "each document starts from zero",
+                text: format!("a: x [{}\n---\nb: {}\n", deep("[", 100), deep("[", 100)),
+                refused: false,
+            },
+            Case {
+                name: "text that only looks like a marker does not reset",
+                text: format!("{}\n...x\n{}\n", deep("[", 100), deep("[", 100)),
+                refused: true,
             },
             Case {
                 name: "a bracket after a block scalar counts again",
