@@ -56,8 +56,9 @@ fn check_nesting(text: &str) -> Result<(), String> {
     let mut depth = 0usize;
     let mut line = 1usize;
     let mut i = 0;
-    // The column of the node that opened a block scalar (`key: |`): deeper lines are its text.
-    let mut block_scalar: Option<usize> = None;
+    // An open block scalar (`key: |`): the column of the node that opened it, and the indentation
+    // of its first line of text once seen. Lines at that indentation or deeper are its text.
+    let mut block_scalar: Option<(usize, Option<usize>)> = None;
     // The column where this line's node starts, after indentation and `- ` indicators.
     let mut node_col = 0usize;
     // The last byte on this line that is not a space, if any.
@@ -70,8 +71,14 @@ fn check_nesting(text: &str) -> Result<(), String> {
             let indent = bytes[i..].iter().take_while(|&&b| b == b' ').count();
             let rest = &bytes[i + indent..];
             let blank = rest.first().is_none_or(|&b| b == b'\n' || b == b'\r');
-            if let Some(parent) = block_scalar {
-                if blank || indent > parent {
+            if let Some((parent, text_indent)) = block_scalar {
+                let text_indent = if blank {
+                    text_indent
+                } else {
+                    text_indent.or(Some(indent))
+                };
+                if blank || indent > parent && Some(indent) >= text_indent {
+                    block_scalar = Some((parent, text_indent));
                     match rest.iter().position(|&b| b == b'\n') {
                         Some(n) => {
                             i += indent + n + 1;
@@ -147,7 +154,7 @@ fn check_nesting(text: &str) -> Result<(), String> {
                     .first()
                     .is_none_or(|&b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'#'))
                 {
-                    block_scalar = Some(node_col);
+                    block_scalar = Some((node_col, None));
                 }
             }
             // Inside a plain scalar (`a: x[0]`): text, and so is what follows it.
@@ -386,6 +393,11 @@ pub(crate) mod tests {
             Case {
                 name: "text that only looks like a marker does not reset",
                 text: format!("{}\n...x\n{}\n", deep("[", 100), deep("[", 100)),
+                refused: true,
+            },
+            Case {
+                name: "a line less indented than the block scalar's text ends it",
+                text: format!("a: |\n    text\n  {}\n", deep("[", 500)),
                 refused: true,
             },
             Case {
