@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::{
-    config::{ConfigError, ConfigErrors},
+    config::{ConfigError, Rejected},
     state::Snapshot,
 };
 
@@ -31,8 +31,12 @@ pub struct ConfigStatus {
     pub generation: u64,
     /// When the configuration in force was applied (RFC 3339).
     pub applied_at: Option<String>,
-    /// The last refused change, if it has not been superseded by a good one.
+    /// The errors of the last load: objects left out (their last good version kept where there was
+    /// one), entries the address pool could not serve, or a directory that could not be read at all.
+    /// Null once a load is clean.
     pub last_error: Option<ConfigErrorReport>,
+    /// The objects in error now, one per object (`File` for a file not read to its end).
+    pub rejected: Vec<Rejected>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -63,20 +67,26 @@ impl LiveState {
         self.snapshot.load_full()
     }
 
-    /// Puts a good configuration in force.
-    pub fn apply(&self, snapshot: Snapshot) {
+    /// Puts a configuration in force: everything valid, and the last good version of what was
+    /// not; `errors` and `rejected` say what was left out.
+    pub fn apply(&self, snapshot: Snapshot, errors: Vec<ConfigError>, rejected: Vec<Rejected>) {
         self.snapshot.store(Arc::new(snapshot));
+        let now = now_rfc3339();
         let mut status = self.status();
         status.generation += 1;
-        status.applied_at = Some(now_rfc3339());
-        status.last_error = None;
+        status.last_error = (!errors.is_empty()).then(|| ConfigErrorReport {
+            at: now.clone(),
+            errors,
+        });
+        status.applied_at = Some(now);
+        status.rejected = rejected;
     }
 
-    /// Records a refused change; the configuration in force stays.
-    pub fn refuse(&self, errors: &ConfigErrors) {
+    /// Records a load that applied nothing (the directory could not be read); what is in force stays.
+    pub fn refuse(&self, errors: Vec<ConfigError>) {
         let report = ConfigErrorReport {
             at: now_rfc3339(),
-            errors: errors.iter().cloned().collect(),
+            errors,
         };
         self.status().last_error = Some(report);
     }

@@ -77,10 +77,14 @@ impl DnsOutcome {
     }
 }
 
-/// Whether a configuration change was applied or refused.
+/// What a configuration load did.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum ReloadResult {
+    /// Applied; nothing in error.
     Ok,
+    /// Applied; some objects left out (their last good version kept where there was one).
+    Partial,
+    /// Nothing applied: the directory could not be read.
     Failed,
 }
 
@@ -88,10 +92,25 @@ impl ReloadResult {
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
+            Self::Partial => "partial",
             Self::Failed => "failed",
         }
     }
 }
+
+/// Every kind a rejected-objects gauge is kept for, so each series exists (at 0) from the start.
+pub const REJECTED_KINDS: [&str; 10] = [
+    "Namespace",
+    "ServiceEntry",
+    "Service",
+    "Pod",
+    "WorkloadEntry",
+    "IstioOperator",
+    "ConfigMap",
+    "MeshConfig",
+    "File",
+    "Document",
+];
 
 /// Where a hidden service was skipped.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -244,6 +263,11 @@ struct ReloadLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LookupLabels {
     lookup: Lookup,
 }
@@ -261,6 +285,7 @@ pub struct Metrics {
     active: Gauge,
     dns: Family<DnsLabels, Counter>,
     reloads: Family<ReloadLabels, Counter>,
+    rejected: Family<KindLabels, Gauge>,
     hidden: Family<LookupLabels, Counter>,
     identity_mismatches: Counter,
     budget_used: Family<BudgetLabels, Gauge>,
@@ -289,6 +314,19 @@ impl Metrics {
 
     pub fn reload(&self, result: ReloadResult) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// The objects in error after a load, by kind (each kind of [`REJECTED_KINDS`] set, 0 when none).
+    pub fn rejected<'a>(&self, kinds: impl IntoIterator<Item = &'a str>) {
+        let mut counts = [0i64; REJECTED_KINDS.len()];
+        for kind in kinds {
+            if let Some(i) = REJECTED_KINDS.iter().position(|k| *k == kind) {
+                counts[i] += 1;
+            }
+        }
+        for (kind, count) in REJECTED_KINDS.iter().zip(counts) {
+            self.rejected.get_or_create(&KindLabels { kind }).set(count);
+        }
     }
 
     /// A service the client may not see was skipped while deciding for it.
@@ -366,8 +404,13 @@ impl Metrics {
         registry.register("dns_queries", "DNS queries by outcome", self.dns.clone());
         registry.register(
             "config_reloads",
-            "Configuration changes applied (ok) or refused (failed)",
+            "Configuration loads: applied (ok), applied with objects left out (partial), nothing applied (failed)",
             self.reloads.clone(),
+        );
+        registry.register(
+            "config_objects_rejected",
+            "Objects in error in the configuration now, by kind: left out, or kept at their last good version (File: a file not read to its end)",
+            self.rejected.clone(),
         );
         registry.register(
             "services_hidden",
@@ -483,5 +526,27 @@ mod tests {
         drop(guard);
         let text = encode(&metrics.registry(None)).unwrap();
         assert!(text.contains("redirect_active_connections 0"), "{text}");
+    }
+
+    #[test]
+    fn rejected_objects_are_a_gauge_by_kind() {
+        let metrics = Arc::new(Metrics::default());
+        metrics.rejected(["ServiceEntry", "ServiceEntry", "File"]);
+        let text = encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_config_objects_rejected{kind="ServiceEntry"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"redirect_config_objects_rejected{kind="File"} 1"#),
+            "{text}"
+        );
+        // Fixed: back to 0, the series kept.
+        metrics.rejected([]);
+        let text = encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_config_objects_rejected{kind="ServiceEntry"} 0"#),
+            "{text}"
+        );
     }
 }

@@ -1,10 +1,12 @@
 //! Noticing that a configuration directory changed.
 //!
-//! inotify (through `notify`) wakes us within milliseconds; a content fingerprint decides whether
-//! anything really changed (editors and ConfigMap updates fire several events per change); a slow
-//! poll catches what inotify cannot see, such as the watched directory itself being replaced.
+//! inotify (through `notify`) wakes us within milliseconds; a fingerprint of the files the loader
+//! reads decides whether anything really changed (editors and ConfigMap updates fire several events
+//! per change); a slow poll catches what inotify cannot see, such as the watched directory itself
+//! being replaced. Only the loader's own files count, listed as the loader lists them: a FIFO, a
+//! device or an ignored file is never opened, and a file is read again only when its `stat` changed.
 use std::{
-    fs,
+    collections::HashMap,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -14,40 +16,70 @@ use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tracing::warn;
 
+use crate::config::{self, Limits};
+
 /// Events arriving this close together are one change (an editor's write-rename-chmod).
 const SETTLE: Duration = Duration::from_millis(100);
 /// Safety net when no event arrives.
 const POLL: Duration = Duration::from_secs(2);
 
-/// A hash of every visible regular file directly in the directory: names and contents, links
-/// followed (a ConfigMap's files are links into its `..data` directory).
+/// A hash of the names and contents of the files a load would read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fingerprint([u8; 32]);
 
-impl Fingerprint {
-    pub fn of(dir: &Path) -> Fingerprint {
-        let mut files: Vec<(String, Vec<u8>)> = Vec::new();
-        if let Ok(entries) = fs::read_dir(dir) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') {
-                    continue;
-                }
-                if let Ok(contents) = fs::read(entry.path()) {
-                    files.push((name, contents));
-                }
-            }
-        } else if let Ok(contents) = fs::read(dir) {
-            files.push((String::new(), contents)); // a single file
+/// Content hashes by file, valid while the file's `stat` is unchanged: an unchanged directory
+/// costs a listing, not a read.
+#[derive(Debug, Default)]
+pub struct Fingerprinter {
+    limits: Limits,
+    known: HashMap<PathBuf, (config::FileStat, [u8; 32])>,
+}
+
+impl Fingerprinter {
+    pub fn new(limits: Limits) -> Self {
+        Fingerprinter {
+            limits,
+            known: HashMap::new(),
         }
-        files.sort();
+    }
+
+    pub fn of(&mut self, dir: &Path) -> Fingerprint {
         let mut hasher = Sha256::new();
-        for (name, contents) in &files {
+        let files = match config::list_files(dir) {
+            Ok(files) => files,
+            Err(message) => {
+                hasher.update(message.as_bytes());
+                return Fingerprint(hasher.finalize().into());
+            }
+        };
+        let mut known = HashMap::with_capacity(files.len());
+        let mut total: u64 = 0;
+        for file in files {
+            let stat = file.stat();
+            total = total.saturating_add(file.len);
+            let digest = match self.known.remove(&file.path) {
+                Some((was, digest)) if was == stat => digest,
+                // Past the directory's cap the loader reads nothing: its `stat` stands for it.
+                _ if total > self.limits.max_dir_bytes => {
+                    Sha256::digest(format!("{stat:?}").as_bytes()).into()
+                }
+                _ => {
+                    let content = config::read_file(&file.path, self.limits.max_file_bytes);
+                    let mut h = Sha256::new();
+                    match &content {
+                        Ok(text) => h.update(text.as_bytes()),
+                        Err(message) => h.update(message.as_bytes()),
+                    }
+                    h.finalize().into()
+                }
+            };
+            let name = file.path.to_string_lossy();
             hasher.update((name.len() as u64).to_le_bytes());
             hasher.update(name.as_bytes());
-            hasher.update((contents.len() as u64).to_le_bytes());
-            hasher.update(contents);
+            hasher.update(digest);
+            known.insert(file.path, (stat, digest));
         }
+        self.known = known;
         Fingerprint(hasher.finalize().into())
     }
 }
@@ -55,6 +87,7 @@ impl Fingerprint {
 /// Yields each time the directory's content differs from what it was at the last yield.
 pub struct DirWatch {
     dir: PathBuf,
+    fingerprinter: Option<Fingerprinter>,
     last: Fingerprint,
     events: mpsc::Receiver<()>,
     // Kept alive for its inotify watch; None if it could not be set up (polling still works).
@@ -63,7 +96,7 @@ pub struct DirWatch {
 
 impl DirWatch {
     /// Starts watching; the current content is the baseline.
-    pub fn new(dir: &Path) -> DirWatch {
+    pub fn new(dir: &Path, limits: Limits) -> DirWatch {
         let (tx, events) = mpsc::channel(1);
         let watcher = notify::recommended_watcher(move |_event| {
             // A full channel already holds a wake-up: that is enough.
@@ -80,12 +113,18 @@ impl DirWatch {
                 None
             }
         };
+        let mut fingerprinter = Fingerprinter::new(limits);
         DirWatch {
             dir: dir.to_path_buf(),
-            last: Fingerprint::of(dir),
+            last: fingerprinter.of(dir),
+            fingerprinter: Some(fingerprinter),
             events,
             _watcher: watcher,
         }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Waits until the content changed.
@@ -98,11 +137,21 @@ impl DirWatch {
             // Let a burst of events settle, then drain what queued meanwhile.
             tokio::time::sleep(SETTLE).await;
             while self.events.try_recv().is_ok() {}
-            // Reading and hashing every file is blocking work: keep it off the proxy's workers.
+            // Listing and hashing changed files is blocking work: keep it off the proxy's workers.
             let dir = self.dir.clone();
-            let Ok(now) = tokio::task::spawn_blocking(move || Fingerprint::of(&dir)).await else {
+            let mut fingerprinter = self
+                .fingerprinter
+                .take()
+                .unwrap_or_else(|| Fingerprinter::new(Limits::default()));
+            let Ok((fingerprinter, now)) = tokio::task::spawn_blocking(move || {
+                let now = fingerprinter.of(&dir);
+                (fingerprinter, now)
+            })
+            .await
+            else {
                 continue;
             };
+            self.fingerprinter = Some(fingerprinter);
             if now != self.last {
                 self.last = now;
                 return;
@@ -113,6 +162,8 @@ impl DirWatch {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
+
     use super::*;
 
     fn temp_dir(name: &str) -> PathBuf {
@@ -124,14 +175,20 @@ mod tests {
     }
 
     #[test]
-    fn fingerprint_follows_content_and_ignores_hidden_entries() {
+    fn fingerprint_follows_content_and_ignores_what_the_loader_ignores() {
         let dir = temp_dir("fp");
+        let mut fp = Fingerprinter::new(Limits::default());
         fs::write(dir.join("a.yaml"), "kind: Namespace").unwrap();
-        let first = Fingerprint::of(&dir);
-        fs::write(dir.join(".hidden"), "ignored").unwrap();
-        assert_eq!(Fingerprint::of(&dir), first);
+        let first = fp.of(&dir);
+        fs::write(dir.join(".hidden.yaml"), "ignored").unwrap();
+        fs::write(dir.join("notes.txt"), "ignored").unwrap();
+        std::os::unix::fs::symlink("/dev/zero", dir.join("zero.yaml")).unwrap();
+        crate::config::source_tests::mkfifo(&dir.join("fifo.yaml"));
+        let started = std::time::Instant::now();
+        assert_eq!(fp.of(&dir), first);
+        assert!(started.elapsed() < Duration::from_secs(1));
         fs::write(dir.join("a.yaml"), "kind: Namespace ").unwrap();
-        assert_ne!(Fingerprint::of(&dir), first);
+        assert_ne!(fp.of(&dir), first);
         fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -139,7 +196,7 @@ mod tests {
     async fn wakes_on_a_change_within_a_second_but_not_on_a_rewrite_of_the_same_bytes() {
         let dir = temp_dir("watch");
         fs::write(dir.join("a.yaml"), "one").unwrap();
-        let mut watch = DirWatch::new(&dir);
+        let mut watch = DirWatch::new(&dir, Limits::default());
 
         // Same bytes rewritten: events fire, nothing changed, no wake-up.
         fs::write(dir.join("a.yaml"), "one").unwrap();
@@ -168,7 +225,7 @@ mod tests {
         fs::write(dir.join("..v1/mesh.yaml"), "v1").unwrap();
         std::os::unix::fs::symlink("..v1", dir.join("..data")).unwrap();
         std::os::unix::fs::symlink("..data/mesh.yaml", dir.join("mesh.yaml")).unwrap();
-        let mut watch = DirWatch::new(&dir);
+        let mut watch = DirWatch::new(&dir, Limits::default());
 
         fs::create_dir(dir.join("..v2")).unwrap();
         fs::write(dir.join("..v2/mesh.yaml"), "v2").unwrap();

@@ -461,11 +461,17 @@ fn allocated_vip_resolves_and_routes_to_the_host() {
     assert_eq!(out["outbound"]["endpoint"], "httpbin.example.com:80");
 }
 
+/// One object in error never takes down the rest: the valid result is printed, every error is
+/// listed, and the exit code is 1.
 #[test]
-fn bad_input_exits_1_with_every_error() {
+fn bad_input_prints_the_valid_result_lists_every_error_and_exits_1() {
     let scratch = Scratch::new(
         "bad",
         &[
+            (
+                "0-good.yaml",
+                "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: good, namespace: team-a}\nspec: {hosts: [good.example.com], addresses: [203.0.113.7], ports: [{number: 80, name: http}]}\n",
+            ),
             (
                 "a.yaml",
                 "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: api, namespace: team-a}\nspec: {hosts: [a.example.com], addresses: [300.0.0.1], ports: [{number: 70000, name: http}]}\n",
@@ -480,10 +486,16 @@ fn bad_input_exits_1_with_every_error() {
     let out = redirect(&["resolve", "-f", scratch.path(), "-o", "json"]);
     assert_eq!(out.status.code(), Some(1));
     let v = json(&out);
+    let names: Vec<&Value> = v["serviceEntries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["name"])
+        .collect();
     assert_eq!(
-        v["serviceEntries"],
-        serde_json::json!([]),
-        "nothing half-applied"
+        names,
+        ["good"],
+        "everything valid applies, nothing invalid: {v}"
     );
     let errors = v["errors"].as_array().unwrap();
     assert_eq!(errors.len(), 4, "{v}");
@@ -507,6 +519,7 @@ fn bad_input_exits_1_with_every_error() {
 
     let table = redirect(&["resolve", "-f", scratch.path()]);
     assert_eq!(table.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&table.stdout).contains("good.example.com"));
     assert_eq!(
         String::from_utf8_lossy(&table.stderr).lines().count(),
         5,
@@ -524,6 +537,66 @@ fn bad_input_exits_1_with_every_error() {
     ]);
     assert_eq!(explain.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&explain.stderr).contains("unknown operator"));
+    let explain = redirect(&[
+        "explain",
+        "-f",
+        scratch.path(),
+        "--from",
+        "team-a",
+        "--host",
+        "good.example.com",
+        "-o",
+        "json",
+    ]);
+    assert_eq!(explain.status.code(), Some(1));
+    assert_eq!(
+        json(&explain)["dns"]["service"],
+        "team-a/good",
+        "explained over the valid objects"
+    );
+}
+
+/// An entry with 6,000 CIDRs: a table column far past 65,535 characters renders, no panic.
+#[test]
+fn a_very_wide_table_renders() {
+    let cidrs: Vec<String> = (0..6000)
+        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+        .collect();
+    let entry = format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: wide, namespace: team-a}}\nspec: {{hosts: [wide.example.com], addresses: [{}], ports: [{{number: 80, name: http}}]}}\n",
+        cidrs.join(", ")
+    );
+    let scratch = Scratch::new("wide", &[("wide.yaml", &entry)]);
+    let out = redirect(&["resolve", "-f", scratch.path()]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&cidrs.join(",")), "every CIDR shown");
+}
+
+/// `-o yaml` read back by a YAML 1.1 reader gives the same data: a namespace named `no` stays a
+/// string (a YAML 1.1 reader takes a plain `no` for false).
+#[test]
+fn yaml_output_quotes_what_yaml_1_1_would_misread() {
+    let entry = "apiVersion: v1\nkind: Namespace\nmetadata: {name: \"no\"}\n---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: \"on\", namespace: \"no\"}\nspec: {hosts: [y.example.com], addresses: [203.0.113.8], ports: [{number: 80, name: http}]}\n";
+    let scratch = Scratch::new("yaml11", &[("a.yaml", entry)]);
+    let out = redirect(&["resolve", "-f", scratch.path(), "-o", "yaml"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("namespace: \"no\""), "{text}");
+    assert!(text.contains("name: \"on\""), "{text}");
+    assert!(text.contains("- \"203.0.113.8\""), "{text}");
+    let json_out = json(&redirect(&["resolve", "-f", scratch.path(), "-o", "json"]));
+    let back: Value = serde_yaml_ng::from_slice(&out.stdout).unwrap();
+    assert_eq!(back, json_out, "YAML and JSON carry the same data");
 }
 
 #[test]

@@ -128,7 +128,8 @@ fn run(dir: &Path) -> Vec<String> {
         }
     };
 
-    let report = serde_json::to_value(resolve::report(&model)).unwrap_or_default();
+    let resolution = redirect::visibility::resolve(&model);
+    let report = serde_json::to_value(resolve::report(&model, resolution)).unwrap_or_default();
     if let Some(entries) = expect.get("resolve").and_then(Value::as_object) {
         for (key, want) in entries {
             let got = report["serviceEntries"]

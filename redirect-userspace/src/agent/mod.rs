@@ -15,7 +15,7 @@ use anyhow::Context;
 use tokio::sync::watch;
 use tracing::info;
 
-pub use reload::load;
+pub use reload::{Loaded, Reloader};
 
 use crate::{
     admin::{self, AdminState},
@@ -44,6 +44,8 @@ pub struct AgentConfig {
     pub relay: RelayMode,
     /// Caps and timeouts; the caps not given are sized from the open-files limit.
     pub budget: BudgetArgs,
+    /// Input bounds of each configuration load.
+    pub limits: crate::config::Limits,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -73,7 +75,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // The configuration first: when the programs attach, the first answers are already right.
     // A refused first configuration leaves the agent running but not ready, waiting for a fix.
     let reload_task = match config.config_dir.clone() {
-        Some(dir) => Some(reload::start(dir, live.clone(), metrics.clone()).await),
+        Some(dir) => Some(reload::start(dir, config.limits, live.clone(), metrics.clone()).await),
         None => None,
     };
 

@@ -1,72 +1,161 @@
-//! Keeping the configuration in force current: load, resolve and build off the async workers, swap
-//! the snapshot whole, and refuse a bad change without touching what runs.
+//! Keeping the configuration in force current: load, resolve and build off the async workers, and
+//! swap the snapshot whole. One object in error never holds back the rest: it is left out, or kept
+//! at its last good version, and reported until fixed.
 use std::{path::PathBuf, sync::Arc};
 
 use tracing::{error, info, warn};
 
 use crate::{
-    config::{self, ConfigErrors},
+    config::{self, ConfigError, Limits, Model, Rejected},
     live::LiveState,
     metrics::{Metrics, ReloadResult},
     state::Snapshot,
+    visibility,
     watch::DirWatch,
 };
 
-/// Loads `dir` into a snapshot: config -> visibility -> state, the same path `redirect explain` takes.
-pub fn load(dir: &std::path::Path) -> Result<Snapshot, ConfigErrors> {
-    let model = config::load_dir(dir)?;
-    Ok(Snapshot::from_model(&model))
+/// Loads a directory again and again, remembering the last version in force of every object.
+pub struct Reloader {
+    dir: PathBuf,
+    limits: Limits,
+    /// The model in force: where the last good version of an object in error comes from.
+    in_force: Option<Model>,
 }
 
-/// Applies `dir` once. Returns whether it was good.
-pub async fn apply(dir: PathBuf, live: &LiveState, metrics: &Metrics) -> bool {
-    let shown = dir.display().to_string();
+/// What one load gave: the state to put in force and what was in error.
+pub struct Loaded {
+    pub snapshot: Snapshot,
+    pub errors: Vec<ConfigError>,
+    pub rejected: Vec<Rejected>,
+}
+
+impl Reloader {
+    pub fn new(dir: PathBuf, limits: Limits) -> Self {
+        Reloader {
+            dir,
+            limits,
+            in_force: None,
+        }
+    }
+
+    /// config -> visibility -> state, the same path `redirect explain` takes, with the last good
+    /// version of each object in error put back. `Err`: nothing could be read at all.
+    pub fn load(&mut self) -> Result<Loaded, Vec<ConfigError>> {
+        let mut loaded = config::read_dir(&self.dir, &self.limits);
+        if loaded.unreadable {
+            return Err(loaded.errors);
+        }
+        if let Some(previous) = &self.in_force {
+            config::keep_last_good(&mut loaded, previous);
+        }
+        let resolution = visibility::resolve(&loaded.model);
+        let mut errors = loaded.errors;
+        errors.extend(visibility::allocation_errors(&loaded.model, &resolution));
+        let snapshot = Snapshot::build(&loaded.model, &resolution);
+        self.in_force = Some(loaded.model);
+        Ok(Loaded {
+            snapshot,
+            errors,
+            rejected: loaded.rejected,
+        })
+    }
+}
+
+/// Applies the directory once more. Returns whether anything was applied.
+pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &Metrics) -> bool {
+    let Some(mut owned) = reloader.take() else {
+        return false;
+    };
+    let shown = owned.dir.display().to_string();
     // Building 10,000 entries takes tens of milliseconds: not on a proxy worker.
-    match tokio::task::spawn_blocking(move || load(&dir)).await {
-        Ok(Ok(snapshot)) => {
-            let services = snapshot.services().count();
-            let workloads = snapshot.workloads().len();
-            live.apply(snapshot);
-            metrics.reload(ReloadResult::Ok);
-            info!(dir = %shown, services, workloads, "configuration applied");
+    let joined = tokio::task::spawn_blocking(move || {
+        let result = owned.load();
+        (owned, result)
+    })
+    .await;
+    let (owned, result) = match joined {
+        Ok(done) => done,
+        Err(join) => {
+            // The reloader went down with the panic; the next change starts from what runs now
+            // (objects in error then have no last good version to fall back on).
+            error!(dir = %shown, error = %join, "loading the configuration panicked; the configuration in force stays");
+            metrics.reload(ReloadResult::Failed);
+            return false;
+        }
+    };
+    *reloader = Some(owned);
+    match result {
+        Ok(loaded) => {
+            let services = loaded.snapshot.services().count();
+            let workloads = loaded.snapshot.workloads().len();
+            log_errors(&loaded.errors);
+            metrics.rejected(loaded.rejected.iter().map(|r| r.kind));
+            let result = if loaded.errors.is_empty() {
+                info!(dir = %shown, services, workloads, "configuration applied");
+                ReloadResult::Ok
+            } else {
+                let kept = loaded
+                    .rejected
+                    .iter()
+                    .filter(|r| r.last_good_in_force)
+                    .count();
+                warn!(
+                    dir = %shown,
+                    services,
+                    workloads,
+                    errors = loaded.errors.len(),
+                    rejected = loaded.rejected.len(),
+                    kept_last_good = kept,
+                    "configuration applied without the objects in error; their last good versions stay in force"
+                );
+                ReloadResult::Partial
+            };
+            live.apply(loaded.snapshot, loaded.errors, loaded.rejected);
+            metrics.reload(result);
             true
         }
-        Ok(Err(errors)) => {
-            for e in errors.iter() {
-                error!(
-                    file = %e.file,
-                    object = e.object.as_deref().unwrap_or("-"),
-                    field = e.field.as_deref().unwrap_or("-"),
-                    "{}",
-                    e.message
-                );
-            }
-            warn!(dir = %shown, errors = errors.len(), "configuration refused; the last good configuration stays in force");
-            live.refuse(&errors);
-            metrics.reload(ReloadResult::Failed);
-            false
-        }
-        Err(join) => {
-            error!(dir = %shown, error = %join, "loading the configuration panicked; the last good configuration stays in force");
+        Err(errors) => {
+            log_errors(&errors);
+            warn!(dir = %shown, "configuration not readable; the configuration in force stays");
+            live.refuse(errors);
             metrics.reload(ReloadResult::Failed);
             false
         }
     }
 }
 
+/// One line per error, naming file, object and field (each already bounded in length).
+fn log_errors(errors: &[ConfigError]) {
+    for e in errors {
+        error!(
+            file = %e.file,
+            object = e.object.as_deref().unwrap_or("-"),
+            field = e.field.as_deref().unwrap_or("-"),
+            "{}",
+            e.message
+        );
+    }
+}
+
 /// Applies `dir` now, then again after every change in a task of its own.
 pub async fn start(
     dir: PathBuf,
+    limits: Limits,
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
 ) -> tokio::task::JoinHandle<()> {
     // Watch before the first load: a change made while it loads is not missed.
-    let mut watch = DirWatch::new(&dir);
-    apply(dir.clone(), &live, &metrics).await;
+    let mut watch = DirWatch::new(&dir, limits);
+    let mut reloader = Some(Reloader::new(dir, limits));
+    apply(&mut reloader, &live, &metrics).await;
     tokio::spawn(async move {
         loop {
             watch.changed().await;
-            apply(dir.clone(), &live, &metrics).await;
+            if reloader.is_none() {
+                // Lost to a panic: start again from nothing in force but what runs.
+                reloader = Some(Reloader::new(watch.dir().to_path_buf(), limits));
+            }
+            apply(&mut reloader, &live, &metrics).await;
         }
     })
 }

@@ -9,12 +9,9 @@ use std::{
 use serde::Serialize;
 
 use super::output::{self, TableOrJson};
-use crate::{
-    config,
-    state::{
-        DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick,
-        Service, Snapshot,
-    },
+use crate::state::{
+    DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick, Service,
+    Snapshot,
 };
 
 #[derive(Debug, clap::Args)]
@@ -36,6 +33,8 @@ pub struct ExplainArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = TableOrJson::Table)]
     pub output: TableOrJson,
+    #[command(flatten)]
+    pub limits: super::LimitArgs,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -111,12 +110,10 @@ pub struct OutboundReport {
     pub reason: String,
 }
 
+/// Explains over everything valid; with any error, also lists every error (stderr) and exits 1.
 pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    let model = match config::load_dir(&args.dir) {
-        Ok(model) => model,
-        Err(errors) => return Ok(output::invalid_input(&errors)),
-    };
-    let snapshot = Snapshot::from_model(&model);
+    let (model, resolution, errors) = output::load(&args.dir, &args.limits.limits());
+    let snapshot = Snapshot::build(&model, &resolution);
     let text = match (&args.host, args.ip) {
         (Some(host), _) => {
             let e = explain_host(&snapshot, &args.from, host);
@@ -135,7 +132,11 @@ pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         (None, None) => anyhow::bail!("one of --host and --ip is required"),
     };
     println!("{}", text.trim_end());
-    Ok(ExitCode::SUCCESS)
+    if errors.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(output::invalid_input(&errors))
+    }
 }
 
 fn vis(s: &Service) -> &'static str {

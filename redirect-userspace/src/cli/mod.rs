@@ -3,6 +3,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::config::Limits;
+
 mod config;
 /// `explain` and `resolve` are public for the conformance suite, which checks their reports.
 pub mod explain;
@@ -12,6 +14,28 @@ mod run;
 
 /// Exit code for invalid input (configuration errors); usage errors exit 2 (clap's own).
 pub const EXIT_INVALID_INPUT: u8 = 1;
+
+/// The input bounds of a load, shared by `run`, `resolve` and `explain`.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct LimitArgs {
+    /// Largest manifest file read, in bytes; a larger one is reported and left out. Its YAML may
+    /// expand through aliases to twice this.
+    #[arg(long = "config-max-file-bytes", value_name = "BYTES", default_value_t = Limits::default().max_file_bytes)]
+    pub max_file_bytes: u64,
+    /// Most read from the configuration directory in one load, in bytes; files past it (by name
+    /// order) are reported and left out.
+    #[arg(long = "config-max-dir-bytes", value_name = "BYTES", default_value_t = Limits::default().max_dir_bytes)]
+    pub max_dir_bytes: u64,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            max_file_bytes: self.max_file_bytes,
+            max_dir_bytes: self.max_dir_bytes,
+        }
+    }
+}
 
 #[derive(Debug, Parser)]
 #[command(

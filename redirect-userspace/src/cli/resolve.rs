@@ -6,8 +6,8 @@ use serde::Serialize;
 
 use super::output::{self, Format};
 use crate::{
-    config::{self, Address, ConfigError, Model},
-    visibility::{self, Condition, Visibility},
+    config::{Address, ConfigError, Model},
+    visibility::{self, Condition, Resolution, Visibility},
 };
 
 #[derive(Debug, clap::Args)]
@@ -18,6 +18,8 @@ pub struct ResolveArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
     pub output: Format,
+    #[command(flatten)]
+    pub limits: super::LimitArgs,
 }
 
 /// The JSON/YAML shape: a public interface, keep it stable.
@@ -40,8 +42,8 @@ pub struct EntryReport {
     pub addresses: Vec<Address>,
 }
 
-pub fn report(model: &Model) -> ResolveReport {
-    let resolution = visibility::resolve(model);
+/// The report for a model and its resolution (`visibility::resolve(model)`), errors left empty.
+pub fn report(model: &Model, resolution: Resolution) -> ResolveReport {
     let service_entries = model
         .service_entries
         .iter()
@@ -62,26 +64,20 @@ pub fn report(model: &Model) -> ResolveReport {
     }
 }
 
+/// Prints everything valid; with any error, also every error (stderr) and exit 1.
 pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
-    let model = match config::load_dir(&args.dir) {
-        Ok(model) => model,
-        Err(errors) => {
-            if args.output != Format::Table {
-                let report = ResolveReport {
-                    service_entries: Vec::new(),
-                    errors: errors.0.clone(),
-                };
-                print_report(&report, args.output)?;
-            }
-            return Ok(output::invalid_input(&errors));
-        }
-    };
-    let report = report(&model);
+    let (model, resolution, errors) = output::load(&args.dir, &args.limits.limits());
+    let mut report = report(&model, resolution);
+    report.errors = errors;
     match args.output {
         Format::Table => print!("{}", render_table(&model, &report)),
         format => print_report(&report, format)?,
     }
-    Ok(ExitCode::SUCCESS)
+    if report.errors.is_empty() {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        Ok(output::invalid_input(&report.errors))
+    }
 }
 
 fn print_report(report: &ResolveReport, format: Format) -> anyhow::Result<()> {

@@ -47,6 +47,8 @@ pub struct RunArgs {
     pub admin_allow_non_loopback: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
+    #[command(flatten)]
+    pub limits: super::LimitArgs,
 }
 
 pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
@@ -72,6 +74,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             admin_allow_non_loopback: args.admin_allow_non_loopback,
             relay: args.relay,
             budget: args.budget,
+            limits: args.limits.limits(),
         },
         log_level,
     )?;

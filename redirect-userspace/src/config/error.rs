@@ -1,5 +1,8 @@
 //! Configuration errors: each names the file, the object (`Kind namespace/name`) and the field.
-use std::fmt;
+//!
+//! Every part of an error is bounded ([`MAX_QUOTED`]): a 100 MB bad value never becomes a 100 MB log
+//! line or `/config_dump`.
+use std::{borrow::Cow, fmt};
 
 use serde::Serialize;
 
@@ -21,11 +24,93 @@ impl ConfigError {
         message: impl Into<String>,
     ) -> Self {
         ConfigError {
-            file: file.into(),
-            object,
-            field,
-            message: message.into(),
+            file: bounded(&file.into(), MAX_QUOTED).into_owned(),
+            object: object.map(|o| bounded(&o, MAX_QUOTED).into_owned()),
+            field: field.map(|f| bounded(&f, MAX_QUOTED).into_owned()),
+            message: bounded(&message.into(), MAX_MESSAGE).into_owned(),
         }
+    }
+}
+
+/// The longest file name, object or field an error repeats from the input, in bytes.
+pub const MAX_QUOTED: usize = 256;
+/// The longest message, in bytes: room for a quoted value and what was expected of it.
+pub const MAX_MESSAGE: usize = 512;
+
+/// `text` cut to at most `max` bytes (on a character boundary), marked `…` when cut.
+pub fn bounded(text: &str, max: usize) -> Cow<'_, str> {
+    if text.len() <= max {
+        return Cow::Borrowed(text);
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    Cow::Owned(format!("{}…", &text[..end]))
+}
+
+/// A deserializer's message in the user's terms: the form a field expects ("an integer", "a
+/// mapping"), never the Rust type that would have held it ("i64", "struct RawPort").
+pub(crate) fn plain_message(message: &str) -> String {
+    if let Some(rest) = message.strip_prefix("invalid type: ")
+        && let Some((got, expected)) = rest.split_once(", expected ")
+    {
+        return format!("expected {}, got {}", plain_form(expected), plain_got(got));
+    }
+    if let Some(rest) = message.strip_prefix("invalid value: ")
+        && let Some((got, expected)) = rest.split_once(", expected ")
+    {
+        return format!("expected {}, got {}", plain_form(expected), plain_got(got));
+    }
+    if message.starts_with("data did not match any variant of untagged enum") {
+        let expected = if message.contains("IntOrString") {
+            "a port number or a port name"
+        } else {
+            "a value of another form"
+        };
+        return format!("expected {expected}");
+    }
+    if let Some((head, expected)) = message.split_once(", expected ") {
+        return format!("{head}, expected {}", plain_form(expected));
+    }
+    message.to_string()
+}
+
+/// serde's name for what a visitor wanted -> the form a user writes.
+fn plain_form(expected: &str) -> Cow<'_, str> {
+    let form = match expected {
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" | "u8" | "u16" | "u32" | "u64" | "u128"
+        | "usize" => "an integer",
+        "f32" | "f64" => "a number",
+        "a boolean" => "true or false",
+        "a string" | "a borrowed string" | "a character" => "a string",
+        "a sequence" => "a list",
+        "a map" => "a mapping",
+        "option" | "any value" => "a value",
+        e if e.starts_with("struct ") => "a mapping",
+        e if e.starts_with("tuple") || e.starts_with("newtype struct") => "a value",
+        e if e.starts_with("enum ") => "one of the documented values",
+        e => return Cow::Borrowed(e),
+    };
+    Cow::Borrowed(form)
+}
+
+/// serde's name for what it found -> YAML's.
+fn plain_got(got: &str) -> Cow<'_, str> {
+    match got {
+        "map" => Cow::Borrowed("a mapping"),
+        "sequence" => Cow::Borrowed("a list"),
+        "unit value" => Cow::Borrowed("null"),
+        g => match g.split_once(' ') {
+            Some(("floating", rest)) => Cow::Owned(format!(
+                "number {}",
+                rest.trim_start_matches("point ").trim_matches('`')
+            )),
+            Some((kind, value)) if value.starts_with('`') => {
+                Cow::Owned(format!("{kind} {}", value.trim_matches('`')))
+            }
+            _ => Cow::Borrowed(g),
+        },
     }
 }
 

@@ -182,13 +182,15 @@ impl RawPod {
         let spec = self.spec.unwrap_or_default();
         let status = self.status.unwrap_or_default();
         let mut ips: Vec<IpAddr> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         if let Some(text) = status.pod_ip.as_deref().filter(|t| !t.is_empty()) {
             ips.extend(convert::ip(ctx, "status.podIP", text));
+            seen.extend(ips.iter().copied());
         }
         for (i, raw) in status.pod_ips.unwrap_or_default().into_iter().enumerate() {
             if let Some(text) = raw.ip.as_deref()
                 && let Some(ip) = convert::ip(ctx, &format!("status.podIPs[{i}].ip"), text)
-                && !ips.contains(&ip)
+                && seen.insert(ip)
             {
                 ips.push(ip);
             }

@@ -1,98 +1,155 @@
-//! Reading a directory of Kubernetes YAML into a [`Model`]: every document of every file, all errors
-//! collected, nothing returned unless everything is valid.
-use std::{
-    collections::HashMap,
-    fs,
-    path::{Path, PathBuf},
-};
+//! Reading a directory of Kubernetes YAML into a [`Model`]: every document of every file, each
+//! object checked on its own. An invalid object is left out and reported; every valid one loads.
+use std::{collections::HashMap, path::Path};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 use super::{
-    error::{ConfigError, ConfigErrors, Ctx},
+    error::{ConfigError, ConfigErrors, Ctx, MAX_QUOTED, bounded, plain_message},
     kube::{RawNamespace, RawPod, RawService},
     mesh::{MeshConfig, RawConfigMap, RawIstioOperator, RawMeshConfig},
     model::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, Model, Namespace},
     service_entry::{RawServiceEntry, RawWorkloadEntry},
+    source::{self, Limits},
+    yaml,
 };
 
-/// Loads every `.yaml`, `.yml` and `.json` file directly in `path` (or the one file `path` names).
-/// Hidden entries are skipped, so a mounted ConfigMap (`..data` links) loads each file once.
-pub fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
-    let files = list_files(path).map_err(|message| {
-        ConfigErrors(vec![ConfigError::new(
-            path.display().to_string(),
-            None,
-            None,
-            message,
-        )])
-    })?;
-    let mut sources = Vec::new();
-    let mut errors = Vec::new();
-    for file in files {
-        match fs::read_to_string(&file) {
-            Ok(text) => sources.push((file.display().to_string(), text)),
-            Err(e) => errors.push(ConfigError::new(
-                file.display().to_string(),
-                None,
-                None,
-                format!("cannot read: {e}"),
-            )),
+/// What one read of the configuration gave: every valid object, and every problem.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// The valid objects, complete (implicit namespaces added) and sorted.
+    pub model: Model,
+    /// Every problem, in file order.
+    pub errors: Vec<ConfigError>,
+    /// What was left out, one entry per object (or per file that could not be read to its end).
+    pub rejected: Vec<Rejected>,
+    /// The source itself could not be listed: nothing was read at all.
+    pub unreadable: bool,
+}
+
+/// An object left out of a load, or a file whose objects could not all be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rejected {
+    /// The object's kind; `File` for a file not read or not parsed to its end, `Document` for a
+    /// document that is not a Kubernetes object.
+    pub kind: &'static str,
+    /// Empty for cluster-scoped kinds and for files.
+    pub namespace: String,
+    /// Empty when the object has none, and for files.
+    pub name: String,
+    pub file: String,
+    /// A running agent kept this object's last good version in force.
+    pub last_good_in_force: bool,
+}
+
+/// Kinds that hold the mesh config.
+pub(crate) const MESH_KINDS: [&str; 3] = ["IstioOperator", "ConfigMap", "MeshConfig"];
+
+impl Loaded {
+    /// Everything valid, or every error: for callers that accept nothing less than a clean load.
+    pub fn into_result(self) -> Result<Model, ConfigErrors> {
+        if self.errors.is_empty() {
+            Ok(self.model)
+        } else {
+            Err(ConfigErrors(self.errors))
         }
     }
-    let mut loader = Loader::default();
-    for (file, text) in &sources {
-        loader.add_file(file, text);
+}
+
+/// Reads every `.yaml`, `.yml` and `.json` regular file directly in `path` (or the one file `path`
+/// names) within `limits`. Hidden entries are skipped, so a mounted ConfigMap (`..data` links)
+/// loads each file once.
+pub fn read_dir(path: &Path, limits: &Limits) -> Loaded {
+    let files = match source::list(path) {
+        Ok(files) => files,
+        Err(message) => {
+            let file = path.display().to_string();
+            return Loaded {
+                errors: vec![ConfigError::new(file.clone(), None, None, message)],
+                rejected: vec![Rejected::file(&file)],
+                unreadable: true,
+                ..Loaded::default()
+            };
+        }
+    };
+    let mut loader = Loader::new(limits);
+    let mut total: u64 = 0;
+    for candidate in files {
+        let file = candidate.path.display().to_string();
+        total = total.saturating_add(candidate.len);
+        let text = if total > limits.max_dir_bytes {
+            Err(format!(
+                "the directory's files pass its {}-byte limit (--config-max-dir-bytes): not read",
+                limits.max_dir_bytes
+            ))
+        } else {
+            source::read(&candidate.path, limits.max_file_bytes)
+        };
+        match text {
+            Ok(text) => loader.add_file(&file, &text),
+            Err(message) => loader.file_error(&file, message),
+        }
     }
-    loader.errors.extend(errors);
     loader.finish()
 }
 
-/// Loads from in-memory sources `(file name, text)`, in order, exactly as [`load_dir`] would.
+/// Reads in-memory sources `(file name, text)`, in order, exactly as [`read_dir`] would.
+pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -> Loaded {
+    let limits = Limits::default();
+    let mut loader = Loader::new(&limits);
+    for (file, text) in sources {
+        if text.len() as u64 > limits.max_file_bytes {
+            loader.file_error(file, format!("{} bytes is more than the {}-byte limit for one file (--config-max-file-bytes): not read", text.len(), limits.max_file_bytes));
+        } else {
+            loader.add_file(file, text);
+        }
+    }
+    loader.finish()
+}
+
+/// [`read_dir`] with the default limits, accepting only a load without any error.
+pub fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
+    read_dir(path, &Limits::default()).into_result()
+}
+
+/// [`read_sources`], accepting only a load without any error.
 pub fn load_sources<'a>(
     sources: impl IntoIterator<Item = (&'a str, &'a str)>,
 ) -> Result<Model, ConfigErrors> {
-    let mut loader = Loader::default();
-    for (file, text) in sources {
-        loader.add_file(file, text);
-    }
-    loader.finish()
+    read_sources(sources).into_result()
 }
 
-fn list_files(path: &Path) -> Result<Vec<PathBuf>, String> {
-    let meta = fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
-    if meta.is_file() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let mut files = Vec::new();
-    for entry in fs::read_dir(path).map_err(|e| format!("cannot list directory: {e}"))? {
-        let entry = entry.map_err(|e| format!("cannot list directory: {e}"))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        let manifest = [".yaml", ".yml", ".json"]
-            .iter()
-            .any(|ext| name.ends_with(ext));
-        // fs::metadata follows links: ConfigMap mounts link each file into `..data/`.
-        if !name.starts_with('.')
-            && manifest
-            && fs::metadata(entry.path()).is_ok_and(|m| m.is_file())
-        {
-            files.push(entry.path());
+impl Rejected {
+    fn file(file: &str) -> Self {
+        Rejected {
+            kind: "File",
+            namespace: String::new(),
+            name: String::new(),
+            file: file.to_string(),
+            last_good_in_force: false,
         }
     }
-    files.sort();
-    Ok(files)
 }
 
-#[derive(Default)]
 struct Loader {
+    /// What one file's YAML may expand to (see [`Limits::expansion_budget`]).
+    budget: usize,
     errors: Vec<ConfigError>,
+    rejected: Vec<Rejected>,
     model: Model,
     /// (kind, namespace, name) -> file, to refuse duplicates.
     seen: HashMap<(&'static str, String, String), String>,
     /// The mesh config found so far and what it was (`IstioOperator in FILE`).
     mesh: Option<(MeshConfig, String)>,
+}
+
+/// Who a document says it is, for reports and for keeping its last good version.
+struct Identity {
+    kind: &'static str,
+    namespace: String,
+    name: String,
 }
 
 /// What a document is, from `apiVersion` and `kind`. `None`: not ours, skipped.
@@ -121,30 +178,57 @@ fn str_at<'v>(value: &'v Value, path: &[&str]) -> Option<&'v str> {
 }
 
 /// `Kind namespace/name`, or `Kind name` for a cluster-scoped kind, or `Kind` when unnamed.
-fn describe(kind: &str, value: &Value) -> String {
-    let name = str_at(value, &["metadata", "name"]);
-    let namespace = str_at(value, &["metadata", "namespace"]);
-    match (kind, name) {
-        (_, None) => kind.to_string(),
-        ("Namespace", Some(name)) => format!("Namespace {name}"),
-        (_, Some(name)) => format!("{kind} {}/{name}", namespace.unwrap_or(DEFAULT_NAMESPACE)),
+fn describe(id: &Identity) -> String {
+    match (id.kind, id.name.as_str()) {
+        (kind, "") => kind.to_string(),
+        ("Namespace", name) => format!("Namespace {name}"),
+        (kind, name) => format!("{kind} {}/{name}", id.namespace),
+    }
+}
+
+fn identity(kind: &'static str, value: &Value) -> Identity {
+    let text = |path: &[&str]| str_at(value, path).map(|s| bounded(s, MAX_QUOTED).into_owned());
+    let name = text(&["metadata", "name"]).unwrap_or_default();
+    let namespace = match kind {
+        "Namespace" => String::new(),
+        _ => text(&["metadata", "namespace"]).unwrap_or_else(|| DEFAULT_NAMESPACE.to_string()),
+    };
+    Identity {
+        kind,
+        namespace,
+        name,
     }
 }
 
 impl Loader {
+    fn new(limits: &Limits) -> Self {
+        Loader {
+            budget: limits.expansion_budget(),
+            errors: Vec::new(),
+            rejected: Vec::new(),
+            model: Model::default(),
+            seen: HashMap::new(),
+            mesh: None,
+        }
+    }
+
+    /// A file that could not be read: its objects are the ones left out.
+    fn file_error(&mut self, file: &str, message: String) {
+        self.errors
+            .push(ConfigError::new(file, None, None, message));
+        self.rejected.push(Rejected::file(file));
+    }
+
     fn add_file(&mut self, file: &str, text: &str) {
-        for (index, document) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-            match Value::deserialize(document) {
+        for (index, document) in yaml::documents(text, self.budget).into_iter().enumerate() {
+            match document {
                 Ok(value) => self.add_document(file, value, String::new()),
                 Err(e) => {
-                    self.errors.push(ConfigError::new(
-                        file,
-                        None,
-                        None,
-                        format!("document {} is not valid YAML: {e}", index + 1),
-                    ));
                     // The parser cannot resynchronise after a syntax error: the rest of the file is lost.
-                    break;
+                    self.file_error(
+                        file,
+                        format!("document {} is not valid YAML: {e}", index + 1),
+                    );
                 }
             }
         }
@@ -154,11 +238,7 @@ impl Loader {
         if value.is_null() {
             return;
         }
-        let Some(kind_text) = value
-            .get("kind")
-            .and_then(Value::as_str)
-            .map(str::to_string)
-        else {
+        let Some(kind_text) = value.get("kind").and_then(Value::as_str) else {
             let field = if prefix.is_empty() {
                 "kind".to_string()
             } else {
@@ -171,31 +251,58 @@ impl Loader {
             };
             self.errors
                 .push(ConfigError::new(file, None, Some(field), message));
+            self.rejected.push(Rejected {
+                kind: "Document",
+                ..Rejected::file(file)
+            });
             return;
         };
         let api_version = value.get("apiVersion").and_then(Value::as_str);
-        let Some(kind) = classify(api_version, &kind_text) else {
-            tracing::debug!(file, kind = %kind_text, api_version, "skipping a kind the agent does not use");
+        let Some(kind) = classify(api_version, kind_text) else {
+            tracing::debug!(
+                file,
+                kind = %bounded(kind_text, MAX_QUOTED),
+                api_version = api_version.map(|v| bounded(v, MAX_QUOTED).into_owned()),
+                "skipping a kind the agent does not use"
+            );
             return;
         };
-        let object = describe(kind, &value);
+        if kind == "List" {
+            let items = match value {
+                Value::Mapping(mut map) => match map.remove("items") {
+                    Some(Value::Sequence(items)) => items,
+                    _ => Vec::new(),
+                },
+                _ => Vec::new(),
+            };
+            for (i, item) in items.into_iter().enumerate() {
+                self.add_document(file, item, format!("{prefix}items[{i}]."));
+            }
+            return;
+        }
+        let id = identity(kind, &value);
+        let before = self.errors.len();
+        self.add_object(file, &id, value, prefix);
+        if self.errors.len() > before {
+            self.rejected.push(Rejected {
+                kind: id.kind,
+                namespace: id.namespace,
+                name: id.name,
+                file: file.to_string(),
+                last_good_in_force: false,
+            });
+        }
+    }
+
+    /// Converts one object and adds it if valid; every problem goes to `self.errors`.
+    fn add_object(&mut self, file: &str, id: &Identity, value: Value, prefix: String) {
         let mut ctx = Ctx {
             file,
-            object,
+            object: describe(id),
             prefix,
             errors: &mut self.errors,
         };
-        match kind {
-            "List" => {
-                let prefix = ctx.prefix.clone();
-                let items = match value.get("items") {
-                    Some(Value::Sequence(items)) => items.clone(),
-                    _ => Vec::new(),
-                };
-                for (i, item) in items.into_iter().enumerate() {
-                    self.add_document(file, item, format!("{prefix}items[{i}]."));
-                }
-            }
+        match id.kind {
             "Namespace" => {
                 if let Some(ns) =
                     typed::<RawNamespace>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
@@ -249,7 +356,7 @@ impl Loader {
                 self.set_mesh(file, object, "kind", mesh);
             }
             "ConfigMap" => {
-                if str_at(&value, &["metadata", "name"]) != Some("istio") {
+                if id.name != "istio" {
                     tracing::debug!(file, object = %ctx.object, "skipping a ConfigMap other than istio");
                     return;
                 }
@@ -260,18 +367,11 @@ impl Loader {
                     tracing::debug!(file, object = %ctx.object, "ConfigMap istio has no mesh key");
                     return;
                 };
-                let raw = match serde_path_to_error::deserialize::<_, Option<RawMeshConfig>>(
-                    serde_yaml_ng::Deserializer::from_str(&text),
-                ) {
-                    Ok(raw) => Some(raw.unwrap_or_default()),
+                let raw = match yaml::single(&text, self.budget) {
+                    Ok(value) => typed_at::<Option<RawMeshConfig>>(&mut ctx, value, "data.mesh")
+                        .map(Option::unwrap_or_default),
                     Err(e) => {
-                        let path = e.path().to_string();
-                        let field = if path == "." {
-                            "data.mesh".to_string()
-                        } else {
-                            format!("data.mesh.{path}")
-                        };
-                        ctx.error(field, e.into_inner().to_string());
+                        ctx.error("data.mesh", format!("not valid YAML: {e}"));
                         None
                     }
                 };
@@ -279,7 +379,10 @@ impl Loader {
                 let object = ctx.object;
                 self.set_mesh(file, object, "data.mesh", mesh);
             }
-            _ => unreachable!("classify returns only the kinds above"),
+            _ => {
+                // classify returns only the kinds above; a new kind without a branch is a bug, not input.
+                tracing::error!(kind = id.kind, "no loader for this kind");
+            }
         }
     }
 
@@ -324,46 +427,260 @@ impl Loader {
         self.mesh = Some((mesh, format!("{object} in {file}")));
     }
 
-    fn finish(self) -> Result<Model, ConfigErrors> {
-        if !self.errors.is_empty() {
-            return Err(ConfigErrors(self.errors));
-        }
+    fn finish(self) -> Loaded {
         let mut model = self.model;
         model.mesh = self.mesh.map(|(m, _)| m).unwrap_or_default();
-        model.cluster_domain = DEFAULT_CLUSTER_DOMAIN.to_string();
-        let referenced: Vec<String> = model
-            .service_entries
-            .iter()
-            .map(|s| &s.meta.namespace)
-            .chain(model.services.iter().map(|s| &s.meta.namespace))
-            .chain(model.workloads.iter().map(|w| &w.meta.namespace))
-            .cloned()
-            .collect();
-        for ns in referenced {
+        complete(&mut model);
+        Loaded {
+            model,
+            errors: self.errors,
+            rejected: self.rejected,
+            unreadable: false,
+        }
+    }
+}
+
+/// Adds the implicit namespace of every object whose namespace nothing declares, and sorts.
+pub(crate) fn complete(model: &mut Model) {
+    model.cluster_domain = DEFAULT_CLUSTER_DOMAIN.to_string();
+    let referenced: Vec<String> = model
+        .service_entries
+        .iter()
+        .map(|s| &s.meta.namespace)
+        .chain(model.services.iter().map(|s| &s.meta.namespace))
+        .chain(model.workloads.iter().map(|w| &w.meta.namespace))
+        .cloned()
+        .collect();
+    for ns in referenced {
+        if !model.namespaces.contains_key(&ns) {
             model
                 .namespaces
-                .entry(ns.clone())
-                .or_insert_with(|| Namespace::implicit(&ns));
+                .insert(ns.clone(), Namespace::implicit(&ns));
         }
-        let key = |m: &super::model::ObjectMeta| (m.namespace.clone(), m.name.clone());
-        model.service_entries.sort_by_key(|s| key(&s.meta));
-        model.services.sort_by_key(|s| key(&s.meta));
-        model.workloads.sort_by_key(|w| (w.kind, key(&w.meta)));
-        Ok(model)
     }
+    let key = |m: &super::model::ObjectMeta| (m.namespace.clone(), m.name.clone());
+    model.service_entries.sort_by_key(|s| key(&s.meta));
+    model.services.sort_by_key(|s| key(&s.meta));
+    model.workloads.sort_by_key(|w| (w.kind, key(&w.meta)));
 }
 
 /// Deserializes a document into its raw shape; a type error names the field path.
 fn typed<T: for<'de> Deserialize<'de>>(ctx: &mut Ctx<'_>, value: Value) -> Option<T> {
+    typed_at(ctx, value, "")
+}
+
+/// As [`typed`], for a value held at `at` inside the object (`data.mesh`), named in the field path.
+fn typed_at<T: for<'de> Deserialize<'de>>(ctx: &mut Ctx<'_>, value: Value, at: &str) -> Option<T> {
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(raw) => Some(raw),
         Err(e) => {
             let path = e.path().to_string();
-            ctx.error(
-                if path == "." { "" } else { &path },
-                e.into_inner().to_string(),
-            );
+            let field = match (at, path.as_str()) {
+                (at, ".") => at.to_string(),
+                ("", path) => path.to_string(),
+                (at, path) => format!("{at}.{path}"),
+            };
+            ctx.error(field, plain_message(&e.into_inner().to_string()));
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        fs,
+        time::{Duration, Instant},
+    };
+
+    use super::*;
+
+    const NS: &str = "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-a}\n";
+
+    fn entry(name: &str, spec: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: team-a}}\nspec: {spec}\n"
+        )
+    }
+
+    fn names(loaded: &Loaded) -> Vec<&str> {
+        loaded
+            .model
+            .service_entries
+            .iter()
+            .map(|s| s.meta.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn one_bad_object_is_left_out_and_every_valid_one_loads() {
+        let good = entry(
+            "good",
+            "{hosts: [good.example.com], addresses: [203.0.113.1]}",
+        );
+        let bad = entry(
+            "bad",
+            "{hosts: [bad.example.com], addresses: [203.0.113.0/33]}",
+        );
+        let text = format!("{NS}---\n{good}---\n{bad}");
+        let loaded = read_sources([("a.yaml", text.as_str()), ("b.yaml", "kind: [unclosed")]);
+        assert_eq!(names(&loaded), ["good"]);
+        assert!(loaded.model.namespaces["team-a"].declared);
+        let got: Vec<(&str, &str, &str)> = loaded
+            .rejected
+            .iter()
+            .map(|r| (r.kind, r.name.as_str(), r.file.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [("ServiceEntry", "bad", "a.yaml"), ("File", "", "b.yaml")]
+        );
+        assert_eq!(loaded.errors.len(), 2, "{:?}", loaded.errors);
+        assert_eq!(loaded.errors[0].field.as_deref(), Some("spec.addresses[0]"));
+        assert!(loaded.into_result().is_err(), "a strict load still refuses");
+    }
+
+    #[test]
+    fn documents_before_a_syntax_error_still_load() {
+        let good = entry("good", "{hosts: [good.example.com]}");
+        let text = format!("{good}---\nkind: [unclosed\n");
+        let loaded = read_sources([("a.yaml", text.as_str())]);
+        assert_eq!(names(&loaded), ["good"]);
+        assert_eq!(loaded.rejected[0].kind, "File");
+    }
+
+    /// Messages name the form a field expects, never the Rust type behind it.
+    #[test]
+    fn messages_are_in_the_users_terms() {
+        struct Case {
+            name: &'static str,
+            yaml: String,
+            message: &'static str,
+        }
+        let cases = [
+            Case {
+                name: "port number as text",
+                yaml: entry("x", "{hosts: [a.example.com], ports: [{number: eighty}]}"),
+                message: "expected an integer, got string \"eighty\"",
+            },
+            Case {
+                name: "ports as a mapping",
+                yaml: entry("x", "{hosts: [a.example.com], ports: {number: 80}}"),
+                message: "expected a list, got a mapping",
+            },
+            Case {
+                name: "spec as a list",
+                yaml: entry("x", "[a, b]"),
+                message: "expected a mapping, got a list",
+            },
+            Case {
+                name: "visibility config as a list",
+                yaml: "kind: MeshConfig\nserviceEntryVisibility: [1]\n".into(),
+                message: "expected a mapping, got a list",
+            },
+            Case {
+                name: "applyToSidecars as a number",
+                yaml: "kind: MeshConfig\nserviceEntryVisibility: {applyToSidecars: 3}\n".into(),
+                message: "expected true or false, got integer 3",
+            },
+            Case {
+                name: "Service targetPort as a list",
+                yaml: "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: a}\nspec: {ports: [{port: 80, targetPort: [1]}]}\n".into(),
+                message: "expected a port number or a port name",
+            },
+        ];
+        for case in cases {
+            let loaded = read_sources([("a.yaml", case.yaml.as_str())]);
+            let [e] = loaded.errors.as_slice() else {
+                panic!("{}: {:?}", case.name, loaded.errors)
+            };
+            assert!(e.message.contains(case.message), "{}: {e}", case.name);
+            for rust in ["i64", "u16", "struct", "Raw", "enum", "sequence", "map,"] {
+                assert!(!e.message.contains(rust), "{}: {rust} in {e}", case.name);
+            }
+        }
+    }
+
+    #[test]
+    fn a_huge_bad_value_is_quoted_only_in_part() {
+        let huge = "x".repeat(1 << 20);
+        let text = entry(
+            &huge,
+            &format!("{{hosts: [a.example.com], addresses: [{huge}]}}"),
+        );
+        let loaded = read_sources([("a.yaml", text.as_str())]);
+        assert!(!loaded.errors.is_empty());
+        for e in &loaded.errors {
+            let shown = e.to_string();
+            assert!(
+                shown.len() < 2 * (MAX_QUOTED + crate::config::MAX_MESSAGE),
+                "{} bytes",
+                shown.len()
+            );
+        }
+        assert!(loaded.rejected.iter().all(|r| r.name.len() <= MAX_QUOTED));
+    }
+
+    #[test]
+    fn a_directory_with_hostile_files_loads_what_it_may_quickly() {
+        let dir =
+            std::env::temp_dir().join(format!("redirect-loader-hostile-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("a.yaml"),
+            entry("good", "{hosts: [good.example.com]}"),
+        )
+        .unwrap();
+        super::super::source::tests::mkfifo(&dir.join("fifo.yaml"));
+        std::os::unix::fs::symlink("/dev/zero", dir.join("zero.yaml")).unwrap();
+        // An ignored 100 MB file (sparse) and an over-cap manifest.
+        let ignored = fs::File::create(dir.join("big.bin")).unwrap();
+        ignored.set_len(100 << 20).unwrap();
+        let over = fs::File::create(dir.join("over.yaml")).unwrap();
+        over.set_len(5 << 20).unwrap();
+        fs::write(
+            dir.join("bomb.yaml"),
+            crate::config::yaml::tests::alias_bomb(),
+        )
+        .unwrap();
+        let started = Instant::now();
+        let loaded = read_dir(&dir, &Limits::default());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(names(&loaded), ["good"]);
+        let files: Vec<&str> = loaded
+            .errors
+            .iter()
+            .map(|e| e.file.rsplit('/').next().unwrap_or_default())
+            .collect();
+        assert_eq!(files, ["bomb.yaml", "over.yaml"], "{:?}", loaded.errors);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_directory_cap_leaves_out_the_files_past_it() {
+        let dir =
+            std::env::temp_dir().join(format!("redirect-loader-dircap-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap();
+        let a = entry("a", "{hosts: [a.example.com]}");
+        fs::write(dir.join("a.yaml"), &a).unwrap();
+        fs::write(dir.join("b.yaml"), entry("b", "{hosts: [b.example.com]}")).unwrap();
+        let limits = Limits {
+            max_file_bytes: 1 << 20,
+            max_dir_bytes: a.len() as u64 + 10,
+        };
+        let loaded = read_dir(&dir, &limits);
+        assert_eq!(names(&loaded), ["a"]);
+        assert!(
+            loaded.errors[0].message.contains("--config-max-dir-bytes"),
+            "{:?}",
+            loaded.errors
+        );
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,24 +1,32 @@
 //! The resource model: a directory of Kubernetes YAML -> typed, validated resources ([`Model`]).
 //!
-//! Every error names the file, the object (`Kind namespace/name`) and the field; all errors of a load
-//! are reported together and a load with any error returns none of its objects.
+//! Every error names the file, the object (`Kind namespace/name`) and the field. The unit of refusal
+//! is one object: an invalid object is left out and reported, every valid one loads ([`Loaded`]);
+//! a running agent puts back the last good version of what was left out ([`keep_last_good`]).
 mod convert;
 mod error;
 mod kube;
 mod labels;
+mod last_good;
 mod loader;
 mod mesh;
 mod model;
 mod service_entry;
+mod source;
+mod yaml;
 
-pub use error::{ConfigError, ConfigErrors};
+pub use error::{ConfigError, ConfigErrors, MAX_MESSAGE, MAX_QUOTED, bounded};
 /// `metadata.creationTimestamp`: only its order matters (the ranking rule).
 pub use jiff::Timestamp;
 pub use labels::{LabelSelector, Labels, Operator, Requirement, selects};
-pub use loader::{load_dir, load_sources};
+pub use last_good::keep_last_good;
+pub use loader::{Loaded, Rejected, load_dir, load_sources, read_dir, read_sources};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL, use_waypoint};
+#[cfg(test)]
+pub(crate) use source::tests as source_tests;
+pub use source::{FileStat, Limits, is_manifest_name, list as list_files, read as read_file};
 
 #[cfg(test)]
 mod istio_tests;

@@ -1,5 +1,5 @@
 //! `ServiceEntry` and `WorkloadEntry` (networking.istio.io): raw shape and validation.
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use serde::Deserialize;
 
@@ -166,9 +166,11 @@ impl RawServiceEntry {
             ctx.error("spec.hosts", "at least one host is required");
         }
         let mut hosts = Vec::new();
+        // Duplicate checks through sets: a generated list of 100,000 hosts stays linear.
+        let mut seen_hosts = HashSet::new();
         for (i, text) in raw_hosts.iter().enumerate() {
             if let Some(host) = convert::host(ctx, &format!("spec.hosts[{i}]"), text) {
-                if hosts.contains(&host) {
+                if !seen_hosts.insert(host.clone()) {
                     ctx.error(
                         format!("spec.hosts[{i}]"),
                         format!("host {host} is listed twice"),
@@ -185,6 +187,7 @@ impl RawServiceEntry {
         }
 
         let mut ports: Vec<ServiceEntryPort> = Vec::new();
+        let (mut seen_numbers, mut seen_names) = (HashSet::new(), HashSet::new());
         for (i, raw) in spec.ports.unwrap_or_default().into_iter().enumerate() {
             let at = format!("spec.ports[{i}]");
             let number = convert::port(ctx, &format!("{at}.number"), raw.number);
@@ -192,14 +195,14 @@ impl RawServiceEntry {
                 .target_port
                 .and_then(|t| convert::port(ctx, &format!("{at}.targetPort"), Some(t)));
             let Some(number) = number else { continue };
-            if ports.iter().any(|p| p.number == number) {
+            if !seen_numbers.insert(number) {
                 ctx.error(
                     format!("{at}.number"),
                     format!("port {number} is declared twice"),
                 );
             }
             if let Some(name) = &raw.name
-                && ports.iter().any(|p| p.name.as_ref() == Some(name))
+                && !seen_names.insert(name.clone())
             {
                 ctx.error(
                     format!("{at}.name"),

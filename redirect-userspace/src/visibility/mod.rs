@@ -6,7 +6,10 @@ mod conditions;
 mod export_to;
 mod policy;
 
-pub use alloc::{Allocation, V4_RANGE, V6_RANGE, allocate, needs_allocation};
+pub use alloc::{
+    ADDRESS_ALLOCATED, ADDRESS_POOL_EXHAUSTED, Allocation, V4_RANGE, V6_RANGE, allocate,
+    needs_allocation,
+};
 pub use conditions::{
     CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, Condition, ConditionStatus, VISIBILITY_APPLIED,
     WAYPOINT_ACCEPTED, WAYPOINT_BOUND, conditions, requested_waypoint,
@@ -15,7 +18,7 @@ pub use export_to::sidecar_export_to;
 pub use policy::{policy_matches, visibility_for};
 
 pub use crate::config::Visibility;
-use crate::config::{Address, Model, WaypointRef};
+use crate::config::{Address, ConfigError, Model, WaypointRef};
 
 /// The resolution of every ServiceEntry of a model, indexed like `model.service_entries`.
 #[derive(Debug, Clone)]
@@ -66,8 +69,22 @@ pub fn resolve(model: &Model) -> Resolution {
             let ns = &entry.meta.namespace;
             let ns_labels = model.namespace_labels(ns);
             let (visibility, matched_policy) = visibility_for(config, &ns_labels);
-            let (conditions, waypoint) =
+            let (mut conditions, waypoint) =
                 conditions(entry, &ns_labels, visibility, config.is_some());
+            let allocated = allocations.next().unwrap_or_default();
+            if let Some(missing) = allocated.iter().find(|a| a.v4.is_none())
+                && visibility != Visibility::None
+            {
+                conditions.push(Condition {
+                    type_: ADDRESS_ALLOCATED,
+                    status: ConditionStatus::False,
+                    reason: ADDRESS_POOL_EXHAUSTED,
+                    message: format!(
+                        "no IPv4 address left in {V4_RANGE} for {}; declare spec.addresses",
+                        missing.host
+                    ),
+                });
+            }
             ResolvedEntry {
                 namespace: ns.clone(),
                 name: entry.meta.name.clone(),
@@ -81,7 +98,7 @@ pub fn resolve(model: &Model) -> Resolution {
                     visibility,
                     cap,
                 ),
-                allocated: allocations.next().unwrap_or_default(),
+                allocated,
                 waypoint,
             }
         })
@@ -90,6 +107,14 @@ pub fn resolve(model: &Model) -> Resolution {
         entries,
         configured: config.is_some(),
     }
+}
+
+/// One error per entry the address pool could not serve (see [`alloc::exhausted`]).
+pub fn allocation_errors(model: &Model, resolution: &Resolution) -> Vec<ConfigError> {
+    alloc::exhausted(
+        model,
+        resolution.entries.iter().map(|e| e.allocated.as_slice()),
+    )
 }
 
 #[cfg(test)]

@@ -121,6 +121,13 @@ pub mod key {
     pub const IDENTITY_MISMATCHES: &str = "redirect_client_identity_mismatches_total";
     pub const RELOAD_OK: &str = r#"redirect_config_reloads_total{result="ok"}"#;
     pub const RELOAD_FAILED: &str = r#"redirect_config_reloads_total{result="failed"}"#;
+    /// Applied, with objects in error left out or kept at their last good version.
+    pub const RELOAD_PARTIAL: &str = r#"redirect_config_reloads_total{result="partial"}"#;
+
+    /// `redirect_config_objects_rejected{kind=...}`: objects of that kind in error now.
+    pub fn rejected(kind: &str) -> String {
+        format!(r#"redirect_config_objects_rejected{{kind="{kind}"}}"#)
+    }
 
     /// `redirect_outbound_connections_total{outcome=...}` for an explain action.
     pub fn outbound(action: &crate::explain::OutboundAction) -> String {

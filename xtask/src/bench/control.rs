@@ -10,8 +10,9 @@ use crate::{build, cmd};
 use anyhow::{Context, Result, bail};
 use redirect::synthetic;
 
-/// The criterion bench target (redirect-userspace/benches/state.rs).
-pub const BENCH: &str = "state";
+/// The criterion bench targets: lookups and state build (redirect-userspace/benches/state.rs), and
+/// pathological configuration refused or loaded (benches/config_bounds.rs).
+pub const BENCHES: [&str; 2] = ["state", "config_bounds"];
 
 /// One criterion benchmark: its median time per iteration and the 95 % interval of that median, ns.
 #[derive(Clone, Debug, PartialEq)]
@@ -24,7 +25,10 @@ pub struct Criterion {
 
 /// The command line that runs the benches (also what the report prints).
 pub fn criterion_command(quick: bool) -> String {
-    let mut c = format!("cargo bench -p redirect --bench {BENCH}");
+    let mut c = "cargo bench -p redirect".to_string();
+    for bench in BENCHES {
+        c.push_str(&format!(" --bench {bench}"));
+    }
     if quick {
         c.push_str(" -- --quick");
     }
@@ -36,7 +40,8 @@ pub fn run_criterion(quick: bool, ebpf_object: &Path) -> Result<Vec<Criterion>> 
     let started = SystemTime::now();
     let mut c = cmd::cargo();
     c.current_dir(cmd::workspace_root())
-        .args(["bench", "-p", "redirect", "--bench", BENCH])
+        .args(["bench", "-p", "redirect"])
+        .args(BENCHES.iter().flat_map(|b| ["--bench", b]))
         // The same embedded object as `cargo xtask build`: otherwise cargo would rebuild the agent binary
         // in target/release without its eBPF programs.
         .env("REDIRECT_EBPF_OBJECT", ebpf_object);

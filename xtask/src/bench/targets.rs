@@ -15,6 +15,8 @@ pub const DNS_ANSWERED_QPS: f64 = 50_000.0;
 pub const LOOKUP_NS: f64 = 200.0;
 pub const BUILD_MS: f64 = 100.0;
 pub const RSS_MIB: f64 = 64.0;
+/// Criterion ids of the pathological-configuration benches (redirect-userspace/benches/config_bounds.rs).
+pub const CONFIG_BOUNDS: &str = "config_bounds/";
 
 /// The ratio targets: metric, bound, whether the ratio must be at least (true) or at most the bound.
 pub const RATIO_TARGETS: [(Metric, f64, bool); 4] = [
@@ -59,7 +61,7 @@ pub fn judge(results: &Results, criterion: &[Criterion], memory: Option<&Memory>
     });
     let lookups: Vec<&Criterion> = criterion
         .iter()
-        .filter(|c| !c.id.starts_with("state_build"))
+        .filter(|c| !c.id.starts_with("state_build") && !c.id.starts_with(CONFIG_BOUNDS))
         .collect();
     let slowest = lookups
         .iter()
@@ -78,6 +80,17 @@ pub fn judge(results: &Results, criterion: &[Criterion], memory: Option<&Memory>
             format!("{:.1} ms", c.median_ns / 1e6)
         }),
         met: build.map(|c| c.median_ns / 1e6 <= BUILD_MS),
+    });
+    let bounds = criterion
+        .iter()
+        .filter(|c| c.id.starts_with(CONFIG_BOUNDS))
+        .max_by(|a, b| a.median_ns.total_cmp(&b.median_ns));
+    out.push(Verdict {
+        target: "pathological config (100k hosts, 65,535 ports, 100k-deep nesting, alias bomb) refused or loaded ≤ 1 s each".into(),
+        measured: bounds.map_or("not measured".into(), |c| {
+            format!("slowest {:.1} ms ({})", c.median_ns / 1e6, c.id)
+        }),
+        met: bounds.map(|c| c.median_ns <= 1e9),
     });
     out.push(Verdict {
         target: format!("agent RSS with 10,000 entries ≤ {RSS_MIB:.0} MiB"),
@@ -129,6 +142,7 @@ mod tests {
             c("state_build/10k_entries_1k_namespaces", 150e6),
             c("by_ip/own_namespace_service", 40.0),
             c("by_host/exact", 250.0),
+            c("config_bounds/100k_hosts", 300e6),
         ];
         let memory = Memory {
             rss_kib: 30 * 1024,
@@ -142,5 +156,15 @@ mod tests {
         assert_eq!(met("state build"), Some(false));
         assert_eq!(met("agent RSS"), Some(true));
         assert_eq!(met("DNS answered"), None);
+        assert_eq!(met("pathological config"), Some(true));
+        let lookups = v
+            .iter()
+            .find(|v| v.target.starts_with("every lookup"))
+            .unwrap();
+        assert!(
+            lookups.measured.contains("by_host/exact"),
+            "{}",
+            lookups.measured
+        );
     }
 }
