@@ -1,7 +1,7 @@
 //! `rdt-peer`, the helper binary of this crate, run in ext or in a pod: identity HTTP + TCP echo servers
 //! (`serve`), and the clients curl and dig cannot be (`getpeername`, `echo`, `fanout`, `hold`,
 //! `dns-unconnected`).
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,8 +37,8 @@ pub fn cmd(place: &Place) -> Result<Cmd> {
 /// A running `rdt-peer serve`: killed on drop.
 pub struct Peer {
     name: String,
-    http: Vec<SocketAddrV4>,
-    echo: Vec<SocketAddrV4>,
+    http: Vec<SocketAddr>,
+    echo: Vec<SocketAddr>,
     proc: Proc,
 }
 
@@ -48,8 +48,8 @@ impl Peer {
     pub fn start(
         place: &Place,
         name: &str,
-        http: &[SocketAddrV4],
-        echo: &[SocketAddrV4],
+        http: &[SocketAddr],
+        echo: &[SocketAddr],
     ) -> Result<Peer> {
         if http.is_empty() && echo.is_empty() {
             bail!("peer {name}: nothing to listen on");
@@ -63,7 +63,7 @@ impl Peer {
         }
         let mut proc = c.spawn()?;
         let pid = proc.pid();
-        let all: Vec<SocketAddrV4> = http.iter().chain(echo).copied().collect();
+        let all: Vec<SocketAddr> = http.iter().chain(echo).copied().collect();
         procfs::wait_bound(pid, Proto::Tcp, &all, Duration::from_secs(10), || {
             proc.is_running()
         })
@@ -79,10 +79,10 @@ impl Peer {
     pub fn name(&self) -> &str {
         &self.name
     }
-    pub fn http(&self) -> &[SocketAddrV4] {
+    pub fn http(&self) -> &[SocketAddr] {
         &self.http
     }
-    pub fn echo(&self) -> &[SocketAddrV4] {
+    pub fn echo(&self) -> &[SocketAddr] {
         &self.echo
     }
     pub fn pid(&self) -> u32 {

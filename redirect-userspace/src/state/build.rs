@@ -205,7 +205,8 @@ fn se_endpoints(
     }
 }
 
-/// A workload's endpoint: its first IPv4 address (the redirect is IPv4), else its first address.
+/// A workload's endpoint: its first IPv4 address, else its first address (the agent reaches either
+/// family, whatever the family the client connected with).
 fn workload_endpoint(w: &Workload, port: u16) -> Option<Endpoint> {
     let ip = w.ips.iter().find(|ip| ip.is_ipv4()).or(w.ips.first())?;
     Some(Endpoint {
