@@ -27,6 +27,11 @@ pub enum Resolver {
 }
 
 impl Resolver {
+    /// dig refuses v4-mapped server addresses: those are asked with `rdt-peer dns` (same layout).
+    fn is_v4_mapped(self) -> bool {
+        matches!(self, Resolver::At(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some())
+    }
+
     /// How the reply's source must read in dig's `;; SERVER:` line.
     fn server_prefix(self) -> String {
         match self {
@@ -83,16 +88,12 @@ impl World {
         if tcp {
             question.push("+tcp");
         }
-        let server = match resolver {
-            Resolver::ResolvConf => None,
-            Resolver::At(ip) => Some(format!("@{ip}")),
-        };
         let verdict = self.explain.host(from, &absolute)?;
         let before = self.agent.metrics()?;
-        let reply = dig::run(self.dig_cmd(from).args(&server).args(&question))?;
+        let reply = self.ask(from, &absolute, qtype, tcp, resolver)?;
         let after = self.agent.metrics()?;
         let what = format!(
-            "dig {server:?} {question:?} from {from}: {reply:#?}\nexplain: {}",
+            "{question:?} at {resolver:?} from {from}: {reply:#?}\nexplain: {}",
             verdict.json
         );
         ensure!(
@@ -128,7 +129,11 @@ impl World {
                 );
             }
             DnsAction::Forward => {
-                let upstream = self.dig_upstream_with(&question)?;
+                let upstream = if resolver.is_v4_mapped() {
+                    self.ask_upstream_as_rdt_peer(&absolute, qtype, tcp)?
+                } else {
+                    self.dig_upstream_with(&question)?
+                };
                 ensure!(
                     reply.content() == upstream.content(),
                     "the pod must get exactly the upstream's reply; straight from the upstream: {upstream:#?}\n{what}"
@@ -146,6 +151,47 @@ impl World {
             "a hidden service is counted once per query that skipped one: {after:#?}; {what}"
         );
         Ok((verdict, reply))
+    }
+
+    /// The question from the client pod of `from`, at `resolver`: dig, or `rdt-peer dns` (a connected
+    /// `AF_INET6` socket, or TCP) for a v4-mapped address, which dig refuses.
+    fn ask(
+        &self,
+        from: &str,
+        name: &str,
+        qtype: &str,
+        tcp: bool,
+        resolver: Resolver,
+    ) -> Result<Reply> {
+        match resolver {
+            Resolver::ResolvConf => {
+                dig::run(self.dig_cmd(from).args([name, qtype]).args(tcp.then_some("+tcp")))
+            }
+            Resolver::At(ip) if resolver.is_v4_mapped() => {
+                let server = SocketAddr::new(ip, 53).to_string();
+                let out = crate::peer::cmd(self.client(from).place())?
+                    .args(["dns", &server, name, qtype])
+                    .args(tcp.then_some("--tcp"))
+                    .ok()?;
+                dig::parse(&out.stdout_str()).with_context(|| format!("reading {out}"))
+            }
+            Resolver::At(ip) => dig::run(
+                self.dig_cmd(from)
+                    .arg(format!("@{ip}"))
+                    .args([name, qtype])
+                    .args(tcp.then_some("+tcp")),
+            ),
+        }
+    }
+
+    /// `rdt-peer dns` from the node netns straight to the upstream: the same client's query, so its
+    /// reply is what a forwarded one must be.
+    fn ask_upstream_as_rdt_peer(&self, name: &str, qtype: &str, tcp: bool) -> Result<Reply> {
+        let out = crate::peer::cmd(self.topo.node())?
+            .args(["dns", &format!("{RESOLVER_IP}:53"), name, qtype])
+            .args(tcp.then_some("--tcp"))
+            .ok()?;
+        dig::parse(&out.stdout_str()).with_context(|| format!("reading {out}"))
     }
 
     /// `dig +search name` from the client pod of `from` (the pod's search path and ndots, as glibc
