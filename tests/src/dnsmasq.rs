@@ -104,7 +104,11 @@ impl Dnsmasq {
             .args(BASE_ARGS)
             // The tests read which queries reached the upstream.
             .arg("--log-queries")
-            .args(self.listen.iter().map(|ip| format!("--listen-address={ip}")))
+            .args(
+                self.listen
+                    .iter()
+                    .map(|ip| format!("--listen-address={ip}")),
+            )
             .args(&self.records.args)
             .spawn()?;
         let pid = proc.pid();

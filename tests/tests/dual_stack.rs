@@ -34,9 +34,7 @@ struct Setup {
 fn setup() -> Result<Setup> {
     let topo = Topology::with_pods(&[A1])?;
     let parse = |list: [&str; 2]| -> Result<Vec<SocketAddr>> {
-        list.iter()
-            .map(|a| a.parse().context("address"))
-            .collect()
+        list.iter().map(|a| a.parse().context("address")).collect()
     };
     let ext = topo.start_ext_peer(EXT_NAME, &parse(EXT_HTTP)?, &parse(EXT_ECHO)?)?;
     let agent = Agent::start(&topo, &[])?;
@@ -143,8 +141,16 @@ fn loopback_the_node_and_the_agent_ipv6_sockets_are_not_redirected() -> Result<(
     );
     std::thread::sleep(Duration::from_millis(200)); // a looped connection would be counted by now
     let after_pod = s.agent.metrics()?;
-    for (key, want) in [(TCP_REDIRECTED, 1.0), (PASSTHROUGH, 1.0), (OUTBOUND_ERRORS, 0.0)] {
-        assert_eq!(delta(&after_local, &after_pod, key), want, "{key}: {after_pod:#?}");
+    for (key, want) in [
+        (TCP_REDIRECTED, 1.0),
+        (PASSTHROUGH, 1.0),
+        (OUTBOUND_ERRORS, 0.0),
+    ] {
+        assert_eq!(
+            delta(&after_local, &after_pod, key),
+            want,
+            "{key}: {after_pod:#?}"
+        );
     }
     Ok(())
 }
@@ -207,7 +213,11 @@ spec:
 fn namespace_entry_with_an_ipv6_address_is_the_agents_inside_and_absent_outside() -> Result<()> {
     let w = World::start_with(|dir| replace_file(dir, "40-api6.yaml", API6_ENTRY))?;
     let real: IpAddr = "2001:db8:113::10".parse()?;
-    assert_eq!(w.dig_upstream_with(&["api6.example.com.", "AAAA"])?.addresses(), [real]);
+    assert_eq!(
+        w.dig_upstream_with(&["api6.example.com.", "AAAA"])?
+            .addresses(),
+        [real]
+    );
 
     // DNS: every resolver address, UDP and TCP.
     for tcp in [false, true] {

@@ -13,7 +13,9 @@ pub struct Gateways {
 pub enum GatewayError {
     #[error("--gateway: give at least one address (an IPv4 and/or an IPv6 one)")]
     None,
-    #[error("--gateway: {first} and {second} are both {family}; give at most one address per family")]
+    #[error(
+        "--gateway: {first} and {second} are both {family}; give at most one address per family"
+    )]
     TwoOfAFamily {
         family: &'static str,
         first: IpAddr,
@@ -77,7 +79,9 @@ impl Gateways {
     /// The IPv6 gateway in the programs' `user_ip6` form (network-order words), zero for none.
     pub fn v6_words(&self) -> [u32; 4] {
         let o = self.v6.map_or([0; 16], |ip| ip.octets());
-        std::array::from_fn(|i| u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]]))
+        std::array::from_fn(|i| {
+            u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+        })
     }
 }
 

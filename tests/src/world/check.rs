@@ -164,9 +164,11 @@ impl World {
         resolver: Resolver,
     ) -> Result<Reply> {
         match resolver {
-            Resolver::ResolvConf => {
-                dig::run(self.dig_cmd(from).args([name, qtype]).args(tcp.then_some("+tcp")))
-            }
+            Resolver::ResolvConf => dig::run(
+                self.dig_cmd(from)
+                    .args([name, qtype])
+                    .args(tcp.then_some("+tcp")),
+            ),
             Resolver::At(ip) if resolver.is_v4_mapped() => {
                 let server = SocketAddr::new(ip, 53).to_string();
                 let out = crate::peer::cmd(self.client(from).place())?
@@ -243,11 +245,7 @@ impl World {
 
     /// What a client of `from` gets connecting to `dest`, per explain: the server at the endpoint it
     /// names (a host-name endpoint resolved through the upstream), or a reset.
-    pub fn expected_reach(
-        &self,
-        from: &str,
-        dest: SocketAddr,
-    ) -> Result<(OutboundVerdict, Reach)> {
+    pub fn expected_reach(&self, from: &str, dest: SocketAddr) -> Result<(OutboundVerdict, Reach)> {
         let verdict = self.explain.ip(from, dest)?;
         let reach = match verdict.action {
             OutboundAction::NoHealthyUpstream => Reach::Reset,
@@ -322,9 +320,11 @@ impl World {
         let first_v6 = |addrs: &[IpAddr]| addrs.iter().copied().find(IpAddr::is_ipv6);
         let ip = match verdict.action {
             DnsAction::Answer => first_v6(&verdict.addresses),
-            DnsAction::Forward => {
-                first_v6(&self.dig_upstream_with(&[&verdict.query, "AAAA"])?.addresses())
-            }
+            DnsAction::Forward => first_v6(
+                &self
+                    .dig_upstream_with(&[&verdict.query, "AAAA"])?
+                    .addresses(),
+            ),
         };
         let ip = ip
             .with_context(|| format!("no IPv6 address for {host} from {from}: {}", verdict.json))?;

@@ -94,11 +94,7 @@ const EXT_SERVERS: &[(&str, &[&str], &[&str])] = &[
     ("public-login", &["203.0.113.150:80"], &[]),
     // The IPv6 side of the world: the real host of a name a NAMESPACE entry claims with an IPv6
     // address, and that entry's endpoint.
-    (
-        "real-2001:db8:113::10",
-        &["[2001:db8:113::10]:80"],
-        &[],
-    ),
+    ("real-2001:db8:113::10", &["[2001:db8:113::10]:80"], &[]),
     ("api6-endpoint", &["[2001:db8:100::20]:80"], &[]),
 ];
 
@@ -184,10 +180,8 @@ impl World {
             names.insert(listen, name.to_string());
         }
         for (name, http, echo) in EXT_SERVERS {
-            let http: Vec<SocketAddr> =
-                http.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
-            let echo: Vec<SocketAddr> =
-                echo.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+            let http: Vec<SocketAddr> = http.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+            let echo: Vec<SocketAddr> = echo.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
             servers.push(topo.start_ext_peer(name, &http, &echo)?);
             names.extend(http.into_iter().map(|a| (a, name.to_string())));
         }

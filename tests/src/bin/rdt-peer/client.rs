@@ -161,7 +161,11 @@ pub fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
     query.extend_from_slice(&[0, 0, 1, 0, 1]); // root, type A, class IN
 
     // An IPv6 (or v4-mapped) server gets an AF_INET6 socket, as a dual-stack runtime uses.
-    let any = if server.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    let any = if server.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
     let socket = std::net::UdpSocket::bind(any).context("binding")?;
     socket.set_read_timeout(Some(Duration::from_secs(5)))?;
     socket.send_to(&query, server).context("sendto")?;

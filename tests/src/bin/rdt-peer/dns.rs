@@ -36,7 +36,11 @@ pub fn ask(server: SocketAddr, name: &str, qtype: &str, tcp: bool) -> Result<()>
 
 /// connect() then send/recvfrom: the reply's source is what recvmsg() reports.
 fn exchange_udp(server: SocketAddr, query: &[u8]) -> Result<(Vec<u8>, SocketAddr)> {
-    let any = if server.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
+    let any = if server.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
     let socket = UdpSocket::bind(any).context("binding")?;
     socket.connect(server).context("connect")?;
     socket.set_read_timeout(Some(TIMEOUT))?;
