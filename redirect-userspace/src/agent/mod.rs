@@ -74,23 +74,19 @@ async fn run_async(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<(
 
     // Bind before attaching: from the moment the programs are attached, a steered connection or
     // query must find someone listening. One listener per gateway address (per family).
+    let visible_names = Arc::new(VisibleNames {
+        live: live.clone(),
+        metrics: metrics.clone(),
+    });
     let mut listeners = Vec::new();
     let mut dns_proxies = Vec::new();
     for gateway in config.gateway.addrs() {
         listeners.push(proxy::listen(SocketAddr::new(gateway, config.proxy_port))?);
         if let Some(port) = config.dns_proxy_port {
-            dns_proxies.push(
-                DnsProxy::bind(
-                    SocketAddr::new(gateway, port),
-                    upstream.clone(),
-                    Arc::new(VisibleNames {
-                        live: live.clone(),
-                        metrics: metrics.clone(),
-                    }),
-                    metrics.clone(),
-                )
-                .await?,
-            );
+            let addr = SocketAddr::new(gateway, port);
+            let decide = visible_names.clone();
+            dns_proxies
+                .push(DnsProxy::bind(addr, upstream.clone(), decide, metrics.clone()).await?);
         }
     }
     // Which pod each cgroup is, read before attaching: the first connections find it ready.
