@@ -33,13 +33,21 @@ pub mod programs {
     pub const SENDMSG4: &str = "sendmsg4";
     pub const RECVMSG4: &str = "recvmsg4";
     pub const GETPEERNAME4: &str = "getpeername4";
+    pub const CONNECT6: &str = "connect6";
+    pub const SENDMSG6: &str = "sendmsg6";
+    pub const RECVMSG6: &str = "recvmsg6";
+    pub const GETPEERNAME6: &str = "getpeername6";
     pub const SOCK_OPS: &str = "sock_ops";
 }
 
 /// Names of the read-only globals the agent sets at load time.
 pub mod globals {
-    /// The gateway IPv4 address, in network byte order (as `bpf_sock_addr.user_ip4`).
+    /// The gateway IPv4 address, in network byte order (as `bpf_sock_addr.user_ip4`); 0: none, IPv4
+    /// destinations (and their v4-mapped form) are left alone.
     pub const GATEWAY_V4: &str = "GATEWAY_V4";
+    /// The gateway IPv6 address as four network-order words (as `bpf_sock_addr.user_ip6`); all zero:
+    /// none, IPv6 destinations are left alone.
+    pub const GATEWAY_V6: &str = "GATEWAY_V6";
     /// Port of the outbound proxy, host byte order.
     pub const PROXY_PORT: &str = "PROXY_PORT";
     /// Port of the DNS proxy, host byte order; 0 leaves DNS alone.
@@ -108,7 +116,8 @@ impl Stat {
 }
 
 /// An IP address and port. IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`) so one layout serves both
-/// families (connect6 comes later and reuses these maps).
+/// families: an IPv4 socket and an IPv6 socket talking to the v4-mapped form of the same address
+/// file the same key.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct SockAddr {
@@ -132,6 +141,38 @@ impl SockAddr {
             port,
             _pad: 0,
         }
+    }
+
+    /// From an IPv6 address as four words in network order as the kernel hands it (`user_ip6`,
+    /// `local_ip6`) and a port in host byte order.
+    #[inline(always)]
+    pub const fn from_ip6_words(words: [u32; 4], port: u16) -> Self {
+        let [a, b, c, d] = [
+            words[0].to_ne_bytes(),
+            words[1].to_ne_bytes(),
+            words[2].to_ne_bytes(),
+            words[3].to_ne_bytes(),
+        ];
+        SockAddr {
+            addr: [
+                a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1],
+                d[2], d[3],
+            ],
+            port,
+            _pad: 0,
+        }
+    }
+
+    /// The address as four words in network order, the kernel's `user_ip6` form.
+    #[inline(always)]
+    pub const fn ip6_words(&self) -> [u32; 4] {
+        let a = &self.addr;
+        [
+            u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+            u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+            u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+            u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+        ]
     }
 
     /// From a socket address: IPv4 is stored IPv4-mapped.
@@ -195,6 +236,21 @@ pub struct OrigDst {
     pub netns_cookie: u64,
 }
 
+/// The third word of a v4-mapped address (`::ffff:0:0/96`) in network order.
+pub const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// Whether an address in `user_ip6` form is v4-mapped (`::ffff:a.b.c.d`).
+#[inline(always)]
+pub const fn is_v4_mapped(words: &[u32; 4]) -> bool {
+    words[0] == 0 && words[1] == 0 && words[2] == V4_MAPPED_WORD
+}
+
+/// `::ffff:a.b.c.d` in `user_ip6` form, from an IPv4 address in network order.
+#[inline(always)]
+pub const fn v4_mapped_words(ip_be: u32) -> [u32; 4] {
+    [0, 0, V4_MAPPED_WORD, ip_be]
+}
+
 #[cfg(feature = "user")]
 mod user {
     // SAFETY: plain-old-data, `#[repr(C)]`, all padding explicit and zeroed by constructors.
@@ -237,5 +293,32 @@ mod tests {
         assert_eq!(sa.to_socket_addr(), addr);
         let v6: core::net::SocketAddr = "[2001:db8::1]:53".parse().unwrap();
         assert_eq!(SockAddr::from_socket_addr(v6).to_socket_addr(), v6);
+    }
+
+    #[test]
+    fn ip6_words_are_the_kernels_network_order_form() {
+        // 2001:db8::1 as the kernel's user_ip6: each word holds four address bytes in memory order.
+        let ip: core::net::Ipv6Addr = "2001:db8::1".parse().unwrap();
+        let o = ip.octets();
+        let words = [
+            u32::from_ne_bytes([o[0], o[1], o[2], o[3]]),
+            u32::from_ne_bytes([o[4], o[5], o[6], o[7]]),
+            u32::from_ne_bytes([o[8], o[9], o[10], o[11]]),
+            u32::from_ne_bytes([o[12], o[13], o[14], o[15]]),
+        ];
+        let sa = SockAddr::from_ip6_words(words, 53);
+        assert_eq!(sa.addr, o);
+        assert_eq!(sa.ip6_words(), words);
+        assert!(!is_v4_mapped(&words));
+    }
+
+    #[test]
+    fn a_v4_mapped_address_files_the_same_key_as_its_ipv4_form() {
+        let be = u32::from_ne_bytes([10, 244, 1, 10]);
+        let mapped = SockAddr::from_ip6_words(v4_mapped_words(be), 40000);
+        assert!(is_v4_mapped(&mapped.ip6_words()));
+        assert_eq!(mapped, SockAddr::from_v4_be(be, 40000));
+        let addr: core::net::SocketAddr = "10.244.1.10:40000".parse().unwrap();
+        assert_eq!(mapped.to_socket_addr(), addr);
     }
 }

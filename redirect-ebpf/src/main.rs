@@ -1,18 +1,26 @@
 //! eBPF programs that steer a pod's outbound TCP and DNS to the node agent.
 //!
-//! All are attached to one cgroup v2 directory (the pods' parent); each file holds one hook:
-//! - `connect4`: TCP connect() -> gateway:proxy port; TCP/UDP connect() to port 53 -> gateway:DNS port.
-//! - `sendmsg4`: unconnected UDP sendmsg() to port 53 -> gateway:DNS port.
+//! All are attached to one cgroup v2 directory (the pods' parent); each file holds one hook, in an
+//! IPv4 and an IPv6 flavour that share one decision (`steer.rs`):
+//! - `connect4`/`connect6`: TCP connect() -> gateway:proxy port; TCP/UDP connect() to port 53 ->
+//!   gateway:DNS port. A v4-mapped destination in connect6 is an IPv4 one (IPv4 gateway, v4-mapped).
+//! - `sendmsg4`/`sendmsg6`: unconnected UDP sendmsg() to port 53 -> gateway:DNS port.
 //! - `sock_ops`: files the original destination under the client ip:port before the SYN leaves.
-//! - `getpeername4` / `recvmsg4`: the application still sees the peer it asked for.
+//! - `getpeername4`/`getpeername6`, `recvmsg4`/`recvmsg6`: the application still sees the peer it
+//!   asked for.
 #![no_std]
 #![no_main]
 
 mod connect4;
+mod connect6;
 mod getpeername4;
+mod getpeername6;
+mod inet6;
 mod maps;
 mod recvmsg4;
+mod recvmsg6;
 mod sendmsg4;
+mod sendmsg6;
 mod sock_ops;
 mod steer;
 

@@ -29,6 +29,8 @@ pub static OPTED_OUT_CGROUPS: HashMap<u64, u8> =
 #[unsafe(no_mangle)]
 static GATEWAY_V4: u32 = 0;
 #[unsafe(no_mangle)]
+static GATEWAY_V6: [u32; 4] = [0; 4];
+#[unsafe(no_mangle)]
 static PROXY_PORT: u16 = 0;
 #[unsafe(no_mangle)]
 static DNS_PROXY_PORT: u16 = 0;
@@ -40,6 +42,12 @@ static NODE_NETNS_COOKIE: u64 = 0;
 pub fn gateway_v4() -> u32 {
     // Volatile: the value is patched into .rodata at load time, the compiler must not fold the zero.
     unsafe { core::ptr::read_volatile(&GATEWAY_V4) }
+}
+
+/// Gateway IPv6 in the kernel's `user_ip6` form (network-order words); all zero when not configured.
+#[inline(always)]
+pub fn gateway_v6() -> [u32; 4] {
+    unsafe { core::ptr::read_volatile(&GATEWAY_V6) }
 }
 
 #[inline(always)]

@@ -1,9 +1,9 @@
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
-use redirect_common::Stat;
+use redirect_common::{Stat, v4_mapped_words};
 
 use crate::{
-    maps::{count, dns_proxy_port, gateway_v4},
-    steer::orig_dst_of,
+    maps::{count, dns_proxy_port},
+    steer::unsteered_peer,
 };
 
 /// A DNS reply from the DNS proxy must look as if it came from the resolver the client addressed,
@@ -12,15 +12,13 @@ use crate::{
 pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
     let sa = unsafe { &mut *ctx.sock_addr };
     let dns_port = dns_proxy_port();
-    if dns_port == 0 || sa.user_ip4 != gateway_v4() || u16::from_be(sa.user_port as u16) != dns_port
-    {
+    if dns_port == 0 || u16::from_be(sa.user_port as u16) != dns_port {
         return 1;
     }
-    if let Some(orig) = orig_dst_of(&ctx)
-        && let Some(ip) = orig.dst.v4_be()
-    {
-        sa.user_ip4 = ip;
-        sa.user_port = u32::from(orig.dst.port.to_be());
+    if let Some(orig) = unsteered_peer(&ctx, &v4_mapped_words(sa.user_ip4)) {
+        // An IPv4 socket was steered by connect4/sendmsg4: its original is v4-mapped.
+        sa.user_ip4 = orig.ip[3];
+        sa.user_port = u32::from(orig.port.to_be());
         count(Stat::DnsReplyRewritten);
     }
     1

@@ -1,10 +1,19 @@
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
+use redirect_common::v4_mapped_words;
 
-use crate::steer::{Hook, steer};
+use crate::steer::{Dest, Hook, steer};
 
 /// Unconnected UDP sendmsg()/sendto() to port 53 goes to the DNS proxy.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
-    steer(&ctx, Hook::SendMsg);
+    let sa = unsafe { &mut *ctx.sock_addr };
+    let dst = Dest {
+        ip: v4_mapped_words(sa.user_ip4),
+        port: u16::from_be(sa.user_port as u16),
+    };
+    if let Some(to) = steer(&ctx, Hook::SendMsg, dst) {
+        sa.user_ip4 = to.ip[3];
+        sa.user_port = u32::from(to.port.to_be());
+    }
     1
 }

@@ -1,5 +1,9 @@
-//! The decision shared by connect4 and sendmsg4: should this socket address be steered to the agent,
-//! and to which port. Kept in one place so both hooks agree.
+//! The decision shared by the connect and sendmsg hooks of both families: should this socket address
+//! be steered to the agent, and where to. Kept in one place so every hook agrees.
+//!
+//! Addresses are handled in the kernel's `user_ip6` form (four network-order words) whatever the
+//! socket's family: an IPv4 destination is its v4-mapped form, so `connect4` to `a.b.c.d` and
+//! `connect6` to `::ffff:a.b.c.d` reach the same decision and file the same map keys.
 use aya_ebpf::{
     EbpfContext,
     helpers::{
@@ -8,11 +12,14 @@ use aya_ebpf::{
     },
     programs::SockAddrContext,
 };
-use redirect_common::{AGENT_SOCKET_MARK, DNS_PORT, MAX_CGROUP_DEPTH, OrigDst, SockAddr, Stat};
+use redirect_common::{
+    AGENT_SOCKET_MARK, DNS_PORT, MAX_CGROUP_DEPTH, OrigDst, SockAddr, Stat, is_v4_mapped,
+    v4_mapped_words,
+};
 
 use crate::maps::{
-    OPTED_OUT_CGROUPS, SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, node_netns_cookie,
-    proxy_port,
+    OPTED_OUT_CGROUPS, SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, gateway_v6,
+    node_netns_cookie, proxy_port,
 };
 
 pub const IPPROTO_TCP: u32 = 6;
@@ -27,40 +34,72 @@ pub enum Hook {
     SendMsg,
 }
 
-/// Rewrites the destination to the agent when the socket should be steered, remembering the original.
-/// Never refuses the call: a socket we do not steer goes where it was going.
+/// An address in `user_ip6` form and a port in host byte order.
+#[derive(Clone, Copy)]
+pub struct Dest {
+    pub ip: [u32; 4],
+    pub port: u16,
+}
+
+/// Word by word, without short-circuit: no memcmp call in BPF, and one straight-line check.
 #[inline(always)]
-pub fn steer(ctx: &SockAddrContext, hook: Hook) {
-    let sa = unsafe { &mut *ctx.sock_addr };
-    let gateway = gateway_v4();
-    if gateway == 0 {
-        return;
+pub fn same_ip(a: &[u32; 4], b: &[u32; 4]) -> bool {
+    ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0
+}
+
+/// The gateway of `ip`'s family in `user_ip6` form: the v4-mapped IPv4 gateway for an IPv4 (or
+/// v4-mapped) destination, the IPv6 gateway otherwise; `None` when that family has no gateway.
+#[inline(always)]
+pub fn gateway_for(ip: &[u32; 4]) -> Option<[u32; 4]> {
+    if is_v4_mapped(ip) {
+        let gw = gateway_v4();
+        return (gw != 0).then_some(v4_mapped_words(gw));
     }
-    let dst_ip = sa.user_ip4;
+    let gw = gateway_v6();
+    (!same_ip(&gw, &[0; 4])).then_some(gw)
+}
+
+/// Addresses that stay on the host that sent them: 127/8, ::1, and the unspecified address
+/// (connect() to 0.0.0.0 or :: reaches the local host).
+#[inline(always)]
+fn is_local(ip: &[u32; 4]) -> bool {
+    if is_v4_mapped(ip) {
+        let first = ip[3].to_ne_bytes()[0];
+        return first == 127 || ip[3] == 0;
+    }
+    let loopback = [0, 0, 0, u32::from_ne_bytes([0, 0, 0, 1])];
+    same_ip(ip, &loopback) || same_ip(ip, &[0; 4])
+}
+
+/// Decides whether the socket should go to the agent; if so remembers the original destination and
+/// returns where to send it instead. `None`: leave the call as it is (never refuse it).
+#[inline(always)]
+pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
+    let gateway = gateway_for(&dst.ip)?;
     // Loopback stays in the pod; traffic already addressed to the gateway is the agent's own business.
-    if dst_ip.to_ne_bytes()[0] == 127 || dst_ip == gateway {
-        return;
+    if is_local(&dst.ip) || same_ip(&dst.ip, &gateway) {
+        return None;
     }
+    let sa = unsafe { &*ctx.sock_addr };
     let protocol = sa.protocol;
-    let dst_port = u16::from_be(sa.user_port as u16);
     let dns_port = dns_proxy_port();
     let target_port = match (hook, protocol) {
         (_, IPPROTO_UDP) | (Hook::Connect, IPPROTO_TCP)
-            if dst_port == DNS_PORT && dns_port != 0 =>
+            if dst.port == DNS_PORT && dns_port != 0 =>
         {
             dns_port
         }
         (Hook::Connect, IPPROTO_TCP) => proxy_port(),
-        _ => return,
+        _ => return None,
     };
     if target_port == 0 {
-        return;
+        return None;
     }
     // The verifier types ctx->sk as a valid socket pointer in sock_addr programs.
     let sk = unsafe { sa.__bindgen_anon_1.sk };
     if !sk.is_null() && unsafe { (*sk).mark } == AGENT_SOCKET_MARK {
         count(Stat::SkippedAgentMark);
-        return;
+        return None;
     }
 
     // A hostNetwork pod sits in the pods' cgroup tree but shares the node's netns: it is the node
@@ -69,17 +108,17 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook) {
     let node_netns = node_netns_cookie();
     if node_netns != 0 && netns_cookie == node_netns {
         count(Stat::SkippedNodeNetns);
-        return;
+        return None;
     }
 
     if pod_opted_out() {
         count(Stat::SkippedOptedOut);
-        return;
+        return None;
     }
 
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let orig = OrigDst {
-        dst: SockAddr::from_v4_be(dst_ip, dst_port),
+        dst: SockAddr::from_ip6_words(dst.ip, dst.port),
         protocol,
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         netns_cookie,
@@ -87,15 +126,17 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook) {
     if SOCKET_ORIG_DST.insert(&cookie, &orig, 0).is_err() {
         // Without the origin the agent could not forward it: leave the socket alone.
         count(Stat::MapUpdateFailed);
-        return;
+        return None;
     }
-    sa.user_ip4 = gateway;
-    sa.user_port = u32::from(target_port.to_be());
     count(if target_port == dns_port {
         Stat::DnsRedirected
     } else {
         Stat::TcpRedirected
     });
+    Some(Dest {
+        ip: gateway,
+        port: target_port,
+    })
 }
 
 /// Whether the calling process sits in (or below) the cgroup of a pod that opted out of capture. A
@@ -119,4 +160,19 @@ fn pod_opted_out() -> bool {
 pub fn orig_dst_of(ctx: &SockAddrContext) -> Option<OrigDst> {
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     unsafe { SOCKET_ORIG_DST.get(&cookie) }.copied()
+}
+
+/// The original destination to show in place of `seen` (a reply's source, or getpeername's peer):
+/// `Some` only when `seen` is the gateway of its family and this socket was steered.
+#[inline(always)]
+pub fn unsteered_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
+    let gateway = gateway_for(seen)?;
+    if !same_ip(seen, &gateway) {
+        return None;
+    }
+    let orig = orig_dst_of(ctx)?;
+    Some(Dest {
+        ip: orig.dst.ip6_words(),
+        port: orig.dst.port,
+    })
 }

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use crate::metrics::Metrics;
 use crate::proc::Proc;
 use crate::topology::Topology;
-use crate::{ADMIN_ADDR, GATEWAY, netns, procfs};
+use crate::{ADMIN_ADDR, GATEWAY, GATEWAY6, netns, procfs};
 use redirect::admin::client::{self, Response};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -46,7 +46,8 @@ impl Agent {
         Ok(bin)
     }
 
-    /// Starts `redirect run --cgroup <pods cgroup> --gateway 169.254.7.1 --admin 127.0.0.1:15000 -v`
+    /// Starts `redirect run --cgroup <pods cgroup> --gateway 169.254.7.1 --gateway fd00:7::1
+    /// --admin 127.0.0.1:15000 -v`
     /// plus `extra_args` in the node netns, and waits until `/healthz/ready` answers 200.
     pub fn start(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
         let mut agent = Self::spawn(topo, extra_args)?;
@@ -80,6 +81,8 @@ impl Agent {
             .args([
                 "--gateway",
                 &GATEWAY.to_string(),
+                "--gateway",
+                &GATEWAY6.to_string(),
                 "--admin",
                 ADMIN_ADDR,
                 "-v",

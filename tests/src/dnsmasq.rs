@@ -1,6 +1,6 @@
 //! A real upstream resolver: dnsmasq in the ext netns, answering only the records a test gives it and
 //! NXDOMAIN for every other name. It can be stopped and started again (upstream-failure tests).
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,17 +58,21 @@ impl DnsRecords {
 /// A dnsmasq process (while started); killed on drop.
 pub struct Dnsmasq {
     place: Place,
-    listen: Ipv4Addr,
+    listen: Vec<IpAddr>,
     records: DnsRecords,
     proc: Option<Proc>,
 }
 
 impl Dnsmasq {
-    /// Starts dnsmasq in `place` on `listen`:53 (UDP and TCP); `listen` must be an address of that netns.
-    pub fn start(place: &Place, listen: Ipv4Addr, records: DnsRecords) -> Result<Dnsmasq> {
+    /// Starts dnsmasq in `place` on each of `listen`:53 (UDP and TCP); they must be addresses of that
+    /// netns.
+    pub fn start(place: &Place, listen: &[IpAddr], records: DnsRecords) -> Result<Dnsmasq> {
+        if listen.is_empty() {
+            bail!("dnsmasq: no address to listen on");
+        }
         let mut d = Dnsmasq {
             place: place.clone(),
-            listen,
+            listen: listen.to_vec(),
             records,
             proc: None,
         };
@@ -92,7 +96,7 @@ impl Dnsmasq {
     /// Starts it again after [`Dnsmasq::stop`], with the same records; waits until it is listening.
     pub fn start_again(&mut self) -> Result<()> {
         if self.proc.as_mut().is_some_and(|p| p.is_running()) {
-            bail!("dnsmasq on {} is already running", self.listen);
+            bail!("dnsmasq on {} is already running", self.addr());
         }
         let mut proc = self
             .place
@@ -100,11 +104,15 @@ impl Dnsmasq {
             .args(BASE_ARGS)
             // The tests read which queries reached the upstream.
             .arg("--log-queries")
-            .arg(format!("--listen-address={}", self.listen))
+            .args(
+                self.listen
+                    .iter()
+                    .map(|ip| format!("--listen-address={ip}")),
+            )
             .args(&self.records.args)
             .spawn()?;
         let pid = proc.pid();
-        let addr = [self.addr()];
+        let addr: Vec<SocketAddr> = self.listen.iter().map(|&ip| (ip, 53).into()).collect();
         let ready = procfs::wait_bound(pid, Proto::Udp, &addr, Duration::from_secs(10), || {
             proc.is_running()
         })
@@ -125,8 +133,9 @@ impl Dnsmasq {
         Ok(())
     }
 
-    pub fn addr(&self) -> SocketAddrV4 {
-        SocketAddrV4::new(self.listen, 53)
+    /// Its first address, port 53.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::new(self.listen[0], 53)
     }
 
     /// What dnsmasq logged (each query and its answer) since it was last started.

@@ -1,7 +1,7 @@
 //! `redirect explain -o json` run offline over a manifest directory, read into the parts a scenario
 //! needs. The scenarios build what they expect of the agent from these answers, so the agent and the CLI
 //! (which share the state lookups) are held to the same outcome.
-use std::net::{IpAddr, SocketAddrV4};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -101,7 +101,7 @@ impl Explain {
     }
 
     /// `explain --from <from> --ip <dest>`.
-    pub fn ip(&self, from: &str, dest: SocketAddrV4) -> Result<OutboundVerdict> {
+    pub fn ip(&self, from: &str, dest: SocketAddr) -> Result<OutboundVerdict> {
         let json = self.run(from, "--ip", &dest.to_string())?;
         let out = &json["outbound"];
         let action = match str_field(out, "action")?.as_deref() {

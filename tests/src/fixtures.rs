@@ -5,8 +5,9 @@ use anyhow::Result;
 
 use crate::{Peer, Pod, Topology};
 
-/// team-a, default visibility NAMESPACE, and team-a's entry `api`: `api.example.com` at 203.0.113.10:80,
-/// its endpoint 198.51.100.20. Outside team-a the entry is absent and 203.0.113.10 is the real host.
+/// team-a, default visibility NAMESPACE, and team-a's entry `api`: `api.example.com` at 203.0.113.10:80
+/// and [2001:db8::10]:80, its endpoint 198.51.100.20. Outside team-a the entry is absent and both
+/// addresses are the real host.
 pub const TEAM_A_API: &str = r#"apiVersion: v1
 kind: Namespace
 metadata: {name: team-a}
@@ -19,7 +20,7 @@ kind: ServiceEntry
 metadata: {name: api, namespace: team-a}
 spec:
   hosts: [api.example.com]
-  addresses: [203.0.113.10]
+  addresses: [203.0.113.10, "2001:db8::10"]
   ports: [{number: 80, name: http, protocol: HTTP}]
   resolution: STATIC
   endpoints: [{address: 198.51.100.20}]
@@ -27,24 +28,38 @@ spec:
 
 /// The body the entry's endpoint answers with.
 pub const API_ENDPOINT_BODY: &str = "team-a-api";
-/// The body the real host at 203.0.113.10 answers with.
+/// The body the real host at 203.0.113.10 (and 2001:db8::10) answers with.
 pub const API_REAL_BODY: &str = "real-203.0.113.10";
 /// The entry's address, as a URL.
 pub const API_URL: &str = "http://203.0.113.10/";
+/// The entry's IPv6 address, as a URL: a pod connects to it from its IPv6 address.
+pub const API6_URL: &str = "http://[2001:db8::10]/";
 
 /// Starts the entry's endpoint and the real host, in ext.
 pub fn start_api_servers(topo: &Topology) -> Result<(Peer, Peer)> {
     Ok((
         topo.start_ext_peer(API_ENDPOINT_BODY, &["198.51.100.20:80".parse()?], &[])?,
-        topo.start_ext_peer(API_REAL_BODY, &["203.0.113.10:80".parse()?], &[])?,
+        topo.start_ext_peer(
+            API_REAL_BODY,
+            &["203.0.113.10:80".parse()?, "[2001:db8::10]:80".parse()?],
+            &[],
+        )?,
     ))
 }
 
 /// A Pod manifest (a document to append after `---`). `labels` is a YAML flow map, e.g. `{app: x}`.
+/// An IPv4 `ip` is reported dual-stack, with the topology's IPv6 address for it in `podIPs`.
 pub fn pod(key: &str, uid: &str, ip: &str, labels: &str) -> String {
     let (namespace, name) = key.split_once('/').unwrap_or(("default", key));
+    let ips = match ip.parse::<std::net::Ipv4Addr>() {
+        Ok(v4) => format!(
+            "{{podIP: {ip}, podIPs: [{{ip: {ip}}}, {{ip: \"{}\"}}]}}",
+            crate::pod_ip6(v4)
+        ),
+        Err(_) => format!("{{podIP: \"{ip}\"}}"),
+    };
     format!(
-        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}, labels: {labels}}}\nstatus: {{podIP: {ip}}}\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}, labels: {labels}}}\nstatus: {ips}\n"
     )
 }
 
@@ -52,7 +67,8 @@ pub fn pod(key: &str, uid: &str, ip: &str, labels: &str) -> String {
 pub fn curl_body(pod: &Pod, url: &str) -> Result<String> {
     Ok(pod
         .cmd("curl")
-        .args(["-sS", "--fail", "--max-time", "10", url])
+        // -g: brackets are an IPv6 literal, not a glob.
+        .args(["-gsS", "--fail", "--max-time", "10", url])
         .ok()?
         .stdout_str()
         .trim()

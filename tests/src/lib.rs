@@ -3,12 +3,17 @@
 //!
 //! ```text
 //!  pod netns (one per pod)          node netns (the agent)                ext netns ("the world")
-//!  eth0 10.244.x.y/32  <-veth->  vpN (no address)                    to-node 192.0.2.2/30
-//!  169.254.7.1 dev eth0          lo: 169.254.7.1/32 (gateway)        lo: TEST-NET /32s on demand
-//!  default via 169.254.7.1       10.244.x.y/32 dev vpN  <-veth->     10.244.0.0/16 via 192.0.2.1
-//!  cgroup <run>/pods/<ns>_<pod>  to-ext 192.0.2.1/30, ip_forward=1
-//!                                TEST-NETs via 192.0.2.2
+//!  eth0 10.244.x.y/32  <-veth->  vpN fd00:7::1/128 (gateway, for NDP)  to-node 192.0.2.2/30
+//!       fd00:10:244:x::y/128     lo: 169.254.7.1/32, fd00:7::1/128        fd00:2::2/64
+//!  169.254.7.1, fd00:7::1        10.244.x.y/32, fd00:10:244:x::y/128   lo: TEST-NET /32s and
+//!    dev eth0                      dev vpN  <-veth->                     2001:db8:: /128s on demand
+//!  default via 169.254.7.1       to-ext 192.0.2.1/30, fd00:2::1/64       10.244.0.0/16 via 192.0.2.1
+//!  default via fd00:7::1         forwarding on (both families)           fd00:10:244::/48 via fd00:2::1
+//!  cgroup <run>/pods/<ns>_<pod>  TEST-NETs via 192.0.2.2, 2001:db8::/32 via fd00:2::2
 //! ```
+//!
+//! Every pod is dual-stack: its IPv6 address is [`pod_ip6`] of its IPv4 one. IPv6 duplicate address
+//! detection is off in every namespace of the run, so addresses work the moment they are added.
 //!
 //! Every name a run creates (netns, cgroup, state directory) carries `rdt<id>`, and the run records its
 //! owner in `/run/redirect-tests/<tag>/owner`, so a later run removes what a dead one left behind.
@@ -56,10 +61,27 @@ pub use peer::Peer;
 pub use proc::Proc;
 pub use topology::{Pod, Topology};
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// The gateway every pod reaches on its own link; it lives on the node netns's loopback.
 pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(169, 254, 7, 1);
+/// The IPv6 gateway: on the node's loopback and on the node side of every pod veth (a neighbour
+/// solicitation is answered only for an address of the interface it arrives on).
+pub const GATEWAY6: Ipv6Addr = Ipv6Addr::new(0xfd00, 7, 0, 0, 0, 0, 0, 1);
+/// The node's end of the node<->ext link, IPv6.
+pub const NODE_EXT_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 2, 0, 0, 0, 0, 0, 1);
+/// The ext end of the node<->ext link, IPv6.
+pub const EXT_NODE_IP6: Ipv6Addr = Ipv6Addr::new(0xfd00, 2, 0, 0, 0, 0, 0, 2);
+/// The upstream resolver's IPv6 address (the same dnsmasq as [`RESOLVER_IP`]).
+pub const RESOLVER_IP6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x53);
+
+/// A pod's IPv6 address, from its IPv4 one: `10.244.X.Y` -> `fd00:10:244:X::Y`, the decimal digits
+/// read as hex so the two look alike (`10.244.1.10` -> `fd00:10:244:1::10`).
+pub fn pod_ip6(v4: Ipv4Addr) -> Ipv6Addr {
+    let [_, _, x, y] = v4.octets();
+    let hex = |n: u8| u16::from_str_radix(&n.to_string(), 16).unwrap_or(u16::from(n));
+    Ipv6Addr::new(0xfd00, 0x10, 0x244, hex(x), 0, 0, 0, hex(y))
+}
 /// The node's end of the node<->ext link (the source address of the node's own connections to ext).
 pub const NODE_EXT_IP: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 /// The ext end of the node<->ext link.

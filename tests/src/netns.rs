@@ -34,6 +34,11 @@ pub fn add(name: &str) -> Result<()> {
     ip(&["netns", "add", name]).map(drop)
 }
 
+/// Sets `key=value` sysctls inside netns `name` (the `net.*` ones are per namespace).
+pub fn sysctl(name: &str, settings: &[&str]) -> Result<()> {
+    ip(&[&["netns", "exec", name, "sysctl", "-q", "-w"], settings].concat()).map(drop)
+}
+
 pub fn del(name: &str) -> Result<()> {
     ip(&["netns", "del", name]).map(drop)
 }

@@ -1,7 +1,7 @@
 //! `rdt-peer`, the helper binary of this crate, run in ext or in a pod: identity HTTP + TCP echo servers
 //! (`serve`), and the clients curl and dig cannot be (`getpeername`, `echo`, `fanout`, `hold`,
 //! `dns-unconnected`).
-use std::net::SocketAddrV4;
+use std::net::{SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -37,8 +37,8 @@ pub fn cmd(place: &Place) -> Result<Cmd> {
 /// A running `rdt-peer serve`: killed on drop.
 pub struct Peer {
     name: String,
-    http: Vec<SocketAddrV4>,
-    echo: Vec<SocketAddrV4>,
+    http: Vec<SocketAddr>,
+    echo: Vec<SocketAddr>,
     proc: Proc,
 }
 
@@ -48,10 +48,10 @@ impl Peer {
     pub fn start(
         place: &Place,
         name: &str,
-        http: &[SocketAddrV4],
-        echo: &[SocketAddrV4],
+        http: &[SocketAddr],
+        echo: &[SocketAddr],
     ) -> Result<Peer> {
-        let listeners: Vec<(&str, SocketAddrV4)> = http
+        let listeners: Vec<(&str, SocketAddr)> = http
             .iter()
             .map(|a| ("--listen", *a))
             .chain(echo.iter().map(|a| ("--echo", *a)))
@@ -69,13 +69,17 @@ impl Peer {
         source: SocketAddrV4,
         sink: SocketAddrV4,
     ) -> Result<Peer> {
-        Self::start_listening(place, name, &[("--source", source), ("--sink", sink)])
+        Self::start_listening(
+            place,
+            name,
+            &[("--source", source.into()), ("--sink", sink.into())],
+        )
     }
 
     fn start_listening(
         place: &Place,
         name: &str,
-        listeners: &[(&str, SocketAddrV4)],
+        listeners: &[(&str, SocketAddr)],
     ) -> Result<Peer> {
         if listeners.is_empty() {
             bail!("peer {name}: nothing to listen on");
@@ -86,7 +90,7 @@ impl Peer {
         }
         let mut proc = c.spawn()?;
         let pid = proc.pid();
-        let all: Vec<SocketAddrV4> = listeners.iter().map(|(_, a)| *a).collect();
+        let all: Vec<SocketAddr> = listeners.iter().map(|(_, a)| *a).collect();
         procfs::wait_bound(pid, Proto::Tcp, &all, Duration::from_secs(10), || {
             proc.is_running()
         })
@@ -102,10 +106,10 @@ impl Peer {
     pub fn name(&self) -> &str {
         &self.name
     }
-    pub fn http(&self) -> &[SocketAddrV4] {
+    pub fn http(&self) -> &[SocketAddr] {
         &self.http
     }
-    pub fn echo(&self) -> &[SocketAddrV4] {
+    pub fn echo(&self) -> &[SocketAddr] {
         &self.echo
     }
     pub fn pid(&self) -> u32 {

@@ -1,7 +1,7 @@
 //! What `/proc` says about a process: start time (pid reuse), open fds, and the sockets of its netns.
 use std::fs;
 use std::io::ErrorKind;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -56,20 +56,27 @@ pub enum Proto {
     Udp,
 }
 
-/// Local IPv4 addresses of the listening TCP sockets (or bound UDP sockets) that `pid` itself holds.
-pub fn bound_v4(pid: u32, proto: Proto) -> Result<Vec<SocketAddrV4>> {
-    let file = match proto {
-        Proto::Tcp => format!("/proc/{pid}/net/tcp"),
-        Proto::Udp => format!("/proc/{pid}/net/udp"),
+/// Local addresses (both families) of the listening TCP sockets (or bound UDP sockets) that `pid`
+/// itself holds.
+pub fn bound(pid: u32, proto: Proto) -> Result<Vec<SocketAddr>> {
+    let name = match proto {
+        Proto::Tcp => "tcp",
+        Proto::Udp => "udp",
     };
-    let text = fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
-    // The table lists the whole netns; the process's own fds say which sockets are its.
+    // The tables list the whole netns; the process's own fds say which sockets are its.
     let own = socket_inodes(pid)?;
-    Ok(parse_bound_v4(&text, proto)
-        .into_iter()
-        .filter(|(_, inode)| own.contains(inode))
-        .map(|(addr, _)| addr)
-        .collect())
+    let mut found = Vec::new();
+    for table in [name.to_string(), format!("{name}6")] {
+        let file = format!("/proc/{pid}/net/{table}");
+        let text = fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+        found.extend(
+            parse_bound(&text, proto)
+                .into_iter()
+                .filter(|(_, inode)| own.contains(inode))
+                .map(|(addr, _)| addr),
+        );
+    }
+    Ok(found)
 }
 
 /// Inodes of the sockets among `pid`'s open fds (`socket:[12345]` links).
@@ -86,8 +93,9 @@ fn socket_inodes(pid: u32) -> Result<Vec<u64>> {
         .collect())
 }
 
-/// Rows of `/proc/net/{tcp,udp}` in the listening (TCP) or unconnected (UDP) state: address and inode.
-fn parse_bound_v4(table: &str, proto: Proto) -> Vec<(SocketAddrV4, u64)> {
+/// Rows of `/proc/net/{tcp,udp}{,6}` in the listening (TCP) or unconnected (UDP) state: address
+/// and inode.
+fn parse_bound(table: &str, proto: Proto) -> Vec<(SocketAddr, u64)> {
     const TCP_LISTEN: &str = "0A";
     const UDP_UNCONNECTED: &str = "07";
     let want = match proto {
@@ -103,31 +111,47 @@ fn parse_bound_v4(table: &str, proto: Proto) -> Vec<(SocketAddrV4, u64)> {
                 return None;
             }
             let (ip, port) = f.get(1)?.split_once(':')?;
-            // The kernel prints the address as the u32 in host (little endian) order.
-            let ip = u32::from_str_radix(ip, 16).ok()?;
             let port = u16::from_str_radix(port, 16).ok()?;
             let inode = f.get(9)?.parse().ok()?;
-            Some((
-                SocketAddrV4::new(Ipv4Addr::from(u32::from_be(ip)), port),
-                inode,
-            ))
+            Some((SocketAddr::new(parse_hex_ip(ip)?, port), inode))
         })
         .collect()
 }
 
+/// The kernel prints an address as u32 words, each in host (little endian) order: one for IPv4,
+/// four for IPv6.
+fn parse_hex_ip(hex: &str) -> Option<std::net::IpAddr> {
+    let word = |i: usize| {
+        let w = u32::from_str_radix(hex.get(8 * i..8 * i + 8)?, 16).ok()?;
+        Some(u32::from_be(w).to_be_bytes())
+    };
+    match hex.len() {
+        8 => Some(Ipv4Addr::from(word(0)?).into()),
+        32 => {
+            let mut octets = [0u8; 16];
+            for i in 0..4 {
+                octets[4 * i..4 * i + 4].copy_from_slice(&word(i)?);
+            }
+            Some(Ipv6Addr::from(octets).into())
+        }
+        _ => None,
+    }
+}
+
 /// Waits until `pid` itself has every one of `addrs` bound (a wildcard bind counts), or fails at the deadline.
 /// `alive` is asked between polls so a process that died is reported at once.
-pub fn wait_bound(
+pub fn wait_bound<A: Copy + Into<SocketAddr>>(
     pid: u32,
     proto: Proto,
-    addrs: &[SocketAddrV4],
+    addrs: &[A],
     timeout: Duration,
     mut alive: impl FnMut() -> bool,
 ) -> Result<()> {
     let deadline = Instant::now() + timeout;
+    let addrs: Vec<SocketAddr> = addrs.iter().map(|&a| a.into()).collect();
     loop {
-        let bound = bound_v4(pid, proto).unwrap_or_default();
-        let covered = |a: &SocketAddrV4| {
+        let bound = bound(pid, proto).unwrap_or_default();
+        let covered = |a: &SocketAddr| {
             bound
                 .iter()
                 .any(|b| b.port() == a.port() && (b.ip() == a.ip() || b.ip().is_unspecified()))
@@ -171,7 +195,7 @@ mod tests {
    0: 0A07FECB:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
    1: 0100007F:3A98 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0
    2: 0A07FECB:0050 0A01F40A:D431 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 100 0 0 10 0";
-        let got = parse_bound_v4(tcp, Proto::Tcp);
+        let got = parse_bound(tcp, Proto::Tcp);
         assert_eq!(
             got,
             vec![
@@ -183,8 +207,19 @@ mod tests {
         let udp = "   sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode ref pointer drops
   1: 356433C6:0035 00000000:0000 07 00000000:00000000 00:00000000 00000000     0        0 9 2 0 0";
         assert_eq!(
-            parse_bound_v4(udp, Proto::Udp),
+            parse_bound(udp, Proto::Udp),
             vec![("198.51.100.53:53".parse().unwrap(), 9)]
+        );
+    }
+
+    #[test]
+    fn ipv6_listeners_are_decoded() {
+        // fd00:7::1 port 15001, as /proc/net/tcp6 prints it (four little-endian words).
+        let tcp6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 070000FD000000000000000001000000:3A99 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 5 1 0 100 0 0 10 0";
+        assert_eq!(
+            parse_bound(tcp6, Proto::Tcp),
+            vec![("[fd00:7::1]:15001".parse().unwrap(), 5)]
         );
     }
 }

@@ -2,7 +2,7 @@
 //! Built with `ip -n <ns>` only: nothing is ever added to the machine's own netns.
 use std::collections::BTreeSet;
 use std::fs;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -11,12 +11,19 @@ use anyhow::{Context, Result, bail};
 use crate::exec::{Cmd, Place};
 use crate::netns::{self, ip};
 use crate::run::{self, RunId};
-use crate::{EXT_NODE_IP, GATEWAY, NODE_EXT_IP, RESOLVER_IP, cgroup};
+use crate::{
+    EXT_NODE_IP, EXT_NODE_IP6, GATEWAY, GATEWAY6, NODE_EXT_IP, NODE_EXT_IP6, RESOLVER_IP,
+    RESOLVER_IP6, cgroup, pod_ip6,
+};
 
 /// Prefixes the ext netns answers for; the node routes them to ext.
 pub const EXT_PREFIXES: [&str; 2] = ["203.0.113.0/24", "198.51.100.0/24"];
+/// IPv6 prefixes the ext netns answers for (documentation space, like the TEST-NETs).
+pub const EXT_PREFIXES6: [&str; 1] = ["2001:db8::/32"];
 /// The pod network; ext routes it back through the node.
 pub const POD_CIDR: &str = "10.244.0.0/16";
+/// The pods' IPv6 network (a ULA).
+pub const POD_CIDR6: &str = "fd00:10:244::/48";
 
 /// One run's topology. Dropping it kills every process the run started (whole cgroup subtree), deletes
 /// its namespaces and cgroups, and removes its state directory, also while a test is panicking.
@@ -29,15 +36,18 @@ pub struct Topology {
     node: Place,
     ext: Place,
     pods: Vec<Pod>,
-    ext_addrs: Mutex<BTreeSet<Ipv4Addr>>,
+    ext_addrs: Mutex<BTreeSet<IpAddr>>,
 }
 
-/// A pod: its own netns and child cgroup, a /32 address, its own /etc/resolv.conf. Cheap to clone.
+/// A pod: its own netns and child cgroup, a /32 and a /128 address, its own /etc/resolv.conf.
+/// Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Pod {
     pub namespace: String,
     pub name: String,
     pub ip: Ipv4Addr,
+    /// Its IPv6 address, [`pod_ip6`] of `ip`.
+    pub ip6: Ipv6Addr,
     place: Place,
 }
 
@@ -115,6 +125,7 @@ impl Topology {
         netns::add(&node)?;
         netns::add(&ext)?;
         for ns in [&node, &ext] {
+            no_dad(ns)?;
             ip(&["-n", ns, "link", "set", "lo", "up"])?;
         }
         ip(&[
@@ -126,6 +137,8 @@ impl Topology {
             "dev",
             "lo",
         ])?;
+        // Also on lo, so the agent can bind it before any pod (and its veth) exists.
+        add_v6(&node, &format!("{GATEWAY6}/128"), "lo")?;
         ip(&[
             "-n", &node, "link", "add", "to-ext", "type", "veth", "peer", "name", "to-node",
             "netns", &ext,
@@ -148,6 +161,8 @@ impl Topology {
             "dev",
             "to-node",
         ])?;
+        add_v6(&node, &format!("{NODE_EXT_IP6}/64"), "to-ext")?;
+        add_v6(&ext, &format!("{EXT_NODE_IP6}/64"), "to-node")?;
         ip(&["-n", &node, "link", "set", "to-ext", "up"])?;
         ip(&["-n", &ext, "link", "set", "to-node", "up"])?;
         for prefix in EXT_PREFIXES {
@@ -170,10 +185,32 @@ impl Topology {
             "via",
             &NODE_EXT_IP.to_string(),
         ])?;
-        self.node
-            .cmd("sysctl")
-            .args(["-q", "-w", "net.ipv4.ip_forward=1"])
-            .ok()?;
+        for prefix in EXT_PREFIXES6 {
+            ip(&[
+                "-n",
+                &node,
+                "-6",
+                "route",
+                "add",
+                prefix,
+                "via",
+                &EXT_NODE_IP6.to_string(),
+            ])?;
+        }
+        ip(&[
+            "-n",
+            &ext,
+            "-6",
+            "route",
+            "add",
+            POD_CIDR6,
+            "via",
+            &NODE_EXT_IP6.to_string(),
+        ])?;
+        netns::sysctl(
+            &node,
+            &["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"],
+        )?;
         Ok(())
     }
 
@@ -192,7 +229,11 @@ impl Topology {
         let (namespace, name) = key
             .split_once('/')
             .with_context(|| format!("pod {key:?}: want namespace/name"))?;
-        if self.pods.iter().any(|p| p.key() == key || p.ip == ip_addr) {
+        if self
+            .pods
+            .iter()
+            .any(|p| p.key() == key || p.ip == ip_addr || p.ip6 == pod_ip6(ip_addr))
+        {
             bail!(
                 "pod {key} or address {ip_addr} already exists in {}",
                 self.id
@@ -213,6 +254,7 @@ impl Topology {
             namespace: namespace.to_string(),
             name: name.to_string(),
             ip: ip_addr,
+            ip6: pod_ip6(ip_addr),
             place: Place {
                 label: format!("pod {key}"),
                 netns: format!("{}-pod-{slug}", self.id.tag()),
@@ -236,7 +278,10 @@ impl Topology {
     fn wire_pod(&self, pod: &Pod, veth: &str) -> Result<()> {
         let (node, ns) = (self.node.netns.as_str(), pod.netns());
         let (pod_ip, gw) = (pod.ip.to_string(), GATEWAY.to_string());
+        let (pod_ip6, gw6) = (pod.ip6.to_string(), GATEWAY6.to_string());
         netns::add(ns)?;
+        // Before the veth exists: its end in the pod takes the namespace's defaults.
+        no_dad(ns)?;
         ip(&["-n", ns, "link", "set", "lo", "up"])?;
         ip(&[
             "-n", node, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns,
@@ -260,6 +305,18 @@ impl Topology {
             "dev",
             "eth0",
         ])?;
+        add_v6(ns, &format!("{pod_ip6}/128"), "eth0")?;
+        add_v6(node, &format!("{gw6}/128"), veth)?;
+        ip(&[
+            "-n",
+            node,
+            "-6",
+            "route",
+            "add",
+            &format!("{pod_ip6}/128"),
+            "dev",
+            veth,
+        ])?;
         ip(&["-n", ns, "link", "set", "eth0", "up"])?;
         // Calico's pattern: the gateway is on-link from every pod, and it is a local address of the node.
         ip(&[
@@ -268,23 +325,32 @@ impl Topology {
         ip(&[
             "-n", ns, "route", "add", "default", "via", &gw, "dev", "eth0",
         ])?;
+        ip(&["-n", ns, "-6", "route", "add", &gw6, "dev", "eth0"])?;
+        ip(&[
+            "-n", ns, "-6", "route", "add", "default", "via", &gw6, "dev", "eth0",
+        ])?;
         Ok(())
     }
 
-    /// Makes `addr` an address of ext (on its loopback, /32), once.
-    pub fn ensure_ext_address(&self, addr: Ipv4Addr) -> Result<()> {
+    /// Makes `addr` an address of ext (on its loopback, /32 or /128), once.
+    pub fn ensure_ext_address(&self, addr: impl Into<IpAddr>) -> Result<()> {
+        let addr = addr.into();
         let mut have = self.ext_addrs.lock().unwrap_or_else(|p| p.into_inner());
         if have.insert(addr) {
-            ip(&[
-                "-n",
-                &self.ext.netns,
-                "addr",
-                "add",
-                &format!("{addr}/32"),
-                "dev",
-                "lo",
-            ])
-            .inspect_err(|_| {
+            let added = match addr {
+                IpAddr::V4(v4) => ip(&[
+                    "-n",
+                    &self.ext.netns,
+                    "addr",
+                    "add",
+                    &format!("{v4}/32"),
+                    "dev",
+                    "lo",
+                ])
+                .map(drop),
+                IpAddr::V6(v6) => add_v6(&self.ext.netns, &format!("{v6}/128"), "lo"),
+            };
+            added.inspect_err(|_| {
                 have.remove(&addr);
             })?;
         }
@@ -295,11 +361,11 @@ impl Topology {
     pub fn start_ext_peer(
         &self,
         name: &str,
-        http: &[SocketAddrV4],
-        echo: &[SocketAddrV4],
+        http: &[SocketAddr],
+        echo: &[SocketAddr],
     ) -> Result<crate::Peer> {
         for a in http.iter().chain(echo) {
-            self.ensure_ext_address(*a.ip())?;
+            self.ensure_ext_address(a.ip())?;
         }
         crate::Peer::start(&self.ext, name, http, echo)
     }
@@ -311,7 +377,16 @@ impl Topology {
         records: crate::DnsRecords,
     ) -> Result<crate::Dnsmasq> {
         self.ensure_ext_address(listen)?;
-        crate::Dnsmasq::start(&self.ext, listen, records)
+        crate::Dnsmasq::start(&self.ext, &[listen.into()], records)
+    }
+
+    /// Starts dnsmasq in ext on both [`RESOLVER_IP`] and [`RESOLVER_IP6`] (port 53) with `records`.
+    pub fn start_dual_stack_dnsmasq(&self, records: crate::DnsRecords) -> Result<crate::Dnsmasq> {
+        let listen = [IpAddr::V4(RESOLVER_IP), IpAddr::V6(RESOLVER_IP6)];
+        for addr in listen {
+            self.ensure_ext_address(addr)?;
+        }
+        crate::Dnsmasq::start(&self.ext, &listen, records)
     }
 
     pub fn id(&self) -> &RunId {
@@ -368,6 +443,23 @@ impl Topology {
     pub fn run_cgroup(&self) -> PathBuf {
         self.id.cgroup_dir(&self.cgroup2)
     }
+}
+
+/// IPv6 addresses usable at once in `ns`: no duplicate address detection (its delay would make the
+/// first connections of a test fail), for interfaces made from now on and those already there.
+fn no_dad(ns: &str) -> Result<()> {
+    netns::sysctl(
+        ns,
+        &[
+            "net.ipv6.conf.all.accept_dad=0",
+            "net.ipv6.conf.default.accept_dad=0",
+        ],
+    )
+}
+
+/// `ip -6 addr add ADDR dev DEV nodad` in `ns`.
+fn add_v6(ns: &str, addr: &str, dev: &str) -> Result<()> {
+    ip(&["-n", ns, "-6", "addr", "add", addr, "dev", dev, "nodad"]).map(|_| ())
 }
 
 impl Drop for Topology {

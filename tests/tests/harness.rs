@@ -1,6 +1,6 @@
 //! The harness itself, with no agent: the topology routes, pods sit in their cgroups, the servers and the
 //! resolver answer, and nothing is left behind (after a drop, a panic, or a run that died).
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 
 use anyhow::{Context, Result, ensure};
 use integration::{DnsRecords, ECHO_PORT, HTTP_PORT, Topology, bpf, cgroup, pattern, peer, run};
@@ -8,7 +8,7 @@ use integration::{DnsRecords, ECHO_PORT, HTTP_PORT, Topology, bpf, cgroup, patte
 const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
 const B1: (&str, &str) = ("team-b/b1", "10.244.2.10");
 
-fn addr(s: &str) -> SocketAddrV4 {
+fn addr(s: &str) -> SocketAddr {
     s.parse().unwrap()
 }
 
@@ -159,7 +159,7 @@ fn dnsmasq_answers_pods_and_stops_and_starts() -> Result<()> {
     let topo = Topology::with_pods(&[A1])?;
     let _ext = topo.start_ext_peer(
         "api-upstream",
-        &[SocketAddrV4::new("203.0.113.10".parse()?, HTTP_PORT)],
+        &[SocketAddr::new("203.0.113.10".parse()?, HTTP_PORT)],
         &[],
     )?;
     let mut dns = topo.start_dnsmasq(

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use integration::fixtures::{self, API_ENDPOINT_BODY, API_REAL_BODY, API_URL};
+use integration::fixtures::{self, API_ENDPOINT_BODY, API_REAL_BODY, API_URL, API6_URL};
 use integration::world::{delta, replace_file};
 use integration::{Agent, Peer, Topology};
 
@@ -64,6 +64,34 @@ fn setup() -> Result<Setup> {
 
 fn curl_api(s: &Setup, pod: &str) -> Result<String> {
     fixtures::curl_body(s.topo.pod(pod), API_URL)
+}
+
+/// The same from IPv6 sockets: the registry's word for a pod's IPv6 address is held against the
+/// kernel's exactly as for its IPv4 one.
+#[test]
+fn the_identity_check_applies_to_a_client_known_by_its_ipv6_address() -> Result<()> {
+    let s = setup()?;
+    let before = s.agent.metrics()?;
+    assert_eq!(
+        fixtures::curl_body(s.topo.pod("team-a/a2"), API6_URL)?,
+        API_ENDPOINT_BODY,
+        "a2 is team-a's by its IPv6 address, and the kernel agrees"
+    );
+    let after = s.agent.metrics()?;
+    assert_eq!(delta(&before, &after, SERVICE), 1.0, "{after:#?}");
+    assert_eq!(delta(&before, &after, MISMATCHES), 0.0, "{after:#?}");
+
+    // b1 holds the IPv6 address the registry still gives to a1: an unknown client again.
+    let before = after;
+    assert_eq!(
+        fixtures::curl_body(s.topo.pod("team-b/b1"), API6_URL)?,
+        API_REAL_BODY
+    );
+    let after = s.agent.metrics()?;
+    assert_eq!(delta(&before, &after, MISMATCHES), 1.0, "{after:#?}");
+    assert_eq!(delta(&before, &after, PASSTHROUGH), 1.0, "{after:#?}");
+    assert_eq!(delta(&before, &after, SERVICE), 0.0, "{after:#?}");
+    Ok(())
 }
 
 #[test]

@@ -2,7 +2,6 @@
 //! destination, and delivered (passthrough). Real pods, real eBPF, real curl, the real agent binary.
 //! Each test asserts the agent's counters moved (or did not), so a connection that was routed directly
 //! instead of redirected fails the test.
-use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
@@ -315,7 +314,7 @@ fn wait_detached(topo: &Topology) -> Result<()> {
 #[test]
 fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -> Result<()> {
     let topo = Topology::with_pods(&[A1])?;
-    let _ext = topo.start_ext_peer(EXT_NAME, &[EXT_HTTP.parse::<SocketAddrV4>()?], &[])?;
+    let _ext = topo.start_ext_peer(EXT_NAME, &[EXT_HTTP.parse::<std::net::SocketAddr>()?], &[])?;
     let pod = topo.pod("team-a/a1");
     let peer_url = "http://203.0.113.10/peer";
 
@@ -323,8 +322,12 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
     let attached = bpf::attached_programs(topo.attach_cgroup())?;
     for hook in [
         "cgroup_inet4_connect",
+        "cgroup_inet6_connect",
         "cgroup_sock_ops",
         "cgroup_inet4_getpeername",
+        "cgroup_inet6_getpeername",
+        "cgroup_udp6_sendmsg",
+        "cgroup_udp6_recvmsg",
     ] {
         assert!(
             attached.iter().any(|a| a.attach_type == hook),

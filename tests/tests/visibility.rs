@@ -4,12 +4,17 @@
 //! Every check runs twice over: `redirect explain` over the same manifests says what a client gets and
 //! the agent must do exactly that (`World::check_*`), and explain's answer must be the SPEC's, written
 //! out in each test. A bug in either one fails the test.
+//!
+//! Every check also runs from each kind of client socket: a connection to an IPv4 address is made
+//! from an `AF_INET` socket and again from an `AF_INET6` one to its v4-mapped form (`curl
+//! http://[::ffff:IP]/`), with `getpeername()` checked on both; a DNS question is asked at the
+//! resolver's IPv4 address, its v4-mapped form and its IPv6 address. All must get the same.
 use std::net::{IpAddr, SocketAddrV4};
 
 use anyhow::Result;
 use integration::explain::{DnsAction, DnsVerdict, OutboundAction, OutboundVerdict};
 use integration::world::{Reach, World, delta, key};
-use integration::{RESOLVER_IP, peer};
+use integration::{RESOLVER_IP, RESOLVER_IP6, peer};
 
 const EVERYONE: [&str; 5] = ["team-a", "team-b", "team-c", "istio-system", "quarantine"];
 
@@ -525,10 +530,11 @@ fn a_pod_the_manifests_do_not_know_sees_public_services_only() -> Result<()> {
 fn unconnected_query(
     w: &World,
     from: &str,
+    resolver: &str,
     name: &str,
 ) -> Result<(String, String, String, Vec<IpAddr>)> {
     let out = peer::cmd(w.client(from).place())?
-        .args(["dns-unconnected", &format!("{RESOLVER_IP}:53"), name])
+        .args(["dns-unconnected", resolver, name])
         .ok()?
         .stdout_str();
     let field = |key: &str| {
@@ -546,19 +552,24 @@ fn unconnected_query(
 
 #[test]
 fn unconnected_udp_dns_clients_are_answered_as_from_the_resolver_they_asked() -> Result<()> {
-    // glibc and dig connect() first; other resolvers use sendto/recvfrom on an unconnected socket.
+    // glibc and dig connect() first; other resolvers use sendto/recvfrom on an unconnected socket,
+    // IPv4 or IPv6 (a JVM's is IPv6 and asks an IPv4 resolver at its v4-mapped address).
     let w = World::start()?;
-    let resolver = format!("{RESOLVER_IP}:53");
-    for (from, name) in [
-        ("team-a", "api.example.com."),
-        ("team-b", "api.example.com."),
-    ] {
+    let resolvers = [
+        format!("{RESOLVER_IP}:53"),
+        format!("[::ffff:{RESOLVER_IP}]:53"),
+        format!("[{RESOLVER_IP6}]:53"),
+    ];
+    for (from, name, resolver) in ["team-a", "team-b"]
+        .into_iter()
+        .flat_map(|from| resolvers.iter().map(move |r| (from, "api.example.com.", r)))
+    {
         let v = w.explain().host(from, name)?;
         let before = w.agent.metrics()?;
-        let (src, rcode, _, a) = unconnected_query(&w, from, name)?;
+        let (src, rcode, _, a) = unconnected_query(&w, from, resolver, name)?;
         let after = w.agent.metrics()?;
         assert_eq!(
-            src, resolver,
+            &src, resolver,
             "recvfrom must report the resolver asked, from {from}"
         );
         assert_eq!(rcode, "0");
@@ -578,12 +589,13 @@ fn unconnected_udp_dns_clients_are_answered_as_from_the_resolver_they_asked() ->
         );
     }
     // SPEC: team-a's own entry, team-b the upstream's answer.
-    let (_, _, aa, a) = unconnected_query(&w, "team-a", "api.example.com.")?;
+    let resolver = &resolvers[0];
+    let (_, _, aa, a) = unconnected_query(&w, "team-a", resolver, "api.example.com.")?;
     assert_eq!(
         (aa.as_str(), a),
         ("true", vec!["203.0.113.10".parse::<IpAddr>()?])
     );
-    let (_, _, _, a) = unconnected_query(&w, "team-b", "api.example.com.")?;
+    let (_, _, _, a) = unconnected_query(&w, "team-b", resolver, "api.example.com.")?;
     assert_eq!(a, vec!["203.0.113.110".parse::<IpAddr>()?]);
     Ok(())
 }

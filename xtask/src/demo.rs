@@ -7,7 +7,7 @@
 //! and prints what each namespace got, who answered, and why (`redirect explain`, the same lookups
 //! the agent makes). Everything is removed at the end, or on Ctrl-C.
 use std::{
-    net::SocketAddrV4,
+    net::SocketAddr,
     path::Path,
     process::Command,
     sync::atomic::{AtomicBool, Ordering},
@@ -132,7 +132,7 @@ pub fn demo() -> anyhow::Result<()> {
     topo.add_pod(WEB.0, WEB.1.parse()?)?;
     let mut servers = Vec::new();
     for (addr, name) in SERVERS {
-        let addr: SocketAddrV4 = addr.parse()?;
+        let addr: SocketAddr = addr.parse()?;
         servers.push(topo.start_ext_peer(name, &[addr], &[])?);
     }
     let web = topo.pod("team-a/web-1");

@@ -3,7 +3,7 @@
 mod reload;
 
 use std::{
-    net::{Ipv4Addr, SocketAddr},
+    net::SocketAddr,
     path::PathBuf,
     sync::{
         Arc,
@@ -26,7 +26,7 @@ use crate::{
     logging::LogLevel,
     metrics::Metrics,
     proxy::{self, OutboundProxy, ProxyContext, RelayMode, Timeouts},
-    redirect::{RedirectConfig, Redirector},
+    redirect::{Gateways, RedirectConfig, Redirector},
 };
 
 #[derive(Debug, Clone)]
@@ -34,7 +34,8 @@ pub struct AgentConfig {
     /// Directory of manifests to load and watch; `None` runs with nothing claimed (all passthrough).
     pub config_dir: Option<PathBuf>,
     pub cgroup: PathBuf,
-    pub gateway: Ipv4Addr,
+    /// One address per family at most; the proxy and the DNS proxy listen on each.
+    pub gateway: Gateways,
     pub proxy_port: u16,
     /// Port of the DNS proxy at the gateway; `None` leaves pods' DNS alone.
     pub dns_proxy_port: Option<u16>,
@@ -80,25 +81,25 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     };
 
     // Bind before attaching: from the moment the programs are attached, a steered connection or
-    // query must find someone listening.
-    let proxy_addr = SocketAddr::from((config.gateway, config.proxy_port));
-    let listener = proxy::listen(proxy_addr)?;
-    let dns = match config.dns_proxy_port {
-        Some(port) => Some(
-            DnsProxy::bind(
-                SocketAddr::from((config.gateway, port)),
-                upstream.clone(),
-                Arc::new(VisibleNames {
-                    live: live.clone(),
-                    metrics: metrics.clone(),
-                }),
-                metrics.clone(),
-            )
-            .await?
-            .with_budgets(budgets.clone()),
-        ),
-        None => None,
-    };
+    // query must find someone listening. One listener per gateway address (per family).
+    let visible_names = Arc::new(VisibleNames {
+        live: live.clone(),
+        metrics: metrics.clone(),
+    });
+    let mut listeners = Vec::new();
+    let mut dns_proxies = Vec::new();
+    for gateway in config.gateway.addrs() {
+        listeners.push(proxy::listen(SocketAddr::new(gateway, config.proxy_port))?);
+        if let Some(port) = config.dns_proxy_port {
+            let addr = SocketAddr::new(gateway, port);
+            let decide = visible_names.clone();
+            dns_proxies.push(
+                DnsProxy::bind(addr, upstream.clone(), decide, metrics.clone())
+                    .await?
+                    .with_budgets(budgets.clone()),
+            );
+        }
+    }
     // Which pod each cgroup is, read before attaching: the first connections find it ready.
     let cgroup_root = config.cgroup.clone();
     let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
@@ -115,22 +116,23 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // Pods that opted out are left alone before the agent calls itself ready.
     let mut opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
     opt_out.sync().await;
-    let proxy = OutboundProxy::new(
-        listener,
-        Arc::new(ProxyContext {
-            redirect_maps: redirector.maps(),
-            live: live.clone(),
-            metrics: metrics.clone(),
-            endpoint_hosts: Arc::new(HostCache::new(upstream)),
-            relay: config.relay,
-            cgroups,
-            budgets: budgets.clone(),
-            timeouts: Timeouts {
-                idle: config.budget.idle_timeout,
-                write: config.budget.write_timeout,
-            },
-        }),
-    );
+    let proxy_context = Arc::new(ProxyContext {
+        redirect_maps: redirector.maps(),
+        live: live.clone(),
+        metrics: metrics.clone(),
+        endpoint_hosts: Arc::new(HostCache::new(upstream)),
+        relay: config.relay,
+        cgroups,
+        budgets: budgets.clone(),
+        timeouts: Timeouts {
+            idle: config.budget.idle_timeout,
+            write: config.budget.write_timeout,
+        },
+    });
+    let proxies: Vec<OutboundProxy> = listeners
+        .into_iter()
+        .map(|listener| OutboundProxy::new(listener, proxy_context.clone()))
+        .collect();
 
     admin::spawn(
         config.admin,
@@ -145,11 +147,17 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     )?;
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let proxy_task = tokio::spawn(proxy.serve(stop_rx.clone()));
+    let proxy_tasks: Vec<_> = proxies
+        .into_iter()
+        .map(|proxy| tokio::spawn(proxy.serve(stop_rx.clone())))
+        .collect();
     tokio::spawn(opt_out.run(stop_rx.clone()));
-    let dns_task = dns.map(|dns| tokio::spawn(dns.serve(stop_rx)));
+    let dns_tasks: Vec<_> = dns_proxies
+        .into_iter()
+        .map(|dns| tokio::spawn(dns.serve(stop_rx.clone())))
+        .collect();
     attached.store(true, Ordering::Release);
-    info!(proxy = %proxy_addr, dns_upstream = %config.dns_upstream, "agent running");
+    info!(gateway = %config.gateway, proxy_port = config.proxy_port, dns_upstream = %config.dns_upstream, "agent running");
 
     let signal = shutdown_signal().await?;
     info!(signal, "shutting down");
@@ -157,8 +165,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // Detach first so no new connection is steered to a proxy that is going away.
     drop(redirector);
     let _ = stop_tx.send(true);
-    let _ = proxy_task.await;
-    if let Some(task) = dns_task {
+    for task in proxy_tasks.into_iter().chain(dns_tasks) {
         let _ = task.await;
     }
     if let Some(task) = reload_task {

@@ -1,5 +1,5 @@
 use std::{
-    net::{Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     path::PathBuf,
     process::ExitCode,
 };
@@ -13,6 +13,7 @@ use crate::{
     dns::first_nameserver,
     logging::LogLevel,
     proxy::RelayMode,
+    redirect::Gateways,
 };
 
 #[derive(Debug, clap::Args)]
@@ -25,8 +26,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub cgroup: PathBuf,
     /// Address of this node's netns that every pod reaches on its own link (e.g. 169.254.7.1).
-    #[arg(long)]
-    pub gateway: Ipv4Addr,
+    /// Give it once per family for dual-stack pods: an IPv4 and an IPv6 address (e.g. fd00:7::1).
+    /// IPv4 and v4-mapped traffic goes to the IPv4 one; a family without a gateway is not steered.
+    #[arg(long, required = true, value_name = "IP")]
+    pub gateway: Vec<IpAddr>,
     /// Port the outbound proxy listens on at the gateway.
     #[arg(long, default_value_t = PROXY_PORT)]
     pub proxy_port: u16,
@@ -52,6 +55,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
+    let gateway = Gateways::from_addrs(&args.gateway)?;
     let dns_upstream = match args.dns_upstream {
         Some(addr) => addr,
         None => {
@@ -66,7 +70,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
         AgentConfig {
             config_dir: args.config,
             cgroup: args.cgroup,
-            gateway: args.gateway,
+            gateway,
             proxy_port: args.proxy_port,
             dns_proxy_port: (args.dns_proxy_port != 0).then_some(args.dns_proxy_port),
             dns_upstream,

@@ -159,6 +159,8 @@ async fn handle(
     _admitted: Admitted,
     context: Arc<ProxyContext>,
 ) {
+    // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
+    let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let _active = context.metrics.track_active();
     let (orig, cgroup_id) = match context.redirect_maps.original_destination(peer) {
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),

@@ -3,10 +3,11 @@
 //! [`Redirector`] owns the loaded object: while it lives the programs steer the cgroup's traffic to the
 //! agent; dropping it (or the process dying) closes the links and the kernel detaches everything.
 mod cgroup;
+mod gateway;
 
 use std::{
     collections::BTreeSet,
-    net::{Ipv4Addr, SocketAddr},
+    net::SocketAddr,
     os::fd::AsFd,
     path::PathBuf,
     sync::{Arc, Mutex},
@@ -20,6 +21,7 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
+pub use gateway::{GatewayError, Gateways};
 
 /// The eBPF object, embedded by build.rs (empty when built without `cargo xtask build`).
 static EBPF_OBJECT: &[u8] =
@@ -34,8 +36,8 @@ const ATTACH_MODE: CgroupAttachMode = CgroupAttachMode::Single;
 pub struct RedirectConfig {
     /// cgroup v2 directory whose processes (the pods) are steered; never the hierarchy's root.
     pub cgroup: PathBuf,
-    /// Address of the agent that every pod reaches on its own link.
-    pub gateway: Ipv4Addr,
+    /// Addresses of the agent that every pod reaches on its own link, one per family at most.
+    pub gateway: Gateways,
     pub proxy_port: u16,
     /// Port of the DNS proxy; `None` leaves DNS traffic alone.
     pub dns_proxy_port: Option<u16>,
@@ -87,7 +89,8 @@ impl Redirector {
             return Err(RedirectError::NoObject);
         }
         let cgroup = check_attachable(&config.cgroup)?;
-        let gateway_be = u32::from_ne_bytes(config.gateway.octets());
+        let gateway_v4 = config.gateway.v4_be();
+        let gateway_v6 = config.gateway.v6_words();
         let dns_port = config.dns_proxy_port.unwrap_or(0);
         let node_netns = own_netns_cookie().unwrap_or_else(|e| {
             tracing::warn!(error = %e, "cannot read this network namespace's cookie (kernel < 5.14?); hostNetwork pods in the cgroup will be steered too");
@@ -95,7 +98,8 @@ impl Redirector {
         });
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::NODE_NETNS_COOKIE, &node_netns, true)
-            .override_global(globals::GATEWAY_V4, &gateway_be, true)
+            .override_global(globals::GATEWAY_V4, &gateway_v4, true)
+            .override_global(globals::GATEWAY_V6, &gateway_v6, true)
             .override_global(globals::PROXY_PORT, &config.proxy_port, true)
             .override_global(globals::DNS_PROXY_PORT, &dns_port, true)
             .load(EBPF_OBJECT)?;
@@ -105,6 +109,10 @@ impl Redirector {
             programs::SENDMSG4,
             programs::RECVMSG4,
             programs::GETPEERNAME4,
+            programs::CONNECT6,
+            programs::SENDMSG6,
+            programs::RECVMSG6,
+            programs::GETPEERNAME6,
         ] {
             let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
             program
@@ -153,12 +161,9 @@ impl RedirectMaps {
     ///
     /// sock_ops filed it before the client's SYN left, so it is there by the time accept() returns.
     /// Entries are not removed: the map is LRU and the next connection from the same ip:port
-    /// overwrites its entry before its own SYN.
+    /// overwrites its entry before its own SYN. An IPv4 client and its v4-mapped form are one key.
     pub fn original_destination(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
-        let SocketAddr::V4(client) = client else {
-            return Ok(None); // IPv6 is not steered yet
-        };
-        let key = SockAddr::from_socket_addr(client.into());
+        let key = SockAddr::from_socket_addr(client);
         match self.flows.get(&key, 0) {
             Ok(orig) => Ok(Some(orig)),
             Err(MapError::KeyNotFound) => Ok(None),

@@ -208,8 +208,9 @@ fn se_endpoints(
     }
 }
 
-/// A workload's endpoint: its first IPv4 address (the redirect is IPv4), else its first address,
-/// else a WorkloadEntry's host name. A unix socket or a network-only WorkloadEntry is none.
+/// A workload's endpoint: its first IPv4 address, else its first address (the agent reaches either
+/// family, whatever the family the client connected with), else a WorkloadEntry's host name. A unix
+/// socket or a network-only WorkloadEntry is none.
 fn workload_endpoint(w: &Workload, port: u16) -> Option<Endpoint> {
     let address = match w.ips.iter().find(|ip| ip.is_ipv4()).or(w.ips.first()) {
         Some(ip) => EndpointAddress::Ip(*ip),

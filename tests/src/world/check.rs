@@ -1,6 +1,6 @@
 //! The checks: run dig or curl in a client pod and hold what it observed (and the agent's counters)
 //! to what `redirect explain` says over the same manifests.
-use std::net::{IpAddr, Ipv4Addr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
@@ -17,6 +17,30 @@ pub enum Reach {
     Reset,
 }
 
+/// Where a pod sends a DNS query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolver {
+    /// The resolver of the pod's `/etc/resolv.conf` (IPv4), as an application asks.
+    ResolvConf,
+    /// `dig @ip`: an IPv6 address (v4-mapped or not) makes dig use an `AF_INET6` socket.
+    At(IpAddr),
+}
+
+impl Resolver {
+    /// dig refuses v4-mapped server addresses: those are asked with `rdt-peer dns` (same layout).
+    fn is_v4_mapped(self) -> bool {
+        matches!(self, Resolver::At(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some())
+    }
+
+    /// How the reply's source must read in dig's `;; SERVER:` line.
+    fn server_prefix(self) -> String {
+        match self {
+            Resolver::ResolvConf => format!("{RESOLVER_IP}#53"),
+            Resolver::At(ip) => format!("{ip}#53"),
+        }
+    }
+}
+
 impl Reach {
     pub fn server(name: &str) -> Reach {
         Reach::Server(name.to_string())
@@ -30,16 +54,34 @@ impl World {
     }
 
     /// Asks `dig`'s absolute question `name` (type `qtype`, `A` or `AAAA`; over TCP if `tcp`) from the
-    /// client pod of `from` and checks the reply against what `explain` says: the agent's authoritative
-    /// answer with explain's addresses of that family (none: an empty NOERROR), or exactly the reply the
-    /// upstream gives to the same question. Returns explain's verdict, for the caller to hold against
-    /// SPEC, and the pod's reply.
+    /// client pod of `from`, at every address of the resolver ([`World::resolvers`]: IPv4, v4-mapped,
+    /// IPv6), and checks each reply against what `explain` says: the agent's authoritative answer with
+    /// explain's addresses of that family (none: an empty NOERROR), or exactly the reply the upstream
+    /// gives to the same question. Returns explain's verdict, for the caller to hold against SPEC, and
+    /// the reply to the question asked as an application asks it (`/etc/resolv.conf`).
     pub fn check_dig_with(
         &self,
         from: &str,
         name: &str,
         qtype: &str,
         tcp: bool,
+    ) -> Result<(DnsVerdict, Reply)> {
+        let mut first = None;
+        for resolver in World::resolvers() {
+            let got = self.check_dig_at(from, name, qtype, tcp, resolver)?;
+            first.get_or_insert(got);
+        }
+        first.context("no resolver asked")
+    }
+
+    /// [`World::check_dig_with`] at one address of the resolver.
+    pub fn check_dig_at(
+        &self,
+        from: &str,
+        name: &str,
+        qtype: &str,
+        tcp: bool,
+        resolver: Resolver,
     ) -> Result<(DnsVerdict, Reply)> {
         let absolute = format!("{}.", name.trim_end_matches('.'));
         let mut question = vec![absolute.as_str(), qtype];
@@ -48,14 +90,14 @@ impl World {
         }
         let verdict = self.explain.host(from, &absolute)?;
         let before = self.agent.metrics()?;
-        let reply = dig::run(self.dig_cmd(from).args(&question))?;
+        let reply = self.ask(from, &absolute, qtype, tcp, resolver)?;
         let after = self.agent.metrics()?;
         let what = format!(
-            "dig {question:?} from {from}: {reply:#?}\nexplain: {}",
+            "{question:?} at {resolver:?} from {from}: {reply:#?}\nexplain: {}",
             verdict.json
         );
         ensure!(
-            reply.server.starts_with(&format!("{RESOLVER_IP}#53")),
+            reply.server.starts_with(&resolver.server_prefix()),
             "the reply must appear to come from the resolver the pod asked; {what}"
         );
         match verdict.action {
@@ -87,7 +129,11 @@ impl World {
                 );
             }
             DnsAction::Forward => {
-                let upstream = self.dig_upstream_with(&question)?;
+                let upstream = if resolver.is_v4_mapped() {
+                    self.ask_upstream_as_rdt_peer(&absolute, qtype, tcp)?
+                } else {
+                    self.dig_upstream_with(&question)?
+                };
                 ensure!(
                     reply.content() == upstream.content(),
                     "the pod must get exactly the upstream's reply; straight from the upstream: {upstream:#?}\n{what}"
@@ -105,6 +151,49 @@ impl World {
             "a hidden service is counted once per query that skipped one: {after:#?}; {what}"
         );
         Ok((verdict, reply))
+    }
+
+    /// The question from the client pod of `from`, at `resolver`: dig, or `rdt-peer dns` (a connected
+    /// `AF_INET6` socket, or TCP) for a v4-mapped address, which dig refuses.
+    fn ask(
+        &self,
+        from: &str,
+        name: &str,
+        qtype: &str,
+        tcp: bool,
+        resolver: Resolver,
+    ) -> Result<Reply> {
+        match resolver {
+            Resolver::ResolvConf => dig::run(
+                self.dig_cmd(from)
+                    .args([name, qtype])
+                    .args(tcp.then_some("+tcp")),
+            ),
+            Resolver::At(ip) if resolver.is_v4_mapped() => {
+                let server = SocketAddr::new(ip, 53).to_string();
+                let out = crate::peer::cmd(self.client(from).place())?
+                    .args(["dns", &server, name, qtype])
+                    .args(tcp.then_some("--tcp"))
+                    .ok()?;
+                dig::parse(&out.stdout_str()).with_context(|| format!("reading {out}"))
+            }
+            Resolver::At(ip) => dig::run(
+                self.dig_cmd(from)
+                    .arg(format!("@{ip}"))
+                    .args([name, qtype])
+                    .args(tcp.then_some("+tcp")),
+            ),
+        }
+    }
+
+    /// `rdt-peer dns` from the node netns straight to the upstream: the same client's query, so its
+    /// reply is what a forwarded one must be.
+    fn ask_upstream_as_rdt_peer(&self, name: &str, qtype: &str, tcp: bool) -> Result<Reply> {
+        let out = crate::peer::cmd(self.topo.node())?
+            .args(["dns", &format!("{RESOLVER_IP}:53"), name, qtype])
+            .args(tcp.then_some("--tcp"))
+            .ok()?;
+        dig::parse(&out.stdout_str()).with_context(|| format!("reading {out}"))
     }
 
     /// `dig +search name` from the client pod of `from` (the pod's search path and ndots, as glibc
@@ -156,11 +245,7 @@ impl World {
 
     /// What a client of `from` gets connecting to `dest`, per explain: the server at the endpoint it
     /// names (a host-name endpoint resolved through the upstream), or a reset.
-    pub fn expected_reach(
-        &self,
-        from: &str,
-        dest: SocketAddrV4,
-    ) -> Result<(OutboundVerdict, Reach)> {
+    pub fn expected_reach(&self, from: &str, dest: SocketAddr) -> Result<(OutboundVerdict, Reach)> {
         let verdict = self.explain.ip(from, dest)?;
         let reach = match verdict.action {
             OutboundAction::NoHealthyUpstream => Reach::Reset,
@@ -197,12 +282,15 @@ impl World {
     }
 
     /// `curl http://<dest>/` from the client pod of `from`, checked against [`World::expected_reach`]
-    /// (and the agent's outcome counter). Returns the expectation for the caller to hold against SPEC.
+    /// (and the agent's outcome counter); for an IPv4 `dest` also `curl http://[::ffff:<ip>]/` (an
+    /// `AF_INET6` socket), which must get the same. Returns the expectation for the caller to hold
+    /// against SPEC.
     pub fn check_connect(
         &self,
         from: &str,
-        dest: SocketAddrV4,
+        dest: impl Into<SocketAddr>,
     ) -> Result<(OutboundVerdict, Reach)> {
+        let dest = dest.into();
         let url = format!("http://{dest}/");
         self.check_url(from, &url, dest)
     }
@@ -217,32 +305,95 @@ impl World {
     ) -> Result<(OutboundVerdict, Reach)> {
         let (_, ip) = self.expected_address(from, host)?;
         let url = format!("http://{host}:{port}/");
-        self.check_url(from, &url, SocketAddrV4::new(ip, port))
+        self.check_url(from, &url, SocketAddrV4::new(ip, port).into())
     }
 
+    /// `curl -6 http://<host>:<port>/` from the client pod of `from`: glibc asks AAAA through the agent,
+    /// then connects over IPv6. Checked like [`World::check_host`], against the first IPv6 address.
+    pub fn check_host6(
+        &self,
+        from: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<(OutboundVerdict, Reach)> {
+        let verdict = self.explain.host(from, host)?;
+        let first_v6 = |addrs: &[IpAddr]| addrs.iter().copied().find(IpAddr::is_ipv6);
+        let ip = match verdict.action {
+            DnsAction::Answer => first_v6(&verdict.addresses),
+            DnsAction::Forward => first_v6(
+                &self
+                    .dig_upstream_with(&[&verdict.query, "AAAA"])?
+                    .addresses(),
+            ),
+        };
+        let ip = ip
+            .with_context(|| format!("no IPv6 address for {host} from {from}: {}", verdict.json))?;
+        let dest = SocketAddr::new(ip, port);
+        let (verdict, want) = self.expected_reach(from, dest)?;
+        let url = format!("http://{host}:{port}/");
+        self.check_one_url(from, &["-6"], &url, dest, &verdict, &want)?;
+        Ok((verdict, want))
+    }
+
+    /// `url` (which leads to `dest`), then for an IPv4 `dest` the v4-mapped literal of it: each must
+    /// reach what explain says, and where a server answers, `getpeername()` on a connection to the
+    /// same address must return that address (not the gateway).
     fn check_url(
         &self,
         from: &str,
         url: &str,
-        dest: SocketAddrV4,
+        dest: SocketAddr,
     ) -> Result<(OutboundVerdict, Reach)> {
         let (verdict, want) = self.expected_reach(from, dest)?;
+        self.check_one_url(from, &[], url, dest, &verdict, &want)?;
+        if let SocketAddr::V4(v4) = dest {
+            let mapped = SocketAddr::new(v4.ip().to_ipv6_mapped().into(), v4.port());
+            let url = format!("http://{mapped}/");
+            self.check_one_url(from, &[], &url, mapped, &verdict, &want)?;
+        }
+        Ok((verdict, want))
+    }
+
+    fn check_one_url(
+        &self,
+        from: &str,
+        curl_args: &[&str],
+        url: &str,
+        connect_to: SocketAddr,
+        verdict: &OutboundVerdict,
+        want: &Reach,
+    ) -> Result<()> {
         let counter = key::outbound(&verdict.action);
         let before = self.agent.metrics()?;
-        let got = self.curl(from, url)?;
+        let got = self.curl_with(from, curl_args, url)?;
         ensure!(
-            got == want,
+            &got == want,
             "curl {url} from {from}: got {got:?}, explain says {want:?} ({})",
             verdict.json
         );
+        let mut connections = 1.0;
+        if matches!(want, Reach::Server(_)) {
+            let peer = self.getpeername(from, connect_to)?;
+            ensure!(
+                peer == connect_to.to_string(),
+                "getpeername() on a connection to {connect_to} from {from} returned {peer}"
+            );
+            connections += 1.0;
+        }
         // The upstream connect (which counts it) may finish a moment after curl saw the reply.
         let after = self
             .agent
-            .wait_metrics(&format!("{counter} +1"), Duration::from_secs(2), |m| {
-                delta(&before, m, &counter) == 1.0
-            })
+            .wait_metrics(
+                &format!("{counter} +{connections}"),
+                Duration::from_secs(2),
+                |m| delta(&before, m, &counter) == connections,
+            )
             .with_context(|| format!("curl {url} from {from}"))?;
-        let hidden = if verdict.hidden.is_some() { 1.0 } else { 0.0 };
+        let hidden = if verdict.hidden.is_some() {
+            connections
+        } else {
+            0.0
+        };
         ensure!(
             delta(&before, &after, key::HIDDEN_OUTBOUND) == hidden,
             "curl {url} from {from}: a hidden service is counted once per connection that skipped one: \
@@ -254,17 +405,33 @@ impl World {
             delta(&before, &after, key::IDENTITY_MISMATCHES) == 0.0,
             "curl {url} from {from}: the agent doubted the client's identity: {after:#?}"
         );
-        Ok((verdict, want))
+        Ok(())
+    }
+
+    /// What `getpeername()` returns in the client pod of `from` on a TCP connection to `addr`
+    /// (`rdt-peer getpeername`, an `AF_INET6` socket for an IPv6 or v4-mapped address).
+    pub fn getpeername(&self, from: &str, addr: SocketAddr) -> Result<String> {
+        let out = crate::peer::cmd(self.client(from).place())?
+            .args(["getpeername", &addr.to_string()])
+            .ok()?;
+        Ok(out.stdout_str().trim().to_string())
     }
 
     /// `curl` in the client pod of `from`: the server that answered, or [`Reach::Reset`] for a
     /// connection reset that came at once (within a second); any other failure is an error.
     pub fn curl(&self, from: &str, url: &str) -> Result<Reach> {
+        self.curl_with(from, &[], url)
+    }
+
+    /// [`World::curl`] with extra curl options (`-6`).
+    pub fn curl_with(&self, from: &str, args: &[&str], url: &str) -> Result<Reach> {
         let started = Instant::now();
         let out = self
             .client(from)
             .cmd("curl")
-            .args(["-sSv", "--max-time", "10", url])
+            .args(args)
+            // -g: brackets are an IPv6 literal, not a glob.
+            .args(["-gsSv", "--max-time", "10", url])
             .output()?;
         let elapsed = started.elapsed();
         if out.success() {
@@ -283,7 +450,7 @@ impl World {
     }
 
     /// `ip:port`, or `host:port` with `host` resolved through the upstream (as the agent does).
-    fn endpoint_addr(&self, endpoint: &str) -> Result<SocketAddrV4> {
+    fn endpoint_addr(&self, endpoint: &str) -> Result<SocketAddr> {
         if let Ok(addr) = endpoint.parse() {
             return Ok(addr);
         }
@@ -296,10 +463,10 @@ impl World {
             .first()
             .copied()
             .with_context(|| format!("the upstream does not know {host}"))?;
-        Ok(SocketAddrV4::new(ip, port.parse()?))
+        Ok(SocketAddrV4::new(ip, port.parse()?).into())
     }
 
-    fn server_at(&self, addr: SocketAddrV4) -> Result<String> {
+    fn server_at(&self, addr: SocketAddr) -> Result<String> {
         self.names
             .get(&addr)
             .cloned()

@@ -14,6 +14,33 @@ pub fn copy_examples(to: &Path) -> Result<()> {
     copy_manifests(&examples_dir(), to)
 }
 
+/// Makes every Pod of `dir/name` dual-stack as the topology is: `status: {podIP: V4}` gains
+/// `podIPs: [{ip: V4}, {ip: <pod_ip6 of V4>}]`, as a dual-stack kubelet reports it.
+pub fn dual_stack_pods(dir: &Path, name: &str) -> Result<()> {
+    let text = fs::read_to_string(dir.join(name))?;
+    let mut out = String::with_capacity(text.len());
+    let mut changed = 0;
+    for line in text.split_inclusive('\n') {
+        let v4 = line
+            .trim_end()
+            .strip_prefix("status: {podIP: ")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .and_then(|ip| ip.parse::<std::net::Ipv4Addr>().ok());
+        match v4 {
+            Some(v4) => {
+                let v6 = crate::pod_ip6(v4);
+                out.push_str(&format!(
+                    "status: {{podIP: {v4}, podIPs: [{{ip: {v4}}}, {{ip: \"{v6}\"}}]}}\n"
+                ));
+                changed += 1;
+            }
+            None => out.push_str(line),
+        }
+    }
+    ensure!(changed > 0, "{name} has no `status: {{podIP: ...}}` line");
+    replace_file(dir, name, &out)
+}
+
 /// Copies the `.yaml` files of `from` into a new directory `to`.
 pub fn copy_manifests(from: &Path, to: &Path) -> Result<()> {
     fs::create_dir_all(to)?;

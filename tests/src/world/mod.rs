@@ -7,7 +7,7 @@
 //! Which server answers where and what the public DNS says are facts of this world, written below;
 //! what a client gets is never written here: it comes from explain, and each test pins explain to SPEC.
 use std::collections::BTreeMap;
-use std::net::SocketAddrV4;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
@@ -17,13 +17,15 @@ use crate::exec::Cmd;
 use crate::explain::Explain;
 use crate::metrics::Metrics;
 use crate::topology::Pod;
-use crate::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, Topology};
+use crate::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
 
 mod check;
 mod manifests;
 
-pub use check::Reach;
-pub use manifests::{copy_examples, copy_manifests, edit_file, examples_dir, replace_file};
+pub use check::{Reach, Resolver};
+pub use manifests::{
+    copy_examples, copy_manifests, dual_stack_pods, edit_file, examples_dir, replace_file,
+};
 
 /// The client pod of each namespace (examples/10-workloads.yaml).
 /// (pod, address, `metadata.uid`). Each gets the cgroups kubelet would make for its uid, so every
@@ -95,6 +97,10 @@ const EXT_SERVERS: &[(&str, &[&str], &[&str])] = &[
     ("public-metrics", &["203.0.113.130:80"], &[]),
     ("public-shared", &["203.0.113.140:80"], &[]),
     ("public-login", &["203.0.113.150:80"], &[]),
+    // The IPv6 side of the world: the real host of a name a NAMESPACE entry claims with an IPv6
+    // address, and that entry's endpoint.
+    ("real-2001:db8:113::10", &["[2001:db8:113::10]:80"], &[]),
+    ("api6-endpoint", &["[2001:db8:100::20]:80"], &[]),
 ];
 
 /// The upstream resolver's (public) answers. Each differs from any address the mesh gives the same
@@ -108,7 +114,13 @@ pub const PUBLIC_DNS: &[(&str, &str)] = &[
     ("httpbin.example.com", "198.51.100.80"),
 ];
 
-/// TTL of the agent's own answers (SPEC §3).
+/// The upstream resolver's AAAA answers (the same names' A answers are in [`PUBLIC_DNS`]).
+pub const PUBLIC_DNS6: &[(&str, &str)] = &[
+    ("api.example.com", "2001:db8:113::110"),
+    ("api6.example.com", "2001:db8:113::10"),
+];
+
+/// TTL of the agent's own answers.
 pub const AGENT_TTL: u32 = 30;
 
 /// Metric keys the scenarios read.
@@ -148,7 +160,7 @@ pub struct World {
     pub upstream: Dnsmasq,
     _servers: Vec<Peer>,
     /// Who answers HTTP at each address.
-    names: BTreeMap<SocketAddrV4, String>,
+    names: BTreeMap<SocketAddr, String>,
     /// Pods the manifests do not know: (the name explain knows their view by, pod key).
     strangers: Vec<(String, String)>,
     config: PathBuf,
@@ -169,32 +181,33 @@ impl World {
             topo.add_kube_pod(key, ip.parse()?, uid)?;
         }
         for (key, listen, _) in BACKENDS {
-            let listen: SocketAddrV4 = listen.parse()?;
+            let listen: std::net::SocketAddrV4 = listen.parse()?;
             topo.add_pod(key, *listen.ip())?;
         }
         let mut servers = Vec::new();
         let mut names = BTreeMap::new();
         for (key, listen, name) in BACKENDS {
-            let listen: SocketAddrV4 = listen.parse()?;
+            let listen: SocketAddr = listen.parse()?;
             servers.push(Peer::start(topo.pod(key).place(), name, &[listen], &[])?);
             names.insert(listen, name.to_string());
         }
         for (name, http, echo) in EXT_SERVERS {
-            let http: Vec<SocketAddrV4> =
-                http.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
-            let echo: Vec<SocketAddrV4> =
-                echo.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+            let http: Vec<SocketAddr> = http.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
+            let echo: Vec<SocketAddr> = echo.iter().map(|a| a.parse()).collect::<Result<_, _>>()?;
             servers.push(topo.start_ext_peer(name, &http, &echo)?);
             names.extend(http.into_iter().map(|a| (a, name.to_string())));
         }
         let mut records = DnsRecords::new();
-        for (host, ip) in PUBLIC_DNS {
+        for (host, ip) in PUBLIC_DNS.iter().chain(PUBLIC_DNS6) {
             records = records.host(host, ip.parse()?);
         }
-        let upstream = topo.start_dnsmasq(RESOLVER_IP, records)?;
+        // The same resolver on both families: a pod may ask it at either address.
+        let upstream = topo.start_dual_stack_dnsmasq(records)?;
 
         let config = topo.scratch_path("config");
         copy_examples(&config)?;
+        // The pods are dual-stack (see the topology): so are their manifests.
+        dual_stack_pods(&config, "10-workloads.yaml")?;
         edit(&config).context("editing the copy of examples/")?;
         let explain = Explain::new(&config)?;
         let agent = Agent::start(
@@ -262,6 +275,17 @@ impl World {
         self.client(namespace)
             .cmd("dig")
             .args(["+tries=2", "+time=2"])
+    }
+
+    /// The upstream resolver at each address a pod may ask it at: its IPv4 address (from
+    /// `/etc/resolv.conf`, an `AF_INET` socket), the v4-mapped form of it and its IPv6 address (both
+    /// `AF_INET6` sockets).
+    pub fn resolvers() -> [Resolver; 3] {
+        [
+            Resolver::ResolvConf,
+            Resolver::At(RESOLVER_IP.to_ipv6_mapped().into()),
+            Resolver::At(RESOLVER_IP6.into()),
+        ]
     }
 
     /// `dig @upstream name` from the node netns, outside the pods' cgroup: nothing steers it.

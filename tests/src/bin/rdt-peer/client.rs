@@ -152,7 +152,13 @@ pub fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
     let id = (std::process::id() & 0xffff) as u16;
     let query = dns_query(id, name)?;
 
-    let socket = std::net::UdpSocket::bind("0.0.0.0:0").context("binding")?;
+    // An IPv6 (or v4-mapped) server gets an AF_INET6 socket, as a dual-stack runtime uses.
+    let any = if server.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    };
+    let socket = std::net::UdpSocket::bind(any).context("binding")?;
     socket.set_read_timeout(Some(Duration::from_secs(5)))?;
     socket.send_to(&query, server).context("sendto")?;
     let mut buf = [0u8; 4096];

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod client;
+mod dns;
 mod load;
 mod serve;
 
@@ -64,6 +65,16 @@ enum Command {
     /// Ask `server` for the A records of `name` from an unconnected UDP socket (sendto/recvfrom);
     /// print the reply's source address, rcode, aa flag and answers.
     DnsUnconnected { server: SocketAddr, name: String },
+    /// Ask `server` one question from a connected UDP socket (or over TCP) and print the reply in
+    /// dig's layout; works where dig will not (v4-mapped server addresses).
+    Dns {
+        server: SocketAddr,
+        name: String,
+        #[arg(default_value = "A")]
+        qtype: String,
+        #[arg(long)]
+        tcp: bool,
+    },
     /// Keep one connection to an echo server and exchange a line every interval, printing `ok <i>`.
     Hold {
         addr: SocketAddr,
@@ -118,6 +129,12 @@ fn main() -> ExitCode {
             wait_stdin,
         } => client::fanout(addr, conns, bytes, wait_stdin),
         Command::DnsUnconnected { server, name } => client::dns_unconnected(server, &name),
+        Command::Dns {
+            server,
+            name,
+            qtype,
+            tcp,
+        } => dns::ask(server, &name, &qtype, tcp),
         Command::Hold {
             addr,
             interval_ms,
