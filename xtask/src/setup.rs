@@ -29,6 +29,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("sockperf", "sockperf"),
     ("wrk", "wrk"),
     ("dnsperf", "dnsperf"),
+    ("default-jdk-headless", "javac"),
     // Only `cargo xtask bench --profile` uses it.
     ("linux-perf", "perf"),
 ];
