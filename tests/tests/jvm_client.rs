@@ -1,18 +1,26 @@
 //! A real JVM client, the kind the IPv6 hooks are for. Without `-Djava.net.preferIPv4Stack` a JVM
-//! opens every TCP socket as `AF_INET6` and reaches an IPv4 address through its v4-mapped form. Run
-//! by hand in a pod, `strace -f -e trace=socket,connect java -cp DIR Fetch http://api.example.com/`
-//! shows it (glibc's DNS sockets are `AF_INET`, the HTTP one is not):
+//! opens its TCP sockets as `AF_INET6` and reaches an IPv4 address through its v4-mapped form.
+//! Checked by hand in a team-a pod of this world, `strace -f -e trace=socket,connect java -cp DIR
+//! Fetch http://api.example.com/` shows glibc asking DNS from an `AF_INET` socket (`connect4`'s) and
+//! the HTTP connection made from an `AF_INET6` one (`connect6`'s):
 //!
 //! ```text
+//! socket(AF_INET, SOCK_DGRAM|SOCK_CLOEXEC|SOCK_NONBLOCK, IPPROTO_IP) = 4
+//! connect(4, {sa_family=AF_INET, sin_port=htons(53), sin_addr=inet_addr("198.51.100.53")}, 16) = 0
 //! socket(AF_INET6, SOCK_STREAM, IPPROTO_IP) = 4
-//! connect(4, {sa_family=AF_INET6, sin6_port=htons(80), inet_pton(AF_INET6, "::ffff:203.0.113.10", ...
+//! connect(4, {sa_family=AF_INET6, sin6_port=htons(80), ..., inet_pton(AF_INET6, "::ffff:203.0.113.10",
+//!         &sin6_addr), sin6_scope_id=0}, 28) = -1 EINPROGRESS (Operation now in progress)
 //! ```
 //!
-//! So only `connect6` sees these connections. `tests/java/Fetch.java` (compiled with `javac` once per
-//! run) resolves the name with the JVM's own resolver (glibc, the pod's resolv.conf: through the
-//! agent) and fetches it with `HttpURLConnection`; it prints the resolved addresses, the body, and its
-//! socket as the kernel lists it. Every expectation comes from `redirect explain`, as in
-//! `visibility.rs`.
+//! With `connect6` detached from the pods' cgroup (as before the IPv6 hooks), the JVM went straight
+//! to the real 203.0.113.10 from team-a, and this test failed on its first fetch.
+//!
+//! `tests/java/Fetch.java`, compiled with `javac` once per run into the run's state directory,
+//! resolves the name with the JVM's own resolver (InetAddress: glibc and the pod's resolv.conf, so
+//! through the agent) and fetches it with `HttpURLConnection`. It prints the resolved addresses, the
+//! body, and its socket as the kernel lists it. Every expectation comes from `redirect explain`, as
+//! in `visibility.rs`.
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -51,7 +59,9 @@ impl Fetched {
         for line in text.lines() {
             let (what, value) = line.split_once(' ').unwrap_or((line, ""));
             match what {
-                "resolved" => got.resolved.push(value.parse().context("resolved address")?),
+                "resolved" => got
+                    .resolved
+                    .push(value.parse().context("resolved address")?),
                 "socket" => {
                     let (family, peer) = value.split_once(' ').context("socket line")?;
                     got.sockets
@@ -77,8 +87,7 @@ fn jdk_present() -> bool {
 /// `javac` into the run's state directory; the directory to put on the class path.
 fn compile(w: &World) -> Result<PathBuf> {
     let classes = w.topo.scratch_path("java");
-    std::fs::create_dir_all(&classes)
-        .with_context(|| format!("creating {}", classes.display()))?;
+    std::fs::create_dir_all(&classes).with_context(|| format!("creating {}", classes.display()))?;
     w.topo
         .node_cmd("javac")
         .args(["-d".as_ref(), classes.as_os_str(), SOURCE.as_ref()])
@@ -119,12 +128,18 @@ fn check_fetch(
 ) -> Result<(OutboundVerdict, Fetched)> {
     let (verdict, want) = w.expected_reach(from, dest)?;
     let Reach::Server(server) = want else {
-        bail!("{url} from {from}: covers reachable destinations only; explain: {}", verdict.json);
+        bail!(
+            "{url} from {from}: covers reachable destinations only; explain: {}",
+            verdict.json
+        );
     };
     let counter = key::outbound(&verdict.action);
     let before = w.agent.metrics()?;
     let got = fetch(w, classes, from, url)?;
-    let what = format!("java Fetch {url} from {from}: {got:#?}\nexplain: {}", verdict.json);
+    let what = format!(
+        "java Fetch {url} from {from}: {got:#?}\nexplain: {}",
+        verdict.json
+    );
     ensure!(
         (got.status, got.body.as_str()) == (200, server.as_str()),
         "explain says {server} answers; {what}"
@@ -180,7 +195,10 @@ fn check_fetch_host(
     let url = format!("http://{host}/");
     let (outbound, got) = check_fetch(w, classes, from, &url, SocketAddr::new(first.into(), 80))?;
     let after = w.agent.metrics()?;
-    let what = format!("java Fetch {url} from {from}: {got:#?}\nexplain: {}", dns.json);
+    let what = format!(
+        "java Fetch {url} from {from}: {got:#?}\nexplain: {}",
+        dns.json
+    );
     ensure!(
         got.resolved.first() == Some(&IpAddr::V4(first)),
         "the JVM lists IPv4 first: {first} (explain); {what}"
@@ -214,7 +232,9 @@ fn a_jvm_client_sees_a_namespace_entry_only_in_its_namespace() -> Result<()> {
             std::env::var_os("CI").is_none(),
             "java and javac are missing on CI: `cargo xtask setup` installs default-jdk-headless"
         );
-        eprintln!(
+        // Straight to stderr, past the test harness's capture: a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
             "jvm_client: SKIPPED: java or javac is not on PATH (`sudo cargo xtask setup` installs them)"
         );
         return Ok(());
@@ -225,11 +245,21 @@ fn a_jvm_client_sees_a_namespace_entry_only_in_its_namespace() -> Result<()> {
     // By name. explain is pinned to the rule as visibility.rs pins it.
     let (dns, outbound) = check_fetch_host(&w, &classes, "team-a", "api.example.com")?;
     assert_eq!(dns, DnsAction::Answer);
-    assert_eq!(outbound.action, OutboundAction::Service, "{}", outbound.json);
+    assert_eq!(
+        outbound.action,
+        OutboundAction::Service,
+        "{}",
+        outbound.json
+    );
     assert_eq!(outbound.service.as_deref(), Some("team-a/api-example"));
     let (dns, outbound) = check_fetch_host(&w, &classes, "team-b", "api.example.com")?;
     assert_eq!(dns, DnsAction::Forward);
-    assert_eq!(outbound.action, OutboundAction::Passthrough, "{}", outbound.json);
+    assert_eq!(
+        outbound.action,
+        OutboundAction::Passthrough,
+        "{}",
+        outbound.json
+    );
     assert_eq!(outbound.hidden, None, "the real address is nobody's");
 
     // The literal address team-a's entry claims: no DNS question at all.
