@@ -5,12 +5,14 @@
 //! - `sendmsg4`: unconnected UDP sendmsg() to port 53 -> gateway:DNS port.
 //! - `sock_ops`: files the original destination under the client ip:port before the SYN leaves.
 //! - `getpeername4` / `recvmsg4`: the application still sees the peer it asked for.
+//! - `netns_probe`: run once at start on kernels before 5.14, to learn the node's netns cookie.
 #![no_std]
 #![no_main]
 
 mod connect4;
 mod getpeername4;
 mod maps;
+mod netns_probe;
 mod recvmsg4;
 mod sendmsg4;
 mod sock_ops;
