@@ -219,7 +219,8 @@ fn build_integration_tests() -> anyhow::Result<IntegrationTests> {
         let kinds = &msg["target"]["kind"];
         if msg["profile"]["test"] == true && kinds == &serde_json::json!(["test"]) {
             suites.push((name.to_string(), PathBuf::from(exe)));
-        } else if name == "rdt-peer" {
+        } else if name == "rdt-peer" && msg["profile"]["test"] == false {
+            // (cargo also builds the binary's own unit-test harness under the same name)
             peer = Some(PathBuf::from(exe));
         }
     }
