@@ -88,17 +88,17 @@ pub fn run(choice: &KernelChoice, tests: &[GuestTest], env: &GuestEnv) -> anyhow
         .join(kernel.release.replace('/', "_"));
     let _ = fs::remove_dir_all(&results);
     fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
+    let accel = qemu::accel();
     // The guest runs copies: a rebuild on the host during a long run cannot swap binaries under it.
     let (tests, env) = &snapshot(tests, env, &results.join("bin"))?;
     let initramfs = results.join("initramfs.cpio");
     initramfs::write(&kernel, &initramfs)?;
     fs::write(
         results.join("guest.sh"),
-        guest_script(&kernel.modules(), tests, env),
+        guest_script(&kernel.modules(), tests, env, time_scale(accel)),
     )
     .context("writing the guest script")?;
 
-    let accel = qemu::accel();
     let started = Instant::now();
     qemu::boot(&qemu::Boot {
         image: &kernel.image,
@@ -178,7 +178,7 @@ fn snapshot(
 
 /// The script the guest runs in the new root: the mounts a test machine has, the kernel's modules
 /// where modprobe looks, then every test binary; the exit code goes to the results share.
-fn guest_script(modules: &Path, tests: &[GuestTest], env: &GuestEnv) -> String {
+fn guest_script(modules: &Path, tests: &[GuestTest], env: &GuestEnv, time_scale: u32) -> String {
     let mut s = String::from(
         r#"#!/bin/bash
 set -u
@@ -214,6 +214,9 @@ echo "vm: uname -r: $release"
 export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin RUST_BACKTRACE=1
 "#,
     );
+    // The harness stretches its timeouts and deadlines by this (tests/src/pace.rs).
+    let _ = writeln!(s, "export RDT_TIME_SCALE={time_scale}");
+    let _ = writeln!(s, "echo \"vm: test time budgets x{time_scale}\"");
     for (key, value) in &env.vars {
         let _ = writeln!(s, "export {key}={}", quote(value));
     }
@@ -230,6 +233,15 @@ export HOME=/root PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
     }
     s.push_str("echo \"vm: tests on $release exited with $rc\"\necho $rc > /rdt-results/rc\n");
     s
+}
+
+/// How much slower than the host the guest runs, for the tests' time budgets: emulation is about 20
+/// times slower; 10 covers the measured slowdown of the timed steps with room to spare.
+fn time_scale(accel: qemu::Accel) -> u32 {
+    match accel {
+        qemu::Accel::Kvm => 1,
+        qemu::Accel::Tcg => 10,
+    }
 }
 
 /// Single-quoted for the shell.
@@ -268,7 +280,8 @@ mod tests {
             vars: vec![("REDIRECT_BIN".into(), "/w/target/release/redirect".into())],
             timeout: Duration::from_secs(1),
         };
-        let s = guest_script(Path::new("/k/lib/modules/6.1.0-1-amd64"), &tests, &env);
+        let s = guest_script(Path::new("/k/lib/modules/6.1.0-1-amd64"), &tests, &env, 10);
+        assert!(s.contains("export RDT_TIME_SCALE=10\n"));
         assert!(s.contains("mount --bind '/k/lib/modules/6.1.0-1-amd64' /lib/modules/$release"));
         assert!(s.contains("'/w/target/debug/deps/redirect_path-1' || rc=1"));
         assert!(s.contains(r"'/w/target/debug/deps/visibility-2' 'it'\''s one' '--exact' || rc=1"));
