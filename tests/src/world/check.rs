@@ -264,7 +264,7 @@ impl World {
         let out = self
             .client(from)
             .cmd("curl")
-            .args(["-sSv", "--max-time", "10", url])
+            .args(["-sSv", "--max-time", &crate::pace::scaled_secs(10), url])
             .output()?;
         let elapsed = started.elapsed();
         if out.success() {
@@ -274,7 +274,7 @@ impl World {
         // its verbose log names the cause every time.
         if out.stderr_str().contains("Connection reset by peer") {
             ensure!(
-                elapsed < Duration::from_secs(1),
+                elapsed < crate::pace::scaled(Duration::from_secs(1)),
                 "reset, but only after {elapsed:?}: {out}"
             );
             return Ok(Reach::Reset);
