@@ -29,8 +29,11 @@ pub struct TestArgs {
     filter: Vec<String>,
 }
 
-/// The oldest kernel the agent supports: CI's VM smoke runs there.
-const SMOKE_KERNEL: &str = "5.10";
+/// The oldest kernel the agent supports (it refuses older ones): CI's VM smoke runs there.
+fn smoke_kernel() -> String {
+    let (major, minor) = redirect::redirect::features::OLDEST_SUPPORTED;
+    format!("{major}.{minor}")
+}
 
 /// The smoke: the redirect path, and one visibility scenario with real dig, curl and dnsmasq.
 const SMOKE: &[(&str, &[&str])] = &[
@@ -105,9 +108,10 @@ pub fn test(args: TestArgs) -> anyhow::Result<()> {
             args: suite_args.iter().map(|a| a.to_string()).collect(),
         });
     }
-    println!("xtask: VM smoke on the oldest supported kernel ({SMOKE_KERNEL})");
+    let kernel = smoke_kernel();
+    println!("xtask: VM smoke on the oldest supported kernel ({kernel})");
     run_in_vms(
-        &vm::KernelChoice::parse(SMOKE_KERNEL)?,
+        &vm::KernelChoice::parse(&kernel)?,
         &tests,
         &built.env(agent, args.vm_timeout),
     )
