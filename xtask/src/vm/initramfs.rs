@@ -165,7 +165,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.bytes.len() % 4 != 0 {
+        while !self.bytes.len().is_multiple_of(4) {
             self.bytes.push(0);
         }
     }
@@ -186,7 +186,7 @@ mod tests {
         cpio.file("init", 0o755, b"#!/bin/sh\n");
         cpio.char_device("dev/console", 5, 1);
         let bytes = cpio.finish();
-        assert_eq!(bytes.len() % 4, 0);
+        assert!(bytes.len().is_multiple_of(4));
         assert!(bytes.starts_with(b"070701"));
         // File size field (7th) of the first entry: 10 bytes.
         assert_eq!(&bytes[6 + 6 * 8..6 + 7 * 8], b"0000000a");
