@@ -82,10 +82,12 @@ pub fn run(choice: &KernelChoice, tests: &[GuestTest], env: &GuestEnv) -> anyhow
         KernelChoice::Series(series) => kernel::fetch_series(series)?,
         KernelChoice::Deb(deb) => kernel::from_deb(deb)?,
     };
-    let results = env
-        .workspace
-        .join("target/vm")
-        .join(kernel.release.replace('/', "_"));
+    // One folder per run: two runs on the same kernel (CI's smoke and a matrix) must not share it.
+    let results = env.workspace.join("target/vm").join(format!(
+        "{}-{}",
+        kernel.release.replace('/', "_"),
+        std::process::id()
+    ));
     let _ = fs::remove_dir_all(&results);
     fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
     let accel = qemu::accel();
@@ -110,6 +112,8 @@ pub fn run(choice: &KernelChoice, tests: &[GuestTest], env: &GuestEnv) -> anyhow
         timeout: env.timeout,
     })?;
     let elapsed = started.elapsed();
+    // The copied binaries are large; the script, exit code and kernel name stay for a look.
+    let _ = fs::remove_dir_all(results.join("bin"));
     let read = |name: &str| {
         fs::read_to_string(results.join(name))
             .map(|s| s.trim().to_string())
