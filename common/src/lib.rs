@@ -25,6 +25,8 @@ pub mod maps {
     pub const STATS: &str = "STATS";
     /// cgroup id (u64) of a pod that opted out of capture -> 1: kept by the agent, read by the hooks.
     pub const OPTED_OUT_CGROUPS: &str = "OPTED_OUT_CGROUPS";
+    /// One u64: the netns cookie `netns_probe` read (kernels without `SO_NETNS_COOKIE`).
+    pub const NETNS_PROBE: &str = "NETNS_PROBE";
 }
 
 /// Names of the programs in the eBPF object (the function names).
@@ -38,6 +40,8 @@ pub mod programs {
     pub const RECVMSG6: &str = "recvmsg6";
     pub const GETPEERNAME6: &str = "getpeername6";
     pub const SOCK_OPS: &str = "sock_ops";
+    /// cgroup/sock_create, run once at start on kernels before 5.14 (see `NETNS_PROBE`).
+    pub const NETNS_PROBE: &str = "netns_probe";
 }
 
 /// Names of the read-only globals the agent sets at load time.

@@ -8,6 +8,7 @@
 //! - `sock_ops`: files the original destination under the client ip:port before the SYN leaves.
 //! - `getpeername4`/`getpeername6`, `recvmsg4`/`recvmsg6`: the application still sees the peer it
 //!   asked for.
+//! - `netns_probe`: run once at start on kernels before 5.14, to learn the node's netns cookie.
 #![no_std]
 #![no_main]
 
@@ -17,6 +18,7 @@ mod getpeername4;
 mod getpeername6;
 mod inet6;
 mod maps;
+mod netns_probe;
 mod recvmsg4;
 mod recvmsg6;
 mod sendmsg4;

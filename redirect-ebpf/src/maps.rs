@@ -1,7 +1,7 @@
 //! Maps and load-time globals shared by the programs. Names and layouts come from `redirect-common`.
 use aya_ebpf::{
     macros::map,
-    maps::{HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray},
 };
 use redirect_common::{
     FLOW_MAP_ENTRIES, OPTED_OUT_MAP_ENTRIES, OrigDst, SOCKET_MAP_ENTRIES, SockAddr, Stat,
@@ -24,6 +24,10 @@ pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 
 #[map]
 pub static OPTED_OUT_CGROUPS: HashMap<u64, u8> =
     HashMap::with_max_entries(OPTED_OUT_MAP_ENTRIES, 0);
+
+/// The node's netns cookie as `netns_probe` saw it (kernels without SO_NETNS_COOKIE).
+#[map]
+pub static NETNS_PROBE: Array<u64> = Array::with_max_entries(1, 0);
 
 // Set by the agent at load time (`EbpfLoader::set_global`); zero means "not configured".
 #[unsafe(no_mangle)]

@@ -99,7 +99,8 @@ impl Agent {
 
     /// Polls `/healthz/ready` until it answers 200; fails if the agent exits or the deadline passes.
     pub fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + READY_TIMEOUT;
+        let ready_timeout = crate::pace::scaled(READY_TIMEOUT);
+        let deadline = Instant::now() + ready_timeout;
         loop {
             let last = match self.admin_get("/healthz/ready") {
                 Ok(r) if r.status == 200 => return Ok(()),
@@ -111,7 +112,7 @@ impl Agent {
             }
             if Instant::now() > deadline {
                 bail!(
-                    "the agent was not ready within {READY_TIMEOUT:?} (last: {last}); log:\n{}",
+                    "the agent was not ready within {ready_timeout:?} (last: {last}); log:\n{}",
                     self.log()
                 );
             }
@@ -143,6 +144,7 @@ impl Agent {
         timeout: Duration,
         done: impl Fn(&Metrics) -> bool,
     ) -> Result<Metrics> {
+        let timeout = crate::pace::scaled(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             let m = self.metrics()?;

@@ -30,6 +30,9 @@ pub struct Reply {
     pub server: String,
     /// How long dig took, start to exit (process start included).
     pub elapsed: Duration,
+    /// dig's own `;; Query time:`, from sending the query to the reply: what a deadline on the
+    /// resolver is measured against (process start, slow under emulation, is not in it).
+    pub query_time: Option<Duration>,
 }
 
 impl Reply {
@@ -90,6 +93,7 @@ pub fn parse(text: &str) -> Result<Reply> {
         authority: Vec::new(),
         server: String::new(),
         elapsed: Duration::ZERO,
+        query_time: None,
     };
     #[derive(PartialEq)]
     enum Section {
@@ -109,6 +113,9 @@ pub fn parse(text: &str) -> Result<Reply> {
         } else if let Some(rest) = line.strip_prefix(";; flags:") {
             let flags = rest.split(';').next().unwrap_or_default();
             reply.flags = flags.split_whitespace().map(str::to_string).collect();
+        } else if let Some(rest) = line.strip_prefix(";; Query time:") {
+            let msec = rest.trim().trim_end_matches("msec").trim();
+            reply.query_time = msec.parse().ok().map(Duration::from_millis);
         } else if let Some(rest) = line.strip_prefix(";; SERVER:") {
             reply.server = rest.trim().to_string();
         } else if line == ";; ANSWER SECTION:" {
@@ -195,8 +202,10 @@ example.com.\t0\tIN\tSOA\tns. host. 1 2 3 4 5
         assert_eq!(r.answer[1].ttl, 30);
         assert!(r.authority.is_empty());
         assert_eq!(r.server, "198.51.100.53#53(198.51.100.53) (UDP)");
+        assert_eq!(r.query_time, Some(Duration::ZERO));
 
         let r = parse(NXDOMAIN).unwrap();
+        assert_eq!(r.query_time, None);
         assert_eq!(r.status, "NXDOMAIN");
         assert!(!r.has_flag("aa"));
         assert!(r.answer.is_empty());

@@ -156,7 +156,8 @@ impl Cmd {
         });
         let stdout = read_all_in_background(child.stdout.take());
         let stderr = read_all_in_background(child.stderr.take());
-        let deadline = Instant::now() + self.timeout;
+        let timeout = crate::pace::scaled(self.timeout);
+        let deadline = Instant::now() + timeout;
         let status = loop {
             if let Some(status) = child.try_wait()? {
                 break Some(status);
@@ -186,7 +187,7 @@ impl Cmd {
                     stdout,
                     stderr,
                 };
-                bail!("timed out after {:?}, killed: {partial}", self.timeout)
+                bail!("timed out after {timeout:?}, killed: {partial}")
             }
         }
     }

@@ -45,6 +45,7 @@ pub mod explain;
 pub mod fixtures;
 pub mod metrics;
 pub mod netns;
+pub mod pace;
 pub mod pattern;
 pub mod peer;
 pub mod proc;

@@ -45,6 +45,7 @@ impl Proc {
 
     /// Polls the log until a line contains `needle`; fails at the deadline or if the process exits first.
     pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> Result<()> {
+        let timeout = crate::pace::scaled(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             if self.log().lines().any(|l| l.contains(needle)) {
@@ -86,6 +87,7 @@ impl Proc {
 
     /// Waits for the process to exit by itself.
     pub fn wait(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let timeout = crate::pace::scaled(timeout);
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(status) = self.child.try_wait()? {

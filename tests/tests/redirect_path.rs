@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use integration::{Agent, Metrics, Peer, Topology, bpf, pattern, peer};
+use integration::{Agent, Metrics, Peer, Topology, bpf, pace, pattern, peer};
 
 const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
 const B1: (&str, &str) = ("team-b/b1", "10.244.2.10");
@@ -43,7 +43,7 @@ fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
 }
 
 fn curl(pod_or_node: integration::Cmd, url: &str) -> integration::Cmd {
-    pod_or_node.args(["-sS", "--fail", "--max-time", "30", url])
+    pod_or_node.args(["-sS", "--fail", "--max-time", &pace::scaled_secs(30), url])
 }
 
 #[test]
@@ -96,7 +96,15 @@ fn sixty_four_mib_arrive_byte_identical_in_both_directions() -> Result<()> {
     std::fs::write(&upload, pattern::bytes(N))?;
     let sum = pod
         .cmd("curl")
-        .args(["-sS", "--fail", "--max-time", "60", "-X", "POST", "-T"])
+        .args([
+            "-sS",
+            "--fail",
+            "--max-time",
+            &pace::scaled_secs(60),
+            "-X",
+            "POST",
+            "-T",
+        ])
         .arg(&upload)
         .arg("http://203.0.113.10/sha256")
         .timeout(Duration::from_secs(60))

@@ -9,6 +9,7 @@ mod cmd;
 mod demo;
 mod setup;
 mod test;
+mod vm;
 
 #[derive(Parser)]
 #[command(

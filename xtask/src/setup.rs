@@ -53,6 +53,7 @@ fn install(verbose: bool) -> anyhow::Result<()> {
     ensure_bpf_linker(&say)?;
     ensure_debian_packages(&say)?;
     ensure_manifest_validator(&say)?;
+    ensure_vm_tools(&say)?;
     say("everything is installed");
     Ok(())
 }
@@ -194,6 +195,84 @@ fn ensure_debian_packages(say: &dyn Fn(&str)) -> anyhow::Result<()> {
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
+}
+
+/// qemu, a static busybox for the guest's initramfs and kmod (depmod, modprobe) for its modules.
+/// qemu-system-x86 comes from bookworm-backports: a backports qemu-utils (as on these machines)
+/// blocks bookworm's own.
+fn ensure_vm_tools(say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    let qemu = on_path("qemu-system-x86_64");
+    let busybox = output(Command::new("dpkg-query").args(["-W", "-f=${Status}", "busybox-static"]))
+        .is_some_and(|s| s.ends_with(" installed"));
+    let kmod = ["/usr/sbin/depmod", "/sbin/depmod"]
+        .iter()
+        .any(|p| Path::new(p).exists());
+    if qemu && busybox && kmod {
+        say("VM tools (qemu-system-x86, busybox-static, kmod): present");
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "installing the VM tools (qemu-system-x86, busybox-static, kmod) needs root: run `sudo cargo xtask setup`"
+        );
+    }
+    let mut plain: Vec<&str> = Vec::new();
+    if !busybox {
+        plain.push("busybox-static");
+    }
+    if !kmod {
+        plain.push("kmod");
+    }
+    if !qemu {
+        ensure_backports_source()?;
+        println!("xtask setup: installing qemu-system-x86 from bookworm-backports");
+        cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
+        cmd::run(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(["-t", BACKPORTS, "qemu-system-x86"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    if plain.is_empty() {
+        return Ok(());
+    }
+    println!("xtask setup: installing {}", plain.join(" "));
+    if qemu {
+        cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
+    }
+    cmd::run(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&plain)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+const BACKPORTS: &str = "bookworm-backports";
+const BACKPORTS_SOURCE: &str = "/etc/apt/sources.list.d/bookworm-backports.sources";
+
+/// Adds bookworm-backports to apt's sources unless some source already names it.
+fn ensure_backports_source() -> anyhow::Result<()> {
+    let mut sources = vec![PathBuf::from("/etc/apt/sources.list")];
+    if let Ok(entries) = fs::read_dir("/etc/apt/sources.list.d") {
+        sources.extend(entries.flatten().map(|e| e.path()));
+    }
+    let named = sources
+        .iter()
+        .filter_map(|p| fs::read_to_string(p).ok())
+        .any(|text| text.contains(BACKPORTS));
+    if named {
+        return Ok(());
+    }
+    println!("xtask setup: adding {BACKPORTS} to apt's sources ({BACKPORTS_SOURCE})");
+    fs::write(
+        BACKPORTS_SOURCE,
+        format!(
+            "# Added by `cargo xtask setup`: qemu-system-x86 for the VM tests.\nTypes: deb\nURIs: http://deb.debian.org/debian\nSuites: {BACKPORTS}\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        ),
+    )
+    .with_context(|| format!("writing {BACKPORTS_SOURCE}"))
 }
 
 /// The Kubernetes schema validator `deploy/validate` runs, in a virtualenv of its own (pinned with its

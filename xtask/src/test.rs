@@ -1,19 +1,68 @@
 //! `cargo xtask test`: every test there is, in the order that fails fastest.
-use anyhow::bail;
+//!
+//! With `--kernel`, the integration suite runs inside a VM booted with one of Debian's kernels
+//! instead (see `vm/`). Plain `cargo xtask test` (CI) ends with a short VM smoke on the oldest kernel
+//! the agent supports.
+use std::{path::PathBuf, process::Stdio, time::Duration};
 
-use crate::{build, cmd, setup};
+use anyhow::{Context, bail};
+
+use crate::{build, cmd, setup::is_root, vm};
 
 #[derive(clap::Args)]
 pub struct TestArgs {
     /// Only the checks and unit tests (no root needed).
     #[arg(long)]
     unit_only: bool,
+    /// Run the integration suite in a VM on this kernel instead of the host's: 5.10, 6.1, 6.12,
+    /// `all` (each in turn), or the path of a kernel .deb. Skips the checks and unit tests.
+    #[arg(long, value_name = "VERSION|all|PATH.deb")]
+    kernel: Option<String>,
+    /// Skip the VM smoke test that follows the host's integration suite.
+    #[arg(long, conflicts_with = "kernel")]
+    no_vm: bool,
+    /// Give up on a VM after this many minutes.
+    #[arg(long, default_value_t = 150, value_name = "MINUTES")]
+    vm_timeout: u64,
     /// Passed to the integration test binaries (e.g. a test name filter).
     #[arg(last = true)]
     filter: Vec<String>,
 }
 
+/// The oldest kernel the agent supports (it refuses older ones): CI's VM smoke runs there.
+fn smoke_kernel() -> String {
+    let (major, minor) = redirect::redirect::features::OLDEST_SUPPORTED;
+    format!("{major}.{minor}")
+}
+
+/// The smoke: the redirect path, and one visibility scenario with real dig, curl and dnsmasq.
+const SMOKE: &[(&str, &[&str])] = &[
+    ("redirect_path", &[]),
+    (
+        "visibility",
+        &[
+            "namespace_entry_is_answered_in_its_namespace_and_forwarded_upstream_elsewhere",
+            "--exact",
+        ],
+    ),
+];
+
 pub fn test(args: TestArgs) -> anyhow::Result<()> {
+    if let Some(kernel) = &args.kernel {
+        let choices = vm::KernelChoice::parse(kernel)?;
+        need_root()?;
+        let agent = build::build()?;
+        let built = build_integration_tests()?;
+        let tests = built
+            .suites
+            .iter()
+            .map(|(_, binary)| vm::GuestTest {
+                binary: binary.clone(),
+                args: args.filter.clone(),
+            })
+            .collect::<Vec<_>>();
+        return run_in_vms(&choices, &tests, &built.env(agent, args.vm_timeout));
+    }
     let root = cmd::workspace_root();
     cmd::run(
         cmd::cargo()
@@ -38,17 +87,148 @@ pub fn test(args: TestArgs) -> anyhow::Result<()> {
     if args.unit_only {
         return Ok(());
     }
-    if !setup::is_root() {
-        bail!(
-            "the integration suite creates network namespaces, cgroups and loads eBPF: run it as root (`sudo cargo xtask test`), or pass --unit-only"
-        );
-    }
+    need_root()?;
     let agent = build::build()?;
     cmd::run(
         cmd::cargo()
             .current_dir(&root)
             .args(["test", "--package", "integration", "--"])
             .args(&args.filter)
-            .env("REDIRECT_BIN", agent),
+            .env("REDIRECT_BIN", &agent),
+    )?;
+    if args.no_vm {
+        return Ok(());
+    }
+    let built = build_integration_tests()?;
+    let mut tests = Vec::new();
+    for (suite, suite_args) in SMOKE {
+        let binary = built.suite(suite)?;
+        tests.push(vm::GuestTest {
+            binary,
+            args: suite_args.iter().map(|a| a.to_string()).collect(),
+        });
+    }
+    let kernel = smoke_kernel();
+    println!("xtask: VM smoke on the oldest supported kernel ({kernel})");
+    run_in_vms(
+        &vm::KernelChoice::parse(&kernel)?,
+        &tests,
+        &built.env(agent, args.vm_timeout),
     )
+}
+
+fn need_root() -> anyhow::Result<()> {
+    if !is_root() {
+        bail!(
+            "the integration suite creates network namespaces, cgroups and loads eBPF: run it as root (`sudo cargo xtask test`), or pass --unit-only"
+        );
+    }
+    Ok(())
+}
+
+/// Runs `tests` on each kernel in turn and prints one line per kernel; fails if any failed.
+fn run_in_vms(
+    choices: &[vm::KernelChoice],
+    tests: &[vm::GuestTest],
+    env: &vm::GuestEnv,
+) -> anyhow::Result<()> {
+    let mut outcomes = Vec::new();
+    let mut failed = false;
+    for choice in choices {
+        match vm::run(choice, tests, env) {
+            Ok(outcome) => {
+                failed |= !outcome.passed;
+                outcomes.push(outcome);
+            }
+            Err(err) => {
+                eprintln!("xtask: error: {err:#}");
+                failed = true;
+            }
+        }
+    }
+    println!("\nxtask: integration suite in VMs:");
+    println!(
+        "  {:<8} {:<24} {:<8} {:>8}",
+        "KERNEL", "UNAME -R", "RESULT", "TIME"
+    );
+    for o in &outcomes {
+        println!(
+            "  {:<8} {:<24} {:<8} {:>7}s",
+            o.kernel,
+            o.release,
+            if o.passed { "passed" } else { "FAILED" },
+            o.elapsed.as_secs()
+        );
+    }
+    if failed {
+        bail!("the integration suite failed in a VM (see above)");
+    }
+    Ok(())
+}
+
+/// The integration suite's test binaries and the helper binary, built for the VM to run.
+struct IntegrationTests {
+    suites: Vec<(String, PathBuf)>,
+    peer: PathBuf,
+}
+
+impl IntegrationTests {
+    fn suite(&self, name: &str) -> anyhow::Result<PathBuf> {
+        self.suites
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p.clone())
+            .with_context(|| format!("no integration suite named {name}"))
+    }
+
+    fn env(&self, agent: PathBuf, timeout_minutes: u64) -> vm::GuestEnv {
+        vm::GuestEnv {
+            workspace: cmd::workspace_root(),
+            vars: vec![
+                ("REDIRECT_BIN".into(), agent.display().to_string()),
+                ("RDT_PEER_BIN".into(), self.peer.display().to_string()),
+            ],
+            timeout: Duration::from_secs(timeout_minutes * 60),
+        }
+    }
+}
+
+/// `cargo test -p integration --no-run`, reading the executables from cargo's JSON messages.
+fn build_integration_tests() -> anyhow::Result<IntegrationTests> {
+    let out = cmd::cargo()
+        .current_dir(cmd::workspace_root())
+        .args([
+            "test",
+            "--package",
+            "integration",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("starting cargo test --no-run")?;
+    if !out.status.success() {
+        bail!("building the integration tests failed: {}", out.status);
+    }
+    let mut suites = Vec::new();
+    let mut peer = None;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let Some(exe) = msg["executable"].as_str() else {
+            continue;
+        };
+        let name = msg["target"]["name"].as_str().unwrap_or_default();
+        let kinds = &msg["target"]["kind"];
+        if msg["profile"]["test"] == true && kinds == &serde_json::json!(["test"]) {
+            suites.push((name.to_string(), PathBuf::from(exe)));
+        } else if name == "rdt-peer" && msg["profile"]["test"] == false {
+            // (cargo also builds the binary's own unit-test harness under the same name)
+            peer = Some(PathBuf::from(exe));
+        }
+    }
+    suites.sort();
+    let peer = peer.context("cargo built no rdt-peer binary")?;
+    Ok(IntegrationTests { suites, peer })
 }

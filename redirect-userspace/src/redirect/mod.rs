@@ -3,7 +3,9 @@
 //! [`Redirector`] owns the loaded object: while it lives the programs steer the cgroup's traffic to the
 //! agent; dropping it (or the process dying) closes the links and the kernel detaches everything.
 mod cgroup;
+pub mod features;
 mod gateway;
+mod netns;
 
 use std::{
     collections::BTreeSet,
@@ -21,7 +23,9 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
+pub use features::MissingFeatures;
 pub use gateway::{GatewayError, Gateways};
+pub use netns::NetnsError;
 
 /// The eBPF object, embedded by build.rs (empty when built without `cargo xtask build`).
 static EBPF_OBJECT: &[u8] =
@@ -49,6 +53,22 @@ pub enum RedirectError {
     NoObject,
     #[error(transparent)]
     Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Kernel(#[from] MissingFeatures),
+    #[error(
+        "cannot tell the node's network namespace from the pods' (hostNetwork pods would be steered): {0}"
+    )]
+    NodeNetns(#[from] NetnsError),
+    #[error(
+        "kernel {release} refused program {name}: {reason} (the agent supports Linux {}.{} and newer; the verifier's full output is logged at debug level)",
+        features::OLDEST_SUPPORTED.0,
+        features::OLDEST_SUPPORTED.1
+    )]
+    Refused {
+        name: &'static str,
+        release: String,
+        reason: String,
+    },
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {name} is missing from the eBPF object")]
@@ -89,13 +109,11 @@ impl Redirector {
             return Err(RedirectError::NoObject);
         }
         let cgroup = check_attachable(&config.cgroup)?;
+        features::check()?;
         let gateway_v4 = config.gateway.v4_be();
         let gateway_v6 = config.gateway.v6_words();
         let dns_port = config.dns_proxy_port.unwrap_or(0);
-        let node_netns = own_netns_cookie().unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "cannot read this network namespace's cookie (kernel < 5.14?); hostNetwork pods in the cgroup will be steered too");
-            0
-        });
+        let node_netns = netns::node_cookie(EBPF_OBJECT, &config.cgroup)?;
         let mut ebpf = EbpfLoader::new()
             .override_global(globals::NODE_NETNS_COOKIE, &node_netns, true)
             .override_global(globals::GATEWAY_V4, &gateway_v4, true)
@@ -115,18 +133,14 @@ impl Redirector {
             programs::GETPEERNAME6,
         ] {
             let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
-            program
-                .load()
-                .map_err(|source| RedirectError::Program { name, source })?;
+            program.load().map_err(|source| load_error(name, source))?;
             program
                 .attach(cgroup.as_fd(), ATTACH_MODE)
                 .map_err(|source| RedirectError::Program { name, source })?;
         }
         let sock_ops: &mut SockOps = program(&mut ebpf, programs::SOCK_OPS)?;
         let name = programs::SOCK_OPS;
-        sock_ops
-            .load()
-            .map_err(|source| RedirectError::Program { name, source })?;
+        sock_ops.load().map_err(|source| load_error(name, source))?;
         sock_ops
             .attach(cgroup.as_fd(), ATTACH_MODE)
             .map_err(|source| RedirectError::Program { name, source })?;
@@ -208,29 +222,30 @@ impl RedirectMaps {
     }
 }
 
-/// The cookie of the agent's network namespace: the node's, since the agent runs with hostNetwork.
-fn own_netns_cookie() -> std::io::Result<u64> {
-    use std::os::fd::AsRawFd;
-    // SO_NETNS_COOKIE (linux/asm-generic/socket.h); not in every libc crate release.
-    const SO_NETNS_COOKIE: libc::c_int = 71;
-    // Any socket will do, and it need not be bound (lo may still be down).
-    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
-    let mut cookie: u64 = 0;
-    let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
-    // SAFETY: valid socket fd, and a u64 buffer whose size we pass.
-    let rc = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_NETNS_COOKIE,
-            (&mut cookie as *mut u64).cast(),
-            &mut len,
-        )
+/// A program the verifier refused: the last line of its log says why; the whole log goes to debug.
+fn load_error(name: &'static str, source: ProgramError) -> RedirectError {
+    let ProgramError::LoadError {
+        io_error,
+        verifier_log,
+    } = &source
+    else {
+        return RedirectError::Program { name, source };
     };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
+    let log = verifier_log.to_string();
+    tracing::debug!(program = name, verifier_log = %log, "verifier output");
+    let reason = log
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| {
+            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
+        })
+        .map_or_else(|| io_error.to_string(), str::to_string);
+    RedirectError::Refused {
+        name,
+        release: features::kernel_release(),
+        reason,
     }
-    Ok(cookie)
 }
 
 fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, RedirectError>

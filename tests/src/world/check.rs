@@ -431,7 +431,7 @@ impl World {
             .cmd("curl")
             .args(args)
             // -g: brackets are an IPv6 literal, not a glob.
-            .args(["-gsSv", "--max-time", "10", url])
+            .args(["-gsSv", "--max-time", &crate::pace::scaled_secs(10), url])
             .output()?;
         let elapsed = started.elapsed();
         if out.success() {
@@ -441,7 +441,7 @@ impl World {
         // its verbose log names the cause every time.
         if out.stderr_str().contains("Connection reset by peer") {
             ensure!(
-                elapsed < Duration::from_secs(1),
+                elapsed < crate::pace::scaled(Duration::from_secs(1)),
                 "reset, but only after {elapsed:?}: {out}"
             );
             return Ok(Reach::Reset);
