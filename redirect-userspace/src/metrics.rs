@@ -18,7 +18,7 @@ use prometheus_client::{
 
 use crate::redirect::RedirectMaps;
 
-/// How an outbound connection was handled (SPEC §4).
+/// How an outbound connection was handled (`docs/observability.md#metrics`).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum OutboundOutcome {
     Service,
@@ -56,7 +56,7 @@ impl Direction {
     }
 }
 
-/// How a DNS query was handled (SPEC §4).
+/// How a DNS query was handled (`docs/observability.md#metrics`).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum DnsOutcome {
     Answered,

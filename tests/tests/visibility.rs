@@ -1,8 +1,9 @@
-//! Issue 4: what each namespace sees, on real traffic. Real `dig` and `curl` in pods of five namespaces,
+//! What each namespace sees (`docs/data-plane.md`, `docs/dns.md`), on real traffic.
+//! Real `dig` and `curl` in pods of five namespaces,
 //! the agent enforcing a copy of `examples/`, dnsmasq in ext holding the public answers.
 //!
 //! Every check runs twice over: `redirect explain` over the same manifests says what a client gets and
-//! the agent must do exactly that (`World::check_*`), and explain's answer must be the SPEC's, written
+//! the agent must do exactly that (`World::check_*`), and explain's answer must be the one the rules in `docs/` give, written
 //! out in each test. A bug in either one fails the test.
 //!
 //! Every check also runs from each kind of client socket: a connection to an IPv4 address is made
@@ -22,7 +23,7 @@ fn addr(s: &str) -> SocketAddrV4 {
     s.parse().unwrap()
 }
 
-/// SPEC: the agent answers for `service` with `addresses`.
+/// The rules: the agent answers for `service` with `addresses`.
 fn spec_answer(v: &DnsVerdict, service: &str, addresses: &[&str]) {
     let want: Vec<IpAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
     assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
@@ -30,14 +31,14 @@ fn spec_answer(v: &DnsVerdict, service: &str, addresses: &[&str]) {
     assert_eq!(v.addresses, want, "{}", v.json);
 }
 
-/// SPEC: the query goes upstream; `hidden` is the service it skipped, if any.
+/// The rules: the query goes upstream; `hidden` is the service it skipped, if any.
 fn spec_forward(v: &DnsVerdict, hidden: Option<&str>) {
     assert_eq!(v.action, DnsAction::Forward, "{}", v.json);
     assert_eq!(v.service, None, "{}", v.json);
     assert_eq!(v.hidden.as_deref(), hidden, "{}", v.json);
 }
 
-/// SPEC: an allocated address: v4 from 240.240.0.0/16, v6 from 2001:2::/48.
+/// The rules (`docs/visibility.md#address-allocation`): an allocated address: v4 from 240.240.0.0/16, v6 from 2001:2::/48.
 fn spec_answer_allocated(v: &DnsVerdict, service: &str) {
     assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
     assert_eq!(v.service.as_deref(), Some(service), "{}", v.json);
@@ -54,7 +55,7 @@ fn spec_answer_allocated(v: &DnsVerdict, service: &str) {
     );
 }
 
-/// SPEC: the outbound decision and who answers.
+/// The rules: the outbound decision and who answers.
 fn spec_outbound(
     got: &(OutboundVerdict, Reach),
     action: OutboundAction,
@@ -588,7 +589,7 @@ fn unconnected_udp_dns_clients_are_answered_as_from_the_resolver_they_asked() ->
             "steered to the agent: {after:#?}"
         );
     }
-    // SPEC: team-a's own entry, team-b the upstream's answer.
+    // The rules: team-a's own entry, team-b the upstream's answer.
     let resolver = &resolvers[0];
     let (_, _, aa, a) = unconnected_query(&w, "team-a", resolver, "api.example.com.")?;
     assert_eq!(

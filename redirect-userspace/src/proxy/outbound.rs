@@ -290,7 +290,8 @@ async fn check_client(
     check
 }
 
-/// The SPEC §3 decision for this connection, made with `state::Snapshot::by_ip` under one snapshot.
+/// The decision for this connection (`docs/data-plane.md#destination-ip-lookup`),
+/// made with `state::Snapshot::by_ip` under one snapshot.
 /// `None`: no healthy upstream, reset the client.
 /// `client_ns`: the client's namespace, `None` for an unknown client (PUBLIC services only).
 fn decide(

@@ -1,4 +1,4 @@
-//! The DNS decision (SPEC §3 "DNS"): answer a name a visible service owns, forward everything else.
+//! The DNS decision (`docs/dns.md#authoritative-answers`): answer a name a visible service owns, forward everything else.
 //!
 //! Queries arrive as the client's resolver sends them, search domain appended
 //! (`api.example.com.team-a.svc.cluster.local.`), any case, trailing dot or not. As ztunnel does,

@@ -1,4 +1,4 @@
-//! The outbound decision (SPEC §3 "Destination IP lookup"): what a connection from a client
+//! The outbound decision (`docs/data-plane.md#destination-ip-lookup`): what a connection from a client
 //! namespace to an original destination `ip:port` gets.
 use std::net::{IpAddr, SocketAddr};
 
@@ -66,7 +66,7 @@ pub enum NoUpstreamReason {
 }
 
 impl<'a> OutboundDecision<'a> {
-    /// The outcome label of SPEC §4's outbound counter.
+    /// The outcome label of the outbound counter (`docs/observability.md#metrics`).
     pub fn outcome(&self) -> &'static str {
         match self.action {
             Outbound::Service { .. } => "service",

@@ -1,4 +1,4 @@
-//! Table-driven tests of SPEC §3, each case named after the rule it checks.
+//! Table-driven tests of `docs/data-plane.md` and `docs/dns.md`, each case named after the rule it checks.
 use std::net::IpAddr;
 
 use super::*;
@@ -7,7 +7,7 @@ use crate::config::load_sources;
 mod props;
 mod upstream;
 
-/// A small multi-tenant world: every rule of SPEC §3 has an object here to exercise it.
+/// A small multi-tenant world: every rule of `docs/data-plane.md` and `docs/dns.md` has an object here to exercise it.
 pub(super) const WORLD: &str = r#"
 apiVersion: v1
 kind: Namespace

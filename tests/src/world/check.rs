@@ -57,7 +57,7 @@ impl World {
     /// client pod of `from`, at every address of the resolver ([`World::resolvers`]: IPv4, v4-mapped,
     /// IPv6), and checks each reply against what `explain` says: the agent's authoritative answer with
     /// explain's addresses of that family (none: an empty NOERROR), or exactly the reply the upstream
-    /// gives to the same question. Returns explain's verdict, for the caller to hold against SPEC, and
+    /// gives to the same question. Returns explain's verdict, for the caller to hold against the rules in `docs/`, and
     /// the reply to the question asked as an application asks it (`/etc/resolv.conf`).
     pub fn check_dig_with(
         &self,
@@ -284,7 +284,7 @@ impl World {
     /// `curl http://<dest>/` from the client pod of `from`, checked against [`World::expected_reach`]
     /// (and the agent's outcome counter); for an IPv4 `dest` also `curl http://[::ffff:<ip>]/` (an
     /// `AF_INET6` socket), which must get the same. Returns the expectation for the caller to hold
-    /// against SPEC.
+    /// against the rules in `docs/`.
     pub fn check_connect(
         &self,
         from: &str,

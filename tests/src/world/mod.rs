@@ -5,7 +5,7 @@
 //! A scenario asks `redirect explain` (over the same copy) what a client should get, turns that into what
 //! dig and curl must observe ([`World::check_dig`], [`World::check_connect`]), and runs them in the pod.
 //! Which server answers where and what the public DNS says are facts of this world, written below;
-//! what a client gets is never written here: it comes from explain, and each test pins explain to SPEC.
+//! what a client gets is never written here: it comes from explain, and each test pins explain to the rules in `docs/`.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

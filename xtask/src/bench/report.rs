@@ -93,9 +93,7 @@ impl Report<'_> {
         self.table(&mut s, &DNS_ROUTES, &[Metric::DnsQps, Metric::DnsLatency]);
         s.push_str("\n## 5. Control plane\n\n");
         self.control(&mut s);
-        s.push_str(
-            "\n## Targets (issue 6)\n\n| target | measured (median) | |\n| --- | --- | --- |\n",
-        );
+        s.push_str("\n## Targets\n\n| target | measured (median) | |\n| --- | --- | --- |\n");
         for v in self.verdicts {
             let mark = match v.met {
                 Some(true) => "met",
