@@ -13,10 +13,10 @@ use crate::{
     dns::HostCache,
     identity::{CgroupPods, Check},
     live::LiveState,
-    metrics::{BudgetKind, Direction, Lookup, Metrics, OutboundOutcome, Refusal, Timeout},
+    metrics::{BudgetKind, Direction, Lookup, Metrics, Refusal, Timeout},
     net::{CONNECT_TIMEOUT, connect_marked},
     redirect::RedirectMaps,
-    state::{Outbound, Snapshot, Target},
+    state::{OutboundOutcome, Snapshot, Target},
 };
 
 /// Pending connections the kernel queues for us: bursts of new connections from many pods.
@@ -302,12 +302,7 @@ fn decide(
     orig: SocketAddr,
 ) -> Option<Plan> {
     let decision = snapshot.by_ip(client_ns, orig.ip(), orig.port());
-    let outcome = match decision.action {
-        Outbound::Service { .. } => OutboundOutcome::Service,
-        Outbound::Workload { .. } => OutboundOutcome::Workload,
-        Outbound::Passthrough { .. } => OutboundOutcome::Passthrough,
-        Outbound::NoHealthyUpstream { .. } => OutboundOutcome::NoHealthyUpstream,
-    };
+    let outcome = decision.outcome();
     if let Some(hidden) = decision.hidden {
         context.metrics.hidden(Lookup::Outbound);
         debug!(

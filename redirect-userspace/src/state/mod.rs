@@ -16,7 +16,9 @@ use std::net::IpAddr;
 
 pub use dns::{DnsAnswer, DnsDecision, NDOTS, SearchDomains};
 pub use dump::{ConfigDump, EndpointDump, ServiceDump, VisibilityDump, WorkloadDump};
-pub use outbound::{NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick};
+pub use outbound::{
+    NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason, Pick,
+};
 pub use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Target};
 
 use crate::{

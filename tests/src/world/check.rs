@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail, ensure};
 use super::{AGENT_TTL, World, delta, key};
 use crate::RESOLVER_IP;
 use crate::dig::{self, Reply};
-use crate::explain::{DnsAction, DnsVerdict, OutboundAction, OutboundVerdict};
+use crate::explain::{DnsAction, DnsVerdict, OutboundOutcome, OutboundVerdict};
 
 /// What a TCP client gets: the named server answered, or the connection was reset.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -248,7 +248,7 @@ impl World {
     pub fn expected_reach(&self, from: &str, dest: SocketAddr) -> Result<(OutboundVerdict, Reach)> {
         let verdict = self.explain.ip(from, dest)?;
         let reach = match verdict.action {
-            OutboundAction::NoHealthyUpstream => Reach::Reset,
+            OutboundOutcome::NoHealthyUpstream => Reach::Reset,
             _ => {
                 let endpoint = verdict
                     .endpoint

@@ -141,15 +141,9 @@ pub mod key {
         format!(r#"redirect_config_objects_rejected{{kind="{kind}"}}"#)
     }
 
-    /// `redirect_outbound_connections_total{outcome=...}` for an explain action.
-    pub fn outbound(action: &crate::explain::OutboundAction) -> String {
-        use crate::explain::OutboundAction::*;
-        let outcome = match action {
-            Service => "service",
-            Workload => "workload",
-            Passthrough => "passthrough",
-            NoHealthyUpstream => "no_healthy_upstream",
-        };
+    /// `redirect_outbound_connections_total{outcome=...}` for an explain action or outcome.
+    pub fn outbound(outcome: &crate::explain::OutboundOutcome) -> String {
+        let outcome = outcome.as_str();
         format!(r#"redirect_outbound_connections_total{{outcome="{outcome}"}}"#)
     }
 }

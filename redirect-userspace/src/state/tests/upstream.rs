@@ -26,7 +26,7 @@ fn outbound(
     let ip: IpAddr = dst.parse().unwrap();
     let (action, service, endpoint, _) =
         outbound_summary(&s.by_ip_with(Some(client), ip, port, Pick::Peek));
-    (action.to_string(), service, endpoint)
+    (action.name().to_string(), service, endpoint)
 }
 
 fn dns_service(s: &Snapshot, client: &str, name: &str) -> Option<String> {
