@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-pub use redirect::cli::explain::DnsAction;
-use redirect::cli::explain::{HostExplanation, IpExplanation};
-pub use redirect::state::OutboundOutcome;
+pub use redirect_userspace::cli::explain::DnsAction;
+use redirect_userspace::cli::explain::{HostExplanation, IpExplanation};
+pub use redirect_userspace::state::OutboundOutcome;
 use serde_json::Value;
 
 use crate::Agent;

@@ -164,7 +164,7 @@ fn vis(s: &Service) -> &'static str {
     }
 }
 
-/// Sends the queries a pod's resolver would send, in order, through `Snapshot::by_host`; the first
+/// Sends the queries a pod's resolver would send, in order, through `Snapshot::decide_dns`; the first
 /// one the agent answers decides. Forwarded ones are up to the upstream resolver.
 pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExplanation {
     let queries = snapshot.search_domains(Some(namespace)).expand(host);
@@ -172,7 +172,7 @@ pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExp
     let mut hidden: Option<String> = None;
     let mut decided = None;
     for query in &queries {
-        let decision = snapshot.by_host(Some(namespace), query);
+        let decision = snapshot.decide_dns(Some(namespace), query);
         hidden = hidden.or(decision.hidden().map(|s| s.to_string()));
         match decision {
             DnsDecision::Answer(a) => {
@@ -239,18 +239,18 @@ pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExp
     }
 }
 
-/// Runs `Snapshot::by_ip_with(.., Pick::Peek)`: the decision the proxy's next connection would get.
+/// Runs `Snapshot::decide_outbound_with(.., Pick::Peek)`: the decision the proxy's next connection would get.
 /// Without a port, a service's first declared port is used.
 pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpExplanation {
     let client = Some(namespace);
     let port = dst.port.or_else(|| {
         snapshot
-            .by_ip_with(client, dst.ip, 0, Pick::Peek)
+            .decide_outbound_with(client, dst.ip, 0, Pick::Peek)
             .service()
             .and_then(|s| s.ports.first())
             .map(|p| p.port)
     });
-    let d = snapshot.by_ip_with(client, dst.ip, port.unwrap_or(0), Pick::Peek);
+    let d = snapshot.decide_outbound_with(client, dst.ip, port.unwrap_or(0), Pick::Peek);
     let endpoint = d.target().map(|t| match port {
         Some(_) => t.to_string(),
         None => dst.ip.to_string(),

@@ -5,7 +5,7 @@ use serde_yaml_ng::Value;
 
 use crate::{
     config::{self, ConfigError, Limits, Model},
-    visibility::{self, Resolution},
+    visibility::{self, Resolved},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -71,7 +71,7 @@ pub fn invalid_input(errors: &[ConfigError]) -> ExitCode {
 
 /// Reads a configuration for an offline command: everything valid, and every problem (objects
 /// left out, and entries the address pool could not serve).
-pub fn load(dir: &Path, limits: &Limits) -> (Model, Resolution, Vec<ConfigError>) {
+pub fn load(dir: &Path, limits: &Limits) -> (Model, Resolved, Vec<ConfigError>) {
     let loaded = config::read_dir(dir, limits);
     let resolution = visibility::resolve(&loaded.model);
     let mut errors = loaded.errors;

@@ -291,7 +291,7 @@ async fn check_client(
 }
 
 /// The decision for this connection (`docs/data-plane.md#destination-ip-lookup`),
-/// made with `state::Snapshot::by_ip` under one snapshot.
+/// made with `state::Snapshot::decide_outbound` under one snapshot.
 /// `None`: no healthy upstream, reset the client.
 /// `client_ns`: the client's namespace, `None` for an unknown client (PUBLIC services only).
 fn decide(
@@ -301,7 +301,7 @@ fn decide(
     client_ns: Option<&str>,
     orig: SocketAddr,
 ) -> Option<Plan> {
-    let decision = snapshot.by_ip(client_ns, orig.ip(), orig.port());
+    let decision = snapshot.decide_outbound(client_ns, orig.ip(), orig.port());
     let outcome = decision.outcome();
     if let Some(hidden) = decision.hidden {
         context.metrics.hidden(Lookup::Outbound);

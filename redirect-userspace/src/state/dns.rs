@@ -129,7 +129,7 @@ impl Snapshot {
 
     /// The DNS decision for an A/AAAA query `qname` from a client in `client_ns`. Allocation-free:
     /// the name is lower-cased into a stack buffer.
-    pub fn by_host<'a, 'q>(
+    pub fn decide_dns<'a, 'q>(
         &'a self,
         client_ns: Option<&str>,
         qname: &'q str,

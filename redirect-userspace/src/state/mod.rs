@@ -23,7 +23,7 @@ pub use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Targe
 
 use crate::{
     config::{DEFAULT_CLUSTER_DOMAIN, Model, VisibilityConfig, Workload},
-    visibility::{self, Resolution},
+    visibility::{self, Resolved},
 };
 use store::ServiceStore;
 use workload::WorkloadStore;
@@ -56,7 +56,7 @@ impl Snapshot {
     }
 
     /// Builds the state from a model and its resolution (`visibility::resolve(model)`).
-    pub fn build(model: &Model, resolution: &Resolution) -> Self {
+    pub fn build(model: &Model, resolution: &Resolved) -> Self {
         Snapshot {
             services: ServiceStore::new(build::services(model, resolution)),
             workloads: WorkloadStore::new(model.workloads.clone()),

@@ -148,12 +148,17 @@ impl<'a> OutboundDecision<'a> {
 
 impl Snapshot {
     /// The decision for a new connection: advances the round robin.
-    pub fn by_ip(&self, client_ns: Option<&str>, ip: IpAddr, port: u16) -> OutboundDecision<'_> {
-        self.by_ip_with(client_ns, ip, port, Pick::Next)
+    pub fn decide_outbound(
+        &self,
+        client_ns: Option<&str>,
+        ip: IpAddr,
+        port: u16,
+    ) -> OutboundDecision<'_> {
+        self.decide_outbound_with(client_ns, ip, port, Pick::Next)
     }
 
     /// The same decision with an explicit endpoint pick. Allocation-free.
-    pub fn by_ip_with(
+    pub fn decide_outbound_with(
         &self,
         client_ns: Option<&str>,
         ip: IpAddr,

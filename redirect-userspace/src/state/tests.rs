@@ -549,7 +549,7 @@ fn outbound_rules() {
     ];
     let snap = world();
     for case in cases {
-        let got = snap.by_ip_with(case.client, ip(case.dst), case.port, Pick::Peek);
+        let got = snap.decide_outbound_with(case.client, ip(case.dst), case.port, Pick::Peek);
         let want = (
             case.action,
             case.service.map(String::from),
@@ -564,7 +564,7 @@ fn outbound_rules() {
 fn round_robin_spreads_and_peek_does_not_advance() {
     let snap = world();
     let next = |pick| {
-        snap.by_ip_with(Some("team-a"), ip("203.0.113.80"), 80, pick)
+        snap.decide_outbound_with(Some("team-a"), ip("203.0.113.80"), 80, pick)
             .target()
             .unwrap()
             .to_string()
@@ -595,12 +595,12 @@ fn round_robin_spreads_and_peek_does_not_advance() {
 #[test]
 fn resolution_dns_without_endpoints_connects_to_the_host() {
     let snap = world();
-    let DnsDecision::Answer(answer) = snap.by_host(Some("team-a"), "httpbin.example.com") else {
+    let DnsDecision::Answer(answer) = snap.decide_dns(Some("team-a"), "httpbin.example.com") else {
         panic!("httpbin.example.com is PUBLIC and allocated");
     };
     let vip = answer.v4()[0];
     assert!(crate::visibility::V4_RANGE.contains(&vip));
-    let d = snap.by_ip_with(Some("team-b"), IpAddr::V4(vip), 80, Pick::Peek);
+    let d = snap.decide_outbound_with(Some("team-b"), IpAddr::V4(vip), 80, Pick::Peek);
     assert_eq!(d.target().unwrap().to_string(), "httpbin.example.com:80");
 }
 
@@ -624,7 +624,7 @@ fn workload_by_ip_names_the_client() {
     );
     assert!(
         matches!(
-            snap.by_ip(None, ip("10.0.0.1"), 80).action,
+            snap.decide_outbound(None, ip("10.0.0.1"), 80).action,
             Outbound::Workload { .. }
         ),
         "but it is still a workload to reach"
@@ -948,7 +948,7 @@ fn dns_rules() {
         } else {
             case.qname.to_string()
         };
-        let got = dns_summary(&snap.by_host(case.client, &qname));
+        let got = dns_summary(&snap.decide_dns(case.client, &qname));
         let strs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let want = (
             case.action,
@@ -1027,7 +1027,7 @@ fn search_domain_expansion_is_what_the_resolver_sends() {
 fn short_kubernetes_name_resolves_through_the_first_search_domain() {
     let snap = world();
     let queries = snap.search_domains(Some("team-a")).expand("web");
-    let got = dns_summary(&snap.by_host(Some("team-a"), &queries[0]));
+    let got = dns_summary(&snap.decide_dns(Some("team-a"), &queries[0]));
     assert_eq!(
         got.1.as_deref(),
         Some("team-a/web"),
@@ -1083,9 +1083,9 @@ fn feature_unset_makes_every_entry_visible_everywhere() {
         .collect::<Vec<_>>()
         .join("\n---\n");
     let snap = Snapshot::from_model(&load_sources([("w.yaml", without_mesh.as_str())]).unwrap());
-    let d = snap.by_ip_with(Some("team-b"), ip("203.0.113.10"), 80, Pick::Peek);
+    let d = snap.decide_outbound_with(Some("team-b"), ip("203.0.113.10"), 80, Pick::Peek);
     assert_eq!(outbound_summary(&d).1.as_deref(), Some("team-a/api"));
-    let got = dns_summary(&snap.by_host(Some("team-b"), "login.example.com"));
+    let got = dns_summary(&snap.decide_dns(Some("team-b"), "login.example.com"));
     assert_eq!(
         got.1.as_deref(),
         Some("quarantine/hijack"),
