@@ -9,7 +9,7 @@ use redirect_userspace::{
     synthetic,
 };
 
-/// The synthetic mesh at the scale (the same one `cargo xtask bench` measures the agent's RSS with).
+/// The synthetic mesh at the targets' scale (the same one `cargo xtask bench` measures the agent's RSS with).
 fn model() -> Model {
     let yaml = synthetic::large_mesh_yaml(synthetic::NAMESPACES, synthetic::ENTRIES);
     load_sources([("bench.yaml", yaml.as_str())]).expect("bench model loads")

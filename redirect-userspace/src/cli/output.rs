@@ -186,7 +186,7 @@ fn is_plain_safe(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// The case: an entry with 6,000 CIDRs makes a column far wider than 65,535 characters.
+    /// A real case: an entry with 6,000 CIDRs makes a column far wider than 65,535 characters.
     #[test]
     fn a_column_of_any_width_renders() {
         let wide: String = (0..6000)
