@@ -264,86 +264,92 @@ fn outbound_rules() {
         endpoint: Option<&'static str>,
         hidden: Option<&'static str>,
     }
+    // A case names what it checks: its action always, the rest only when present (port: 80 unless named).
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                client: None,
+                dst: "",
+                port: 80,
+                action: OutboundOutcome::Passthrough,
+                service: None,
+                endpoint: None,
+                hidden: None,
+            }
+        }
+    }
     let cases = [
         Case {
             name: "NAMESPACE entry serves its own namespace",
             client: Some("team-a"),
             dst: "203.0.113.10",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-a/api"),
             endpoint: Some("198.51.100.20:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE entry is absent for another namespace: passthrough",
             client: Some("team-b"),
             dst: "203.0.113.10",
-            port: 80,
             action: OutboundOutcome::Passthrough,
-            service: None,
             endpoint: Some("203.0.113.10:80"),
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "unknown client sees only PUBLIC: NAMESPACE entry passes through",
             client: None,
             dst: "203.0.113.10",
-            port: 80,
             action: OutboundOutcome::Passthrough,
-            service: None,
             endpoint: Some("203.0.113.10:80"),
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "unknown client sees PUBLIC entries",
             client: None,
             dst: "203.0.113.30",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("istio-system/metrics"),
             endpoint: Some("198.51.100.30:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NONE entry absent from lookups, even in its own namespace",
             client: Some("quarantine"),
             dst: "203.0.113.50",
-            port: 80,
             action: OutboundOutcome::Passthrough,
-            service: None,
             endpoint: Some("203.0.113.50:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NONE entry never shadows a PUBLIC one on the same address",
             client: Some("quarantine"),
             dst: "203.0.113.30",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("istio-system/metrics"),
             endpoint: Some("198.51.100.30:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "shared address space: own NAMESPACE entry inside",
             client: Some("team-b"),
             dst: "203.0.113.41",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-b/shared-b"),
             endpoint: Some("198.51.100.41:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "trusted namespace entry is PUBLIC",
             client: Some("team-a"),
             dst: "203.0.113.40",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-c/shared-c"),
             endpoint: Some("198.51.100.40:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "own namespace exact VIP beats a CIDR",
@@ -353,7 +359,7 @@ fn outbound_rules() {
             action: OutboundOutcome::Service,
             service: Some("team-a/inside"),
             endpoint: Some("198.51.100.141:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "hidden exact VIP falls through to a visible CIDR",
@@ -383,17 +389,16 @@ fn outbound_rules() {
             action: OutboundOutcome::Service,
             service: Some("team-a/shadow-b1"),
             endpoint: Some("198.51.100.21:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "hidden exact VIP falls through to passthrough",
             client: Some("team-c"),
             dst: "203.0.113.41",
-            port: 80,
             action: OutboundOutcome::Passthrough,
-            service: None,
             endpoint: Some("203.0.113.41:80"),
             hidden: Some("team-b/shared-b"),
+            ..Default::default()
         },
         Case {
             name: "CIDR longest prefix wins",
@@ -403,7 +408,7 @@ fn outbound_rules() {
             action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.200:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "CIDR shorter prefix when the longer does not contain the address",
@@ -413,7 +418,7 @@ fn outbound_rules() {
             action: OutboundOutcome::Passthrough,
             service: Some("istio-system/partner-wide"),
             endpoint: Some("198.51.100.5:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "equal CIDRs: oldest creationTimestamp wins",
@@ -423,7 +428,7 @@ fn outbound_rules() {
             action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.200:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "equal CIDRs: own namespace wins over age",
@@ -433,7 +438,7 @@ fn outbound_rules() {
             action: OutboundOutcome::Passthrough,
             service: Some("istio-system/partner-copy"),
             endpoint: Some("198.51.100.200:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "resolution NONE passes through with the service",
@@ -443,7 +448,7 @@ fn outbound_rules() {
             action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.129:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "undeclared port: no healthy upstream",
@@ -452,8 +457,7 @@ fn outbound_rules() {
             port: 81,
             action: OutboundOutcome::NoHealthyUpstream,
             service: Some("team-a/api"),
-            endpoint: None,
-            hidden: None,
+            ..Default::default()
         },
         Case {
             // ztunnel find_upstream: a PASSTHROUGH service returns the original destination first.
@@ -464,47 +468,42 @@ fn outbound_rules() {
             action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.129:22"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "service without endpoints: no healthy upstream",
             client: Some("team-b"),
             dst: "10.244.100.11",
-            port: 80,
             action: OutboundOutcome::NoHealthyUpstream,
             service: Some("team-a/empty"),
-            endpoint: None,
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "Kubernetes Service is PUBLIC and maps a named targetPort",
             client: Some("team-b"),
             dst: "10.244.100.10",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-a/web"),
             endpoint: Some("10.244.1.20:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "resolution DNS endpoint by host name, endpoint port by port name",
             client: Some("team-b"),
             dst: "203.0.113.60",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-b/cdn"),
             endpoint: Some("origin.example.org:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "targetPort maps the service port",
             client: Some("team-a"),
             dst: "203.0.113.80",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-a/rr"),
             endpoint: Some("198.51.100.81:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "workload reached directly",
@@ -514,37 +513,33 @@ fn outbound_rules() {
             action: OutboundOutcome::Workload,
             service: Some("team-a/a1"),
             endpoint: Some("10.244.1.10:9000"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "unknown address passes through",
             client: Some("team-a"),
             dst: "192.0.2.1",
-            port: 80,
             action: OutboundOutcome::Passthrough,
-            service: None,
             endpoint: Some("192.0.2.1:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "IPv4-mapped IPv6 destination is the IPv4 address",
             client: Some("team-a"),
             dst: "::ffff:203.0.113.10",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-a/api"),
             endpoint: Some("198.51.100.20:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "IPv6 VIP",
             client: Some("team-a"),
             dst: "2001:db8::10",
-            port: 80,
             action: OutboundOutcome::Service,
             service: Some("team-a/v6"),
             endpoint: Some("[2001:db8::11]:80"),
-            hidden: None,
+            ..Default::default()
         },
     ];
     let snap = world();
@@ -675,6 +670,22 @@ fn dns_rules() {
         v6: &'static [&'static str],
         hidden: Option<&'static str>,
     }
+    // A case names what it checks: its action always, the rest only when present.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                client: None,
+                qname: "",
+                action: "forward",
+                service: None,
+                cname: None,
+                v4: &[],
+                v6: &[],
+                hidden: None,
+            }
+        }
+    }
     let cases = [
         Case {
             name: "own namespace resolves its NAMESPACE entry",
@@ -682,32 +693,24 @@ fn dns_rules() {
             qname: "api.example.com.",
             action: "answer",
             service: Some("team-a/api"),
-            cname: None,
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "hidden name is forwarded for another namespace",
             client: Some("team-b"),
             qname: "api.example.com.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "hidden name is forwarded for an unknown client",
             client: None,
             qname: "api.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "search-domain expansion is answered with a CNAME",
@@ -717,8 +720,7 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("api.example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "svc search domain is stripped too",
@@ -728,8 +730,7 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("api.example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "cluster domain is stripped too",
@@ -739,30 +740,22 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("api.example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "search-domain expansion of a hidden name is forwarded",
             client: Some("team-b"),
             qname: "api.example.com.team-b.svc.cluster.local.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "another namespace's search domain is not stripped",
             client: Some("team-a"),
             qname: "api.example.com.team-b.svc.cluster.local.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "names are case-insensitive",
@@ -770,10 +763,8 @@ fn dns_rules() {
             qname: "API.Example.COM.",
             action: "answer",
             service: Some("team-a/api"),
-            cname: None,
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "CNAME target keeps the asked case",
@@ -783,8 +774,7 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("Api.Example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "shared host name: own namespace wins inside",
@@ -792,10 +782,8 @@ fn dns_rules() {
             qname: "shared.example.com",
             action: "answer",
             service: Some("team-b/shared-b"),
-            cname: None,
             v4: &["203.0.113.41"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "shared host name: PUBLIC wins outside",
@@ -803,21 +791,16 @@ fn dns_rules() {
             qname: "shared.example.com",
             action: "answer",
             service: Some("team-c/shared-c"),
-            cname: None,
             v4: &["203.0.113.40"],
-            v6: &[],
             hidden: Some("team-b/shared-b"),
+            ..Default::default()
         },
         Case {
             name: "NONE entry is never answered, even in its namespace",
             client: Some("quarantine"),
             qname: "login.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NONE entry never shadows a PUBLIC host",
@@ -825,10 +808,8 @@ fn dns_rules() {
             qname: "metrics.example.com",
             action: "answer",
             service: Some("istio-system/metrics"),
-            cname: None,
             v4: &["203.0.113.30"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "Kubernetes Service FQDN from another namespace",
@@ -836,10 +817,8 @@ fn dns_rules() {
             qname: "web.team-a.svc.cluster.local.",
             action: "answer",
             service: Some("team-a/web"),
-            cname: None,
             v4: &["10.244.100.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard host answers a subdomain",
@@ -847,10 +826,8 @@ fn dns_rules() {
             qname: "api.wild.example.com",
             action: "answer",
             service: Some("istio-system/wild"),
-            cname: None,
             v4: &["203.0.113.90"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard host answers a deeper subdomain",
@@ -858,32 +835,22 @@ fn dns_rules() {
             qname: "a.b.wild.example.com",
             action: "answer",
             service: Some("istio-system/wild"),
-            cname: None,
             v4: &["203.0.113.90"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard host does not answer its apex",
             client: Some("team-b"),
             qname: "wild.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard without addresses is forwarded",
             client: Some("team-b"),
             qname: "x.noaddr.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "service without an IPv4 address answers A with nothing (NOERROR)",
@@ -891,10 +858,8 @@ fn dns_rules() {
             qname: "v6.example.com",
             action: "answer",
             service: Some("team-a/v6"),
-            cname: None,
-            v4: &[],
             v6: &["2001:db8::10"],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "unknown client gets PUBLIC entries",
@@ -902,10 +867,8 @@ fn dns_rules() {
             qname: "metrics.example.com.",
             action: "answer",
             service: Some("istio-system/metrics"),
-            cname: None,
             v4: &["203.0.113.30"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "unknown client: svc search domain stripped",
@@ -915,30 +878,21 @@ fn dns_rules() {
             service: Some("istio-system/metrics"),
             cname: Some("metrics.example.com"),
             v4: &["203.0.113.30"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "a name no service owns is forwarded",
             client: Some("team-a"),
             qname: "www.example.org.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "an over-long name is forwarded",
             client: Some("team-a"),
             qname: "a.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
     ];
     let snap = world();
