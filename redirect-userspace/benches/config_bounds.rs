@@ -3,7 +3,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use redirect::{
+use redirect_userspace::{
     config::{Host, read_sources},
     state::Snapshot,
     visibility,

@@ -3,13 +3,13 @@
 use std::{hint::black_box, net::IpAddr};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use redirect::{
+use redirect_userspace::{
     config::{Model, load_sources},
     state::{Pick, Snapshot},
     synthetic,
 };
 
-/// The synthetic mesh at the scale (the same one `cargo xtask bench` measures the agent's RSS with).
+/// The synthetic mesh at the targets' scale (the same one `cargo xtask bench` measures the agent's RSS with).
 fn model() -> Model {
     let yaml = synthetic::large_mesh_yaml(synthetic::NAMESPACES, synthetic::ENTRIES);
     load_sources([("bench.yaml", yaml.as_str())]).expect("bench model loads")
@@ -32,22 +32,30 @@ fn benches(c: &mut Criterion) {
     // se-1 lives in ns-1 (NAMESPACE) at 100.64.0.1.
     let vip = ip("100.64.0.1");
     c.bench_function("by_ip/own_namespace_service", |b| {
-        b.iter(|| black_box(snap.by_ip(black_box(Some("ns-1")), black_box(vip), 80)).outcome())
+        b.iter(|| {
+            black_box(snap.decide_outbound(black_box(Some("ns-1")), black_box(vip), 80)).outcome()
+        })
     });
     c.bench_function("by_ip/hidden_then_passthrough", |b| {
         b.iter(|| {
-            black_box(snap.by_ip_with(black_box(Some("ns-2")), black_box(vip), 80, Pick::Peek))
-                .outcome()
+            black_box(snap.decide_outbound_with(
+                black_box(Some("ns-2")),
+                black_box(vip),
+                80,
+                Pick::Peek,
+            ))
+            .outcome()
         })
     });
     c.bench_function("by_ip/unknown_passthrough", |b| {
         b.iter(|| {
-            black_box(snap.by_ip(black_box(Some("ns-2")), black_box(ip("192.0.2.1")), 80)).outcome()
+            black_box(snap.decide_outbound(black_box(Some("ns-2")), black_box(ip("192.0.2.1")), 80))
+                .outcome()
         })
     });
     c.bench_function("by_host/exact", |b| {
         b.iter(|| {
-            black_box(snap.by_host(
+            black_box(snap.decide_dns(
                 black_box(Some("ns-1")),
                 black_box("svc-1.ns-1.example.com."),
             ))
@@ -57,14 +65,14 @@ fn benches(c: &mut Criterion) {
     });
     c.bench_function("by_host/shared_name_ranked", |b| {
         b.iter(|| {
-            black_box(snap.by_host(black_box(Some("ns-7")), black_box("shared-10.example.com.")))
+            black_box(snap.decide_dns(black_box(Some("ns-7")), black_box("shared-10.example.com.")))
                 .hidden()
                 .is_some()
         })
     });
     c.bench_function("by_host/search_domain_cname", |b| {
         b.iter(|| {
-            black_box(snap.by_host(
+            black_box(snap.decide_dns(
                 black_box(Some("ns-1")),
                 black_box("svc-1.ns-1.example.com.ns-1.svc.cluster.local."),
             ))
@@ -74,7 +82,7 @@ fn benches(c: &mut Criterion) {
     });
     c.bench_function("by_host/forward_unknown", |b| {
         b.iter(|| {
-            black_box(snap.by_host(
+            black_box(snap.decide_dns(
                 black_box(Some("ns-1")),
                 black_box("www.example.org.ns-1.svc.cluster.local."),
             ))

@@ -17,6 +17,7 @@ pub mod net;
 pub mod proxy;
 pub mod redirect;
 pub mod state;
+#[cfg(feature = "bench-fixtures")]
 pub mod synthetic;
 pub mod visibility;
 pub mod watch;

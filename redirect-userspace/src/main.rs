@@ -1,5 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    redirect::cli::main()
+    redirect_userspace::cli::main()
 }

@@ -16,29 +16,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::redirect::RedirectMaps;
-
-/// How an outbound connection was handled (SPEC §4).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum OutboundOutcome {
-    Service,
-    Workload,
-    Passthrough,
-    NoHealthyUpstream,
-    Error,
-}
-
-impl OutboundOutcome {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Service => "service",
-            Self::Workload => "workload",
-            Self::Passthrough => "passthrough",
-            Self::NoHealthyUpstream => "no_healthy_upstream",
-            Self::Error => "error",
-        }
-    }
-}
+use crate::{redirect::RedirectMaps, state::OutboundOutcome};
 
 /// Which way bytes went, seen from the client: `sent` client -> upstream, `received` upstream -> client.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -56,7 +34,7 @@ impl Direction {
     }
 }
 
-/// How a DNS query was handled (SPEC §4).
+/// How a DNS query was handled (`docs/observability.md#metrics`).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum DnsOutcome {
     Answered,

@@ -1,11 +1,12 @@
-//! A synthetic mesh of any size, as one multi-document manifest: what the criterion benches load and
+//! A synthetic mesh of any size, as one multi-document manifest (a benchmark fixture, compiled only
+//! with the `bench-fixtures` feature): what the criterion benches load and
 //! what `cargo xtask bench` gives the real agent to measure its memory, so both measure the same thing.
 //!
 //! Every tenth namespace is trusted (PUBLIC by policy), the rest keep their entries (NAMESPACE). One
 //! entry in ten shares a host name with other namespaces; one in five declares no address (allocated).
 //! Each namespace has one client pod.
 
-/// The scale the targets are stated at.
+/// The scale the performance targets are stated at (README, "Performance").
 pub const NAMESPACES: usize = 1_000;
 pub const ENTRIES: usize = 10_000;
 

@@ -21,7 +21,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use redirect::{
+use redirect_userspace::{
     cli::{explain, resolve},
     config,
     state::Snapshot,
@@ -128,7 +128,7 @@ fn run(dir: &Path) -> Vec<String> {
         }
     };
 
-    let resolution = redirect::visibility::resolve(&model);
+    let resolution = redirect_userspace::visibility::resolve(&model);
     let report = serde_json::to_value(resolve::report(&model, resolution)).unwrap_or_default();
     if let Some(entries) = expect.get("resolve").and_then(Value::as_object) {
         for (key, want) in entries {

@@ -6,19 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
+pub use redirect_userspace::cli::explain::DnsAction;
+use redirect_userspace::cli::explain::{HostExplanation, IpExplanation};
+pub use redirect_userspace::state::OutboundOutcome;
 use serde_json::Value;
 
 use crate::Agent;
 
 /// What `explain --host` says the DNS proxy does.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DnsAction {
-    /// The agent answers, authoritatively, with `addresses`.
-    Answer,
-    /// The query goes to the upstream resolver unchanged.
-    Forward,
-}
-
 #[derive(Clone, Debug)]
 pub struct DnsVerdict {
     pub action: DnsAction,
@@ -35,17 +30,9 @@ pub struct DnsVerdict {
 }
 
 /// What `explain --ip` says the outbound proxy does.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum OutboundAction {
-    Service,
-    Workload,
-    Passthrough,
-    NoHealthyUpstream,
-}
-
 #[derive(Clone, Debug)]
 pub struct OutboundVerdict {
-    pub action: OutboundAction,
+    pub action: OutboundOutcome,
     pub service: Option<String>,
     /// Where the proxy connects: `ip:port`, or `host:port` for a DNS endpoint; none for a reset.
     pub endpoint: Option<String>,
@@ -73,29 +60,16 @@ impl Explain {
     /// makes it absolute, as dig sends it; without one the search domains apply, as for glibc).
     pub fn host(&self, from: &str, host: &str) -> Result<DnsVerdict> {
         let json = self.run(from, "--host", host)?;
-        let dns = &json["dns"];
-        let action = match str_field(dns, "action")?.as_deref() {
-            Some("answer") => DnsAction::Answer,
-            Some("forward") => DnsAction::Forward,
-            other => bail!("explain --host {host}: unknown dns.action {other:?}"),
-        };
-        let addresses = dns["addresses"]
-            .as_array()
-            .context("dns.addresses is not a list")?
-            .iter()
-            .map(|a| {
-                a.as_str()
-                    .and_then(|s| s.parse().ok())
-                    .with_context(|| format!("dns.addresses: {a}"))
-            })
-            .collect::<Result<_>>()?;
+        let dns = serde_json::from_value::<HostExplanation>(json.clone())
+            .with_context(|| format!("explain --host {host}: unexpected shape: {json}"))?
+            .dns;
         Ok(DnsVerdict {
-            action,
-            service: str_field(dns, "service")?,
-            addresses,
-            query: str_field(dns, "query")?.context("dns.query missing")?,
-            cname: str_field(dns, "cname")?,
-            hidden: str_field(dns, "hidden")?,
+            action: dns.action,
+            service: dns.service,
+            addresses: dns.addresses,
+            query: dns.query,
+            cname: dns.cname,
+            hidden: dns.hidden,
             json,
         })
     }
@@ -103,19 +77,14 @@ impl Explain {
     /// `explain --from <from> --ip <dest>`.
     pub fn ip(&self, from: &str, dest: SocketAddr) -> Result<OutboundVerdict> {
         let json = self.run(from, "--ip", &dest.to_string())?;
-        let out = &json["outbound"];
-        let action = match str_field(out, "action")?.as_deref() {
-            Some("service") => OutboundAction::Service,
-            Some("workload") => OutboundAction::Workload,
-            Some("passthrough") => OutboundAction::Passthrough,
-            Some("noHealthyUpstream") => OutboundAction::NoHealthyUpstream,
-            other => bail!("explain --ip {dest}: unknown outbound.action {other:?}"),
-        };
+        let out = serde_json::from_value::<IpExplanation>(json.clone())
+            .with_context(|| format!("explain --ip {dest}: unexpected shape: {json}"))?
+            .outbound;
         Ok(OutboundVerdict {
-            action,
-            service: str_field(out, "service")?,
-            endpoint: str_field(out, "endpoint")?,
-            hidden: str_field(out, "hidden")?,
+            action: out.action,
+            service: out.service,
+            endpoint: out.endpoint,
+            hidden: out.hidden,
             json,
         })
     }
@@ -143,14 +112,5 @@ impl Explain {
             bail!("explain answered for another client: {json}");
         }
         Ok(json)
-    }
-}
-
-/// A string or null field; anything else is a shape error.
-fn str_field(v: &Value, key: &str) -> Result<Option<String>> {
-    match &v[key] {
-        Value::Null => Ok(None),
-        Value::String(s) => Ok(Some(s.clone())),
-        other => bail!("field {key} is neither a string nor null: {other}"),
     }
 }

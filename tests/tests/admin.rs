@@ -1,4 +1,4 @@
-//! Issue 5: what an operator sees. The admin endpoints and `redirect config service` of a running agent,
+//! What an operator sees (`docs/observability.md`). The admin endpoints and `redirect config service` of a running agent,
 //! checked against the configuration it was given (and against `redirect resolve` on the same files).
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -124,7 +124,8 @@ fn config_dump_shows_every_delivered_service_with_the_visibility_resolve_gives()
         );
         let held = services_named(&dump, ns, name);
         match entry["visibility"].as_str() {
-            // SPEC §3: a NONE entry exists nowhere in the data plane, not in /config_dump either.
+            // `docs/data-plane.md#what-the-data-plane-holds`:
+            // a NONE entry exists nowhere in the data plane, not in /config_dump either.
             Some("None") => ensure!(
                 held.is_empty(),
                 "NONE entry {ns}/{name} is in /config_dump: {held:?}"

@@ -1,4 +1,5 @@
-//! Issue 4: the upstream resolver goes away and comes back. Names the agent forwards get SERVFAIL
+//! `docs/dns.md#upstream-failure`.
+//! The upstream resolver goes away and comes back. Names the agent forwards get SERVFAIL
 //! within two seconds (never a hang), over UDP and TCP, whether the upstream refuses (dnsmasq stopped:
 //! the port is closed) or stays silent (its address gone: packets vanish); the names the agent answers
 //! itself keep working; once the upstream is back its answers resume.
@@ -9,7 +10,7 @@ use integration::explain::DnsAction;
 use integration::world::{World, delta, key};
 use integration::{RESOLVER_IP, dig, netns};
 
-/// SPEC / issue 4: SERVFAIL within 2 s of the query.
+/// `docs/dns.md#upstream-failure`: SERVFAIL within 2 s of the query.
 const SERVFAIL_DEADLINE: Duration = Duration::from_secs(2);
 
 /// Asks `name` from team-b once, with a client timeout well past the deadline, over UDP or TCP, and

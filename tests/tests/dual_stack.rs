@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use integration::explain::{DnsAction, OutboundAction};
+use integration::explain::{DnsAction, OutboundOutcome};
 use integration::world::{Reach, World, replace_file};
 use integration::{Agent, Metrics, Peer, Place, Topology, peer};
 
@@ -238,10 +238,10 @@ fn namespace_entry_with_an_ipv6_address_is_the_agents_inside_and_absent_outside(
 
     // curl -6 by name (glibc asks AAAA through the agent), and to the address itself.
     let got = w.check_host6("team-a", "api6.example.com", 80)?;
-    assert_eq!(got.0.action, OutboundAction::Service, "{}", got.0.json);
+    assert_eq!(got.0.action, OutboundOutcome::Service, "{}", got.0.json);
     assert_eq!(got.1, Reach::server("api6-endpoint"));
     let got = w.check_host6("team-b", "api6.example.com", 80)?;
-    assert_eq!(got.0.action, OutboundAction::Passthrough, "{}", got.0.json);
+    assert_eq!(got.0.action, OutboundOutcome::Passthrough, "{}", got.0.json);
     assert_eq!(got.1, Reach::server("real-2001:db8:113::10"));
     let dest = SocketAddr::new(real, 80);
     let got = w.check_connect("team-a", dest)?;

@@ -1,4 +1,5 @@
-//! Issue 4, client identity: the registry gives a pod IP to a namespace, and the agent checks that word
+//! Client identity (`docs/data-plane.md#client-identity-check`).
+//! The registry gives a pod IP to a namespace, and the agent checks that word
 //! against the kernel's. The programs record the cgroup of every connecting process; on a kubelet node
 //! that cgroup names the pod's uid. When the pod the registry names and the pod the kernel names differ,
 //! the connection is served as an unknown client (PUBLIC services only), never as the namespace the

@@ -1,4 +1,5 @@
-//! Issue 2: a pod's TCP connection is caught in the kernel, handed to the agent with its original
+//! The redirect path (`docs/data-plane.md`).
+//! A pod's TCP connection is caught in the kernel, handed to the agent with its original
 //! destination, and delivered (passthrough). Real pods, real eBPF, real curl, the real agent binary.
 //! Each test asserts the agent's counters moved (or did not), so a connection that was routed directly
 //! instead of redirected fails the test.

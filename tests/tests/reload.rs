@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use integration::explain::{DnsAction, DnsVerdict, OutboundAction};
+use integration::explain::{DnsAction, DnsVerdict, OutboundOutcome};
 use integration::world::{self, Reach, World, delta, key};
 use integration::{Proc, dig, pace, peer};
 use serde_json::Value;
@@ -85,7 +85,7 @@ fn namespace_label_change_flips_visibility_within_a_second_and_open_connections_
     assert_eq!(
         (v.action, reach),
         (
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             Reach::server("real-203.0.113.10")
         )
     );
@@ -145,7 +145,7 @@ fn namespace_label_change_flips_visibility_within_a_second_and_open_connections_
     assert_eq!(
         (v.action, v.service.as_deref(), reach),
         (
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("team-a/api-example"),
             Reach::server("api-endpoint")
         )
@@ -155,7 +155,7 @@ fn namespace_label_change_flips_visibility_within_a_second_and_open_connections_
     let (v, reach) = w.check_connect("team-b", addr("203.0.113.10:7"))?;
     assert_eq!(
         (v.action, reach),
-        (OutboundAction::NoHealthyUpstream, Reach::Reset)
+        (OutboundOutcome::NoHealthyUpstream, Reach::Reset)
     );
     still_holding(&mut passthrough)?;
     still_holding(&mut service)?;
@@ -184,7 +184,7 @@ fn namespace_label_change_flips_visibility_within_a_second_and_open_connections_
     assert_eq!(
         (v.action, reach),
         (
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             Reach::server("real-203.0.113.10")
         )
     );

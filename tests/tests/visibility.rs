@@ -1,8 +1,9 @@
-//! Issue 4: what each namespace sees, on real traffic. Real `dig` and `curl` in pods of five namespaces,
+//! What each namespace sees (`docs/data-plane.md`, `docs/dns.md`), on real traffic.
+//! Real `dig` and `curl` in pods of five namespaces,
 //! the agent enforcing a copy of `examples/`, dnsmasq in ext holding the public answers.
 //!
 //! Every check runs twice over: `redirect explain` over the same manifests says what a client gets and
-//! the agent must do exactly that (`World::check_*`), and explain's answer must be the SPEC's, written
+//! the agent must do exactly that (`World::check_*`), and explain's answer must be the one the rules in `docs/` give, written
 //! out in each test. A bug in either one fails the test.
 //!
 //! Every check also runs from each kind of client socket: a connection to an IPv4 address is made
@@ -12,7 +13,7 @@
 use std::net::{IpAddr, SocketAddrV4};
 
 use anyhow::Result;
-use integration::explain::{DnsAction, DnsVerdict, OutboundAction, OutboundVerdict};
+use integration::explain::{DnsAction, DnsVerdict, OutboundOutcome, OutboundVerdict};
 use integration::world::{Reach, World, delta, key};
 use integration::{RESOLVER_IP, RESOLVER_IP6, peer};
 
@@ -22,7 +23,7 @@ fn addr(s: &str) -> SocketAddrV4 {
     s.parse().unwrap()
 }
 
-/// SPEC: the agent answers for `service` with `addresses`.
+/// The rules: the agent answers for `service` with `addresses`.
 fn spec_answer(v: &DnsVerdict, service: &str, addresses: &[&str]) {
     let want: Vec<IpAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
     assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
@@ -30,14 +31,14 @@ fn spec_answer(v: &DnsVerdict, service: &str, addresses: &[&str]) {
     assert_eq!(v.addresses, want, "{}", v.json);
 }
 
-/// SPEC: the query goes upstream; `hidden` is the service it skipped, if any.
+/// The rules: the query goes upstream; `hidden` is the service it skipped, if any.
 fn spec_forward(v: &DnsVerdict, hidden: Option<&str>) {
     assert_eq!(v.action, DnsAction::Forward, "{}", v.json);
     assert_eq!(v.service, None, "{}", v.json);
     assert_eq!(v.hidden.as_deref(), hidden, "{}", v.json);
 }
 
-/// SPEC: an allocated address: v4 from 240.240.0.0/16, v6 from 2001:2::/48.
+/// The rules (`docs/visibility.md#address-allocation`): an allocated address: v4 from 240.240.0.0/16, v6 from 2001:2::/48.
 fn spec_answer_allocated(v: &DnsVerdict, service: &str) {
     assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
     assert_eq!(v.service.as_deref(), Some(service), "{}", v.json);
@@ -54,10 +55,10 @@ fn spec_answer_allocated(v: &DnsVerdict, service: &str) {
     );
 }
 
-/// SPEC: the outbound decision and who answers.
+/// The rules: the outbound decision and who answers.
 fn spec_outbound(
     got: &(OutboundVerdict, Reach),
-    action: OutboundAction,
+    action: OutboundOutcome,
     service: Option<&str>,
     reach: Reach,
 ) {
@@ -112,14 +113,14 @@ fn namespace_entry_is_answered_in_its_namespace_and_forwarded_upstream_elsewhere
     let got = w.check_host("team-a", "api.example.com", 80)?;
     spec_outbound(
         &got,
-        OutboundAction::Service,
+        OutboundOutcome::Service,
         Some("team-a/api-example"),
         Reach::server("api-endpoint"),
     );
     let got = w.check_host("team-b", "api.example.com", 80)?;
     spec_outbound(
         &got,
-        OutboundAction::Passthrough,
+        OutboundOutcome::Passthrough,
         None,
         Reach::server("public-api"),
     );
@@ -133,7 +134,7 @@ fn namespace_entry_address_reaches_its_endpoint_inside_and_the_real_host_outside
     let got = w.check_connect("team-a", dest)?;
     spec_outbound(
         &got,
-        OutboundAction::Service,
+        OutboundOutcome::Service,
         Some("team-a/api-example"),
         Reach::server("api-endpoint"),
     );
@@ -141,7 +142,7 @@ fn namespace_entry_address_reaches_its_endpoint_inside_and_the_real_host_outside
         let got = w.check_connect(ns, dest)?;
         spec_outbound(
             &got,
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             None,
             Reach::server("real-203.0.113.10"),
         );
@@ -178,7 +179,7 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         let got = w.check_host(ns, "metrics.example.com", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("istio-system/metrics"),
             Reach::server("metrics-endpoint"),
         );
@@ -188,7 +189,7 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         let got = w.check_host(ns, "x.apps.example.com", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("istio-system/apps"),
             Reach::server("apps-endpoint"),
         );
@@ -198,7 +199,7 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         let got = w.check_host(ns, "cdn.example.com", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("istio-system/cdn"),
             Reach::server("origin"),
         );
@@ -213,7 +214,7 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         let got = w.check_host(ns, "httpbin.example.com", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("istio-system/httpbin"),
             Reach::server("public-httpbin"),
         );
@@ -223,7 +224,7 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         let got = w.check_host(ns, "legacy.example.internal", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("team-c/legacy"),
             Reach::server("legacy-vm"),
         );
@@ -231,7 +232,7 @@ fn public_entries_from_istio_system_and_the_trusted_namespace_are_served_everywh
         let got = w.check_connect(ns, addr("198.51.100.200:80"))?;
         spec_outbound(
             &got,
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             Some("team-c/partner-net"),
             Reach::server("partner-host"),
         );
@@ -253,7 +254,7 @@ fn none_entry_is_absent_for_every_namespace_its_own_included() -> Result<()> {
         let got = w.check_host(ns, "login.example.com", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             None,
             Reach::server("public-login"),
         );
@@ -261,7 +262,7 @@ fn none_entry_is_absent_for_every_namespace_its_own_included() -> Result<()> {
         let got = w.check_connect(ns, addr("203.0.113.50:80"))?;
         spec_outbound(
             &got,
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             None,
             Reach::server("real-203.0.113.50"),
         );
@@ -285,7 +286,7 @@ fn shared_host_name_own_namespace_first_public_definition_elsewhere() -> Result<
     let got = w.check_host("team-b", "shared.example.com", 80)?;
     spec_outbound(
         &got,
-        OutboundAction::Service,
+        OutboundOutcome::Service,
         Some("team-b/shared-private"),
         Reach::server("shared-private-endpoint"),
     );
@@ -302,7 +303,7 @@ fn shared_host_name_own_namespace_first_public_definition_elsewhere() -> Result<
         let got = w.check_host(ns, "shared.example.com", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("team-c/shared-public"),
             Reach::server("shared-public-endpoint"),
         );
@@ -310,7 +311,7 @@ fn shared_host_name_own_namespace_first_public_definition_elsewhere() -> Result<
         let got = w.check_connect(ns, addr("203.0.113.41:80"))?;
         spec_outbound(
             &got,
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             None,
             Reach::server("real-203.0.113.41"),
         );
@@ -319,7 +320,7 @@ fn shared_host_name_own_namespace_first_public_definition_elsewhere() -> Result<
     let got = w.check_connect("team-b", addr("203.0.113.40:80"))?;
     spec_outbound(
         &got,
-        OutboundAction::Service,
+        OutboundOutcome::Service,
         Some("team-c/shared-public"),
         Reach::server("shared-public-endpoint"),
     );
@@ -342,7 +343,7 @@ fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()
             let got = w.check_host(ns, host, 80)?;
             spec_outbound(
                 &got,
-                OutboundAction::Service,
+                OutboundOutcome::Service,
                 Some("team-a/web"),
                 Reach::server("web-1"),
             );
@@ -351,7 +352,12 @@ fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()
     // The backing pod's own address: no service claims it, so the workload directly.
     for ns in EVERYONE {
         let got = w.check_connect(ns, addr("10.244.1.20:8080"))?;
-        spec_outbound(&got, OutboundAction::Workload, None, Reach::server("web-1"));
+        spec_outbound(
+            &got,
+            OutboundOutcome::Workload,
+            None,
+            Reach::server("web-1"),
+        );
     }
     // The bare short name inside its own namespace (first search domain).
     let (v, _) = w.check_dig_search("team-a", "web")?;
@@ -359,7 +365,7 @@ fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()
     let got = w.check_host("team-a", "web", 80)?;
     spec_outbound(
         &got,
-        OutboundAction::Service,
+        OutboundOutcome::Service,
         Some("team-a/web"),
         Reach::server("web-1"),
     );
@@ -391,7 +397,7 @@ fn feature_unset_every_entry_is_public() -> Result<()> {
         let got = w.check_connect(ns, addr("203.0.113.10:80"))?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("team-a/api-example"),
             Reach::server("api-endpoint"),
         );
@@ -401,7 +407,7 @@ fn feature_unset_every_entry_is_public() -> Result<()> {
         let got = w.check_host(ns, "login.example.com", 80)?;
         spec_outbound(
             &got,
-            OutboundAction::Service,
+            OutboundOutcome::Service,
             Some("quarantine/login-hijack"),
             Reach::server("login-hijack-endpoint"),
         );
@@ -451,14 +457,14 @@ fn no_endpoint_for_the_port_resets_the_client_at_once() -> Result<()> {
     let got = w.check_connect("team-a", addr("203.0.113.10:443"))?;
     spec_outbound(
         &got,
-        OutboundAction::NoHealthyUpstream,
+        OutboundOutcome::NoHealthyUpstream,
         Some("team-a/api-example"),
         Reach::Reset,
     );
     let got = w.check_connect("team-b", addr("203.0.113.10:443"))?;
     spec_outbound(
         &got,
-        OutboundAction::Passthrough,
+        OutboundOutcome::Passthrough,
         None,
         Reach::server("real-203.0.113.10"),
     );
@@ -466,14 +472,14 @@ fn no_endpoint_for_the_port_resets_the_client_at_once() -> Result<()> {
     let got = w.check_connect("team-a", addr("203.0.113.80:80"))?;
     spec_outbound(
         &got,
-        OutboundAction::NoHealthyUpstream,
+        OutboundOutcome::NoHealthyUpstream,
         Some("team-a/drained"),
         Reach::Reset,
     );
     let got = w.check_connect("team-b", addr("203.0.113.80:80"))?;
     spec_outbound(
         &got,
-        OutboundAction::Passthrough,
+        OutboundOutcome::Passthrough,
         None,
         Reach::server("real-203.0.113.80"),
     );
@@ -489,7 +495,7 @@ fn resolution_none_entry_passes_every_port_through() -> Result<()> {
         let got = w.check_connect(ns, addr("198.51.100.200:22"))?;
         spec_outbound(
             &got,
-            OutboundAction::Passthrough,
+            OutboundOutcome::Passthrough,
             Some("team-c/partner-net"),
             Reach::server("partner-host"),
         );
@@ -512,14 +518,14 @@ fn a_pod_the_manifests_do_not_know_sees_public_services_only() -> Result<()> {
     let got = w.check_host(me, "shared.example.com", 80)?;
     spec_outbound(
         &got,
-        OutboundAction::Service,
+        OutboundOutcome::Service,
         Some("team-c/shared-public"),
         Reach::server("shared-public-endpoint"),
     );
     let got = w.check_connect(me, addr("203.0.113.41:80"))?;
     spec_outbound(
         &got,
-        OutboundAction::Passthrough,
+        OutboundOutcome::Passthrough,
         None,
         Reach::server("real-203.0.113.41"),
     );
@@ -588,7 +594,7 @@ fn unconnected_udp_dns_clients_are_answered_as_from_the_resolver_they_asked() ->
             "steered to the agent: {after:#?}"
         );
     }
-    // SPEC: team-a's own entry, team-b the upstream's answer.
+    // The rules: team-a's own entry, team-b the upstream's answer.
     let resolver = &resolvers[0];
     let (_, _, aa, a) = unconnected_query(&w, "team-a", resolver, "api.example.com.")?;
     assert_eq!(

@@ -34,7 +34,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
     cmd::run(
         cmd::cargo()
             .current_dir(&root)
-            .args(["build", "--package", "redirect", "--release"])
+            .args(["build", "--package", "redirect-userspace", "--release"])
             .env("REDIRECT_EBPF_OBJECT", &object),
     )?;
     let agent = target_dir().join("release/redirect");
@@ -52,7 +52,7 @@ pub fn peer() -> anyhow::Result<PathBuf> {
         "build",
         "--release",
         "--package",
-        "integration",
+        "tests",
         "--bin",
         "rdt-peer",
     ]))?;

@@ -82,7 +82,7 @@ pub fn test(args: TestArgs) -> anyhow::Result<()> {
         "--exclude",
         "redirect-ebpf",
         "--exclude",
-        "integration",
+        "tests",
     ]))?;
     if args.unit_only {
         return Ok(());
@@ -92,7 +92,7 @@ pub fn test(args: TestArgs) -> anyhow::Result<()> {
     cmd::run(
         cmd::cargo()
             .current_dir(&root)
-            .args(["test", "--package", "integration", "--"])
+            .args(["test", "--package", "tests", "--"])
             .args(&args.filter)
             .env("REDIRECT_BIN", &agent),
     )?;

@@ -6,12 +6,12 @@ use std::{
     process::ExitCode,
 };
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::output::{self, TableOrJson};
 use crate::state::{
-    DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick, Service,
-    Snapshot,
+    DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason,
+    Pick, Service, Snapshot,
 };
 
 #[derive(Debug, clap::Args)]
@@ -55,24 +55,23 @@ fn parse_destination(text: &str) -> Result<Destination, String> {
         .map_err(|_| format!("{text:?} is not IP, IP:PORT or [IPv6]:PORT"))
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Client {
     pub namespace: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct HostExplanation {
     pub client: Client,
     pub dns: DnsReport,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DnsReport {
-    /// `answer` or `forward`.
-    pub action: &'static str,
+    pub action: DnsAction,
     pub service: Option<String>,
-    pub addresses: Vec<String>,
+    pub addresses: Vec<IpAddr>,
     /// The query (as the resolver sends it) that decided.
     pub query: String,
     pub cname: Option<String>,
@@ -82,23 +81,42 @@ pub struct DnsReport {
     pub reason: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct QueryReport {
     pub name: String,
-    pub action: &'static str,
+    pub action: DnsAction,
 }
 
-#[derive(Debug, Serialize)]
+/// What the DNS proxy does with a query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DnsAction {
+    /// The agent answers, authoritatively.
+    Answer,
+    /// The query goes to the upstream resolver unchanged.
+    Forward,
+}
+
+impl DnsAction {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Answer => "answer",
+            Self::Forward => "forward",
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
 pub struct IpExplanation {
     pub client: Client,
     pub outbound: OutboundReport,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutboundReport {
-    /// `service`, `workload`, `passthrough` or `noHealthyUpstream`.
-    pub action: &'static str,
+    /// Never `error`: that is the proxy's, when carrying the decision out fails.
+    pub action: OutboundOutcome,
     pub service: Option<String>,
     /// Where the next connection would go (`ip:port` or `host:port`); null for a reset.
     pub endpoint: Option<String>,
@@ -146,7 +164,7 @@ fn vis(s: &Service) -> &'static str {
     }
 }
 
-/// Sends the queries a pod's resolver would send, in order, through `Snapshot::by_host`; the first
+/// Sends the queries a pod's resolver would send, in order, through `Snapshot::decide_dns`; the first
 /// one the agent answers decides. Forwarded ones are up to the upstream resolver.
 pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExplanation {
     let queries = snapshot.search_domains(Some(namespace)).expand(host);
@@ -154,16 +172,16 @@ pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExp
     let mut hidden: Option<String> = None;
     let mut decided = None;
     for query in &queries {
-        let decision = snapshot.by_host(Some(namespace), query);
+        let decision = snapshot.decide_dns(Some(namespace), query);
         hidden = hidden.or(decision.hidden().map(|s| s.to_string()));
         match decision {
             DnsDecision::Answer(a) => {
                 reports.push(QueryReport {
                     name: query.clone(),
-                    action: "answer",
+                    action: DnsAction::Answer,
                 });
-                let mut addresses: Vec<String> = a.v4().iter().map(|ip| ip.to_string()).collect();
-                addresses.extend(a.v6().iter().map(|ip| ip.to_string()));
+                let mut addresses: Vec<IpAddr> = a.v4().iter().map(|&ip| ip.into()).collect();
+                addresses.extend(a.v6().iter().map(|&ip| IpAddr::from(ip)));
                 let mut reason = format!(
                     "{} ({}) owns {} and is visible to {namespace}: the agent answers (TTL 30s)",
                     a.service,
@@ -179,7 +197,7 @@ pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExp
                     reason.push_str("; it has no address, so the answer is empty (NOERROR)");
                 }
                 decided = Some(DnsReport {
-                    action: "answer",
+                    action: DnsAction::Answer,
                     service: Some(a.service.to_string()),
                     addresses,
                     query: query.clone(),
@@ -192,12 +210,12 @@ pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExp
             }
             DnsDecision::Forward { .. } => reports.push(QueryReport {
                 name: query.clone(),
-                action: "forward",
+                action: DnsAction::Forward,
             }),
         }
     }
     let mut dns = decided.unwrap_or_else(|| DnsReport {
-        action: "forward",
+        action: DnsAction::Forward,
         service: None,
         addresses: Vec::new(),
         query: queries.last().cloned().unwrap_or_default(),
@@ -221,18 +239,18 @@ pub fn explain_host(snapshot: &Snapshot, namespace: &str, host: &str) -> HostExp
     }
 }
 
-/// Runs `Snapshot::by_ip_with(.., Pick::Peek)`: the decision the proxy's next connection would get.
+/// Runs `Snapshot::decide_outbound_with(.., Pick::Peek)`: the decision the proxy's next connection would get.
 /// Without a port, a service's first declared port is used.
 pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpExplanation {
     let client = Some(namespace);
     let port = dst.port.or_else(|| {
         snapshot
-            .by_ip_with(client, dst.ip, 0, Pick::Peek)
+            .decide_outbound_with(client, dst.ip, 0, Pick::Peek)
             .service()
             .and_then(|s| s.ports.first())
             .map(|p| p.port)
     });
-    let d = snapshot.by_ip_with(client, dst.ip, port.unwrap_or(0), Pick::Peek);
+    let d = snapshot.decide_outbound_with(client, dst.ip, port.unwrap_or(0), Pick::Peek);
     let endpoint = d.target().map(|t| match port {
         Some(_) => t.to_string(),
         None => dst.ip.to_string(),
@@ -247,9 +265,8 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
         None => String::new(),
     };
     reason.push_str(&why(&d, namespace, dst.ip, port));
-    let (action, workload, candidates) = match d.action {
+    let (workload, candidates) = match d.action {
         Outbound::Service { port, .. } => (
-            "service",
             None,
             port.endpoints
                 .iter()
@@ -257,22 +274,20 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
                 .collect(),
         ),
         Outbound::Workload { workload, .. } => (
-            "workload",
             Some(format!(
                 "{}/{}",
                 workload.meta.namespace, workload.meta.name
             )),
             Vec::new(),
         ),
-        Outbound::Passthrough { .. } => ("passthrough", None, Vec::new()),
-        Outbound::NoHealthyUpstream { .. } => ("noHealthyUpstream", None, Vec::new()),
+        Outbound::Passthrough { .. } | Outbound::NoHealthyUpstream { .. } => (None, Vec::new()),
     };
     IpExplanation {
         client: Client {
             namespace: namespace.to_string(),
         },
         outbound: OutboundReport {
-            action,
+            action: d.outcome(),
             service: d.service().map(|s| s.to_string()),
             endpoint,
             workload,
@@ -345,11 +360,11 @@ fn host_table(e: &HostExplanation) -> String {
     let queries: Vec<String> = d
         .queries
         .iter()
-        .map(|q| format!("{} -> {}", q.name, q.action))
+        .map(|q| format!("{} -> {}", q.name, q.action.as_str()))
         .collect();
     let rows = [
         ("client", e.client.namespace.clone()),
-        ("action", d.action.to_string()),
+        ("action", d.action.as_str().to_string()),
         ("service", or_dash(&d.service)),
         ("query", d.query.clone()),
         ("cname", or_dash(&d.cname)),
@@ -358,7 +373,8 @@ fn host_table(e: &HostExplanation) -> String {
             if d.addresses.is_empty() {
                 "-".into()
             } else {
-                d.addresses.join(", ")
+                let addresses: Vec<String> = d.addresses.iter().map(|a| a.to_string()).collect();
+                addresses.join(", ")
             },
         ),
         ("hidden", or_dash(&d.hidden)),
@@ -372,7 +388,7 @@ fn ip_table(e: &IpExplanation) -> String {
     let o = &e.outbound;
     let rows = [
         ("client", e.client.namespace.clone()),
-        ("action", o.action.to_string()),
+        ("action", o.action.name().to_string()),
         ("service", or_dash(&o.service)),
         ("workload", or_dash(&o.workload)),
         ("endpoint", or_dash(&o.endpoint)),

@@ -5,7 +5,7 @@ use serde_yaml_ng::Value;
 
 use crate::{
     config::{self, ConfigError, Limits, Model},
-    visibility::{self, Resolution},
+    visibility::{self, Resolved},
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -71,7 +71,7 @@ pub fn invalid_input(errors: &[ConfigError]) -> ExitCode {
 
 /// Reads a configuration for an offline command: everything valid, and every problem (objects
 /// left out, and entries the address pool could not serve).
-pub fn load(dir: &Path, limits: &Limits) -> (Model, Resolution, Vec<ConfigError>) {
+pub fn load(dir: &Path, limits: &Limits) -> (Model, Resolved, Vec<ConfigError>) {
     let loaded = config::read_dir(dir, limits);
     let resolution = visibility::resolve(&loaded.model);
     let mut errors = loaded.errors;
@@ -186,7 +186,7 @@ fn is_plain_safe(s: &str) -> bool {
 mod tests {
     use super::*;
 
-    /// The case: an entry with 6,000 CIDRs makes a column far wider than 65,535 characters.
+    /// A real case: an entry with 6,000 CIDRs makes a column far wider than 65,535 characters.
     #[test]
     fn a_column_of_any_width_renders() {
         let wide: String = (0..6000)

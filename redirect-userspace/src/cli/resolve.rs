@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::output::{self, Format};
 use crate::{
     config::{Address, ConfigError, Model},
-    visibility::{self, Condition, Resolution, Visibility},
+    visibility::{self, Condition, Resolved, Visibility},
 };
 
 #[derive(Debug, clap::Args)]
@@ -43,7 +43,7 @@ pub struct EntryReport {
 }
 
 /// The report for a model and its resolution (`visibility::resolve(model)`), errors left empty.
-pub fn report(model: &Model, resolution: Resolution) -> ResolveReport {
+pub fn report(model: &Model, resolution: Resolved) -> ResolveReport {
     let service_entries = model
         .service_entries
         .iter()

@@ -8,7 +8,8 @@ use super::{
     error::Ctx,
     labels::Labels,
     model::{
-        NAMESPACE_NAME_LABEL, Namespace, Service, ServicePort, TargetPort, Workload, WorkloadKind,
+        KubeService, NAMESPACE_NAME_LABEL, Namespace, ServicePort, TargetPort, Workload,
+        WorkloadKind,
     },
 };
 
@@ -66,7 +67,7 @@ enum IntOrString {
 }
 
 impl RawService {
-    pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<Service> {
+    pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<KubeService> {
         let before = ctx.error_count();
         let meta = convert::meta(ctx, self.metadata, true);
         let spec = self.spec.unwrap_or_default();
@@ -126,7 +127,7 @@ impl RawService {
                 target_port,
             });
         }
-        (ctx.error_count() == before).then_some(Service {
+        (ctx.error_count() == before).then_some(KubeService {
             meta,
             cluster_ips,
             ports,

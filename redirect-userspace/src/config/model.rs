@@ -19,7 +19,7 @@ pub struct Model {
     /// Sorted by `namespace/name`.
     pub service_entries: Vec<ServiceEntry>,
     /// Kubernetes Services, sorted by `namespace/name`.
-    pub services: Vec<Service>,
+    pub services: Vec<KubeService>,
     /// Pods and WorkloadEntries, sorted by kind then `namespace/name`.
     pub workloads: Vec<Workload>,
     pub mesh: MeshConfig,
@@ -231,7 +231,7 @@ impl fmt::Display for WaypointRef {
 
 /// A Kubernetes Service (`v1`). Always PUBLIC.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Service {
+pub struct KubeService {
     pub meta: ObjectMeta,
     /// Empty for a headless Service (`clusterIP: None`).
     pub cluster_ips: Vec<IpAddr>,
@@ -239,7 +239,7 @@ pub struct Service {
     pub selector: Option<Labels>,
 }
 
-impl Service {
+impl KubeService {
     pub fn hostname(&self, cluster_domain: &str) -> String {
         format!(
             "{}.{}.svc.{cluster_domain}",

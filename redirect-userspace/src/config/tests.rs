@@ -1,4 +1,4 @@
-//! Loading rules of SPEC §1: what is read, what is skipped, and every kind of bad input.
+//! Loading rules of `docs/inputs.md`: what is read, what is skipped, and every kind of bad input.
 use super::*;
 
 fn load(yaml: &str) -> Result<Model, ConfigErrors> {

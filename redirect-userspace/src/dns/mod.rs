@@ -13,5 +13,5 @@ pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};
 pub use visible::{VisibleNames, client_namespace};
 
-/// TTL of the records the agent answers itself (SPEC §3).
+/// TTL of the records the agent answers itself (`docs/dns.md#authoritative-answers`).
 pub const ANSWER_TTL: u32 = 30;

@@ -17,8 +17,8 @@ use tokio::{
 
 use crate::net::{connect_marked, udp_connected_marked};
 
-/// Total time a forwarded query may take before the client gets SERVFAIL: under the 2 s the SPEC
-/// allows and well under glibc's and dig's 5 s retry, so the client sees a failure, not a hang.
+/// Total time a forwarded query may take before the client gets SERVFAIL: within the 2 s of
+/// `docs/dns.md#upstream-failure` and well under glibc's and dig's 5 s retry, so the client sees a failure, not a hang.
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
 /// A lost UDP datagram is sent again once after this long.
 const UDP_RETRANSMIT_AFTER: Duration = Duration::from_millis(500);

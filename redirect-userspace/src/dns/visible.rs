@@ -22,7 +22,7 @@ impl Decide for VisibleNames {
         let snapshot = self.live.snapshot();
         let client_ns = client_namespace(&snapshot, query.client);
         let qname = query.name.to_ascii();
-        let decision = snapshot.by_host(client_ns, &qname);
+        let decision = snapshot.decide_dns(client_ns, &qname);
         if let Some(hidden) = decision.hidden() {
             self.metrics.hidden(Lookup::Dns);
             debug!(

@@ -13,10 +13,10 @@ use crate::{
     dns::HostCache,
     identity::{CgroupPods, Check},
     live::LiveState,
-    metrics::{BudgetKind, Direction, Lookup, Metrics, OutboundOutcome, Refusal, Timeout},
+    metrics::{BudgetKind, Direction, Lookup, Metrics, Refusal, Timeout},
     net::{CONNECT_TIMEOUT, connect_marked},
     redirect::RedirectMaps,
-    state::{Outbound, Snapshot, Target},
+    state::{OutboundOutcome, Snapshot, Target},
 };
 
 /// Pending connections the kernel queues for us: bursts of new connections from many pods.
@@ -290,7 +290,8 @@ async fn check_client(
     check
 }
 
-/// The SPEC §3 decision for this connection, made with `state::Snapshot::by_ip` under one snapshot.
+/// The decision for this connection (`docs/data-plane.md#destination-ip-lookup`),
+/// made with `state::Snapshot::decide_outbound` under one snapshot.
 /// `None`: no healthy upstream, reset the client.
 /// `client_ns`: the client's namespace, `None` for an unknown client (PUBLIC services only).
 fn decide(
@@ -300,13 +301,8 @@ fn decide(
     client_ns: Option<&str>,
     orig: SocketAddr,
 ) -> Option<Plan> {
-    let decision = snapshot.by_ip(client_ns, orig.ip(), orig.port());
-    let outcome = match decision.action {
-        Outbound::Service { .. } => OutboundOutcome::Service,
-        Outbound::Workload { .. } => OutboundOutcome::Workload,
-        Outbound::Passthrough { .. } => OutboundOutcome::Passthrough,
-        Outbound::NoHealthyUpstream { .. } => OutboundOutcome::NoHealthyUpstream,
-    };
+    let decision = snapshot.decide_outbound(client_ns, orig.ip(), orig.port());
+    let outcome = decision.outcome();
     if let Some(hidden) = decision.hidden {
         context.metrics.hidden(Lookup::Outbound);
         debug!(

@@ -11,7 +11,7 @@ use crate::{
     visibility::ResolvedEntry,
 };
 
-pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolution) -> Vec<Service> {
+pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) -> Vec<Service> {
     let mut out = Vec::new();
     for (entry, resolved) in model.service_entries.iter().zip(&resolution.entries) {
         let visibility = match resolved.visibility {

@@ -1,4 +1,4 @@
-//! The DNS decision (SPEC §3 "DNS"): answer a name a visible service owns, forward everything else.
+//! The DNS decision (`docs/dns.md#authoritative-answers`): answer a name a visible service owns, forward everything else.
 //!
 //! Queries arrive as the client's resolver sends them, search domain appended
 //! (`api.example.com.team-a.svc.cluster.local.`), any case, trailing dot or not. As ztunnel does,
@@ -129,7 +129,7 @@ impl Snapshot {
 
     /// The DNS decision for an A/AAAA query `qname` from a client in `client_ns`. Allocation-free:
     /// the name is lower-cased into a stack buffer.
-    pub fn by_host<'a, 'q>(
+    pub fn decide_dns<'a, 'q>(
         &'a self,
         client_ns: Option<&str>,
         qname: &'q str,

@@ -16,12 +16,14 @@ use std::net::IpAddr;
 
 pub use dns::{DnsAnswer, DnsDecision, NDOTS, SearchDomains};
 pub use dump::{ConfigDump, EndpointDump, ServiceDump, VisibilityDump, WorkloadDump};
-pub use outbound::{NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason, Pick};
+pub use outbound::{
+    NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason, Pick,
+};
 pub use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Target};
 
 use crate::{
     config::{DEFAULT_CLUSTER_DOMAIN, Model, VisibilityConfig, Workload},
-    visibility::{self, Resolution},
+    visibility::{self, Resolved},
 };
 use store::ServiceStore;
 use workload::WorkloadStore;
@@ -54,7 +56,7 @@ impl Snapshot {
     }
 
     /// Builds the state from a model and its resolution (`visibility::resolve(model)`).
-    pub fn build(model: &Model, resolution: &Resolution) -> Self {
+    pub fn build(model: &Model, resolution: &Resolved) -> Self {
         Snapshot {
             services: ServiceStore::new(build::services(model, resolution)),
             workloads: WorkloadStore::new(model.workloads.clone()),

@@ -1,6 +1,8 @@
-//! The outbound decision (SPEC §3 "Destination IP lookup"): what a connection from a client
+//! The outbound decision (`docs/data-plane.md#destination-ip-lookup`): what a connection from a client
 //! namespace to an original destination `ip:port` gets.
 use std::net::{IpAddr, SocketAddr};
+
+use serde::{Deserialize, Serialize};
 
 use super::{
     Snapshot,
@@ -15,6 +17,48 @@ pub enum Pick {
     Next,
     /// The endpoint the next `Next` would give, without advancing (`explain`).
     Peek,
+}
+
+/// How an outbound connection was handled, one type everywhere: `explain`'s `action` (its serde
+/// name, camelCase, [`Self::name`]) and the `outcome` label of `redirect_outbound_connections_total`
+/// ([`Self::as_str`], snake_case). `Error` is the proxy's alone: a decision never fails, carrying it out may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum OutboundOutcome {
+    /// A visible service's endpoint was picked.
+    Service,
+    /// No visible service claims the address; a workload has it.
+    Workload,
+    /// The original destination, unchanged.
+    Passthrough,
+    /// The client's connection is reset: the port is not declared, or has no endpoint.
+    NoHealthyUpstream,
+    /// The destination could not be reached (or the original destination was unknown): reset.
+    Error,
+}
+
+impl OutboundOutcome {
+    /// Its serde name: `explain`'s `action`, in JSON and in the table.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Service => "service",
+            Self::Workload => "workload",
+            Self::Passthrough => "passthrough",
+            Self::NoHealthyUpstream => "noHealthyUpstream",
+            Self::Error => "error",
+        }
+    }
+
+    /// The metric label (`docs/observability.md#metrics`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Service => "service",
+            Self::Workload => "workload",
+            Self::Passthrough => "passthrough",
+            Self::NoHealthyUpstream => "no_healthy_upstream",
+            Self::Error => "error",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -66,13 +110,13 @@ pub enum NoUpstreamReason {
 }
 
 impl<'a> OutboundDecision<'a> {
-    /// The outcome label of SPEC §4's outbound counter.
-    pub fn outcome(&self) -> &'static str {
+    /// What carrying the decision out is counted as, unless the connect fails.
+    pub fn outcome(&self) -> OutboundOutcome {
         match self.action {
-            Outbound::Service { .. } => "service",
-            Outbound::Workload { .. } => "workload",
-            Outbound::Passthrough { .. } => "passthrough",
-            Outbound::NoHealthyUpstream { .. } => "no_healthy_upstream",
+            Outbound::Service { .. } => OutboundOutcome::Service,
+            Outbound::Workload { .. } => OutboundOutcome::Workload,
+            Outbound::Passthrough { .. } => OutboundOutcome::Passthrough,
+            Outbound::NoHealthyUpstream { .. } => OutboundOutcome::NoHealthyUpstream,
         }
     }
 
@@ -104,12 +148,17 @@ impl<'a> OutboundDecision<'a> {
 
 impl Snapshot {
     /// The decision for a new connection: advances the round robin.
-    pub fn by_ip(&self, client_ns: Option<&str>, ip: IpAddr, port: u16) -> OutboundDecision<'_> {
-        self.by_ip_with(client_ns, ip, port, Pick::Next)
+    pub fn decide_outbound(
+        &self,
+        client_ns: Option<&str>,
+        ip: IpAddr,
+        port: u16,
+    ) -> OutboundDecision<'_> {
+        self.decide_outbound_with(client_ns, ip, port, Pick::Next)
     }
 
     /// The same decision with an explicit endpoint pick. Allocation-free.
-    pub fn by_ip_with(
+    pub fn decide_outbound_with(
         &self,
         client_ns: Option<&str>,
         ip: IpAddr,
@@ -175,5 +224,23 @@ fn service_action(service: &Service, addr: SocketAddr, pick: Pick) -> Outbound<'
         port,
         endpoint: &port.endpoints[index],
         index,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OutboundOutcome::{self, *};
+
+    #[test]
+    fn outcome_name_is_its_serde_name() {
+        for outcome in [Service, Workload, Passthrough, NoHealthyUpstream, Error] {
+            let json = serde_json::to_value(outcome).unwrap();
+            assert_eq!(json, outcome.name());
+            assert_eq!(
+                serde_json::from_value::<OutboundOutcome>(json).unwrap(),
+                outcome
+            );
+        }
+        assert_eq!(NoHealthyUpstream.as_str(), "no_healthy_upstream");
     }
 }

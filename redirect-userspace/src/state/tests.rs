@@ -1,4 +1,4 @@
-//! Table-driven tests of SPEC §3, each case named after the rule it checks.
+//! Table-driven tests of `docs/data-plane.md` and `docs/dns.md`, each case named after the rule it checks.
 use std::net::IpAddr;
 
 use super::*;
@@ -7,7 +7,7 @@ use crate::config::load_sources;
 mod props;
 mod upstream;
 
-/// A small multi-tenant world: every rule of SPEC §3 has an object here to exercise it.
+/// A small multi-tenant world: every rule of `docs/data-plane.md` and `docs/dns.md` has an object here to exercise it.
 pub(super) const WORLD: &str = r#"
 apiVersion: v1
 kind: Namespace
@@ -230,13 +230,13 @@ fn ip(s: &str) -> IpAddr {
 /// (action, service, endpoint, hidden) as the CLI prints them.
 pub(super) fn outbound_summary(
     d: &OutboundDecision<'_>,
-) -> (&'static str, Option<String>, Option<String>, Option<String>) {
-    let action = match d.action {
-        Outbound::Service { .. } => "service",
-        Outbound::Workload { .. } => "workload",
-        Outbound::Passthrough { .. } => "passthrough",
-        Outbound::NoHealthyUpstream { .. } => "noHealthyUpstream",
-    };
+) -> (
+    OutboundOutcome,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+) {
+    let action = d.outcome();
     let service = match d.action {
         Outbound::Workload { workload, .. } => Some(format!(
             "{}/{}",
@@ -259,108 +259,114 @@ fn outbound_rules() {
         client: Option<&'static str>,
         dst: &'static str,
         port: u16,
-        action: &'static str,
+        action: OutboundOutcome,
         service: Option<&'static str>,
         endpoint: Option<&'static str>,
         hidden: Option<&'static str>,
+    }
+    // A case names what it checks: its action always, the rest only when present (port: 80 unless named).
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                client: None,
+                dst: "",
+                port: 80,
+                action: OutboundOutcome::Passthrough,
+                service: None,
+                endpoint: None,
+                hidden: None,
+            }
+        }
     }
     let cases = [
         Case {
             name: "NAMESPACE entry serves its own namespace",
             client: Some("team-a"),
             dst: "203.0.113.10",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-a/api"),
             endpoint: Some("198.51.100.20:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE entry is absent for another namespace: passthrough",
             client: Some("team-b"),
             dst: "203.0.113.10",
-            port: 80,
-            action: "passthrough",
-            service: None,
+            action: OutboundOutcome::Passthrough,
             endpoint: Some("203.0.113.10:80"),
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "unknown client sees only PUBLIC: NAMESPACE entry passes through",
             client: None,
             dst: "203.0.113.10",
-            port: 80,
-            action: "passthrough",
-            service: None,
+            action: OutboundOutcome::Passthrough,
             endpoint: Some("203.0.113.10:80"),
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "unknown client sees PUBLIC entries",
             client: None,
             dst: "203.0.113.30",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("istio-system/metrics"),
             endpoint: Some("198.51.100.30:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NONE entry absent from lookups, even in its own namespace",
             client: Some("quarantine"),
             dst: "203.0.113.50",
-            port: 80,
-            action: "passthrough",
-            service: None,
+            action: OutboundOutcome::Passthrough,
             endpoint: Some("203.0.113.50:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NONE entry never shadows a PUBLIC one on the same address",
             client: Some("quarantine"),
             dst: "203.0.113.30",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("istio-system/metrics"),
             endpoint: Some("198.51.100.30:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "shared address space: own NAMESPACE entry inside",
             client: Some("team-b"),
             dst: "203.0.113.41",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-b/shared-b"),
             endpoint: Some("198.51.100.41:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "trusted namespace entry is PUBLIC",
             client: Some("team-a"),
             dst: "203.0.113.40",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-c/shared-c"),
             endpoint: Some("198.51.100.40:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "own namespace exact VIP beats a CIDR",
             client: Some("team-a"),
             dst: "198.51.100.140",
             port: 443,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-a/inside"),
             endpoint: Some("198.51.100.141:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "hidden exact VIP falls through to a visible CIDR",
             client: Some("team-b"),
             dst: "198.51.100.140",
             port: 443,
-            action: "passthrough",
+            action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.140:443"),
             hidden: Some("team-a/inside"),
@@ -370,7 +376,7 @@ fn outbound_rules() {
             client: Some("team-b"),
             dst: "10.244.2.10",
             port: 8080,
-            action: "workload",
+            action: OutboundOutcome::Workload,
             service: Some("team-b/b1"),
             endpoint: Some("10.244.2.10:8080"),
             hidden: Some("team-a/shadow-b1"),
@@ -380,80 +386,78 @@ fn outbound_rules() {
             client: Some("team-a"),
             dst: "10.244.2.10",
             port: 8080,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-a/shadow-b1"),
             endpoint: Some("198.51.100.21:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "hidden exact VIP falls through to passthrough",
             client: Some("team-c"),
             dst: "203.0.113.41",
-            port: 80,
-            action: "passthrough",
-            service: None,
+            action: OutboundOutcome::Passthrough,
             endpoint: Some("203.0.113.41:80"),
             hidden: Some("team-b/shared-b"),
+            ..Default::default()
         },
         Case {
             name: "CIDR longest prefix wins",
             client: Some("team-b"),
             dst: "198.51.100.200",
             port: 443,
-            action: "passthrough",
+            action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.200:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "CIDR shorter prefix when the longer does not contain the address",
             client: Some("team-b"),
             dst: "198.51.100.5",
             port: 443,
-            action: "passthrough",
+            action: OutboundOutcome::Passthrough,
             service: Some("istio-system/partner-wide"),
             endpoint: Some("198.51.100.5:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "equal CIDRs: oldest creationTimestamp wins",
             client: Some("team-b"),
             dst: "198.51.100.200",
             port: 443,
-            action: "passthrough",
+            action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.200:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "equal CIDRs: own namespace wins over age",
             client: Some("istio-system"),
             dst: "198.51.100.200",
             port: 443,
-            action: "passthrough",
+            action: OutboundOutcome::Passthrough,
             service: Some("istio-system/partner-copy"),
             endpoint: Some("198.51.100.200:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "resolution NONE passes through with the service",
             client: Some("team-a"),
             dst: "198.51.100.129",
             port: 443,
-            action: "passthrough",
+            action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.129:443"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "undeclared port: no healthy upstream",
             client: Some("team-a"),
             dst: "203.0.113.10",
             port: 81,
-            action: "noHealthyUpstream",
+            action: OutboundOutcome::NoHealthyUpstream,
             service: Some("team-a/api"),
-            endpoint: None,
-            hidden: None,
+            ..Default::default()
         },
         Case {
             // ztunnel find_upstream: a PASSTHROUGH service returns the original destination first.
@@ -461,95 +465,86 @@ fn outbound_rules() {
             client: Some("team-a"),
             dst: "198.51.100.129",
             port: 22,
-            action: "passthrough",
+            action: OutboundOutcome::Passthrough,
             service: Some("team-c/partner"),
             endpoint: Some("198.51.100.129:22"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "service without endpoints: no healthy upstream",
             client: Some("team-b"),
             dst: "10.244.100.11",
-            port: 80,
-            action: "noHealthyUpstream",
+            action: OutboundOutcome::NoHealthyUpstream,
             service: Some("team-a/empty"),
-            endpoint: None,
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "Kubernetes Service is PUBLIC and maps a named targetPort",
             client: Some("team-b"),
             dst: "10.244.100.10",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-a/web"),
             endpoint: Some("10.244.1.20:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "resolution DNS endpoint by host name, endpoint port by port name",
             client: Some("team-b"),
             dst: "203.0.113.60",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-b/cdn"),
             endpoint: Some("origin.example.org:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "targetPort maps the service port",
             client: Some("team-a"),
             dst: "203.0.113.80",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-a/rr"),
             endpoint: Some("198.51.100.81:8080"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "workload reached directly",
             client: Some("team-b"),
             dst: "10.244.1.10",
             port: 9000,
-            action: "workload",
+            action: OutboundOutcome::Workload,
             service: Some("team-a/a1"),
             endpoint: Some("10.244.1.10:9000"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "unknown address passes through",
             client: Some("team-a"),
             dst: "192.0.2.1",
-            port: 80,
-            action: "passthrough",
-            service: None,
+            action: OutboundOutcome::Passthrough,
             endpoint: Some("192.0.2.1:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "IPv4-mapped IPv6 destination is the IPv4 address",
             client: Some("team-a"),
             dst: "::ffff:203.0.113.10",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-a/api"),
             endpoint: Some("198.51.100.20:80"),
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "IPv6 VIP",
             client: Some("team-a"),
             dst: "2001:db8::10",
-            port: 80,
-            action: "service",
+            action: OutboundOutcome::Service,
             service: Some("team-a/v6"),
             endpoint: Some("[2001:db8::11]:80"),
-            hidden: None,
+            ..Default::default()
         },
     ];
     let snap = world();
     for case in cases {
-        let got = snap.by_ip_with(case.client, ip(case.dst), case.port, Pick::Peek);
+        let got = snap.decide_outbound_with(case.client, ip(case.dst), case.port, Pick::Peek);
         let want = (
             case.action,
             case.service.map(String::from),
@@ -564,7 +559,7 @@ fn outbound_rules() {
 fn round_robin_spreads_and_peek_does_not_advance() {
     let snap = world();
     let next = |pick| {
-        snap.by_ip_with(Some("team-a"), ip("203.0.113.80"), 80, pick)
+        snap.decide_outbound_with(Some("team-a"), ip("203.0.113.80"), 80, pick)
             .target()
             .unwrap()
             .to_string()
@@ -595,12 +590,12 @@ fn round_robin_spreads_and_peek_does_not_advance() {
 #[test]
 fn resolution_dns_without_endpoints_connects_to_the_host() {
     let snap = world();
-    let DnsDecision::Answer(answer) = snap.by_host(Some("team-a"), "httpbin.example.com") else {
+    let DnsDecision::Answer(answer) = snap.decide_dns(Some("team-a"), "httpbin.example.com") else {
         panic!("httpbin.example.com is PUBLIC and allocated");
     };
     let vip = answer.v4()[0];
     assert!(crate::visibility::V4_RANGE.contains(&vip));
-    let d = snap.by_ip_with(Some("team-b"), IpAddr::V4(vip), 80, Pick::Peek);
+    let d = snap.decide_outbound_with(Some("team-b"), IpAddr::V4(vip), 80, Pick::Peek);
     assert_eq!(d.target().unwrap().to_string(), "httpbin.example.com:80");
 }
 
@@ -624,7 +619,7 @@ fn workload_by_ip_names_the_client() {
     );
     assert!(
         matches!(
-            snap.by_ip(None, ip("10.0.0.1"), 80).action,
+            snap.decide_outbound(None, ip("10.0.0.1"), 80).action,
             Outbound::Workload { .. }
         ),
         "but it is still a workload to reach"
@@ -675,6 +670,22 @@ fn dns_rules() {
         v6: &'static [&'static str],
         hidden: Option<&'static str>,
     }
+    // A case names what it checks: its action always, the rest only when present.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                client: None,
+                qname: "",
+                action: "forward",
+                service: None,
+                cname: None,
+                v4: &[],
+                v6: &[],
+                hidden: None,
+            }
+        }
+    }
     let cases = [
         Case {
             name: "own namespace resolves its NAMESPACE entry",
@@ -682,32 +693,24 @@ fn dns_rules() {
             qname: "api.example.com.",
             action: "answer",
             service: Some("team-a/api"),
-            cname: None,
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "hidden name is forwarded for another namespace",
             client: Some("team-b"),
             qname: "api.example.com.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "hidden name is forwarded for an unknown client",
             client: None,
             qname: "api.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "search-domain expansion is answered with a CNAME",
@@ -717,8 +720,7 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("api.example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "svc search domain is stripped too",
@@ -728,8 +730,7 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("api.example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "cluster domain is stripped too",
@@ -739,30 +740,22 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("api.example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "search-domain expansion of a hidden name is forwarded",
             client: Some("team-b"),
             qname: "api.example.com.team-b.svc.cluster.local.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
             hidden: Some("team-a/api"),
+            ..Default::default()
         },
         Case {
             name: "another namespace's search domain is not stripped",
             client: Some("team-a"),
             qname: "api.example.com.team-b.svc.cluster.local.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "names are case-insensitive",
@@ -770,10 +763,8 @@ fn dns_rules() {
             qname: "API.Example.COM.",
             action: "answer",
             service: Some("team-a/api"),
-            cname: None,
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "CNAME target keeps the asked case",
@@ -783,8 +774,7 @@ fn dns_rules() {
             service: Some("team-a/api"),
             cname: Some("Api.Example.com"),
             v4: &["203.0.113.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "shared host name: own namespace wins inside",
@@ -792,10 +782,8 @@ fn dns_rules() {
             qname: "shared.example.com",
             action: "answer",
             service: Some("team-b/shared-b"),
-            cname: None,
             v4: &["203.0.113.41"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "shared host name: PUBLIC wins outside",
@@ -803,21 +791,16 @@ fn dns_rules() {
             qname: "shared.example.com",
             action: "answer",
             service: Some("team-c/shared-c"),
-            cname: None,
             v4: &["203.0.113.40"],
-            v6: &[],
             hidden: Some("team-b/shared-b"),
+            ..Default::default()
         },
         Case {
             name: "NONE entry is never answered, even in its namespace",
             client: Some("quarantine"),
             qname: "login.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "NONE entry never shadows a PUBLIC host",
@@ -825,10 +808,8 @@ fn dns_rules() {
             qname: "metrics.example.com",
             action: "answer",
             service: Some("istio-system/metrics"),
-            cname: None,
             v4: &["203.0.113.30"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "Kubernetes Service FQDN from another namespace",
@@ -836,10 +817,8 @@ fn dns_rules() {
             qname: "web.team-a.svc.cluster.local.",
             action: "answer",
             service: Some("team-a/web"),
-            cname: None,
             v4: &["10.244.100.10"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard host answers a subdomain",
@@ -847,10 +826,8 @@ fn dns_rules() {
             qname: "api.wild.example.com",
             action: "answer",
             service: Some("istio-system/wild"),
-            cname: None,
             v4: &["203.0.113.90"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard host answers a deeper subdomain",
@@ -858,32 +835,22 @@ fn dns_rules() {
             qname: "a.b.wild.example.com",
             action: "answer",
             service: Some("istio-system/wild"),
-            cname: None,
             v4: &["203.0.113.90"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard host does not answer its apex",
             client: Some("team-b"),
             qname: "wild.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "wildcard without addresses is forwarded",
             client: Some("team-b"),
             qname: "x.noaddr.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "service without an IPv4 address answers A with nothing (NOERROR)",
@@ -891,10 +858,8 @@ fn dns_rules() {
             qname: "v6.example.com",
             action: "answer",
             service: Some("team-a/v6"),
-            cname: None,
-            v4: &[],
             v6: &["2001:db8::10"],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "unknown client gets PUBLIC entries",
@@ -902,10 +867,8 @@ fn dns_rules() {
             qname: "metrics.example.com.",
             action: "answer",
             service: Some("istio-system/metrics"),
-            cname: None,
             v4: &["203.0.113.30"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "unknown client: svc search domain stripped",
@@ -915,30 +878,21 @@ fn dns_rules() {
             service: Some("istio-system/metrics"),
             cname: Some("metrics.example.com"),
             v4: &["203.0.113.30"],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "a name no service owns is forwarded",
             client: Some("team-a"),
             qname: "www.example.org.",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
         Case {
             name: "an over-long name is forwarded",
             client: Some("team-a"),
             qname: "a.example.com",
             action: "forward",
-            service: None,
-            cname: None,
-            v4: &[],
-            v6: &[],
-            hidden: None,
+            ..Default::default()
         },
     ];
     let snap = world();
@@ -948,7 +902,7 @@ fn dns_rules() {
         } else {
             case.qname.to_string()
         };
-        let got = dns_summary(&snap.by_host(case.client, &qname));
+        let got = dns_summary(&snap.decide_dns(case.client, &qname));
         let strs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let want = (
             case.action,
@@ -1027,7 +981,7 @@ fn search_domain_expansion_is_what_the_resolver_sends() {
 fn short_kubernetes_name_resolves_through_the_first_search_domain() {
     let snap = world();
     let queries = snap.search_domains(Some("team-a")).expand("web");
-    let got = dns_summary(&snap.by_host(Some("team-a"), &queries[0]));
+    let got = dns_summary(&snap.decide_dns(Some("team-a"), &queries[0]));
     assert_eq!(
         got.1.as_deref(),
         Some("team-a/web"),
@@ -1083,9 +1037,9 @@ fn feature_unset_makes_every_entry_visible_everywhere() {
         .collect::<Vec<_>>()
         .join("\n---\n");
     let snap = Snapshot::from_model(&load_sources([("w.yaml", without_mesh.as_str())]).unwrap());
-    let d = snap.by_ip_with(Some("team-b"), ip("203.0.113.10"), 80, Pick::Peek);
+    let d = snap.decide_outbound_with(Some("team-b"), ip("203.0.113.10"), 80, Pick::Peek);
     assert_eq!(outbound_summary(&d).1.as_deref(), Some("team-a/api"));
-    let got = dns_summary(&snap.by_host(Some("team-b"), "login.example.com"));
+    let got = dns_summary(&snap.decide_dns(Some("team-b"), "login.example.com"));
     assert_eq!(
         got.1.as_deref(),
         Some("quarantine/hijack"),

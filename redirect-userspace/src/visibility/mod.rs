@@ -20,9 +20,10 @@ pub use policy::{policy_matches, visibility_for};
 pub use crate::config::Visibility;
 use crate::config::{Address, ConfigError, Model, WaypointRef};
 
-/// The resolution of every ServiceEntry of a model, indexed like `model.service_entries`.
+/// What [`resolve`] gives: the visibility of every ServiceEntry of a model (not to be confused with
+/// a ServiceEntry's `resolution`, [`crate::config::Resolution`]), indexed like `model.service_entries`.
 #[derive(Debug, Clone)]
-pub struct Resolution {
+pub struct Resolved {
     pub entries: Vec<ResolvedEntry>,
     /// Whether `serviceEntryVisibility` is set (false: the feature is inert).
     pub configured: bool,
@@ -58,7 +59,7 @@ impl ResolvedEntry {
 }
 
 /// Resolves every ServiceEntry of `model`, NONE ones included.
-pub fn resolve(model: &Model) -> Resolution {
+pub fn resolve(model: &Model) -> Resolved {
     let config = model.mesh.service_entry_visibility.as_ref();
     let cap = config.is_some_and(|c| c.apply_to_sidecars);
     let mut allocations = allocate(model).into_iter();
@@ -103,14 +104,14 @@ pub fn resolve(model: &Model) -> Resolution {
             }
         })
         .collect();
-    Resolution {
+    Resolved {
         entries,
         configured: config.is_some(),
     }
 }
 
 /// One error per entry the address pool could not serve (see [`alloc::exhausted`]).
-pub fn allocation_errors(model: &Model, resolution: &Resolution) -> Vec<ConfigError> {
+pub fn allocation_errors(model: &Model, resolution: &Resolved) -> Vec<ConfigError> {
     alloc::exhausted(
         model,
         resolution.entries.iter().map(|e| e.allocated.as_slice()),

@@ -1,4 +1,4 @@
-//! Table-driven tests of SPEC §2, each case named after the rule it checks.
+//! Table-driven tests of `docs/visibility.md`, each case named after the rule it checks.
 use proptest::prelude::*;
 
 use super::*;

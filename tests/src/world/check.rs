@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail, ensure};
 use super::{AGENT_TTL, World, delta, key};
 use crate::RESOLVER_IP;
 use crate::dig::{self, Reply};
-use crate::explain::{DnsAction, DnsVerdict, OutboundAction, OutboundVerdict};
+use crate::explain::{DnsAction, DnsVerdict, OutboundOutcome, OutboundVerdict};
 
 /// What a TCP client gets: the named server answered, or the connection was reset.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +57,7 @@ impl World {
     /// client pod of `from`, at every address of the resolver ([`World::resolvers`]: IPv4, v4-mapped,
     /// IPv6), and checks each reply against what `explain` says: the agent's authoritative answer with
     /// explain's addresses of that family (none: an empty NOERROR), or exactly the reply the upstream
-    /// gives to the same question. Returns explain's verdict, for the caller to hold against SPEC, and
+    /// gives to the same question. Returns explain's verdict, for the caller to hold against the rules in `docs/`, and
     /// the reply to the question asked as an application asks it (`/etc/resolv.conf`).
     pub fn check_dig_with(
         &self,
@@ -248,7 +248,7 @@ impl World {
     pub fn expected_reach(&self, from: &str, dest: SocketAddr) -> Result<(OutboundVerdict, Reach)> {
         let verdict = self.explain.ip(from, dest)?;
         let reach = match verdict.action {
-            OutboundAction::NoHealthyUpstream => Reach::Reset,
+            OutboundOutcome::NoHealthyUpstream => Reach::Reset,
             _ => {
                 let endpoint = verdict
                     .endpoint
@@ -284,7 +284,7 @@ impl World {
     /// `curl http://<dest>/` from the client pod of `from`, checked against [`World::expected_reach`]
     /// (and the agent's outcome counter); for an IPv4 `dest` also `curl http://[::ffff:<ip>]/` (an
     /// `AF_INET6` socket), which must get the same. Returns the expectation for the caller to hold
-    /// against SPEC.
+    /// against the rules in `docs/`.
     pub fn check_connect(
         &self,
         from: &str,

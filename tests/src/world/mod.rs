@@ -5,7 +5,7 @@
 //! A scenario asks `redirect explain` (over the same copy) what a client should get, turns that into what
 //! dig and curl must observe ([`World::check_dig`], [`World::check_connect`]), and runs them in the pod.
 //! Which server answers where and what the public DNS says are facts of this world, written below;
-//! what a client gets is never written here: it comes from explain, and each test pins explain to SPEC.
+//! what a client gets is never written here: it comes from explain, and each test pins explain to the rules in `docs/`.
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -141,15 +141,9 @@ pub mod key {
         format!(r#"redirect_config_objects_rejected{{kind="{kind}"}}"#)
     }
 
-    /// `redirect_outbound_connections_total{outcome=...}` for an explain action.
-    pub fn outbound(action: &crate::explain::OutboundAction) -> String {
-        use crate::explain::OutboundAction::*;
-        let outcome = match action {
-            Service => "service",
-            Workload => "workload",
-            Passthrough => "passthrough",
-            NoHealthyUpstream => "no_healthy_upstream",
-        };
+    /// `redirect_outbound_connections_total{outcome=...}` for an explain action or outcome.
+    pub fn outbound(outcome: &crate::explain::OutboundOutcome) -> String {
+        let outcome = outcome.as_str();
         format!(r#"redirect_outbound_connections_total{{outcome="{outcome}"}}"#)
     }
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use integration::{ADMIN_ADDR, GATEWAY, Metrics, Proc, Topology, netns};
-use redirect::admin::client::{self, Response};
+use redirect_userspace::admin::client::{self, Response};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 

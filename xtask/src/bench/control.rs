@@ -8,7 +8,7 @@ use super::agent::BenchAgent;
 use super::scene::{Relay, Scene, agent_args};
 use crate::{build, cmd};
 use anyhow::{Context, Result, bail};
-use redirect::synthetic;
+use redirect_userspace::synthetic;
 
 /// The criterion bench targets: lookups and state build (redirect-userspace/benches/state.rs), and
 /// pathological configuration refused or loaded (benches/config_bounds.rs).
@@ -25,7 +25,7 @@ pub struct Criterion {
 
 /// The command line that runs the benches (also what the report prints).
 pub fn criterion_command(quick: bool) -> String {
-    let mut c = "cargo bench -p redirect".to_string();
+    let mut c = "cargo bench -p redirect-userspace".to_string();
     for bench in BENCHES {
         c.push_str(&format!(" --bench {bench}"));
     }
@@ -40,7 +40,7 @@ pub fn run_criterion(quick: bool, ebpf_object: &Path) -> Result<Vec<Criterion>> 
     let started = SystemTime::now();
     let mut c = cmd::cargo();
     c.current_dir(cmd::workspace_root())
-        .args(["bench", "-p", "redirect"])
+        .args(["bench", "-p", "redirect-userspace"])
         .args(BENCHES.iter().flat_map(|b| ["--bench", b]))
         // The same embedded object as `cargo xtask build`: otherwise cargo would rebuild the agent binary
         // in target/release without its eBPF programs.

@@ -33,7 +33,7 @@ pub fn client_args(
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Report {
+pub struct DnsperfStats {
     pub completed: u64,
     pub lost: u64,
     pub qps: f64,
@@ -41,7 +41,7 @@ pub struct Report {
     pub mean_latency_us: f64,
 }
 
-pub fn parse(out: &str) -> anyhow::Result<Report> {
+pub fn parse(out: &str) -> anyhow::Result<DnsperfStats> {
     let field = |name: &str| -> anyhow::Result<&str> {
         out.lines()
             .find_map(|l| l.trim().strip_prefix(name))
@@ -71,7 +71,7 @@ pub fn parse(out: &str) -> anyhow::Result<Report> {
     if completed == 0 {
         bail!("dnsperf: no query was answered");
     }
-    Ok(Report {
+    Ok(DnsperfStats {
         completed,
         lost,
         qps,

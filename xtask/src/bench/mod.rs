@@ -117,7 +117,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     };
 
     let verdicts = targets::judge(&results, &criterion, memory.as_ref());
-    let report = report::Report {
+    let report = report::BenchReport {
         quick: args.quick,
         settings,
         machine: &machine,
@@ -148,7 +148,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
 
 fn write_outputs(
     root: &Path,
-    report: &report::Report,
+    report: &report::BenchReport,
     results: &model::Results,
     machine: &machine::Machine,
 ) -> anyhow::Result<()> {

@@ -15,7 +15,7 @@ use super::targets::Verdict;
 pub const WHY_BEGIN: &str = "<!-- why:begin (kept when the file is regenerated) -->";
 pub const WHY_END: &str = "<!-- why:end -->";
 
-pub struct Report<'a> {
+pub struct BenchReport<'a> {
     pub quick: bool,
     pub settings: Settings,
     pub machine: &'a Machine,
@@ -42,7 +42,7 @@ const THROUGHPUT_ROUTES: [Route; 5] = [
 ];
 const DNS_ROUTES: [Route; 3] = [Route::DnsUpstream, Route::DnsForwarded, Route::DnsAnswered];
 
-impl Report<'_> {
+impl BenchReport<'_> {
     /// The figures: headline, one table per section, targets.
     pub fn tables(&self) -> String {
         let mut s = String::new();
@@ -93,9 +93,7 @@ impl Report<'_> {
         self.table(&mut s, &DNS_ROUTES, &[Metric::DnsQps, Metric::DnsLatency]);
         s.push_str("\n## 5. Control plane\n\n");
         self.control(&mut s);
-        s.push_str(
-            "\n## Targets (issue 6)\n\n| target | measured (median) | |\n| --- | --- | --- |\n",
-        );
+        s.push_str("\n## Targets\n\n| target | measured (median) | |\n| --- | --- | --- |\n");
         for v in self.verdicts {
             let mark = match v.met {
                 Some(true) => "met",
@@ -368,7 +366,7 @@ mod tests {
         };
         let commands = BTreeSet::from(["taskset -c 0 iperf3 -c 100.64.0.10".to_string()]);
         let verdicts = super::super::targets::judge(&results, &[], None);
-        let report = Report {
+        let report = BenchReport {
             quick: true,
             settings: Settings {
                 rounds: 2,

@@ -71,7 +71,7 @@ pub fn dns(route: Route, before: &Metrics, after: &Metrics, completed: u64) -> R
 
 /// wrk's requests were each a connection of their own (the pod's kernel opened about as many), and
 /// almost all succeeded.
-pub fn new_connections(report: &wrk::Report, opens: u64) -> Result<()> {
+pub fn new_connections(report: &wrk::WrkStats, opens: u64) -> Result<()> {
     if (opens as f64) < 0.95 * report.requests as f64 {
         bail!(
             "wrk reported {} requests but the pod opened only {opens} connections: not one connection per request",
@@ -130,14 +130,14 @@ mod tests {
 
     #[test]
     fn connections_are_counted_by_the_kernel() {
-        let r = wrk::Report {
+        let r = wrk::WrkStats {
             requests: 1000,
             per_second: 500.0,
             errors: 0,
         };
         assert!(new_connections(&r, 1000).is_ok());
         assert!(new_connections(&r, 100).is_err(), "kept-alive connections");
-        let failing = wrk::Report { errors: 50, ..r };
+        let failing = wrk::WrkStats { errors: 50, ..r };
         assert!(new_connections(&failing, 1000).is_err());
     }
 }

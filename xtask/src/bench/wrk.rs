@@ -22,14 +22,14 @@ pub fn client_args(url: &str, conns: u32, secs: u32) -> Vec<String> {
 
 /// What one wrk run reports.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Report {
+pub struct WrkStats {
     pub requests: u64,
     pub per_second: f64,
     /// Socket errors (connect, read, write, timeout) plus non-2xx/3xx answers.
     pub errors: u64,
 }
 
-pub fn parse(out: &str) -> anyhow::Result<Report> {
+pub fn parse(out: &str) -> anyhow::Result<WrkStats> {
     let requests = out
         .lines()
         .find_map(|l| l.trim().split_once(" requests in ").map(|(n, _)| n.trim()))
@@ -65,7 +65,7 @@ pub fn parse(out: &str) -> anyhow::Result<Report> {
     if requests == 0 {
         bail!("wrk completed no request");
     }
-    Ok(Report {
+    Ok(WrkStats {
         requests,
         per_second,
         errors,
@@ -92,7 +92,7 @@ Transfer/sec:      1.12MB
 ";
         assert_eq!(
             parse(out).unwrap(),
-            Report {
+            WrkStats {
                 requests: 20024,
                 per_second: 10009.32,
                 errors: 6

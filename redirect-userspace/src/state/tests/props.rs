@@ -97,13 +97,13 @@ proptest! {
         let snap = world(&entries.into_iter().enumerate().collect::<Vec<_>>());
         for client in clients() {
             for address in ADDRESSES {
-                let d = snap.by_ip_with(client, address.parse().unwrap(), 80, Pick::Peek);
+                let d = snap.decide_outbound_with(client, address.parse().unwrap(), 80, Pick::Peek);
                 if let Some(s) = d.service() {
                     prop_assert!(s.visible_to(client), "{client:?} got {s} for {address}");
                 }
             }
             for host in HOSTS {
-                if let crate::state::DnsDecision::Answer(a) = snap.by_host(client, host) {
+                if let crate::state::DnsDecision::Answer(a) = snap.decide_dns(client, host) {
                     prop_assert!(a.service.visible_to(client), "{client:?} got {} for {host}", a.service);
                 }
             }
@@ -128,13 +128,13 @@ proptest! {
         for client in clients().filter(|c| *c != Some(owner)) {
             for address in ADDRESSES {
                 let ip = address.parse().unwrap();
-                let a = outbound_summary(&with.by_ip_with(client, ip, 80, Pick::Peek));
-                let b = outbound_summary(&without.by_ip_with(client, ip, 80, Pick::Peek));
+                let a = outbound_summary(&with.decide_outbound_with(client, ip, 80, Pick::Peek));
+                let b = outbound_summary(&without.decide_outbound_with(client, ip, 80, Pick::Peek));
                 prop_assert_eq!((a.0, &a.2), (b.0, &b.2), "{:?} -> {}", client, address);
             }
             for host in HOSTS {
-                let a = dns_summary(&with.by_host(client, host));
-                let b = dns_summary(&without.by_host(client, host));
+                let a = dns_summary(&with.decide_dns(client, host));
+                let b = dns_summary(&without.decide_dns(client, host));
                 prop_assert_eq!((a.0, &a.3, &a.4), (b.0, &b.3, &b.4), "{:?} -> {}", client, host);
             }
         }

@@ -25,12 +25,12 @@ fn outbound(
 ) -> (String, Option<String>, Option<String>) {
     let ip: IpAddr = dst.parse().unwrap();
     let (action, service, endpoint, _) =
-        outbound_summary(&s.by_ip_with(Some(client), ip, port, Pick::Peek));
-    (action.to_string(), service, endpoint)
+        outbound_summary(&s.decide_outbound_with(Some(client), ip, port, Pick::Peek));
+    (action.name().to_string(), service, endpoint)
 }
 
 fn dns_service(s: &Snapshot, client: &str, name: &str) -> Option<String> {
-    dns_summary(&s.by_host(Some(client), name)).1
+    dns_summary(&s.decide_dns(Some(client), name)).1
 }
 
 /// ztunnel `find_upstream`: a PASSTHROUGH (resolution NONE) service returns the original destination
@@ -118,7 +118,7 @@ fn cidr_namespace_preferred_over_cidr_specificity() {
     }
     // An unknown client has no namespace: the longest prefix.
     let ip: IpAddr = "198.51.100.200".parse().unwrap();
-    let unknown = outbound_summary(&s.by_ip_with(None, ip, 443, Pick::Peek));
+    let unknown = outbound_summary(&s.decide_outbound_with(None, ip, 443, Pick::Peek));
     assert_eq!(unknown.1.as_deref(), Some("team-c/narrowest"));
 }
 
