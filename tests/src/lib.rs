@@ -102,7 +102,7 @@ pub fn require_root() -> anyhow::Result<()> {
     if unsafe { libc::geteuid() } != 0 {
         anyhow::bail!(
             "the integration tests need root (network namespaces, cgroups, eBPF): \
-             run `cargo xtask test`, or `sudo -E cargo test -p integration`"
+             run `cargo xtask test`, or `sudo -E cargo test -p tests`"
         );
     }
     Ok(())

@@ -25,7 +25,7 @@ pub fn bin() -> Result<PathBuf> {
         .map(|d| d.join("rdt-peer"))
         .collect();
     candidates.iter().find(|p| p.is_file()).cloned().with_context(|| {
-        format!("rdt-peer not found at {candidates:?}: build it with `cargo build -p integration --bins` (cargo test does)")
+        format!("rdt-peer not found at {candidates:?}: build it with `cargo build -p tests --bins` (cargo test does)")
     })
 }
 

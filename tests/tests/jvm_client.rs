@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use integration::GATEWAY;
-use integration::explain::{DnsAction, OutboundAction, OutboundVerdict};
+use integration::explain::{DnsAction, OutboundOutcome, OutboundVerdict};
 use integration::world::{Reach, World, delta, key};
 
 const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/java/Fetch.java");
@@ -247,7 +247,7 @@ fn a_jvm_client_sees_a_namespace_entry_only_in_its_namespace() -> Result<()> {
     assert_eq!(dns, DnsAction::Answer);
     assert_eq!(
         outbound.action,
-        OutboundAction::Service,
+        OutboundOutcome::Service,
         "{}",
         outbound.json
     );
@@ -256,7 +256,7 @@ fn a_jvm_client_sees_a_namespace_entry_only_in_its_namespace() -> Result<()> {
     assert_eq!(dns, DnsAction::Forward);
     assert_eq!(
         outbound.action,
-        OutboundAction::Passthrough,
+        OutboundOutcome::Passthrough,
         "{}",
         outbound.json
     );
@@ -265,14 +265,14 @@ fn a_jvm_client_sees_a_namespace_entry_only_in_its_namespace() -> Result<()> {
     // The literal address team-a's entry claims: no DNS question at all.
     let dest: SocketAddr = "203.0.113.10:80".parse()?;
     for (from, action) in [
-        ("team-a", OutboundAction::Service),
-        ("team-b", OutboundAction::Passthrough),
+        ("team-a", OutboundOutcome::Service),
+        ("team-b", OutboundOutcome::Passthrough),
     ] {
         let before = w.agent.metrics()?;
         let (outbound, got) = check_fetch(&w, &classes, from, "http://203.0.113.10/", dest)?;
         let after = w.agent.metrics()?;
         assert_eq!(outbound.action, action, "{}", outbound.json);
-        if action == OutboundAction::Passthrough {
+        if action == OutboundOutcome::Passthrough {
             assert_eq!(outbound.hidden.as_deref(), Some("team-a/api-example"));
         }
         assert_eq!(got.resolved, [dest.ip()], "{got:#?}");

@@ -31,7 +31,7 @@ pub struct TestArgs {
 
 /// The oldest kernel the agent supports (it refuses older ones): CI's VM smoke runs there.
 fn smoke_kernel() -> String {
-    let (major, minor) = redirect::redirect::features::OLDEST_SUPPORTED;
+    let (major, minor) = redirect_userspace::redirect::features::OLDEST_SUPPORTED;
     format!("{major}.{minor}")
 }
 
@@ -193,14 +193,14 @@ impl IntegrationTests {
     }
 }
 
-/// `cargo test -p integration --no-run`, reading the executables from cargo's JSON messages.
+/// `cargo test -p tests --no-run`, reading the executables from cargo's JSON messages.
 fn build_integration_tests() -> anyhow::Result<IntegrationTests> {
     let out = cmd::cargo()
         .current_dir(cmd::workspace_root())
         .args([
             "test",
             "--package",
-            "integration",
+            "tests",
             "--no-run",
             "--message-format=json-render-diagnostics",
         ])
