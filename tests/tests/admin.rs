@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use integration::{Agent, DnsRecords, Metrics, RESOLVER_IP, Topology};
+use integration::world::delta;
+use integration::{Agent, DnsRecords, RESOLVER_IP, Topology};
 use serde_json::Value;
 
 const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
@@ -68,10 +69,6 @@ fn config_service(topo: &Topology, args: &[&str]) -> Result<String> {
         .args(args)
         .ok()?
         .stdout_str())
-}
-
-fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
-    after.get_or_zero(key) - before.get_or_zero(key)
 }
 
 fn services_named<'a>(dump: &'a Value, namespace: &str, name: &str) -> Vec<&'a Value> {

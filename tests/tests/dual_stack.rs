@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use integration::explain::{DnsAction, OutboundOutcome};
-use integration::world::{Reach, World, replace_file};
-use integration::{Agent, Metrics, Peer, Place, Topology, peer};
+use integration::world::{Reach, World, delta, replace_file};
+use integration::{Agent, Peer, Place, Topology, peer};
 
 const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
 const EXT_NAME: &str = "ext-dual";
@@ -43,10 +43,6 @@ fn setup() -> Result<Setup> {
         _ext: ext,
         topo,
     })
-}
-
-fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
-    after.get_or_zero(key) - before.get_or_zero(key)
 }
 
 /// `curl -g` (brackets are an IPv6 literal) that must succeed; its body.

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use integration::{Agent, Metrics, Peer, Topology, bpf, pace, pattern, peer};
+use integration::world::delta;
+use integration::{Agent, Peer, Topology, bpf, pace, pattern, peer};
 
 const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
 const B1: (&str, &str) = ("team-b/b1", "10.244.2.10");
@@ -37,10 +38,6 @@ fn setup(pods: &[(&str, &str)]) -> Result<Setup> {
         _ext: ext,
         topo,
     })
-}
-
-fn delta(before: &Metrics, after: &Metrics, key: &str) -> f64 {
-    after.get_or_zero(key) - before.get_or_zero(key)
 }
 
 fn curl(pod_or_node: integration::Cmd, url: &str) -> integration::Cmd {
