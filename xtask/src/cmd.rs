@@ -35,8 +35,12 @@ pub fn output(command: &mut Command) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Cargo, without incremental compilation: xtask's builds are one-shot (CI, the demo, a VM run),
+/// and the incremental caches would double the disk they need.
 pub fn cargo() -> Command {
-    Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo.env("CARGO_INCREMENTAL", "0");
+    cargo
 }
 
 /// Whether `program` is on PATH (or an absolute path that exists).

@@ -91,7 +91,7 @@ pub fn run(choice: &KernelChoice, tests: &[GuestTest], env: &GuestEnv) -> anyhow
     let _ = fs::remove_dir_all(&results);
     fs::create_dir_all(&results).with_context(|| format!("creating {}", results.display()))?;
     let accel = qemu::accel();
-    // The guest runs copies: a rebuild on the host during a long run cannot swap binaries under it.
+    // The guest runs its own links: a rebuild on the host during a long run cannot swap binaries under it.
     let (tests, env) = &snapshot(tests, env, &results.join("bin"))?;
     let initramfs = results.join("initramfs.cpio");
     initramfs::write(&kernel, &initramfs)?;
@@ -134,7 +134,7 @@ pub fn run(choice: &KernelChoice, tests: &[GuestTest], env: &GuestEnv) -> anyhow
     })
 }
 
-/// Copies every binary the guest runs (tests, and the variables naming files) into `dir`.
+/// Links (or copies) every binary the guest runs (tests, and the variables naming files) into `dir`.
 fn snapshot(
     tests: &[GuestTest],
     env: &GuestEnv,
@@ -146,8 +146,12 @@ fn snapshot(
             .file_name()
             .with_context(|| format!("{} has no file name", path.display()))?;
         let to = dir.join(name);
-        fs::copy(path, &to)
-            .with_context(|| format!("copying {} to {}", path.display(), to.display()))?;
+        // A hard link costs no disk and survives a rebuild (the linker writes a new file); a
+        // copy only where the two paths are on different file systems.
+        if fs::hard_link(path, &to).is_err() {
+            fs::copy(path, &to)
+                .with_context(|| format!("copying {} to {}", path.display(), to.display()))?;
+        }
         Ok(to)
     };
     let tests = tests
