@@ -65,7 +65,7 @@ fn settled_fds(agent: &Agent) -> Result<usize> {
 
 /// Polls until the agent's fds are back to at most `most`; returns the count seen.
 fn fds_settle_to(agent: &Agent, most: usize, within: Duration) -> Result<usize> {
-    let deadline = Instant::now() + within;
+    let deadline = Instant::now() + pace::scaled(within);
     loop {
         let fds = settled_fds(agent)?;
         if fds <= most || Instant::now() > deadline {
@@ -275,7 +275,7 @@ fn ten_thousand_connections_under_a_low_fd_limit_work_or_are_reset_at_once() -> 
         ensure!(c["worked"] + c["reset"] == PER_POD, "{pod}: {c:?}");
         ensure!(c["worked"] > 0, "{pod} got none of the node's room: {c:?}");
         ensure!(
-            c["slowest_reset_ms"] < 5000,
+            c["slowest_reset_ms"] < pace::scaled(Duration::from_secs(5)).as_millis() as u64,
             "{pod}: a reset came only after {} ms",
             c["slowest_reset_ms"]
         );
@@ -376,7 +376,7 @@ fn killing_the_agent_mid_download_and_mid_upload_resets_both_ends() -> Result<()
     let down = ended_with_error(&mut download)?;
     let up = ended_with_error(&mut upload)?;
     // The servers see the same: the upload was cut, not finished.
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(5));
     while !streams.log().contains("sink ") && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -403,7 +403,10 @@ fn an_idle_proxied_connection_is_reset_at_the_idle_timeout() -> Result<()> {
     let took = started.elapsed();
     eprintln!("idle connection: {down} after {took:?}");
     ensure!(down.contains("ConnectionReset"), "{down}");
-    ensure!(took < Duration::from_secs(5), "reset only after {took:?}");
+    ensure!(
+        took < pace::scaled(Duration::from_secs(5)),
+        "reset only after {took:?}"
+    );
     let m = s.agent.metrics()?;
     ensure!(
         m.get_or_zero(r#"redirect_outbound_timeouts_total{timeout="idle"}"#) == 1.0,

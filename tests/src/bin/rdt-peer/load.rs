@@ -85,10 +85,10 @@ enum Ending {
     Failed,
 }
 
-/// Opens `conns` connections to an echo server, each sending a line and waiting (10 s at most) for
-/// it back; prints how each ended, holds the working ones until a line on stdin, then closes all.
+/// Opens `conns` connections to an echo server, each sending a line and waiting (10 s at most,
+/// stretched under emulation) for it back; prints how each ended, holds the working ones until a line on stdin, then closes all.
 pub fn storm(addr: SocketAddr, conns: usize) -> Result<()> {
-    const DEADLINE: Duration = Duration::from_secs(10);
+    let deadline = integration::pace::scaled(Duration::from_secs(10));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -109,7 +109,7 @@ pub fn storm(addr: SocketAddr, conns: usize) -> Result<()> {
                         s.read_exact(&mut back).await?;
                         Ok::<_, std::io::Error>((s, back == line.as_bytes()))
                     };
-                    let (ending, stream) = match tokio::time::timeout(DEADLINE, exchange).await {
+                    let (ending, stream) = match tokio::time::timeout(deadline, exchange).await {
                         Ok(Ok((s, true))) => (Ending::Worked, Some(s)),
                         Ok(Ok((_, false))) => (Ending::Failed, None),
                         Ok(Err(e)) => match e.kind() {
