@@ -32,7 +32,7 @@ enum Command {
     /// Run every test: format and lint checks, unit tests, then the integration suite (as root).
     Test(test::TestArgs),
     /// Measure the data plane against the direct path and write BENCHMARKS.md (as root).
-    Bench(bench::BenchArgs),
+    Bench(::bench::BenchArgs),
 }
 
 fn main() -> ExitCode {

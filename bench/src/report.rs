@@ -239,8 +239,10 @@ impl BenchReport<'_> {
     }
 
     fn control(&self, s: &mut String) {
-        s.push_str("Criterion (`redirect-userspace/benches/state.rs`, 10,000 ServiceEntries in 1,000 namespaces): \
-                    median time per call with criterion's 95 % interval of the median.\n\n");
+        s.push_str(
+            "Criterion (`bench/benches/state.rs`, 10,000 ServiceEntries in 1,000 namespaces): \
+                    median time per call with criterion's 95 % interval of the median.\n\n",
+        );
         s.push_str("| benchmark | median | interval |\n| --- | ---: | ---: |\n");
         for c in self.criterion {
             let _ = writeln!(

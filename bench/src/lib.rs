@@ -5,15 +5,16 @@
 //! topology ([`scene`], [`rounds`]) and the agent's memory with a 10,000-entry config, then the criterion
 //! benches (built with the same embedded eBPF object, so the agent binary stays whole); last the report.
 //! The topology is removed when the scene drops, also on error.
+//!
+//! xtask builds what is measured and calls [`bench`]; this crate does the rest.
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
-
-use crate::{build, cmd, setup};
+use anyhow::Context;
 
 mod agent;
 mod chart;
+pub mod cmd;
 mod control;
 mod dnsperf;
 mod iperf;
@@ -25,6 +26,7 @@ mod rounds;
 mod scene;
 mod sockperf;
 mod stats;
+pub mod synthetic;
 mod targets;
 mod verify;
 mod wrk;
@@ -62,22 +64,26 @@ pub struct BenchArgs {
     only: Vec<rounds::Pick>,
 }
 
-pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    if !setup::is_root() {
-        bail!(
-            "the bench builds network namespaces and cgroups and loads eBPF: run it as root (`sudo cargo xtask bench`)"
-        );
-    }
-    let started = Instant::now();
+/// What xtask built for a run (as root): the agent binary the harness finds in the target directory,
+/// its eBPF object, and the harness's helper server.
+pub struct Built {
+    pub workspace: PathBuf,
+    pub target_dir: PathBuf,
+    /// The object embedded in the agent: the criterion benches are built with the same one.
+    pub ebpf_object: PathBuf,
+    /// `rdt-peer`: the servers and clients the scene runs in its namespaces.
+    pub peer: PathBuf,
+}
+
+/// Time starts before the build: the report's "done in" counts it.
+pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result<()> {
     let settings = if args.quick { QUICK } else { FULL };
-    let root = cmd::workspace_root();
-    build::build()?;
-    let ebpf_object = build::target_dir().join("bpfel-unknown-none/release/redirect");
-    let peer = build::peer()?;
+    let root = &built.workspace;
+    let peer = &built.peer;
     if args.profile {
         let scene =
-            scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
-        let summary = profile::profile(&scene)?;
+            scene::Scene::build(peer, args.agent_cpu).context("building the bench topology")?;
+        let summary = profile::profile(&scene, &built.target_dir)?;
         println!("xtask bench: profile summary in {}", summary.display());
         return Ok(());
     }
@@ -88,7 +94,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
     let full = args.only.is_empty();
     let (results, commands, memory) = {
         let scene =
-            scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
+            scene::Scene::build(peer, args.agent_cpu).context("building the bench topology")?;
         let picked = if full {
             rounds::Pick::ALL.to_vec()
         } else {
@@ -111,7 +117,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "xtask bench: criterion ({})",
             control::criterion_command(args.quick)
         );
-        control::run_criterion(args.quick, &ebpf_object)?
+        control::run_criterion(args.quick, built)?
     } else {
         Vec::new()
     };
@@ -137,7 +143,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("\n{}", report.tables());
-    write_outputs(&root, &report, &results, &machine)?;
+    write_outputs(root, &report, &results, &machine)?;
     println!(
         "xtask bench: done in {:.1} min ({:.1} min measuring)",
         started.elapsed().as_secs_f64() / 60.0,

@@ -14,7 +14,6 @@ use super::model::Route;
 use super::rounds::{Settings, Tcp, tcp_command};
 use super::scene::{Relay, Scene};
 use super::{sockperf, wrk};
-use crate::build;
 
 /// Time perf takes to attach: the client starts after it, and perf stops well after the client, so
 /// the counts cover the whole run.
@@ -26,8 +25,8 @@ const SETTINGS: Settings = Settings {
     wrk_conns: 64,
 };
 
-pub fn profile(scene: &Scene) -> Result<PathBuf> {
-    let dir = build::target_dir().join("bench-profile");
+pub fn profile(scene: &Scene, target_dir: &Path) -> Result<PathBuf> {
+    let dir = target_dir.join("bench-profile");
     fs::create_dir_all(&dir)?;
     let mut summary = String::new();
     for (name, test) in [

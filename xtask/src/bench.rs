@@ -1,0 +1,28 @@
+//! `cargo xtask bench`: a thin call into the bench crate (`bench/`), after building what it measures.
+use std::time::Instant;
+
+use anyhow::bail;
+
+use crate::{build, cmd, setup};
+
+pub fn bench(args: bench::BenchArgs) -> anyhow::Result<()> {
+    if !setup::is_root() {
+        bail!(
+            "the bench builds network namespaces and cgroups and loads eBPF: run it as root (`sudo cargo xtask bench`)"
+        );
+    }
+    let started = Instant::now();
+    let built = built()?;
+    bench::bench(args, &built, started)
+}
+
+/// The agent with its eBPF object embedded, and the harness's helper server.
+fn built() -> anyhow::Result<bench::Built> {
+    build::build()?;
+    Ok(bench::Built {
+        workspace: cmd::workspace_root(),
+        target_dir: build::target_dir(),
+        ebpf_object: build::target_dir().join("bpfel-unknown-none/release/redirect"),
+        peer: build::peer()?,
+    })
+}
