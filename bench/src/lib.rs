@@ -6,7 +6,8 @@
 //! benches (built with the same embedded eBPF object, so the agent binary stays whole); last the report.
 //! The topology is removed when the scene drops, also on error.
 //!
-//! xtask builds what is measured and calls [`bench`]; this crate does the rest.
+//! `cargo xtask profile` ([`profile`]) runs the same scene under perf instead of measuring. xtask
+//! builds what is measured and calls [`bench`] or [`profile`]; this crate does the rest.
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -54,13 +55,9 @@ pub struct BenchArgs {
     /// rate always runs it on CPU 1, since its target is per core).
     #[arg(long, value_name = "CPU", value_parser = clap::value_parser!(u32).range(0..2))]
     agent_cpu: Option<u32>,
-    /// Instead of measuring: profile direct vs service with perf (latency, new connections, 1- and
-    /// 8-stream throughput) into target/bench-profile/ (needs Debian's linux-perf).
-    #[arg(long, conflicts_with = "quick")]
-    profile: bool,
     /// Measure only these tests (comma-separated) and print their table; writes no files and skips
     /// the agent's memory and criterion. For trying a change to the agent.
-    #[arg(long, value_delimiter = ',', value_enum, conflicts_with = "profile")]
+    #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<rounds::Pick>,
 }
 
@@ -75,19 +72,27 @@ pub struct Built {
     pub peer: PathBuf,
 }
 
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// Pin the agent to this CPU (default: not pinned, as a DaemonSet runs).
+    #[arg(long, value_name = "CPU", value_parser = clap::value_parser!(u32).range(0..2))]
+    agent_cpu: Option<u32>,
+}
+
+/// `cargo xtask profile`: where the CPU goes, direct vs service, under perf (see [`profile`]).
+pub fn profile(args: ProfileArgs, built: &Built) -> anyhow::Result<()> {
+    let scene =
+        scene::Scene::build(&built.peer, args.agent_cpu).context("building the bench topology")?;
+    let summary = profile::profile(&scene, &built.target_dir)?;
+    println!("xtask profile: summary in {}", summary.display());
+    Ok(())
+}
+
 /// Time starts before the build: the report's "done in" counts it.
 pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result<()> {
     let settings = if args.quick { QUICK } else { FULL };
     let root = &built.workspace;
     let peer = &built.peer;
-    if args.profile {
-        let scene =
-            scene::Scene::build(peer, args.agent_cpu).context("building the bench topology")?;
-        let summary = profile::profile(&scene, &built.target_dir)?;
-        println!("xtask bench: profile summary in {}", summary.display());
-        return Ok(());
-    }
-
     let mut machine = machine::Machine::probe();
     let measuring = Instant::now();
     // `--only`: the picked tests and their table; no memory, no criterion, no files.

@@ -1,4 +1,4 @@
-//! `cargo xtask bench --profile`: where the time goes on the proxy path. For each test it runs direct,
+//! `cargo xtask profile`: where the time goes on the proxy path. For each test it runs direct,
 //! then service, once each, under `perf record -a -g -e cpu-clock` (a software clock: this kind of VM
 //! exposes no hardware counters), then service once more under `perf trace -s` on the agent, to count
 //! its system calls per request. Writes `target/bench-profile/` (perf.data files, reports, summary.txt).
@@ -35,7 +35,7 @@ pub fn profile(scene: &Scene, target_dir: &Path) -> Result<PathBuf> {
         ("throughput-1", Tcp::Throughput(1)),
         ("throughput-8", Tcp::Throughput(8)),
     ] {
-        println!("xtask bench: profiling {name}");
+        println!("xtask profile: {name}");
         let _ = writeln!(summary, "==== {name}");
         for route in [Route::Direct, Route::Service] {
             let agent = match route {

@@ -191,7 +191,7 @@ impl BenchReport<'_> {
         let _ = writeln!(
             s,
             "```\n\nControl plane, from the workspace root:\n\n```\n{}\n```\n\nProfiles (the **Why** below): \
-             `sudo cargo xtask bench --profile` writes `target/bench-profile/summary.txt`.",
+             `sudo cargo xtask profile` writes `target/bench-profile/summary.txt`.",
             self.criterion_command
         );
         s.push_str("\n## Why\n\n");
