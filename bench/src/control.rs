@@ -4,8 +4,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::agent::BenchAgent;
-use super::scene::{Relay, Scene, agent_args};
+use super::scene::{Relay, Scene, agent_args, start_agent};
 use crate::{Built, cmd, synthetic};
 use anyhow::{Context, Result, bail};
 
@@ -133,7 +132,7 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     )?;
     let config = dir.to_string_lossy().into_owned();
     let started = Instant::now();
-    let agent = BenchAgent::start(
+    let agent = start_agent(
         scene.topo(),
         &agent_args(&config, Relay::Splice),
         scene.agent_cpu(),
@@ -145,7 +144,7 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     let rss_kib = status_kib(&status, "VmRSS:")?;
     let peak_kib = status_kib(&status, "VmHWM:")?;
     // Only now (the dump itself allocates): every entry must be in the agent's state.
-    let dump = agent.get("/config_dump")?;
+    let dump = agent.admin_get("/config_dump")?;
     let dump: serde_json::Value =
         serde_json::from_slice(&dump.body).context("parsing /config_dump")?;
     let services = dump

@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-mod agent;
 mod chart;
 pub mod cmd;
 mod control;
