@@ -106,18 +106,29 @@ fn workload_entries_istio_accepts() {
         ips: usize,
         other: Option<WorkloadAddress>,
     }
+    // A case names what it checks: no address other than IPs unless named.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                spec: "",
+                ips: 0,
+                other: None,
+            }
+        }
+    }
     let cases = [
         Case {
             name: "workloadentry-valid.yaml full",
             spec: "{address: 1.2.3.4, serviceAccount: sa, network: net, labels: {app: app}, ports: {http: 1}, weight: 2, locality: foo/bar/baz}",
             ips: 1,
-            other: None,
+            ..Default::default()
         },
         Case {
             name: "workloadentry-valid.yaml missing-address-network-set",
             spec: "{network: net}",
             ips: 0,
-            other: None,
+            ..Default::default()
         },
         Case {
             name: "workloadentry-valid.yaml uds-abstract",
@@ -331,13 +342,24 @@ fn istio_operator_values_mesh_config_is_merged_under_spec_mesh_config() {
         policies: usize,
         export_to: Option<Vec<&'static str>>,
     }
+    // A case names what it checks: the rest is the feature unset.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                spec: "",
+                default_visibility: None,
+                policies: 0,
+                export_to: None,
+            }
+        }
+    }
     let cases = [
         Case {
             name: "only spec.values.meshConfig: read, not silently ignored",
             spec: "{values: {meshConfig: {serviceEntryVisibility: {defaultVisibility: NAMESPACE}}}}",
             default_visibility: Some(Visibility::Namespace),
-            policies: 0,
-            export_to: None,
+            ..Default::default()
         },
         Case {
             name: "spec.meshConfig wins field by field",
@@ -350,15 +372,12 @@ fn istio_operator_values_mesh_config_is_merged_under_spec_mesh_config() {
             name: "only spec.meshConfig: as before",
             spec: "{meshConfig: {serviceEntryVisibility: {defaultVisibility: NAMESPACE}}}",
             default_visibility: Some(Visibility::Namespace),
-            policies: 0,
-            export_to: None,
+            ..Default::default()
         },
         Case {
             name: "neither: the feature is unset",
             spec: "{values: {global: {hub: example}}}",
-            default_visibility: None,
-            policies: 0,
-            export_to: None,
+            ..Default::default()
         },
     ];
     for case in cases {
