@@ -99,23 +99,14 @@ fn service_entries_istio_accepts() {
 
 #[test]
 fn workload_entries_istio_accepts() {
+    // A case names what it checks: no address other than IPs unless named.
+    #[derive(Default)]
     struct Case {
         /// The document of workloadentry-valid.yaml it follows.
         name: &'static str,
         spec: &'static str,
         ips: usize,
         other: Option<WorkloadAddress>,
-    }
-    // A case names what it checks: no address other than IPs unless named.
-    impl Default for Case {
-        fn default() -> Self {
-            Case {
-                name: "",
-                spec: "",
-                ips: 0,
-                other: None,
-            }
-        }
     }
     let cases = [
         Case {
@@ -335,24 +326,14 @@ fn enum_values_by_number_follow_istios_protos() {
 
 #[test]
 fn istio_operator_values_mesh_config_is_merged_under_spec_mesh_config() {
+    // A case names what it checks: the rest is the feature unset.
+    #[derive(Default)]
     struct Case {
         name: &'static str,
         spec: &'static str,
         default_visibility: Option<Visibility>,
         policies: usize,
         export_to: Option<Vec<&'static str>>,
-    }
-    // A case names what it checks: the rest is the feature unset.
-    impl Default for Case {
-        fn default() -> Self {
-            Case {
-                name: "",
-                spec: "",
-                default_visibility: None,
-                policies: 0,
-                export_to: None,
-            }
-        }
     }
     let cases = [
         Case {

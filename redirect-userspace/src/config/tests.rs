@@ -9,24 +9,14 @@ const SE_HEAD: &str = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nm
 
 #[test]
 fn bad_input_rules() {
+    // A case names what it checks: no object or field unless named (an error about the file itself).
+    #[derive(Default)]
     struct Case {
         name: &'static str,
         yaml: String,
         object: Option<&'static str>,
         field: Option<&'static str>,
         message: &'static str,
-    }
-    // A case names what it checks: no object or field unless named (an error about the file itself).
-    impl Default for Case {
-        fn default() -> Self {
-            Case {
-                name: "",
-                yaml: String::new(),
-                object: None,
-                field: None,
-                message: "",
-            }
-        }
     }
     let se = |spec: &str| format!("{SE_HEAD}spec: {spec}\n");
     let cases = [
