@@ -13,6 +13,9 @@ fn model(yaml: &str) -> Model {
     }
 }
 
+/// team-a's entry for api.example.com, shared with the state tests and the harness.
+const TEAM_A_API: &str = include_str!("../../tests/fixtures/team-a-api.yaml");
+
 /// One namespace `team-a` with `labels`, one ServiceEntry in it, and `mesh` as the mesh config.
 fn resolve_one(mesh: &str, labels: &str) -> ResolvedEntry {
     let yaml = format!(
@@ -23,16 +26,7 @@ metadata:
   name: team-a
   labels: {labels}
 ---
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: api, namespace: team-a}}
-spec:
-  hosts: [api.example.com]
-  addresses: [203.0.113.10]
-  ports: [{{number: 80, name: http}}]
-  resolution: STATIC
-  endpoints: [{{address: 198.51.100.20}}]
----
+{TEAM_A_API}---
 {mesh}
 "#
     );
