@@ -17,7 +17,5 @@ pub mod net;
 pub mod proxy;
 pub mod redirect;
 pub mod state;
-#[cfg(feature = "bench-fixtures")]
-pub mod synthetic;
 pub mod visibility;
 pub mod watch;

@@ -1,4 +1,6 @@
 //! The node agent under test (`redirect run`), started in the node netns outside the pod cgroups.
+//! The bench starts it here too, as a node runs it ([`Launch::as_deployed`]).
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,14 +16,57 @@ use redirect_userspace::admin::client::{self, Response};
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How the agent is started. The default is a test's: debug log (`-v`), both gateways, and the end of
+/// the log printed when the agent is dropped without a clean stop.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// `-v`: the debug log a failed test shows.
+    pub verbose: bool,
+    /// `--gateway fd00:7::1` besides the IPv4 one.
+    pub ipv6_gateway: bool,
+    /// Every thread pinned to this CPU from the start (`taskset -c`).
+    pub cpu: Option<u32>,
+    /// The open-files limit, soft and hard (`prlimit`, which then runs the agent in its own place:
+    /// same pid).
+    pub nofile: Option<u64>,
+    /// Print the end of the log on a drop without a clean `stop()`.
+    pub log_tail_on_drop: bool,
+}
+
+impl Default for Launch {
+    fn default() -> Launch {
+        Launch {
+            verbose: true,
+            ipv6_gateway: true,
+            cpu: None,
+            nofile: None,
+            log_tail_on_drop: true,
+        }
+    }
+}
+
+impl Launch {
+    /// The agent as a node runs it, for measuring: the default log level (info), the IPv4 gateway,
+    /// unpinned or pinned to `cpu`, and quiet when dropped (a bench restarts it dozens of times).
+    pub fn as_deployed(cpu: Option<u32>) -> Launch {
+        Launch {
+            verbose: false,
+            ipv6_gateway: false,
+            cpu,
+            nofile: None,
+            log_tail_on_drop: false,
+        }
+    }
+}
+
 /// A running agent. Dropping it sends SIGTERM (then SIGKILL) and prints the end of its log, which the
 /// test runner shows only for a failed test.
 pub struct Agent {
     proc: Proc,
     admin: SocketAddr,
     node_netns: String,
-    /// Set by a successful `stop()`: Drop then has no log to show.
-    stopped_cleanly: bool,
+    /// What the launch asked for, cleared by a successful `stop()` (a clean stop needs no post-mortem).
+    log_tail_on_drop: bool,
 }
 
 impl Agent {
@@ -50,50 +95,66 @@ impl Agent {
     /// --admin 127.0.0.1:15000 -v`
     /// plus `extra_args` in the node netns, and waits until `/healthz/ready` answers 200.
     pub fn start(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
-        let mut agent = Self::spawn(topo, extra_args)?;
-        agent.wait_ready()?;
-        Ok(agent)
+        Self::launch(topo, &Launch::default(), extra_args)
     }
 
-    /// Like [`Agent::start`], with the open-files limit (soft and hard) set to `nofile` by
-    /// `prlimit`, which then runs the agent in its own place (same pid).
+    /// Like [`Agent::start`], with the open-files limit (soft and hard) set to `nofile`.
     pub fn start_with_fd_limit(topo: &Topology, nofile: u64, extra_args: &[&str]) -> Result<Agent> {
-        let launcher = topo
-            .node_cmd("prlimit")
-            .arg(format!("--nofile={nofile}:{nofile}"))
-            .arg(Self::bin()?);
-        let mut agent = Self::spawn_via(topo, launcher, extra_args)?;
+        let launch = Launch {
+            nofile: Some(nofile),
+            ..Launch::default()
+        };
+        Self::launch(topo, &launch, extra_args)
+    }
+
+    /// Like [`Agent::start`], started as `launch` says.
+    pub fn launch(topo: &Topology, launch: &Launch, extra_args: &[&str]) -> Result<Agent> {
+        let mut agent = Self::spawn_with(topo, launch, extra_args)?;
         agent.wait_ready()?;
         Ok(agent)
     }
 
     /// Like [`Agent::start`] without waiting for readiness (to watch an agent that is not ready).
     pub fn spawn(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
-        Self::spawn_via(topo, topo.node_cmd(Self::bin()?), extra_args)
+        Self::spawn_with(topo, &Launch::default(), extra_args)
     }
 
-    fn spawn_via(topo: &Topology, launcher: crate::Cmd, extra_args: &[&str]) -> Result<Agent> {
-        let proc = launcher
+    fn spawn_with(topo: &Topology, launch: &Launch, extra_args: &[&str]) -> Result<Agent> {
+        // `[taskset -c CPU] [prlimit --nofile=N:N] redirect`: each wrapper execs the next, same pid.
+        let mut program: Vec<OsString> = Vec::new();
+        if let Some(cpu) = launch.cpu {
+            program.extend(["taskset".into(), "-c".into(), cpu.to_string().into()]);
+        }
+        if let Some(nofile) = launch.nofile {
+            program.extend([
+                "prlimit".into(),
+                format!("--nofile={nofile}:{nofile}").into(),
+            ]);
+        }
+        program.push(Self::bin()?.into());
+        let mut args = vec!["--gateway".to_string(), GATEWAY.to_string()];
+        if launch.ipv6_gateway {
+            args.extend(["--gateway".to_string(), GATEWAY6.to_string()]);
+        }
+        args.extend(["--admin".to_string(), ADMIN_ADDR.to_string()]);
+        if launch.verbose {
+            args.push("-v".to_string());
+        }
+        let proc = topo
+            .node_cmd(&program[0])
+            .args(&program[1..])
             .env("RUST_BACKTRACE", "1")
             .arg("run")
             .arg("--cgroup")
             .arg(topo.attach_cgroup())
-            .args([
-                "--gateway",
-                &GATEWAY.to_string(),
-                "--gateway",
-                &GATEWAY6.to_string(),
-                "--admin",
-                ADMIN_ADDR,
-                "-v",
-            ])
+            .args(args)
             .args(extra_args)
             .spawn()?;
         Ok(Agent {
             proc,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
-            stopped_cleanly: false,
+            log_tail_on_drop: launch.log_tail_on_drop,
         })
     }
 
@@ -116,7 +177,8 @@ impl Agent {
                     self.log()
                 );
             }
-            std::thread::sleep(Duration::from_millis(50));
+            // Short: the bench counts the time to ready.
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
 
@@ -198,8 +260,7 @@ impl Agent {
                 self.log()
             );
         }
-        // A clean stop needs no post-mortem.
-        self.stopped_cleanly = true;
+        self.log_tail_on_drop = false;
         Ok(())
     }
 }
@@ -207,7 +268,7 @@ impl Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         const TAIL: usize = 200;
-        if self.stopped_cleanly {
+        if !self.log_tail_on_drop {
             return;
         }
         // Stop it first so the log printed below is complete (SIGKILL follows in Proc's drop if needed).

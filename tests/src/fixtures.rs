@@ -5,26 +5,31 @@ use anyhow::Result;
 
 use crate::{Peer, Pod, Topology};
 
+/// team-a's entry for api.example.com, as the unit tests have it (written once, in
+/// `redirect-userspace/tests/fixtures/`).
+const API_ENTRY: &str = include_str!("../../redirect-userspace/tests/fixtures/team-a-api.yaml");
+/// The entry's IPv4 address as the shared document writes it, and with the IPv6 one the pods here
+/// (dual-stack) reach it by too.
+const API_ADDRESSES: (&str, &str) = (
+    "addresses: [203.0.113.10]",
+    "addresses: [203.0.113.10, \"2001:db8::10\"]",
+);
+
 /// team-a, default visibility NAMESPACE, and team-a's entry `api`: `api.example.com` at 203.0.113.10:80
 /// and [2001:db8::10]:80, its endpoint 198.51.100.20. Outside team-a the entry is absent and both
 /// addresses are the real host.
-pub const TEAM_A_API: &str = r#"apiVersion: v1
-kind: Namespace
-metadata: {name: team-a}
----
-kind: MeshConfig
-serviceEntryVisibility: {defaultVisibility: NAMESPACE}
----
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: api, namespace: team-a}
-spec:
-  hosts: [api.example.com]
-  addresses: [203.0.113.10, "2001:db8::10"]
-  ports: [{number: 80, name: http, protocol: HTTP}]
-  resolution: STATIC
-  endpoints: [{address: 198.51.100.20}]
-"#;
+pub fn team_a_api() -> String {
+    let (v4, dual) = API_ADDRESSES;
+    assert!(
+        API_ENTRY.contains(v4),
+        "the shared entry no longer has `{v4}`: update API_ADDRESSES"
+    );
+    format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {{name: team-a}}\n---\n\
+         kind: MeshConfig\nserviceEntryVisibility: {{defaultVisibility: NAMESPACE}}\n---\n{}",
+        API_ENTRY.replace(v4, dual)
+    )
+}
 
 /// The body the entry's endpoint answers with.
 pub const API_ENDPOINT_BODY: &str = "team-a-api";

@@ -54,7 +54,7 @@ pub mod run;
 pub mod topology;
 pub mod world;
 
-pub use agent::Agent;
+pub use agent::{Agent, Launch};
 pub use dnsmasq::{DnsRecords, Dnsmasq};
 pub use exec::{Cmd, Output, Place};
 pub use metrics::Metrics;

@@ -27,7 +27,7 @@ const PASSTHROUGH: &str = r#"redirect_outbound_connections_total{outcome="passth
 /// The registry as the control plane last said, with `holder` holding 10.244.1.10.
 fn registry(holder: &str) -> String {
     [
-        fixtures::TEAM_A_API.to_string(),
+        fixtures::team_a_api(),
         "apiVersion: v1\nkind: Namespace\nmetadata: {name: team-b}\n".to_string(),
         fixtures::pod("team-a/a2", A2_UID, "10.244.1.12", "{}"),
         fixtures::pod("team-a/c1", C1_UID, "10.244.1.13", "{}"),

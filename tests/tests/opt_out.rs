@@ -25,7 +25,7 @@ const CAPTURED: &str = "{app: resolver}";
 /// team-a's entry, its client a1, and the pod `resolver` with `resolver_labels`.
 fn config(resolver_labels: &str) -> String {
     [
-        fixtures::TEAM_A_API.to_string(),
+        fixtures::team_a_api(),
         fixtures::pod("team-a/a1", CLIENT_UID, "10.244.1.10", "{}"),
         fixtures::pod(
             "team-a/resolver",

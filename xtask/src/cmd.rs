@@ -1,11 +1,8 @@
-//! Running commands: each is printed before it runs, so a log shows exactly what was done.
-use std::{
-    ffi::OsStr,
-    path::{Path, PathBuf},
-    process::Command,
-};
+//! Running commands: each is printed before it runs, so a log shows exactly what was done (the
+//! runner is the bench crate's, shared).
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, bail};
+pub use bench::cmd::{cargo, output, run};
 
 /// The workspace root (xtask lives one level below it).
 pub fn workspace_root() -> PathBuf {
@@ -15,34 +12,6 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Runs `command` with inherited stdio and fails unless it exits 0.
-pub fn run(command: &mut Command) -> anyhow::Result<()> {
-    println!("xtask: $ {}", describe(command));
-    let status = command
-        .status()
-        .with_context(|| format!("starting {}", describe(command)))?;
-    if !status.success() {
-        bail!("{} failed: {status}", describe(command));
-    }
-    Ok(())
-}
-
-/// Runs `command` quietly and returns its stdout, or None when it cannot run or fails.
-pub fn output(command: &mut Command) -> Option<String> {
-    let out = command.output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-/// Cargo, without incremental compilation: xtask's builds are one-shot (CI, the demo, a VM run),
-/// and the incremental caches would double the disk they need.
-pub fn cargo() -> Command {
-    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-    cargo.env("CARGO_INCREMENTAL", "0");
-    cargo
-}
-
 /// Whether `program` is on PATH (or an absolute path that exists).
 pub fn on_path(program: &str) -> bool {
     if program.contains('/') {
@@ -50,19 +19,4 @@ pub fn on_path(program: &str) -> bool {
     }
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
-}
-
-fn describe(command: &Command) -> String {
-    let mut parts = vec![command.get_program().to_string_lossy().into_owned()];
-    parts.extend(command.get_args().map(quote));
-    parts.join(" ")
-}
-
-fn quote(arg: &OsStr) -> String {
-    let s = arg.to_string_lossy();
-    if s.is_empty() || s.contains(|c: char| c.is_whitespace() || c == '"') {
-        format!("{s:?}")
-    } else {
-        s.into_owned()
-    }
 }

@@ -32,7 +32,10 @@ enum Command {
     /// Run every test: format and lint checks, unit tests, then the integration suite (as root).
     Test(test::TestArgs),
     /// Measure the data plane against the direct path and write BENCHMARKS.md (as root).
-    Bench(bench::BenchArgs),
+    Bench(::bench::BenchArgs),
+    /// Where the CPU goes on the proxy path: perf profiles of direct vs service (latency, new
+    /// connections, 1- and 8-stream throughput) into target/bench-profile/ (as root; needs linux-perf).
+    Profile(::bench::ProfileArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Demo => setup::ensure().and_then(|()| demo::demo()),
         Command::Test(args) => setup::ensure().and_then(|()| test::test(args)),
         Command::Bench(args) => setup::ensure().and_then(|()| bench::bench(args)),
+        Command::Profile(args) => setup::ensure().and_then(|()| bench::profile(args)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -30,7 +30,7 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("wrk", "wrk"),
     ("dnsperf", "dnsperf"),
     ("default-jdk-headless", "javac"),
-    // Only `cargo xtask bench --profile` uses it.
+    // Only `cargo xtask profile` uses it.
     ("linux-perf", "perf"),
 ];
 

@@ -99,6 +99,8 @@ fn service_entries_istio_accepts() {
 
 #[test]
 fn workload_entries_istio_accepts() {
+    // A case names what it checks: no address other than IPs unless named.
+    #[derive(Default)]
     struct Case {
         /// The document of workloadentry-valid.yaml it follows.
         name: &'static str,
@@ -111,13 +113,13 @@ fn workload_entries_istio_accepts() {
             name: "workloadentry-valid.yaml full",
             spec: "{address: 1.2.3.4, serviceAccount: sa, network: net, labels: {app: app}, ports: {http: 1}, weight: 2, locality: foo/bar/baz}",
             ips: 1,
-            other: None,
+            ..Default::default()
         },
         Case {
             name: "workloadentry-valid.yaml missing-address-network-set",
             spec: "{network: net}",
             ips: 0,
-            other: None,
+            ..Default::default()
         },
         Case {
             name: "workloadentry-valid.yaml uds-abstract",
@@ -324,6 +326,8 @@ fn enum_values_by_number_follow_istios_protos() {
 
 #[test]
 fn istio_operator_values_mesh_config_is_merged_under_spec_mesh_config() {
+    // A case names what it checks: the rest is the feature unset.
+    #[derive(Default)]
     struct Case {
         name: &'static str,
         spec: &'static str,
@@ -336,8 +340,7 @@ fn istio_operator_values_mesh_config_is_merged_under_spec_mesh_config() {
             name: "only spec.values.meshConfig: read, not silently ignored",
             spec: "{values: {meshConfig: {serviceEntryVisibility: {defaultVisibility: NAMESPACE}}}}",
             default_visibility: Some(Visibility::Namespace),
-            policies: 0,
-            export_to: None,
+            ..Default::default()
         },
         Case {
             name: "spec.meshConfig wins field by field",
@@ -350,15 +353,12 @@ fn istio_operator_values_mesh_config_is_merged_under_spec_mesh_config() {
             name: "only spec.meshConfig: as before",
             spec: "{meshConfig: {serviceEntryVisibility: {defaultVisibility: NAMESPACE}}}",
             default_visibility: Some(Visibility::Namespace),
-            policies: 0,
-            export_to: None,
+            ..Default::default()
         },
         Case {
             name: "neither: the feature is unset",
             spec: "{values: {global: {hub: example}}}",
-            default_visibility: None,
-            policies: 0,
-            export_to: None,
+            ..Default::default()
         },
     ];
     for case in cases {

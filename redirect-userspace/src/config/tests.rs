@@ -9,6 +9,8 @@ const SE_HEAD: &str = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nm
 
 #[test]
 fn bad_input_rules() {
+    // A case names what it checks: no object or field unless named (an error about the file itself).
+    #[derive(Default)]
     struct Case {
         name: &'static str,
         yaml: String,
@@ -18,9 +20,9 @@ fn bad_input_rules() {
     }
     let se = |spec: &str| format!("{SE_HEAD}spec: {spec}\n");
     let cases = [
-        Case { name: "file that does not parse", yaml: "kind: [unclosed\n".into(), object: None, field: None, message: "not valid YAML" },
-        Case { name: "document without a kind", yaml: "apiVersion: v1\nmetadata: {name: x}\n".into(), object: None, field: Some("kind"), message: "no kind" },
-        Case { name: "document that is not a mapping", yaml: "- just\n- a list\n".into(), object: None, field: Some("kind"), message: "not a Kubernetes object" },
+        Case { name: "file that does not parse", yaml: "kind: [unclosed\n".into(), message: "not valid YAML", ..Default::default() },
+        Case { name: "document without a kind", yaml: "apiVersion: v1\nmetadata: {name: x}\n".into(), field: Some("kind"), message: "no kind", ..Default::default() },
+        Case { name: "document that is not a mapping", yaml: "- just\n- a list\n".into(), field: Some("kind"), message: "not a Kubernetes object", ..Default::default() },
         Case { name: "invalid IP address", yaml: se("{hosts: [a.example.com], addresses: [300.1.2.3]}"), object: Some("ServiceEntry team-a/api"), field: Some("spec.addresses[0]"), message: "not a valid IP address or CIDR" },
         Case { name: "invalid CIDR prefix", yaml: se("{hosts: [a.example.com], addresses: [198.51.100.0/33]}"), object: Some("ServiceEntry team-a/api"), field: Some("spec.addresses[0]"), message: "not a valid IP address or CIDR" },
         Case { name: "port out of range", yaml: se("{hosts: [a.example.com], ports: [{number: 70000, name: http}]}"), object: Some("ServiceEntry team-a/api"), field: Some("spec.ports[0].number"), message: "out of range" },

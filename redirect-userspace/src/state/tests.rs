@@ -8,7 +8,8 @@ mod props;
 mod upstream;
 
 /// A small multi-tenant world: every rule of `docs/data-plane.md` and `docs/dns.md` has an object here to exercise it.
-pub(super) const WORLD: &str = r#"
+pub(super) const WORLD: &str = concat!(
+    r#"
 apiVersion: v1
 kind: Namespace
 metadata: {name: team-a}
@@ -62,16 +63,9 @@ kind: Service
 metadata: {name: empty, namespace: team-a}
 spec: {clusterIP: 10.244.100.11, ports: [{port: 80}]}
 ---
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {name: api, namespace: team-a}
-spec:
-  hosts: [api.example.com]
-  addresses: [203.0.113.10]
-  ports: [{number: 80, name: http}]
-  resolution: STATIC
-  endpoints: [{address: 198.51.100.20}]
----
+"#,
+    include_str!("../../tests/fixtures/team-a-api.yaml"),
+    r#"---
 apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: rr, namespace: team-a}
@@ -214,7 +208,8 @@ spec:
   ports: [{number: 80, name: http}]
   resolution: STATIC
   endpoints: [{address: 198.51.100.99}]
-"#;
+"#
+);
 
 pub(super) fn world() -> Snapshot {
     match load_sources([("world.yaml", WORLD)]) {

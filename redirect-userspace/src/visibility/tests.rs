@@ -13,6 +13,9 @@ fn model(yaml: &str) -> Model {
     }
 }
 
+/// team-a's entry for api.example.com, shared with the state tests and the harness.
+const TEAM_A_API: &str = include_str!("../../tests/fixtures/team-a-api.yaml");
+
 /// One namespace `team-a` with `labels`, one ServiceEntry in it, and `mesh` as the mesh config.
 fn resolve_one(mesh: &str, labels: &str) -> ResolvedEntry {
     let yaml = format!(
@@ -23,16 +26,7 @@ metadata:
   name: team-a
   labels: {labels}
 ---
-apiVersion: networking.istio.io/v1
-kind: ServiceEntry
-metadata: {{name: api, namespace: team-a}}
-spec:
-  hosts: [api.example.com]
-  addresses: [203.0.113.10]
-  ports: [{{number: 80, name: http}}]
-  resolution: STATIC
-  endpoints: [{{address: 198.51.100.20}}]
----
+{TEAM_A_API}---
 {mesh}
 "#
     );
@@ -54,6 +48,18 @@ fn policy_resolution_rules() {
         visibility: Visibility,
         matched: Option<usize>,
     }
+    // A case names what it checks: the rest is a namespace without labels, matched by no policy.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                mesh: String::new(),
+                labels: "{}",
+                visibility: Visibility::Public,
+                matched: None,
+            }
+        }
+    }
     let trusted_public = "        - visibility: PUBLIC\n          matchingRules:\n            - namespaceSelector: {matchLabels: {trusted: \"true\"}}\n";
     let cases = [
         Case {
@@ -61,14 +67,13 @@ fn policy_resolution_rules() {
             mesh: "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: unrelated, namespace: istio-system}\n".into(),
             labels: "{trusted: \"true\"}",
             visibility: Visibility::Public,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "default applies when no policy matches",
             mesh: mesh(&format!("      defaultVisibility: NAMESPACE\n      policies:\n{trusted_public}")),
-            labels: "{}",
             visibility: Visibility::Namespace,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "a matching policy wins over the default",
@@ -100,7 +105,7 @@ fn policy_resolution_rules() {
             mesh: mesh("      defaultVisibility: NAMESPACE\n      policies:\n        - visibility: PUBLIC\n          matchingRules:\n            - namespaceSelector: {matchLabels: {trusted: \"true\"}}\n            - namespaceSelector: {matchLabels: {tier: gold}}\n"),
             labels: "{trusted: \"true\"}",
             visibility: Visibility::Namespace,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "AND within a policy: all rules matching matches",
@@ -112,44 +117,42 @@ fn policy_resolution_rules() {
         Case {
             name: "empty rule list is a catch-all",
             mesh: mesh("      defaultVisibility: PUBLIC\n      policies:\n        - visibility: NAMESPACE\n          matchingRules: []\n"),
-            labels: "{}",
             visibility: Visibility::Namespace,
             matched: Some(0),
+            ..Default::default()
         },
         Case {
             name: "absent rule list is a catch-all",
             mesh: mesh("      defaultVisibility: PUBLIC\n      policies:\n        - visibility: NAMESPACE\n"),
-            labels: "{}",
             visibility: Visibility::Namespace,
             matched: Some(0),
+            ..Default::default()
         },
         Case {
             name: "unknown matcher never matches (fails closed)",
             mesh: mesh("      defaultVisibility: NAMESPACE\n      policies:\n        - visibility: PUBLIC\n          matchingRules:\n            - workloadSelector: {matchLabels: {app: x}}\n"),
-            labels: "{}",
             visibility: Visibility::Namespace,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "missing matcher never matches (fails closed)",
             mesh: mesh("      defaultVisibility: NAMESPACE\n      policies:\n        - visibility: PUBLIC\n          matchingRules:\n            - {}\n"),
-            labels: "{}",
             visibility: Visibility::Namespace,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "empty namespaceSelector matches every namespace",
             mesh: mesh("      defaultVisibility: NAMESPACE\n      policies:\n        - visibility: PUBLIC\n          matchingRules:\n            - namespaceSelector: {}\n"),
-            labels: "{}",
             visibility: Visibility::Public,
             matched: Some(0),
+            ..Default::default()
         },
         Case {
             name: "every namespace carries its name label",
             mesh: mesh("      defaultVisibility: NAMESPACE\n      policies:\n        - visibility: PUBLIC\n          matchingRules:\n            - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: team-a}}\n"),
-            labels: "{}",
             visibility: Visibility::Public,
             matched: Some(0),
+            ..Default::default()
         },
         Case {
             name: "operator In",
@@ -163,7 +166,7 @@ fn policy_resolution_rules() {
             mesh: mesh("      defaultVisibility: NAMESPACE\n      policies:\n        - visibility: PUBLIC\n          matchingRules:\n            - namespaceSelector: {matchExpressions: [{key: tier, operator: NotIn, values: [gold]}]}\n"),
             labels: "{tier: gold}",
             visibility: Visibility::Namespace,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "operator Exists",
@@ -175,30 +178,28 @@ fn policy_resolution_rules() {
         Case {
             name: "operator DoesNotExist",
             mesh: mesh("      defaultVisibility: PUBLIC\n      policies:\n        - visibility: NAMESPACE\n          matchingRules:\n            - namespaceSelector: {matchExpressions: [{key: trusted, operator: DoesNotExist}]}\n"),
-            labels: "{}",
             visibility: Visibility::Namespace,
             matched: Some(0),
+            ..Default::default()
         },
         Case {
             name: "VISIBILITY_UNSPECIFIED means PUBLIC",
             mesh: mesh("      defaultVisibility: VISIBILITY_UNSPECIFIED\n"),
-            labels: "{}",
             visibility: Visibility::Public,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "absent defaultVisibility means PUBLIC",
             mesh: mesh("      applyToSidecars: false\n"),
-            labels: "{}",
             visibility: Visibility::Public,
-            matched: None,
+            ..Default::default()
         },
         Case {
             name: "absent policy visibility means PUBLIC",
             mesh: mesh("      defaultVisibility: NAMESPACE\n      policies:\n        - matchingRules: []\n"),
-            labels: "{}",
             visibility: Visibility::Public,
             matched: Some(0),
+            ..Default::default()
         },
     ];
     for case in cases {
@@ -258,53 +259,58 @@ fn condition_rules() {
         expect: &'static [(&'static str, &'static str, &'static str)],
         bound: Option<&'static str>,
     }
+    // A case names what it checks: the rest is a configured feature, no waypoint label, nothing bound.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                configured: true,
+                visibility: "PUBLIC",
+                waypoint_labels: "{}",
+                expect: &[],
+                bound: None,
+            }
+        }
+    }
     let cases = [
         Case {
             name: "unset feature writes no VisibilityApplied",
             configured: false,
             visibility: "PUBLIC",
-            waypoint_labels: "{}",
             expect: &[],
-            bound: None,
+            ..Default::default()
         },
         Case {
             name: "PUBLIC gets VisibilityApplied True Public",
-            configured: true,
             visibility: "PUBLIC",
-            waypoint_labels: "{}",
             expect: &[(VISIBILITY_APPLIED, "True", "Public")],
-            bound: None,
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE gets VisibilityApplied True Namespace",
-            configured: true,
             visibility: "NAMESPACE",
-            waypoint_labels: "{}",
             expect: &[(VISIBILITY_APPLIED, "True", "Namespace")],
-            bound: None,
+            ..Default::default()
         },
         Case {
             name: "NONE gets no condition at all",
-            configured: true,
             visibility: "NONE",
             waypoint_labels: "{istio.io/use-waypoint: wp}",
             expect: &[],
-            bound: None,
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE with a cross-namespace waypoint is refused",
-            configured: true,
             visibility: "NAMESPACE",
             waypoint_labels: "{istio.io/use-waypoint: wp, istio.io/use-waypoint-namespace: istio-system}",
             expect: &[
                 (VISIBILITY_APPLIED, "True", "Namespace"),
                 (WAYPOINT_BOUND, "False", CROSS_NAMESPACE_WAYPOINT_FORBIDDEN),
             ],
-            bound: None,
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE with a same-namespace waypoint binds",
-            configured: true,
             visibility: "NAMESPACE",
             waypoint_labels: "{istio.io/use-waypoint: wp}",
             expect: &[
@@ -312,10 +318,10 @@ fn condition_rules() {
                 (WAYPOINT_BOUND, "True", WAYPOINT_ACCEPTED),
             ],
             bound: Some("team-a/wp"),
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE naming its own namespace explicitly binds",
-            configured: true,
             visibility: "NAMESPACE",
             waypoint_labels: "{istio.io/use-waypoint: wp, istio.io/use-waypoint-namespace: team-a}",
             expect: &[
@@ -323,10 +329,10 @@ fn condition_rules() {
                 (WAYPOINT_BOUND, "True", WAYPOINT_ACCEPTED),
             ],
             bound: Some("team-a/wp"),
+            ..Default::default()
         },
         Case {
             name: "PUBLIC with a cross-namespace waypoint binds",
-            configured: true,
             visibility: "PUBLIC",
             waypoint_labels: "{istio.io/use-waypoint: wp, istio.io/use-waypoint-namespace: istio-system}",
             expect: &[
@@ -334,6 +340,7 @@ fn condition_rules() {
                 (WAYPOINT_BOUND, "True", WAYPOINT_ACCEPTED),
             ],
             bound: Some("istio-system/wp"),
+            ..Default::default()
         },
         Case {
             name: "WaypointBound is written when the feature is unset",
@@ -345,11 +352,10 @@ fn condition_rules() {
         },
         Case {
             name: "use-waypoint none opts out: no WaypointBound",
-            configured: true,
             visibility: "PUBLIC",
             waypoint_labels: "{istio.io/use-waypoint: none}",
             expect: &[(VISIBILITY_APPLIED, "True", "Public")],
-            bound: None,
+            ..Default::default()
         },
     ];
     for case in cases {
@@ -416,119 +422,119 @@ fn sidecar_export_to_rules() {
         cap: bool,
         want: &'static [&'static str],
     }
+    // A case names what it checks: the rest is nothing declared, no mesh default, the cap on.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                declared: None,
+                mesh_default: None,
+                visibility: Visibility::Public,
+                cap: true,
+                want: &[],
+            }
+        }
+    }
     use Visibility as V;
     let cases = [
         Case {
             name: "undeclared defaults to *",
-            declared: None,
-            mesh_default: None,
             visibility: V::Public,
-            cap: true,
             want: &["*"],
+            ..Default::default()
         },
         Case {
             name: "empty list counts as undeclared",
             declared: Some(&[]),
-            mesh_default: None,
             visibility: V::Public,
-            cap: true,
             want: &["*"],
+            ..Default::default()
         },
         Case {
             name: "mesh defaultServiceExportTo used when undeclared",
-            declared: None,
             mesh_default: Some(&["."]),
             visibility: V::Public,
-            cap: true,
             want: &["."],
+            ..Default::default()
         },
         Case {
             name: "declared ~ alone stays ~ under PUBLIC",
             declared: Some(&["~"]),
-            mesh_default: None,
             visibility: V::Public,
-            cap: true,
             want: &["~"],
+            ..Default::default()
         },
         Case {
             name: "declared ~ alone stays ~ under NAMESPACE",
             declared: Some(&["~"]),
-            mesh_default: None,
             visibility: V::Namespace,
-            cap: true,
             want: &["~"],
+            ..Default::default()
         },
         Case {
             name: "PUBLIC leaves the declared set unchanged",
             declared: Some(&["team-b", "."]),
-            mesh_default: None,
             visibility: V::Public,
-            cap: true,
             want: &["team-b", "."],
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE caps * to .",
             declared: Some(&["*"]),
-            mesh_default: None,
             visibility: V::Namespace,
-            cap: true,
             want: &["."],
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE keeps .",
             declared: Some(&["."]),
-            mesh_default: None,
             visibility: V::Namespace,
-            cap: true,
             want: &["."],
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE turns own namespace by name into .",
             declared: Some(&["team-a", "team-b"]),
-            mesh_default: None,
             visibility: V::Namespace,
-            cap: true,
             want: &["."],
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE with only other namespaces becomes ~",
             declared: Some(&["team-b"]),
-            mesh_default: None,
             visibility: V::Namespace,
-            cap: true,
             want: &["~"],
+            ..Default::default()
         },
         Case {
             name: "NAMESPACE caps the mesh default too",
-            declared: None,
             mesh_default: Some(&["*"]),
             visibility: V::Namespace,
-            cap: true,
             want: &["."],
+            ..Default::default()
         },
         Case {
             name: "NONE becomes ~",
             declared: Some(&["*"]),
-            mesh_default: None,
             visibility: V::None,
-            cap: true,
             want: &["~"],
+            ..Default::default()
         },
         Case {
             name: "without applyToSidecars the declared set stands",
             declared: Some(&["*"]),
-            mesh_default: None,
             visibility: V::Namespace,
             cap: false,
             want: &["*"],
+            ..Default::default()
         },
         Case {
             name: "without applyToSidecars NONE keeps the declared set",
             declared: Some(&["team-b"]),
-            mesh_default: None,
             visibility: V::None,
             cap: false,
             want: &["team-b"],
+            ..Default::default()
         },
     ];
     for case in cases {

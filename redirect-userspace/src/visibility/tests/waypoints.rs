@@ -15,38 +15,51 @@ fn waypoints_are_inherited_from_the_namespace() {
         bound_condition: Option<(&'static str, &'static str)>,
         waypoint: Option<&'static str>,
     }
+    // A case names what it checks: labels are empty unless named.
+    impl Default for Case {
+        fn default() -> Self {
+            Case {
+                name: "",
+                namespace_labels: "{}",
+                entry_labels: "{}",
+                visibility: "PUBLIC",
+                bound_condition: None,
+                waypoint: None,
+            }
+        }
+    }
     let cases = [
         Case {
             name: "services_test.go: namespace use-waypoint applies to an unlabelled entry",
             namespace_labels: "{istio.io/use-waypoint: ns-wp}",
-            entry_labels: "{}",
             visibility: "PUBLIC",
             bound_condition: Some(("True", WAYPOINT_ACCEPTED)),
             waypoint: Some("team-a/ns-wp"),
+            ..Default::default()
         },
         Case {
             name: "services_test.go: namespace use-waypoint with use-waypoint-namespace",
             namespace_labels: "{istio.io/use-waypoint: egress, istio.io/use-waypoint-namespace: istio-system}",
-            entry_labels: "{}",
             visibility: "PUBLIC",
             bound_condition: Some(("True", WAYPOINT_ACCEPTED)),
             waypoint: Some("istio-system/egress"),
+            ..Default::default()
         },
         Case {
             name: "serviceentry_visibility_test.go: NAMESPACE entry inheriting a cross-namespace waypoint is refused",
             namespace_labels: "{istio.io/use-waypoint: egress, istio.io/use-waypoint-namespace: istio-system}",
-            entry_labels: "{}",
             visibility: "NAMESPACE",
             bound_condition: Some(("False", CROSS_NAMESPACE_WAYPOINT_FORBIDDEN)),
             waypoint: None,
+            ..Default::default()
         },
         Case {
             name: "serviceentry_visibility_test.go: NAMESPACE entry inheriting a same-namespace waypoint binds",
             namespace_labels: "{istio.io/use-waypoint: ns-wp}",
-            entry_labels: "{}",
             visibility: "NAMESPACE",
             bound_condition: Some(("True", WAYPOINT_ACCEPTED)),
             waypoint: Some("team-a/ns-wp"),
+            ..Default::default()
         },
         Case {
             name: "services_test.go: the entry's own label wins over the namespace's",
@@ -67,18 +80,18 @@ fn waypoints_are_inherited_from_the_namespace() {
         Case {
             name: "services_test.go: use-waypoint none on the namespace binds nothing",
             namespace_labels: "{istio.io/use-waypoint: none}",
-            entry_labels: "{}",
             visibility: "PUBLIC",
             bound_condition: None,
             waypoint: None,
+            ..Default::default()
         },
         Case {
             name: "services_test.go: use-waypoint-namespace alone binds nothing",
             namespace_labels: "{istio.io/use-waypoint-namespace: istio-system}",
-            entry_labels: "{}",
             visibility: "NAMESPACE",
             bound_condition: None,
             waypoint: None,
+            ..Default::default()
         },
         Case {
             name: "services_test.go: the entry's use-waypoint-namespace alone does not redirect the namespace's waypoint",

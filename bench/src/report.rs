@@ -191,7 +191,7 @@ impl BenchReport<'_> {
         let _ = writeln!(
             s,
             "```\n\nControl plane, from the workspace root:\n\n```\n{}\n```\n\nProfiles (the **Why** below): \
-             `sudo cargo xtask bench --profile` writes `target/bench-profile/summary.txt`.",
+             `sudo cargo xtask profile` writes `target/bench-profile/summary.txt`.",
             self.criterion_command
         );
         s.push_str("\n## Why\n\n");
@@ -239,8 +239,10 @@ impl BenchReport<'_> {
     }
 
     fn control(&self, s: &mut String) {
-        s.push_str("Criterion (`redirect-userspace/benches/state.rs`, 10,000 ServiceEntries in 1,000 namespaces): \
-                    median time per call with criterion's 95 % interval of the median.\n\n");
+        s.push_str(
+            "Criterion (`bench/benches/state.rs`, 10,000 ServiceEntries in 1,000 namespaces): \
+                    median time per call with criterion's 95 % interval of the median.\n\n",
+        );
         s.push_str("| benchmark | median | interval |\n| --- | ---: | ---: |\n");
         for c in self.criterion {
             let _ = writeln!(

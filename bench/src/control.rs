@@ -4,13 +4,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::agent::BenchAgent;
-use super::scene::{Relay, Scene, agent_args};
-use crate::{build, cmd};
+use super::scene::{Relay, Scene, agent_args, start_agent};
+use crate::{Built, cmd, synthetic};
 use anyhow::{Context, Result, bail};
-use redirect_userspace::synthetic;
 
-/// The criterion bench targets: lookups and state build (redirect-userspace/benches/state.rs), and
+/// The criterion bench targets: lookups and state build (bench/benches/state.rs), and
 /// pathological configuration refused or loaded (benches/config_bounds.rs).
 pub const BENCHES: [&str; 2] = ["state", "config_bounds"];
 
@@ -25,7 +23,7 @@ pub struct Criterion {
 
 /// The command line that runs the benches (also what the report prints).
 pub fn criterion_command(quick: bool) -> String {
-    let mut c = "cargo bench -p redirect-userspace".to_string();
+    let mut c = "cargo bench -p bench".to_string();
     for bench in BENCHES {
         c.push_str(&format!(" --bench {bench}"));
     }
@@ -36,20 +34,20 @@ pub fn criterion_command(quick: bool) -> String {
 }
 
 /// Runs the benches and reads what criterion saved for each.
-pub fn run_criterion(quick: bool, ebpf_object: &Path) -> Result<Vec<Criterion>> {
+pub fn run_criterion(quick: bool, built: &Built) -> Result<Vec<Criterion>> {
     let started = SystemTime::now();
     let mut c = cmd::cargo();
-    c.current_dir(cmd::workspace_root())
-        .args(["bench", "-p", "redirect-userspace"])
+    c.current_dir(&built.workspace)
+        .args(["bench", "-p", "bench"])
         .args(BENCHES.iter().flat_map(|b| ["--bench", b]))
         // The same embedded object as `cargo xtask build`: otherwise cargo would rebuild the agent binary
         // in target/release without its eBPF programs.
-        .env("REDIRECT_EBPF_OBJECT", ebpf_object);
+        .env("REDIRECT_EBPF_OBJECT", &built.ebpf_object);
     if quick {
         c.args(["--", "--quick"]);
     }
     cmd::run(&mut c)?;
-    let dir = build::target_dir().join("criterion");
+    let dir = built.target_dir.join("criterion");
     let mut found = Vec::new();
     collect(&dir, started, &mut found)?;
     if found.is_empty() {
@@ -134,7 +132,7 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     )?;
     let config = dir.to_string_lossy().into_owned();
     let started = Instant::now();
-    let agent = BenchAgent::start(
+    let agent = start_agent(
         scene.topo(),
         &agent_args(&config, Relay::Splice),
         scene.agent_cpu(),
@@ -146,7 +144,7 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     let rss_kib = status_kib(&status, "VmRSS:")?;
     let peak_kib = status_kib(&status, "VmHWM:")?;
     // Only now (the dump itself allocates): every entry must be in the agent's state.
-    let dump = agent.get("/config_dump")?;
+    let dump = agent.admin_get("/config_dump")?;
     let dump: serde_json::Value =
         serde_json::from_slice(&dump.body).context("parsing /config_dump")?;
     let services = dump

@@ -15,7 +15,7 @@ pub const DNS_ANSWERED_QPS: f64 = 50_000.0;
 pub const LOOKUP_NS: f64 = 200.0;
 pub const BUILD_MS: f64 = 100.0;
 pub const RSS_MIB: f64 = 64.0;
-/// Criterion ids of the pathological-configuration benches (redirect-userspace/benches/config_bounds.rs).
+/// Criterion ids of the pathological-configuration benches (bench/benches/config_bounds.rs).
 pub const CONFIG_BOUNDS: &str = "config_bounds/";
 
 /// The ratio targets: metric, bound, whether the ratio must be at least (true) or at most the bound.

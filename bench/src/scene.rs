@@ -12,9 +12,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use integration::procfs::{self, Proto};
-use integration::{Pod, Proc, RESOLVER_IP, Topology};
+use integration::{Agent, Launch, Pod, Proc, RESOLVER_IP, Topology};
 
-use super::agent::BenchAgent;
 use super::{iperf, sockperf};
 
 pub const CLIENT_CPU: u32 = 0;
@@ -141,14 +140,14 @@ impl Scene {
     }
 
     /// Starts the agent with the bench config, placed as `--agent-cpu` says (unpinned by default).
-    pub fn start_agent(&self, relay: Relay) -> Result<BenchAgent> {
+    pub fn start_agent(&self, relay: Relay) -> Result<Agent> {
         self.start_agent_on(relay, self.agent_cpu)
     }
 
     /// Starts the agent with the bench config, every thread on `cpu` (None: unpinned).
-    pub fn start_agent_on(&self, relay: Relay, cpu: Option<u32>) -> Result<BenchAgent> {
+    pub fn start_agent_on(&self, relay: Relay, cpu: Option<u32>) -> Result<Agent> {
         let config = self.config_dir.to_string_lossy().into_owned();
-        BenchAgent::start(&self.topo, &agent_args(&config, relay), cpu)
+        start_agent(&self.topo, &agent_args(&config, relay), cpu)
     }
 
     pub fn agent_cpu(&self) -> Option<u32> {
@@ -218,6 +217,13 @@ pub fn agent_command(prefix: &str, relay: Relay) -> String {
         integration::ADMIN_ADDR,
         agent_args("<config dir>", relay).join(" ")
     )
+}
+
+/// The agent as a node runs it (the harness's launcher, [`Launch::as_deployed`]) with `args`,
+/// pinned to `cpu` if given; returns once it is ready.
+pub fn start_agent(topo: &Topology, args: &[String], cpu: Option<u32>) -> Result<Agent> {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Agent::launch(topo, &Launch::as_deployed(cpu), &args)
 }
 
 /// The agent's arguments beyond the harness's own (`--cgroup`, `--gateway`, `--admin`).

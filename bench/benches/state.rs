@@ -1,12 +1,12 @@
 //! State build time and lookup cost at 10,000 ServiceEntries across 1,000 namespaces.
-//! `cargo bench -p redirect --bench state` (add `-- --quick` for a short run).
+//! `cargo bench -p bench --bench state` (add `-- --quick` for a short run).
 use std::{hint::black_box, net::IpAddr};
 
+use bench::synthetic;
 use criterion::{Criterion, criterion_group, criterion_main};
 use redirect_userspace::{
     config::{Model, load_sources},
     state::{Pick, Snapshot},
-    synthetic,
 };
 
 /// The synthetic mesh at the targets' scale (the same one `cargo xtask bench` measures the agent's RSS with).

@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use integration::RESOLVER_IP;
 
-use super::agent::BenchAgent;
 use super::model::{Metric, Results, Route};
 use super::scene::{self, Relay, Scene};
 use super::{dnsperf, iperf, sockperf, verify, wrk};
+use integration::Agent;
 
 /// How long and how often.
 #[derive(Clone, Copy, Debug)]
@@ -163,15 +163,9 @@ impl<'a> Runner<'a> {
     }
 
     /// One TCP test on one route. A tool failure is recorded as a failed run; a wrong path is fatal.
-    fn tcp(
-        &mut self,
-        round: usize,
-        test: Tcp,
-        route: Route,
-        agent: Option<&BenchAgent>,
-    ) -> Result<()> {
+    fn tcp(&mut self, round: usize, test: Tcp, route: Route, agent: Option<&Agent>) -> Result<()> {
         let (tool, args) = tcp_command(test, route, self.settings);
-        let before = agent.map(BenchAgent::metrics).transpose()?;
+        let before = agent.map(Agent::metrics).transpose()?;
         let opens_before = self.scene.pod_active_opens()?;
         let out = self.client(tool, &args);
         let opens = self.scene.pod_active_opens()? - opens_before;
@@ -199,7 +193,7 @@ impl<'a> Runner<'a> {
         Ok(())
     }
 
-    fn dns(&mut self, round: usize, route: Route, agent: Option<&BenchAgent>) -> Result<()> {
+    fn dns(&mut self, round: usize, route: Route, agent: Option<&Agent>) -> Result<()> {
         let file = match route {
             Route::DnsAnswered => self.answered_queries.clone(),
             _ => self.forwarded_queries.clone(),
@@ -210,7 +204,7 @@ impl<'a> Runner<'a> {
             (Metric::DnsLatency, 1),
         ] {
             let args = dnsperf::client_args(server, &file, self.settings.secs, outstanding);
-            let before = agent.map(BenchAgent::metrics).transpose()?;
+            let before = agent.map(Agent::metrics).transpose()?;
             let out = self.client("dnsperf", &args);
             let report = out.and_then(|o| dnsperf::parse(&o));
             if let (Some(agent), Some(before), Ok(report)) = (agent, &before, &report) {

@@ -5,15 +5,16 @@
 //! topology ([`scene`], [`rounds`]) and the agent's memory with a 10,000-entry config, then the criterion
 //! benches (built with the same embedded eBPF object, so the agent binary stays whole); last the report.
 //! The topology is removed when the scene drops, also on error.
+//!
+//! `cargo xtask profile` ([`profile`]) runs the same scene under perf instead of measuring. xtask
+//! builds what is measured and calls [`bench`] or [`profile`]; this crate does the rest.
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
-use crate::{build, cmd, setup};
-
-mod agent;
 mod chart;
+pub mod cmd;
 mod control;
 mod dnsperf;
 mod iperf;
@@ -25,6 +26,7 @@ mod rounds;
 mod scene;
 mod sockperf;
 mod stats;
+pub mod synthetic;
 mod targets;
 mod verify;
 mod wrk;
@@ -52,43 +54,51 @@ pub struct BenchArgs {
     /// rate always runs it on CPU 1, since its target is per core).
     #[arg(long, value_name = "CPU", value_parser = clap::value_parser!(u32).range(0..2))]
     agent_cpu: Option<u32>,
-    /// Instead of measuring: profile direct vs service with perf (latency, new connections, 1- and
-    /// 8-stream throughput) into target/bench-profile/ (needs Debian's linux-perf).
-    #[arg(long, conflicts_with = "quick")]
-    profile: bool,
     /// Measure only these tests (comma-separated) and print their table; writes no files and skips
     /// the agent's memory and criterion. For trying a change to the agent.
-    #[arg(long, value_delimiter = ',', value_enum, conflicts_with = "profile")]
+    #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<rounds::Pick>,
 }
 
-pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
-    if !setup::is_root() {
-        bail!(
-            "the bench builds network namespaces and cgroups and loads eBPF: run it as root (`sudo cargo xtask bench`)"
-        );
-    }
-    let started = Instant::now();
-    let settings = if args.quick { QUICK } else { FULL };
-    let root = cmd::workspace_root();
-    build::build()?;
-    let ebpf_object = build::target_dir().join("bpfel-unknown-none/release/redirect");
-    let peer = build::peer()?;
-    if args.profile {
-        let scene =
-            scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
-        let summary = profile::profile(&scene)?;
-        println!("xtask bench: profile summary in {}", summary.display());
-        return Ok(());
-    }
+/// What xtask built for a run (as root): the agent binary the harness finds in the target directory,
+/// its eBPF object, and the harness's helper server.
+pub struct Built {
+    pub workspace: PathBuf,
+    pub target_dir: PathBuf,
+    /// The object embedded in the agent: the criterion benches are built with the same one.
+    pub ebpf_object: PathBuf,
+    /// `rdt-peer`: the servers and clients the scene runs in its namespaces.
+    pub peer: PathBuf,
+}
 
+#[derive(clap::Args)]
+pub struct ProfileArgs {
+    /// Pin the agent to this CPU (default: not pinned, as a DaemonSet runs).
+    #[arg(long, value_name = "CPU", value_parser = clap::value_parser!(u32).range(0..2))]
+    agent_cpu: Option<u32>,
+}
+
+/// `cargo xtask profile`: where the CPU goes, direct vs service, under perf (see [`profile`]).
+pub fn profile(args: ProfileArgs, built: &Built) -> anyhow::Result<()> {
+    let scene =
+        scene::Scene::build(&built.peer, args.agent_cpu).context("building the bench topology")?;
+    let summary = profile::profile(&scene, &built.target_dir)?;
+    println!("xtask profile: summary in {}", summary.display());
+    Ok(())
+}
+
+/// Time starts before the build: the report's "done in" counts it.
+pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result<()> {
+    let settings = if args.quick { QUICK } else { FULL };
+    let root = &built.workspace;
+    let peer = &built.peer;
     let mut machine = machine::Machine::probe();
     let measuring = Instant::now();
     // `--only`: the picked tests and their table; no memory, no criterion, no files.
     let full = args.only.is_empty();
     let (results, commands, memory) = {
         let scene =
-            scene::Scene::build(&peer, args.agent_cpu).context("building the bench topology")?;
+            scene::Scene::build(peer, args.agent_cpu).context("building the bench topology")?;
         let picked = if full {
             rounds::Pick::ALL.to_vec()
         } else {
@@ -111,7 +121,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
             "xtask bench: criterion ({})",
             control::criterion_command(args.quick)
         );
-        control::run_criterion(args.quick, &ebpf_object)?
+        control::run_criterion(args.quick, built)?
     } else {
         Vec::new()
     };
@@ -137,7 +147,7 @@ pub fn bench(args: BenchArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("\n{}", report.tables());
-    write_outputs(&root, &report, &results, &machine)?;
+    write_outputs(root, &report, &results, &machine)?;
     println!(
         "xtask bench: done in {:.1} min ({:.1} min measuring)",
         started.elapsed().as_secs_f64() / 60.0,

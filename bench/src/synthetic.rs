@@ -1,5 +1,5 @@
-//! A synthetic mesh of any size, as one multi-document manifest (a benchmark fixture, compiled only
-//! with the `bench-fixtures` feature): what the criterion benches load and
+//! A synthetic mesh of any size, as one multi-document manifest (the benchmarks' fixture): what the
+//! criterion benches load and
 //! what `cargo xtask bench` gives the real agent to measure its memory, so both measure the same thing.
 //!
 //! Every tenth namespace is trusted (PUBLIC by policy), the rest keep their entries (NAMESPACE). One
@@ -60,7 +60,7 @@ pub fn large_mesh_yaml(namespaces: usize, entries: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::load_sources;
+    use redirect_userspace::config::load_sources;
 
     #[test]
     fn a_small_one_loads_with_every_object() {

@@ -1,4 +1,4 @@
-//! `cargo xtask bench --profile`: where the time goes on the proxy path. For each test it runs direct,
+//! `cargo xtask profile`: where the time goes on the proxy path. For each test it runs direct,
 //! then service, once each, under `perf record -a -g -e cpu-clock` (a software clock: this kind of VM
 //! exposes no hardware counters), then service once more under `perf trace -s` on the agent, to count
 //! its system calls per request. Writes `target/bench-profile/` (perf.data files, reports, summary.txt).
@@ -14,7 +14,6 @@ use super::model::Route;
 use super::rounds::{Settings, Tcp, tcp_command};
 use super::scene::{Relay, Scene};
 use super::{sockperf, wrk};
-use crate::build;
 
 /// Time perf takes to attach: the client starts after it, and perf stops well after the client, so
 /// the counts cover the whole run.
@@ -26,8 +25,8 @@ const SETTINGS: Settings = Settings {
     wrk_conns: 64,
 };
 
-pub fn profile(scene: &Scene) -> Result<PathBuf> {
-    let dir = build::target_dir().join("bench-profile");
+pub fn profile(scene: &Scene, target_dir: &Path) -> Result<PathBuf> {
+    let dir = target_dir.join("bench-profile");
     fs::create_dir_all(&dir)?;
     let mut summary = String::new();
     for (name, test) in [
@@ -36,7 +35,7 @@ pub fn profile(scene: &Scene) -> Result<PathBuf> {
         ("throughput-1", Tcp::Throughput(1)),
         ("throughput-8", Tcp::Throughput(8)),
     ] {
-        println!("xtask bench: profiling {name}");
+        println!("xtask profile: {name}");
         let _ = writeln!(summary, "==== {name}");
         for route in [Route::Direct, Route::Service] {
             let agent = match route {

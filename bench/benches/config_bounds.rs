@@ -1,5 +1,5 @@
 //! Pathological configuration: each is refused or loaded (config -> visibility -> state, the path a
-//! reload takes) in well under a second. `cargo bench -p redirect --bench config_bounds`.
+//! reload takes) in well under a second. `cargo bench -p bench --bench config_bounds`.
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
