@@ -124,21 +124,19 @@ pub fn spawn_on(
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
     let state = Arc::new(state);
-    thread::Builder::new()
-        .name("admin".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    warn!(error = %e, "admin runtime failed to start; admin server disabled");
-                    return;
-                }
-            };
-            runtime.block_on(serve(listener, state, stop));
-        })?;
+    thread::Builder::new().name("admin".into()).spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                warn!(error = %e, "admin runtime failed to start; admin server disabled");
+                return;
+            }
+        };
+        runtime.block_on(serve(listener, state, stop));
+    })?;
     info!(addr = %local, "admin server listening");
     Ok(local)
 }

@@ -127,7 +127,10 @@ pub fn take_over(path: &Path, me: Identity) -> io::Result<Option<(Predecessor, V
             break;
         };
         let (Some(kind), Ok(addr)) = (Kind::parse(kind), addr.parse()) else {
-            warn!(line, "ignoring a handed-over socket this agent does not know");
+            warn!(
+                line,
+                "ignoring a handed-over socket this agent does not know"
+            );
             continue;
         };
         sockets.push(Socket { kind, addr, fd });
@@ -206,10 +209,7 @@ fn offer_loop(
     sockets: &[Socket],
     on_ready: impl FnOnce() + Send + 'static,
 ) {
-    let mut header = format!(
-        "{MAGIC} netns={} cgroup={}\n",
-        me.netns, me.cgroup
-    );
+    let mut header = format!("{MAGIC} netns={} cgroup={}\n", me.netns, me.cgroup);
     for s in sockets {
         header.push_str(&format!("{} {}\n", s.kind.name(), s.addr));
     }
@@ -242,7 +242,10 @@ fn offer_loop(
         }
         // SAFETY: accept4 returned a new descriptor that nothing else owns.
         let conn = unsafe { OwnedFd::from_raw_fd(raw) };
-        info!(sockets = fds.len(), "a successor asked for the listening sockets");
+        info!(
+            sockets = fds.len(),
+            "a successor asked for the listening sockets"
+        );
         let answer = set_timeout(&conn, READY_TIMEOUT)
             .and_then(|()| send_with_fds(&conn, header.as_bytes(), &fds))
             .and_then(|()| {
@@ -274,7 +277,9 @@ fn offer_loop(
                 listener_fd = fd.as_raw_fd();
                 relisten = Some(fd);
             }
-            Err(e) => warn!(error = %e, path = %path.display(), "re-creating the hand-over socket failed"),
+            Err(e) => {
+                warn!(error = %e, path = %path.display(), "re-creating the hand-over socket failed")
+            }
         }
     }
 }
@@ -298,13 +303,7 @@ fn parse_identity(line: &str) -> Option<Identity> {
 
 fn seqpacket() -> io::Result<OwnedFd> {
     // SAFETY: plain socket(2); the result is checked.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-        )
-    };
+    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }

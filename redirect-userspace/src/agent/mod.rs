@@ -291,7 +291,10 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // or the deadline; the process leaves when told to (a DaemonSet would restart a container that
     // exits on its own, and the restarted one would take over again).
     let handed_at = Instant::now();
-    info!(drain_timeout_s = config.drain_timeout.as_secs(), "handed over to a successor; draining");
+    info!(
+        drain_timeout_s = config.drain_timeout.as_secs(),
+        "handed over to a successor; draining"
+    );
     for task in proxy_tasks.into_iter().chain(dns_tasks) {
         let _ = task.await;
     }
@@ -299,7 +302,10 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let (signal, left) = tokio::join!(signals.recv(), drain(&budgets, deadline));
     info!(signal, "shutting down after the hand-over");
     if left > 0 {
-        warn!(connections = left, "drain deadline passed; resetting what is left");
+        warn!(
+            connections = left,
+            "drain deadline passed; resetting what is left"
+        );
     } else {
         info!(
             drained_ms = handed_at.elapsed().as_millis() as u64,
@@ -323,8 +329,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
 async fn drain(budgets: &Budgets, deadline: Instant) -> usize {
     loop {
         let connections = budgets.connections.used();
-        let busy =
-            connections + budgets.dns_forwards.used() + budgets.dns_tcp_clients.used();
+        let busy = connections + budgets.dns_forwards.used() + budgets.dns_tcp_clients.used();
         if busy == 0 || Instant::now() >= deadline {
             return connections;
         }

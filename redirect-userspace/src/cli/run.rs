@@ -53,7 +53,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
     pub bpffs: PathBuf,
     /// Unix socket on which a successor takes this agent's listening sockets (hand-over).
-    #[arg(long, value_name = "PATH", default_value = "/run/redirect/handover.sock")]
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/redirect/handover.sock"
+    )]
     pub handover_socket: PathBuf,
     /// After handing over, how long proxied connections may run before they are reset.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]

@@ -232,7 +232,9 @@ impl Redirector {
             let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
             program.load().map_err(|source| load_error(name, source))?;
             let prog_id = program_id(name, program.info())?;
-            let fd = program.fd().map_err(|source| RedirectError::Program { name, source })?;
+            let fd = program
+                .fd()
+                .map_err(|source| RedirectError::Program { name, source })?;
             let pinned = match &pin_dir {
                 Some(dir) => swap_into_pinned(dir, name, fd.as_fd())?,
                 None => false,

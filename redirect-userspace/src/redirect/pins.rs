@@ -49,7 +49,11 @@ pub enum PinError {
     #[error(
         "the programs pinned under {path} are attached to cgroup id {pinned}, not to this agent's cgroup (id {ours}); give this agent its own --bpffs directory"
     )]
-    OtherCgroup { path: PathBuf, pinned: u64, ours: u64 },
+    OtherCgroup {
+        path: PathBuf,
+        pinned: u64,
+        ours: u64,
+    },
     #[error("layout key {path}: {source}")]
     Layout {
         path: PathBuf,
