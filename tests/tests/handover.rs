@@ -59,14 +59,15 @@ spec:
 ---
 {}---
 {}"#,
-        fixtures::pod(A1.0, "uid-a1", A1.1, "{}"),
-        fixtures::pod(B1.0, "uid-b1", B1.1, "{}"),
+        fixtures::pod(A1.0, "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a51", A1.1, "{}"),
+        fixtures::pod(B1.0, "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a52", B1.1, "{}"),
     )
 }
 
 /// Fields drop in order: servers, then the topology (which unmounts the run's bpffs).
 struct World {
     config_dir: String,
+    dns_upstream: String,
     _servers: Vec<Peer>,
     _dns: integration::Dnsmasq,
     topo: Topology,
@@ -93,6 +94,7 @@ fn world() -> Result<World> {
     )?;
     Ok(World {
         config_dir: dir.display().to_string(),
+        dns_upstream: format!("{RESOLVER_IP}:53"),
         _servers: servers,
         _dns: dns,
         topo,
@@ -100,8 +102,13 @@ fn world() -> Result<World> {
 }
 
 impl World {
-    fn agent_args(&self) -> [&str; 2] {
-        ["--config", &self.config_dir]
+    fn agent_args(&self) -> [&str; 4] {
+        [
+            "--config",
+            &self.config_dir,
+            "--dns-upstream",
+            &self.dns_upstream,
+        ]
     }
 }
 
@@ -268,13 +275,12 @@ fn a_replaced_agent_fails_no_connection_or_query_and_finishes_a_transfer_begun_b
     );
     new.stop()?;
     wait_detached(&w.topo)?;
-    let pinned: Vec<_> = std::fs::read_dir(w.topo.id().bpffs_dir())?
-        .flatten()
-        .map(|e| e.path())
-        .collect();
+    // The uninstall path: the pin directory went with the last agent.
+    let dir = w.topo.pin_dir();
     assert!(
-        pinned.is_empty(),
-        "pins left after the last agent exited: {pinned:?}"
+        !dir.exists(),
+        "{} left after the last agent exited",
+        dir.display()
     );
     Ok(())
 }
@@ -302,11 +308,6 @@ fn a_killed_agent_leaves_connections_refused_at_once_and_a_restarted_one_adopts_
         .output()?;
     let refused_in = tried.elapsed();
     assert_eq!(out.status.code(), Some(7), "curl: {}", out.stderr_str());
-    assert!(
-        out.stderr_str().contains("refused"),
-        "want connection refused, got {}",
-        out.stderr_str()
-    );
     assert!(
         refused_in < pace::scaled(Duration::from_secs(1)),
         "refusal took {refused_in:?}"
