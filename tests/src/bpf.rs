@@ -184,30 +184,6 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i32> {
     i32::try_from(rc).map_err(|_| io::Error::other("bpf(2) returned an out-of-range value"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn instructions_are_encoded_as_the_kernel_reads_them() {
-        // mov64 r0, 1 and exit, as `bpftool prog dump xlated opcodes` prints them.
-        assert_eq!(insn(0xb7, 0, 1).to_le_bytes(), [0xb7, 0, 0, 0, 1, 0, 0, 0]);
-        assert_eq!(insn(0x95, 0, 0).to_le_bytes(), [0x95, 0, 0, 0, 0, 0, 0, 0]);
-        assert_eq!(
-            insn(0xb7, 0, -1).to_le_bytes(),
-            [0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]
-        );
-    }
-
-    #[test]
-    fn attr_layouts_match_the_uapi_offsets() {
-        assert_eq!(std::mem::size_of::<QueryAttr>(), 32);
-        assert_eq!(std::mem::offset_of!(QueryAttr, prog_ids), 16);
-        assert_eq!(std::mem::offset_of!(LoadAttr, prog_name), 48);
-        assert_eq!(std::mem::offset_of!(LoadAttr, expected_attach_type), 68);
-    }
-}
-
 /// Overwrites the one value of a pinned array map (the agent's layout key): how a test makes pinned
 /// state look like another version's.
 pub fn set_pinned_u32(path: &Path, value: u32) -> Result<()> {
@@ -246,4 +222,28 @@ pub fn set_pinned_u32(path: &Path, value: u32) -> Result<()> {
     };
     bpf(BPF_MAP_UPDATE_ELEM, &mut update).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instructions_are_encoded_as_the_kernel_reads_them() {
+        // mov64 r0, 1 and exit, as `bpftool prog dump xlated opcodes` prints them.
+        assert_eq!(insn(0xb7, 0, 1).to_le_bytes(), [0xb7, 0, 0, 0, 1, 0, 0, 0]);
+        assert_eq!(insn(0x95, 0, 0).to_le_bytes(), [0x95, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(
+            insn(0xb7, 0, -1).to_le_bytes(),
+            [0xb7, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]
+        );
+    }
+
+    #[test]
+    fn attr_layouts_match_the_uapi_offsets() {
+        assert_eq!(std::mem::size_of::<QueryAttr>(), 32);
+        assert_eq!(std::mem::offset_of!(QueryAttr, prog_ids), 16);
+        assert_eq!(std::mem::offset_of!(LoadAttr, prog_name), 48);
+        assert_eq!(std::mem::offset_of!(LoadAttr, expected_attach_type), 68);
+    }
 }

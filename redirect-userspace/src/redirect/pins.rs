@@ -378,3 +378,20 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
     }
     Ok(rc)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_directory_off_bpffs_is_refused_with_the_way_out() {
+        assert!(!on_bpffs(Path::new("/tmp/redirect-not-bpffs/x")));
+        let Err(err) = PinDir::lock(Path::new("/proc/redirect-pins")) else {
+            panic!("/proc is no bpffs");
+        };
+        assert!(
+            matches!(err, PinError::Io { .. } | PinError::NotBpffs { .. }),
+            "{err}"
+        );
+    }
+}
