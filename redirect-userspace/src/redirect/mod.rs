@@ -327,17 +327,6 @@ impl Redirector {
         &self.start
     }
 
-    /// Whether the pinned links still run this agent's programs (always true when unpinned).
-    pub fn owns_links(&self) -> bool {
-        let Some(pinned) = &self.pinned else {
-            return true;
-        };
-        let Ok(dir) = pins::PinDir::lock(&pinned.dir) else {
-            return false;
-        };
-        owns(&dir, pinned)
-    }
-
     /// The agent is leaving for good. If its programs are the attached ones, detaches them and removes
     /// every pin (the uninstall path); if a successor's are, touches nothing. Unpinned links go with
     /// `self`.
@@ -345,6 +334,10 @@ impl Redirector {
         let Some(pinned) = &self.pinned else {
             return Ok(Release::Detached);
         };
+        // A successor that left for good already removed everything.
+        if !pinned.dir.exists() {
+            return Ok(Release::Superseded);
+        }
         let dir = pins::PinDir::lock(&pinned.dir)?;
         if !owns(&dir, pinned) {
             return Ok(Release::Superseded);
