@@ -175,7 +175,7 @@ fn stop_mix(mut mix: integration::Proc) -> Result<MixReport> {
 fn start_mix(topo: &Topology) -> Result<integration::Proc> {
     let resolver = format!("{RESOLVER_IP}:53");
     let mut mix = peer::cmd(topo.pod(B1.0).place())?
-        .args(["mix", "--rate", "600", "--workers", "16"])
+        .args(["mix", "--rate", "700", "--workers", "16"])
         .args(["--http", &format!("{SERVICE_VIP}={SERVICE_ENDPOINT_BODY}")])
         .args(["--http", &format!("{HIDDEN_ADDR}={HIDDEN_REAL_BODY}")])
         .args(["--http", &format!("{UNKNOWN_ADDR}={UNKNOWN_BODY}")])
