@@ -114,6 +114,34 @@ impl Agent {
         Ok(agent)
     }
 
+    /// Starts a successor while `self`'s agent on `topo` still serves: it takes over the listening
+    /// sockets and the pinned programs. Returns once it says it serves alone and is ready.
+    pub fn start_successor(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
+        let mut agent = Self::spawn(topo, extra_args)?;
+        // Until the hand-over completes, the admin port still answers for the old agent.
+        agent
+            .proc
+            .wait_for_log("agent running", READY_TIMEOUT)
+            .with_context(|| format!("the successor never ran; log:\n{}", agent.log()))?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    /// SIGTERM without waiting for the exit (a handed-over agent drains first); see [`Agent::wait_exit`].
+    pub fn terminate_async(&self) {
+        self.proc.signal(libc::SIGTERM);
+    }
+
+    /// Waits for the exit after [`Agent::terminate_async`], requires status 0; returns the whole log.
+    pub fn wait_exit(mut self, timeout: Duration) -> Result<String> {
+        let status = self.proc.wait(crate::pace::scaled(timeout))?;
+        if !status.success() {
+            bail!("the agent exited with {status}; log:\n{}", self.log());
+        }
+        self.log_tail_on_drop = false;
+        Ok(self.log())
+    }
+
     /// Like [`Agent::start`] without waiting for readiness (to watch an agent that is not ready).
     pub fn spawn(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
         Self::spawn_with(topo, &Launch::default(), extra_args)
@@ -148,6 +176,11 @@ impl Agent {
             .arg("--cgroup")
             .arg(topo.attach_cgroup())
             .args(args)
+            // Run-unique: a successor started on the same topology takes over from this agent.
+            .arg("--bpffs")
+            .arg(topo.pin_dir())
+            .arg("--handover-socket")
+            .arg(topo.handover_socket())
             .args(extra_args)
             .spawn()?;
         Ok(Agent {

@@ -184,6 +184,46 @@ fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i32> {
     i32::try_from(rc).map_err(|_| io::Error::other("bpf(2) returned an out-of-range value"))
 }
 
+/// Overwrites the one value of a pinned array map (the agent's layout key): how a test makes pinned
+/// state look like another version's.
+pub fn set_pinned_u32(path: &Path, value: u32) -> Result<()> {
+    const BPF_MAP_UPDATE_ELEM: libc::c_long = 2;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    #[repr(C)]
+    struct GetAttr {
+        pathname: u64,
+        bpf_fd: u32,
+        file_flags: u32,
+    }
+    #[repr(C)]
+    struct UpdateAttr {
+        map_fd: u32,
+        _pad: u32,
+        key: u64,
+        value: u64,
+        flags: u64,
+    }
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    let mut get = GetAttr {
+        pathname: c.as_ptr() as u64,
+        bpf_fd: 0,
+        file_flags: 0,
+    };
+    let fd = bpf(BPF_OBJ_GET, &mut get).with_context(|| format!("opening {}", path.display()))?;
+    // SAFETY: BPF_OBJ_GET returned a new descriptor that nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let key = 0u32;
+    let mut update = UpdateAttr {
+        map_fd: fd.as_raw_fd() as u32,
+        _pad: 0,
+        key: &key as *const u32 as u64,
+        value: &value as *const u32 as u64,
+        flags: 0,
+    };
+    bpf(BPF_MAP_UPDATE_ELEM, &mut update).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

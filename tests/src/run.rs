@@ -60,6 +60,12 @@ impl RunId {
         Path::new(STATE_ROOT).join(self.tag())
     }
 
+    /// A bpf filesystem of this run's own (mounted by [`mount_bpffs`]): the agents' pinned links and
+    /// maps live there and go with its unmount.
+    pub fn bpffs_dir(&self) -> PathBuf {
+        self.state_dir().join("bpffs")
+    }
+
     pub fn cgroup_dir(&self, cgroup2: &Path) -> PathBuf {
         cgroup2.join(CGROUP_PARENT).join(self.tag())
     }
@@ -148,6 +154,12 @@ pub fn remove_run(id: &RunId, cgroup2: &Path) -> Vec<String> {
     {
         errors.push(format!("removing {}: {e:#}", cg.display()));
     }
+    let bpffs = id.bpffs_dir();
+    if bpffs.exists()
+        && let Err(e) = unmount(&bpffs)
+    {
+        errors.push(format!("unmounting {}: {e:#}", bpffs.display()));
+    }
     let state = id.state_dir();
     if state.exists()
         && let Err(e) = fs::remove_dir_all(&state)
@@ -158,6 +170,44 @@ pub fn remove_run(id: &RunId, cgroup2: &Path) -> Vec<String> {
     let _ = fs::remove_dir(cgroup2.join(CGROUP_PARENT));
     let _ = fs::remove_dir(STATE_ROOT);
     errors
+}
+
+/// Mounts a fresh bpf filesystem at the run's [`RunId::bpffs_dir`] (its own instance: nothing pinned by
+/// another run or the machine is visible there).
+pub fn mount_bpffs(id: &RunId) -> Result<PathBuf> {
+    let dir = id.bpffs_dir();
+    create_dir_all_shared(&dir)?;
+    let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            target.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("mounting a bpf filesystem at {}", dir.display()));
+    }
+    Ok(dir)
+}
+
+/// Unmounts the run's bpf filesystem (lazily: a process still holding a pin's descriptor keeps only
+/// that object); what was pinned there is released with it.
+fn unmount(dir: &Path) -> Result<()> {
+    let target = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes())?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+        let e = std::io::Error::last_os_error();
+        // Not mounted (EINVAL): a run that failed before mounting.
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            return Err(e.into());
+        }
+    }
+    Ok(())
 }
 
 /// `create_dir_all` that survives another run removing the shared parent between its steps.

@@ -100,6 +100,7 @@ impl Topology {
         };
         topo.build_core()
             .with_context(|| format!("building topology {}", topo.id))?;
+        run::mount_bpffs(&topo.id)?;
         Ok(topo)
     }
 
@@ -424,6 +425,16 @@ impl Topology {
         netns::in_netns(&self.node.netns, f)
     }
     /// This run's private directory (removed on drop): logs, scratch files.
+    /// Where the agents of this run pin their links and maps (`--bpffs`), on the run's own bpffs.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.id.bpffs_dir().join("redirect")
+    }
+
+    /// The unix socket on which an agent of this run hands its sockets to a successor.
+    pub fn handover_socket(&self) -> PathBuf {
+        self.state_dir.join("handover.sock")
+    }
+
     pub fn state_dir(&self) -> &Path {
         &self.state_dir
     }

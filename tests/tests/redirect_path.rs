@@ -357,10 +357,11 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
         "the new agent must carry it, server saw {seen:?}"
     );
     assert_eq!(again.metrics()?.get_or_zero(PASSTHROUGH), 1.0);
-    again.kill()?; // SIGKILL: the kernel drops the links with the process
-    wait_detached(&topo)?;
+    let pinned = bpf::attached_programs(topo.attach_cgroup())?;
+    again.kill()?; // SIGKILL: the pinned links stay (fail closed) for the next agent to adopt
+    assert_eq!(bpf::attached_programs(topo.attach_cgroup())?, pinned);
 
-    // And a third one after a crash starts cleanly too.
+    // And a third one after a crash starts cleanly too, in the same links (never a second set).
     let third = Agent::start(&topo, &[])?;
     assert_eq!(
         curl(pod.cmd("curl"), "http://203.0.113.10/")
@@ -369,6 +370,10 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
         format!("{EXT_NAME}\n")
     );
     assert_eq!(third.metrics()?.get_or_zero(PASSTHROUGH), 1.0);
+    assert_eq!(
+        bpf::attached_programs(topo.attach_cgroup())?.len(),
+        pinned.len()
+    );
     third.stop()?;
     wait_detached(&topo)?;
     Ok(())

@@ -93,35 +93,59 @@ pub fn spawn(
     allow_non_loopback: bool,
     state: AdminState,
 ) -> Result<SocketAddr, AdminError> {
+    let listener = bind(addr, allow_non_loopback)?;
+    let (keep_running, stopped) = tokio::sync::watch::channel(false);
+    // Never sent: this server runs as long as the process.
+    std::mem::forget(keep_running);
+    spawn_on(listener, state, stopped).map_err(|source| AdminError::Bind { addr, source })
+}
+
+/// Binds the admin address (loopback only unless allowed).
+pub fn bind(
+    addr: SocketAddr,
+    allow_non_loopback: bool,
+) -> Result<std::net::TcpListener, AdminError> {
     if !addr.ip().is_loopback() && !allow_non_loopback {
         return Err(AdminError::NotLoopback(addr));
     }
     let bind_err = |source| AdminError::Bind { addr, source };
     let listener = std::net::TcpListener::bind(addr).map_err(bind_err)?;
     listener.set_nonblocking(true).map_err(bind_err)?;
-    let local = listener.local_addr().map_err(bind_err)?;
+    Ok(listener)
+}
+
+/// Serves on `listener` (bound here or handed over by a predecessor) on a thread of its own, until
+/// `stop` changes; then the listener is closed (a successor holding the same socket serves on).
+pub fn spawn_on(
+    listener: std::net::TcpListener,
+    state: AdminState,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> io::Result<SocketAddr> {
+    listener.set_nonblocking(true)?;
+    let local = listener.local_addr()?;
     let state = Arc::new(state);
-    thread::Builder::new()
-        .name("admin".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    warn!(error = %e, "admin runtime failed to start; admin server disabled");
-                    return;
-                }
-            };
-            runtime.block_on(serve(listener, state));
-        })
-        .map_err(bind_err)?;
+    thread::Builder::new().name("admin".into()).spawn(move || {
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                warn!(error = %e, "admin runtime failed to start; admin server disabled");
+                return;
+            }
+        };
+        runtime.block_on(serve(listener, state, stop));
+    })?;
     info!(addr = %local, "admin server listening");
     Ok(local)
 }
 
-async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
+async fn serve(
+    listener: std::net::TcpListener,
+    state: Arc<AdminState>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
     let listener = match TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(e) => {
@@ -130,7 +154,11 @@ async fn serve(listener: std::net::TcpListener, state: Arc<AdminState>) {
         }
     };
     loop {
-        let (stream, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            _ = stop.changed() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Usually EMFILE: back off instead of spinning on a CPU the proxy needs.

@@ -1,19 +1,23 @@
 //! The node agent: wires the eBPF redirect, the outbound proxy, the DNS proxy, the configuration
-//! reload and the admin server together, and takes them down in the right order.
+//! reload and the admin server together, and takes them down in the right order; hands its sockets and
+//! programs over to a successor (`handover`) and drains.
+pub mod handover;
 mod reload;
 
 use std::{
     net::SocketAddr,
+    os::fd::{AsFd, OwnedFd},
     path::PathBuf,
     sync::{
         Arc,
         atomic::{AtomicBool, Ordering},
     },
+    time::{Duration, Instant},
 };
 
 use anyhow::Context;
-use tokio::sync::watch;
-use tracing::info;
+use tokio::sync::{Notify, watch};
+use tracing::{info, warn};
 
 pub use reload::{Loaded, Reloader};
 
@@ -26,8 +30,9 @@ use crate::{
     logging::LogLevel,
     metrics::Metrics,
     proxy::{self, OutboundProxy, ProxyContext, RelayMode, Timeouts},
-    redirect::{Gateways, RedirectConfig, Redirector},
+    redirect::{Gateways, RedirectConfig, Redirector, Release},
 };
+use handover::Kind;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -47,6 +52,12 @@ pub struct AgentConfig {
     pub budget: BudgetArgs,
     /// Input bounds of each configuration load.
     pub limits: crate::config::Limits,
+    /// bpffs directory the links and maps are pinned in; `None`: tied to this process.
+    pub pin_dir: Option<PathBuf>,
+    /// Unix socket a successor asks for the listening sockets on; `None`: no hand-over.
+    pub handover_socket: Option<PathBuf>,
+    /// After a hand-over, how long proxied connections may run before they are reset.
+    pub drain_timeout: Duration,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -86,20 +97,76 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         live: live.clone(),
         metrics: metrics.clone(),
     });
+    // A predecessor still serving hands over its very sockets: nothing waiting in a queue is lost.
+    let identity = handover::Identity::current(&config.cgroup)
+        .with_context(|| format!("reading the identity of {}", config.cgroup.display()))?;
+    let (predecessor, mut inherited) = match &config.handover_socket {
+        Some(path) => match handover::take_over(path, identity) {
+            Ok(Some((predecessor, sockets))) => {
+                info!(path = %path.display(), sockets = sockets.len(), "took the listening sockets of the agent in service");
+                (Some(predecessor), sockets)
+            }
+            Ok(None) => (None, Vec::new()),
+            Err(e) => {
+                warn!(path = %path.display(), error = %e, "asking for a predecessor's sockets failed; binding anew");
+                (None, Vec::new())
+            }
+        },
+        None => (None, Vec::new()),
+    };
+    let mut offer = Vec::new();
     let mut listeners = Vec::new();
     let mut dns_proxies = Vec::new();
     for gateway in config.gateway.addrs() {
-        listeners.push(proxy::listen(SocketAddr::new(gateway, config.proxy_port))?);
+        let addr = SocketAddr::new(gateway, config.proxy_port);
+        let listener = match take(&mut inherited, Kind::Proxy, addr).pop() {
+            Some(fd) => {
+                let std = std::net::TcpListener::from(fd);
+                std.set_nonblocking(true)?;
+                tokio::net::TcpListener::from_std(std)?
+            }
+            None => proxy::listen(addr)?,
+        };
+        offer.push(offered(Kind::Proxy, addr, &listener)?);
+        listeners.push(listener);
         if let Some(port) = config.dns_proxy_port {
             let addr = SocketAddr::new(gateway, port);
             let decide = visible_names.clone();
-            dns_proxies.push(
-                DnsProxy::bind(addr, upstream.clone(), decide, metrics.clone())
-                    .await?
-                    .with_budgets(budgets.clone()),
-            );
+            let udp = take(&mut inherited, Kind::DnsUdp, addr);
+            let mut tcp = take(&mut inherited, Kind::DnsTcp, addr);
+            let dns = match tcp.pop() {
+                Some(tcp) if !udp.is_empty() => DnsProxy::from_sockets(
+                    udp.into_iter().map(std::net::UdpSocket::from).collect(),
+                    std::net::TcpListener::from(tcp),
+                    upstream.clone(),
+                    decide,
+                    metrics.clone(),
+                )?,
+                _ => DnsProxy::bind(addr, upstream.clone(), decide, metrics.clone()).await?,
+            };
+            let (udp, tcp) = dns.socket_fds()?;
+            offer.extend(udp.into_iter().map(|fd| handover::Socket {
+                kind: Kind::DnsUdp,
+                addr,
+                fd,
+            }));
+            offer.push(handover::Socket {
+                kind: Kind::DnsTcp,
+                addr,
+                fd: tcp,
+            });
+            dns_proxies.push(dns.with_budgets(budgets.clone()));
         }
     }
+    let admin_listener = match take(&mut inherited, Kind::Admin, config.admin).pop() {
+        Some(fd) => std::net::TcpListener::from(fd),
+        None => admin::bind(config.admin, config.admin_allow_non_loopback)?,
+    };
+    offer.push(offered(Kind::Admin, config.admin, &admin_listener)?);
+    for unused in &inherited {
+        info!(kind = ?unused.kind, addr = %unused.addr, "a predecessor's socket this configuration does not use; closing our copy");
+    }
+    drop(inherited);
     // Which pod each cgroup is, read before attaching: the first connections find it ready.
     let cgroup_root = config.cgroup.clone();
     let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
@@ -110,6 +177,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         gateway: config.gateway,
         proxy_port: config.proxy_port,
         dns_proxy_port: config.dns_proxy_port,
+        pin_dir: config.pin_dir.clone(),
     })
     .context("attaching the eBPF programs")?;
     let cgroups = Arc::new(cgroups);
@@ -134,17 +202,13 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .map(|listener| OutboundProxy::new(listener, proxy_context.clone()))
         .collect();
 
-    admin::spawn(
-        config.admin,
-        config.admin_allow_non_loopback,
-        AdminState {
-            registry: metrics.registry(Some(redirector.maps())),
-            attached: attached.clone(),
-            live: live.clone(),
-            log_level: Some(log_level),
-            budgets: Some(budgets),
-        },
-    )?;
+    let admin_state = AdminState {
+        registry: metrics.registry(Some(redirector.maps())),
+        attached: attached.clone(),
+        live: live.clone(),
+        log_level: Some(log_level),
+        budgets: Some(budgets.clone()),
+    };
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let proxy_tasks: Vec<_> = proxies
@@ -156,31 +220,161 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .into_iter()
         .map(|dns| tokio::spawn(dns.serve(stop_rx.clone())))
         .collect();
-    attached.store(true, Ordering::Release);
-    info!(gateway = %config.gateway, proxy_port = config.proxy_port, dns_upstream = %config.dns_upstream, "agent running");
+    let mut signals = Signals::install()?;
 
-    let signal = shutdown_signal().await?;
-    info!(signal, "shutting down");
-    attached.store(false, Ordering::Release);
-    // Detach first so no new connection is steered to a proxy that is going away.
-    drop(redirector);
-    let _ = stop_tx.send(true);
+    // Offer our sockets to the next agent; when it is ready, stop serving (it serves on them).
+    let stop_tx = Arc::new(stop_tx);
+    let (admin_stop, admin_stopped) = watch::channel(false);
+    let handed_over = Arc::new(Notify::new());
+    let handover_server = match &config.handover_socket {
+        Some(path) => {
+            let (stop_tx, attached, handed_over) =
+                (stop_tx.clone(), attached.clone(), handed_over.clone());
+            let server = handover::Server::start(path, identity, offer, move || {
+                attached.store(false, Ordering::Release);
+                let _ = stop_tx.send(true);
+                let _ = admin_stop.send(true);
+                handed_over.notify_one();
+            })
+            .with_context(|| format!("listening for a successor at {}", path.display()))?;
+            Some(server)
+        }
+        None => {
+            drop(offer);
+            None
+        }
+    };
+    if let Some(predecessor) = predecessor {
+        let took = Instant::now();
+        tokio::task::spawn_blocking(move || predecessor.ready())
+            .await
+            .context("hand-over task")?
+            .context("the agent in service did not confirm the hand-over")?;
+        info!(
+            waited_ms = took.elapsed().as_millis() as u64,
+            "the agent in service stopped accepting; serving alone"
+        );
+    }
+    admin::spawn_on(admin_listener, admin_state, admin_stopped)
+        .context("starting the admin server")?;
+    attached.store(true, Ordering::Release);
+    info!(gateway = %config.gateway, proxy_port = config.proxy_port, dns_upstream = %config.dns_upstream, start = ?redirector.start(), "agent running");
+
+    let signal = tokio::select! {
+        signal = signals.recv() => Some(signal),
+        () = handed_over.notified() => None,
+    };
+    if let Some(signal) = signal {
+        info!(signal, "shutting down");
+        attached.store(false, Ordering::Release);
+        if let Some(server) = handover_server {
+            server.close();
+        }
+        // Detach first so no new connection is steered to a proxy that is going away.
+        match redirector.release() {
+            Ok(Release::Detached) => info!("eBPF programs detached"),
+            Ok(Release::Superseded) => info!("a successor's programs are attached; left them"),
+            Err(e) => warn!(error = %e, "detaching the eBPF programs failed"),
+        }
+        let _ = stop_tx.send(true);
+        for task in proxy_tasks.into_iter().chain(dns_tasks) {
+            let _ = task.await;
+        }
+        if let Some(task) = reload_task {
+            task.abort();
+        }
+        info!("agent stopped");
+        return Ok(());
+    }
+
+    // Handed over: the successor serves and its programs are attached. Ours drain until their end
+    // or the deadline; the process leaves when told to (a DaemonSet would restart a container that
+    // exits on its own, and the restarted one would take over again).
+    let handed_at = Instant::now();
+    info!(
+        drain_timeout_s = config.drain_timeout.as_secs(),
+        "handed over to a successor; draining"
+    );
     for task in proxy_tasks.into_iter().chain(dns_tasks) {
         let _ = task.await;
+    }
+    let deadline = handed_at + config.drain_timeout;
+    let (signal, left) = tokio::join!(signals.recv(), drain(&budgets, deadline));
+    info!(signal, "shutting down after the hand-over");
+    if left > 0 {
+        warn!(
+            connections = left,
+            "drain deadline passed; resetting what is left"
+        );
+    } else {
+        info!(
+            drained_ms = handed_at.elapsed().as_millis() as u64,
+            "every connection ended"
+        );
+    }
+    match redirector.release() {
+        Ok(Release::Superseded) => {}
+        Ok(Release::Detached) => warn!("no successor's programs were attached; detached ours"),
+        Err(e) => warn!(error = %e, "checking the pinned programs failed"),
     }
     if let Some(task) = reload_task {
         task.abort();
     }
-    info!("eBPF programs detached; agent stopped");
+    // Connections still open are dropped with the runtime: reset (linger 0), never a silent FIN.
     Ok(())
 }
 
-async fn shutdown_signal() -> anyhow::Result<&'static str> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    Ok(tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
+/// Waits until no proxied connection, DNS forward or DNS client is left, or `deadline`; returns
+/// how many proxied connections were left.
+async fn drain(budgets: &Budgets, deadline: Instant) -> usize {
+    loop {
+        let connections = budgets.connections.used();
+        let busy = connections + budgets.dns_forwards.used() + budgets.dns_tcp_clients.used();
+        if busy == 0 || Instant::now() >= deadline {
+            return connections;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Takes the handed-over sockets of `kind` bound to `addr`.
+fn take(inherited: &mut Vec<handover::Socket>, kind: Kind, addr: SocketAddr) -> Vec<OwnedFd> {
+    let (matching, rest): (Vec<_>, Vec<_>) = std::mem::take(inherited)
+        .into_iter()
+        .partition(|s| s.kind == kind && s.addr == addr);
+    *inherited = rest;
+    matching.into_iter().map(|s| s.fd).collect()
+}
+
+fn offered(kind: Kind, addr: SocketAddr, socket: &impl AsFd) -> anyhow::Result<handover::Socket> {
+    Ok(handover::Socket {
+        kind,
+        addr,
+        fd: socket
+            .as_fd()
+            .try_clone_to_owned()
+            .context("duplicating a listening socket for the hand-over")?,
     })
+}
+
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
 }

@@ -48,6 +48,20 @@ pub struct RunArgs {
     /// Allow the admin server on a non-loopback address (it shows the node's configuration).
     #[arg(long)]
     pub admin_allow_non_loopback: bool,
+    /// bpf filesystem directory holding the pinned links and maps, which a successor adopts (hand-over).
+    /// When it is not on a bpf filesystem the programs live with this process and there is no hand-over.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
+    pub bpffs: PathBuf,
+    /// Unix socket on which a successor takes this agent's listening sockets (hand-over).
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/run/redirect/handover.sock"
+    )]
+    pub handover_socket: PathBuf,
+    /// After handing over, how long proxied connections may run before they are reset.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: std::time::Duration,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
@@ -66,6 +80,12 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
                 .context("/etc/resolv.conf names no nameserver; pass --dns-upstream IP:PORT")?
         }
     };
+    // Without a bpffs there is nothing a successor could adopt: no hand-over at all (a successor
+    // would attach a second set of programs next to ours).
+    let pinned = crate::redirect::pins::on_bpffs(&args.bpffs);
+    if !pinned {
+        tracing::warn!(dir = %args.bpffs.display(), "not on a bpf filesystem: the programs live with this process and there is no hand-over");
+    }
     agent::run(
         AgentConfig {
             config_dir: args.config,
@@ -79,6 +99,9 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             relay: args.relay,
             budget: args.budget,
             limits: args.limits.limits(),
+            pin_dir: pinned.then_some(args.bpffs),
+            handover_socket: pinned.then_some(args.handover_socket),
+            drain_timeout: args.drain_timeout,
         },
         log_level,
     )?;

@@ -120,6 +120,46 @@ impl DnsProxy {
         })
     }
 
+    /// Serves on sockets a predecessor bound (its UDP group, reuse-port program included, and its
+    /// TCP listener), handed over as they are.
+    pub fn from_sockets(
+        udp: Vec<std::net::UdpSocket>,
+        tcp: std::net::TcpListener,
+        upstream: Arc<Upstream>,
+        decide: Arc<dyn Decide>,
+        metrics: Arc<Metrics>,
+    ) -> io::Result<Self> {
+        let udp = udp
+            .into_iter()
+            .map(|s| {
+                s.set_nonblocking(true)?;
+                UdpSocket::from_std(s)
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        tcp.set_nonblocking(true)?;
+        Ok(Self {
+            udp,
+            tcp: TcpListener::from_std(tcp)?,
+            shared: Arc::new(Shared {
+                upstream,
+                decide,
+                budgets: None,
+                metrics,
+            }),
+        })
+    }
+
+    /// Copies of the UDP group's and the TCP listener's descriptors, for a successor.
+    pub fn socket_fds(&self) -> io::Result<(Vec<std::os::fd::OwnedFd>, std::os::fd::OwnedFd)> {
+        use std::os::fd::AsFd;
+        let udp = self
+            .udp
+            .iter()
+            .map(|s| s.as_fd().try_clone_to_owned())
+            .collect::<io::Result<Vec<_>>>()?;
+        Ok((udp, self.tcp.as_fd().try_clone_to_owned()?))
+    }
+
     /// Holds forwards and TCP clients to `budgets` (without, nothing is capped).
     pub fn with_budgets(mut self, budgets: Arc<Budgets>) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {

@@ -91,6 +91,11 @@ pub const NEEDS: &[Need] = &[
         ),
     },
     Need {
+        what: "cgroup bpf_links pinned, updated in place, queried and force-detached (the hand-over)",
+        since: (5, 9),
+        probe: Probe::Release,
+    },
+    Need {
         what: "LRU hash maps",
         since: (4, 10),
         probe: Probe::Map(MapType::LruHash),

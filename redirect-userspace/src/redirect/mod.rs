@@ -1,11 +1,14 @@
 //! Loading and attaching the eBPF programs, and reading what they record.
 //!
-//! [`Redirector`] owns the loaded object: while it lives the programs steer the cgroup's traffic to the
-//! agent; dropping it (or the process dying) closes the links and the kernel detaches everything.
+//! [`Redirector`] owns the loaded object. Without a pin directory its links live with it: dropping it
+//! (or the process dying) detaches everything. With one (`pins`), the links and maps are pinned: they
+//! outlive the process, a successor swaps its programs into the same links, and only
+//! [`Redirector::release`] by the last agent detaches them.
 mod cgroup;
 pub mod features;
 mod gateway;
 mod netns;
+pub mod pins;
 
 use std::{
     collections::BTreeSet,
@@ -13,12 +16,13 @@ use std::{
     os::fd::AsFd,
     path::PathBuf,
     sync::{Arc, Mutex},
+    time::{Duration, Instant},
 };
 
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, MapError, PerCpuArray},
-    programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps},
+    programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps, links::FdLink},
 };
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
@@ -26,6 +30,27 @@ pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
 pub use features::MissingFeatures;
 pub use gateway::{GatewayError, Gateways};
 pub use netns::NetnsError;
+pub use pins::{Found, PinError};
+
+/// The maps a successor must find as they were: pinned when a pin directory is given.
+const PINNED_MAPS: [&str; 4] = [
+    maps::SOCKET_ORIG_DST,
+    maps::FLOW_ORIG_DST,
+    maps::OPTED_OUT_CGROUPS,
+    maps::STATS,
+];
+
+/// The cgroup/sock_addr programs; sock_ops comes after them.
+const SOCK_ADDR_PROGRAMS: [&str; 8] = [
+    programs::CONNECT4,
+    programs::SENDMSG4,
+    programs::RECVMSG4,
+    programs::GETPEERNAME4,
+    programs::CONNECT6,
+    programs::SENDMSG6,
+    programs::RECVMSG6,
+    programs::GETPEERNAME6,
+];
 
 /// The eBPF object, embedded by build.rs (empty when built without `cargo xtask build`).
 static EBPF_OBJECT: &[u8] =
@@ -45,6 +70,32 @@ pub struct RedirectConfig {
     pub proxy_port: u16,
     /// Port of the DNS proxy; `None` leaves DNS traffic alone.
     pub dns_proxy_port: Option<u16>,
+    /// bpffs directory for the links and maps; `None` ties them to this process (no hand-over).
+    pub pin_dir: Option<PathBuf>,
+}
+
+/// How the programs came to be attached.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Start {
+    /// Links tied to this process, nothing pinned.
+    Unpinned,
+    /// Nothing was pinned: this agent attached and pinned everything.
+    Fresh,
+    /// Pinned state of this layout was found: its maps are used and its links now run this agent's
+    /// programs, swapped in place (no moment without a program, none with two).
+    Adopted,
+    /// Pinned state of a layout this agent does not know was found: it was detached and removed,
+    /// then everything attached anew. For `window` pods were not steered.
+    Replaced { found: String, window: Duration },
+}
+
+/// What [`Redirector::release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// This agent's programs were the attached ones: they are detached and the pins removed.
+    Detached,
+    /// Another agent's programs run in the links now: nothing was touched.
+    Superseded,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +130,14 @@ pub enum RedirectError {
         #[source]
         source: ProgramError,
     },
+    #[error(transparent)]
+    Pin(#[from] PinError),
+    #[error("pinned link {path}: {source}")]
+    Link {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("map {name}: {source}")]
     Map {
         name: &'static str,
@@ -91,7 +150,15 @@ pub enum RedirectError {
 /// [`RedirectMaps`] for connections already accepted.
 pub struct Redirector {
     maps: Arc<RedirectMaps>,
+    start: Start,
+    pinned: Option<Pinned>,
     _ebpf: Ebpf,
+}
+
+/// Where this agent's links are pinned and which program it put in each.
+struct Pinned {
+    dir: PathBuf,
+    programs: Vec<(&'static str, u32)>,
 }
 
 /// The maps the agent reads: shared by every connection task and the metrics collector.
@@ -114,42 +181,127 @@ impl Redirector {
         let gateway_v6 = config.gateway.v6_words();
         let dns_port = config.dns_proxy_port.unwrap_or(0);
         let node_netns = netns::node_cookie(EBPF_OBJECT, &config.cgroup)?;
-        let mut ebpf = EbpfLoader::new()
+        // Locked from here to the end of this function: an exiting agent waits for us, and we for it.
+        let pin_dir = config
+            .pin_dir
+            .as_deref()
+            .map(pins::PinDir::lock)
+            .transpose()?;
+        let cgroup_id = pins::cgroup_id(&cgroup).map_err(|source| CgroupError::Open {
+            path: config.cgroup.clone(),
+            source,
+        })?;
+        let (start, unknown_since) = match &pin_dir {
+            None => (Start::Unpinned, None),
+            Some(dir) => match dir.found() {
+                Found::Empty => (Start::Fresh, None),
+                Found::Ours => {
+                    check_same_cgroup(dir, cgroup_id)?;
+                    (Start::Adopted, None)
+                }
+                Found::Unknown(found) => {
+                    tracing::warn!(dir = %dir.path().display(), %found, "refusing to adopt pinned state of an unknown layout; detaching it and attaching anew (pods are not steered until then)");
+                    let since = Instant::now();
+                    dir.clear()?;
+                    (
+                        Start::Replaced {
+                            found,
+                            window: Duration::ZERO,
+                        },
+                        Some(since),
+                    )
+                }
+            },
+        };
+        let mut loader = EbpfLoader::new();
+        loader
             .override_global(globals::NODE_NETNS_COOKIE, &node_netns, true)
             .override_global(globals::GATEWAY_V4, &gateway_v4, true)
             .override_global(globals::GATEWAY_V6, &gateway_v6, true)
             .override_global(globals::PROXY_PORT, &config.proxy_port, true)
-            .override_global(globals::DNS_PROXY_PORT, &dns_port, true)
-            .load(EBPF_OBJECT)?;
+            .override_global(globals::DNS_PROXY_PORT, &dns_port, true);
+        if let Some(dir) = &pin_dir {
+            for name in PINNED_MAPS {
+                loader.map_pin_path(name, dir.map_path(name));
+            }
+        }
+        let mut ebpf = loader.load(EBPF_OBJECT)?;
 
-        for name in [
-            programs::CONNECT4,
-            programs::SENDMSG4,
-            programs::RECVMSG4,
-            programs::GETPEERNAME4,
-            programs::CONNECT6,
-            programs::SENDMSG6,
-            programs::RECVMSG6,
-            programs::GETPEERNAME6,
-        ] {
+        let mut attached = Vec::new();
+        for name in SOCK_ADDR_PROGRAMS {
             let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
             program.load().map_err(|source| load_error(name, source))?;
-            program
+            let prog_id = program_id(name, program.info())?;
+            let fd = program
+                .fd()
+                .map_err(|source| RedirectError::Program { name, source })?;
+            let pinned = match &pin_dir {
+                Some(dir) => swap_into_pinned(dir, name, fd.as_fd())?,
+                None => false,
+            };
+            if !pinned {
+                let id = program
+                    .attach(cgroup.as_fd(), ATTACH_MODE)
+                    .map_err(|source| RedirectError::Program { name, source })?;
+                if let Some(dir) = &pin_dir {
+                    let link = program
+                        .take_link(id)
+                        .map_err(|source| RedirectError::Program { name, source })?;
+                    pin_link(dir, name, FdLink::try_from(link))?;
+                }
+            }
+            attached.push((name, prog_id));
+        }
+        let name = programs::SOCK_OPS;
+        let sock_ops: &mut SockOps = program(&mut ebpf, name)?;
+        sock_ops.load().map_err(|source| load_error(name, source))?;
+        let prog_id = program_id(name, sock_ops.info())?;
+        let fd = sock_ops
+            .fd()
+            .map_err(|source| RedirectError::Program { name, source })?;
+        let pinned = match &pin_dir {
+            Some(dir) => swap_into_pinned(dir, name, fd.as_fd())?,
+            None => false,
+        };
+        if !pinned {
+            let id = sock_ops
                 .attach(cgroup.as_fd(), ATTACH_MODE)
                 .map_err(|source| RedirectError::Program { name, source })?;
+            if let Some(dir) = &pin_dir {
+                let link = sock_ops
+                    .take_link(id)
+                    .map_err(|source| RedirectError::Program { name, source })?;
+                pin_link(dir, name, FdLink::try_from(link))?;
+            }
         }
-        let sock_ops: &mut SockOps = program(&mut ebpf, programs::SOCK_OPS)?;
-        let name = programs::SOCK_OPS;
-        sock_ops.load().map_err(|source| load_error(name, source))?;
-        sock_ops
-            .attach(cgroup.as_fd(), ATTACH_MODE)
-            .map_err(|source| RedirectError::Program { name, source })?;
+        attached.push((name, prog_id));
+        let start = match (start, unknown_since) {
+            (Start::Replaced { found, .. }, Some(since)) => {
+                let window = since.elapsed();
+                tracing::warn!(%found, window_ms = window.as_millis() as u64, "took over from pinned state of an unknown layout: pods were not steered for this long");
+                Start::Replaced { found, window }
+            }
+            (start, _) => start,
+        };
+        if let Some(dir) = &pin_dir
+            && start != Start::Adopted
+        {
+            dir.write_layout()?;
+        }
+        let pinned = pin_dir.map(|dir| Pinned {
+            dir: dir.path().to_path_buf(),
+            programs: attached,
+        });
 
         let flows = take_map(&mut ebpf, maps::FLOW_ORIG_DST, HashMap::try_from)?;
         let stats = take_map(&mut ebpf, maps::STATS, PerCpuArray::try_from)?;
-        let opted_out = take_map(&mut ebpf, maps::OPTED_OUT_CGROUPS, HashMap::try_from)?;
+        let opted_out: HashMap<MapData, u64, u8> =
+            take_map(&mut ebpf, maps::OPTED_OUT_CGROUPS, HashMap::try_from)?;
+        // A predecessor's opt-outs are in the adopted map: know them, so a later sync can remove them.
+        let held: BTreeSet<u64> = opted_out.keys().flatten().collect();
         tracing::info!(
             cgroup = %config.cgroup.display(),
+            start = ?start,
             gateway = %config.gateway,
             proxy_port = config.proxy_port,
             dns_proxy_port = dns_port,
@@ -159,8 +311,10 @@ impl Redirector {
             maps: Arc::new(RedirectMaps {
                 flows,
                 stats,
-                opted_out: Mutex::new((opted_out, BTreeSet::new())),
+                opted_out: Mutex::new((opted_out, held)),
             }),
+            start,
+            pinned,
             _ebpf: ebpf,
         })
     }
@@ -168,6 +322,98 @@ impl Redirector {
     pub fn maps(&self) -> Arc<RedirectMaps> {
         self.maps.clone()
     }
+
+    pub fn start(&self) -> &Start {
+        &self.start
+    }
+
+    /// The agent is leaving for good. If its programs are the attached ones, detaches them and removes
+    /// every pin (the uninstall path); if a successor's are, touches nothing. Unpinned links go with
+    /// `self`.
+    pub fn release(self) -> Result<Release, RedirectError> {
+        let Some(pinned) = &self.pinned else {
+            return Ok(Release::Detached);
+        };
+        // A successor that left for good already removed everything.
+        if !pinned.dir.exists() {
+            return Ok(Release::Superseded);
+        }
+        let dir = pins::PinDir::lock(&pinned.dir)?;
+        if !owns(&dir, pinned) {
+            return Ok(Release::Superseded);
+        }
+        let detached = dir.remove()?;
+        tracing::info!(links = detached, dir = %pinned.dir.display(), "detached the pinned programs and removed the pins");
+        Ok(Release::Detached)
+    }
+}
+
+/// True when every pinned link runs the program this agent put there.
+fn owns(dir: &pins::PinDir, pinned: &Pinned) -> bool {
+    pinned.programs.iter().all(|(name, prog_id)| {
+        matches!(dir.link(name), Ok(Some(link)) if link.state().map(|s| s.prog_id).ok() == Some(*prog_id))
+    })
+}
+
+/// Adopting links attached to another cgroup would steer someone else's pods.
+fn check_same_cgroup(dir: &pins::PinDir, ours: u64) -> Result<(), RedirectError> {
+    for (_, link) in dir.links() {
+        let Ok(link) = link else { continue };
+        let state = link.state().map_err(|source| RedirectError::Link {
+            path: link.path().to_path_buf(),
+            source,
+        })?;
+        if state.cgroup_id != 0 && state.cgroup_id != ours {
+            return Err(PinError::OtherCgroup {
+                path: dir.path().to_path_buf(),
+                pinned: state.cgroup_id,
+                ours,
+            }
+            .into());
+        }
+    }
+    Ok(())
+}
+
+/// Puts `program` into the pinned link of `name`, if there is one; false when there is none.
+fn swap_into_pinned(
+    dir: &pins::PinDir,
+    name: &'static str,
+    program: std::os::fd::BorrowedFd<'_>,
+) -> Result<bool, RedirectError> {
+    let link_err = |source| RedirectError::Link {
+        path: dir.link_path(name),
+        source,
+    };
+    let Some(link) = dir.link(name).map_err(link_err)? else {
+        return Ok(false);
+    };
+    link.update(program).map_err(link_err)?;
+    Ok(true)
+}
+
+fn pin_link(
+    dir: &pins::PinDir,
+    name: &'static str,
+    link: Result<FdLink, aya::programs::links::LinkError>,
+) -> Result<(), RedirectError> {
+    let path = dir.link_path(name);
+    let link_err = |e: String| RedirectError::Link {
+        path: path.clone(),
+        source: std::io::Error::other(e),
+    };
+    let link = link.map_err(|e| link_err(e.to_string()))?;
+    // The pin keeps the link attached; our descriptor closes here.
+    link.pin(&path).map_err(|e| link_err(e.to_string()))?;
+    Ok(())
+}
+
+fn program_id(
+    name: &'static str,
+    info: Result<aya::programs::ProgramInfo, ProgramError>,
+) -> Result<u32, RedirectError> {
+    info.map(|i| i.id())
+        .map_err(|source| RedirectError::Program { name, source })
 }
 
 impl RedirectMaps {

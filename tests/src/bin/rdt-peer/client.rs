@@ -22,7 +22,8 @@ pub fn getpeername(addr: SocketAddr) -> Result<()> {
 }
 
 /// Writes `n` pattern bytes and half-closes; returns the hex sha256 of what it wrote.
-fn send_pattern(mut s: TcpStream, n: u64) -> Result<String> {
+fn send_pattern(mut s: TcpStream, n: u64, rate_mib: u64) -> Result<String> {
+    let started = std::time::Instant::now();
     let mut p = Pattern::new();
     let mut h = Sha256::new();
     let mut buf = vec![0; 1 << 16];
@@ -33,6 +34,13 @@ fn send_pattern(mut s: TcpStream, n: u64) -> Result<String> {
         s.write_all(&buf[..k]).context("sending")?;
         h.update(&buf[..k]);
         left -= k as u64;
+        if rate_mib > 0 {
+            // Ahead of schedule: wait until the bytes sent so far are due.
+            let due = Duration::from_secs_f64((n - left) as f64 / (rate_mib << 20) as f64);
+            if let Some(wait) = due.checked_sub(started.elapsed()) {
+                std::thread::sleep(wait);
+            }
+        }
     }
     s.shutdown(Shutdown::Write).context("half-closing")?;
     Ok(pattern::hex(&h.finalize()))
@@ -53,11 +61,11 @@ fn receive_all(mut s: TcpStream) -> Result<(u64, String)> {
     }
 }
 
-pub fn echo(addr: SocketAddr, bytes: u64) -> Result<()> {
+pub fn echo(addr: SocketAddr, bytes: u64, rate_mib: u64) -> Result<()> {
     let s = connect(addr)?;
     let writer = s.try_clone()?;
     // Write and read at once: an echo of more than the socket buffers would deadlock otherwise.
-    let sender = std::thread::spawn(move || send_pattern(writer, bytes));
+    let sender = std::thread::spawn(move || send_pattern(writer, bytes, rate_mib));
     let (received, received_sha) = receive_all(s)?;
     let sent_sha = sender
         .join()

@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 mod client;
 mod dns;
 mod load;
+mod mix;
 mod serve;
 
 #[derive(Debug, Parser)]
@@ -50,6 +51,9 @@ enum Command {
         addr: SocketAddr,
         #[arg(long)]
         bytes: u64,
+        /// Send at most this many MiB per second (0: as fast as possible).
+        #[arg(long, default_value_t = 0)]
+        rate_mib: u64,
     },
     /// Open N connections to an echo server at once, print `open N`, then (after a line on stdin with
     /// --wait-stdin) push `--bytes` through each and check the echo; print `done ok=.. failed=..`.
@@ -105,6 +109,22 @@ enum Command {
     },
     /// Read until the stream ends: `eof N` (exit 0) or `error N KIND` (exit 1).
     Read { addr: SocketAddr },
+    /// New connections and DNS queries in turn, paced at `--rate` per second over `--workers`
+    /// threads, until a line (or EOF) on stdin; then `done ok=N failed=M secs=S` and one
+    /// `fail WHAT: ERROR` line per failure (the first 50). Exit 0 only without failures.
+    Mix {
+        /// `IP:PORT=BODY`: GET / there must answer 200 with BODY (repeatable).
+        #[arg(long)]
+        http: Vec<String>,
+        /// `SERVER=NAME`: an A question over connected UDP, answered NOERROR with an address
+        /// (repeatable).
+        #[arg(long)]
+        dns: Vec<String>,
+        #[arg(long, default_value_t = 600)]
+        rate: u32,
+        #[arg(long, default_value_t = 8)]
+        workers: usize,
+    },
     /// Write until the stream fails: `error N KIND` (exit 1).
     Write { addr: SocketAddr },
 }
@@ -121,7 +141,11 @@ fn main() -> ExitCode {
             sink,
         } => serve::serve(&name, &http, &echo, &source, &sink),
         Command::Getpeername { addr } => client::getpeername(addr),
-        Command::Echo { addr, bytes } => client::echo(addr, bytes),
+        Command::Echo {
+            addr,
+            bytes,
+            rate_mib,
+        } => client::echo(addr, bytes, rate_mib),
         Command::Fanout {
             addr,
             conns,
@@ -144,6 +168,12 @@ fn main() -> ExitCode {
         Command::HoldIdle { addr, conns } => load::hold_idle(addr, conns),
         Command::Storm { addr, conns } => load::storm(addr, conns),
         Command::Read { addr } => load::read(addr),
+        Command::Mix {
+            http,
+            dns,
+            rate,
+            workers,
+        } => mix::run(&http, &dns, rate, workers),
         Command::Write { addr } => load::write(addr),
     };
     match result {

@@ -1,0 +1,375 @@
+//! Replacing the agent (`docs/handover.md`): a successor takes the listening sockets and swaps its
+//! programs into the pinned links while the old agent serves; the old one drains. A killed agent
+//! leaves its programs attached (steered connections are refused at once) and a restarted one adopts
+//! them; pinned state of an unknown layout is never adopted, only replaced.
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use integration::{
+    Agent, DnsRecords, Peer, RESOLVER_IP, Topology, bpf, fixtures, pace, pattern, peer,
+};
+
+const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+const B1: (&str, &str) = ("team-b/b1", "10.244.2.10");
+/// team-a's entry: visible to team-a only, so for team-b its address is the real host's.
+const HIDDEN_ADDR: &str = "203.0.113.10:80";
+const HIDDEN_REAL_BODY: &str = "real-203.0.113.10";
+/// team-b's own entry (answered by the agent, connections go to its endpoint).
+const SERVICE_VIP: &str = "203.0.113.20:80";
+const SERVICE_ENDPOINT_BODY: &str = "team-b-svc";
+/// An address nobody claims: passthrough.
+const UNKNOWN_ADDR: &str = "203.0.113.30:80";
+const UNKNOWN_BODY: &str = "unknown-203.0.113.30";
+const UNKNOWN_ECHO: &str = "203.0.113.30:7";
+/// One program per hook the agent uses.
+const HOOKS: usize = 9;
+
+fn config() -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata: {{name: team-a}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: team-b}}
+---
+kind: MeshConfig
+serviceEntryVisibility: {{defaultVisibility: NAMESPACE}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: api, namespace: team-a}}
+spec:
+  hosts: [api.example.com]
+  addresses: [203.0.113.10]
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints: [{{address: 198.51.100.20}}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: svc, namespace: team-b}}
+spec:
+  hosts: [svc.example.com]
+  addresses: [203.0.113.20]
+  ports: [{{number: 80, name: http, protocol: HTTP}}]
+  resolution: STATIC
+  endpoints: [{{address: 198.51.100.21}}]
+---
+{}---
+{}"#,
+        fixtures::pod(A1.0, "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a51", A1.1, "{}"),
+        fixtures::pod(B1.0, "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a52", B1.1, "{}"),
+    )
+}
+
+/// Fields drop in order: servers, then the topology (which unmounts the run's bpffs).
+struct World {
+    config_dir: String,
+    dns_upstream: String,
+    _servers: Vec<Peer>,
+    _dns: integration::Dnsmasq,
+    topo: Topology,
+}
+
+fn world() -> Result<World> {
+    let topo = Topology::with_pods(&[A1, B1])?;
+    let dir = topo.scratch_path("config");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("mesh.yaml"), config())?;
+    let servers = vec![
+        topo.start_ext_peer("team-a-api", &["198.51.100.20:80".parse()?], &[])?,
+        topo.start_ext_peer(HIDDEN_REAL_BODY, &[HIDDEN_ADDR.parse()?], &[])?,
+        topo.start_ext_peer(SERVICE_ENDPOINT_BODY, &["198.51.100.21:80".parse()?], &[])?,
+        topo.start_ext_peer(
+            UNKNOWN_BODY,
+            &[UNKNOWN_ADDR.parse()?],
+            &[UNKNOWN_ECHO.parse()?],
+        )?,
+    ];
+    let dns = topo.start_dnsmasq(
+        RESOLVER_IP,
+        DnsRecords::new().host("api.example.com", "203.0.113.10".parse()?),
+    )?;
+    Ok(World {
+        config_dir: dir.display().to_string(),
+        dns_upstream: format!("{RESOLVER_IP}:53"),
+        _servers: servers,
+        _dns: dns,
+        topo,
+    })
+}
+
+impl World {
+    fn agent_args(&self) -> [&str; 4] {
+        [
+            "--config",
+            &self.config_dir,
+            "--dns-upstream",
+            &self.dns_upstream,
+        ]
+    }
+}
+
+/// The programs attached to the pods' cgroup, by hook: exactly one per hook, or an error.
+fn one_set_attached(topo: &Topology) -> Result<Vec<u32>> {
+    let attached = bpf::attached_programs(topo.attach_cgroup())?;
+    let mut hooks: Vec<&str> = attached.iter().map(|a| a.attach_type).collect();
+    hooks.sort_unstable();
+    hooks.dedup();
+    ensure!(
+        attached.len() == HOOKS && hooks.len() == HOOKS,
+        "want one program on each of {HOOKS} hooks, got {attached:?}"
+    );
+    let mut ids: Vec<u32> = attached.iter().map(|a| a.prog_id).collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+fn wait_detached(topo: &Topology) -> Result<()> {
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(5));
+    loop {
+        let attached = bpf::attached_programs(topo.attach_cgroup())?;
+        if attached.is_empty() {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "still attached: {attached:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// What `rdt-peer mix` reported: requests that worked, that failed, over how long, and the failures.
+struct MixReport {
+    ok: u64,
+    failed: u64,
+    secs: f64,
+    text: String,
+}
+
+fn stop_mix(mut mix: integration::Proc) -> Result<MixReport> {
+    mix.write_stdin(b"stop\n")?;
+    let _ = mix.wait(pace::scaled(Duration::from_secs(30)))?;
+    let text = mix.log();
+    let done = text
+        .lines()
+        .find_map(|l| l.strip_prefix("done "))
+        .with_context(|| format!("no summary from the client loop:\n{text}"))?;
+    let field = |name: &str| -> Result<f64> {
+        done.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .with_context(|| format!("no {name} in {done:?}"))?
+            .parse()
+            .context(name.to_string())
+    };
+    Ok(MixReport {
+        ok: field("ok")? as u64,
+        failed: field("failed")? as u64,
+        secs: field("secs")?,
+        text,
+    })
+}
+
+/// team-b's steady traffic: its service, team-a's hidden entry's address, an unknown address, a
+/// name the agent answers and one it forwards.
+fn start_mix(topo: &Topology) -> Result<integration::Proc> {
+    let resolver = format!("{RESOLVER_IP}:53");
+    let mut mix = peer::cmd(topo.pod(B1.0).place())?
+        .args(["mix", "--rate", "700", "--workers", "16"])
+        .args(["--http", &format!("{SERVICE_VIP}={SERVICE_ENDPOINT_BODY}")])
+        .args(["--http", &format!("{HIDDEN_ADDR}={HIDDEN_REAL_BODY}")])
+        .args(["--http", &format!("{UNKNOWN_ADDR}={UNKNOWN_BODY}")])
+        .args(["--dns", &format!("{resolver}=svc.example.com")])
+        .args(["--dns", &format!("{resolver}=api.example.com")])
+        .spawn()?;
+    mix.wait_for_log("started", Duration::from_secs(10))?;
+    Ok(mix)
+}
+
+#[test]
+fn a_replaced_agent_fails_no_connection_or_query_and_finishes_a_transfer_begun_before() -> Result<()>
+{
+    const N: u64 = 256 << 20;
+    let w = world()?;
+    let old = Agent::start(&w.topo, &w.agent_args())?;
+    let before = one_set_attached(&w.topo)?;
+
+    let mix = start_mix(&w.topo)?;
+    std::thread::sleep(pace::scaled(Duration::from_secs(1)));
+    // Upload and download at once on one connection, paced so it outlives the hand-over.
+    let mut transfer = peer::cmd(w.topo.pod(B1.0).place())?
+        .args([
+            "echo",
+            UNKNOWN_ECHO,
+            "--bytes",
+            &N.to_string(),
+            "--rate-mib",
+            "48",
+        ])
+        .spawn()?;
+    std::thread::sleep(Duration::from_millis(500));
+    ensure!(
+        transfer.is_running(),
+        "the transfer ended early: {}",
+        transfer.log()
+    );
+
+    let started = Instant::now();
+    let new = Agent::start_successor(&w.topo, &w.agent_args())?;
+    let handover = started.elapsed();
+    ensure!(
+        transfer.is_running(),
+        "the transfer ended before the hand-over completed: the test proves nothing"
+    );
+    let after = one_set_attached(&w.topo)?;
+    assert_ne!(
+        before, after,
+        "the successor's programs must be the attached ones"
+    );
+
+    old.terminate_async();
+    let old_log = old.wait_exit(Duration::from_secs(60))?;
+    // The old agent carried the transfer to its end: it drained (no reset), for seconds.
+    let drained_ms: u64 = old_log
+        .lines()
+        .find(|l| l.contains("every connection ended"))
+        .and_then(|l| l.split("drained_ms=").nth(1))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("the old agent did not drain:\n{old_log}"))?;
+    assert!(
+        drained_ms >= 1000,
+        "drained in {drained_ms} ms: the transfer was not the old agent's"
+    );
+    std::thread::sleep(pace::scaled(Duration::from_secs(1)));
+    let report = stop_mix(mix)?;
+    let rate = report.ok as f64 / report.secs;
+    eprintln!(
+        "hand-over took {handover:?} (successor start to ready); client loop: {} ok, {} failed in {:.1}s ({rate:.0}/s)",
+        report.ok, report.failed, report.secs
+    );
+    assert_eq!(
+        report.failed, 0,
+        "failures during the hand-over:\n{}",
+        report.text
+    );
+    assert!(
+        rate >= 500.0,
+        "the client loop ran at {rate:.0}/s, under 500/s"
+    );
+
+    let status = transfer.wait(pace::scaled(Duration::from_secs(60)))?;
+    let log = transfer.log();
+    let expected = pattern::sha256_of_len(N);
+    assert!(status.success(), "transfer failed: {log}");
+    assert!(
+        log.contains(&format!("sent {N} {expected}"))
+            && log.contains(&format!("received {N} {expected}")),
+        "transfer not byte-identical: {log}"
+    );
+
+    // The successor carries everything now, and is the one whose exit uninstalls.
+    assert_eq!(one_set_attached(&w.topo)?, after);
+    assert_eq!(
+        fixtures::curl_body(w.topo.pod(B1.0), "http://203.0.113.20/")?,
+        SERVICE_ENDPOINT_BODY
+    );
+    new.stop()?;
+    wait_detached(&w.topo)?;
+    // The uninstall path: the pin directory went with the last agent.
+    let dir = w.topo.pin_dir();
+    assert!(
+        !dir.exists(),
+        "{} left after the last agent exited",
+        dir.display()
+    );
+    Ok(())
+}
+
+#[test]
+fn a_killed_agent_leaves_connections_refused_at_once_and_a_restarted_one_adopts_its_programs()
+-> Result<()> {
+    let w = world()?;
+    let pod = w.topo.pod(B1.0);
+    let first = Agent::start(&w.topo, &w.agent_args())?;
+    assert_eq!(
+        fixtures::curl_body(pod, "http://203.0.113.20/")?,
+        SERVICE_ENDPOINT_BODY
+    );
+    let before = one_set_attached(&w.topo)?;
+    first.kill()?;
+
+    // Fail closed: the programs stay, nobody listens at the gateway, a connection is refused at once
+    // (never passed to the original destination, never left hanging).
+    assert_eq!(one_set_attached(&w.topo)?, before);
+    let tried = Instant::now();
+    let out = pod
+        .cmd("curl")
+        .args(["-sS", "--max-time", "5", "http://203.0.113.10/"])
+        .output()?;
+    let refused_in = tried.elapsed();
+    assert_eq!(out.status.code(), Some(7), "curl: {}", out.stderr_str());
+    assert!(
+        refused_in < pace::scaled(Duration::from_secs(1)),
+        "refusal took {refused_in:?}"
+    );
+
+    // The restart: from the process's start to ready is how long pods are refused.
+    let restarted = Instant::now();
+    let second = Agent::start(&w.topo, &w.agent_args())?;
+    let window = restarted.elapsed();
+    eprintln!("after kill -9: refused in {refused_in:?}; restart to ready: {window:?}");
+    assert!(
+        window < pace::scaled(Duration::from_secs(10)),
+        "restart window {window:?}"
+    );
+    assert!(second.log().contains("Adopted"), "{}", second.log());
+    let after = one_set_attached(&w.topo)?;
+    assert_ne!(
+        before, after,
+        "the restarted agent's programs must be the attached ones"
+    );
+    assert_eq!(
+        fixtures::curl_body(pod, "http://203.0.113.10/")?,
+        HIDDEN_REAL_BODY
+    );
+    second.stop()?;
+    wait_detached(&w.topo)?;
+    Ok(())
+}
+
+#[test]
+fn pinned_state_of_an_unknown_layout_is_replaced_not_adopted() -> Result<()> {
+    let w = world()?;
+    let pod = w.topo.pod(B1.0);
+    let first = Agent::start(&w.topo, &w.agent_args())?;
+    first.kill()?;
+    // As if a future version had pinned it.
+    bpf::set_pinned_u32(&w.topo.pin_dir().join("layout"), 999)?;
+
+    let second = Agent::start(&w.topo, &w.agent_args())?;
+    let log = second.log();
+    assert!(
+        log.contains("refusing to adopt pinned state of an unknown layout")
+            && log.contains("layout version 999"),
+        "{log}"
+    );
+    let window = log
+        .lines()
+        .find(|l| l.contains("took over from pinned state of an unknown layout"))
+        .with_context(|| format!("no window logged:\n{log}"))?;
+    eprintln!("{window}");
+    assert!(window.contains("window_ms="), "{window}");
+    one_set_attached(&w.topo)?;
+    assert_eq!(
+        fixtures::curl_body(pod, "http://203.0.113.20/")?,
+        SERVICE_ENDPOINT_BODY
+    );
+    // And it wrote its own layout: the next agent adopts.
+    second.kill()?;
+    let third = Agent::start(&w.topo, &w.agent_args())?;
+    assert!(third.log().contains("Adopted"), "{}", third.log());
+    one_set_attached(&w.topo)?;
+    third.stop()?;
+    wait_detached(&w.topo)?;
+    Ok(())
+}
