@@ -1,11 +1,15 @@
 //! Random worlds: whenever the kernel model decides, the proxy decides the same.
+use std::net::IpAddr;
+
 use proptest::prelude::*;
 
 use super::{HEADER, agrees, ip};
 use crate::{
     config::load_sources,
-    fastpath::{DecidedBy, FastDecision, Limits, compile, decide, decide_for, decided_by},
-    state::Snapshot,
+    fastpath::{
+        DecidedBy, FastDecision, Limits, MAX_ENDPOINTS, compile, decide, decide_for, decided_by,
+    },
+    state::{Outbound, Pick, Snapshot, Target},
 };
 
 const NAMESPACES: [&str; 5] = ["pub-a", "pub-b", "ns-c", "ns-d", "none-e"];
@@ -182,7 +186,8 @@ fn clients() -> impl Iterator<Item = Option<&'static str>> {
 
 /// Every client, destination and port: the kernel agrees with the proxy whenever it decides, and
 /// `decided_by` says who decides.
-fn check(snap: &Snapshot, limits: Limits) -> Result<usize, TestCaseError> {
+/// With `complete`, also the other way round: the kernel hands the proxy only what needs it.
+fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestCaseError> {
     let (mut tables, _) = compile(snap, limits);
     // The agent registers one cgroup per client namespace; cgroup 0 is a pod it could not name.
     let registered: Vec<(u64, Option<&str>)> = clients()
@@ -208,11 +213,36 @@ fn check(snap: &Snapshot, limits: Limits) -> Result<usize, TestCaseError> {
                 agrees(snap, by_name, client, dst, port).map_err(TestCaseError::fail)?;
                 let by = decided_by(&tables, client, dst, port);
                 prop_assert_eq!(by == DecidedBy::Proxy, by_name == FastDecision::Proxy);
+                if complete && fast == FastDecision::Proxy {
+                    prop_assert!(
+                        needs_proxy(snap, client, dst, port),
+                        "{client:?} -> {dst}:{port} could have been decided in the kernel"
+                    );
+                }
                 in_kernel += usize::from(fast != FastDecision::Proxy);
             }
         }
     }
     Ok(in_kernel)
+}
+
+/// What only the proxy can do: reset (no healthy upstream), resolve a host name, or pick among
+/// endpoints that are not all of the destination's family, or more than one rewrite holds.
+fn needs_proxy(snap: &Snapshot, client: Option<&str>, dst: IpAddr, port: u16) -> bool {
+    let d = snap.decide_outbound_with(client, dst, port, Pick::Peek);
+    match d.action {
+        Outbound::NoHealthyUpstream { .. } => true,
+        Outbound::Service { port, .. } => {
+            port.endpoints.len() > MAX_ENDPOINTS
+                || port.endpoints.iter().any(|ep| match ep.target() {
+                    Target::Addr(a) => {
+                        a.ip().to_canonical().is_ipv4() != dst.to_canonical().is_ipv4()
+                    }
+                    Target::Host { .. } => true,
+                })
+        }
+        Outbound::Workload { .. } | Outbound::Passthrough { .. } => false,
+    }
 }
 
 proptest! {
@@ -221,7 +251,7 @@ proptest! {
     #[test]
     fn kernel_decisions_are_the_proxys(world in world()) {
         let snap = snapshot(&world);
-        let in_kernel = check(&snap, Limits::default())?;
+        let in_kernel = check(&snap, Limits::default(), true)?;
         // Most of these destinations are claimed by no one the client can see: the kernel decides
         // many of them, so the agreement above is not vacuous.
         prop_assert!(in_kernel > 0);
@@ -234,6 +264,6 @@ proptest! {
     ) {
         let snap = snapshot(&world);
         let (namespaces, clients, exact, cidrs, ports, workloads) = limits;
-        check(&snap, Limits { namespaces, clients, exact, cidrs, ports, workloads })?;
+        check(&snap, Limits { namespaces, clients, exact, cidrs, ports, workloads }, false)?;
     }
 }
