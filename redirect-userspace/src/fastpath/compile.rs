@@ -158,7 +158,9 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
         if entries.exact.is_empty() && entries.cidrs.is_empty() {
             continue;
         }
-        if compiler.stats.namespaces >= limits.namespaces || !compiler.fits(&entries) {
+        // Ids stop short of `NS_PROXY`.
+        let room = limits.namespaces.min(NS_PROXY as usize - 1);
+        if compiler.stats.namespaces >= room || !compiler.fits(&entries) {
             compiler.stats.fell_back(Fallback::NamespaceFull, 1);
             compiler.tables.namespaces.insert(ns.to_string(), NS_PROXY);
             continue;

@@ -14,8 +14,8 @@ mod tables;
 pub use compile::{Fallback, Limits, Stats, compile};
 pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decided_by};
 pub use tables::{
-    AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Family, IpKey, MAX_ENDPOINTS,
-    NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
+    AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Config, Family, IpKey,
+    MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
 };
 
 #[cfg(test)]

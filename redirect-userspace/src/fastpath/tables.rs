@@ -1,6 +1,18 @@
 //! The tables the kernel reads, as plain Rust data. Every key and value is fixed-size and
 //! `#[repr(C)]`, laid out as the BPF map entry it becomes; the userspace maps stand in for the
-//! BPF maps named in each field's comment.
+//! BPF maps named in each field of [`Tables`]:
+//!
+//! | map | kind | key | value |
+//! | --- | --- | --- | --- |
+//! | clients | hash | cgroup id, `u64` | [`NsId`], `u32` |
+//! | exact | hash | [`AddrKey`], 24 B | [`Claim`], 8 B |
+//! | cidrs | LPM trie | `u32` prefix length + [`AddrKey::lpm_bytes`], 4 + 24 B | [`Claim`], 8 B |
+//! | ports | hash | [`PortKey`], 8 B | [`Backends`], 328 B |
+//! | workloads | hash | [`IpKey`], 20 B | `u8` (present) |
+//! | config | array, 1 entry | `u32` 0 | [`Config`] as three `u8` flags |
+//!
+//! A snapshot's tables are swapped whole (the eBPF half: one set of maps per generation, the
+//! generation in force read first), never edited in place.
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, SocketAddr},
@@ -164,6 +176,7 @@ impl Backends {
 }
 
 /// Flags of the whole snapshot: one array map entry.
+#[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Config {
     /// The shared (unknown client) entries did not fit: the proxy decides everything.

@@ -602,3 +602,15 @@ fn lpm_trie_returns_the_longest_prefix() {
     );
     assert_eq!(trie.len(), 2);
 }
+
+#[test]
+fn entries_have_the_sizes_the_bpf_maps_are_declared_with() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<IpKey>(), 20);
+    assert_eq!(size_of::<AddrKey>(), 24);
+    assert_eq!(size_of::<Claim>(), 8);
+    assert_eq!(size_of::<PortKey>(), 8);
+    assert_eq!(size_of::<Backend>(), 20);
+    assert_eq!(size_of::<Backends>(), 8 + MAX_ENDPOINTS * 20);
+    assert_eq!(size_of::<Config>(), 3);
+}
