@@ -170,21 +170,7 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
         compiler.stats.namespaces += 1;
     }
 
-    let workload_ips: BTreeSet<IpKey> = snapshot
-        .workloads()
-        .iter()
-        .flat_map(|w| &w.ips)
-        .map(|ip| IpKey::new(*ip))
-        .collect();
-    if workload_ips.len() > limits.workloads {
-        compiler.tables.config.workloads_incomplete = true;
-        compiler
-            .stats
-            .fell_back(Fallback::WorkloadsFull, workload_ips.len());
-    } else {
-        compiler.stats.workloads = workload_ips.len();
-        compiler.tables.workloads = workload_ips.into_iter().collect();
-    }
+    compiler.workloads(snapshot);
     let Compiler {
         tables, mut stats, ..
     } = compiler;
@@ -227,6 +213,23 @@ struct Compiler<'s> {
 }
 
 impl Compiler<'_> {
+    /// Every workload address, or none and a flag when they do not all fit.
+    fn workloads(&mut self, snapshot: &Snapshot) {
+        let ips: BTreeSet<IpKey> = snapshot
+            .workloads()
+            .iter()
+            .flat_map(|w| &w.ips)
+            .map(|ip| IpKey::new(*ip))
+            .collect();
+        if ips.len() > self.limits.workloads {
+            self.tables.config.workloads_incomplete = true;
+            self.stats.fell_back(Fallback::WorkloadsFull, ips.len());
+        } else {
+            self.stats.workloads = ips.len();
+            self.tables.workloads = ips.into_iter().collect();
+        }
+    }
+
     /// The entries of the view whose winner among a key's claimants `winner` picks.
     fn view(
         &mut self,
