@@ -9,6 +9,7 @@ pub mod budget;
 pub mod cli;
 pub mod config;
 pub mod dns;
+pub mod fastpath;
 pub mod identity;
 pub mod live;
 pub mod logging;

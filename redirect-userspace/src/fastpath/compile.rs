@@ -1,0 +1,355 @@
+//! Snapshot -> tables. For every claimed address the compiler works out, independently of the
+//! service store, the winner for an unknown client and for each namespace owning a claimant, and
+//! writes an entry only where the kernel's answer would be exactly the proxy's.
+use std::collections::{BTreeMap, BTreeSet, HashMap, hash_map::Entry};
+
+use ipnet::IpNet;
+
+use super::tables::{
+    AddrKey, Backend, Backends, Claim, ClaimAction, Config, Family, IpKey, MAX_ENDPOINTS, NS_PROXY,
+    NS_UNKNOWN, NsId, PortKey, Tables,
+};
+use crate::{
+    config::{EndpointAddress, Resolution},
+    state::{Port, Service, ServiceVisibility, Snapshot},
+};
+
+/// Entries each table may hold (the BPF maps' `max_entries`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Namespaces with entries of their own.
+    pub namespaces: usize,
+    pub clients: usize,
+    pub exact: usize,
+    pub cidrs: usize,
+    pub ports: usize,
+    pub workloads: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            namespaces: 4096,
+            clients: 65_536,
+            exact: 65_536,
+            cidrs: 16_384,
+            ports: 65_536,
+            workloads: 65_536,
+        }
+    }
+}
+
+/// Why the proxy decides what the kernel could otherwise have decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Fallback {
+    /// A service port with an endpoint by host name (counted per service port).
+    HostNameEndpoint,
+    /// A declared service port without endpoints: the proxy resets (per service port).
+    NoEndpoints,
+    /// A service port whose endpoints mix IPv4 and IPv6: no single rewrite fits every socket.
+    MixedFamilies,
+    /// More than [`MAX_ENDPOINTS`] endpoints on a service port.
+    TooManyEndpoints,
+    /// The rewrite table is full (per service port left out).
+    PortsFull,
+    /// A namespace's own entries did not fit: its clients go to the proxy (per namespace).
+    NamespaceFull,
+    /// The entries every client shares did not fit: the proxy decides everything.
+    SharedFull,
+    /// Not every workload address fit: unclaimed addresses go to the proxy (per address).
+    WorkloadsFull,
+}
+
+/// What a compilation produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub namespaces: usize,
+    pub exact: usize,
+    pub cidrs: usize,
+    pub ports: usize,
+    pub workloads: usize,
+    pub fallbacks: BTreeMap<Fallback, usize>,
+}
+
+impl Stats {
+    fn fell_back(&mut self, why: Fallback, n: usize) {
+        if n > 0 {
+            *self.fallbacks.entry(why).or_default() += n;
+        }
+    }
+}
+
+/// One claimed key, exact address or network, and its claimants in rank order.
+type Claimants = BTreeMap<(IpKey, u32), Vec<u32>>;
+
+/// Compiles `snapshot` into tables of at most `limits` entries.
+pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
+    let services: Vec<&Service> = snapshot.services().collect();
+    let mut exact = Claimants::new();
+    let mut cidrs = Claimants::new();
+    for (id, svc) in services.iter().enumerate() {
+        for ip in svc.vips() {
+            let key = IpKey::new(ip);
+            exact.entry((key, key.bits())).or_default().push(id as u32);
+        }
+        for net in &svc.cidrs {
+            cidrs.entry(network_key(net)).or_default().push(id as u32);
+        }
+    }
+    let mut compiler = Compiler {
+        services: &services,
+        limits,
+        tables: Tables {
+            max_clients: limits.clients,
+            ..Tables::default()
+        },
+        claims: HashMap::new(),
+        stats: Stats::default(),
+    };
+
+    // Entries every client shares: the winner for an unknown client.
+    let public = |members: &[u32]| {
+        members
+            .iter()
+            .copied()
+            .find(|&m| services[m as usize].visibility == ServiceVisibility::Public)
+    };
+    let shared = compiler.view(&exact, &cidrs, public);
+    if !compiler.fits(&shared) {
+        compiler.stats.fell_back(Fallback::SharedFull, 1);
+        let stats = compiler.stats;
+        let tables = Tables {
+            max_clients: limits.clients,
+            config: Config {
+                proxy_everything: true,
+                ..Config::default()
+            },
+            ..Tables::default()
+        };
+        return (tables, stats);
+    }
+    compiler.insert(NS_UNKNOWN, shared);
+
+    // A namespace owning a claimant of a key sees its own best claimant there, whatever the
+    // visibility; everywhere else it sees what an unknown client sees, so it needs no entry.
+    let owners: BTreeSet<&str> = exact
+        .values()
+        .chain(cidrs.values())
+        .flatten()
+        .map(|&m| services[m as usize].namespace.as_str())
+        .collect();
+    for ns in owners {
+        let next_id = compiler.stats.namespaces as NsId + 1;
+        let own = |members: &[u32]| {
+            members
+                .iter()
+                .copied()
+                .find(|&m| services[m as usize].namespace == ns)
+        };
+        let mut entries = compiler.view(&exact, &cidrs, own);
+        // An exact entry equal to the shared one is redundant: the lookup falls back to it. (A
+        // network's is not: without it, a shorter prefix of the namespace's own would win.)
+        entries.exact.retain(|(ip, claim)| {
+            compiler.tables.exact.get(&AddrKey {
+                ns: NS_UNKNOWN,
+                ip: *ip,
+            }) != Some(claim)
+        });
+        if entries.exact.is_empty() && entries.cidrs.is_empty() {
+            continue;
+        }
+        // Ids stop short of `NS_PROXY`.
+        let room = limits.namespaces.min(NS_PROXY as usize - 1);
+        if compiler.stats.namespaces >= room || !compiler.fits(&entries) {
+            compiler.stats.fell_back(Fallback::NamespaceFull, 1);
+            compiler.tables.namespaces.insert(ns.to_string(), NS_PROXY);
+            continue;
+        }
+        compiler.insert(next_id, entries);
+        compiler.tables.namespaces.insert(ns.to_string(), next_id);
+        compiler.stats.namespaces += 1;
+    }
+
+    compiler.workloads(snapshot);
+    let Compiler {
+        tables, mut stats, ..
+    } = compiler;
+    stats.exact = tables.exact.len();
+    stats.cidrs = tables.cidrs.len();
+    stats.ports = tables.ports.len();
+    (tables, stats)
+}
+
+/// A CIDR as declared: its family's own bits, no v4-mapping (the lookups never match an IPv6
+/// network against an IPv4 destination).
+fn network_key(net: &IpNet) -> (IpKey, u32) {
+    let mut addr = [0; 16];
+    let family = match net.trunc() {
+        IpNet::V4(n) => {
+            addr[..4].copy_from_slice(&n.network().octets());
+            Family::V4
+        }
+        IpNet::V6(n) => {
+            addr = n.network().octets();
+            Family::V6
+        }
+    };
+    (IpKey { family, addr }, u32::from(net.prefix_len()))
+}
+
+/// One view's entries: exact keys and (key, prefix length) networks.
+struct View {
+    exact: Vec<(IpKey, Claim)>,
+    cidrs: Vec<(IpKey, u32, Claim)>,
+}
+
+struct Compiler<'s> {
+    services: &'s [&'s Service],
+    limits: Limits,
+    tables: Tables,
+    /// The claim each service compiled to, its ports written once.
+    claims: HashMap<u32, Claim>,
+    stats: Stats,
+}
+
+impl Compiler<'_> {
+    /// Every workload address, or none and a flag when they do not all fit.
+    fn workloads(&mut self, snapshot: &Snapshot) {
+        let ips: BTreeSet<IpKey> = snapshot
+            .workloads()
+            .iter()
+            .flat_map(|w| &w.ips)
+            .map(|ip| IpKey::new(*ip))
+            .collect();
+        if ips.len() > self.limits.workloads {
+            self.tables.config.workloads_incomplete = true;
+            self.stats.fell_back(Fallback::WorkloadsFull, ips.len());
+        } else {
+            self.stats.workloads = ips.len();
+            self.tables.workloads = ips.into_iter().collect();
+        }
+    }
+
+    /// The entries of the view whose winner among a key's claimants `winner` picks.
+    fn view(
+        &mut self,
+        exact: &Claimants,
+        cidrs: &Claimants,
+        winner: impl Fn(&[u32]) -> Option<u32>,
+    ) -> View {
+        let mut view = View {
+            exact: Vec::new(),
+            cidrs: Vec::new(),
+        };
+        for ((key, _), members) in exact {
+            if let Some(w) = winner(members) {
+                view.exact.push((*key, self.claim(w)));
+            }
+        }
+        for ((key, len), members) in cidrs {
+            if let Some(w) = winner(members) {
+                view.cidrs.push((*key, *len, self.claim(w)));
+            }
+        }
+        view
+    }
+
+    fn fits(&self, view: &View) -> bool {
+        self.tables.exact.len() + view.exact.len() <= self.limits.exact
+            && self.tables.cidrs.len() + view.cidrs.len() <= self.limits.cidrs
+    }
+
+    fn insert(&mut self, ns: NsId, view: View) {
+        for (ip, claim) in view.exact {
+            self.tables.exact.insert(AddrKey { ns, ip }, claim);
+        }
+        for (ip, len, claim) in view.cidrs {
+            // Namespace and family take the key's first 64 bits.
+            self.tables
+                .cidrs
+                .insert(AddrKey { ns, ip }, 64 + len, claim);
+        }
+    }
+
+    /// What reaching service `id` means in the kernel; its rewrite entries are written the first
+    /// time it is asked for.
+    fn claim(&mut self, id: u32) -> Claim {
+        if let Some(claim) = self.claims.get(&id) {
+            return *claim;
+        }
+        let svc = self.services[id as usize];
+        let mut action = if svc.resolution == Resolution::None {
+            ClaimAction::Passthrough
+        } else {
+            ClaimAction::Proxy
+        };
+        if action == ClaimAction::Proxy {
+            let mut seen = BTreeSet::new();
+            // The first port of a number is the one the proxy serves.
+            for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
+                let backends = match backends(port) {
+                    Ok(b) => b,
+                    Err(why) => {
+                        self.stats.fell_back(why, 1);
+                        continue;
+                    }
+                };
+                if self.tables.ports.len() >= self.limits.ports {
+                    self.stats.fell_back(Fallback::PortsFull, 1);
+                    continue;
+                }
+                match self.tables.ports.entry(PortKey::new(id, port.port)) {
+                    Entry::Vacant(slot) => {
+                        slot.insert(backends);
+                        action = ClaimAction::Ports;
+                    }
+                    Entry::Occupied(_) => {}
+                }
+            }
+        }
+        let claim = Claim {
+            action,
+            service: id,
+        };
+        self.claims.insert(id, claim);
+        claim
+    }
+}
+
+/// A port's endpoints as one rewrite, when they are all plain IPs of one family.
+fn backends(port: &Port) -> Result<Backends, Fallback> {
+    if port.endpoints.is_empty() {
+        return Err(Fallback::NoEndpoints);
+    }
+    if port.endpoints.len() > MAX_ENDPOINTS {
+        return Err(Fallback::TooManyEndpoints);
+    }
+    let empty = Backend {
+        addr: [0; 16],
+        port: 0,
+        _pad: 0,
+    };
+    let mut out = Backends {
+        family: Family::V4,
+        count: 0,
+        endpoints: [empty; MAX_ENDPOINTS],
+    };
+    for (i, ep) in port.endpoints.iter().enumerate() {
+        let ip = match &ep.address {
+            EndpointAddress::Ip(ip) => IpKey::new(*ip),
+            EndpointAddress::Host(_) => return Err(Fallback::HostNameEndpoint),
+        };
+        if i == 0 {
+            out.family = ip.family;
+        } else if ip.family != out.family {
+            return Err(Fallback::MixedFamilies);
+        }
+        out.endpoints[i] = Backend {
+            addr: ip.addr,
+            port: ep.port,
+            _pad: 0,
+        };
+        out.count += 1;
+    }
+    Ok(out)
+}

@@ -1,0 +1,83 @@
+//! A model of the `connect4`/`connect6` programs: a few map lookups, no loop over services. The
+//! eBPF half is written from this, and a property test holds it to `Snapshot::decide_outbound`.
+use std::net::IpAddr;
+
+use super::tables::{
+    AddrKey, Backends, ClaimAction, IpKey, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
+};
+
+/// What the kernel does with a `connect()`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastDecision<'t> {
+    /// Leave the socket alone: no visible service claims the address, or a resolution NONE one does.
+    Passthrough,
+    /// Leave the socket alone: the address is a workload's and no visible service claims it.
+    Workload,
+    /// Rewrite the destination to one of these endpoints, spread evenly.
+    Rewrite(&'t Backends),
+    /// Steer the socket to the proxy, as without the fast path.
+    Proxy,
+}
+
+/// Who decides a connection: the column `explain` will show.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecidedBy {
+    Kernel,
+    Proxy,
+}
+
+/// The program for a socket of the process in cgroup `cgroup`.
+pub fn decide(tables: &Tables, cgroup: u64, ip: IpAddr, port: u16) -> FastDecision<'_> {
+    let ns = match tables.clients.get(&cgroup) {
+        Some(ns) => *ns,
+        // A pod whose cgroup did not fit could be anyone's: only the proxy knows.
+        None if tables.config.clients_incomplete => return FastDecision::Proxy,
+        None => NS_UNKNOWN,
+    };
+    decide_for(tables, ns, ip, port)
+}
+
+/// The program once the client's namespace id is known.
+pub fn decide_for(tables: &Tables, ns: NsId, ip: IpAddr, port: u16) -> FastDecision<'_> {
+    if tables.config.proxy_everything || ns == NS_PROXY {
+        return FastDecision::Proxy;
+    }
+    let ip = IpKey::new(ip);
+    let own = AddrKey { ns, ip };
+    let shared = AddrKey { ns: NS_UNKNOWN, ip };
+    // Exact addresses before networks; in each, the client's own entry before the shared one.
+    let claim = tables
+        .exact
+        .get(&own)
+        .or_else(|| tables.exact.get(&shared))
+        .or_else(|| tables.cidrs.lookup(own))
+        .or_else(|| tables.cidrs.lookup(shared));
+    let Some(claim) = claim else {
+        return if tables.workloads.contains(&ip) {
+            FastDecision::Workload
+        } else if tables.config.workloads_incomplete {
+            FastDecision::Proxy
+        } else {
+            FastDecision::Passthrough
+        };
+    };
+    match claim.action {
+        ClaimAction::Proxy => FastDecision::Proxy,
+        ClaimAction::Passthrough => FastDecision::Passthrough,
+        ClaimAction::Ports => match tables.ports.get(&PortKey::new(claim.service, port)) {
+            // A socket is rewritten within its own family.
+            Some(backends) if backends.family == ip.family => FastDecision::Rewrite(backends),
+            _ => FastDecision::Proxy,
+        },
+    }
+}
+
+/// Whether the kernel or the proxy would decide a connection from a client in `client_ns`
+/// (`None`: unknown) to `ip:port` under these tables.
+pub fn decided_by(tables: &Tables, client_ns: Option<&str>, ip: IpAddr, port: u16) -> DecidedBy {
+    let ns = client_ns.map_or(NS_UNKNOWN, |ns| tables.namespace_id(ns));
+    match decide_for(tables, ns, ip, port) {
+        FastDecision::Proxy => DecidedBy::Proxy,
+        _ => DecidedBy::Kernel,
+    }
+}

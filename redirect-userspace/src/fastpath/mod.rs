@@ -1,0 +1,22 @@
+//! The in-kernel fast path, userspace half: a snapshot compiled into tables shaped like the eBPF
+//! maps the `connect4`/`connect6` programs will read, and a model of those programs.
+//!
+//! The kernel may only decide where its answer is provably [`crate::state::Snapshot::decide_outbound`]'s:
+//! leave the socket alone (passthrough, a workload address, a resolution NONE service) or rewrite the
+//! destination to one of a service port's plain-IP endpoints. Everything else (host-name endpoints,
+//! no healthy upstream, a table that ran out of room) is handed to the proxy, as today.
+//! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose.
+mod compile;
+mod kernel;
+mod lpm;
+mod tables;
+
+pub use compile::{Fallback, Limits, Stats, compile};
+pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decided_by};
+pub use tables::{
+    AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Config, Family, IpKey,
+    MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
+};
+
+#[cfg(test)]
+mod tests;

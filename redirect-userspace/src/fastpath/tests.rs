@@ -1,0 +1,616 @@
+//! The fast path against `Snapshot::decide_outbound`: a named case per rule, and property tests on
+//! random worlds. Every check goes through [`agrees`]: a kernel answer must be the proxy's.
+use std::net::{IpAddr, SocketAddr};
+
+use super::*;
+use crate::{
+    config::load_sources,
+    state::{Outbound, OutboundOutcome, Pick, Snapshot, Target},
+};
+
+mod props;
+
+const HEADER: &str = r#"
+kind: MeshConfig
+serviceEntryVisibility:
+  defaultVisibility: NAMESPACE
+  policies:
+  - visibility: PUBLIC
+    matchingRules: [{namespaceSelector: {matchLabels: {publish: "yes"}}}]
+  - visibility: NONE
+    matchingRules: [{namespaceSelector: {matchLabels: {quarantine: "yes"}}}]
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: pub-a, labels: {publish: "yes"}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: pub-b, labels: {publish: "yes"}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: ns-c}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: ns-d}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: none-e, labels: {quarantine: "yes"}}
+"#;
+
+/// `pub-*` publish their entries, `ns-*` keep them, `none-e`'s are NONE.
+fn snapshot(objects: &str) -> Snapshot {
+    let yaml = format!("{HEADER}---\n{objects}");
+    match load_sources([("w.yaml", yaml.as_str())]) {
+        Ok(model) => Snapshot::from_model(&model),
+        Err(e) => panic!("world does not load:\n{e}\n{yaml}"),
+    }
+}
+
+/// A ServiceEntry in one line of YAML.
+fn entry(name: &str, ns: &str, spec: &str) -> String {
+    format!(
+        "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n"
+    )
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// Checks a kernel answer against the proxy's decision for the same client, address and port.
+pub(super) fn agrees(
+    snap: &Snapshot,
+    fast: FastDecision<'_>,
+    client: Option<&str>,
+    ip: IpAddr,
+    port: u16,
+) -> Result<(), String> {
+    let proxy = snap.decide_outbound_with(client, ip, port, Pick::Peek);
+    let original = SocketAddr::new(ip.to_canonical(), port);
+    let ctx = || format!("{client:?} -> {ip}:{port}: kernel {fast:?}, proxy {proxy:?}");
+    let ok = match fast {
+        FastDecision::Proxy => true,
+        FastDecision::Passthrough | FastDecision::Workload => {
+            let want = if fast == FastDecision::Workload {
+                OutboundOutcome::Workload
+            } else {
+                OutboundOutcome::Passthrough
+            };
+            proxy.outcome() == want && proxy.target() == Some(Target::Addr(original))
+        }
+        FastDecision::Rewrite(backends) => {
+            let Outbound::Service { port: svc_port, .. } = proxy.action else {
+                return Err(ctx());
+            };
+            // Endpoints by host name never match an address.
+            let mut want: Vec<Option<SocketAddr>> = svc_port
+                .endpoints
+                .iter()
+                .map(|ep| match ep.target() {
+                    Target::Addr(a) => Some(SocketAddr::new(a.ip().to_canonical(), a.port())),
+                    Target::Host { .. } => None,
+                })
+                .collect();
+            let mut got: Vec<Option<SocketAddr>> = backends.addrs().map(Some).collect();
+            want.sort();
+            got.sort();
+            let same_family = got
+                .iter()
+                .flatten()
+                .all(|a| a.is_ipv4() == original.is_ipv4());
+            want == got && same_family
+        }
+    };
+    if ok { Ok(()) } else { Err(ctx()) }
+}
+
+/// The kernel's answer for a client in `client` (registered under a cgroup the way the agent
+/// will), checked against the proxy, as a short word: `passthrough`, `workload`, `proxy` or the
+/// rewrite's endpoints.
+fn kernel(snap: &Snapshot, tables: &Tables, client: Option<&str>, dst: &str, port: u16) -> String {
+    const CGROUP: u64 = 7;
+    let mut tables = tables.clone();
+    if let Some(ns) = client {
+        tables.set_client(CGROUP, ns).unwrap();
+    }
+    let fast = decide(&tables, CGROUP, ip(dst), port);
+    if let Err(e) = agrees(snap, fast, client, ip(dst), port) {
+        panic!("kernel and proxy disagree: {e}");
+    }
+    match fast {
+        FastDecision::Passthrough => "passthrough".into(),
+        FastDecision::Workload => "workload".into(),
+        FastDecision::Proxy => "proxy".into(),
+        FastDecision::Rewrite(b) => b
+            .addrs()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(","),
+    }
+}
+
+fn compiled(objects: &str) -> (Snapshot, Tables, Stats) {
+    let snap = snapshot(objects);
+    let (tables, stats) = compile(&snap, Limits::default());
+    (snap, tables, stats)
+}
+
+const HTTP: &str = "ports: [{number: 80, name: http}]";
+
+fn static_entry(name: &str, ns: &str, addresses: &str, endpoints: &str) -> String {
+    entry(
+        name,
+        ns,
+        &format!(
+            "{{hosts: [{name}.example.com], addresses: [{addresses}], {HTTP}, resolution: STATIC, endpoints: [{endpoints}]}}"
+        ),
+    )
+}
+
+#[test]
+fn plain_ip_endpoints_are_a_rewrite_to_all_of_them() {
+    let (snap, t, stats) = compiled(&static_entry(
+        "api",
+        "pub-a",
+        "203.0.113.10",
+        "{address: 198.51.100.1}, {address: 198.51.100.2}",
+    ));
+    assert_eq!(
+        kernel(&snap, &t, None, "203.0.113.10", 80),
+        "198.51.100.1:80,198.51.100.2:80"
+    );
+    assert_eq!((stats.exact, stats.ports), (1, 1));
+}
+
+#[test]
+fn own_namespace_cidr_beats_more_specific_foreign_cidr_in_the_tables() {
+    let objects = static_entry("own", "ns-c", "10.0.0.0/8", "{address: 198.51.100.1}")
+        + &static_entry("narrow", "pub-a", "10.1.0.0/16", "{address: 198.51.100.2}");
+    let (snap, t, _) = compiled(&objects);
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "10.1.2.3", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(kernel(&snap, &t, None, "10.1.2.3", 80), "198.51.100.2:80");
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-d"), "10.1.2.3", 80),
+        "198.51.100.2:80"
+    );
+    // Outside the narrow prefix only ns-c claims the address, and hides it from the others.
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "10.9.9.9", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-d"), "10.9.9.9", 80),
+        "passthrough"
+    );
+}
+
+#[test]
+fn longest_visible_prefix_wins_and_equal_prefixes_are_ranked() {
+    let objects = static_entry("wide", "pub-a", "10.0.0.0/8", "{address: 198.51.100.1}")
+        + &static_entry("narrow", "pub-b", "10.1.0.0/16", "{address: 198.51.100.2}")
+        + &static_entry(
+            "narrow-hidden",
+            "ns-d",
+            "10.1.2.0/24",
+            "{address: 198.51.100.3}",
+        )
+        + &static_entry("a-twin", "pub-a", "10.1.0.0/16", "{address: 198.51.100.4}");
+    let (snap, t, _) = compiled(&objects);
+    // The /24 is hidden from ns-c: the /16s remain, `pub-a/a-twin` ranks before `pub-b/narrow`.
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "10.1.2.3", 80),
+        "198.51.100.4:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-d"), "10.1.2.3", 80),
+        "198.51.100.3:80"
+    );
+    assert_eq!(kernel(&snap, &t, None, "10.2.0.1", 80), "198.51.100.1:80");
+}
+
+#[test]
+fn hidden_exact_address_falls_through_to_a_visible_cidr() {
+    let objects = static_entry("vip", "ns-c", "10.1.2.3", "{address: 198.51.100.1}")
+        + &static_entry("net", "pub-a", "10.1.0.0/16", "{address: 198.51.100.2}");
+    let (snap, t, _) = compiled(&objects);
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "10.1.2.3", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(kernel(&snap, &t, None, "10.1.2.3", 80), "198.51.100.2:80");
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-d"), "10.1.2.3", 80),
+        "198.51.100.2:80"
+    );
+}
+
+#[test]
+fn own_namespace_entry_wins_over_an_older_public_one() {
+    let objects = entry(
+        "old",
+        "pub-a",
+        &format!("{{hosts: [old.example.com], addresses: [203.0.113.10], {HTTP}, resolution: STATIC, endpoints: [{{address: 198.51.100.1}}]}}"),
+    )
+    .replace("namespace: pub-a}", "namespace: pub-a, creationTimestamp: \"2020-01-01T00:00:00Z\"}")
+        + &static_entry("mine", "ns-c", "203.0.113.10", "{address: 198.51.100.2}");
+    let (snap, t, _) = compiled(&objects);
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "203.0.113.10", 80),
+        "198.51.100.2:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-d"), "203.0.113.10", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, None, "203.0.113.10", 80),
+        "198.51.100.1:80"
+    );
+}
+
+#[test]
+fn kubernetes_service_outranks_an_older_entry_on_its_cluster_ip() {
+    let objects = entry(
+        "old",
+        "pub-a",
+        &format!("{{hosts: [old.example.com], addresses: [10.96.0.10], {HTTP}, resolution: STATIC, endpoints: [{{address: 198.51.100.1}}]}}"),
+    )
+    .replace("namespace: pub-a}", "namespace: pub-a, creationTimestamp: \"2020-01-01T00:00:00Z\"}")
+        + r#"---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: pub-b}
+spec: {clusterIP: 10.96.0.10, selector: {app: web}, ports: [{port: 80, targetPort: 8080}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: pub-b, labels: {app: web}}
+status: {podIP: 10.244.0.5}
+"#;
+    let (snap, t, _) = compiled(&objects);
+    assert_eq!(kernel(&snap, &t, None, "10.96.0.10", 80), "10.244.0.5:8080");
+    // The pod's own address is a workload's: left alone.
+    assert_eq!(kernel(&snap, &t, None, "10.244.0.5", 8080), "workload");
+}
+
+#[test]
+fn resolution_none_passes_through_on_any_port() {
+    let objects = entry(
+        "github",
+        "pub-a",
+        "{hosts: [github.com], addresses: [140.82.112.0/20], ports: [{number: 22, name: ssh}], resolution: NONE}",
+    );
+    let (snap, t, _) = compiled(&objects);
+    assert_eq!(kernel(&snap, &t, None, "140.82.112.4", 22), "passthrough");
+    assert_eq!(kernel(&snap, &t, None, "140.82.112.4", 443), "passthrough");
+}
+
+#[test]
+fn undeclared_port_and_port_without_endpoints_go_to_the_proxy() {
+    let objects = static_entry("api", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")
+        + &entry(
+            "empty",
+            "pub-a",
+            &format!(
+                "{{hosts: [empty.example.com], addresses: [203.0.113.11], {HTTP}, resolution: STATIC}}"
+            ),
+        );
+    let (snap, t, stats) = compiled(&objects);
+    assert_eq!(kernel(&snap, &t, None, "203.0.113.10", 443), "proxy");
+    assert_eq!(kernel(&snap, &t, None, "203.0.113.11", 80), "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::NoEndpoints), Some(&1));
+}
+
+#[test]
+fn host_name_endpoints_go_to_the_proxy() {
+    let objects = entry(
+        "cdn",
+        "pub-a",
+        &format!(
+            "{{hosts: [cdn.example.com], addresses: [203.0.113.60], {HTTP}, resolution: DNS, endpoints: [{{address: origin.example.org}}, {{address: 198.51.100.1}}]}}"
+        ),
+    );
+    let (snap, t, stats) = compiled(&objects);
+    assert_eq!(kernel(&snap, &t, None, "203.0.113.60", 80), "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::HostNameEndpoint), Some(&1));
+}
+
+#[test]
+fn unclaimed_address_passes_through_and_a_pod_address_is_a_workload() {
+    let objects = static_entry("hidden", "ns-c", "10.244.0.5", "{address: 198.51.100.1}")
+        + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ns-d}\nstatus: {podIP: 10.244.0.5}\n";
+    let (snap, t, _) = compiled(&objects);
+    assert_eq!(kernel(&snap, &t, None, "192.0.2.1", 443), "passthrough");
+    // A service claiming a pod's address hides the pod from its own namespace only.
+    assert_eq!(kernel(&snap, &t, None, "10.244.0.5", 80), "workload");
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "10.244.0.5", 80),
+        "198.51.100.1:80"
+    );
+}
+
+#[test]
+fn shared_pod_address_is_a_workload_for_everyone() {
+    let pod = |name: &str, ns: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}}}\nstatus: {{podIP: 10.244.0.9}}\n"
+        )
+    };
+    let (snap, t, stats) = compiled(&(pod("a", "ns-c") + &pod("b", "ns-d")));
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "10.244.0.9", 80),
+        "workload"
+    );
+    assert_eq!(stats.workloads, 1);
+}
+
+#[test]
+fn v4_mapped_destination_is_its_ipv4_address() {
+    let (snap, t, _) = compiled(&static_entry(
+        "api",
+        "pub-a",
+        "\"::ffff:203.0.113.10\"",
+        "{address: 198.51.100.1}",
+    ));
+    assert_eq!(
+        kernel(&snap, &t, None, "::ffff:203.0.113.10", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, None, "203.0.113.10", 80),
+        "198.51.100.1:80"
+    );
+}
+
+#[test]
+fn ipv6_network_never_claims_an_ipv4_destination() {
+    let (snap, t, _) = compiled(&static_entry(
+        "all6",
+        "pub-a",
+        "\"::/0\"",
+        "{address: \"2001:db8::1\"}",
+    ));
+    assert_eq!(
+        kernel(&snap, &t, None, "2001:db8:1::1", 80),
+        "[2001:db8::1]:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, None, "::ffff:192.0.2.1", 80),
+        "passthrough"
+    );
+    assert_eq!(kernel(&snap, &t, None, "192.0.2.1", 80), "passthrough");
+}
+
+#[test]
+fn a_rewrite_stays_within_the_sockets_family() {
+    let objects = static_entry(
+        "dual",
+        "pub-a",
+        "203.0.113.10, \"2001:db8::10\"",
+        "{address: 198.51.100.1}",
+    ) + &static_entry(
+        "mixed",
+        "pub-a",
+        "203.0.113.11",
+        "{address: 198.51.100.1}, {address: \"2001:db8::1\"}",
+    );
+    let (snap, t, stats) = compiled(&objects);
+    assert_eq!(
+        kernel(&snap, &t, None, "203.0.113.10", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(kernel(&snap, &t, None, "2001:db8::10", 80), "proxy");
+    assert_eq!(kernel(&snap, &t, None, "203.0.113.11", 80), "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::MixedFamilies), Some(&1));
+}
+
+#[test]
+fn a_none_visibility_entry_is_absent_from_the_tables() {
+    let (snap, t, stats) = compiled(&static_entry(
+        "q",
+        "none-e",
+        "203.0.113.10",
+        "{address: 198.51.100.1}",
+    ));
+    assert_eq!(
+        kernel(&snap, &t, Some("none-e"), "203.0.113.10", 80),
+        "passthrough"
+    );
+    assert_eq!((stats.exact, stats.namespaces), (0, 0));
+}
+
+#[test]
+fn a_namespace_claiming_nothing_needs_no_client_entry() {
+    let (_, mut t, stats) = compiled(&static_entry(
+        "mine",
+        "ns-c",
+        "203.0.113.10",
+        "{address: 198.51.100.1}",
+    ));
+    assert_eq!(stats.namespaces, 1);
+    assert_ne!(t.namespace_id("ns-c"), NS_UNKNOWN);
+    assert_eq!(t.namespace_id("ns-d"), NS_UNKNOWN);
+    t.set_client(1, "ns-d").unwrap();
+    t.set_client(2, "ns-c").unwrap();
+    assert_eq!(t.clients.len(), 1);
+}
+
+#[test]
+fn too_many_endpoints_go_to_the_proxy() {
+    let endpoints: Vec<String> = (1..=MAX_ENDPOINTS + 1)
+        .map(|i| format!("{{address: 198.51.100.{i}}}"))
+        .collect();
+    let (snap, t, stats) = compiled(&static_entry(
+        "big",
+        "pub-a",
+        "203.0.113.10",
+        &endpoints.join(", "),
+    ));
+    assert_eq!(kernel(&snap, &t, None, "203.0.113.10", 80), "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::TooManyEndpoints), Some(&1));
+}
+
+fn limited(objects: &str, limits: Limits) -> (Snapshot, Tables, Stats) {
+    let snap = snapshot(objects);
+    let (tables, stats) = compile(&snap, limits);
+    (snap, tables, stats)
+}
+
+#[test]
+fn full_shared_tables_send_everything_to_the_proxy() {
+    let objects = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")
+        + &static_entry("b", "pub-a", "203.0.113.11", "{address: 198.51.100.1}");
+    let limits = Limits {
+        exact: 1,
+        ..Limits::default()
+    };
+    let (snap, t, stats) = limited(&objects, limits);
+    assert_eq!(kernel(&snap, &t, None, "203.0.113.10", 80), "proxy");
+    assert_eq!(kernel(&snap, &t, None, "192.0.2.1", 80), "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::SharedFull), Some(&1));
+}
+
+#[test]
+fn full_namespace_tables_send_that_namespace_to_the_proxy() {
+    let objects = static_entry("shared", "pub-a", "10.0.0.0/8", "{address: 198.51.100.1}")
+        + &static_entry("c", "ns-c", "10.1.0.0/16", "{address: 198.51.100.2}")
+        + &static_entry("d", "ns-d", "10.2.0.0/16", "{address: 198.51.100.3}");
+    let limits = Limits {
+        cidrs: 2,
+        ..Limits::default()
+    };
+    let (snap, t, stats) = limited(&objects, limits);
+    // ns-c comes first and fits; ns-d does not: its clients go to the proxy, the others are exact.
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "10.1.0.1", 80),
+        "198.51.100.2:80"
+    );
+    assert_eq!(kernel(&snap, &t, Some("ns-d"), "10.2.0.1", 80), "proxy");
+    assert_eq!(kernel(&snap, &t, None, "10.2.0.1", 80), "198.51.100.1:80");
+    assert_eq!(t.namespace_id("ns-d"), NS_PROXY);
+    // pub-a's network is shared, but pub-a's own clients need it too: it did not fit either.
+    assert_eq!(kernel(&snap, &t, Some("pub-a"), "10.1.0.1", 80), "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::NamespaceFull), Some(&2));
+    let limits = Limits {
+        namespaces: 0,
+        ..Limits::default()
+    };
+    let (snap, t, _) = limited(&objects, limits);
+    assert_eq!(kernel(&snap, &t, Some("ns-c"), "10.1.0.1", 80), "proxy");
+}
+
+#[test]
+fn full_workload_table_sends_unclaimed_addresses_to_the_proxy() {
+    let objects = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")
+        + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ns-d}\nstatus: {podIP: 10.244.0.5}\n";
+    let limits = Limits {
+        workloads: 0,
+        ..Limits::default()
+    };
+    let (snap, t, stats) = limited(&objects, limits);
+    assert_eq!(kernel(&snap, &t, None, "10.244.0.5", 80), "proxy");
+    assert_eq!(kernel(&snap, &t, None, "192.0.2.1", 80), "proxy");
+    assert_eq!(
+        kernel(&snap, &t, None, "203.0.113.10", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(stats.fallbacks.get(&Fallback::WorkloadsFull), Some(&1));
+}
+
+#[test]
+fn full_port_table_sends_the_ports_left_out_to_the_proxy() {
+    let objects = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")
+        + &static_entry("b", "pub-a", "203.0.113.11", "{address: 198.51.100.2}");
+    let limits = Limits {
+        ports: 1,
+        ..Limits::default()
+    };
+    let (snap, t, stats) = limited(&objects, limits);
+    let answers = [
+        kernel(&snap, &t, None, "203.0.113.10", 80),
+        kernel(&snap, &t, None, "203.0.113.11", 80),
+    ];
+    assert_eq!(
+        answers.iter().filter(|a| *a == "proxy").count(),
+        1,
+        "{answers:?}"
+    );
+    assert_eq!(stats.fallbacks.get(&Fallback::PortsFull), Some(&1));
+}
+
+#[test]
+fn full_client_table_sends_unregistered_cgroups_to_the_proxy() {
+    let objects = static_entry("c", "ns-c", "203.0.113.10", "{address: 198.51.100.1}")
+        + &static_entry("p", "pub-a", "203.0.113.11", "{address: 198.51.100.2}");
+    let limits = Limits {
+        clients: 1,
+        ..Limits::default()
+    };
+    let (_, mut t, _) = limited(&objects, limits);
+    t.set_client(1, "ns-c").unwrap();
+    assert_eq!(t.set_client(2, "ns-c"), Err(ClientsFull(1)));
+    let dst = ip("203.0.113.11");
+    assert!(matches!(decide(&t, 1, dst, 80), FastDecision::Rewrite(_)));
+    assert_eq!(decide(&t, 2, dst, 80), FastDecision::Proxy);
+    assert_eq!(decide(&t, 3, dst, 80), FastDecision::Proxy);
+}
+
+#[test]
+fn decided_by_names_the_kernel_or_the_proxy() {
+    let objects = static_entry("c", "ns-c", "203.0.113.10", "{address: 198.51.100.1}")
+        + &entry(
+            "cdn",
+            "pub-a",
+            &format!(
+                "{{hosts: [cdn.example.com], addresses: [203.0.113.60], {HTTP}, resolution: DNS}}"
+            ),
+        );
+    let (_, t, _) = compiled(&objects);
+    let by = |client, dst, port| decided_by(&t, client, ip(dst), port);
+    assert_eq!(by(Some("ns-c"), "203.0.113.10", 80), DecidedBy::Kernel);
+    assert_eq!(by(Some("ns-c"), "203.0.113.10", 443), DecidedBy::Proxy);
+    assert_eq!(by(None, "203.0.113.10", 80), DecidedBy::Kernel);
+    assert_eq!(by(Some("ns-c"), "203.0.113.60", 80), DecidedBy::Proxy);
+    assert_eq!(by(Some("elsewhere"), "192.0.2.1", 80), DecidedBy::Kernel);
+}
+
+#[test]
+fn lpm_trie_returns_the_longest_prefix() {
+    let mut trie = lpm::LpmTrie::default();
+    let key = |ip: &str| AddrKey {
+        ns: 3,
+        ip: IpKey::new(super::tests::ip(ip)),
+    };
+    trie.insert(key("10.0.0.0"), 64 + 8, 8);
+    trie.insert(key("10.1.0.0"), 64 + 16, 16);
+    assert_eq!(trie.lookup(key("10.1.2.3")), Some(&16));
+    assert_eq!(trie.lookup(key("10.2.2.3")), Some(&8));
+    assert_eq!(trie.lookup(key("11.0.0.1")), None);
+    assert_eq!(
+        trie.lookup(AddrKey {
+            ns: 4,
+            ..key("10.1.2.3")
+        }),
+        None
+    );
+    assert_eq!(trie.len(), 2);
+}
+
+#[test]
+fn entries_have_the_sizes_the_bpf_maps_are_declared_with() {
+    use std::mem::size_of;
+    assert_eq!(size_of::<IpKey>(), 20);
+    assert_eq!(size_of::<AddrKey>(), 24);
+    assert_eq!(size_of::<Claim>(), 8);
+    assert_eq!(size_of::<PortKey>(), 8);
+    assert_eq!(size_of::<Backend>(), 20);
+    assert_eq!(size_of::<Backends>(), 8 + MAX_ENDPOINTS * 20);
+    assert_eq!(size_of::<Config>(), 3);
+}
