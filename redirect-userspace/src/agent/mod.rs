@@ -47,6 +47,9 @@ pub struct AgentConfig {
     pub budget: BudgetArgs,
     /// Input bounds of each configuration load.
     pub limits: crate::config::Limits,
+    /// Learn the configuration from the Kubernetes API (instead of `config_dir`); the ConfigMap
+    /// holding the mesh config.
+    pub kube: Option<crate::cluster::MeshConfigMap>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -68,7 +71,15 @@ pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
 async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let budgets = Arc::new(Budgets::new(limits, &metrics));
-    let live = LiveState::new(config.config_dir.clone());
+    let kube = match &config.kube {
+        Some(_) => Some(crate::cluster::client_config().await?),
+        None => None,
+    };
+    let source = kube
+        .as_ref()
+        .map(|k| PathBuf::from(crate::cluster::source_name(k)))
+        .or_else(|| config.config_dir.clone());
+    let live = LiveState::new(source);
     let attached = Arc::new(AtomicBool::new(false));
     // One upstream (and one pool of its sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
@@ -78,6 +89,15 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let reload_task = match config.config_dir.clone() {
         Some(dir) => Some(reload::start(dir, config.limits, live.clone(), metrics.clone()).await),
         None => None,
+    };
+    let kube_task = match (kube, config.kube.clone()) {
+        (Some(client), Some(mesh)) => Some(crate::cluster::start(
+            client,
+            mesh,
+            live.clone(),
+            metrics.clone(),
+        )?),
+        _ => None,
     };
 
     // Bind before attaching: from the moment the programs are attached, a steered connection or
@@ -168,7 +188,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     for task in proxy_tasks.into_iter().chain(dns_tasks) {
         let _ = task.await;
     }
-    if let Some(task) = reload_task {
+    for task in reload_task.into_iter().chain(kube_task) {
         task.abort();
     }
     info!("eBPF programs detached; agent stopped");

@@ -20,8 +20,15 @@ use crate::{
 pub struct RunArgs {
     /// Directory of Kubernetes manifests (the same `redirect resolve -f` reads), watched and
     /// reloaded on change. Without it nothing is claimed: all traffic passes through.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "kube")]
     pub config: Option<PathBuf>,
+    /// Learn the cluster from the Kubernetes API instead of a directory: the pod's service account
+    /// in a cluster, else `$KUBECONFIG`, else `~/.kube/config`, as kubectl finds it.
+    #[arg(long)]
+    pub kube: bool,
+    /// With `--kube`: the ConfigMap whose key `mesh` holds the mesh config.
+    #[arg(long, value_name = "NAMESPACE/NAME", default_value = "istio-system/istio", requires = "kube")]
+    pub mesh_configmap: String,
     /// cgroup v2 directory holding the pods (their parent, never the hierarchy's root).
     #[arg(long)]
     pub cgroup: PathBuf,
@@ -66,6 +73,19 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
                 .context("/etc/resolv.conf names no nameserver; pass --dns-upstream IP:PORT")?
         }
     };
+    let kube = match args.kube {
+        true => {
+            let (namespace, name) = args
+                .mesh_configmap
+                .split_once('/')
+                .context("--mesh-configmap takes NAMESPACE/NAME")?;
+            Some(crate::cluster::MeshConfigMap {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })
+        }
+        false => None,
+    };
     agent::run(
         AgentConfig {
             config_dir: args.config,
@@ -79,6 +99,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             relay: args.relay,
             budget: args.budget,
             limits: args.limits.limits(),
+            kube,
         },
         log_level,
     )?;

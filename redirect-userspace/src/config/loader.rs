@@ -109,6 +109,19 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
     loader.finish()
 }
 
+/// Reads one object as the Kubernetes API serves it (JSON, with `apiVersion` and `kind`) exactly as
+/// one document of a file is read: the same checks and the same errors, `source` standing in for
+/// the file name. The model holds that object alone (plus its implicit namespace).
+pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
+    let limits = Limits::default();
+    let mut loader = Loader::new(&limits);
+    match serde_yaml_ng::to_value(object) {
+        Ok(value) => loader.add_document(source, value, String::new()),
+        Err(e) => loader.file_error(source, format!("not a Kubernetes object: {e}")),
+    }
+    loader.finish()
+}
+
 /// [`read_dir`] with the default limits, accepting only a load without any error.
 pub fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
     read_dir(path, &Limits::default()).into_result()
