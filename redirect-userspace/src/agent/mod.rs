@@ -47,9 +47,8 @@ pub struct AgentConfig {
     pub budget: BudgetArgs,
     /// Input bounds of each configuration load.
     pub limits: crate::config::Limits,
-    /// Learn the configuration from the Kubernetes API (instead of `config_dir`); the ConfigMap
-    /// holding the mesh config.
-    pub kube: Option<crate::cluster::MeshConfigMap>,
+    /// Learn the configuration from the Kubernetes API instead of `config_dir`.
+    pub kube: Option<crate::cluster::Source>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -72,7 +71,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let metrics = Arc::new(Metrics::default());
     let budgets = Arc::new(Budgets::new(limits, &metrics));
     let kube = match &config.kube {
-        Some(_) => Some(crate::cluster::client_config().await?),
+        Some(source) => Some(crate::cluster::client_config(source).await?),
         None => None,
     };
     let source = kube
@@ -91,9 +90,9 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         None => None,
     };
     let kube_task = match (kube, config.kube.clone()) {
-        (Some(client), Some(mesh)) => Some(crate::cluster::start(
+        (Some(client), Some(source)) => Some(crate::cluster::start(
             client,
-            mesh,
+            source.mesh,
             live.clone(),
             metrics.clone(),
         )?),

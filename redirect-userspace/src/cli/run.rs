@@ -26,6 +26,9 @@ pub struct RunArgs {
     /// in a cluster, else `$KUBECONFIG`, else `~/.kube/config`, as kubectl finds it.
     #[arg(long)]
     pub kube: bool,
+    /// With `--kube`: this kubeconfig instead of the usual search.
+    #[arg(long, value_name = "FILE", requires = "kube")]
+    pub kubeconfig: Option<PathBuf>,
     /// With `--kube`: the ConfigMap whose key `mesh` holds the mesh config.
     #[arg(long, value_name = "NAMESPACE/NAME", default_value = "istio-system/istio", requires = "kube")]
     pub mesh_configmap: String,
@@ -79,9 +82,12 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
                 .mesh_configmap
                 .split_once('/')
                 .context("--mesh-configmap takes NAMESPACE/NAME")?;
-            Some(crate::cluster::MeshConfigMap {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
+            Some(crate::cluster::Source {
+                kubeconfig: args.kubeconfig,
+                mesh: crate::cluster::MeshConfigMap {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                },
             })
         }
         false => None,

@@ -48,14 +48,30 @@ impl Default for MeshConfigMap {
     }
 }
 
-/// The client configuration as kubectl finds it: the pod's service account when running in a
-/// cluster, else `$KUBECONFIG`, else `~/.kube/config`.
-pub async fn client_config() -> anyhow::Result<kube::Config> {
+/// What `run --kube` was told.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Source {
+    /// A kubeconfig given on the command line, used instead of the search below.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub mesh: MeshConfigMap,
+}
+
+/// The client configuration as kubectl finds it: the kubeconfig given, else the pod's service
+/// account when running in a cluster, else `$KUBECONFIG`, else `~/.kube/config`.
+pub async fn client_config(source: &Source) -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions::default();
+    if let Some(path) = &source.kubeconfig {
+        let file = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+        return kube::Config::from_custom_kubeconfig(file, &options)
+            .await
+            .with_context(|| format!("using the kubeconfig {}", path.display()));
+    }
     if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
         return kube::Config::incluster()
             .context("reading the pod's service account (KUBERNETES_SERVICE_HOST is set)");
     }
-    kube::Config::from_kubeconfig(&kube::config::KubeConfigOptions::default())
+    kube::Config::from_kubeconfig(&options)
         .await
         .context("reading the kubeconfig ($KUBECONFIG, else ~/.kube/config)")
 }

@@ -71,20 +71,39 @@ pub async fn run(
         changes: changes.clone(),
         metrics,
     };
-    let api_version = if kind.is_istio() {
-        match discover(&client, &report).await {
-            Some(v) => v,
-            None => return,
+    // An Istio kind whose CRD goes away is looked for again, at whichever version is served then.
+    loop {
+        let api_version = if kind.is_istio() {
+            match discover(&client, &report).await {
+                Some(v) => v,
+                None => return,
+            }
+        } else {
+            "v1".to_string()
+        };
+        if !report.send(Change::Watching(kind, api_version.clone())).await {
+            return;
         }
-    } else {
-        "v1".to_string()
-    };
-    if !report.send(Change::Watching(kind, api_version.clone())).await {
-        return;
+        match follow(client.clone(), &api_version, &report).await {
+            Ended::NotServed => continue,
+            Ended::Stopping => return,
+        }
     }
+}
+
+enum Ended {
+    /// The API stopped serving this kind.
+    NotServed,
+    /// Nobody listens any more: the agent is stopping.
+    Stopping,
+}
+
+/// Lists, then watches, `report.kind` at `api_version`, reporting every change.
+async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
+    let kind = report.kind;
     let (group, version) = match api_version.rsplit_once('/') {
         Some((group, version)) => (group, version),
-        None => ("", api_version.as_str()),
+        None => ("", api_version),
     };
     let resource = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(group, version, kind.name()),
@@ -92,8 +111,8 @@ pub async fn run(
     );
     let mut config = watcher::Config::default();
     let api: Api<DynamicObject> = if kind == Kind::MeshConfig {
-        config = config.fields(&format!("metadata.name={}", mesh.name));
-        Api::namespaced_with(client, &mesh.namespace, &resource)
+        config = config.fields(&format!("metadata.name={}", report.mesh.name));
+        Api::namespaced_with(client, &report.mesh.namespace, &resource)
     } else {
         Api::all_with(client, &resource)
     };
@@ -105,7 +124,7 @@ pub async fn run(
             Ok(Event::InitApply(object) | Event::Apply(object)) => {
                 let key = key(&object);
                 let converted = match serde_json::to_value(&object) {
-                    Ok(json) => kinds::convert(kind, &api_version, json),
+                    Ok(json) => kinds::convert(kind, api_version, json),
                     Err(e) => {
                         warn!(kind = kind.name(), error = %e, "an object the API sent could not be read; skipped");
                         continue;
@@ -126,23 +145,27 @@ pub async fn run(
             }
             Err(e) => {
                 failing = true;
-                let failure = describe(kind, &mesh, &e);
+                let failure = describe(kind, &report.mesh, &e);
                 report.failed(&failure).await;
                 if failure.not_found && kind.is_istio() {
                     warn!(
                         kind = kind.name(),
-                        "the API no longer serves this kind (its CRD was removed?): holding none; watching for it"
+                        %api_version,
+                        "the API no longer serves this kind (its CRD was removed?): none are in force; looking for it again"
                     );
-                    Change::NotInstalled(kind)
-                } else {
-                    continue;
+                    return match report.send(Change::NotInstalled(kind)).await {
+                        true => Ended::NotServed,
+                        false => Ended::Stopping,
+                    };
                 }
+                continue;
             }
         };
         if !report.send(change).await {
-            return;
+            return Ended::Stopping;
         }
     }
+    Ended::Stopping
 }
 
 fn key(object: &DynamicObject) -> Key {

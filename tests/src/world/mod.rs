@@ -17,6 +17,7 @@ use crate::exec::Cmd;
 use crate::explain::Explain;
 use crate::metrics::Metrics;
 use crate::topology::Pod;
+use crate::apiserver::ApiServer;
 use crate::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
 
 mod check;
@@ -151,6 +152,8 @@ pub mod key {
 /// The world of one test. Fields drop in order: agent, upstream, servers, then the topology.
 pub struct World {
     pub agent: Agent,
+    /// The test API server the agent watches, for a world started with [`World::start_kube_with`].
+    api: Option<ApiServer>,
     pub upstream: Dnsmasq,
     _servers: Vec<Peer>,
     /// Who answers HTTP at each address.
@@ -170,6 +173,16 @@ impl World {
 
     /// The world with a copy of `examples/` that `edit` may change before the agent starts.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
+        World::start_source(edit, false)
+    }
+
+    /// As [`World::start_with`], the agent learning the same objects from a test API server
+    /// (`run --kube`) instead of the directory; explain still reads the directory.
+    pub fn start_kube_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
+        World::start_source(edit, true)
+    }
+
+    fn start_source(edit: impl FnOnce(&Path) -> Result<()>, kube: bool) -> Result<World> {
         let mut topo = Topology::new()?;
         for (key, ip, uid) in CLIENTS {
             topo.add_kube_pod(key, ip.parse()?, uid)?;
@@ -204,17 +217,22 @@ impl World {
         dual_stack_pods(&config, "10-workloads.yaml")?;
         edit(&config).context("editing the copy of examples/")?;
         let explain = Explain::new(&config)?;
-        let agent = Agent::start(
-            &topo,
-            &[
-                "--config",
-                &config.to_string_lossy(),
-                "--dns-upstream",
-                &format!("{RESOLVER_IP}:53"),
-            ],
-        )?;
+        let upstream_arg = format!("{RESOLVER_IP}:53");
+        let (agent, api) = if kube {
+            let api = ApiServer::start(&topo.node().netns)?;
+            api.sync_dir(&config)?;
+            let kubeconfig = api.write_kubeconfig(&topo.scratch_path("kubeconfig"))?;
+            let kubeconfig = kubeconfig.to_string_lossy();
+            let args = ["--kube", "--kubeconfig", &kubeconfig, "--dns-upstream", &upstream_arg];
+            (Agent::start(&topo, &args)?, Some(api))
+        } else {
+            let config = config.to_string_lossy();
+            let args = ["--config", &config, "--dns-upstream", &upstream_arg];
+            (Agent::start(&topo, &args)?, None)
+        };
         Ok(World {
             agent,
+            api,
             upstream,
             _servers: servers,
             names,
@@ -223,6 +241,20 @@ impl World {
             explain,
             topo,
         })
+    }
+
+    /// The test API server of a world started with [`World::start_kube_with`].
+    pub fn api(&self) -> &ApiServer {
+        self.api
+            .as_ref()
+            .expect("a world started with World::start_kube_with")
+    }
+
+    /// [`World::api`], to stop and resume it.
+    pub fn api_mut(&mut self) -> &mut ApiServer {
+        self.api
+            .as_mut()
+            .expect("a world started with World::start_kube_with")
     }
 
     /// The agent's copy of the manifests (edit it to reload; see [`replace_file`]).
