@@ -27,8 +27,6 @@ use tokio::sync::mpsc;
 
 use crate::netns;
 
-/// `(group, version, plural)`; the group is empty for the core kinds.
-type Resource = (String, String, String);
 /// `(namespace, name)`.
 type Key = (String, String);
 
