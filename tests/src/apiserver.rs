@@ -244,7 +244,8 @@ impl ApiServer {
     /// `ERROR` event with code 410 and ends, and a watch resuming from before now gets the same.
     pub fn expire_watches(&self) {
         let mut state = self.state();
-        state.oldest = state.rv + 1;
+        // A watch from the current version misses nothing; one from before it is too old.
+        state.oldest = state.rv;
         state.history.clear();
         for w in state.watches.drain(..) {
             let _ = w.tx.send(gone());
@@ -408,7 +409,7 @@ fn full(status: StatusCode, body: Value) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
     *r.status_mut() = status;
     r.headers_mut()
-        .insert("content-type", "application/json".parse().expect("a header value"));
+        .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
     r
 }
 
@@ -560,7 +561,7 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
     });
     let mut r = Response::new(body.boxed());
     r.headers_mut()
-        .insert("content-type", "application/json".parse().expect("a header value"));
+        .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
     r
 }
 

@@ -54,7 +54,7 @@ fn service_entry(namespace: &str, name: &str, host: &str, address: &str) -> Valu
     })
 }
 
-fn watches(w: &World) -> Result<Vec<Value>> {
+fn watch_states(w: &World) -> Result<Vec<Value>> {
     let dump = w.config_dump()?;
     dump["config"]["watches"]
         .as_array()
@@ -84,7 +84,7 @@ fn watch_of<'a>(watches: &'a [Value], kind: &str) -> Result<&'a Value> {
 #[test]
 fn the_visibility_scenarios_hold_with_the_cluster_as_source() -> Result<()> {
     let w = World::start_kube_with(|_| Ok(()))?;
-    let watches = watches(&w)?;
+    let watches = watch_states(&w)?;
     for kind in ["Namespace", "Pod", "Service", "ServiceEntry", "WorkloadEntry", "ConfigMap"] {
         let watch = watch_of(&watches, kind)?;
         ensure!(watch["synced"] == true, "{watch}");
@@ -224,7 +224,7 @@ fn the_api_server_away_for_ten_seconds_changes_nothing_and_what_changed_meanwhil
         "{:#?}",
         m.samples()
     );
-    let watches = watches(&w)?;
+    let watches = watch_states(&w)?;
     let pods = watch_of(&watches, "Pod")?;
     ensure!(pods["lastError"].is_string() && pods["errors"].as_u64() >= Some(1), "{pods}");
 
@@ -313,7 +313,7 @@ fn istio_crds_missing_then_served_at_v1beta1_and_a_forbidden_watch_is_named() ->
         "{}",
         w.agent.log()
     );
-    let watches = watches(&w)?;
+    let watches = watch_states(&w)?;
     ensure!(watch_of(&watches, "ServiceEntry")?["installed"] == false, "{watches:?}");
 
     // Back at v1beta1 only: found again by discovery, at that version.
@@ -321,7 +321,7 @@ fn istio_crds_missing_then_served_at_v1beta1_and_a_forbidden_watch_is_named() ->
     within("entries back at v1beta1", Duration::from_secs(15), || {
         Ok(a_records(&w, "team-a", "api.example.com")? == answered)
     })?;
-    let watches = watches(&w)?;
+    let watches = watch_states(&w)?;
     let se = watch_of(&watches, "ServiceEntry")?;
     ensure!(se["apiVersion"] == "networking.istio.io/v1beta1", "{se}");
 

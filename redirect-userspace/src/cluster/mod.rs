@@ -216,3 +216,72 @@ pub fn build(model: &Model, mut errors: Vec<ConfigError>) -> (Snapshot, Vec<Conf
     errors.extend(visibility::allocation_errors(model, &resolution));
     (Snapshot::build(model, &resolution), errors)
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn entry(i: usize) -> Change {
+        let object = json!({
+            "metadata": {"name": format!("e{i}"), "namespace": "team-a"},
+            "spec": {"hosts": [format!("e{i}.example.com")], "addresses": [format!("203.0.113.{i}")]}
+        });
+        let converted = kinds::convert(Kind::ServiceEntry, "networking.istio.io/v1", object);
+        Change::Upsert(
+            Kind::ServiceEntry,
+            ("team-a".into(), format!("e{i}")),
+            converted,
+        )
+    }
+
+    async fn settle() {
+        tokio::time::sleep(COALESCE * 3).await;
+    }
+
+    #[tokio::test]
+    async fn nothing_is_applied_before_every_watch_has_listed_and_a_burst_is_one_snapshot() {
+        let live = LiveState::new(Some("kubernetes API".into()));
+        let metrics = Arc::new(Metrics::default());
+        let (tx, rx) = mpsc::channel(4096);
+        let task = tokio::spawn(follow(rx, live.clone(), metrics));
+        for kind in Kind::ALL {
+            tx.send(Change::Relist(kind)).await.unwrap();
+        }
+        for i in 1..=10 {
+            tx.send(entry(i)).await.unwrap();
+        }
+        for kind in &Kind::ALL[..5] {
+            tx.send(Change::Listed(*kind)).await.unwrap();
+        }
+        settle().await;
+        assert_eq!(live.status_report().generation, 0, "one watch has not listed");
+        assert!(!live.has_config());
+        tx.send(Change::Listed(Kind::MeshConfig)).await.unwrap();
+        settle().await;
+        assert_eq!(live.status_report().generation, 1);
+        assert_eq!(live.snapshot().services().count(), 10);
+
+        // Fifty changes at once: one more snapshot, holding all of them.
+        for i in 11..=60 {
+            tx.send(entry(i)).await.unwrap();
+        }
+        settle().await;
+        let status = live.status_report();
+        assert_eq!(status.generation, 2);
+        assert_eq!(live.snapshot().services().count(), 60);
+        assert_eq!(status.watches.len(), Kind::ALL.len());
+        // A failure changes no snapshot; it shows in the watch's state.
+        tx.send(Change::Failed(Kind::Pod, "connection refused".into()))
+            .await
+            .unwrap();
+        settle().await;
+        let status = live.status_report();
+        assert_eq!(status.generation, 2);
+        let pods = status.watches.iter().find(|w| w.kind == "Pod").unwrap();
+        assert_eq!(pods.last_error.as_deref(), Some("connection refused"));
+        drop(tx);
+        task.await.unwrap();
+    }
+}

@@ -172,8 +172,13 @@ impl World {
     }
 
     /// The world with a copy of `examples/` that `edit` may change before the agent starts.
+    ///
+    /// With `REDIRECT_WORLD_SOURCE=kube` in the environment, the agent watches a test API server
+    /// serving the same objects instead ([`World::start_kube_with`]): any suite built on the world
+    /// then runs against the Kubernetes API source.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
-        World::start_source(edit, false)
+        let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
+        World::start_source(edit, kube)
     }
 
     /// As [`World::start_with`], the agent learning the same objects from a test API server
