@@ -335,3 +335,42 @@ fn istio_crds_missing_then_served_at_v1beta1_and_a_forbidden_watch_is_named() ->
     ensure!(w.curl("team-a", "http://api.example.com/")? == Reach::server("api-endpoint"));
     Ok(())
 }
+
+#[test]
+fn an_api_server_away_at_start_keeps_the_agent_unready_until_it_answers() -> Result<()> {
+    let topo = integration::Topology::with_pods(&[("team-a/a1", "10.244.1.10")])?;
+    let mut api = integration::apiserver::ApiServer::start(&topo.node().netns)?;
+    api.sync_dir(&integration::world::examples_dir())?;
+    let kubeconfig = api.write_kubeconfig(&topo.scratch_path("kubeconfig"))?;
+    api.stop();
+    let mut agent = integration::Agent::spawn(
+        &topo,
+        &["--kube", "--kubeconfig", &kubeconfig.to_string_lossy()],
+    )?;
+    // Up, serving its admin port, and saying why it is not ready.
+    within("the agent says it cannot reach the API", Duration::from_secs(5), || {
+        Ok(agent.log().contains("cannot list pods on the Kubernetes API server"))
+    })?;
+    let away = Instant::now();
+    let mut answers = 0;
+    while away.elapsed() < Duration::from_secs(3) {
+        // The admin server comes up once the programs are attached.
+        if let Ok(ready) = agent.admin_get("/healthz/ready") {
+            ensure!(ready.status != 200, "ready without any configuration");
+            answers += 1;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    ensure!(answers > 5, "the admin server hardly answered: {answers}");
+    let log = agent.log();
+    ensure!(log.contains("Connection refused"), "{log}");
+    let m = agent.metrics()?;
+    ensure!(m.get_or_zero(r#"redirect_kube_watch_errors_total{kind="Namespace"}"#) >= 2.0);
+    api.resume()?;
+    agent.wait_ready()?;
+    let dump = agent.admin_get("/config_dump")?;
+    let dump: Value = serde_json::from_slice(&dump.body)?;
+    let watches = find_watches(&dump).context("watches")?;
+    ensure!(watches.iter().all(|w| w["synced"] == true), "{watches:?}");
+    agent.stop()
+}

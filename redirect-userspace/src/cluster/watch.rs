@@ -294,8 +294,9 @@ impl Failure {
                 Failure::from_status(kind, mesh, verb, status.code, &status.message)
             }
             other => Failure::other(format!(
-                "cannot {verb} {} on the Kubernetes API server: {other}; retrying",
-                kind.plural()
+                "cannot {verb} {} on the Kubernetes API server: {}; retrying",
+                kind.plural(),
+                with_causes(other)
             )),
         }
     }
@@ -346,6 +347,21 @@ impl Failure {
             expired: false,
         }
     }
+}
+
+/// An error and what caused it (`client error (Connect): Connection refused`), each said once.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 #[cfg(test)]
