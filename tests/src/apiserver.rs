@@ -36,8 +36,18 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
     ("", "Pod", "pods", true),
     ("", "Service", "services", true),
     ("", "ConfigMap", "configmaps", true),
-    ("networking.istio.io", "ServiceEntry", "serviceentries", true),
-    ("networking.istio.io", "WorkloadEntry", "workloadentries", true),
+    (
+        "networking.istio.io",
+        "ServiceEntry",
+        "serviceentries",
+        true,
+    ),
+    (
+        "networking.istio.io",
+        "WorkloadEntry",
+        "workloadentries",
+        true,
+    ),
 ];
 
 const ISTIO: &str = "networking.istio.io";
@@ -408,8 +418,10 @@ type Body = BoxBody<Bytes, Infallible>;
 fn full(status: StatusCode, body: Value) -> Response<Body> {
     let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
     *r.status_mut() = status;
-    r.headers_mut()
-        .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     r
 }
 
@@ -443,12 +455,24 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", group, version] => return discovery(state, group, version),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
-        _ => return status(StatusCode::NOT_FOUND, "NotFound", format!("no route {path}")),
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no route {path}"),
+            );
+        }
     };
     let (namespace, plural) = match rest {
         [plural] => (None, *plural),
         ["namespaces", ns, plural] => (Some(ns.to_string()), *plural),
-        _ => return status(StatusCode::NOT_FOUND, "NotFound", format!("no route {path}")),
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no route {path}"),
+            );
+        }
     };
     if group == ISTIO && !lock(state).istio_versions.iter().any(|v| v == version) {
         return status(
@@ -458,7 +482,11 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         );
     }
     if !KINDS.iter().any(|k| k.0 == group && k.2 == plural) {
-        return status(StatusCode::NOT_FOUND, "NotFound", format!("no resource {plural}"));
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no resource {plural}"),
+        );
     }
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = if watching { "watch" } else { "list" };
@@ -498,7 +526,13 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         let items: Vec<Value> = st
             .objects
             .get(&(group.to_string(), plural.to_string()))
-            .map(|o| o.values().filter(|o| selects(o)).cloned().map(at_version).collect())
+            .map(|o| {
+                o.values()
+                    .filter(|o| selects(o))
+                    .cloned()
+                    .map(at_version)
+                    .collect()
+            })
             .unwrap_or_default();
         let kind = KINDS
             .iter()
@@ -515,7 +549,9 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         .get("resourceVersion")
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    let bookmarks = query.get("allowWatchBookmarks").is_some_and(|v| v == "true");
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
     let (tx, mut rx) = mpsc::unbounded_channel();
     {
         let mut st = lock(state);
@@ -560,8 +596,10 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         }
     });
     let mut r = Response::new(body.boxed());
-    r.headers_mut()
-        .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     r
 }
 

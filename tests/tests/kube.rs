@@ -67,9 +67,10 @@ fn watch_states(w: &World) -> Result<Vec<Value>> {
 /// The `watches` array wherever `/config_dump` keeps the configuration's status.
 fn find_watches(v: &Value) -> Option<&Vec<Value>> {
     match v {
-        Value::Object(map) => map.get("watches").and_then(Value::as_array).or_else(|| {
-            map.values().find_map(find_watches)
-        }),
+        Value::Object(map) => map
+            .get("watches")
+            .and_then(Value::as_array)
+            .or_else(|| map.values().find_map(find_watches)),
         _ => None,
     }
 }
@@ -85,7 +86,14 @@ fn watch_of<'a>(watches: &'a [Value], kind: &str) -> Result<&'a Value> {
 fn the_visibility_scenarios_hold_with_the_cluster_as_source() -> Result<()> {
     let w = World::start_kube_with(|_| Ok(()))?;
     let watches = watch_states(&w)?;
-    for kind in ["Namespace", "Pod", "Service", "ServiceEntry", "WorkloadEntry", "ConfigMap"] {
+    for kind in [
+        "Namespace",
+        "Pod",
+        "Service",
+        "ServiceEntry",
+        "WorkloadEntry",
+        "ConfigMap",
+    ] {
         let watch = watch_of(&watches, kind)?;
         ensure!(watch["synced"] == true, "{watch}");
     }
@@ -149,9 +157,14 @@ fn a_service_entry_a_namespace_label_and_a_pod_changed_through_the_api_apply_wit
         "fresh.example.com",
         "203.0.113.78",
     ))?;
-    let took = within("the changed entry answered in team-b", APPLIED_WITHIN, || {
-        Ok(a_records(&w, "team-b", "fresh.example.com")? == ["203.0.113.78".parse::<Ipv4Addr>()?])
-    })?;
+    let took = within(
+        "the changed entry answered in team-b",
+        APPLIED_WITHIN,
+        || {
+            Ok(a_records(&w, "team-b", "fresh.example.com")?
+                == ["203.0.113.78".parse::<Ipv4Addr>()?])
+        },
+    )?;
     eprintln!("ServiceEntry changed: applied in {took:?}");
 
     // team-b labelled trusted: its entries become PUBLIC (the mesh config's second policy).
@@ -210,10 +223,17 @@ fn the_api_server_away_for_ten_seconds_changes_nothing_and_what_changed_meanwhil
     let mut rounds = 0;
     while away.elapsed() < Duration::from_secs(10) {
         ensure!(a_records(&w, "team-a", "api.example.com")? == answered);
-        ensure!(dig(&w, "team-b", "api.example.com")?.a_records() == ["203.0.113.110".parse::<Ipv4Addr>()?]);
+        ensure!(
+            dig(&w, "team-b", "api.example.com")?.a_records()
+                == ["203.0.113.110".parse::<Ipv4Addr>()?]
+        );
         ensure!(w.curl("team-a", "http://api.example.com/")? == Reach::server("api-endpoint"));
         let ready = w.agent.admin_get("/healthz/ready")?;
-        ensure!(ready.status == 200, "not ready while the API is away: {}", ready.text());
+        ensure!(
+            ready.status == 200,
+            "not ready while the API is away: {}",
+            ready.text()
+        );
         rounds += 1;
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -226,7 +246,10 @@ fn the_api_server_away_for_ten_seconds_changes_nothing_and_what_changed_meanwhil
     );
     let watches = watch_states(&w)?;
     let pods = watch_of(&watches, "Pod")?;
-    ensure!(pods["lastError"].is_string() && pods["errors"].as_u64() >= Some(1), "{pods}");
+    ensure!(
+        pods["lastError"].is_string() && pods["errors"].as_u64() >= Some(1),
+        "{pods}"
+    );
 
     w.api_mut().resume()?;
     // Each watch retries at most 5 s apart: back within that, and the change is applied.
@@ -259,7 +282,10 @@ fn an_expired_watch_lists_again_and_nothing_in_flight_sees_a_gap() -> Result<()>
                 let got = a_records(&w, "team-a", "api.example.com")?;
                 ensure!(got == answered, "a gap in DNS: {got:?}");
                 let reach = w.curl("team-a", "http://api.example.com/")?;
-                ensure!(reach == Reach::server("api-endpoint"), "a gap in traffic: {reach:?}");
+                ensure!(
+                    reach == Reach::server("api-endpoint"),
+                    "a gap in traffic: {reach:?}"
+                );
                 rounds += 1;
             }
             Ok(rounds)
@@ -273,7 +299,9 @@ fn an_expired_watch_lists_again_and_nothing_in_flight_sees_a_gap() -> Result<()>
             "after-gone.example.com",
             "203.0.113.80",
         ))?;
-        let rounds = traffic.join().map_err(|_| anyhow::anyhow!("traffic panicked"))??;
+        let rounds = traffic
+            .join()
+            .map_err(|_| anyhow::anyhow!("traffic panicked"))??;
         ensure!(rounds >= 5, "only {rounds} rounds");
         Ok(())
     })?;
@@ -282,9 +310,14 @@ fn an_expired_watch_lists_again_and_nothing_in_flight_sees_a_gap() -> Result<()>
         lists_after.len() >= lists_before.len() + 6,
         "every watch lists again after 410: before {lists_before:?}, after {lists_after:?}"
     );
-    within("the change listed after 410 applied", APPLIED_WITHIN, || {
-        Ok(a_records(&w, "team-a", "after-gone.example.com")? == ["203.0.113.80".parse::<Ipv4Addr>()?])
-    })?;
+    within(
+        "the change listed after 410 applied",
+        APPLIED_WITHIN,
+        || {
+            Ok(a_records(&w, "team-a", "after-gone.example.com")?
+                == ["203.0.113.80".parse::<Ipv4Addr>()?])
+        },
+    )?;
     Ok(())
 }
 
@@ -305,16 +338,21 @@ fn istio_crds_missing_then_served_at_v1beta1_and_a_forbidden_watch_is_named() ->
     // The CRDs go away: no ServiceEntry is in force, the agent says so and keeps running.
     w.api().serve_istio_versions(&[]);
     w.api().expire_watches();
-    within("entries gone with their CRD", Duration::from_secs(8), || {
-        Ok(a_records(&w, "team-a", "api.example.com")? == upstream)
-    })?;
+    within(
+        "entries gone with their CRD",
+        Duration::from_secs(8),
+        || Ok(a_records(&w, "team-a", "api.example.com")? == upstream),
+    )?;
     ensure!(
         w.agent.log().contains("serves no serviceentries"),
         "{}",
         w.agent.log()
     );
     let watches = watch_states(&w)?;
-    ensure!(watch_of(&watches, "ServiceEntry")?["installed"] == false, "{watches:?}");
+    ensure!(
+        watch_of(&watches, "ServiceEntry")?["installed"] == false,
+        "{watches:?}"
+    );
 
     // Back at v1beta1 only: found again by discovery, at that version.
     w.api().serve_istio_versions(&["v1beta1"]);
@@ -348,9 +386,15 @@ fn an_api_server_away_at_start_keeps_the_agent_unready_until_it_answers() -> Res
         &["--kube", "--kubeconfig", &kubeconfig.to_string_lossy()],
     )?;
     // Up, serving its admin port, and saying why it is not ready.
-    within("the agent says it cannot reach the API", Duration::from_secs(5), || {
-        Ok(agent.log().contains("cannot list pods on the Kubernetes API server"))
-    })?;
+    within(
+        "the agent says it cannot reach the API",
+        Duration::from_secs(5),
+        || {
+            Ok(agent
+                .log()
+                .contains("cannot list pods on the Kubernetes API server"))
+        },
+    )?;
     let away = Instant::now();
     let mut answers = 0;
     while away.elapsed() < Duration::from_secs(3) {

@@ -30,7 +30,12 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE", requires = "kube")]
     pub kubeconfig: Option<PathBuf>,
     /// With `--kube`: the ConfigMap whose key `mesh` holds the mesh config.
-    #[arg(long, value_name = "NAMESPACE/NAME", default_value = "istio-system/istio", requires = "kube")]
+    #[arg(
+        long,
+        value_name = "NAMESPACE/NAME",
+        default_value = "istio-system/istio",
+        requires = "kube"
+    )]
     pub mesh_configmap: String,
     /// cgroup v2 directory holding the pods (their parent, never the hierarchy's root).
     #[arg(long)]

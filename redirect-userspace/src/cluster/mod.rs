@@ -256,7 +256,11 @@ mod tests {
             tx.send(Change::Listed(*kind)).await.unwrap();
         }
         settle().await;
-        assert_eq!(live.status_report().generation, 0, "one watch has not listed");
+        assert_eq!(
+            live.status_report().generation,
+            0,
+            "one watch has not listed"
+        );
         assert!(!live.has_config());
         tx.send(Change::Listed(Kind::MeshConfig)).await.unwrap();
         settle().await;

@@ -285,7 +285,10 @@ mod tests {
         }
         assert!(store.ready());
         let se = &store.statuses()[3];
-        assert_eq!((se.kind, se.installed, se.synced), ("ServiceEntry", false, true));
+        assert_eq!(
+            (se.kind, se.installed, se.synced),
+            ("ServiceEntry", false, true)
+        );
     }
 
     #[test]

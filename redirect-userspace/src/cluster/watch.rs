@@ -81,7 +81,10 @@ pub async fn run(
         } else {
             "v1".to_string()
         };
-        if !report.send(Change::Watching(kind, api_version.clone())).await {
+        if !report
+            .send(Change::Watching(kind, api_version.clone()))
+            .await
+        {
             return;
         }
         match follow(client.clone(), &api_version, &report).await {

@@ -12,12 +12,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 
+use crate::apiserver::ApiServer;
 use crate::dig::{self, Reply};
 use crate::exec::Cmd;
 use crate::explain::Explain;
 use crate::metrics::Metrics;
 use crate::topology::Pod;
-use crate::apiserver::ApiServer;
 use crate::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
 
 mod check;
@@ -228,7 +228,13 @@ impl World {
             api.sync_dir(&config)?;
             let kubeconfig = api.write_kubeconfig(&topo.scratch_path("kubeconfig"))?;
             let kubeconfig = kubeconfig.to_string_lossy();
-            let args = ["--kube", "--kubeconfig", &kubeconfig, "--dns-upstream", &upstream_arg];
+            let args = [
+                "--kube",
+                "--kubeconfig",
+                &kubeconfig,
+                "--dns-upstream",
+                &upstream_arg,
+            ];
             (Agent::start(&topo, &args)?, Some(api))
         } else {
             let config = config.to_string_lossy();
