@@ -2,7 +2,7 @@
 //! HTTP, with the protocol the real one speaks to a watching client.
 //!
 //! - `GET` of a collection: a JSON list with `metadata.resourceVersion`; `fieldSelector` on
-//!   `metadata.name`; `limit` is ignored (one page, no `continue`), as a server may.
+//!   `metadata.name`; pages of `limit` items linked by `continue`.
 //! - `?watch=true|1`: a stream of `ADDED`/`MODIFIED`/`DELETED` events after the `resourceVersion`
 //!   asked, a `BOOKMARK` when the client allows them, and an `ERROR` with code 410 for a version
 //!   older than the server keeps ([`ApiServer::expire_watches`] forgets them all).
@@ -523,17 +523,34 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
     };
     if !watching {
         let st = lock(state);
-        let items: Vec<Value> = st
+        // Pages of `limit` items; `continue` is `<list version>-<offset>`, and every page carries
+        // the version of the first, as one consistent list does.
+        let (rv, offset) = query
+            .get("continue")
+            .and_then(|c| c.split_once('-'))
+            .and_then(|(rv, at)| Some((rv.parse().ok()?, at.parse().ok()?)))
+            .unwrap_or((st.rv, 0usize));
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse().ok())
+            .filter(|l| *l > 0)
+            .unwrap_or(usize::MAX);
+        let selected: Vec<&Value> = st
             .objects
             .get(&(group.to_string(), plural.to_string()))
-            .map(|o| {
-                o.values()
-                    .filter(|o| selects(o))
-                    .cloned()
-                    .map(at_version)
-                    .collect()
-            })
+            .map(|o| o.values().filter(|o| selects(o)).collect())
             .unwrap_or_default();
+        let end = offset.saturating_add(limit).min(selected.len());
+        let items: Vec<Value> = selected
+            .get(offset..end)
+            .unwrap_or_default()
+            .iter()
+            .map(|o| at_version((*o).clone()))
+            .collect();
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if end < selected.len() {
+            metadata["continue"] = Value::from(format!("{rv}-{end}"));
+        }
         let kind = KINDS
             .iter()
             .find(|k| k.0 == group && k.2 == plural)
@@ -541,7 +558,7 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         return full(
             StatusCode::OK,
             json!({"apiVersion": api_version, "kind": format!("{kind}List"),
-                   "metadata": {"resourceVersion": st.rv.to_string()}, "items": items}),
+                   "metadata": metadata, "items": items}),
         );
     }
 

@@ -16,12 +16,9 @@ use crate::{
     redirect::Gateways,
 };
 
+/// The Kubernetes API as the source (boxed: rarely read, kept out of the command's size).
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    /// Directory of Kubernetes manifests (the same `redirect resolve -f` reads), watched and
-    /// reloaded on change. Without it nothing is claimed: all traffic passes through.
-    #[arg(long, value_name = "DIR", conflicts_with = "kube")]
-    pub config: Option<PathBuf>,
+pub struct KubeArgs {
     /// Learn the cluster from the Kubernetes API instead of a directory: the pod's service account
     /// in a cluster, else `$KUBECONFIG`, else `~/.kube/config`, as kubectl finds it.
     #[arg(long)]
@@ -37,6 +34,16 @@ pub struct RunArgs {
         requires = "kube"
     )]
     pub mesh_configmap: String,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Directory of Kubernetes manifests (the same `redirect resolve -f` reads), watched and
+    /// reloaded on change. Without it nothing is claimed: all traffic passes through.
+    #[arg(long, value_name = "DIR", conflicts_with = "kube")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub kube: Box<KubeArgs>,
     /// cgroup v2 directory holding the pods (their parent, never the hierarchy's root).
     #[arg(long)]
     pub cgroup: PathBuf,
@@ -81,14 +88,15 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
                 .context("/etc/resolv.conf names no nameserver; pass --dns-upstream IP:PORT")?
         }
     };
-    let kube = match args.kube {
+    let kube_args = *args.kube;
+    let kube = match kube_args.kube {
         true => {
-            let (namespace, name) = args
+            let (namespace, name) = kube_args
                 .mesh_configmap
                 .split_once('/')
                 .context("--mesh-configmap takes NAMESPACE/NAME")?;
             Some(crate::cluster::Source {
-                kubeconfig: args.kubeconfig,
+                kubeconfig: kube_args.kubeconfig,
                 mesh: crate::cluster::MeshConfigMap {
                     namespace: namespace.to_string(),
                     name: name.to_string(),

@@ -23,7 +23,7 @@ pub enum Change {
     /// A full list starts; it replaces what is held once [`Change::Listed`] comes.
     Relist(Kind),
     /// An object listed, added or changed.
-    Upsert(Kind, Key, Converted),
+    Upsert(Kind, Key, Box<Converted>),
     Deleted(Kind, Key),
     /// The list that began with [`Change::Relist`] is complete.
     Listed(Kind),
@@ -115,14 +115,15 @@ impl Store {
                     .and_then(|r| r.get(&key))
                     .or_else(|| w.objects.get(&key))
                     .and_then(|s| s.good.clone());
-                let slot = match converted.object {
+                let Converted { object, errors } = *converted;
+                let slot = match object {
                     Some(object) => Slot {
                         good: Some(object),
                         errors: Vec::new(),
                     },
                     None => Slot {
                         good: previous,
-                        errors: converted.errors,
+                        errors,
                     },
                 };
                 w.status.last_event_at = Some(now.to_string());
@@ -231,7 +232,7 @@ mod tests {
 
     const NOW: &str = "2026-01-01T00:00:00Z";
 
-    fn entry(name: &str, address: &str) -> (Key, Converted) {
+    fn entry(name: &str, address: &str) -> (Key, Box<Converted>) {
         let object = json!({
             "metadata": {"name": name, "namespace": "team-a"},
             "spec": {"hosts": [format!("{name}.example.com")], "addresses": [address]}
@@ -239,7 +240,7 @@ mod tests {
         upsert(Kind::ServiceEntry, object)
     }
 
-    fn upsert(kind: Kind, object: Value) -> (Key, Converted) {
+    fn upsert(kind: Kind, object: Value) -> (Key, Box<Converted>) {
         let key = (
             object["metadata"]["namespace"]
                 .as_str()
@@ -247,7 +248,10 @@ mod tests {
                 .to_string(),
             object["metadata"]["name"].as_str().unwrap().to_string(),
         );
-        (key, convert(kind, "networking.istio.io/v1", object))
+        (
+            key,
+            Box::new(convert(kind, "networking.istio.io/v1", object)),
+        )
     }
 
     /// A store whose every watch has listed nothing.

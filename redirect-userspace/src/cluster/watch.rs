@@ -133,7 +133,7 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
                         continue;
                     }
                 };
-                Change::Upsert(kind, key, converted)
+                Change::Upsert(kind, key, Box::new(converted))
             }
             Ok(Event::Delete(object)) => Change::Deleted(kind, key(&object)),
             Ok(Event::InitDone) => {
