@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use integration::dig::{self, Reply};
 use integration::explain::{DnsAction, OutboundOutcome};
-use integration::world::{Reach, World};
+use integration::world::{Reach, World, key};
 use integration::{pace, pod_ip6};
 use serde_json::{Value, json};
 
@@ -125,6 +125,9 @@ fn the_visibility_scenarios_hold_with_the_cluster_as_source() -> Result<()> {
     let (v, reach) = w.check_host("team-a", "api.example.com", 80)?;
     assert_eq!(v.action, OutboundOutcome::Service, "{}", v.json);
     assert_eq!(reach, Reach::server("api-endpoint"));
+    // Every client passed the identity check against the uids of the watched Pods.
+    let m = w.agent.metrics()?;
+    assert_eq!(m.get_or_zero(key::IDENTITY_MISMATCHES), 0.0);
     Ok(())
 }
 
