@@ -7,6 +7,7 @@ pub mod admin;
 pub mod agent;
 pub mod budget;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod dns;
 pub mod fastpath;

@@ -37,6 +37,31 @@ pub struct ConfigStatus {
     pub last_error: Option<ConfigErrorReport>,
     /// The objects in error now, one per object (`File` for a file not read to its end).
     pub rejected: Vec<Rejected>,
+    /// With the Kubernetes API as the source: the state of each watch.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub watches: Vec<WatchStatus>,
+}
+
+/// One watch on the Kubernetes API, as `/config_dump` shows it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WatchStatus {
+    pub kind: &'static str,
+    /// The `apiVersion` watched; `None` until discovered.
+    pub api_version: Option<String>,
+    /// Listed in full at least once; what it holds is in force.
+    pub synced: bool,
+    /// False while the API does not serve this kind (its CRD is not installed).
+    pub installed: bool,
+    /// Objects held now.
+    pub objects: usize,
+    /// When an object last changed (RFC 3339).
+    pub last_event_at: Option<String>,
+    /// The last failure, cleared by the next successful list.
+    pub last_error: Option<String>,
+    pub last_error_at: Option<String>,
+    /// Failures since start.
+    pub errors: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -91,6 +116,11 @@ impl LiveState {
         self.status().last_error = Some(report);
     }
 
+    /// Records the state of the Kubernetes API watches.
+    pub fn set_watches(&self, watches: Vec<WatchStatus>) {
+        self.status().watches = watches;
+    }
+
     pub fn status_report(&self) -> ConfigStatus {
         self.status().clone()
     }
@@ -109,6 +139,6 @@ impl LiveState {
     }
 }
 
-fn now_rfc3339() -> String {
+pub(crate) fn now_rfc3339() -> String {
     humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }

@@ -35,10 +35,11 @@ impl std::fmt::Debug for LogLevel {
 
 /// Installs the global subscriber. `RUST_LOG` wins over `-v` when set.
 pub fn init(verbose: u8) -> LogLevel {
-    // -v is about this agent's decisions, not its libraries' internals.
+    // -v is about this agent's decisions, not its libraries' internals. The Kubernetes client's own
+    // lines repeat, less clearly, what the agent's watches report on every failure.
     let default = match verbose {
-        0 => "info",
-        1 => "info,redirect=debug",
+        0 => "info,kube_client=off,kube_runtime=off",
+        1 => "info,redirect=debug,kube_client=off,kube_runtime=off",
         _ => "debug,redirect=trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));

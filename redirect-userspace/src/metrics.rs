@@ -271,6 +271,7 @@ pub struct Metrics {
     budget_refusals: Family<RefusalLabels, Counter>,
     splice_fallbacks: Counter,
     timeouts: Family<TimeoutLabels, Counter>,
+    kube_watch_errors: Family<KindLabels, Counter>,
 }
 
 impl Metrics {
@@ -355,6 +356,13 @@ impl Metrics {
             .inc();
     }
 
+    /// A watch on the Kubernetes API failed (it retries by itself).
+    pub fn kube_watch_error(&self, kind: &'static str) {
+        self.kube_watch_errors
+            .get_or_create(&KindLabels { kind })
+            .inc();
+    }
+
     /// Counts a proxied connection as open until the returned guard drops.
     pub fn track_active(self: &Arc<Self>) -> ActiveGuard {
         self.active.inc();
@@ -424,6 +432,11 @@ impl Metrics {
             "outbound_timeouts",
             "Proxied connections reset because they timed out (idle, or a peer that never reads)",
             self.timeouts.clone(),
+        );
+        registry.register(
+            "kube_watch_errors",
+            "Failures of the watches on the Kubernetes API, by kind (each watch retries by itself)",
+            self.kube_watch_errors.clone(),
         );
         if let Some(maps) = redirect_maps {
             registry.register_collector(Box::new(EbpfEvents(maps)));

@@ -36,6 +36,7 @@
 //! ```
 
 pub mod agent;
+pub mod apiserver;
 pub mod bpf;
 pub mod cgroup;
 pub mod dig;

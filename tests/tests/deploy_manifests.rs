@@ -76,7 +76,8 @@ fn deploy_manifests_pass_schema_validation() {
         "serviceaccount/redirect",
         "clusterrole/redirect",
         "clusterrolebinding/redirect",
-        "configmap/redirect-config",
+        "role/redirect-mesh-config",
+        "rolebinding/redirect-mesh-config",
         "daemonset/redirect",
     ] {
         for version in ["1.30", "1.37"] {

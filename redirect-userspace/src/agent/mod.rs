@@ -58,6 +58,8 @@ pub struct AgentConfig {
     pub handover_socket: Option<PathBuf>,
     /// After a hand-over, how long proxied connections may run before they are reset.
     pub drain_timeout: Duration,
+    /// Learn the configuration from the Kubernetes API instead of `config_dir`.
+    pub kube: Option<crate::cluster::Source>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -79,7 +81,15 @@ pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
 async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
     let budgets = Arc::new(Budgets::new(limits, &metrics));
-    let live = LiveState::new(config.config_dir.clone());
+    let kube = match &config.kube {
+        Some(source) => Some(crate::cluster::client_config(source).await?),
+        None => None,
+    };
+    let source = kube
+        .as_ref()
+        .map(|k| PathBuf::from(crate::cluster::source_name(k)))
+        .or_else(|| config.config_dir.clone());
+    let live = LiveState::new(source);
     let attached = Arc::new(AtomicBool::new(false));
     // One upstream (and one pool of its sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
@@ -89,6 +99,15 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let reload_task = match config.config_dir.clone() {
         Some(dir) => Some(reload::start(dir, config.limits, live.clone(), metrics.clone()).await),
         None => None,
+    };
+    let kube_task = match (kube, config.kube.clone()) {
+        (Some(client), Some(source)) => Some(crate::cluster::start(
+            client,
+            source.mesh,
+            live.clone(),
+            metrics.clone(),
+        )?),
+        _ => None,
     };
 
     // Bind before attaching: from the moment the programs are attached, a steered connection or
@@ -280,7 +299,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         for task in proxy_tasks.into_iter().chain(dns_tasks) {
             let _ = task.await;
         }
-        if let Some(task) = reload_task {
+        for task in reload_task.into_iter().chain(kube_task) {
             task.abort();
         }
         info!("agent stopped");
@@ -317,7 +336,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         Ok(Release::Detached) => warn!("no successor's programs were attached; detached ours"),
         Err(e) => warn!(error = %e, "checking the pinned programs failed"),
     }
-    if let Some(task) = reload_task {
+    for task in reload_task.into_iter().chain(kube_task) {
         task.abort();
     }
     // Connections still open are dropped with the runtime: reset (linger 0), never a silent FIN.

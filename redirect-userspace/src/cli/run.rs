@@ -16,12 +16,34 @@ use crate::{
     redirect::Gateways,
 };
 
+/// The Kubernetes API as the source (boxed: rarely read, kept out of the command's size).
+#[derive(Debug, clap::Args)]
+pub struct KubeArgs {
+    /// Learn the cluster from the Kubernetes API instead of a directory: the pod's service account
+    /// in a cluster, else `$KUBECONFIG`, else `~/.kube/config`, as kubectl finds it.
+    #[arg(long)]
+    pub kube: bool,
+    /// With `--kube`: this kubeconfig instead of the usual search.
+    #[arg(long, value_name = "FILE", requires = "kube")]
+    pub kubeconfig: Option<PathBuf>,
+    /// With `--kube`: the ConfigMap whose key `mesh` holds the mesh config.
+    #[arg(
+        long,
+        value_name = "NAMESPACE/NAME",
+        default_value = "istio-system/istio",
+        requires = "kube"
+    )]
+    pub mesh_configmap: String,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// Directory of Kubernetes manifests (the same `redirect resolve -f` reads), watched and
     /// reloaded on change. Without it nothing is claimed: all traffic passes through.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", conflicts_with = "kube")]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub kube: Box<KubeArgs>,
     /// cgroup v2 directory holding the pods (their parent, never the hierarchy's root).
     #[arg(long)]
     pub cgroup: PathBuf,
@@ -86,6 +108,23 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     if !pinned {
         tracing::warn!(dir = %args.bpffs.display(), "not on a bpf filesystem: the programs live with this process and there is no hand-over");
     }
+    let kube_args = *args.kube;
+    let kube = match kube_args.kube {
+        true => {
+            let (namespace, name) = kube_args
+                .mesh_configmap
+                .split_once('/')
+                .context("--mesh-configmap takes NAMESPACE/NAME")?;
+            Some(crate::cluster::Source {
+                kubeconfig: kube_args.kubeconfig,
+                mesh: crate::cluster::MeshConfigMap {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                },
+            })
+        }
+        false => None,
+    };
     agent::run(
         AgentConfig {
             config_dir: args.config,
@@ -102,6 +141,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             pin_dir: pinned.then_some(args.bpffs),
             handover_socket: pinned.then_some(args.handover_socket),
             drain_timeout: args.drain_timeout,
+            kube,
         },
         log_level,
     )?;

@@ -109,6 +109,19 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
     loader.finish()
 }
 
+/// Reads one object as the Kubernetes API serves it (JSON, with `apiVersion` and `kind`) exactly as
+/// one document of a file is read: the same checks and the same errors, `source` standing in for
+/// the file name. The model holds that object alone (plus its implicit namespace).
+pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
+    let limits = Limits::default();
+    let mut loader = Loader::new(&limits);
+    match serde_yaml_ng::to_value(object) {
+        Ok(value) => loader.add_document(source, value, String::new()),
+        Err(e) => loader.file_error(source, format!("not a Kubernetes object: {e}")),
+    }
+    loader.finish()
+}
+
 /// [`read_dir`] with the default limits, accepting only a load without any error.
 pub fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
     read_dir(path, &Limits::default()).into_result()
@@ -443,25 +456,32 @@ impl Loader {
 /// Adds the implicit namespace of every object whose namespace nothing declares, and sorts.
 pub(crate) fn complete(model: &mut Model) {
     model.cluster_domain = DEFAULT_CLUSTER_DOMAIN.to_string();
-    let referenced: Vec<String> = model
+    let missing: std::collections::BTreeSet<String> = model
         .service_entries
         .iter()
         .map(|s| &s.meta.namespace)
         .chain(model.services.iter().map(|s| &s.meta.namespace))
         .chain(model.workloads.iter().map(|w| &w.meta.namespace))
+        .filter(|ns| !model.namespaces.contains_key(*ns))
         .cloned()
         .collect();
-    for ns in referenced {
-        if !model.namespaces.contains_key(&ns) {
-            model
-                .namespaces
-                .insert(ns.clone(), Namespace::implicit(&ns));
-        }
+    for ns in missing {
+        let implicit = Namespace::implicit(&ns);
+        model.namespaces.insert(ns, implicit);
     }
-    let key = |m: &super::model::ObjectMeta| (m.namespace.clone(), m.name.clone());
-    model.service_entries.sort_by_key(|s| key(&s.meta));
-    model.services.sort_by_key(|s| key(&s.meta));
-    model.workloads.sort_by_key(|w| (w.kind, key(&w.meta)));
+    // Compared in place: a model of 20,000 objects is sorted without copying a name.
+    fn key(m: &super::model::ObjectMeta) -> (&str, &str) {
+        (&m.namespace, &m.name)
+    }
+    model
+        .service_entries
+        .sort_by(|a, b| key(&a.meta).cmp(&key(&b.meta)));
+    model
+        .services
+        .sort_by(|a, b| key(&a.meta).cmp(&key(&b.meta)));
+    model
+        .workloads
+        .sort_by(|a, b| (a.kind, key(&a.meta)).cmp(&(b.kind, key(&b.meta))));
 }
 
 /// Deserializes a document into its raw shape; a type error names the field path.

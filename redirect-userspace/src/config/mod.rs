@@ -20,7 +20,10 @@ pub use error::{ConfigError, ConfigErrors, MAX_MESSAGE, MAX_QUOTED, bounded};
 pub use jiff::Timestamp;
 pub use labels::{LabelSelector, Labels, Operator, Requirement, selects};
 pub use last_good::keep_last_good;
-pub use loader::{Loaded, Rejected, load_dir, load_sources, read_dir, read_sources};
+pub(crate) use loader::complete;
+pub use loader::{
+    Loaded, Rejected, load_dir, load_sources, read_api_object, read_dir, read_sources,
+};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL, use_waypoint};

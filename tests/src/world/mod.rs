@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, ensure};
 
+use crate::apiserver::ApiServer;
 use crate::dig::{self, Reply};
 use crate::exec::Cmd;
 use crate::explain::Explain;
@@ -151,6 +152,8 @@ pub mod key {
 /// The world of one test. Fields drop in order: agent, upstream, servers, then the topology.
 pub struct World {
     pub agent: Agent,
+    /// The test API server the agent watches, for a world started with [`World::start_kube_with`].
+    api: Option<ApiServer>,
     pub upstream: Dnsmasq,
     _servers: Vec<Peer>,
     /// Who answers HTTP at each address.
@@ -169,7 +172,22 @@ impl World {
     }
 
     /// The world with a copy of `examples/` that `edit` may change before the agent starts.
+    ///
+    /// With `REDIRECT_WORLD_SOURCE=kube` in the environment, the agent watches a test API server
+    /// serving the same objects instead ([`World::start_kube_with`]): any suite built on the world
+    /// then runs against the Kubernetes API source.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
+        let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
+        World::start_source(edit, kube)
+    }
+
+    /// As [`World::start_with`], the agent learning the same objects from a test API server
+    /// (`run --kube`) instead of the directory; explain still reads the directory.
+    pub fn start_kube_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
+        World::start_source(edit, true)
+    }
+
+    fn start_source(edit: impl FnOnce(&Path) -> Result<()>, kube: bool) -> Result<World> {
         let mut topo = Topology::new()?;
         for (key, ip, uid) in CLIENTS {
             topo.add_kube_pod(key, ip.parse()?, uid)?;
@@ -204,17 +222,28 @@ impl World {
         dual_stack_pods(&config, "10-workloads.yaml")?;
         edit(&config).context("editing the copy of examples/")?;
         let explain = Explain::new(&config)?;
-        let agent = Agent::start(
-            &topo,
-            &[
-                "--config",
-                &config.to_string_lossy(),
+        let upstream_arg = format!("{RESOLVER_IP}:53");
+        let (agent, api) = if kube {
+            let api = ApiServer::start(&topo.node().netns)?;
+            api.sync_dir(&config)?;
+            let kubeconfig = api.write_kubeconfig(&topo.scratch_path("kubeconfig"))?;
+            let kubeconfig = kubeconfig.to_string_lossy();
+            let args = [
+                "--kube",
+                "--kubeconfig",
+                &kubeconfig,
                 "--dns-upstream",
-                &format!("{RESOLVER_IP}:53"),
-            ],
-        )?;
+                &upstream_arg,
+            ];
+            (Agent::start(&topo, &args)?, Some(api))
+        } else {
+            let config = config.to_string_lossy();
+            let args = ["--config", &config, "--dns-upstream", &upstream_arg];
+            (Agent::start(&topo, &args)?, None)
+        };
         Ok(World {
             agent,
+            api,
             upstream,
             _servers: servers,
             names,
@@ -223,6 +252,20 @@ impl World {
             explain,
             topo,
         })
+    }
+
+    /// The test API server of a world started with [`World::start_kube_with`].
+    pub fn api(&self) -> &ApiServer {
+        self.api
+            .as_ref()
+            .expect("a world started with World::start_kube_with")
+    }
+
+    /// [`World::api`], to stop and resume it.
+    pub fn api_mut(&mut self) -> &mut ApiServer {
+        self.api
+            .as_mut()
+            .expect("a world started with World::start_kube_with")
     }
 
     /// The agent's copy of the manifests (edit it to reload; see [`replace_file`]).

@@ -1,0 +1,345 @@
+//! The kinds the agent watches, and each object's way from the API's JSON to the model: first cut
+//! down to the fields the model reads, then read by the same loader that reads files.
+use serde_json::{Map, Value};
+
+use crate::config::{
+    self, ConfigError, KubeService, MeshConfig, Namespace, ServiceEntry, Workload,
+};
+
+/// What the agent watches. The mesh config is one ConfigMap, watched by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Namespace,
+    Pod,
+    Service,
+    ServiceEntry,
+    WorkloadEntry,
+    MeshConfig,
+}
+
+/// The group of the Istio kinds.
+pub const ISTIO_GROUP: &str = "networking.istio.io";
+
+impl Kind {
+    pub const ALL: [Kind; 6] = [
+        Kind::Namespace,
+        Kind::Pod,
+        Kind::Service,
+        Kind::ServiceEntry,
+        Kind::WorkloadEntry,
+        Kind::MeshConfig,
+    ];
+
+    /// The API's `kind`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Namespace => "Namespace",
+            Kind::Pod => "Pod",
+            Kind::Service => "Service",
+            Kind::ServiceEntry => "ServiceEntry",
+            Kind::WorkloadEntry => "WorkloadEntry",
+            Kind::MeshConfig => "ConfigMap",
+        }
+    }
+
+    /// The resource in URLs and in RBAC rules.
+    pub fn plural(self) -> &'static str {
+        match self {
+            Kind::Namespace => "namespaces",
+            Kind::Pod => "pods",
+            Kind::Service => "services",
+            Kind::ServiceEntry => "serviceentries",
+            Kind::WorkloadEntry => "workloadentries",
+            Kind::MeshConfig => "configmaps",
+        }
+    }
+
+    /// `""` for the core group.
+    pub fn group(self) -> &'static str {
+        if self.is_istio() { ISTIO_GROUP } else { "" }
+    }
+
+    /// A custom resource of Istio's: its versions are discovered, and it may not be installed.
+    pub fn is_istio(self) -> bool {
+        matches!(self, Kind::ServiceEntry | Kind::WorkloadEntry)
+    }
+
+    /// The versions to use, best first: the Istio kinds fall back to `v1beta1` where `v1` is not
+    /// served.
+    pub fn versions(self) -> &'static [&'static str] {
+        if self.is_istio() {
+            &["v1", "v1beta1"]
+        } else {
+            &["v1"]
+        }
+    }
+
+    /// `group/resource`, as an RBAC rule or an error names it.
+    pub fn resource(self) -> String {
+        match self.group() {
+            "" => self.plural().to_string(),
+            group => format!("{}.{group}", self.plural()),
+        }
+    }
+}
+
+/// A watched object as the model holds it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    Namespace(Namespace),
+    ServiceEntry(ServiceEntry),
+    Service(KubeService),
+    /// A Pod or a WorkloadEntry.
+    Workload(Workload),
+    Mesh(MeshConfig),
+}
+
+/// One object read: the object when valid, and every problem found in it.
+#[derive(Debug, Clone)]
+pub struct Converted {
+    pub object: Option<Object>,
+    pub errors: Vec<ConfigError>,
+}
+
+/// What stands for the file name in the errors of objects read from the API.
+pub const SOURCE: &str = "kubernetes API";
+
+/// Reads one object served by the API (`api_version` as watched) through the file loader's checks.
+/// The mesh ConfigMap is read whatever its name: only the configured one is watched.
+pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
+    let mut slim = strip(kind, object);
+    slim.insert("apiVersion".into(), Value::from(api_version));
+    slim.insert("kind".into(), Value::from(kind.name()));
+    if kind == Kind::MeshConfig
+        && let Some(Value::Object(meta)) = slim.get_mut("metadata")
+    {
+        // The loader reads the mesh config from a ConfigMap named `istio` only.
+        meta.insert("name".into(), Value::from("istio"));
+    }
+    let loaded = config::read_api_object(SOURCE, &Value::Object(slim));
+    if !loaded.errors.is_empty() {
+        return Converted {
+            object: None,
+            errors: loaded.errors,
+        };
+    }
+    let mut model = loaded.model;
+    let object = match kind {
+        Kind::Namespace => model
+            .namespaces
+            .into_values()
+            .find(|n| n.declared)
+            .map(Object::Namespace),
+        Kind::ServiceEntry => model.service_entries.pop().map(Object::ServiceEntry),
+        Kind::Service => model.services.pop().map(Object::Service),
+        Kind::Pod | Kind::WorkloadEntry => model.workloads.pop().map(Object::Workload),
+        Kind::MeshConfig => Some(Object::Mesh(model.mesh)),
+    };
+    Converted {
+        object,
+        errors: Vec::new(),
+    }
+}
+
+/// The object cut down to the fields the model reads: no managed fields, annotations, container
+/// specs or status beyond the pod's addresses. What the API adds later is ignored the same way.
+pub fn strip(kind: Kind, object: Value) -> Map<String, Value> {
+    let Value::Object(mut object) = object else {
+        return Map::new();
+    };
+    let mut slim = Map::new();
+    if let Some(Value::Object(meta)) = object.remove("metadata") {
+        slim.insert(
+            "metadata".into(),
+            Value::Object(keep(
+                meta,
+                &["name", "namespace", "labels", "creationTimestamp", "uid"],
+            )),
+        );
+    }
+    let spec = object.remove("spec");
+    match kind {
+        Kind::Namespace => {}
+        Kind::Pod => {
+            if let Some(Value::Object(mut spec)) = spec {
+                let containers = spec.remove("containers");
+                let mut kept = keep(spec, &["nodeName"]);
+                if let Some(Value::Array(containers)) = containers {
+                    let containers = containers
+                        .into_iter()
+                        .map(|c| match c {
+                            Value::Object(c) => Value::Object(keep(c, &["ports"])),
+                            other => other,
+                        })
+                        .map(|mut c| {
+                            if let Some(Value::Array(ports)) = c.get_mut("ports") {
+                                for port in ports.iter_mut() {
+                                    if let Value::Object(p) = port {
+                                        *p = keep(std::mem::take(p), &["name", "containerPort"]);
+                                    }
+                                }
+                            }
+                            c
+                        })
+                        .collect();
+                    kept.insert("containers".into(), Value::Array(containers));
+                }
+                slim.insert("spec".into(), Value::Object(kept));
+            }
+            if let Some(Value::Object(status)) = object.remove("status") {
+                slim.insert(
+                    "status".into(),
+                    Value::Object(keep(status, &["podIP", "podIPs"])),
+                );
+            }
+        }
+        Kind::Service => {
+            if let Some(Value::Object(spec)) = spec {
+                let kept = keep(spec, &["clusterIP", "clusterIPs", "ports", "selector"]);
+                slim.insert("spec".into(), Value::Object(kept));
+            }
+        }
+        // The model reads nearly all of these specs; any other value is the loader's to refuse.
+        Kind::ServiceEntry | Kind::WorkloadEntry => {
+            if let Some(spec) = spec {
+                slim.insert("spec".into(), spec);
+            }
+        }
+        Kind::MeshConfig => {
+            if let Some(Value::Object(data)) = object.remove("data") {
+                slim.insert("data".into(), Value::Object(keep(data, &["mesh"])));
+            }
+        }
+    }
+    slim
+}
+
+fn keep(mut map: Map<String, Value>, fields: &[&str]) -> Map<String, Value> {
+    let mut kept = Map::new();
+    for field in fields {
+        if let Some(value) = map.remove(*field) {
+            kept.insert((*field).to_string(), value);
+        }
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::config::WorkloadKind;
+
+    fn pod() -> Value {
+        json!({
+            "metadata": {
+                "name": "web-1", "namespace": "team-a",
+                "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1",
+                "labels": {"app": "web"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+                "resourceVersion": "42",
+                "creationTimestamp": "2024-05-01T12:00:00Z"
+            },
+            "spec": {
+                "nodeName": "node-1",
+                "containers": [{
+                    "name": "web", "image": "nginx", "env": [{"name": "A", "value": "B"}],
+                    "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+                }],
+                "volumes": [{"name": "v", "emptyDir": {}}]
+            },
+            "status": {
+                "phase": "Running", "podIP": "10.244.1.20",
+                "podIPs": [{"ip": "10.244.1.20"}],
+                "conditions": [{"type": "Ready", "status": "True"}]
+            }
+        })
+    }
+
+    #[test]
+    fn strip_keeps_only_what_the_model_reads() {
+        let slim = Value::Object(strip(Kind::Pod, pod()));
+        assert_eq!(
+            slim,
+            json!({
+                "metadata": {
+                    "name": "web-1", "namespace": "team-a",
+                    "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1",
+                    "labels": {"app": "web"},
+                    "creationTimestamp": "2024-05-01T12:00:00Z"
+                },
+                "spec": {
+                    "nodeName": "node-1",
+                    "containers": [{"ports": [{"name": "http", "containerPort": 8080}]}]
+                },
+                "status": {"podIP": "10.244.1.20", "podIPs": [{"ip": "10.244.1.20"}]}
+            })
+        );
+        let cm = json!({
+            "metadata": {"name": "istio", "namespace": "istio-system"},
+            "data": {"mesh": "x: 1", "meshNetworks": "big"}
+        });
+        assert_eq!(
+            Value::Object(strip(Kind::MeshConfig, cm)),
+            json!({"metadata": {"name": "istio", "namespace": "istio-system"}, "data": {"mesh": "x: 1"}})
+        );
+    }
+
+    #[test]
+    fn a_pod_from_the_api_becomes_the_same_workload_a_file_gives() {
+        let got = convert(Kind::Pod, "v1", pod());
+        assert!(got.errors.is_empty(), "{:?}", got.errors);
+        let Some(Object::Workload(w)) = got.object else {
+            panic!("{:?}", got.object)
+        };
+        let file = config::load_sources([(
+            SOURCE,
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: web-1, namespace: team-a, uid: 3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1, labels: {app: web}, creationTimestamp: '2024-05-01T12:00:00Z'}\nspec: {nodeName: node-1, containers: [{ports: [{name: http, containerPort: 8080}]}]}\nstatus: {podIP: 10.244.1.20}\n",
+        )])
+        .unwrap();
+        assert_eq!(w, file.workloads[0]);
+        assert_eq!(w.kind, WorkloadKind::Pod);
+    }
+
+    #[test]
+    fn an_invalid_object_is_refused_with_its_field_named() {
+        let se = json!({
+            "metadata": {"name": "bad", "namespace": "team-a"},
+            "spec": {"hosts": ["bad.example.com"], "addresses": ["203.0.113.0/33"]}
+        });
+        let got = convert(Kind::ServiceEntry, "networking.istio.io/v1", se);
+        assert!(got.object.is_none());
+        assert_eq!(got.errors.len(), 1, "{:?}", got.errors);
+        let e = &got.errors[0];
+        assert_eq!(e.file, SOURCE);
+        assert_eq!(e.object.as_deref(), Some("ServiceEntry team-a/bad"));
+        assert_eq!(e.field.as_deref(), Some("spec.addresses[0]"));
+    }
+
+    #[test]
+    fn the_mesh_config_map_is_read_whatever_its_name() {
+        let cm = json!({
+            "metadata": {"name": "istio-1-24", "namespace": "istio-system"},
+            "data": {"mesh": "serviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n"}
+        });
+        let got = convert(Kind::MeshConfig, "v1", cm);
+        assert!(got.errors.is_empty(), "{:?}", got.errors);
+        let Some(Object::Mesh(mesh)) = got.object else {
+            panic!("{:?}", got.object)
+        };
+        assert_ne!(mesh, MeshConfig::default());
+    }
+
+    #[test]
+    fn a_namespace_keeps_its_labels_and_gains_its_name_label() {
+        let ns = json!({"metadata": {"name": "team-a", "labels": {"tier": "gold"}}});
+        let Some(Object::Namespace(ns)) = convert(Kind::Namespace, "v1", ns).object else {
+            panic!()
+        };
+        assert!(ns.declared);
+        assert_eq!(ns.labels["tier"], "gold");
+        assert_eq!(ns.labels[config::NAMESPACE_NAME_LABEL], "team-a");
+    }
+}

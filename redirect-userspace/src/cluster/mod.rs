@@ -1,0 +1,301 @@
+//! The Kubernetes API as the source of the configuration (`redirect run --kube`).
+//!
+//! One watch per kind ([`watch`]) reads objects through the same loader as the files do
+//! ([`kinds`]); the [`store`] holds them as the model holds them, each at its last good version.
+//! A burst of changes becomes one new snapshot (after at most [`COALESCE`]), built off the async
+//! workers and swapped whole, exactly as a reload of a directory is. While the API server is away
+//! nothing changes: the state in force stays, and each watch retries on its own.
+pub mod kinds;
+pub mod store;
+mod watch;
+
+use std::{sync::Arc, time::Duration};
+
+use anyhow::Context;
+use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
+use tracing::{error, info, warn};
+
+pub use kinds::{Kind, Object};
+pub use store::{Change, Store};
+pub use watch::RetryBackoff;
+
+use crate::{
+    config::{ConfigError, Model, Rejected},
+    live::{LiveState, now_rfc3339},
+    metrics::{Metrics, ReloadResult},
+    state::Snapshot,
+    visibility,
+};
+
+/// The longest a change waits for the ones after it before the snapshot is rebuilt.
+pub const COALESCE: Duration = Duration::from_millis(100);
+/// How often an agent that is not ready says what it is waiting for.
+const NOT_READY_LOG: Duration = Duration::from_secs(10);
+
+/// The ConfigMap that holds the mesh config under the key `mesh`, as istiod reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MeshConfigMap {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Default for MeshConfigMap {
+    fn default() -> Self {
+        MeshConfigMap {
+            namespace: "istio-system".into(),
+            name: "istio".into(),
+        }
+    }
+}
+
+/// What `run --kube` was told.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Source {
+    /// A kubeconfig given on the command line, used instead of the search below.
+    pub kubeconfig: Option<std::path::PathBuf>,
+    pub mesh: MeshConfigMap,
+}
+
+/// The client configuration as kubectl finds it: the kubeconfig given, else the pod's service
+/// account when running in a cluster, else `$KUBECONFIG`, else `~/.kube/config`.
+pub async fn client_config(source: &Source) -> anyhow::Result<kube::Config> {
+    let options = kube::config::KubeConfigOptions::default();
+    if let Some(path) = &source.kubeconfig {
+        let file = kube::config::Kubeconfig::read_from(path)
+            .with_context(|| format!("reading the kubeconfig {}", path.display()))?;
+        return kube::Config::from_custom_kubeconfig(file, &options)
+            .await
+            .with_context(|| format!("using the kubeconfig {}", path.display()));
+    }
+    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        return kube::Config::incluster()
+            .context("reading the pod's service account (KUBERNETES_SERVICE_HOST is set)");
+    }
+    kube::Config::from_kubeconfig(&options)
+        .await
+        .context("reading the kubeconfig ($KUBECONFIG, else ~/.kube/config)")
+}
+
+/// Where the configuration comes from, as `/config_dump` names it.
+pub fn source_name(config: &kube::Config) -> String {
+    format!("kubernetes API at {}", config.cluster_url)
+}
+
+/// Starts a watch per kind and the task that turns their changes into snapshots. Fails only when
+/// no client can be made (no configuration); an API server that does not answer is retried.
+pub fn start(
+    config: kube::Config,
+    mesh: MeshConfigMap,
+    live: Arc<LiveState>,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<JoinHandle<()>> {
+    let server = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).context("making a Kubernetes API client")?;
+    info!(%server, "learning the cluster from the Kubernetes API");
+    // Bounded: a flood of events waits for the store instead of piling up in memory.
+    let (tx, rx) = mpsc::channel(4096);
+    let mut watches = Vec::new();
+    for kind in Kind::ALL {
+        watches.push(tokio::spawn(watch::run(
+            client.clone(),
+            kind,
+            mesh.clone(),
+            tx.clone(),
+            metrics.clone(),
+        )));
+    }
+    drop(tx);
+    Ok(tokio::spawn(async move {
+        follow(rx, live, metrics).await;
+        for w in watches {
+            w.abort();
+        }
+    }))
+}
+
+/// Applies the changes as they come, one snapshot per burst. Nothing is put in force before every
+/// watch has listed once: until then the agent is not ready.
+async fn follow(mut rx: mpsc::Receiver<Change>, live: Arc<LiveState>, metrics: Arc<Metrics>) {
+    let mut store = Store::default();
+    let mut dirty = false;
+    let mut next_not_ready_log = Instant::now() + NOT_READY_LOG;
+    loop {
+        // Wait for a change (or, while not ready, for the time to say so).
+        let first = if store.ready() {
+            rx.recv().await
+        } else {
+            match tokio::time::timeout_at(next_not_ready_log, rx.recv()).await {
+                Ok(change) => change,
+                Err(_) => {
+                    log_not_ready(&store);
+                    next_not_ready_log = Instant::now() + NOT_READY_LOG;
+                    continue;
+                }
+            }
+        };
+        let Some(first) = first else { return };
+        dirty |= store.apply(first, &now_rfc3339());
+        // The rest of the burst, for at most COALESCE.
+        let deadline = Instant::now() + COALESCE;
+        while let Ok(Some(change)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+            dirty |= store.apply(change, &now_rfc3339());
+        }
+        live.set_watches(store.statuses());
+        if dirty && store.ready() {
+            dirty = false;
+            let (model, errors, rejected) = store.model();
+            rebuild(model, errors, rejected, &live, &metrics).await;
+        }
+    }
+}
+
+fn log_not_ready(store: &Store) {
+    let waiting: Vec<String> = store
+        .statuses()
+        .into_iter()
+        .filter(|w| !w.synced)
+        .map(|w| match w.last_error {
+            Some(e) => format!("{} ({e})", w.kind),
+            None => w.kind.to_string(),
+        })
+        .collect();
+    warn!(
+        "not ready: nothing is in force until every watch has listed once; waiting for {}",
+        waiting.join(", ")
+    );
+}
+
+/// visibility -> snapshot, off the async workers, then swapped in whole.
+async fn rebuild(
+    model: Model,
+    errors: Vec<ConfigError>,
+    rejected: Vec<Rejected>,
+    live: &LiveState,
+    metrics: &Metrics,
+) {
+    let built = tokio::task::spawn_blocking(move || build(&model, errors)).await;
+    let (snapshot, errors) = match built {
+        Ok(built) => built,
+        Err(join) => {
+            error!(error = %join, "building the snapshot panicked; the configuration in force stays");
+            metrics.reload(ReloadResult::Failed);
+            return;
+        }
+    };
+    for e in &errors {
+        error!(
+            object = e.object.as_deref().unwrap_or("-"),
+            field = e.field.as_deref().unwrap_or("-"),
+            "{}",
+            e.message
+        );
+    }
+    metrics.rejected(rejected.iter().map(|r| r.kind));
+    let services = snapshot.services().count();
+    let workloads = snapshot.workloads().len();
+    let result = if errors.is_empty() {
+        info!(services, workloads, "configuration applied");
+        ReloadResult::Ok
+    } else {
+        warn!(
+            services,
+            workloads,
+            errors = errors.len(),
+            rejected = rejected.len(),
+            "configuration applied without the objects in error; their last good versions stay in force"
+        );
+        ReloadResult::Partial
+    };
+    live.apply(snapshot, errors, rejected);
+    metrics.reload(result);
+    // Lists and bursts leave freed memory spread over the allocator's arenas: hand it back, so
+    // what the agent holds is what its state needs.
+    let _ = tokio::task::spawn_blocking(release_free_memory).await;
+}
+
+fn release_free_memory() {
+    // SAFETY: malloc_trim only returns free pages to the kernel; it takes no pointer.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
+pub fn build(model: &Model, mut errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
+    let resolution = visibility::resolve(model);
+    errors.extend(visibility::allocation_errors(model, &resolution));
+    (Snapshot::build(model, &resolution), errors)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn entry(i: usize) -> Change {
+        let object = json!({
+            "metadata": {"name": format!("e{i}"), "namespace": "team-a"},
+            "spec": {"hosts": [format!("e{i}.example.com")], "addresses": [format!("203.0.113.{i}")]}
+        });
+        let converted = kinds::convert(Kind::ServiceEntry, "networking.istio.io/v1", object);
+        Change::Upsert(
+            Kind::ServiceEntry,
+            ("team-a".into(), format!("e{i}")),
+            Box::new(converted),
+        )
+    }
+
+    async fn settle() {
+        tokio::time::sleep(COALESCE * 3).await;
+    }
+
+    #[tokio::test]
+    async fn nothing_is_applied_before_every_watch_has_listed_and_a_burst_is_one_snapshot() {
+        let live = LiveState::new(Some("kubernetes API".into()));
+        let metrics = Arc::new(Metrics::default());
+        let (tx, rx) = mpsc::channel(4096);
+        let task = tokio::spawn(follow(rx, live.clone(), metrics));
+        for kind in Kind::ALL {
+            tx.send(Change::Relist(kind)).await.unwrap();
+        }
+        for i in 1..=10 {
+            tx.send(entry(i)).await.unwrap();
+        }
+        for kind in &Kind::ALL[..5] {
+            tx.send(Change::Listed(*kind)).await.unwrap();
+        }
+        settle().await;
+        assert_eq!(
+            live.status_report().generation,
+            0,
+            "one watch has not listed"
+        );
+        assert!(!live.has_config());
+        tx.send(Change::Listed(Kind::MeshConfig)).await.unwrap();
+        settle().await;
+        assert_eq!(live.status_report().generation, 1);
+        assert_eq!(live.snapshot().services().count(), 10);
+
+        // Fifty changes at once: one more snapshot, holding all of them.
+        for i in 11..=60 {
+            tx.send(entry(i)).await.unwrap();
+        }
+        settle().await;
+        let status = live.status_report();
+        assert_eq!(status.generation, 2);
+        assert_eq!(live.snapshot().services().count(), 60);
+        assert_eq!(status.watches.len(), Kind::ALL.len());
+        // A failure changes no snapshot; it shows in the watch's state.
+        tx.send(Change::Failed(Kind::Pod, "connection refused".into()))
+            .await
+            .unwrap();
+        settle().await;
+        let status = live.status_report();
+        assert_eq!(status.generation, 2);
+        let pods = status.watches.iter().find(|w| w.kind == "Pod").unwrap();
+        assert_eq!(pods.last_error.as_deref(), Some("connection refused"));
+        drop(tx);
+        task.await.unwrap();
+    }
+}

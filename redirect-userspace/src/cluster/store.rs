@@ -1,0 +1,376 @@
+//! What the watches have told so far, kind by kind, and the model it makes.
+//!
+//! Each object is held as the model holds it, at its last good version: an update the loader
+//! refuses leaves the previous version in force and is reported until fixed. A watch that starts
+//! over (its first list, or a list after its history expired) gathers the new list beside what is
+//! served and swaps it in whole once complete, so nothing is ever served half-listed.
+use std::collections::BTreeMap;
+
+use super::kinds::{Converted, Kind, Object, SOURCE};
+use crate::{
+    config::{self, ConfigError, Model, Rejected},
+    live::WatchStatus,
+};
+
+/// `(namespace, name)`; the namespace is empty for a Namespace.
+pub type Key = (String, String);
+
+/// One thing a watch reports.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Watching `kind` at this `apiVersion` (found by discovery for the Istio kinds).
+    Watching(Kind, String),
+    /// A full list starts; it replaces what is held once [`Change::Listed`] comes.
+    Relist(Kind),
+    /// An object listed, added or changed.
+    Upsert(Kind, Key, Box<Converted>),
+    Deleted(Kind, Key),
+    /// The list that began with [`Change::Relist`] is complete.
+    Listed(Kind),
+    /// The API does not serve this kind: it holds nothing (and counts as listed).
+    NotInstalled(Kind),
+    /// The watch failed; it retries by itself.
+    Failed(Kind, String),
+}
+
+impl Change {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Change::Watching(k, _)
+            | Change::Relist(k)
+            | Change::Upsert(k, ..)
+            | Change::Deleted(k, _)
+            | Change::Listed(k)
+            | Change::NotInstalled(k)
+            | Change::Failed(k, _) => *k,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Slot {
+    /// The version in force; `None` for an object never valid.
+    good: Option<Object>,
+    /// Why the latest version was refused; empty when it is the one in force.
+    errors: Vec<ConfigError>,
+}
+
+#[derive(Debug, Default)]
+struct Watched {
+    objects: BTreeMap<Key, Slot>,
+    /// The list being gathered, between [`Change::Relist`] and [`Change::Listed`].
+    relist: Option<BTreeMap<Key, Slot>>,
+    status: WatchStatus,
+}
+
+#[derive(Debug)]
+pub struct Store {
+    kinds: BTreeMap<Kind, Watched>,
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        let kinds = Kind::ALL
+            .into_iter()
+            .map(|kind| {
+                let status = WatchStatus {
+                    kind: kind.name(),
+                    installed: true,
+                    ..WatchStatus::default()
+                };
+                (
+                    kind,
+                    Watched {
+                        status,
+                        ..Watched::default()
+                    },
+                )
+            })
+            .collect();
+        Store { kinds }
+    }
+}
+
+impl Store {
+    /// Takes in one change at time `now` (RFC 3339). Returns whether what is served changed.
+    pub fn apply(&mut self, change: Change, now: &str) -> bool {
+        let Some(w) = self.kinds.get_mut(&change.kind()) else {
+            return false;
+        };
+        match change {
+            Change::Watching(_, api_version) => {
+                w.status.api_version = Some(api_version);
+                w.status.installed = true;
+                false
+            }
+            Change::Relist(_) => {
+                w.relist = Some(BTreeMap::new());
+                false
+            }
+            Change::Upsert(_, key, converted) => {
+                // The last good version: from the list being gathered, else from what is served.
+                let previous = w
+                    .relist
+                    .as_ref()
+                    .and_then(|r| r.get(&key))
+                    .or_else(|| w.objects.get(&key))
+                    .and_then(|s| s.good.clone());
+                let Converted { object, errors } = *converted;
+                let slot = match object {
+                    Some(object) => Slot {
+                        good: Some(object),
+                        errors: Vec::new(),
+                    },
+                    None => Slot {
+                        good: previous,
+                        errors,
+                    },
+                };
+                w.status.last_event_at = Some(now.to_string());
+                match w.relist.as_mut() {
+                    Some(relist) => {
+                        relist.insert(key, slot);
+                        false
+                    }
+                    None => w.objects.insert(key, slot.clone()) != Some(slot),
+                }
+            }
+            Change::Deleted(_, key) => {
+                w.status.last_event_at = Some(now.to_string());
+                match w.relist.as_mut() {
+                    Some(relist) => {
+                        relist.remove(&key);
+                        false
+                    }
+                    None => w.objects.remove(&key).is_some(),
+                }
+            }
+            Change::Listed(_) => {
+                let listed = w.relist.take().unwrap_or_default();
+                let changed = listed != w.objects || !w.status.synced;
+                w.objects = listed;
+                w.status.synced = true;
+                w.status.installed = true;
+                w.status.last_error = None;
+                w.status.last_error_at = None;
+                changed
+            }
+            Change::NotInstalled(_) => {
+                let changed = !w.objects.is_empty() || !w.status.synced;
+                w.objects.clear();
+                w.relist = None;
+                w.status.installed = false;
+                w.status.synced = true;
+                w.status.api_version = None;
+                changed
+            }
+            Change::Failed(_, message) => {
+                w.status.errors += 1;
+                w.status.last_error = Some(message);
+                w.status.last_error_at = Some(now.to_string());
+                false
+            }
+        }
+    }
+
+    /// Every watch has listed once (or found its kind not served): the model is whole.
+    pub fn ready(&self) -> bool {
+        self.kinds.values().all(|w| w.status.synced)
+    }
+
+    pub fn statuses(&self) -> Vec<WatchStatus> {
+        self.kinds
+            .values()
+            .map(|w| WatchStatus {
+                objects: w.objects.len(),
+                ..w.status.clone()
+            })
+            .collect()
+    }
+
+    /// The model of everything in force, the errors of the objects refused, and one rejection per
+    /// such object (its last good version in force where it had one).
+    pub fn model(&self) -> (Model, Vec<ConfigError>, Vec<Rejected>) {
+        let mut model = Model::default();
+        let mut errors = Vec::new();
+        let mut rejected = Vec::new();
+        for (kind, w) in &self.kinds {
+            for ((namespace, name), slot) in &w.objects {
+                if !slot.errors.is_empty() {
+                    errors.extend(slot.errors.iter().cloned());
+                    rejected.push(Rejected {
+                        kind: kind.name(),
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        file: SOURCE.to_string(),
+                        last_good_in_force: slot.good.is_some(),
+                    });
+                }
+                match slot.good.clone() {
+                    Some(Object::Namespace(ns)) => {
+                        model.namespaces.insert(ns.name.clone(), ns);
+                    }
+                    Some(Object::ServiceEntry(se)) => model.service_entries.push(se),
+                    Some(Object::Service(svc)) => model.services.push(svc),
+                    Some(Object::Workload(w)) => model.workloads.push(w),
+                    Some(Object::Mesh(mesh)) => model.mesh = mesh,
+                    None => {}
+                }
+            }
+        }
+        config::complete(&mut model);
+        (model, errors, rejected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::cluster::kinds::convert;
+
+    const NOW: &str = "2026-01-01T00:00:00Z";
+
+    fn entry(name: &str, address: &str) -> (Key, Box<Converted>) {
+        let object = json!({
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"hosts": [format!("{name}.example.com")], "addresses": [address]}
+        });
+        upsert(Kind::ServiceEntry, object)
+    }
+
+    fn upsert(kind: Kind, object: Value) -> (Key, Box<Converted>) {
+        let key = (
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            object["metadata"]["name"].as_str().unwrap().to_string(),
+        );
+        (
+            key,
+            Box::new(convert(kind, "networking.istio.io/v1", object)),
+        )
+    }
+
+    /// A store whose every watch has listed nothing.
+    fn listed() -> Store {
+        let mut store = Store::default();
+        for kind in Kind::ALL {
+            store.apply(Change::Relist(kind), NOW);
+            store.apply(Change::Listed(kind), NOW);
+        }
+        store
+    }
+
+    fn hosts(store: &Store) -> Vec<String> {
+        store
+            .model()
+            .0
+            .service_entries
+            .iter()
+            .map(|s| s.hosts[0].to_string())
+            .collect()
+    }
+
+    #[test]
+    fn ready_only_once_every_watch_has_listed_or_is_not_installed() {
+        let mut store = Store::default();
+        assert!(!store.ready());
+        for kind in Kind::ALL {
+            assert!(!store.ready(), "{kind:?}");
+            if kind == Kind::ServiceEntry {
+                assert!(store.apply(Change::NotInstalled(kind), NOW));
+            } else {
+                store.apply(Change::Relist(kind), NOW);
+                store.apply(Change::Listed(kind), NOW);
+            }
+        }
+        assert!(store.ready());
+        let se = &store.statuses()[3];
+        assert_eq!(
+            (se.kind, se.installed, se.synced),
+            ("ServiceEntry", false, true)
+        );
+    }
+
+    #[test]
+    fn a_relist_is_served_only_once_complete_and_then_replaces_everything() {
+        let mut store = listed();
+        let (key, a) = entry("a", "203.0.113.1");
+        assert!(store.apply(Change::Upsert(Kind::ServiceEntry, key, a), NOW));
+        // The watch expired: a new list comes, without `a`, with `b`.
+        store.apply(Change::Relist(Kind::ServiceEntry), NOW);
+        let (key, b) = entry("b", "203.0.113.2");
+        assert!(!store.apply(Change::Upsert(Kind::ServiceEntry, key, b), NOW));
+        assert_eq!(hosts(&store), ["a.example.com"], "served until complete");
+        assert!(store.apply(Change::Listed(Kind::ServiceEntry), NOW));
+        assert_eq!(hosts(&store), ["b.example.com"]);
+        // The same list again changes nothing.
+        store.apply(Change::Relist(Kind::ServiceEntry), NOW);
+        let (key, b) = entry("b", "203.0.113.2");
+        store.apply(Change::Upsert(Kind::ServiceEntry, key, b), NOW);
+        assert!(!store.apply(Change::Listed(Kind::ServiceEntry), NOW));
+    }
+
+    #[test]
+    fn a_refused_update_keeps_the_last_good_version_and_reports_it() {
+        let mut store = listed();
+        let (key, good) = entry("a", "203.0.113.1");
+        store.apply(Change::Upsert(Kind::ServiceEntry, key, good), NOW);
+        let (key, bad) = entry("a", "203.0.113.0/33");
+        assert!(bad.object.is_none());
+        assert!(store.apply(Change::Upsert(Kind::ServiceEntry, key.clone(), bad), NOW));
+        let (model, errors, rejected) = store.model();
+        assert_eq!(model.service_entries.len(), 1);
+        assert_eq!(
+            model.service_entries[0].addresses[0].to_string(),
+            "203.0.113.1"
+        );
+        assert_eq!(errors[0].field.as_deref(), Some("spec.addresses[0]"));
+        assert_eq!(
+            (rejected[0].kind, rejected[0].last_good_in_force),
+            ("ServiceEntry", true)
+        );
+        // A new object that is invalid stays out; deleting the bad one clears its error.
+        let (key2, bad2) = entry("c", "nope");
+        store.apply(Change::Upsert(Kind::ServiceEntry, key2, bad2), NOW);
+        let (model, _, rejected) = store.model();
+        assert_eq!(model.service_entries.len(), 1);
+        assert!(!rejected[1].last_good_in_force);
+        assert!(store.apply(Change::Deleted(Kind::ServiceEntry, key), NOW));
+        assert_eq!(store.model().2.len(), 1);
+    }
+
+    #[test]
+    fn a_change_the_model_does_not_read_changes_nothing() {
+        let mut store = listed();
+        let pod = |phase: &str| {
+            json!({
+                "metadata": {"name": "p", "namespace": "team-a", "resourceVersion": phase},
+                "spec": {"nodeName": "n"},
+                "status": {"podIP": "10.0.0.1", "phase": phase}
+            })
+        };
+        let (key, p) = upsert(Kind::Pod, pod("Pending"));
+        assert!(store.apply(Change::Upsert(Kind::Pod, key, p), NOW));
+        let (key, p) = upsert(Kind::Pod, pod("Running"));
+        assert!(!store.apply(Change::Upsert(Kind::Pod, key, p), NOW));
+    }
+
+    #[test]
+    fn failures_are_counted_and_a_good_list_clears_the_last_one() {
+        let mut store = listed();
+        store.apply(Change::Failed(Kind::Pod, "connection refused".into()), NOW);
+        store.apply(Change::Failed(Kind::Pod, "connection refused".into()), NOW);
+        let pod = store.statuses()[1].clone();
+        assert_eq!(pod.kind, "Pod");
+        assert_eq!(pod.errors, 2);
+        assert_eq!(pod.last_error.as_deref(), Some("connection refused"));
+        store.apply(Change::Relist(Kind::Pod), NOW);
+        store.apply(Change::Listed(Kind::Pod), NOW);
+        let pod = store.statuses()[1].clone();
+        assert_eq!((pod.errors, pod.last_error), (2, None));
+    }
+}

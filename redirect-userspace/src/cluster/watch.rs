@@ -1,0 +1,421 @@
+//! One watch per kind through kube-rs: discovery of the Istio kinds' version, the watcher's
+//! list-then-watch (which lists again by itself when its history expires), and every failure put
+//! in words an operator can act on.
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::{
+    Api, Client,
+    api::{ApiResource, DynamicObject, GroupVersionKind},
+    runtime::{
+        WatchStreamExt,
+        utils::Backoff,
+        watcher::{self, Event},
+    },
+};
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use super::{
+    MeshConfigMap,
+    kinds::{self, Kind},
+    store::{Change, Key},
+};
+use crate::metrics::Metrics;
+
+/// How often to look again for an Istio kind the API does not serve.
+const NOT_INSTALLED_RECHECK: Duration = Duration::from_secs(10);
+
+/// Retries after a failure: 250 ms doubling to 5 s, reset by the next success. A restarted API
+/// server is back in use within seconds, and a down one costs a request every 5 s per watch.
+#[derive(Debug, Clone)]
+pub struct RetryBackoff {
+    next: Duration,
+}
+
+const FIRST_RETRY: Duration = Duration::from_millis(250);
+const MAX_RETRY: Duration = Duration::from_secs(5);
+
+impl Default for RetryBackoff {
+    fn default() -> Self {
+        RetryBackoff { next: FIRST_RETRY }
+    }
+}
+
+impl Iterator for RetryBackoff {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (now * 2).min(MAX_RETRY);
+        Some(now)
+    }
+}
+
+impl Backoff for RetryBackoff {
+    fn reset(&mut self) {
+        self.next = FIRST_RETRY;
+    }
+}
+
+/// Watches `kind` for as long as the agent runs, reporting to `changes`.
+pub async fn run(
+    client: Client,
+    kind: Kind,
+    mesh: MeshConfigMap,
+    changes: mpsc::Sender<Change>,
+    metrics: std::sync::Arc<Metrics>,
+) {
+    let report = Reporter {
+        kind,
+        mesh: mesh.clone(),
+        changes: changes.clone(),
+        metrics,
+    };
+    // An Istio kind whose CRD goes away is looked for again, at whichever version is served then.
+    loop {
+        let api_version = if kind.is_istio() {
+            match discover(&client, &report).await {
+                Some(v) => v,
+                None => return,
+            }
+        } else {
+            "v1".to_string()
+        };
+        if !report
+            .send(Change::Watching(kind, api_version.clone()))
+            .await
+        {
+            return;
+        }
+        match follow(client.clone(), &api_version, &report).await {
+            Ended::NotServed => continue,
+            Ended::Stopping => return,
+        }
+    }
+}
+
+enum Ended {
+    /// The API stopped serving this kind.
+    NotServed,
+    /// Nobody listens any more: the agent is stopping.
+    Stopping,
+}
+
+/// Lists, then watches, `report.kind` at `api_version`, reporting every change.
+async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
+    let kind = report.kind;
+    let (group, version) = match api_version.rsplit_once('/') {
+        Some((group, version)) => (group, version),
+        None => ("", api_version),
+    };
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(group, version, kind.name()),
+        kind.plural(),
+    );
+    let mut config = watcher::Config::default();
+    let api: Api<DynamicObject> = if kind == Kind::MeshConfig {
+        config = config.fields(&format!("metadata.name={}", report.mesh.name));
+        Api::namespaced_with(client, &report.mesh.namespace, &resource)
+    } else {
+        Api::all_with(client, &resource)
+    };
+    let mut stream = std::pin::pin!(watcher::watcher(api, config).backoff(RetryBackoff::default()));
+    let mut failing = false;
+    while let Some(item) = stream.next().await {
+        let change = match item {
+            Ok(Event::Init) => Change::Relist(kind),
+            Ok(Event::InitApply(object) | Event::Apply(object)) => {
+                let key = key(&object);
+                let converted = match serde_json::to_value(&object) {
+                    Ok(json) => kinds::convert(kind, api_version, json),
+                    Err(e) => {
+                        warn!(kind = kind.name(), error = %e, "an object the API sent could not be read; skipped");
+                        continue;
+                    }
+                };
+                Change::Upsert(kind, key, Box::new(converted))
+            }
+            Ok(Event::Delete(object)) => Change::Deleted(kind, key(&object)),
+            Ok(Event::InitDone) => {
+                if failing {
+                    info!(
+                        kind = kind.name(),
+                        "listed again: watching the Kubernetes API"
+                    );
+                    failing = false;
+                }
+                Change::Listed(kind)
+            }
+            Err(e) => {
+                failing = true;
+                let failure = describe(kind, &report.mesh, &e);
+                report.failed(&failure).await;
+                if failure.not_found && kind.is_istio() {
+                    warn!(
+                        kind = kind.name(),
+                        %api_version,
+                        "the API no longer serves this kind (its CRD was removed?): none are in force; looking for it again"
+                    );
+                    return match report.send(Change::NotInstalled(kind)).await {
+                        true => Ended::NotServed,
+                        false => Ended::Stopping,
+                    };
+                }
+                continue;
+            }
+        };
+        if !report.send(change).await {
+            return Ended::Stopping;
+        }
+    }
+    Ended::Stopping
+}
+
+fn key(object: &DynamicObject) -> Key {
+    (
+        object.metadata.namespace.clone().unwrap_or_default(),
+        object.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
+/// The `apiVersion` at which the API serves an Istio kind, waiting (with a warning) while it
+/// serves none. `None`: the agent is stopping.
+async fn discover(client: &Client, report: &Reporter) -> Option<String> {
+    let kind = report.kind;
+    let mut backoff = RetryBackoff::default();
+    let mut warned = false;
+    loop {
+        let wait = match served_version(client, kind).await {
+            Ok(Some(api_version)) => {
+                if warned {
+                    info!(kind = kind.name(), %api_version, "the API serves this kind now: watching it");
+                }
+                return Some(api_version);
+            }
+            Ok(None) => {
+                if !warned {
+                    warn!(
+                        kind = kind.name(),
+                        group = kind.group(),
+                        "the API serves no {} (is Istio's CRD installed?): none are in force; checking again every {}s",
+                        kind.plural(),
+                        NOT_INSTALLED_RECHECK.as_secs()
+                    );
+                    warned = true;
+                }
+                if !report.send(Change::NotInstalled(kind)).await {
+                    return None;
+                }
+                NOT_INSTALLED_RECHECK
+            }
+            Err(e) => {
+                let failure = Failure::from_client_error(kind, &report.mesh, "get", &e);
+                report.failed(&failure).await;
+                backoff.next().unwrap_or(MAX_RETRY)
+            }
+        };
+        if report.changes.is_closed() {
+            return None;
+        }
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The first of the kind's versions the API serves, `group/version`.
+async fn served_version(client: &Client, kind: Kind) -> Result<Option<String>, kube::Error> {
+    for version in kind.versions() {
+        let group_version = format!("{}/{version}", kind.group());
+        match client.list_api_group_resources(&group_version).await {
+            Ok(list) if list.resources.iter().any(|r| r.name == kind.plural()) => {
+                return Ok(Some(group_version));
+            }
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+struct Reporter {
+    kind: Kind,
+    mesh: MeshConfigMap,
+    changes: mpsc::Sender<Change>,
+    metrics: std::sync::Arc<Metrics>,
+}
+
+impl Reporter {
+    /// False once nobody listens (the agent is stopping).
+    async fn send(&self, change: Change) -> bool {
+        self.changes.send(change).await.is_ok()
+    }
+
+    async fn failed(&self, failure: &Failure) {
+        self.metrics.kube_watch_error(self.kind.name());
+        if failure.forbidden {
+            error!(kind = self.kind.name(), "{}", failure.message);
+        } else if failure.expired {
+            info!(kind = self.kind.name(), "{}", failure.message);
+        } else {
+            warn!(kind = self.kind.name(), "{}", failure.message);
+        }
+        self.send(Change::Failed(self.kind, failure.message.clone()))
+            .await;
+    }
+}
+
+/// A watch failure in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub message: String,
+    pub forbidden: bool,
+    pub not_found: bool,
+    /// 410 Gone: the watch's history expired; the watcher lists again by itself.
+    pub expired: bool,
+}
+
+fn describe(kind: Kind, mesh: &MeshConfigMap, e: &watcher::Error) -> Failure {
+    match e {
+        watcher::Error::InitialListFailed(e) => Failure::from_client_error(kind, mesh, "list", e),
+        watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => {
+            Failure::from_client_error(kind, mesh, "watch", e)
+        }
+        watcher::Error::WatchError(status) => {
+            Failure::from_status(kind, mesh, "watch", status.code, &status.message)
+        }
+        watcher::Error::NoResourceVersion => Failure::other(format!(
+            "the API sent {} without a resourceVersion: cannot watch them",
+            kind.plural()
+        )),
+    }
+}
+
+impl Failure {
+    fn from_client_error(kind: Kind, mesh: &MeshConfigMap, verb: &str, e: &kube::Error) -> Self {
+        match e {
+            kube::Error::Api(status) => {
+                Failure::from_status(kind, mesh, verb, status.code, &status.message)
+            }
+            other => Failure::other(format!(
+                "cannot {verb} {} on the Kubernetes API server: {}; retrying",
+                kind.plural(),
+                with_causes(other)
+            )),
+        }
+    }
+
+    /// `code` and `message` of the API's `Status`.
+    pub fn from_status(
+        kind: Kind,
+        mesh: &MeshConfigMap,
+        verb: &str,
+        code: u16,
+        message: &str,
+    ) -> Self {
+        let resource = kind.resource();
+        let scope = if kind == Kind::MeshConfig {
+            format!(" in namespace {}", mesh.namespace)
+        } else {
+            String::new()
+        };
+        let mut failure = Failure::other(format!(
+            "{verb} {} answered {code}: {message}; retrying",
+            kind.plural()
+        ));
+        match code {
+            403 => {
+                failure.message = format!(
+                    "forbidden to {verb} {resource}{scope}: grant the agent's service account get, list and watch on {resource}{scope} (the API said: {message})"
+                );
+                failure.forbidden = true;
+            }
+            404 => failure.not_found = true,
+            410 => {
+                failure.message = format!(
+                    "the watch on {} expired (410 Gone): listing them again; what is in force stays until the new list is complete",
+                    kind.plural()
+                );
+                failure.expired = true;
+            }
+            _ => {}
+        }
+        failure
+    }
+
+    fn other(message: String) -> Self {
+        Failure {
+            message,
+            forbidden: false,
+            not_found: false,
+            expired: false,
+        }
+    }
+}
+
+/// An error and what caused it (`client error (Connect): Connection refused`), each said once.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let said = c.to_string();
+        if !text.contains(&said) {
+            text.push_str(": ");
+            text.push_str(&said);
+        }
+        cause = c.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mesh() -> MeshConfigMap {
+        MeshConfigMap::default()
+    }
+
+    #[test]
+    fn forbidden_names_the_verb_and_the_resource() {
+        let f = Failure::from_status(
+            Kind::ServiceEntry,
+            &mesh(),
+            "list",
+            403,
+            "serviceentries.networking.istio.io is forbidden",
+        );
+        assert!(f.forbidden);
+        assert!(
+            f.message
+                .starts_with("forbidden to list serviceentries.networking.istio.io:"),
+            "{}",
+            f.message
+        );
+        let f = Failure::from_status(Kind::MeshConfig, &mesh(), "watch", 403, "no");
+        assert!(
+            f.message
+                .starts_with("forbidden to watch configmaps in namespace istio-system:"),
+            "{}",
+            f.message
+        );
+    }
+
+    #[test]
+    fn gone_is_an_expiry_and_not_found_is_told_apart() {
+        let f = Failure::from_status(Kind::Pod, &mesh(), "watch", 410, "too old");
+        assert!(f.expired && !f.forbidden && !f.not_found);
+        let f = Failure::from_status(Kind::WorkloadEntry, &mesh(), "list", 404, "not found");
+        assert!(f.not_found);
+    }
+
+    #[test]
+    fn retries_double_up_to_five_seconds_and_reset() {
+        let mut b = RetryBackoff::default();
+        let waits: Vec<u64> = (0..7)
+            .map(|_| b.next().unwrap().as_millis() as u64)
+            .collect();
+        assert_eq!(waits, [250, 500, 1000, 2000, 4000, 5000, 5000]);
+        b.reset();
+        assert_eq!(b.next(), Some(FIRST_RETRY));
+    }
+}

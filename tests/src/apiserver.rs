@@ -1,0 +1,715 @@
+//! A small Kubernetes API server for the tests: it serves the objects a test puts in, over plain
+//! HTTP, with the protocol the real one speaks to a watching client.
+//!
+//! - `GET` of a collection: a JSON list with `metadata.resourceVersion`; `fieldSelector` on
+//!   `metadata.name`; pages of `limit` items linked by `continue`.
+//! - `?watch=true|1`: a stream of `ADDED`/`MODIFIED`/`DELETED` events after the `resourceVersion`
+//!   asked, a `BOOKMARK` when the client allows them, and an `ERROR` with code 410 for a version
+//!   older than the server keeps ([`ApiServer::expire_watches`] forgets them all).
+//! - Discovery of the Istio group (`/apis/networking.istio.io/<version>`), 404 for a version not
+//!   served, 403 for a resource the test forbids.
+//!
+//! It listens on the loopback of the node netns (where the agent runs) and can stop and start again
+//! on the same port, keeping its objects and their history, as a restarted API server does.
+use std::collections::{BTreeMap, BTreeSet};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, channel::Channel, combinators::BoxBody};
+use hyper::{Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use crate::netns;
+
+/// `(namespace, name)`.
+type Key = (String, String);
+
+/// The kinds served: (apiVersion group, kind, plural, namespaced).
+const KINDS: &[(&str, &str, &str, bool)] = &[
+    ("", "Namespace", "namespaces", false),
+    ("", "Pod", "pods", true),
+    ("", "Service", "services", true),
+    ("", "ConfigMap", "configmaps", true),
+    (
+        "networking.istio.io",
+        "ServiceEntry",
+        "serviceentries",
+        true,
+    ),
+    (
+        "networking.istio.io",
+        "WorkloadEntry",
+        "workloadentries",
+        true,
+    ),
+];
+
+const ISTIO: &str = "networking.istio.io";
+
+#[derive(Default)]
+struct State {
+    /// The last resourceVersion given out.
+    rv: u64,
+    /// Objects by kind (`group`, `plural`: stored once whatever version is asked), then key.
+    objects: BTreeMap<(String, String), BTreeMap<Key, Value>>,
+    /// Every change, for watches that resume: (rv, group, plural, type, object).
+    history: Vec<(u64, String, String, &'static str, Value)>,
+    /// Watches asking for a version older than this get 410 Gone.
+    oldest: u64,
+    watches: Vec<Watch>,
+    /// Versions of the Istio group served.
+    istio_versions: Vec<String>,
+    /// Plurals whose list and watch answer 403.
+    forbidden: BTreeSet<String>,
+    /// Requests seen, `METHOD path?query`, for the tests to check what the client asked.
+    requests: Vec<String>,
+}
+
+struct Watch {
+    group: String,
+    plural: String,
+    namespace: Option<String>,
+    name: Option<String>,
+    bookmarks: bool,
+    tx: mpsc::UnboundedSender<Bytes>,
+}
+
+impl Watch {
+    fn wants(&self, group: &str, plural: &str, object: &Value) -> bool {
+        self.group == group
+            && self.plural == plural
+            && self
+                .namespace
+                .as_deref()
+                .is_none_or(|ns| object["metadata"]["namespace"] == ns)
+            && self
+                .name
+                .as_deref()
+                .is_none_or(|n| object["metadata"]["name"] == n)
+    }
+}
+
+/// The running (or stopped) server. Dropping it stops it.
+pub struct ApiServer {
+    state: Arc<Mutex<State>>,
+    netns: String,
+    addr: SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl ApiServer {
+    /// Starts on a free port of the loopback of netns `netns`, serving `networking.istio.io/v1`.
+    pub fn start(netns: &str) -> Result<ApiServer> {
+        let state = State {
+            rv: 1,
+            istio_versions: vec!["v1".into()],
+            ..State::default()
+        };
+        let mut server = ApiServer {
+            state: Arc::new(Mutex::new(state)),
+            netns: netns.to_string(),
+            addr: "127.0.0.1:0".parse()?,
+            runtime: None,
+        };
+        server.resume()?;
+        Ok(server)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kubeconfig pointing at this server, written to `path`.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<PathBuf> {
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster: {{server: \"http://{}\"}}\nusers:\n- name: agent\n  user: {{token: test-token}}\ncontexts:\n- name: test\n  context: {{cluster: test, user: agent}}\ncurrent-context: test\n",
+            self.addr
+        );
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path.to_path_buf())
+    }
+
+    /// Stops serving: the listener closes and every open watch is cut. Objects are kept.
+    pub fn stop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            self.state().watches.clear();
+            rt.shutdown_background();
+        }
+    }
+
+    /// Serves again on the same port.
+    pub fn resume(&mut self) -> Result<()> {
+        if self.runtime.is_some() {
+            return Ok(());
+        }
+        let addr = self.addr;
+        let listener = netns::in_netns(&self.netns, move || {
+            let l = std::net::TcpListener::bind(addr)?;
+            l.set_nonblocking(true)?;
+            Ok::<_, std::io::Error>(l)
+        })?
+        .context("binding the test API server")?;
+        self.addr = listener.local_addr()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .thread_name("test-apiserver")
+            .build()?;
+        let state = self.state.clone();
+        rt.spawn(async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                return;
+            };
+            while let Ok((stream, _)) = listener.accept().await {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |req| {
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(handle(&state, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        self.runtime = Some(rt);
+        Ok(())
+    }
+
+    /// Adds or replaces an object (`apiVersion`, `kind`, `metadata` set), as `kubectl apply` would.
+    pub fn put(&self, object: Value) -> Result<()> {
+        let (group, plural, namespaced) = kind_of(&object)?;
+        let mut object = object;
+        let namespace = match namespaced {
+            true => object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string(),
+            false => String::new(),
+        };
+        if namespaced {
+            object["metadata"]["namespace"] = Value::from(namespace.clone());
+        }
+        let name = object["metadata"]["name"]
+            .as_str()
+            .context("an object without metadata.name")?
+            .to_string();
+        let mut state = self.state();
+        state.rv += 1;
+        let rv = state.rv;
+        object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+        let objects = state
+            .objects
+            .entry((group.clone(), plural.clone()))
+            .or_default();
+        let event = match objects.insert((namespace, name), object.clone()) {
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
+        state.publish(rv, &group, &plural, event, object);
+        Ok(())
+    }
+
+    /// Deletes an object; false when there was none.
+    pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> Result<bool> {
+        let (group, _, plural, namespaced) = KINDS
+            .iter()
+            .find(|k| k.1 == kind)
+            .with_context(|| format!("the test server serves no kind {kind}"))?;
+        let ns = if *namespaced { namespace } else { "" };
+        let mut state = self.state();
+        let removed = state
+            .objects
+            .get_mut(&(group.to_string(), plural.to_string()))
+            .and_then(|o| o.remove(&(ns.to_string(), name.to_string())));
+        let Some(mut object) = removed else {
+            return Ok(false);
+        };
+        state.rv += 1;
+        let rv = state.rv;
+        object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+        state.publish(rv, group, plural, "DELETED", object);
+        Ok(true)
+    }
+
+    /// The object stored, if any.
+    pub fn get(&self, kind: &str, namespace: &str, name: &str) -> Option<Value> {
+        let (group, _, plural, namespaced) = KINDS.iter().find(|k| k.1 == kind)?;
+        let ns = if *namespaced { namespace } else { "" };
+        self.state()
+            .objects
+            .get(&(group.to_string(), plural.to_string()))?
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Makes the server forget its history, as etcd compaction does: every open watch gets an
+    /// `ERROR` event with code 410 and ends, and a watch resuming from before now gets the same.
+    pub fn expire_watches(&self) {
+        let mut state = self.state();
+        // A watch from the current version misses nothing; one from before it is too old.
+        state.oldest = state.rv;
+        state.history.clear();
+        for w in state.watches.drain(..) {
+            let _ = w.tx.send(gone());
+        }
+    }
+
+    /// Sends a `BOOKMARK` at the current version to every watch that allows them.
+    pub fn bookmark(&self) {
+        let state = self.state();
+        let rv = state.rv;
+        for w in &state.watches {
+            if w.bookmarks {
+                let _ = w.tx.send(bookmark(&w.group, &w.plural, rv));
+            }
+        }
+    }
+
+    /// The versions of `networking.istio.io` served (none: the CRDs are not installed).
+    pub fn serve_istio_versions(&self, versions: &[&str]) {
+        self.state().istio_versions = versions.iter().map(|v| v.to_string()).collect();
+    }
+
+    /// Makes list and watch of `plural` answer 403, as RBAC does without a rule for it.
+    pub fn forbid(&self, plural: &str) {
+        self.state().forbidden.insert(plural.to_string());
+    }
+
+    /// Requests seen so far, `GET path?query`.
+    pub fn requests(&self) -> Vec<String> {
+        self.state().requests.clone()
+    }
+
+    /// Makes the objects served those of the manifests in `dir` (every `.yaml`): adds, changes and
+    /// deletes what differs, one event each. An IstioOperator's `spec.meshConfig` is served as the
+    /// ConfigMap `istio-system/istio`, key `mesh`, as an Istio install writes it.
+    pub fn sync_dir(&self, dir: &Path) -> Result<usize> {
+        let wanted = read_manifests(dir)?;
+        let mut changes = 0;
+        let current: Vec<(String, String, String)> = {
+            let state = self.state();
+            state
+                .objects
+                .iter()
+                .flat_map(|((group, plural), objects)| {
+                    objects.keys().map(move |(ns, name)| {
+                        let kind = KINDS
+                            .iter()
+                            .find(|k| k.0 == group && k.2 == plural)
+                            .map_or("", |k| k.1);
+                        (kind.to_string(), ns.clone(), name.clone())
+                    })
+                })
+                .collect()
+        };
+        for (kind, ns, name) in current {
+            let present = wanted.iter().any(|o| {
+                o["kind"] == kind.as_str()
+                    && o["metadata"]["name"] == name.as_str()
+                    && (ns.is_empty() || o["metadata"]["namespace"] == ns.as_str())
+            });
+            if !present && self.delete(&kind, &ns, &name)? {
+                changes += 1;
+            }
+        }
+        for object in wanted {
+            let kind = object["kind"].as_str().unwrap_or_default().to_string();
+            let ns = object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            let same = self.get(&kind, &ns, &name).is_some_and(|mut old| {
+                old["metadata"]
+                    .as_object_mut()
+                    .map(|m| m.remove("resourceVersion"));
+                old == object
+            });
+            if !same {
+                self.put(object)?;
+                changes += 1;
+            }
+        }
+        Ok(changes)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl State {
+    fn publish(&mut self, rv: u64, group: &str, plural: &str, event: &'static str, object: Value) {
+        self.watches.retain(|w| {
+            !w.wants(group, plural, &object) || w.tx.send(event_line(event, &object)).is_ok()
+        });
+        self.history
+            .push((rv, group.to_string(), plural.to_string(), event, object));
+    }
+}
+
+/// `(group, plural, namespaced)` of an object, from its `apiVersion` and `kind`.
+fn kind_of(object: &Value) -> Result<(String, String, bool)> {
+    let api_version = object["apiVersion"].as_str().unwrap_or("v1");
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    let kind = object["kind"].as_str().unwrap_or_default();
+    match KINDS.iter().find(|k| k.0 == group && k.1 == kind) {
+        Some((group, _, plural, namespaced)) => {
+            Ok((group.to_string(), plural.to_string(), *namespaced))
+        }
+        None => bail!("the test server serves no {api_version} {kind}"),
+    }
+}
+
+fn event_line(event: &str, object: &Value) -> Bytes {
+    let mut line = json!({"type": event, "object": object}).to_string();
+    line.push('\n');
+    Bytes::from(line)
+}
+
+fn gone() -> Bytes {
+    event_line(
+        "ERROR",
+        &json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version", "reason": "Expired", "code": 410
+        }),
+    )
+}
+
+fn bookmark(group: &str, plural: &str, rv: u64) -> Bytes {
+    let (api_version, kind) = KINDS
+        .iter()
+        .find(|k| k.0 == group && k.2 == plural)
+        .map(|k| (api_version_of(k.0), k.1))
+        .unwrap_or_default();
+    event_line(
+        "BOOKMARK",
+        &json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": rv.to_string()}}),
+    )
+}
+
+fn api_version_of(group: &str) -> String {
+    match group {
+        "" => "v1".into(),
+        g => format!("{g}/v1"),
+    }
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+fn full(status: StatusCode, body: Value) -> Response<Body> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response<Body> {
+    full(
+        code,
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+               "message": message, "reason": reason, "code": code.as_u16()}),
+    )
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let query: BTreeMap<String, String> = req
+        .uri()
+        .query()
+        .map(|q| form_pairs(q).into_iter().collect())
+        .unwrap_or_default();
+    lock(state).requests.push(format!(
+        "{} {}",
+        req.method(),
+        req.uri().path_and_query().map_or("", |p| p.as_str())
+    ));
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // /api/v1/..., /apis/GROUP/VERSION/...
+    let (group, version, rest) = match parts.as_slice() {
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", group, version] => return discovery(state, group, version),
+        ["apis", group, version, rest @ ..] => (*group, *version, rest),
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no route {path}"),
+            );
+        }
+    };
+    let (namespace, plural) = match rest {
+        [plural] => (None, *plural),
+        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural),
+        _ => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("no route {path}"),
+            );
+        }
+    };
+    if group == ISTIO && !lock(state).istio_versions.iter().any(|v| v == version) {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource".into(),
+        );
+    }
+    if !KINDS.iter().any(|k| k.0 == group && k.2 == plural) {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no resource {plural}"),
+        );
+    }
+    let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = if watching { "watch" } else { "list" };
+    if lock(state).forbidden.contains(plural) {
+        let group_shown = if group.is_empty() { "\"\"" } else { group };
+        return status(
+            StatusCode::FORBIDDEN,
+            "Forbidden",
+            format!(
+                "{plural} is forbidden: User \"system:serviceaccount:kube-system:redirect\" cannot {verb} resource \"{plural}\" in API group {group_shown} at the cluster scope"
+            ),
+        );
+    }
+    let name = query
+        .get("fieldSelector")
+        .and_then(|f| f.strip_prefix("metadata.name="))
+        .map(str::to_string);
+    let api_version = match group {
+        "" => "v1".to_string(),
+        g => format!("{g}/{version}"),
+    };
+    let selects = |object: &Value| {
+        namespace
+            .as_deref()
+            .is_none_or(|ns| object["metadata"]["namespace"] == ns)
+            && name
+                .as_deref()
+                .is_none_or(|n| object["metadata"]["name"] == n)
+    };
+    // Objects are stored once; each is served at the version asked.
+    let at_version = |mut object: Value| {
+        object["apiVersion"] = Value::from(api_version.clone());
+        object
+    };
+    if !watching {
+        let st = lock(state);
+        // Pages of `limit` items; `continue` is `<list version>-<offset>`, and every page carries
+        // the version of the first, as one consistent list does.
+        let (rv, offset) = query
+            .get("continue")
+            .and_then(|c| c.split_once('-'))
+            .and_then(|(rv, at)| Some((rv.parse().ok()?, at.parse().ok()?)))
+            .unwrap_or((st.rv, 0usize));
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse().ok())
+            .filter(|l| *l > 0)
+            .unwrap_or(usize::MAX);
+        let selected: Vec<&Value> = st
+            .objects
+            .get(&(group.to_string(), plural.to_string()))
+            .map(|o| o.values().filter(|o| selects(o)).collect())
+            .unwrap_or_default();
+        let end = offset.saturating_add(limit).min(selected.len());
+        let items: Vec<Value> = selected
+            .get(offset..end)
+            .unwrap_or_default()
+            .iter()
+            .map(|o| at_version((*o).clone()))
+            .collect();
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if end < selected.len() {
+            metadata["continue"] = Value::from(format!("{rv}-{end}"));
+        }
+        let kind = KINDS
+            .iter()
+            .find(|k| k.0 == group && k.2 == plural)
+            .map_or("", |k| k.1);
+        return full(
+            StatusCode::OK,
+            json!({"apiVersion": api_version, "kind": format!("{kind}List"),
+                   "metadata": metadata, "items": items}),
+        );
+    }
+
+    let from: u64 = query
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let bookmarks = query
+        .get("allowWatchBookmarks")
+        .is_some_and(|v| v == "true");
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    {
+        let mut st = lock(state);
+        if from != 0 && from < st.oldest {
+            let _ = tx.send(gone());
+        } else {
+            for (rv, g, p, event, object) in &st.history {
+                if *rv > from && g == group && p == plural && selects(object) {
+                    let _ = tx.send(event_line(event, &at_version(object.clone())));
+                }
+            }
+            if bookmarks {
+                let _ = tx.send(bookmark(group, plural, st.rv));
+            }
+            st.watches.push(Watch {
+                group: group.to_string(),
+                plural: plural.to_string(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                bookmarks,
+                tx,
+            });
+        }
+    }
+    let (mut sender, body) = Channel::<Bytes, Infallible>::new(16);
+    let version_of = api_version.clone();
+    tokio::spawn(async move {
+        while let Some(line) = rx.recv().await {
+            // Events are stored at one version; rewrite apiVersion for the one asked.
+            let line = match serde_json::from_slice::<Value>(&line) {
+                Ok(mut e) if e["object"]["kind"] != "Status" => {
+                    e["object"]["apiVersion"] = Value::from(version_of.clone());
+                    let mut text = e.to_string();
+                    text.push('\n');
+                    Bytes::from(text)
+                }
+                _ => line,
+            };
+            if sender.send_data(line).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut r = Response::new(body.boxed());
+    r.headers_mut().insert(
+        "content-type",
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// `/apis/GROUP/VERSION`: the resources of the Istio group, when that version is served.
+fn discovery(state: &Mutex<State>, group: &str, version: &str) -> Response<Body> {
+    let served = group == ISTIO && lock(state).istio_versions.iter().any(|v| v == version);
+    if !served {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            "the server could not find the requested resource".into(),
+        );
+    }
+    let resources: Vec<Value> = KINDS
+        .iter()
+        .filter(|k| k.0 == group)
+        .map(|(_, kind, plural, namespaced)| {
+            json!({"name": plural, "singularName": kind.to_lowercase(), "namespaced": namespaced,
+                   "kind": kind, "verbs": ["get", "list", "watch"]})
+        })
+        .collect();
+    full(
+        StatusCode::OK,
+        json!({"kind": "APIResourceList", "apiVersion": "v1",
+               "groupVersion": format!("{group}/{version}"), "resources": resources}),
+    )
+}
+
+fn form_pairs(query: &str) -> Vec<(String, String)> {
+    query
+        .split('&')
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            Some((decode(k)?, decode(v)?))
+        })
+        .collect()
+}
+
+fn decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' => {
+                let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The objects of every `.yaml` in `dir`, as JSON, with the mesh config as its ConfigMap.
+pub fn read_manifests(dir: &Path) -> Result<Vec<Value>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let mut objects = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+            let value: Value = serde::Deserialize::deserialize(doc)
+                .with_context(|| format!("reading {}", file.display()))?;
+            if value.is_null() {
+                continue;
+            }
+            objects.push(as_served(value)?);
+        }
+    }
+    Ok(objects)
+}
+
+/// An IstioOperator becomes the ConfigMap Istio's installer writes; other objects are served as is.
+fn as_served(object: Value) -> Result<Value> {
+    if object["kind"] == "IstioOperator" {
+        let mesh = serde_yaml_ng::to_string(&object["spec"]["meshConfig"])?;
+        return Ok(json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "istio", "namespace": "istio-system"},
+            "data": {"mesh": mesh}
+        }));
+    }
+    Ok(object)
+}
