@@ -58,6 +58,16 @@ fn wait_dig(
 }
 
 /// The highest `ok <i>` a `rdt-peer hold` client printed.
+/// Labels team-a `trusted`: the world's mesh config then makes team-a's entries PUBLIC.
+fn trust_team_a(dir: &Path) -> Result<()> {
+    world::edit_file(
+        dir,
+        "00-namespaces.yaml",
+        "  name: team-a\n",
+        "  name: team-a\n  labels:\n    trusted: \"true\"\n",
+    )
+}
+
 fn last_exchange(hold: &Proc) -> Option<u64> {
     hold.log()
         .lines()
@@ -112,12 +122,7 @@ fn namespace_label_change_flips_visibility_within_a_second_and_open_connections_
 
     // team-a becomes trusted: policy 1 makes its entry PUBLIC.
     let plain = std::fs::read_to_string(dir.join("00-namespaces.yaml"))?;
-    world::edit_file(
-        &dir,
-        "00-namespaces.yaml",
-        "  name: team-a\n",
-        "  name: team-a\n  labels:\n    trusted: \"true\"\n",
-    )?;
+    trust_team_a(&dir)?;
     let changed = Instant::now();
     let v = w.explain().host("team-b", "api.example.com.")?;
     assert!(
@@ -464,12 +469,7 @@ fn one_bad_object_among_good_changes_the_good_apply_and_the_bad_keeps_its_last_g
         "{number: 80, name: http, protocol: HTTP}",
         "{number: 70000, name: http, protocol: HTTP}",
     )?;
-    world::edit_file(
-        &dir,
-        "00-namespaces.yaml",
-        "  name: team-a\n",
-        "  name: team-a\n  labels:\n    trusted: \"true\"\n",
-    )?;
+    trust_team_a(&dir)?;
     let changed = Instant::now();
     let old: IpAddr = "203.0.113.10".parse()?;
     let took = wait_dig(&w, "team-b", "api.example.com.", &[old], changed)?;
@@ -581,12 +581,7 @@ fn hostile_files_in_the_config_directory_change_nothing() -> Result<()> {
     assert_eq!(files, ["bomb.yaml"], "only the bomb is in error: {dump:#}");
 
     // The next good change applies within a second.
-    world::edit_file(
-        &dir,
-        "00-namespaces.yaml",
-        "  name: team-a\n",
-        "  name: team-a\n  labels:\n    trusted: \"true\"\n",
-    )?;
+    trust_team_a(&dir)?;
     let changed = Instant::now();
     let took = wait_dig(&w, "team-b", "api.example.com.", &[own], changed)?;
     eprintln!("good change applied {took:?} after it was written");
