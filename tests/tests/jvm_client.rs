@@ -29,10 +29,11 @@ use anyhow::{Context, Result, bail, ensure};
 use integration::GATEWAY;
 use integration::explain::{DnsAction, OutboundOutcome, OutboundVerdict};
 use integration::world::{Reach, World, delta, key};
+// The agent's outbound proxy port (the harness runs the default), where `connect6` sends a
+// v4-mapped destination, on the IPv4 gateway.
+use redirect_common::PROXY_PORT;
 
 const SOURCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/java/Fetch.java");
-/// The agent's outbound proxy, where `connect6` sends a v4-mapped destination (on the IPv4 gateway).
-const PROXY_PORT: u16 = 15001;
 /// Generous for a JVM starting on two shared cores, still bounded.
 const JVM_TIMEOUT: Duration = Duration::from_secs(90);
 const TCP_REDIRECTED: &str = r#"redirect_ebpf_events_total{event="tcp_redirected"}"#;
