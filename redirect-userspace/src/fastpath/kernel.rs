@@ -28,13 +28,12 @@ pub enum DecidedBy {
 
 /// The program for a socket of the process in cgroup `cgroup`.
 pub fn decide(tables: &Tables, cgroup: u64, ip: IpAddr, port: u16) -> FastDecision<'_> {
-    let ns = match tables.clients.get(&cgroup) {
-        Some(ns) => *ns,
-        // A pod whose cgroup did not fit could be anyone's: only the proxy knows.
-        None if tables.config.clients_incomplete => return FastDecision::Proxy,
-        None => NS_UNKNOWN,
-    };
-    decide_for(tables, ns, ip, port)
+    // A cgroup the agent has not named (a pod started since, one that did not fit, a process
+    // outside any pod's cgroup) could be anyone's: only the proxy knows its namespace.
+    match tables.clients.get(&cgroup) {
+        Some(ns) => decide_for(tables, *ns, ip, port),
+        None => FastDecision::Proxy,
+    }
 }
 
 /// The program once the client's namespace id is known.
