@@ -19,8 +19,9 @@ pub enum FastDecision<'t> {
     Proxy,
 }
 
-/// Who decides a connection: the column `explain` will show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who decides a connection with `--fast-path` (`explain` and `/config_dump` show it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DecidedBy {
     Kernel,
     Proxy,
@@ -68,6 +69,15 @@ pub fn decide_for(tables: &Tables, ns: NsId, ip: IpAddr, port: u16) -> FastDecis
             Some(backends) if backends.family == ip.family => FastDecision::Rewrite(backends),
             _ => FastDecision::Proxy,
         },
+    }
+}
+
+impl DecidedBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            DecidedBy::Kernel => "kernel",
+            DecidedBy::Proxy => "proxy",
+        }
     }
 }
 

@@ -142,6 +142,16 @@ pub mod key {
         format!(r#"redirect_config_objects_rejected{{kind="{kind}"}}"#)
     }
 
+    /// `redirect_fast_path_connections_total{outcome=...}` for the kernel's counterpart of an
+    /// explain action: `service` is a rewrite, `passthrough` and `workload` are themselves.
+    pub fn fast_path(outcome: &crate::explain::OutboundOutcome) -> String {
+        let outcome = match outcome.as_str() {
+            "service" => "rewritten",
+            other => other,
+        };
+        format!(r#"redirect_fast_path_connections_total{{outcome="{outcome}",reason=""}}"#)
+    }
+
     /// `redirect_outbound_connections_total{outcome=...}` for an explain action or outcome.
     pub fn outbound(outcome: &crate::explain::OutboundOutcome) -> String {
         let outcome = outcome.as_str();
@@ -305,6 +315,11 @@ impl World {
         self.topo.add_pod(key, ip.parse()?)?;
         self.strangers.push((view.to_string(), key.to_string()));
         Ok(())
+    }
+
+    /// Whether `view` names a pod no manifest declares ([`World::add_stranger`]).
+    pub fn is_stranger(&self, view: &str) -> bool {
+        self.strangers.iter().any(|(v, _)| v == view)
     }
 
     /// `dig` in the client pod of `namespace`, with short retries; add the question.
