@@ -18,7 +18,7 @@ use crate::exec::Cmd;
 use crate::explain::Explain;
 use crate::metrics::Metrics;
 use crate::topology::Pod;
-use crate::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
+use crate::{Agent, DnsRecords, Launch, Dnsmasq, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
 
 mod check;
 mod manifests;
@@ -188,16 +188,26 @@ impl World {
     /// then runs against the Kubernetes API source.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
         let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
-        World::start_source(edit, kube)
+        World::start_source(edit, kube, &Launch::default())
+    }
+
+    /// The world with an unchanged copy of `examples/` and the agent started as `launch` says
+    /// (e.g. with or without `--fast-path`, whatever the environment asks).
+    pub fn start_launched(launch: &Launch) -> Result<World> {
+        World::start_source(|_| Ok(()), false, launch)
     }
 
     /// As [`World::start_with`], the agent learning the same objects from a test API server
     /// (`run --kube`) instead of the directory; explain still reads the directory.
     pub fn start_kube_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
-        World::start_source(edit, true)
+        World::start_source(edit, true, &Launch::default())
     }
 
-    fn start_source(edit: impl FnOnce(&Path) -> Result<()>, kube: bool) -> Result<World> {
+    fn start_source(
+        edit: impl FnOnce(&Path) -> Result<()>,
+        kube: bool,
+        launch: &Launch,
+    ) -> Result<World> {
         let mut topo = Topology::new()?;
         for (key, ip, uid) in CLIENTS {
             topo.add_kube_pod(key, ip.parse()?, uid)?;
@@ -245,11 +255,11 @@ impl World {
                 "--dns-upstream",
                 &upstream_arg,
             ];
-            (Agent::start(&topo, &args)?, Some(api))
+            (Agent::launch(&topo, launch, &args)?, Some(api))
         } else {
             let config = config.to_string_lossy();
             let args = ["--config", &config, "--dns-upstream", &upstream_arg];
-            (Agent::start(&topo, &args)?, None)
+            (Agent::launch(&topo, launch, &args)?, None)
         };
         Ok(World {
             agent,
