@@ -21,6 +21,12 @@ const KERNEL_REWRITTEN: &str =
     r#"redirect_fast_path_connections_total{outcome="rewritten",reason=""}"#;
 const PROXY_SERVICE: &str = r#"redirect_outbound_connections_total{outcome="service"}"#;
 
+fn config_dump(w: &World) -> Result<serde_json::Value> {
+    let r = w.agent.admin_get("/config_dump")?;
+    ensure!(r.status == 200, "/config_dump answered {}", r.status);
+    serde_json::from_str(&r.text()).context("/config_dump is not JSON")
+}
+
 fn launch(fast_path: bool) -> Launch {
     Launch {
         fast_path,
@@ -155,5 +161,44 @@ fn reloads_under_load_swap_the_kernels_tables_without_a_failed_connection() -> R
         swaps > changes as usize,
         "every reload must put new tables in force ({swaps} swaps):\n{log}"
     );
+    Ok(())
+}
+
+#[test]
+fn config_dump_says_who_decides_each_service_port() -> Result<()> {
+    let w = World::start_launched(&launch(true))?;
+    let dump = config_dump(&w)?;
+    let fast = &dump["fastPath"];
+    assert_eq!(fast["enabled"], true, "{fast:#}");
+    assert!(fast["tables"]["exact"].as_u64() > Some(0), "{fast:#}");
+    assert!(fast["tables"]["clients"].as_u64() > Some(0), "{fast:#}");
+    let decided = |service: &str, address: &str| -> Option<String> {
+        fast["services"].as_array()?.iter().find_map(|d| {
+            (d["service"] == service && d["address"] == address && d["port"] == 80)
+                .then(|| d["decidedBy"].as_str().map(str::to_string))?
+        })
+    };
+    // Plain-IP endpoints: the kernel rewrites. Endpoints by host name: only the proxy resolves.
+    assert_eq!(
+        decided("team-a/api-example", "203.0.113.10").as_deref(),
+        Some("kernel"),
+        "{fast:#}"
+    );
+    assert_eq!(
+        decided("istio-system/cdn", "203.0.113.60").as_deref(),
+        Some("proxy"),
+        "{fast:#}"
+    );
+    assert!(
+        fast["fallbacks"]["host_name_endpoint"].as_u64() > Some(0),
+        "{fast:#}"
+    );
+
+    // Without --fast-path the dump says so and shows no tables.
+    drop(w);
+    let w = World::start_launched(&launch(false))?;
+    let dump = config_dump(&w)?;
+    assert_eq!(dump["fastPath"]["enabled"], false, "{dump:#}");
+    assert!(dump["fastPath"].get("tables").is_none(), "{dump:#}");
     Ok(())
 }

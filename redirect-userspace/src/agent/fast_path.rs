@@ -19,7 +19,7 @@ use uuid::Uuid;
 
 use crate::{
     config::WorkloadKind,
-    fastpath::{self, Fallback, Limits, Stats, Tables},
+    fastpath::{self, Dump, Fallback, Limits, Stats, Tables, fallback_name},
     identity::CgroupPods,
     live::LiveState,
     redirect::FastMaps,
@@ -145,6 +145,14 @@ impl FastPath {
         Box::new(FastPathMetrics(self.clone()))
     }
 
+    /// What `/config_dump` shows: the tables in force, and who decides each service's ports.
+    pub fn dump(&self) -> Option<Dump> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (snapshot, tables, stats) = state.compiled.as_ref()?;
+        let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        Some(Dump::new(snapshot, tables, stats, maps.in_force()))
+    }
+
     fn fallbacks(&self) -> BTreeMap<Fallback, usize> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         state
@@ -230,35 +238,5 @@ impl Collector for FastPathMetrics {
             ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
-    }
-}
-
-/// `HostNameEndpoint` -> `host_name_endpoint`.
-fn fallback_name(why: Fallback) -> String {
-    let mut out = String::new();
-    for (i, c) in format!("{why:?}").chars().enumerate() {
-        if c.is_ascii_uppercase() {
-            if i > 0 {
-                out.push('_');
-            }
-            out.push(c.to_ascii_lowercase());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fallback_names_are_snake_case() {
-        assert_eq!(
-            fallback_name(Fallback::HostNameEndpoint),
-            "host_name_endpoint"
-        );
-        assert_eq!(fallback_name(Fallback::PortsFull), "ports_full");
     }
 }

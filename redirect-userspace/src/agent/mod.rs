@@ -235,7 +235,11 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     if let Some(fast) = &fast_path {
         registry.register_collector(fast.collector());
     }
+    let fast_path_dump = fast_path
+        .clone()
+        .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>);
     let admin_state = AdminState {
+        fast_path: fast_path_dump,
         registry,
         attached: attached.clone(),
         live: live.clone(),

@@ -8,12 +8,14 @@
 //! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. [`Wire`] is the tables in the
 //! maps' byte layout; the loader (`redirect::fast`) writes them, one generation at a time.
 mod compile;
+mod dump;
 mod kernel;
 mod lpm;
 mod tables;
 mod wire;
 
 pub use compile::{Fallback, Limits, Stats, compile};
+pub use dump::{Dump, ServiceDecision, fallback_name};
 pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decided_by};
 pub use tables::{
     AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Config, Family, IpKey,

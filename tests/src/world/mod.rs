@@ -18,7 +18,7 @@ use crate::exec::Cmd;
 use crate::explain::Explain;
 use crate::metrics::Metrics;
 use crate::topology::Pod;
-use crate::{Agent, DnsRecords, Launch, Dnsmasq, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
+use crate::{Agent, DnsRecords, Dnsmasq, Launch, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
 
 mod check;
 mod manifests;
