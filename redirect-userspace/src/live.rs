@@ -20,8 +20,10 @@ pub struct LiveState {
     status: Mutex<ConfigStatus>,
     /// Called with each new snapshot before the status counts it as applied (the fast path's
     /// tables): whoever sees the new generation sees it in force everywhere.
-    on_apply: OnceLock<Box<dyn Fn(&Arc<Snapshot>) + Send + Sync>>,
+    on_apply: OnceLock<OnApply>,
 }
+
+type OnApply = Box<dyn Fn(&Arc<Snapshot>) + Send + Sync>;
 
 /// What `/config_dump` reports about the configuration itself.
 #[derive(Debug, Clone, Default, Serialize)]
