@@ -22,24 +22,27 @@ use crate::{
 };
 
 /// What the kernel does with a TCP `connect()` the proxy would otherwise get.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Fast {
     /// Leave the socket alone (passthrough, a workload, a resolution NONE service).
     Leave,
-    /// Connect to this endpoint instead.
-    Rewrite(Dest),
+    /// Connect to the endpoint written into `to` instead.
+    Rewrite,
     /// Steer to the proxy, as without the fast path.
     Proxy,
 }
 
 /// The decision under the generation in force; with none (`--fast-path` off, or before the
-/// agent's first tables) the proxy decides and nothing is counted.
+/// agent's first tables) the proxy decides and nothing is counted. On `Rewrite`, `to` holds the
+/// endpoint. (An out-parameter the caller initialised, not a payload: Linux 5.10's verifier
+/// refuses reading a stack slot one path never wrote, which an enum payload leads LLVM to do.)
 #[inline(always)]
-pub fn decide(dst: &Dest) -> Fast {
+pub fn decide(dst: &Dest, to: &mut Dest) -> Fast {
     let generation = FAST_GENERATION.get(0).copied().unwrap_or(0);
     let (fast, stat) = if generation == GEN_A {
-        lookup::<GenA>(dst)
+        lookup::<GenA>(dst, to)
     } else if generation == GEN_B {
-        lookup::<GenB>(dst)
+        lookup::<GenB>(dst, to)
     } else {
         return Fast::Proxy;
     };
@@ -48,7 +51,7 @@ pub fn decide(dst: &Dest) -> Fast {
 }
 
 #[inline(always)]
-fn lookup<T: FastTables>(dst: &Dest) -> (Fast, FastStat) {
+fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest) -> (Fast, FastStat) {
     // A cgroup the agent has not named could be any pod's: only the proxy knows its namespace.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     let Some(ns) = (unsafe { T::clients().get(&cgroup) }).copied() else {
@@ -82,9 +85,10 @@ fn lookup<T: FastTables>(dst: &Dest) -> (Fast, FastStat) {
         port: dst.port,
         _pad: 0,
     };
-    match pick::<T>(&port, ip.family) {
-        Some(to) => (Fast::Rewrite(to), FastStat::Rewritten),
-        None => (Fast::Proxy, FastStat::ProxyService),
+    if pick::<T>(&port, ip.family, to) {
+        (Fast::Rewrite, FastStat::Rewritten)
+    } else {
+        (Fast::Proxy, FastStat::ProxyService)
     }
 }
 
@@ -108,21 +112,25 @@ fn claim<T: FastTables>(ns: u32, ip: IpKey) -> Option<Claim> {
     T::cidrs().get(Key::new(bits, shared.lpm_bytes())).copied()
 }
 
-/// One of the port's endpoints, chosen per connection; `None` when the port has no rewrite for a
-/// socket of this family (the proxy serves it).
+/// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`
+/// untouched) when the port has no rewrite for a socket of this family (the proxy serves it).
 #[inline(always)]
-fn pick<T: FastTables>(port: &PortKey, family: u32) -> Option<Dest> {
-    let backends = unsafe { T::ports().get(port) }?;
+fn pick<T: FastTables>(port: &PortKey, family: u32, to: &mut Dest) -> bool {
+    let Some(backends) = (unsafe { T::ports().get(port) }) else {
+        return false;
+    };
     let count = backends.count;
     if backends.family != family || count == 0 {
-        return None;
+        return false;
     }
     let i = (unsafe { bpf_get_prandom_u32() } % count) as usize;
     // Bounds the index for the verifier as well as for Rust.
     if i >= MAX_ENDPOINTS {
-        return None;
+        return false;
     }
-    let b = backends.endpoints.get(i)?;
+    let Some(b) = backends.endpoints.get(i) else {
+        return false;
+    };
     let a = &b.addr;
     let ip = if family == FAMILY_V4 {
         v4_mapped_words(u32::from_ne_bytes([a[0], a[1], a[2], a[3]]))
@@ -134,7 +142,9 @@ fn pick<T: FastTables>(port: &PortKey, family: u32) -> Option<Dest> {
             u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
         ]
     };
-    Some(Dest { ip, port: b.port })
+    to.ip = ip;
+    to.port = b.port;
+    true
 }
 
 /// The tables' form of an address in `user_ip6` form: IPv4 (v4-mapped included) in the first four

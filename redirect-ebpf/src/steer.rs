@@ -126,12 +126,9 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
     };
     let mut rewritten = 0;
     if !is_dns {
-        match fastpath::decide(&dst) {
+        match fastpath::decide(&dst, &mut to) {
             Fast::Leave => return None,
-            Fast::Rewrite(endpoint) => {
-                to = endpoint;
-                rewritten = ORIG_REWRITTEN;
-            }
+            Fast::Rewrite => rewritten = ORIG_REWRITTEN,
             Fast::Proxy => {}
         }
     }
