@@ -191,3 +191,52 @@ fn sync<M, K: Eq + Hash + Copy, V: PartialEq + Copy>(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A map standing in for a BPF map: what `sync` wrote, and every write it made.
+    #[derive(Default)]
+    struct Recorded {
+        map: StdHashMap<u32, u32>,
+        writes: Vec<String>,
+    }
+
+    fn apply(rec: &mut Recorded, held: &mut StdHashMap<u32, u32>, want: &StdHashMap<u32, u32>) {
+        sync(
+            rec,
+            held,
+            want,
+            |r, k| {
+                r.writes.push(format!("-{k}"));
+                r.map.remove(k).map(drop).ok_or(MapError::KeyNotFound)
+            },
+            |r, k, v| {
+                r.writes.push(format!("+{k}={v}"));
+                r.map.insert(*k, v);
+                Ok(())
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_generation_gets_only_what_differs_and_ends_equal_to_the_tables() {
+        let mut rec = Recorded::default();
+        let mut held = StdHashMap::new();
+        let first = StdHashMap::from([(1, 10), (2, 20), (3, 30)]);
+        apply(&mut rec, &mut held, &first);
+        assert_eq!(rec.map, first);
+        assert_eq!(rec.writes.len(), 3);
+
+        rec.writes.clear();
+        let second = StdHashMap::from([(1, 10), (2, 21), (4, 40)]);
+        apply(&mut rec, &mut held, &second);
+        assert_eq!(rec.map, second);
+        assert_eq!(held, second);
+        rec.writes.sort();
+        // Key 1 is unchanged: not written. Removals come first (room in a full map).
+        assert_eq!(rec.writes, ["+2=21", "+4=40", "-3"]);
+    }
+}
