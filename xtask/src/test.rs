@@ -35,9 +35,14 @@ fn smoke_kernel() -> String {
     format!("{major}.{minor}")
 }
 
-/// The smoke: the redirect path, and one visibility scenario with real dig, curl and dnsmasq.
+/// The smoke: the redirect path, one visibility scenario with real dig, curl and dnsmasq, and the
+/// fast path's programs loaded and deciding.
 const SMOKE: &[(&str, &[&str])] = &[
     ("redirect_path", &[]),
+    (
+        "fast_path",
+        &["passthrough_keeps_the_pods_source_address_with_the_fast_path_and_the_nodes_without"],
+    ),
     (
         "visibility",
         &[
