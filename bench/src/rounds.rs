@@ -253,7 +253,7 @@ impl<'a> Runner<'a> {
             Ok(values) => {
                 for (metric, value) in values {
                     println!(
-                        "xtask bench:   {:<28} {:<20} {value:>12.2} {}",
+                        "xtask bench:   {:<28} {:<23} {value:>12.2} {}",
                         metric.label(),
                         route.label(),
                         metric.unit()
