@@ -42,6 +42,8 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::Passthrough,
                     Route::ServiceCopy,
                     Route::PassthroughCopy,
+                    Route::FastService,
+                    Route::FastPassthrough,
                 ][..],
             ),
             (
@@ -51,9 +53,19 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::Passthrough,
                     Route::ServiceCopy,
                     Route::PassthroughCopy,
+                    Route::FastService,
+                    Route::FastPassthrough,
                 ][..],
             ),
-            (Metric::ConnRate, &[Route::Service, Route::Passthrough][..]),
+            (
+                Metric::ConnRate,
+                &[
+                    Route::Service,
+                    Route::Passthrough,
+                    Route::FastService,
+                    Route::FastPassthrough,
+                ][..],
+            ),
             (
                 Metric::DnsQps,
                 &[Route::DnsForwarded, Route::DnsAnswered][..],
@@ -65,15 +77,30 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
         &[
             (
                 Metric::LatencyP50,
-                &[Route::Service, Route::Passthrough][..],
+                &[
+                    Route::Service,
+                    Route::Passthrough,
+                    Route::FastService,
+                    Route::FastPassthrough,
+                ][..],
             ),
             (
                 Metric::LatencyP99,
-                &[Route::Service, Route::Passthrough][..],
+                &[
+                    Route::Service,
+                    Route::Passthrough,
+                    Route::FastService,
+                    Route::FastPassthrough,
+                ][..],
             ),
             (
                 Metric::LatencyP999,
-                &[Route::Service, Route::Passthrough][..],
+                &[
+                    Route::Service,
+                    Route::Passthrough,
+                    Route::FastService,
+                    Route::FastPassthrough,
+                ][..],
             ),
             (
                 Metric::DnsLatency,
@@ -133,6 +160,8 @@ fn color(route: Route) -> RGBColor {
         Route::ServiceCopy => RGBColor(158, 202, 225),
         Route::Passthrough => RGBColor(255, 127, 14),
         Route::PassthroughCopy => RGBColor(253, 208, 162),
+        Route::FastService => RGBColor(148, 103, 189),
+        Route::FastPassthrough => RGBColor(214, 39, 40),
         Route::DnsAnswered => RGBColor(44, 160, 44),
         _ => RGBColor(150, 150, 150),
     }

@@ -16,6 +16,10 @@ pub enum Route {
     ServiceCopy,
     /// `Passthrough` with `--relay copy`.
     PassthroughCopy,
+    /// `Service` with `--fast-path`: the kernel rewrites the VIP to the endpoint at connect().
+    FastService,
+    /// `Passthrough` with `--fast-path`: the kernel leaves the socket alone.
+    FastPassthrough,
     /// DNS straight to the upstream resolver (agent detached).
     DnsUpstream,
     /// DNS through the agent, which forwards it to the upstream.
@@ -32,6 +36,8 @@ impl Route {
             Route::Passthrough => "passthrough",
             Route::ServiceCopy => "service (copy)",
             Route::PassthroughCopy => "passthrough (copy)",
+            Route::FastService => "service (fast path)",
+            Route::FastPassthrough => "passthrough (fast path)",
             Route::DnsUpstream => "straight to upstream",
             Route::DnsForwarded => "forwarded by agent",
             Route::DnsAnswered => "answered by agent",

@@ -32,13 +32,21 @@ pub struct BenchReport<'a> {
     pub chart: &'a str,
 }
 
-const TCP_ROUTES: [Route; 3] = [Route::Direct, Route::Service, Route::Passthrough];
-const THROUGHPUT_ROUTES: [Route; 5] = [
+const TCP_ROUTES: [Route; 5] = [
+    Route::Direct,
+    Route::Service,
+    Route::Passthrough,
+    Route::FastService,
+    Route::FastPassthrough,
+];
+const THROUGHPUT_ROUTES: [Route; 7] = [
     Route::Direct,
     Route::Service,
     Route::ServiceCopy,
     Route::Passthrough,
     Route::PassthroughCopy,
+    Route::FastService,
+    Route::FastPassthrough,
 ];
 const DNS_ROUTES: [Route; 3] = [Route::DnsUpstream, Route::DnsForwarded, Route::DnsAnswered];
 
@@ -47,7 +55,9 @@ impl BenchReport<'_> {
     pub fn tables(&self) -> String {
         let mut s = String::new();
         s.push_str("## Headline: ratio to direct (median of per-round ratios, min–max)\n\n");
-        s.push_str("| | service | passthrough |\n| --- | --- | --- |\n");
+        s.push_str(
+            "| | service | passthrough | service (fast path) | passthrough (fast path) |\n| --- | --- | --- | --- | --- |\n",
+        );
         for metric in [
             Metric::Throughput1,
             Metric::Throughput8,
@@ -58,15 +68,17 @@ impl BenchReport<'_> {
         ] {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} |",
+                "| {} | {} | {} | {} | {} |",
                 metric.label(),
                 self.ratio(metric, Route::Service),
-                self.ratio(metric, Route::Passthrough)
+                self.ratio(metric, Route::Passthrough),
+                self.ratio(metric, Route::FastService),
+                self.ratio(metric, Route::FastPassthrough)
             );
         }
         let _ = writeln!(
             s,
-            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded: {} |",
+            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded: {} | | |",
             self.ratio(Metric::DnsQps, Route::DnsAnswered),
             self.ratio(Metric::DnsQps, Route::DnsForwarded)
         );
@@ -168,7 +180,7 @@ impl BenchReport<'_> {
         let tcp_prefix = self
             .agent_cpu
             .map_or(String::new(), |cpu| format!("taskset -c {cpu} "));
-        for relay in [Relay::Splice, Relay::Copy] {
+        for relay in [Relay::Splice, Relay::Copy, Relay::FastPath] {
             let _ = writeln!(s, "{}", scene::agent_command(&tcp_prefix, relay));
         }
         let dns_prefix = format!("taskset -c {} ", scene::SERVER_CPU);

@@ -114,6 +114,9 @@ impl<'a> Runner<'a> {
             println!("xtask bench: round {}/{}", round + 1, self.settings.rounds);
             for test in self.tests.clone() {
                 let mut phases = vec![Phase::Detached, Phase::Agent(Relay::Splice)];
+                if matches!(test, Test::Tcp(_)) {
+                    phases.push(Phase::Agent(Relay::FastPath));
+                }
                 // The relay's before/after: throughput (zero-copy) and latency (small messages).
                 if matches!(test, Test::Tcp(Tcp::Throughput(_) | Tcp::Latency)) {
                     phases.push(Phase::Agent(Relay::Copy));
@@ -149,6 +152,7 @@ impl<'a> Runner<'a> {
             (Test::Dns, _) => vec![Route::DnsAnswered, Route::DnsForwarded],
             (_, Relay::Splice) => vec![Route::Service, Route::Passthrough],
             (_, Relay::Copy) => vec![Route::ServiceCopy, Route::PassthroughCopy],
+            (_, Relay::FastPath) => vec![Route::FastService, Route::FastPassthrough],
         };
         if round % 2 == 1 {
             routes.reverse();
@@ -249,7 +253,7 @@ impl<'a> Runner<'a> {
             Ok(values) => {
                 for (metric, value) in values {
                     println!(
-                        "xtask bench:   {:<28} {:<20} {value:>12.2} {}",
+                        "xtask bench:   {:<28} {:<23} {value:>12.2} {}",
                         metric.label(),
                         route.label(),
                         metric.unit()
@@ -278,7 +282,7 @@ impl<'a> Runner<'a> {
 /// The client tool and its arguments for `test` over `route`.
 pub fn tcp_command(test: Tcp, route: Route, settings: Settings) -> (&'static str, Vec<String>) {
     let ip = match route {
-        Route::Service | Route::ServiceCopy => scene::VIP,
+        Route::Service | Route::ServiceCopy | Route::FastService => scene::VIP,
         _ => scene::SERVER_IP,
     };
     let secs = settings.secs;

@@ -20,6 +20,8 @@ pub const CLIENT_CPU: u32 = 0;
 pub const SERVER_CPU: u32 = 1;
 
 const POD: (&str, &str) = ("bench/client", "10.244.1.10");
+/// The pod's uid: its cgroup is kubelet's for it, so the fast path knows its namespace.
+const POD_UID: &str = "0b1e7c2a-5d3f-4e6a-9b8c-be0cbe0cbe0c";
 /// The ext host every TCP test talks to (direct and passthrough connect here themselves).
 pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
 /// The ServiceEntry's VIP: routed nowhere, so a connection to it works only through the proxy.
@@ -37,12 +39,14 @@ pub const FORWARDED_NAME: &str = "upstream.bench.example";
 pub enum Relay {
     Splice,
     Copy,
+    /// `Splice` with `--fast-path`: the kernel decides what needs no proxy.
+    FastPath,
 }
 
 impl Relay {
     pub fn arg(self) -> &'static str {
         match self {
-            Relay::Splice => "splice",
+            Relay::Splice | Relay::FastPath => "splice",
             Relay::Copy => "copy",
         }
     }
@@ -62,7 +66,8 @@ impl Scene {
     /// Builds the topology, writes the agent's config and starts every server. `peer` is the release
     /// build of the harness's `rdt-peer` (its HTTP server answers `GET /` and closes).
     pub fn build(peer: &Path, agent_cpu: Option<u32>) -> Result<Scene> {
-        let topo = Topology::with_pods(&[POD])?;
+        let mut topo = Topology::new()?;
+        topo.add_kube_pod(POD.0, POD.1.parse()?, POD_UID)?;
         let pod = topo.pod(POD.0).clone();
         // Connection-rate runs open tens of thousands of connections: more ephemeral ports for the
         // pod and the proxy's upstream side (a per-netns sysctl; 15000-15053 stay clear for the agent).
@@ -236,6 +241,9 @@ pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
         "--relay".into(),
         relay.arg().into(),
     ]
+    .into_iter()
+    .chain((relay == Relay::FastPath).then(|| "--fast-path".into()))
+    .collect()
 }
 
 /// dnsmasq as the upstream: our one record, NXDOMAIN for the rest, and no per-query logging (the
@@ -263,7 +271,7 @@ metadata: {{name: {ns}}}
 ---
 apiVersion: v1
 kind: Pod
-metadata: {{name: {name}, namespace: {ns}}}
+metadata: {{name: {name}, namespace: {ns}, uid: {POD_UID}}}
 status: {{podIP: {ip}}}
 ---
 apiVersion: install.istio.io/v1alpha1

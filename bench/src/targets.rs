@@ -26,30 +26,41 @@ pub const RATIO_TARGETS: [(Metric, f64, bool); 4] = [
     (Metric::ConnRate, 0.5, true),
 ];
 
+/// With `--fast-path`, service and passthrough at the speed of the direct path.
+pub const FAST_PATH_TARGETS: [(Metric, f64, bool); 3] = [
+    (Metric::Throughput1, 0.97, true),
+    (Metric::LatencyP50, 1.05, false),
+    (Metric::ConnRate, 0.9, true),
+];
+
 pub fn judge(results: &Results, criterion: &[Criterion], memory: Option<&Memory>) -> Vec<Verdict> {
     let mut out = Vec::new();
-    for (metric, bound, at_least) in RATIO_TARGETS {
-        for route in [Route::Service, Route::Passthrough] {
-            let ratio = results.ratio(metric, route);
-            out.push(Verdict {
-                target: format!(
-                    "{} {} {} {bound}× direct",
-                    metric.label(),
-                    route.label(),
-                    if at_least { "≥" } else { "≤" }
-                ),
-                measured: ratio.map_or("not measured".into(), |r| {
-                    format!("{:.2}× ({:.2}–{:.2})", r.median, r.min, r.max)
-                }),
-                met: ratio.map(|r| {
-                    if at_least {
-                        r.median >= bound
-                    } else {
-                        r.median <= bound
-                    }
-                }),
-            });
-        }
+    let proxied = RATIO_TARGETS
+        .iter()
+        .flat_map(|t| [(*t, Route::Service), (*t, Route::Passthrough)]);
+    let fast = FAST_PATH_TARGETS
+        .iter()
+        .flat_map(|t| [(*t, Route::FastService), (*t, Route::FastPassthrough)]);
+    for ((metric, bound, at_least), route) in proxied.chain(fast) {
+        let ratio = results.ratio(metric, route);
+        out.push(Verdict {
+            target: format!(
+                "{} {} {} {bound}× direct",
+                metric.label(),
+                route.label(),
+                if at_least { "≥" } else { "≤" }
+            ),
+            measured: ratio.map_or("not measured".into(), |r| {
+                format!("{:.2}× ({:.2}–{:.2})", r.median, r.min, r.max)
+            }),
+            met: ratio.map(|r| {
+                if at_least {
+                    r.median >= bound
+                } else {
+                    r.median <= bound
+                }
+            }),
+        });
     }
     let dns = results.summary(Metric::DnsQps, Route::DnsAnswered);
     out.push(Verdict {

@@ -19,6 +19,9 @@ const OUTCOMES: [&str; 5] = [
 /// The agent carried every connection the pod opened (`opens`, from its `ActiveOpens`) under the route's
 /// outcome, and none under another.
 pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
+    if matches!(route, Route::FastService | Route::FastPassthrough) {
+        return in_kernel(route, before, after, opens);
+    }
     let expected = match route {
         Route::Service | Route::ServiceCopy => "service",
         Route::Passthrough | Route::PassthroughCopy => "passthrough",
@@ -44,6 +47,40 @@ pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> 
     if counted < 1.0 || counted + 0.5 < opens as f64 * 0.99 {
         bail!(
             "a {} run: the pod opened {opens} connections, the agent counted {counted} as `{expected}`",
+            route.label()
+        );
+    }
+    Ok(())
+}
+
+/// With the fast path: the kernel decided every connection the pod opened under the route's outcome,
+/// and the proxy carried none.
+fn in_kernel(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
+    let expected = match route {
+        Route::FastService => "rewritten",
+        _ => "passthrough",
+    };
+    let counted = delta(
+        before,
+        after,
+        &format!("redirect_fast_path_connections_total{{outcome=\"{expected}\",reason=\"\"}}"),
+    );
+    for outcome in OUTCOMES {
+        let d = delta(
+            before,
+            after,
+            &format!("{OUTCOME}{{outcome=\"{outcome}\"}}"),
+        );
+        if d > 0.0 {
+            bail!(
+                "a {} run sent {d} `{outcome}` connections through the proxy",
+                route.label()
+            );
+        }
+    }
+    if counted < 1.0 || counted + 0.5 < opens as f64 * 0.99 {
+        bail!(
+            "a {} run: the pod opened {opens} connections, the kernel counted {counted} as `{expected}`",
             route.label()
         );
     }

@@ -27,6 +27,19 @@ pub mod maps {
     pub const OPTED_OUT_CGROUPS: &str = "OPTED_OUT_CGROUPS";
     /// One u64: the netns cookie `netns_probe` read (kernels without `SO_NETNS_COOKIE`).
     pub const NETNS_PROBE: &str = "NETNS_PROBE";
+    /// One u32: which generation of the fast path's tables is in force ([`super::fastpath::GEN_OFF`]
+    /// while the agent runs without `--fast-path` or has not filled one yet).
+    pub const FAST_GENERATION: &str = "FAST_GENERATION";
+    /// Per-CPU counters of the fast path, indexed by [`super::FastStat`].
+    pub const FAST_STATS: &str = "FAST_STATS";
+    /// The fast path's tables, one set per generation (`_A`, `_B`): the agent fills the idle set,
+    /// then flips [`FAST_GENERATION`].
+    pub const FAST_CLIENTS: [&str; 2] = ["FAST_CLIENTS_A", "FAST_CLIENTS_B"];
+    pub const FAST_EXACT: [&str; 2] = ["FAST_EXACT_A", "FAST_EXACT_B"];
+    pub const FAST_CIDRS: [&str; 2] = ["FAST_CIDRS_A", "FAST_CIDRS_B"];
+    pub const FAST_PORTS: [&str; 2] = ["FAST_PORTS_A", "FAST_PORTS_B"];
+    pub const FAST_WORKLOADS: [&str; 2] = ["FAST_WORKLOADS_A", "FAST_WORKLOADS_B"];
+    pub const FAST_CONFIG: [&str; 2] = ["FAST_CONFIG_A", "FAST_CONFIG_B"];
 }
 
 /// Names of the programs in the eBPF object (the function names).
@@ -118,6 +131,61 @@ impl Stat {
         }
     }
 }
+
+/// Counters of the fast path's decisions in `connect4`/`connect6`, one slot each in the per-CPU
+/// `FAST_STATS` array. Only TCP connections the proxy would otherwise get are counted.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FastStat {
+    /// Left alone: no visible service claims the address, or a resolution NONE one does.
+    Passthrough = 0,
+    /// Left alone: a workload's address.
+    Workload = 1,
+    /// Destination rewritten to an endpoint.
+    Rewritten = 2,
+    /// Steered to the proxy: a service the kernel cannot serve (host names, no endpoint, ...).
+    ProxyService = 3,
+    /// Steered to the proxy: the connecting cgroup is not in the client table.
+    ProxyUnknownClient = 4,
+    /// Steered to the proxy: a table overflowed (shared entries, a namespace's, the workloads).
+    ProxyOverflow = 5,
+}
+
+impl FastStat {
+    pub const COUNT: u32 = 6;
+    pub const ALL: [FastStat; Self::COUNT as usize] = [
+        FastStat::Passthrough,
+        FastStat::Workload,
+        FastStat::Rewritten,
+        FastStat::ProxyService,
+        FastStat::ProxyUnknownClient,
+        FastStat::ProxyOverflow,
+    ];
+
+    /// The decision, for the metric label.
+    pub const fn outcome(self) -> &'static str {
+        match self {
+            FastStat::Passthrough => "passthrough",
+            FastStat::Workload => "workload",
+            FastStat::Rewritten => "rewritten",
+            FastStat::ProxyService | FastStat::ProxyUnknownClient | FastStat::ProxyOverflow => {
+                "proxy"
+            }
+        }
+    }
+
+    /// Why the proxy decides, for the metric label; empty for the kernel's own decisions.
+    pub const fn reason(self) -> &'static str {
+        match self {
+            FastStat::Passthrough | FastStat::Workload | FastStat::Rewritten => "",
+            FastStat::ProxyService => "service",
+            FastStat::ProxyUnknownClient => "unknown_client",
+            FastStat::ProxyOverflow => "table_full",
+        }
+    }
+}
+
+pub mod fastpath;
 
 /// An IP address and port. IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`) so one layout serves both
 /// families: an IPv4 socket and an IPv6 socket talking to the v4-mapped form of the same address
@@ -232,13 +300,18 @@ impl SockAddr {
 pub struct OrigDst {
     /// The destination the application passed to connect()/sendmsg().
     pub dst: SockAddr,
-    /// IP protocol (6 TCP, 17 UDP).
+    /// IP protocol (6 TCP, 17 UDP), with [`ORIG_REWRITTEN`] set when the fast path rewrote the
+    /// destination to an endpoint (the socket never reaches the agent).
     pub protocol: u32,
     /// cgroup v2 id of the process that connected (its pod's cgroup).
     pub cgroup_id: u64,
     /// Network namespace cookie of the socket (its pod's netns).
     pub netns_cookie: u64,
 }
+
+/// Flag in [`OrigDst::protocol`]: the socket was rewritten to an endpoint by the fast path, not
+/// steered to the agent. getpeername shows the original in place of the endpoint; sock_ops files no flow.
+pub const ORIG_REWRITTEN: u32 = 0x100;
 
 /// The third word of a v4-mapped address (`::ffff:0:0/96`) in network order.
 pub const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
@@ -261,6 +334,13 @@ mod user {
     unsafe impl aya::Pod for super::SockAddr {}
     // SAFETY: as above; `protocol` fills the hole before the u64s.
     unsafe impl aya::Pod for super::OrigDst {}
+    // SAFETY: the fast path's keys and values: `#[repr(C)]`, every byte a named field.
+    unsafe impl aya::Pod for super::fastpath::IpKey {}
+    unsafe impl aya::Pod for super::fastpath::AddrKey {}
+    unsafe impl aya::Pod for super::fastpath::Claim {}
+    unsafe impl aya::Pod for super::fastpath::PortKey {}
+    unsafe impl aya::Pod for super::fastpath::Backends {}
+    unsafe impl aya::Pod for super::fastpath::Config {}
 }
 
 #[cfg(test)]

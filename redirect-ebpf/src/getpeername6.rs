@@ -1,12 +1,12 @@
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
-use crate::{inet6, steer::unsteered_peer};
+use crate::{inet6, steer::original_peer};
 
 /// getpeername4 for IPv6 sockets: the original peer, v4-mapped when the application asked so.
 #[cgroup_sock_addr(getpeername6)]
 pub fn getpeername6(ctx: SockAddrContext) -> i32 {
     let seen = inet6::read(&ctx);
-    if let Some(orig) = unsteered_peer(&ctx, &seen.ip) {
+    if let Some(orig) = original_peer(&ctx, &seen.ip) {
         inet6::write(&ctx, orig);
     }
     1

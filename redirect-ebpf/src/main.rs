@@ -14,6 +14,7 @@
 
 mod connect4;
 mod connect6;
+mod fastpath;
 mod getpeername4;
 mod getpeername6;
 mod inet6;

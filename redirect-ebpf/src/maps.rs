@@ -1,10 +1,15 @@
 //! Maps and load-time globals shared by the programs. Names and layouts come from `redirect-common`.
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use redirect_common::{
-    FLOW_MAP_ENTRIES, OPTED_OUT_MAP_ENTRIES, OrigDst, SOCKET_MAP_ENTRIES, SockAddr, Stat,
+    FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst, SOCKET_MAP_ENTRIES, SockAddr, Stat,
+    fastpath::{
+        AddrKey, Backends, Claim, Config, IpKey, LpmBytes, MAX_CIDRS, MAX_CLIENTS, MAX_EXACT,
+        MAX_PORTS, MAX_WORKLOADS, PortKey,
+    },
 };
 
 /// socket cookie -> where the application meant to go.
@@ -28,6 +33,116 @@ pub static OPTED_OUT_CGROUPS: HashMap<u64, u8> =
 /// The node's netns cookie as `netns_probe` saw it (kernels without SO_NETNS_COOKIE).
 #[map]
 pub static NETNS_PROBE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Which set of fast-path tables is in force (`GEN_OFF`: none, everything goes to the proxy).
+#[map]
+pub static FAST_GENERATION: Array<u32> = Array::with_max_entries(1, 0);
+
+#[map]
+pub static FAST_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FastStat::COUNT, 0);
+
+/// One generation of the fast path's tables. The agent fills the idle one whole, then flips
+/// `FAST_GENERATION`: a connection reads one generation, never half of two. A trait rather than
+/// a struct of references: each generation's lookup is its own copy of the code, naming its maps
+/// directly (a map can only be referenced from code, never from data).
+pub trait FastTables {
+    /// cgroup id -> client namespace id.
+    fn clients() -> &'static HashMap<u64, u32>;
+    fn exact() -> &'static HashMap<AddrKey, Claim>;
+    fn cidrs() -> &'static LpmTrie<LpmBytes, Claim>;
+    fn ports() -> &'static HashMap<PortKey, Backends>;
+    fn workloads() -> &'static HashMap<IpKey, u8>;
+    fn config() -> &'static Array<Config>;
+}
+
+// Allocated as they fill (most nodes use a fraction of the room).
+const NO_PREALLOC: u32 = BPF_F_NO_PREALLOC;
+
+#[map]
+static FAST_CLIENTS_A: HashMap<u64, u32> = HashMap::with_max_entries(MAX_CLIENTS, NO_PREALLOC);
+#[map]
+static FAST_CLIENTS_B: HashMap<u64, u32> = HashMap::with_max_entries(MAX_CLIENTS, NO_PREALLOC);
+#[map]
+static FAST_EXACT_A: HashMap<AddrKey, Claim> = HashMap::with_max_entries(MAX_EXACT, NO_PREALLOC);
+#[map]
+static FAST_EXACT_B: HashMap<AddrKey, Claim> = HashMap::with_max_entries(MAX_EXACT, NO_PREALLOC);
+#[map]
+static FAST_CIDRS_A: LpmTrie<LpmBytes, Claim> = LpmTrie::with_max_entries(MAX_CIDRS, 0);
+#[map]
+static FAST_CIDRS_B: LpmTrie<LpmBytes, Claim> = LpmTrie::with_max_entries(MAX_CIDRS, 0);
+#[map]
+static FAST_PORTS_A: HashMap<PortKey, Backends> = HashMap::with_max_entries(MAX_PORTS, NO_PREALLOC);
+#[map]
+static FAST_PORTS_B: HashMap<PortKey, Backends> = HashMap::with_max_entries(MAX_PORTS, NO_PREALLOC);
+#[map]
+static FAST_WORKLOADS_A: HashMap<IpKey, u8> = HashMap::with_max_entries(MAX_WORKLOADS, NO_PREALLOC);
+#[map]
+static FAST_WORKLOADS_B: HashMap<IpKey, u8> = HashMap::with_max_entries(MAX_WORKLOADS, NO_PREALLOC);
+#[map]
+static FAST_CONFIG_A: Array<Config> = Array::with_max_entries(1, 0);
+#[map]
+static FAST_CONFIG_B: Array<Config> = Array::with_max_entries(1, 0);
+
+/// Generation A, then B: the same tables, other maps.
+pub struct GenA;
+pub struct GenB;
+
+macro_rules! generation {
+    ($gen:ty, $clients:ident, $exact:ident, $cidrs:ident, $ports:ident, $workloads:ident, $config:ident) => {
+        impl FastTables for $gen {
+            #[inline(always)]
+            fn clients() -> &'static HashMap<u64, u32> {
+                &$clients
+            }
+            #[inline(always)]
+            fn exact() -> &'static HashMap<AddrKey, Claim> {
+                &$exact
+            }
+            #[inline(always)]
+            fn cidrs() -> &'static LpmTrie<LpmBytes, Claim> {
+                &$cidrs
+            }
+            #[inline(always)]
+            fn ports() -> &'static HashMap<PortKey, Backends> {
+                &$ports
+            }
+            #[inline(always)]
+            fn workloads() -> &'static HashMap<IpKey, u8> {
+                &$workloads
+            }
+            #[inline(always)]
+            fn config() -> &'static Array<Config> {
+                &$config
+            }
+        }
+    };
+}
+generation!(
+    GenA,
+    FAST_CLIENTS_A,
+    FAST_EXACT_A,
+    FAST_CIDRS_A,
+    FAST_PORTS_A,
+    FAST_WORKLOADS_A,
+    FAST_CONFIG_A
+);
+generation!(
+    GenB,
+    FAST_CLIENTS_B,
+    FAST_EXACT_B,
+    FAST_CIDRS_B,
+    FAST_PORTS_B,
+    FAST_WORKLOADS_B,
+    FAST_CONFIG_B
+);
+
+#[inline(always)]
+pub fn count_fast(stat: FastStat) {
+    if let Some(slot) = FAST_STATS.get_ptr_mut(stat as u32) {
+        // Per-CPU slot: no other writer while this program runs on this CPU.
+        unsafe { *slot += 1 }
+    }
+}
 
 // Set by the agent at load time (`EbpfLoader::set_global`); zero means "not configured".
 #[unsafe(no_mangle)]

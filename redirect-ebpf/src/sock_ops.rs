@@ -2,7 +2,7 @@ use aya_ebpf::{
     bindings::BPF_SOCK_OPS_TCP_CONNECT_CB, helpers::bpf_get_socket_cookie, macros::sock_ops,
     programs::SockOpsContext,
 };
-use redirect_common::{SockAddr, Stat};
+use redirect_common::{ORIG_REWRITTEN, SockAddr, Stat};
 
 use crate::maps::{FLOW_ORIG_DST, SOCKET_ORIG_DST, count};
 
@@ -25,6 +25,9 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     let Some(orig) = (unsafe { SOCKET_ORIG_DST.get(&cookie) }).copied() else {
         return 1; // not a socket we steered
     };
+    if orig.protocol & ORIG_REWRITTEN != 0 {
+        return 1; // rewritten to an endpoint: the agent never sees it
+    }
     // local_port is in host byte order in bpf_sock_ops (remote_port is not). An IPv6 socket talking
     // to a v4-mapped address has its IPv4 source in v4-mapped form here: the same key as from IPv4.
     let port = ctx.local_port() as u16;

@@ -13,13 +13,16 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use redirect_common::{
-    AGENT_SOCKET_MARK, DNS_PORT, MAX_CGROUP_DEPTH, OrigDst, SockAddr, Stat, is_v4_mapped,
-    v4_mapped_words,
+    AGENT_SOCKET_MARK, DNS_PORT, MAX_CGROUP_DEPTH, ORIG_REWRITTEN, OrigDst, SockAddr, Stat,
+    is_v4_mapped, v4_mapped_words,
 };
 
-use crate::maps::{
-    OPTED_OUT_CGROUPS, SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, gateway_v6,
-    node_netns_cookie, proxy_port,
+use crate::{
+    fastpath::{self, Fast},
+    maps::{
+        OPTED_OUT_CGROUPS, SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, gateway_v6,
+        node_netns_cookie, proxy_port,
+    },
 };
 
 pub const IPPROTO_TCP: u32 = 6;
@@ -83,13 +86,13 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
     let sa = unsafe { &*ctx.sock_addr };
     let protocol = sa.protocol;
     let dns_port = dns_proxy_port();
-    let target_port = match (hook, protocol) {
+    let (target_port, is_dns) = match (hook, protocol) {
         (_, IPPROTO_UDP) | (Hook::Connect, IPPROTO_TCP)
             if dst.port == DNS_PORT && dns_port != 0 =>
         {
-            dns_port
+            (dns_port, true)
         }
-        (Hook::Connect, IPPROTO_TCP) => proxy_port(),
+        (Hook::Connect, IPPROTO_TCP) => (proxy_port(), false),
         _ => return None,
     };
     if target_port == 0 {
@@ -116,27 +119,39 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
         return None;
     }
 
+    // With `--fast-path`, the kernel decides what needs no proxy (off: always `Proxy`).
+    let mut to = Dest {
+        ip: gateway,
+        port: target_port,
+    };
+    let mut rewritten = 0;
+    if !is_dns {
+        match fastpath::decide(&dst, &mut to) {
+            Fast::Leave => return None,
+            Fast::Rewrite => rewritten = ORIG_REWRITTEN,
+            Fast::Proxy => {}
+        }
+    }
+
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let orig = OrigDst {
         dst: SockAddr::from_ip6_words(dst.ip, dst.port),
-        protocol,
+        protocol: protocol | rewritten,
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         netns_cookie,
     };
     if SOCKET_ORIG_DST.insert(&cookie, &orig, 0).is_err() {
-        // Without the origin the agent could not forward it: leave the socket alone.
         count(Stat::MapUpdateFailed);
-        return None;
+        // Without the origin the agent could not forward it: leave the socket alone. A rewrite
+        // still reaches its endpoint; only getpeername() shows the endpoint.
+        return (rewritten != 0).then_some(to);
     }
-    count(if target_port == dns_port {
-        Stat::DnsRedirected
-    } else {
-        Stat::TcpRedirected
-    });
-    Some(Dest {
-        ip: gateway,
-        port: target_port,
-    })
+    if is_dns {
+        count(Stat::DnsRedirected);
+    } else if rewritten == 0 {
+        count(Stat::TcpRedirected);
+    }
+    Some(to)
 }
 
 /// Whether the calling process sits in (or below) the cgroup of a pod that opted out of capture. A
@@ -153,6 +168,22 @@ fn pod_opted_out() -> bool {
         }
     }
     false
+}
+
+/// The peer getpeername() should show in place of `seen`: the original destination of a socket
+/// steered to the gateway, or of one the fast path rewrote to an endpoint.
+#[inline(always)]
+pub fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
+    if let Some(gateway) = gateway_for(seen)
+        && same_ip(seen, &gateway)
+    {
+        return unsteered_peer(ctx, seen);
+    }
+    let orig = orig_dst_of(ctx)?;
+    (orig.protocol & ORIG_REWRITTEN != 0).then(|| Dest {
+        ip: orig.dst.ip6_words(),
+        port: orig.dst.port,
+    })
 }
 
 /// The original destination remembered for this socket, if we steered it.

@@ -2,7 +2,7 @@
 //! every good reload, and what the last reload said.
 use std::{
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, OnceLock},
     time::SystemTime,
 };
 
@@ -15,11 +15,15 @@ use crate::{
 };
 
 /// Readers take one cheap guard per decision and never block a reload, nor a reload them.
-#[derive(Debug)]
 pub struct LiveState {
     snapshot: ArcSwap<Snapshot>,
     status: Mutex<ConfigStatus>,
+    /// Called with each new snapshot before the status counts it as applied (the fast path's
+    /// tables): whoever sees the new generation sees it in force everywhere.
+    on_apply: OnceLock<OnApply>,
 }
+
+type OnApply = Box<dyn Fn(&Arc<Snapshot>) + Send + Sync>;
 
 /// What `/config_dump` reports about the configuration itself.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -80,6 +84,7 @@ impl LiveState {
                 source,
                 ..ConfigStatus::default()
             }),
+            on_apply: OnceLock::new(),
         })
     }
 
@@ -95,7 +100,11 @@ impl LiveState {
     /// Puts a configuration in force: everything valid, and the last good version of what was
     /// not; `errors` and `rejected` say what was left out.
     pub fn apply(&self, snapshot: Snapshot, errors: Vec<ConfigError>, rejected: Vec<Rejected>) {
-        self.snapshot.store(Arc::new(snapshot));
+        let snapshot = Arc::new(snapshot);
+        self.snapshot.store(snapshot.clone());
+        if let Some(on_apply) = self.on_apply.get() {
+            on_apply(&snapshot);
+        }
         let now = now_rfc3339();
         let mut status = self.status();
         status.generation += 1;
@@ -105,6 +114,11 @@ impl LiveState {
         });
         status.applied_at = Some(now);
         status.rejected = rejected;
+    }
+
+    /// Sets what runs with every snapshot applied from now on (once; a second call is ignored).
+    pub fn on_apply(&self, f: impl Fn(&Arc<Snapshot>) + Send + Sync + 'static) {
+        let _ = self.on_apply.set(Box::new(f));
     }
 
     /// Records a load that applied nothing (the directory could not be read); what is in force stays.
@@ -136,6 +150,15 @@ impl LiveState {
         self.status
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl std::fmt::Debug for LiveState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveState")
+            .field("snapshot", &self.snapshot)
+            .field("status", &self.status)
+            .finish_non_exhaustive()
     }
 }
 

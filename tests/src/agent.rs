@@ -31,6 +31,14 @@ pub struct Launch {
     pub nofile: Option<u64>,
     /// Print the end of the log on a drop without a clean `stop()`.
     pub log_tail_on_drop: bool,
+    /// `--fast-path`. By default on when the environment has `REDIRECT_FAST_PATH=1`, so a whole
+    /// suite can run again with the kernel deciding what needs no proxy.
+    pub fast_path: bool,
+}
+
+/// Whether the environment asks every agent of the run to start with `--fast-path`.
+pub fn fast_path_from_env() -> bool {
+    std::env::var("REDIRECT_FAST_PATH").is_ok_and(|v| v == "1")
 }
 
 impl Default for Launch {
@@ -41,6 +49,7 @@ impl Default for Launch {
             cpu: None,
             nofile: None,
             log_tail_on_drop: true,
+            fast_path: fast_path_from_env(),
         }
     }
 }
@@ -55,6 +64,7 @@ impl Launch {
             cpu,
             nofile: None,
             log_tail_on_drop: false,
+            fast_path: fast_path_from_env(),
         }
     }
 }
@@ -63,6 +73,8 @@ impl Launch {
 /// test runner shows only for a failed test.
 pub struct Agent {
     proc: Proc,
+    /// Started with `--fast-path`.
+    fast_path: bool,
     admin: SocketAddr,
     node_netns: String,
     /// What the launch asked for, cleared by a successful `stop()` (a clean stop needs no post-mortem).
@@ -70,6 +82,11 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Whether this agent runs with `--fast-path`.
+    pub fn fast_path(&self) -> bool {
+        self.fast_path
+    }
+
     /// `$REDIRECT_BIN`, else `<target dir>/release/redirect` of this workspace.
     pub fn bin() -> Result<PathBuf> {
         if let Some(p) = std::env::var_os("REDIRECT_BIN") {
@@ -168,6 +185,9 @@ impl Agent {
         if launch.verbose {
             args.push("-v".to_string());
         }
+        if launch.fast_path {
+            args.push("--fast-path".to_string());
+        }
         let proc = topo
             .node_cmd(&program[0])
             .args(&program[1..])
@@ -185,6 +205,7 @@ impl Agent {
             .spawn()?;
         Ok(Agent {
             proc,
+            fast_path: launch.fast_path,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
             log_tail_on_drop: launch.log_tail_on_drop,

@@ -8,6 +8,7 @@ use std::process::Command;
 use anyhow::{Context, Result, bail};
 pub use redirect_userspace::cli::explain::DnsAction;
 use redirect_userspace::cli::explain::{HostExplanation, IpExplanation};
+pub use redirect_userspace::fastpath::DecidedBy;
 pub use redirect_userspace::state::OutboundOutcome;
 use serde_json::Value;
 
@@ -37,6 +38,8 @@ pub struct OutboundVerdict {
     /// Where the proxy connects: `ip:port`, or `host:port` for a DNS endpoint; none for a reset.
     pub endpoint: Option<String>,
     pub hidden: Option<String>,
+    /// Who decides with `--fast-path`.
+    pub decided_by: DecidedBy,
     pub json: Value,
 }
 
@@ -85,6 +88,7 @@ impl Explain {
             service: out.service,
             endpoint: out.endpoint,
             hidden: out.hidden,
+            decided_by: out.decided_by,
             json,
         })
     }

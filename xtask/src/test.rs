@@ -35,9 +35,14 @@ fn smoke_kernel() -> String {
     format!("{major}.{minor}")
 }
 
-/// The smoke: the redirect path, and one visibility scenario with real dig, curl and dnsmasq.
+/// The smoke: the redirect path, one visibility scenario with real dig, curl and dnsmasq, and the
+/// fast path's programs loaded and deciding.
 const SMOKE: &[(&str, &[&str])] = &[
     ("redirect_path", &[]),
+    (
+        "fast_path",
+        &["passthrough_keeps_the_pods_source_address_with_the_fast_path_and_the_nodes_without"],
+    ),
     (
         "visibility",
         &[
@@ -95,6 +100,16 @@ pub fn test(args: TestArgs) -> anyhow::Result<()> {
             .args(["test", "--package", "tests", "--"])
             .args(&args.filter)
             .env("REDIRECT_BIN", &agent),
+    )?;
+    // The visibility suite again with the kernel deciding what needs no proxy: the same outcomes.
+    println!("xtask: the visibility suite again, with --fast-path");
+    cmd::run(
+        cmd::cargo()
+            .current_dir(&root)
+            .args(["test", "--package", "tests", "--test", "visibility", "--"])
+            .args(&args.filter)
+            .env("REDIRECT_BIN", &agent)
+            .env("REDIRECT_FAST_PATH", "1"),
     )?;
     if args.no_vm {
         return Ok(());

@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     budget::Budgets,
+    fastpath,
     live::{ConfigStatus, LiveState},
     logging::LogLevel,
     metrics,
@@ -44,6 +45,8 @@ pub struct AdminState {
     pub log_level: Option<LogLevel>,
     /// When the proxy is at its limits it says so: a new connection would be refused.
     pub budgets: Option<Arc<Budgets>>,
+    /// With `--fast-path`: what the kernel's tables hold and who decides what.
+    pub fast_path: Option<Box<dyn Fn() -> Option<fastpath::Dump> + Send + Sync>>,
 }
 
 impl AdminState {
@@ -71,6 +74,17 @@ struct Dump {
     config: ConfigStatus,
     #[serde(flatten)]
     state: ConfigDump,
+    fast_path: FastPathDump,
+}
+
+/// `fastPath` in `/config_dump`.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FastPathDump {
+    /// `run --fast-path`: the kernel decides what needs no proxy. Off: the proxy decides everything.
+    enabled: bool,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    in_force: Option<fastpath::Dump>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +210,10 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
                 version: VERSION,
                 config: state.live.status_report(),
                 state: state.live.snapshot().config_dump(),
+                fast_path: FastPathDump {
+                    enabled: state.fast_path.is_some(),
+                    in_force: state.fast_path.as_ref().and_then(|dump| dump()),
+                },
             };
             match serde_json::to_string_pretty(&dump) {
                 Ok(body) => with_type(StatusCode::OK, "application/json", body + "\n"),

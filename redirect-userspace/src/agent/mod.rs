@@ -1,6 +1,7 @@
 //! The node agent: wires the eBPF redirect, the outbound proxy, the DNS proxy, the configuration
 //! reload and the admin server together, and takes them down in the right order; hands its sockets and
 //! programs over to a successor (`handover`) and drains.
+mod fast_path;
 pub mod handover;
 mod reload;
 
@@ -60,6 +61,8 @@ pub struct AgentConfig {
     pub drain_timeout: Duration,
     /// Learn the configuration from the Kubernetes API instead of `config_dir`.
     pub kube: Option<crate::cluster::Source>,
+    /// Decide in the kernel what needs no proxy (`run --fast-path`).
+    pub fast_path: bool,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -203,6 +206,13 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // Pods that opted out are left alone before the agent calls itself ready.
     let mut opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
     opt_out.sync().await;
+    // The kernel's tables before the agent calls itself ready: its first answers are the fast ones.
+    let fast_path = match config.fast_path {
+        true => Some(
+            fast_path::FastPath::start(live.clone(), cgroups.clone(), redirector.fast_maps()).await,
+        ),
+        false => None,
+    };
     let proxy_context = Arc::new(ProxyContext {
         redirect_maps: redirector.maps(),
         live: live.clone(),
@@ -221,8 +231,16 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .map(|listener| OutboundProxy::new(listener, proxy_context.clone()))
         .collect();
 
+    let mut registry = metrics.registry(Some(redirector.maps()));
+    if let Some(fast) = &fast_path {
+        registry.register_collector(fast.collector());
+    }
+    let fast_path_dump = fast_path
+        .clone()
+        .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>);
     let admin_state = AdminState {
-        registry: metrics.registry(Some(redirector.maps())),
+        fast_path: fast_path_dump,
+        registry,
         attached: attached.clone(),
         live: live.clone(),
         log_level: Some(log_level),
@@ -235,6 +253,9 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .map(|proxy| tokio::spawn(proxy.serve(stop_rx.clone())))
         .collect();
     tokio::spawn(opt_out.run(stop_rx.clone()));
+    if let Some(fast) = fast_path {
+        tokio::spawn(fast.run(stop_rx.clone()));
+    }
     let dns_tasks: Vec<_> = dns_proxies
         .into_iter()
         .map(|dns| tokio::spawn(dns.serve(stop_rx.clone())))

@@ -9,6 +9,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use super::output::{self, TableOrJson};
+use crate::fastpath::{self, DecidedBy};
 use crate::state::{
     DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason,
     Pick, Service, Snapshot,
@@ -125,6 +126,8 @@ pub struct OutboundReport {
     pub candidates: Vec<String>,
     pub hidden: Option<String>,
     pub port: Option<u16>,
+    /// Who decides it with `run --fast-path` (without it, always the proxy): `kernel` or `proxy`.
+    pub decided_by: DecidedBy,
     pub reason: String,
 }
 
@@ -294,9 +297,17 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
             candidates,
             hidden,
             port,
+            decided_by: decided_by(snapshot, namespace, dst.ip, port.unwrap_or(0)),
             reason,
         },
     }
+}
+
+/// Who decides with the fast path: the snapshot compiled as the agent compiles it, the client a
+/// pod of `namespace` whose cgroup the agent knows.
+fn decided_by(snapshot: &Snapshot, namespace: &str, ip: IpAddr, port: u16) -> DecidedBy {
+    let (tables, _) = fastpath::compile(snapshot, fastpath::Limits::kernel());
+    fastpath::decided_by(&tables, Some(namespace), ip, port)
 }
 
 fn why(d: &OutboundDecision<'_>, namespace: &str, ip: IpAddr, port: Option<u16>) -> String {
@@ -401,6 +412,10 @@ fn ip_table(e: &IpExplanation) -> String {
             },
         ),
         ("hidden", or_dash(&o.hidden)),
+        (
+            "decided by",
+            format!("{} (with --fast-path)", o.decided_by.name()),
+        ),
         ("why", o.reason.clone()),
     ];
     rows.iter().map(|(k, v)| format!("{k:<10} {v}\n")).collect()

@@ -84,6 +84,11 @@ pub struct RunArgs {
     /// After handing over, how long proxied connections may run before they are reset.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_timeout: std::time::Duration,
+    /// Decide in the kernel, at connect(), what needs no proxy: connections nothing claims and
+    /// workload addresses are left alone (the pod keeps its source address), a service port whose
+    /// endpoints are plain IPs gets its destination rewritten to one of them. The rest goes to the proxy.
+    #[arg(long)]
+    pub fast_path: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
@@ -142,6 +147,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             handover_socket: pinned.then_some(args.handover_socket),
             drain_timeout: args.drain_timeout,
             kube,
+            fast_path: args.fast_path,
         },
         log_level,
     )?;

@@ -19,8 +19,9 @@ pub enum FastDecision<'t> {
     Proxy,
 }
 
-/// Who decides a connection: the column `explain` will show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Who decides a connection with `--fast-path` (`explain` and `/config_dump` show it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DecidedBy {
     Kernel,
     Proxy,
@@ -28,13 +29,12 @@ pub enum DecidedBy {
 
 /// The program for a socket of the process in cgroup `cgroup`.
 pub fn decide(tables: &Tables, cgroup: u64, ip: IpAddr, port: u16) -> FastDecision<'_> {
-    let ns = match tables.clients.get(&cgroup) {
-        Some(ns) => *ns,
-        // A pod whose cgroup did not fit could be anyone's: only the proxy knows.
-        None if tables.config.clients_incomplete => return FastDecision::Proxy,
-        None => NS_UNKNOWN,
-    };
-    decide_for(tables, ns, ip, port)
+    // A cgroup the agent has not named (a pod started since, one that did not fit, a process
+    // outside any pod's cgroup) could be anyone's: only the proxy knows its namespace.
+    match tables.clients.get(&cgroup) {
+        Some(ns) => decide_for(tables, *ns, ip, port),
+        None => FastDecision::Proxy,
+    }
 }
 
 /// The program once the client's namespace id is known.
@@ -69,6 +69,15 @@ pub fn decide_for(tables: &Tables, ns: NsId, ip: IpAddr, port: u16) -> FastDecis
             Some(backends) if backends.family == ip.family => FastDecision::Rewrite(backends),
             _ => FastDecision::Proxy,
         },
+    }
+}
+
+impl DecidedBy {
+    pub fn name(self) -> &'static str {
+        match self {
+            DecidedBy::Kernel => "kernel",
+            DecidedBy::Proxy => "proxy",
+        }
     }
 }
 

@@ -53,6 +53,13 @@ impl<V> LpmTrie<V> {
             .find_map(|(len, bucket)| bucket.get(&mask(bytes, *len)))
     }
 
+    /// Every stored prefix: (prefix length, masked key bytes, value).
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &[u8; 24], &V)> {
+        self.by_len
+            .iter()
+            .flat_map(|(len, bucket)| bucket.iter().map(move |(key, v)| (*len, key, v)))
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

@@ -5,18 +5,23 @@
 //! leave the socket alone (passthrough, a workload address, a resolution NONE service) or rewrite the
 //! destination to one of a service port's plain-IP endpoints. Everything else (host-name endpoints,
 //! no healthy upstream, a table that ran out of room) is handed to the proxy, as today.
-//! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose.
+//! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. [`Wire`] is the tables in the
+//! maps' byte layout; the loader (`redirect::fast`) writes them, one generation at a time.
 mod compile;
+mod dump;
 mod kernel;
 mod lpm;
 mod tables;
+mod wire;
 
 pub use compile::{Fallback, Limits, Stats, compile};
+pub use dump::{Dump, ServiceDecision, fallback_name};
 pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decided_by};
 pub use tables::{
     AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Config, Family, IpKey,
     MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
 };
+pub use wire::Wire;
 
 #[cfg(test)]
 mod tests;

@@ -20,21 +20,23 @@ use std::{
 
 use super::lpm::LpmTrie;
 
+use redirect_common::fastpath as wire;
+
 /// A client namespace as the kernel knows it: a small number instead of a name.
 pub type NsId = u32;
-/// A client the agent could not name, or whose namespace claims no address: PUBLIC services only.
-pub const NS_UNKNOWN: NsId = 0;
+/// A pod whose namespace claims no address: it sees what every client sees (PUBLIC services).
+pub const NS_UNKNOWN: NsId = wire::NS_UNKNOWN;
 /// A namespace whose own entries did not fit: its clients always go to the proxy.
-pub const NS_PROXY: NsId = u32::MAX;
+pub const NS_PROXY: NsId = wire::NS_PROXY;
 
 /// The most endpoints one rewrite entry holds; a port with more goes to the proxy.
-pub const MAX_ENDPOINTS: usize = 16;
+pub const MAX_ENDPOINTS: usize = wire::MAX_ENDPOINTS;
 
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
-    V4 = 4,
-    V6 = 6,
+    V4 = wire::FAMILY_V4,
+    V6 = wire::FAMILY_V6,
 }
 
 /// An address: IPv4 in the first 4 bytes (the rest zero), IPv6 in all 16. A v4-mapped IPv6
@@ -106,11 +108,11 @@ impl AddrKey {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClaimAction {
     /// The proxy decides (the service can reset, resolve a host name, ...).
-    Proxy = 0,
+    Proxy = wire::ACTION_PROXY,
     /// Resolution NONE: the original destination, on any port.
-    Passthrough = 1,
+    Passthrough = wire::ACTION_PASSTHROUGH,
     /// Look the port up in the rewrite table under `Claim::service`; a miss is the proxy's.
-    Ports = 2,
+    Ports = wire::ACTION_PORTS,
 }
 
 /// The value of the exact-address and CIDR tables. 8 bytes.
@@ -184,7 +186,7 @@ pub struct Config {
     /// Not every workload address fit: an address no service claims goes to the proxy, which
     /// knows whether it is a workload's.
     pub workloads_incomplete: bool,
-    /// Not every pod cgroup fit: a cgroup missing from the client table goes to the proxy.
+    /// Not every pod cgroup fit (a cgroup missing from the client table goes to the proxy anyway).
     pub clients_incomplete: bool,
 }
 
@@ -198,7 +200,7 @@ pub struct ClientsFull(pub usize);
 #[derive(Debug, Clone, Default)]
 pub struct Tables {
     /// BPF hash `cgroup id (u64) -> NsId`: filled by the agent from its identity walk; a missing
-    /// cgroup is an unknown client.
+    /// cgroup could be any pod's, so its connections go to the proxy.
     pub(super) clients: HashMap<u64, NsId>,
     pub(super) max_clients: usize,
     /// Userspace only: the namespace ids this snapshot gave out, for the agent and `explain`.
@@ -225,15 +227,11 @@ impl Tables {
             .unwrap_or(NS_UNKNOWN)
     }
 
-    /// Records the namespace of a pod cgroup. Only namespaces that claim an address need an entry.
-    /// A cgroup that does not fit would read as an unknown client, so a full table turns every
-    /// missing cgroup over to the proxy instead.
+    /// Records the namespace of a pod cgroup (a namespace that claims no address gets
+    /// [`NS_UNKNOWN`]: its clients see what every client sees). A cgroup that does not fit is
+    /// missing, and a missing cgroup goes to the proxy.
     pub fn set_client(&mut self, cgroup: u64, namespace: &str) -> Result<(), ClientsFull> {
         let ns = self.namespace_id(namespace);
-        if ns == NS_UNKNOWN {
-            self.clients.remove(&cgroup);
-            return Ok(());
-        }
         if self.clients.len() >= self.max_clients && !self.clients.contains_key(&cgroup) {
             self.config.clients_incomplete = true;
             return Err(ClientsFull(self.max_clients));

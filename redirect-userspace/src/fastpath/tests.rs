@@ -114,9 +114,10 @@ pub(super) fn agrees(
 fn kernel(snap: &Snapshot, tables: &Tables, client: Option<&str>, dst: &str, port: u16) -> String {
     const CGROUP: u64 = 7;
     let mut tables = tables.clone();
-    if let Some(ns) = client {
-        tables.set_client(CGROUP, ns).unwrap();
-    }
+    // No client namespace: a pod of a namespace that claims nothing, which sees what every client sees.
+    tables
+        .set_client(CGROUP, client.unwrap_or("a-namespace-claiming-nothing"))
+        .unwrap();
     let fast = decide(&tables, CGROUP, ip(dst), port);
     if let Err(e) = agrees(snap, fast, client, ip(dst), port) {
         panic!("kernel and proxy disagree: {e}");
@@ -427,7 +428,7 @@ fn a_none_visibility_entry_is_absent_from_the_tables() {
 }
 
 #[test]
-fn a_namespace_claiming_nothing_needs_no_client_entry() {
+fn a_namespace_claiming_nothing_shares_the_unknown_view_and_an_unnamed_cgroup_goes_to_the_proxy() {
     let (_, mut t, stats) = compiled(&static_entry(
         "mine",
         "ns-c",
@@ -439,7 +440,13 @@ fn a_namespace_claiming_nothing_needs_no_client_entry() {
     assert_eq!(t.namespace_id("ns-d"), NS_UNKNOWN);
     t.set_client(1, "ns-d").unwrap();
     t.set_client(2, "ns-c").unwrap();
-    assert_eq!(t.clients.len(), 1);
+    assert_eq!(t.clients.get(&1), Some(&NS_UNKNOWN));
+    assert_eq!(t.clients.len(), 2);
+    let dst = ip("203.0.113.10");
+    assert_eq!(decide(&t, 1, dst, 80), FastDecision::Passthrough);
+    assert!(matches!(decide(&t, 2, dst, 80), FastDecision::Rewrite(_)));
+    // A cgroup the agent could not name: its namespace is only known to the proxy (by address).
+    assert_eq!(decide(&t, 3, dst, 80), FastDecision::Proxy);
 }
 
 #[test]

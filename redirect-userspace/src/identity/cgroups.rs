@@ -81,6 +81,24 @@ impl CgroupPods {
             .collect()
     }
 
+    /// Walks the tree anew and returns every cgroup in it that belongs to a pod (the pod's own
+    /// and its containers'), with the pod's uid.
+    pub async fn rescan(&self) -> Vec<(u64, Uuid)> {
+        {
+            let _walking = self.walking.lock().await;
+            self.walk_now(None).await;
+        }
+        let mut found: Vec<(u64, Uuid)> = self
+            .table
+            .load()
+            .ids
+            .iter()
+            .filter_map(|(id, uid)| Some((*id, (*uid)?)))
+            .collect();
+        found.sort_unstable();
+        found
+    }
+
     /// Walks the tree and puts the result in force. `missed`: an id a connection came from, kept
     /// as "not a pod" if the walk does not find it (a process that left the tree), so it is not
     /// walked for again. Call with `walking` held.

@@ -5,6 +5,7 @@
 //! outlive the process, a successor swaps its programs into the same links, and only
 //! [`Redirector::release`] by the last agent detaches them.
 mod cgroup;
+mod fast;
 pub mod features;
 mod gateway;
 mod netns;
@@ -27,6 +28,7 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
+pub use fast::FastMaps;
 pub use features::MissingFeatures;
 pub use gateway::{GatewayError, Gateways};
 pub use netns::NetnsError;
@@ -150,6 +152,7 @@ pub enum RedirectError {
 /// [`RedirectMaps`] for connections already accepted.
 pub struct Redirector {
     maps: Arc<RedirectMaps>,
+    fast: Arc<Mutex<FastMaps>>,
     start: Start,
     pinned: Option<Pinned>,
     _ebpf: Ebpf,
@@ -299,6 +302,7 @@ impl Redirector {
             take_map(&mut ebpf, maps::OPTED_OUT_CGROUPS, HashMap::try_from)?;
         // A predecessor's opt-outs are in the adopted map: know them, so a later sync can remove them.
         let held: BTreeSet<u64> = opted_out.keys().flatten().collect();
+        let fast = fast::FastMaps::take(&mut ebpf)?;
         tracing::info!(
             cgroup = %config.cgroup.display(),
             start = ?start,
@@ -313,6 +317,7 @@ impl Redirector {
                 stats,
                 opted_out: Mutex::new((opted_out, held)),
             }),
+            fast: Arc::new(Mutex::new(fast)),
             start,
             pinned,
             _ebpf: ebpf,
@@ -321,6 +326,11 @@ impl Redirector {
 
     pub fn maps(&self) -> Arc<RedirectMaps> {
         self.maps.clone()
+    }
+
+    /// The fast path's tables (not in force until something is installed).
+    pub fn fast_maps(&self) -> Arc<Mutex<FastMaps>> {
+        self.fast.clone()
     }
 
     pub fn start(&self) -> &Start {

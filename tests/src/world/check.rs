@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail, ensure};
 use super::{AGENT_TTL, World, delta, key};
 use crate::RESOLVER_IP;
 use crate::dig::{self, Reply};
-use crate::explain::{DnsAction, DnsVerdict, OutboundOutcome, OutboundVerdict};
+use crate::explain::{DecidedBy, DnsAction, DnsVerdict, OutboundOutcome, OutboundVerdict};
 
 /// What a TCP client gets: the named server answered, or the connection was reset.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -363,7 +363,17 @@ impl World {
         verdict: &OutboundVerdict,
         want: &Reach,
     ) -> Result<()> {
-        let counter = key::outbound(&verdict.action);
+        // With the fast path, what explain says the kernel decides never reaches the proxy: the
+        // kernel's counter moves and the proxy's does not. A pod no manifest names is not in the
+        // kernel's client table: the proxy decides for it.
+        let in_kernel = self.agent.fast_path()
+            && verdict.decided_by == DecidedBy::Kernel
+            && !self.is_stranger(from);
+        let proxy_counter = key::outbound(&verdict.action);
+        let counter = match in_kernel {
+            true => key::fast_path(&verdict.action),
+            false => proxy_counter.clone(),
+        };
         let before = self.agent.metrics()?;
         let got = self.curl_with(from, curl_args, url)?;
         ensure!(
@@ -389,7 +399,12 @@ impl World {
                 |m| delta(&before, m, &counter) == connections,
             )
             .with_context(|| format!("curl {url} from {from}"))?;
-        let hidden = if verdict.hidden.is_some() {
+        ensure!(
+            !in_kernel || delta(&before, &after, &proxy_counter) == 0.0,
+            "curl {url} from {from}: decided in the kernel, yet the proxy counted it: {after:#?}"
+        );
+        // The kernel does not count the hidden services it skipped (its tables hold none).
+        let hidden = if verdict.hidden.is_some() && !in_kernel {
             connections
         } else {
             0.0

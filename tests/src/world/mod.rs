@@ -18,7 +18,7 @@ use crate::exec::Cmd;
 use crate::explain::Explain;
 use crate::metrics::Metrics;
 use crate::topology::Pod;
-use crate::{Agent, DnsRecords, Dnsmasq, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
+use crate::{Agent, DnsRecords, Dnsmasq, Launch, Peer, RESOLVER_IP, RESOLVER_IP6, Topology};
 
 mod check;
 mod manifests;
@@ -142,6 +142,16 @@ pub mod key {
         format!(r#"redirect_config_objects_rejected{{kind="{kind}"}}"#)
     }
 
+    /// `redirect_fast_path_connections_total{outcome=...}` for the kernel's counterpart of an
+    /// explain action: `service` is a rewrite, `passthrough` and `workload` are themselves.
+    pub fn fast_path(outcome: &crate::explain::OutboundOutcome) -> String {
+        let outcome = match outcome.as_str() {
+            "service" => "rewritten",
+            other => other,
+        };
+        format!(r#"redirect_fast_path_connections_total{{outcome="{outcome}",reason=""}}"#)
+    }
+
     /// `redirect_outbound_connections_total{outcome=...}` for an explain action or outcome.
     pub fn outbound(outcome: &crate::explain::OutboundOutcome) -> String {
         let outcome = outcome.as_str();
@@ -178,16 +188,26 @@ impl World {
     /// then runs against the Kubernetes API source.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
         let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
-        World::start_source(edit, kube)
+        World::start_source(edit, kube, &Launch::default())
+    }
+
+    /// The world with an unchanged copy of `examples/` and the agent started as `launch` says
+    /// (e.g. with or without `--fast-path`, whatever the environment asks).
+    pub fn start_launched(launch: &Launch) -> Result<World> {
+        World::start_source(|_| Ok(()), false, launch)
     }
 
     /// As [`World::start_with`], the agent learning the same objects from a test API server
     /// (`run --kube`) instead of the directory; explain still reads the directory.
     pub fn start_kube_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
-        World::start_source(edit, true)
+        World::start_source(edit, true, &Launch::default())
     }
 
-    fn start_source(edit: impl FnOnce(&Path) -> Result<()>, kube: bool) -> Result<World> {
+    fn start_source(
+        edit: impl FnOnce(&Path) -> Result<()>,
+        kube: bool,
+        launch: &Launch,
+    ) -> Result<World> {
         let mut topo = Topology::new()?;
         for (key, ip, uid) in CLIENTS {
             topo.add_kube_pod(key, ip.parse()?, uid)?;
@@ -235,11 +255,11 @@ impl World {
                 "--dns-upstream",
                 &upstream_arg,
             ];
-            (Agent::start(&topo, &args)?, Some(api))
+            (Agent::launch(&topo, launch, &args)?, Some(api))
         } else {
             let config = config.to_string_lossy();
             let args = ["--config", &config, "--dns-upstream", &upstream_arg];
-            (Agent::start(&topo, &args)?, None)
+            (Agent::launch(&topo, launch, &args)?, None)
         };
         Ok(World {
             agent,
@@ -305,6 +325,11 @@ impl World {
         self.topo.add_pod(key, ip.parse()?)?;
         self.strangers.push((view.to_string(), key.to_string()));
         Ok(())
+    }
+
+    /// Whether `view` names a pod no manifest declares ([`World::add_stranger`]).
+    pub fn is_stranger(&self, view: &str) -> bool {
+        self.strangers.iter().any(|(v, _)| v == view)
     }
 
     /// `dig` in the client pod of `namespace`, with short retries; add the question.

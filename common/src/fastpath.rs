@@ -1,0 +1,151 @@
+//! The fast path's tables as the kernel reads them: what `connect4`/`connect6` look up to decide a
+//! connection without the proxy. The agent compiles each snapshot into these (`fastpath` in the
+//! agent has the rules and a model of the lookup). Enumerations cross the wall as plain `u32`
+//! constants: a value read from a map is never trusted to be a valid Rust enum.
+
+/// Client namespace id of a pod whose namespace claims no address: it sees the shared entries.
+pub const NS_UNKNOWN: u32 = 0;
+/// Client namespace id of a namespace whose own entries did not fit: the proxy decides.
+pub const NS_PROXY: u32 = u32::MAX;
+
+/// [`IpKey::family`] and [`Backends::family`].
+pub const FAMILY_V4: u32 = 4;
+pub const FAMILY_V6: u32 = 6;
+
+/// [`Claim::action`]: the proxy decides.
+pub const ACTION_PROXY: u32 = 0;
+/// [`Claim::action`]: resolution NONE, the original destination on any port.
+pub const ACTION_PASSTHROUGH: u32 = 1;
+/// [`Claim::action`]: look the port up in the ports table under [`Claim::service`].
+pub const ACTION_PORTS: u32 = 2;
+
+/// `FAST_GENERATION` values: no tables in force (every connection goes to the proxy), or the set
+/// of maps in force.
+pub const GEN_OFF: u32 = 0;
+pub const GEN_A: u32 = 1;
+pub const GEN_B: u32 = 2;
+
+/// The most endpoints one port entry holds.
+pub const MAX_ENDPOINTS: usize = 16;
+
+/// Entries each table holds at most (per generation). The maps are allocated as they fill.
+pub const MAX_CLIENTS: u32 = 16_384;
+pub const MAX_NAMESPACES: u32 = 4096;
+pub const MAX_EXACT: u32 = 16_384;
+pub const MAX_CIDRS: u32 = 4096;
+pub const MAX_PORTS: u32 = 8192;
+pub const MAX_WORKLOADS: u32 = 16_384;
+
+/// An address: IPv4 in the first 4 bytes (the rest zero), IPv6 in all 16. 20 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IpKey {
+    pub family: u32,
+    pub addr: [u8; 16],
+}
+
+/// Key of the exact table: whose view, which address. 24 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AddrKey {
+    pub ns: u32,
+    pub ip: IpKey,
+}
+
+/// The bytes the CIDR trie compares: `ns` and `family` big-endian, then the address, so that a
+/// prefix of `64 + len` bits is "this view, this family, this network".
+pub type LpmBytes = [u8; 24];
+
+impl AddrKey {
+    #[inline(always)]
+    pub const fn lpm_bytes(&self) -> LpmBytes {
+        let ns = self.ns.to_be_bytes();
+        let f = self.ip.family.to_be_bytes();
+        let a = &self.ip.addr;
+        [
+            ns[0], ns[1], ns[2], ns[3], f[0], f[1], f[2], f[3], a[0], a[1], a[2], a[3], a[4], a[5],
+            a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+        ]
+    }
+}
+
+/// Value of the exact and CIDR tables. 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Claim {
+    /// One of the `ACTION_*` constants.
+    pub action: u32,
+    pub service: u32,
+}
+
+/// Key of the ports table. 8 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortKey {
+    pub service: u32,
+    /// Host byte order.
+    pub port: u16,
+    pub _pad: u16,
+}
+
+/// One endpoint: address as in [`IpKey`], port in host byte order. 20 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Backend {
+    pub addr: [u8; 16],
+    pub port: u16,
+    pub _pad: u16,
+}
+
+/// Value of the ports table: a port's endpoints, all of `family`. 328 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Backends {
+    pub family: u32,
+    /// `1..=MAX_ENDPOINTS`; the program picks `endpoints[random % count]`.
+    pub count: u32,
+    pub endpoints: [Backend; MAX_ENDPOINTS],
+}
+
+/// The one entry of the config array: flags of the whole snapshot, each 0 or 1. 4 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Config {
+    /// The shared entries did not fit: every connection goes to the proxy.
+    pub proxy_everything: u8,
+    /// Not every workload address fit: an address nothing claims goes to the proxy.
+    pub workloads_incomplete: u8,
+    /// Not every pod cgroup fit (informational: a missing cgroup goes to the proxy anyway).
+    pub clients_incomplete: u8,
+    pub _pad: u8,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_are_the_documented_sizes() {
+        assert_eq!(core::mem::size_of::<IpKey>(), 20);
+        assert_eq!(core::mem::size_of::<AddrKey>(), 24);
+        assert_eq!(core::mem::size_of::<Claim>(), 8);
+        assert_eq!(core::mem::size_of::<PortKey>(), 8);
+        assert_eq!(core::mem::size_of::<Backend>(), 20);
+        assert_eq!(core::mem::size_of::<Backends>(), 328);
+        assert_eq!(core::mem::size_of::<Config>(), 4);
+    }
+
+    #[test]
+    fn lpm_bytes_put_view_and_family_first_most_significant_first() {
+        let key = AddrKey {
+            ns: 0x0102_0304,
+            ip: IpKey {
+                family: FAMILY_V4,
+                addr: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            },
+        };
+        let b = key.lpm_bytes();
+        assert_eq!(&b[..8], &[1, 2, 3, 4, 0, 0, 0, 4]);
+        assert_eq!(&b[8..12], &[10, 0, 0, 1]);
+    }
+}

@@ -1,0 +1,179 @@
+//! The fast path: what `connect()` can decide without the proxy, from the tables the agent
+//! compiled out of its snapshot. A few lookups, no loop: the client's namespace by cgroup, the
+//! claim on the address (exact, then CIDR; the client's own view before the shared one), then the
+//! outcome. `redirect-userspace/src/fastpath/kernel.rs` is the model of this code, held to the
+//! proxy's decisions by property tests: keep the two in step.
+use aya_ebpf::{
+    helpers::{bpf_get_current_cgroup_id, bpf_get_prandom_u32},
+    maps::lpm_trie::Key,
+};
+use redirect_common::{
+    FastStat,
+    fastpath::{
+        ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A, GEN_B,
+        IpKey, LpmBytes, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey,
+    },
+    is_v4_mapped, v4_mapped_words,
+};
+
+use crate::{
+    maps::{FAST_GENERATION, FastTables, GenA, GenB, count_fast},
+    steer::Dest,
+};
+
+/// What the kernel does with a TCP `connect()` the proxy would otherwise get.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Fast {
+    /// Leave the socket alone (passthrough, a workload, a resolution NONE service).
+    Leave,
+    /// Connect to the endpoint written into `to` instead.
+    Rewrite,
+    /// Steer to the proxy, as without the fast path.
+    Proxy,
+}
+
+/// The decision under the generation in force; with none (`--fast-path` off, or before the
+/// agent's first tables) the proxy decides and nothing is counted. On `Rewrite`, `to` holds the
+/// endpoint. (An out-parameter the caller initialised, not a payload: Linux 5.10's verifier
+/// refuses reading a stack slot one path never wrote, which an enum payload leads LLVM to do.)
+#[inline(always)]
+pub fn decide(dst: &Dest, to: &mut Dest) -> Fast {
+    let generation = FAST_GENERATION.get(0).copied().unwrap_or(0);
+    let (fast, stat) = if generation == GEN_A {
+        lookup::<GenA>(dst, to)
+    } else if generation == GEN_B {
+        lookup::<GenB>(dst, to)
+    } else {
+        return Fast::Proxy;
+    };
+    count_fast(stat);
+    fast
+}
+
+#[inline(always)]
+fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest) -> (Fast, FastStat) {
+    // A cgroup the agent has not named could be any pod's: only the proxy knows its namespace.
+    let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    let Some(ns) = (unsafe { T::clients().get(&cgroup) }).copied() else {
+        return (Fast::Proxy, FastStat::ProxyUnknownClient);
+    };
+    let Some(config) = T::config().get(0).copied() else {
+        return (Fast::Proxy, FastStat::ProxyOverflow);
+    };
+    if config.proxy_everything != 0 || ns == NS_PROXY {
+        return (Fast::Proxy, FastStat::ProxyOverflow);
+    }
+    let ip = ip_key(&dst.ip);
+    let Some(claim) = claim::<T>(ns, ip) else {
+        if unsafe { T::workloads().get(&ip) }.is_some() {
+            return (Fast::Leave, FastStat::Workload);
+        }
+        if config.workloads_incomplete != 0 {
+            // It may be a workload the table had no room for.
+            return (Fast::Proxy, FastStat::ProxyOverflow);
+        }
+        return (Fast::Leave, FastStat::Passthrough);
+    };
+    if claim.action == ACTION_PASSTHROUGH {
+        return (Fast::Leave, FastStat::Passthrough);
+    }
+    if claim.action != ACTION_PORTS {
+        return (Fast::Proxy, FastStat::ProxyService);
+    }
+    let port = PortKey {
+        service: claim.service,
+        port: dst.port,
+        _pad: 0,
+    };
+    if pick::<T>(&port, ip.family, to) {
+        (Fast::Rewrite, FastStat::Rewritten)
+    } else {
+        (Fast::Proxy, FastStat::ProxyService)
+    }
+}
+
+/// The claim on `ip` in view `ns`: exact addresses before networks, in each the client's own
+/// view before the one every client shares. The winners were ranked when the tables were compiled.
+#[inline(always)]
+fn claim<T: FastTables>(ns: u32, ip: IpKey) -> Option<Claim> {
+    let own = AddrKey { ns, ip };
+    let shared = AddrKey { ns: NS_UNKNOWN, ip };
+    if let Some(c) = unsafe { T::exact().get(&own) } {
+        return Some(*c);
+    }
+    if let Some(c) = unsafe { T::exact().get(&shared) } {
+        return Some(*c);
+    }
+    // Whole keys: the trie finds the longest stored prefix of each.
+    let bits = (core::mem::size_of::<LpmBytes>() * 8) as u32;
+    if let Some(c) = T::cidrs().get(Key::new(bits, own.lpm_bytes())) {
+        return Some(*c);
+    }
+    T::cidrs().get(Key::new(bits, shared.lpm_bytes())).copied()
+}
+
+/// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`
+/// untouched) when the port has no rewrite for a socket of this family (the proxy serves it).
+#[inline(always)]
+fn pick<T: FastTables>(port: &PortKey, family: u32, to: &mut Dest) -> bool {
+    let Some(backends) = (unsafe { T::ports().get(port) }) else {
+        return false;
+    };
+    let count = backends.count;
+    if backends.family != family || count == 0 {
+        return false;
+    }
+    let i = (unsafe { bpf_get_prandom_u32() } % count) as usize;
+    // Bounds the index for the verifier as well as for Rust.
+    if i >= MAX_ENDPOINTS {
+        return false;
+    }
+    let Some(b) = backends.endpoints.get(i) else {
+        return false;
+    };
+    let a = &b.addr;
+    let ip = if family == FAMILY_V4 {
+        v4_mapped_words(u32::from_ne_bytes([a[0], a[1], a[2], a[3]]))
+    } else {
+        [
+            u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+            u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+            u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+            u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+        ]
+    };
+    to.ip = ip;
+    to.port = b.port;
+    true
+}
+
+/// The tables' form of an address in `user_ip6` form: IPv4 (v4-mapped included) in the first four
+/// bytes, IPv6 in all sixteen.
+#[inline(always)]
+fn ip_key(ip: &[u32; 4]) -> IpKey {
+    if is_v4_mapped(ip) {
+        let v4 = ip[3].to_ne_bytes();
+        let mut addr = [0u8; 16];
+        addr[0] = v4[0];
+        addr[1] = v4[1];
+        addr[2] = v4[2];
+        addr[3] = v4[3];
+        return IpKey {
+            family: FAMILY_V4,
+            addr,
+        };
+    }
+    let [a, b, c, d] = [
+        ip[0].to_ne_bytes(),
+        ip[1].to_ne_bytes(),
+        ip[2].to_ne_bytes(),
+        ip[3].to_ne_bytes(),
+    ];
+    IpKey {
+        family: FAMILY_V6,
+        addr: [
+            a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1],
+            d[2], d[3],
+        ],
+    }
+}

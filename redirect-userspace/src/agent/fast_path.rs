@@ -1,0 +1,242 @@
+//! `run --fast-path`: keeps the kernel's tables equal to the snapshot in force and to the pods'
+//! cgroups on the node. Each snapshot is compiled once; the client table (cgroup -> namespace) is
+//! redone whenever the cgroups change. Every change goes in as a whole new generation.
+use std::{
+    collections::{BTreeMap, HashMap},
+    fmt,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge},
+};
+use tokio::sync::watch;
+use tracing::{info, warn};
+use uuid::Uuid;
+
+use crate::{
+    config::WorkloadKind,
+    fastpath::{self, Dump, Fallback, Limits, Stats, Tables, fallback_name},
+    identity::CgroupPods,
+    live::LiveState,
+    redirect::FastMaps,
+    state::Snapshot,
+};
+
+/// How soon a new pod's connections are decided in the kernel (until then its cgroup is unknown
+/// and the proxy decides them).
+pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
+
+/// The compiled snapshot in force and the cgroups its client table was filled from.
+#[derive(Default)]
+struct State {
+    compiled: Option<(Arc<Snapshot>, Tables, Stats)>,
+    pods: Vec<(u64, Uuid)>,
+    /// Pod cgroups the client table had no room for, at the last install.
+    clients_left_out: usize,
+}
+
+pub struct FastPath {
+    live: Arc<LiveState>,
+    cgroups: Arc<CgroupPods>,
+    maps: Arc<Mutex<FastMaps>>,
+    state: Mutex<State>,
+}
+
+impl FastPath {
+    /// Installs the snapshot in force, and every later one as it is applied.
+    pub async fn start(
+        live: Arc<LiveState>,
+        cgroups: Arc<CgroupPods>,
+        maps: Arc<Mutex<FastMaps>>,
+    ) -> Arc<FastPath> {
+        let pods = cgroups.rescan().await;
+        let fast = Arc::new(FastPath {
+            live: live.clone(),
+            cgroups,
+            maps,
+            state: Mutex::new(State {
+                pods,
+                ..State::default()
+            }),
+        });
+        let on_apply = Arc::downgrade(&fast);
+        live.on_apply(move |_| {
+            if let Some(fast) = on_apply.upgrade() {
+                fast.refresh(None);
+            }
+        });
+        fast.refresh(None);
+        fast
+    }
+
+    /// Compiles the snapshot in force if it is new, and installs the tables when the snapshot
+    /// or the pods' cgroups (`pods`, when rescanned) changed.
+    fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        // Read under the lock: of two racing callers, the last to lock installs the latest.
+        let snapshot = self.live.snapshot_arc();
+        let new_snapshot = !matches!(&state.compiled, Some((s, ..)) if Arc::ptr_eq(s, &snapshot));
+        let new_pods = pods.as_ref().is_some_and(|p| *p != state.pods);
+        if !new_snapshot && !new_pods {
+            return;
+        }
+        if let Some(pods) = pods {
+            state.pods = pods;
+        }
+        if new_snapshot {
+            let (tables, stats) = fastpath::compile(&snapshot, Limits::kernel());
+            state.compiled = Some((snapshot.clone(), tables, stats));
+        }
+        let Some((snapshot, tables, stats)) = &state.compiled else {
+            return;
+        };
+        let (tables, left_out) = with_clients(snapshot, tables, &state.pods);
+        let wire = tables.wire();
+        let installed = self
+            .maps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .install(&wire);
+        match installed {
+            Ok(()) => info!(
+                exact = wire.exact.len(),
+                cidrs = wire.cidrs.len(),
+                ports = wire.ports.len(),
+                workloads = wire.workloads.len(),
+                clients = wire.clients.len(),
+                fallbacks = ?stats.fallbacks,
+                "fast path: new tables in force"
+            ),
+            Err(e) => {
+                warn!(error = %e, "fast path: writing the tables failed; the previous ones stay in force")
+            }
+        }
+        if left_out > 0 && left_out != state.clients_left_out {
+            warn!(
+                cgroups = left_out,
+                "fast path: the client table is full; these pods' connections go to the proxy"
+            );
+        }
+        state.clients_left_out = left_out;
+    }
+
+    /// Rescans the pods' cgroups every [`RESCAN_EVERY`] until `shutdown` changes.
+    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let mut tick = tokio::time::interval(RESCAN_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {
+                    let pods = self.cgroups.rescan().await;
+                    let fast = self.clone();
+                    let _ = tokio::task::spawn_blocking(move || fast.refresh(Some(pods))).await;
+                }
+            }
+        }
+    }
+
+    /// A Prometheus collector of the kernel's fast-path counters and the compiler's fallbacks.
+    pub fn collector(self: &Arc<Self>) -> Box<dyn Collector> {
+        Box::new(FastPathMetrics(self.clone()))
+    }
+
+    /// What `/config_dump` shows: the tables in force, and who decides each service's ports.
+    pub fn dump(&self) -> Option<Dump> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let (snapshot, tables, stats) = state.compiled.as_ref()?;
+        let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        Some(Dump::new(snapshot, tables, stats, maps.in_force()))
+    }
+
+    fn fallbacks(&self) -> BTreeMap<Fallback, usize> {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .compiled
+            .as_ref()
+            .map(|(_, _, stats)| stats.fallbacks.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// The compiled tables with a client entry for every pod cgroup whose pod the snapshot knows;
+/// also how many did not fit.
+fn with_clients(snapshot: &Snapshot, tables: &Tables, pods: &[(u64, Uuid)]) -> (Tables, usize) {
+    let namespaces: HashMap<Uuid, &str> = snapshot
+        .workloads()
+        .iter()
+        .filter(|w| w.kind == WorkloadKind::Pod)
+        .filter_map(|w| Some((w.meta.uid?, w.meta.namespace.as_str())))
+        .collect();
+    let mut tables = tables.clone();
+    let mut left_out = 0;
+    for (cgroup, uid) in pods {
+        // A pod the snapshot does not know stays out: the proxy knows it by address, if at all.
+        if let Some(ns) = namespaces.get(uid)
+            && tables.set_client(*cgroup, ns).is_err()
+        {
+            left_out += 1;
+        }
+    }
+    (tables, left_out)
+}
+
+struct FastPathMetrics(Arc<FastPath>);
+
+impl fmt::Debug for FastPathMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FastPathMetrics")
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FallbackLabels {
+    reason: String,
+}
+
+impl Collector for FastPathMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let counts = self
+            .0
+            .maps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .counts();
+        let mut family = encoder.encode_descriptor(
+            "fast_path_connections",
+            "TCP connections decided at connect() by the fast path: left alone (passthrough, workload), rewritten to an endpoint, or handed to the proxy (with why)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (stat, total) in counts {
+            let labels = OutcomeLabels {
+                outcome: stat.outcome(),
+                reason: stat.reason(),
+            };
+            ConstCounter::new(total).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "fast_path_fallbacks",
+            "What the snapshot in force leaves to the proxy that the kernel could otherwise decide, by reason",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (why, n) in self.0.fallbacks() {
+            let labels = FallbackLabels {
+                reason: fallback_name(why),
+            };
+            ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}

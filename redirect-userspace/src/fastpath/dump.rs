@@ -1,0 +1,98 @@
+//! What `/config_dump` shows of the fast path: the tables in force and, for each service address
+//! and port, who decides a connection from the service's own namespace.
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::{DecidedBy, Fallback, Stats, Tables, Wire, decided_by};
+use crate::state::Snapshot;
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dump {
+    /// Entries of each table in force.
+    pub tables: BTreeMap<&'static str, usize>,
+    /// What the snapshot leaves to the proxy that the kernel could otherwise decide, by reason.
+    pub fallbacks: BTreeMap<String, usize>,
+    pub services: Vec<ServiceDecision>,
+}
+
+/// Who decides a connection to one address and port of a service.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceDecision {
+    /// `namespace/name`.
+    pub service: String,
+    pub address: String,
+    pub port: u16,
+    /// For a client in the service's own namespace.
+    pub decided_by: DecidedBy,
+}
+
+impl Dump {
+    pub fn new(snapshot: &Snapshot, tables: &Tables, stats: &Stats, wire: Option<&Wire>) -> Dump {
+        let mut services = Vec::new();
+        for svc in snapshot.services() {
+            let addresses = svc.vips().chain(svc.cidrs.iter().map(|net| net.network()));
+            for ip in addresses {
+                for port in &svc.ports {
+                    services.push(ServiceDecision {
+                        service: format!("{}/{}", svc.namespace, svc.name),
+                        address: ip.to_string(),
+                        port: port.port,
+                        decided_by: decided_by(tables, Some(&svc.namespace), ip, port.port),
+                    });
+                }
+            }
+        }
+        let tables = match wire {
+            Some(w) => BTreeMap::from([
+                ("clients", w.clients.len()),
+                ("exact", w.exact.len()),
+                ("cidrs", w.cidrs.len()),
+                ("ports", w.ports.len()),
+                ("workloads", w.workloads.len()),
+            ]),
+            None => BTreeMap::new(),
+        };
+        Dump {
+            tables,
+            fallbacks: stats
+                .fallbacks
+                .iter()
+                .map(|(why, n)| (fallback_name(*why), *n))
+                .collect(),
+            services,
+        }
+    }
+}
+
+/// `HostNameEndpoint` -> `host_name_endpoint`: the metric label and the dump's key.
+pub fn fallback_name(why: Fallback) -> String {
+    let mut out = String::new();
+    for (i, c) in format!("{why:?}").chars().enumerate() {
+        if c.is_ascii_uppercase() {
+            if i > 0 {
+                out.push('_');
+            }
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fallback_names_are_snake_case() {
+        assert_eq!(
+            fallback_name(Fallback::HostNameEndpoint),
+            "host_name_endpoint"
+        );
+        assert_eq!(fallback_name(Fallback::PortsFull), "ports_full");
+    }
+}

@@ -1,0 +1,242 @@
+//! The fast path's maps: two generations of tables and the selector saying which one is in force.
+//!
+//! An update never touches the generation in force: the idle one is brought to the new tables
+//! (only the entries that differ are written), then the selector flips in one map write. A
+//! connection reads the selector once and then one generation, so it sees the old tables or the
+//! new ones, never half of each. The maps are not pinned: a successor starts with the selector at
+//! off (every connection to its proxy, as without the fast path) and fills its own.
+use std::{
+    collections::HashMap as StdHashMap,
+    hash::Hash,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    Ebpf,
+    maps::{Array, HashMap, LpmTrie, MapData, MapError, PerCpuArray, lpm_trie::Key},
+};
+use redirect_common::{
+    FastStat,
+    fastpath::{AddrKey, Backends, Claim, Config, GEN_A, GEN_B, GEN_OFF, IpKey, LpmBytes, PortKey},
+    maps,
+};
+
+use super::{RedirectError, take_map};
+use crate::fastpath::Wire;
+
+/// A generation just left is not rewritten before this: a program that read the selector just
+/// before the flip finishes its few lookups long before.
+const QUIET_AFTER_FLIP: Duration = Duration::from_millis(20);
+
+/// One generation's maps and what they hold.
+struct Generation {
+    clients: HashMap<MapData, u64, u32>,
+    exact: HashMap<MapData, AddrKey, Claim>,
+    cidrs: LpmTrie<MapData, LpmBytes, Claim>,
+    ports: HashMap<MapData, PortKey, Backends>,
+    workloads: HashMap<MapData, IpKey, u8>,
+    config: Array<MapData, Config>,
+    held: Wire,
+}
+
+/// The fast path's maps, owned by the agent that loaded them.
+pub struct FastMaps {
+    selector: Array<MapData, u32>,
+    generations: [Generation; 2],
+    /// Index into `generations` of the one in force, if any.
+    in_force: Option<usize>,
+    flipped_at: Option<Instant>,
+    stats: PerCpuArray<MapData, u64>,
+}
+
+impl FastMaps {
+    pub(super) fn take(ebpf: &mut Ebpf) -> Result<FastMaps, RedirectError> {
+        let mut generation = |i: usize| -> Result<Generation, RedirectError> {
+            Ok(Generation {
+                clients: take_map(ebpf, maps::FAST_CLIENTS[i], HashMap::try_from)?,
+                exact: take_map(ebpf, maps::FAST_EXACT[i], HashMap::try_from)?,
+                cidrs: take_map(ebpf, maps::FAST_CIDRS[i], LpmTrie::try_from)?,
+                ports: take_map(ebpf, maps::FAST_PORTS[i], HashMap::try_from)?,
+                workloads: take_map(ebpf, maps::FAST_WORKLOADS[i], HashMap::try_from)?,
+                config: take_map(ebpf, maps::FAST_CONFIG[i], Array::try_from)?,
+                held: Wire::default(),
+            })
+        };
+        let generations = [generation(0)?, generation(1)?];
+        Ok(FastMaps {
+            selector: take_map(ebpf, maps::FAST_GENERATION, Array::try_from)?,
+            generations,
+            in_force: None,
+            flipped_at: None,
+            stats: take_map(ebpf, maps::FAST_STATS, PerCpuArray::try_from)?,
+        })
+    }
+
+    /// Puts `tables` in force, whole. On an error the generation in force stays as it was.
+    pub fn install(&mut self, tables: &Wire) -> Result<(), MapError> {
+        let idle = self.in_force.map_or(0, |i| 1 - i);
+        if let Some(at) = self.flipped_at {
+            // Blocking, but short and only on back-to-back updates.
+            std::thread::sleep(QUIET_AFTER_FLIP.saturating_sub(at.elapsed()));
+        }
+        self.generations[idle].write(tables)?;
+        let selector = if idle == 0 { GEN_A } else { GEN_B };
+        self.selector.set(0, selector, 0)?;
+        self.in_force = Some(idle);
+        self.flipped_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Turns the fast path off: every connection goes to the proxy again.
+    pub fn disable(&mut self) -> Result<(), MapError> {
+        self.selector.set(0, GEN_OFF, 0)?;
+        self.in_force = None;
+        self.flipped_at = Some(Instant::now());
+        Ok(())
+    }
+
+    /// The tables in force, if any.
+    pub fn in_force(&self) -> Option<&Wire> {
+        self.in_force.map(|i| &self.generations[i].held)
+    }
+
+    /// Totals of the programs' per-CPU fast-path counters.
+    pub fn counts(&self) -> Vec<(FastStat, u64)> {
+        FastStat::ALL
+            .iter()
+            .map(|&stat| {
+                let total = self
+                    .stats
+                    .get(&(stat as u32), 0)
+                    .map(|per_cpu| per_cpu.iter().sum())
+                    .unwrap_or(0);
+                (stat, total)
+            })
+            .collect()
+    }
+}
+
+impl Generation {
+    /// Brings this (idle) generation to `want`, writing only what differs. `held` follows every
+    /// successful write, so after an error the next call finishes the job.
+    fn write(&mut self, want: &Wire) -> Result<(), MapError> {
+        let held = &mut self.held;
+        sync(
+            &mut self.clients,
+            &mut held.clients,
+            &want.clients,
+            |m, k| m.remove(k),
+            |m, k, v| m.insert(k, v, 0),
+        )?;
+        sync(
+            &mut self.exact,
+            &mut held.exact,
+            &want.exact,
+            |m, k| m.remove(k),
+            |m, k, v| m.insert(k, v, 0),
+        )?;
+        sync(
+            &mut self.cidrs,
+            &mut held.cidrs,
+            &want.cidrs,
+            |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
+            |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), v, 0),
+        )?;
+        sync(
+            &mut self.ports,
+            &mut held.ports,
+            &want.ports,
+            |m, k| m.remove(k),
+            |m, k, v| m.insert(k, v, 0),
+        )?;
+        sync(
+            &mut self.workloads,
+            &mut held.workloads,
+            &want.workloads,
+            |m, k| m.remove(k),
+            |m, k, v| m.insert(k, v, 0),
+        )?;
+        self.config.set(0, want.config, 0)?;
+        held.config = want.config;
+        Ok(())
+    }
+}
+
+/// Makes a map equal to `want`, knowing it holds `held`: removes what is gone, then writes what is
+/// new or changed (removals first, so a full map makes room).
+fn sync<M, K: Eq + Hash + Copy, V: PartialEq + Copy>(
+    map: &mut M,
+    held: &mut StdHashMap<K, V>,
+    want: &StdHashMap<K, V>,
+    remove: impl Fn(&mut M, &K) -> Result<(), MapError>,
+    insert: impl Fn(&mut M, &K, V) -> Result<(), MapError>,
+) -> Result<(), MapError> {
+    let gone: Vec<K> = held
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    for k in gone {
+        match remove(map, &k) {
+            Ok(()) | Err(MapError::KeyNotFound) => {}
+            Err(e) => return Err(e),
+        }
+        held.remove(&k);
+    }
+    for (k, v) in want {
+        if held.get(k) != Some(v) {
+            insert(map, k, *v)?;
+            held.insert(*k, *v);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A map standing in for a BPF map: what `sync` wrote, and every write it made.
+    #[derive(Default)]
+    struct Recorded {
+        map: StdHashMap<u32, u32>,
+        writes: Vec<String>,
+    }
+
+    fn apply(rec: &mut Recorded, held: &mut StdHashMap<u32, u32>, want: &StdHashMap<u32, u32>) {
+        sync(
+            rec,
+            held,
+            want,
+            |r, k| {
+                r.writes.push(format!("-{k}"));
+                r.map.remove(k).map(drop).ok_or(MapError::KeyNotFound)
+            },
+            |r, k, v| {
+                r.writes.push(format!("+{k}={v}"));
+                r.map.insert(*k, v);
+                Ok(())
+            },
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_generation_gets_only_what_differs_and_ends_equal_to_the_tables() {
+        let mut rec = Recorded::default();
+        let mut held = StdHashMap::new();
+        let first = StdHashMap::from([(1, 10), (2, 20), (3, 30)]);
+        apply(&mut rec, &mut held, &first);
+        assert_eq!(rec.map, first);
+        assert_eq!(rec.writes.len(), 3);
+
+        rec.writes.clear();
+        let second = StdHashMap::from([(1, 10), (2, 21), (4, 40)]);
+        apply(&mut rec, &mut held, &second);
+        assert_eq!(rec.map, second);
+        assert_eq!(held, second);
+        rec.writes.sort();
+        // Key 1 is unchanged: not written. Removals come first (room in a full map).
+        assert_eq!(rec.writes, ["+2=21", "+4=40", "-3"]);
+    }
+}
