@@ -43,6 +43,8 @@ const LANE_AGE: Duration = Duration::from_secs(30);
 /// Queries in flight on one lane at most: a small part of the id space, so ids stay hard to guess.
 /// (The DNS budgets cap forwards far below this; this holds without them too.)
 const LANE_IN_FLIGHT: usize = 4096;
+/// Replies a reader takes in one go before it lets other tasks run.
+const REPLY_BATCH: usize = 64;
 /// The largest UDP reply.
 const MAX_UDP: usize = 65_535;
 
@@ -364,8 +366,9 @@ async fn read_replies(lane: Arc<Lane>) {
                 if ready.is_err() {
                     continue;
                 }
-                // Everything that is there, then back to waiting.
-                loop {
+                // What is there (a batch at most: other tasks on this thread get their turn), then
+                // back to waiting.
+                for _ in 0..REPLY_BATCH {
                     match lane.socket.try_recv(&mut buf) {
                         Ok(n) => take_reply(&lane, &mut buf[..n]),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
