@@ -76,13 +76,16 @@ pub struct ProfileArgs {
     /// Pin the agent to this CPU (default: not pinned, as a DaemonSet runs).
     #[arg(long, value_name = "CPU", value_parser = clap::value_parser!(u32).range(0..2))]
     agent_cpu: Option<u32>,
+    /// Profile DNS instead: straight to the upstream vs forwarded by the agent, per query.
+    #[arg(long)]
+    dns: bool,
 }
 
 /// `cargo xtask profile`: where the CPU goes, direct vs service, under perf (see [`profile`]).
 pub fn profile(args: ProfileArgs, built: &Built) -> anyhow::Result<()> {
     let scene =
         scene::Scene::build(&built.peer, args.agent_cpu).context("building the bench topology")?;
-    let summary = profile::profile(&scene, &built.target_dir)?;
+    let summary = profile::profile(&scene, &built.target_dir, args.dns)?;
     println!("xtask profile: summary in {}", summary.display());
     Ok(())
 }

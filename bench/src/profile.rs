@@ -2,6 +2,8 @@
 //! then service, once each, under `perf record -a -g -e cpu-clock` (a software clock: this kind of VM
 //! exposes no hardware counters), then service once more under `perf trace -s` on the agent, to count
 //! its system calls per request. Writes `target/bench-profile/` (perf.data files, reports, summary.txt).
+//! With `--dns`: DNS instead, straight to the upstream vs forwarded by the agent (dnsperf, 64 queries
+//! outstanding, the agent on the server CPU as in the bench), per query.
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,8 +14,8 @@ use anyhow::{Context, Result, bail};
 
 use super::model::Route;
 use super::rounds::{Settings, Tcp, tcp_command};
-use super::scene::{Relay, Scene};
-use super::{sockperf, wrk};
+use super::scene::{self, Relay, Scene};
+use super::{dnsperf, sockperf, wrk};
 
 /// Time perf takes to attach: the client starts after it, and perf stops well after the client, so
 /// the counts cover the whole run.
@@ -25,22 +27,42 @@ const SETTINGS: Settings = Settings {
     wrk_conns: 64,
 };
 
-pub fn profile(scene: &Scene, target_dir: &Path) -> Result<PathBuf> {
+/// What one profiled run puts on the path.
+#[derive(Clone, Copy)]
+enum Load {
+    Tcp(Tcp),
+    /// dnsperf asking the forwarded name, 64 outstanding.
+    Dns,
+}
+
+pub fn profile(scene: &Scene, target_dir: &Path, dns: bool) -> Result<PathBuf> {
     let dir = target_dir.join("bench-profile");
     fs::create_dir_all(&dir)?;
     let mut summary = String::new();
-    for (name, test) in [
-        ("latency", Tcp::Latency),
-        ("connections", Tcp::ConnRate),
-        ("throughput-1", Tcp::Throughput(1)),
-        ("throughput-8", Tcp::Throughput(8)),
-    ] {
+    let tests: Vec<(&str, Load, [Route; 2])> = if dns {
+        vec![("dns", Load::Dns, [Route::DnsUpstream, Route::DnsForwarded])]
+    } else {
+        [
+            ("latency", Tcp::Latency),
+            ("connections", Tcp::ConnRate),
+            ("throughput-1", Tcp::Throughput(1)),
+            ("throughput-8", Tcp::Throughput(8)),
+        ]
+        .into_iter()
+        .map(|(name, test)| (name, Load::Tcp(test), [Route::Direct, Route::Service]))
+        .collect()
+    };
+    for (name, test, routes) in tests {
         println!("xtask profile: {name}");
         let _ = writeln!(summary, "==== {name}");
-        for route in [Route::Direct, Route::Service] {
-            let agent = match route {
-                Route::Direct => None,
-                _ => Some(scene.start_agent(Relay::Splice)?),
+        for route in routes {
+            let agent = match (route, test) {
+                (Route::Direct | Route::DnsUpstream, _) => None,
+                // As in the bench: DNS's agent on the server CPU.
+                (_, Load::Dns) => {
+                    Some(scene.start_agent_on(Relay::Splice, Some(scene::SERVER_CPU))?)
+                }
+                (_, Load::Tcp(_)) => Some(scene.start_agent(Relay::Splice)?),
             };
             let data = dir.join(format!("{name}-{}.data", route.label()));
             let perf = record(&data, SETTINGS.secs)?;
@@ -136,8 +158,20 @@ fn threads(pid: u32) -> Result<String> {
     Ok(tids.join(","))
 }
 
-fn run(scene: &Scene, test: Tcp, route: Route) -> Result<String> {
-    let (tool, args) = tcp_command(test, route, SETTINGS);
+fn run(scene: &Scene, test: Load, route: Route) -> Result<String> {
+    let (tool, args) = match test {
+        Load::Tcp(test) => tcp_command(test, route, SETTINGS),
+        Load::Dns => {
+            let queries = scene.scratch_file(
+                "forwarded.queries",
+                &format!("{} A\n", scene::FORWARDED_NAME),
+            )?;
+            let server = std::net::SocketAddrV4::new(integration::RESOLVER_IP, 53);
+            let args =
+                dnsperf::client_args(server, &queries, SETTINGS.secs, dnsperf::LOAD_OUTSTANDING);
+            ("dnsperf", args)
+        }
+    };
     scene.client(tool, &args, Duration::from_secs(60))
 }
 
@@ -153,7 +187,13 @@ impl Units {
     }
 }
 
-fn work_done(test: Tcp, out: &str) -> Result<Units> {
+fn work_done(test: Load, out: &str) -> Result<Units> {
+    let Load::Tcp(test) = test else {
+        return Ok(Units {
+            name: "query",
+            count: dnsperf::parse(out)?.completed,
+        });
+    };
     Ok(match test {
         Tcp::Latency => Units {
             name: "round trip",

@@ -203,7 +203,8 @@ impl BenchReport<'_> {
         let _ = writeln!(
             s,
             "```\n\nControl plane, from the workspace root:\n\n```\n{}\n```\n\nProfiles (the **Why** below): \
-             `sudo cargo xtask profile` writes `target/bench-profile/summary.txt`.",
+             `sudo cargo xtask profile` writes `target/bench-profile/summary.txt`\n\
+             (`--dns`: DNS straight to the upstream vs forwarded, per query).",
             self.criterion_command
         );
         s.push_str("\n## Why\n\n");

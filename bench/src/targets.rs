@@ -12,6 +12,8 @@ pub struct Verdict {
 const MIB: f64 = 1024.0;
 /// One-core rate the agent must answer DNS at.
 pub const DNS_ANSWERED_QPS: f64 = 50_000.0;
+/// Forwarded DNS queries per second, as a share of asking the upstream directly.
+pub const DNS_FORWARDED_RATIO: f64 = 0.7;
 pub const LOOKUP_NS: f64 = 200.0;
 pub const BUILD_MS: f64 = 100.0;
 pub const RSS_MIB: f64 = 64.0;
@@ -69,6 +71,14 @@ pub fn judge(results: &Results, criterion: &[Criterion], memory: Option<&Memory>
             format!("{:.0} queries/s", s.median)
         }),
         met: dns.map(|s| s.median >= DNS_ANSWERED_QPS),
+    });
+    let forwarded = results.ratio(Metric::DnsQps, Route::DnsForwarded);
+    out.push(Verdict {
+        target: format!("DNS forwarded by the agent ≥ {DNS_FORWARDED_RATIO}× straight to upstream"),
+        measured: forwarded.map_or("not measured".into(), |r| {
+            format!("{:.2}× ({:.2}–{:.2})", r.median, r.min, r.max)
+        }),
+        met: forwarded.map(|r| r.median >= DNS_FORWARDED_RATIO),
     });
     let lookups: Vec<&Criterion> = criterion
         .iter()
@@ -167,6 +177,7 @@ mod tests {
         assert_eq!(met("state build"), Some(false));
         assert_eq!(met("agent RSS"), Some(true));
         assert_eq!(met("DNS answered"), None);
+        assert_eq!(met("DNS forwarded"), None);
         assert_eq!(met("pathological config"), Some(true));
         let lookups = v
             .iter()

@@ -44,15 +44,15 @@ pub async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<Tc
     }
 }
 
-/// A marked UDP socket connected to `dst` (connected: only `dst` can answer it).
-pub async fn udp_connected_marked(dst: SocketAddr) -> io::Result<UdpSocket> {
+/// A marked UDP socket connected to `dst` (connected: only `dst` can answer it), on a port the
+/// kernel picks at random. Needs a tokio runtime.
+pub fn udp_connected_marked(dst: SocketAddr) -> io::Result<UdpSocket> {
     let socket = marked_socket(dst, Type::DGRAM, Protocol::UDP)?;
     let any: SocketAddr = match dst {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
     };
     socket.bind(&any.into())?;
-    let socket = UdpSocket::from_std(socket.into())?;
-    socket.connect(dst).await?;
-    Ok(socket)
+    socket.connect(&dst.into())?;
+    UdpSocket::from_std(socket.into())
 }

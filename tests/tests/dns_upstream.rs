@@ -2,13 +2,14 @@
 //! The upstream resolver goes away and comes back. Names the agent forwards get SERVFAIL
 //! within two seconds (never a hang), over UDP and TCP, whether the upstream refuses (dnsmasq stopped:
 //! the port is closed) or stays silent (its address gone: packets vanish); the names the agent answers
-//! itself keep working; once the upstream is back its answers resume.
+//! itself keep working; once the upstream is back its answers resume. And many queries in flight at
+//! once from two pods, under the same ids, each get their own answer.
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use integration::explain::DnsAction;
-use integration::world::{World, delta, key};
-use integration::{RESOLVER_IP, dig, netns};
+use integration::world::{PUBLIC_DNS, World, delta, key};
+use integration::{RESOLVER_IP, dig, netns, pace, peer};
 
 /// `docs/dns.md#upstream-failure`: SERVFAIL within 2 s of the query.
 const SERVFAIL_DEADLINE: Duration = Duration::from_secs(2);
@@ -83,5 +84,64 @@ fn upstream_down_gives_servfail_within_two_seconds_and_answers_resume() -> Resul
     let (v, reply) = w.check_dig("team-b", name)?;
     assert_eq!(v.action, DnsAction::Forward, "{}", v.json);
     assert_eq!(reply.content(), up.content());
+    Ok(())
+}
+
+/// Two pods each keep 200 queries in flight at once, under the same ids 0..200 but asking different
+/// names under each id. The agent forwards them all over its shared upstream sockets: every reply
+/// reaches the pod that asked, under the id it used, with the answer to its own question.
+#[test]
+fn many_queries_in_flight_from_two_pods_each_get_their_own_answer() -> Result<()> {
+    let w = World::start()?;
+    let pods = ["team-a", "team-b"];
+    // The names the upstream holds that both pods' queries are forwarded for, per explain.
+    let mut expect = Vec::new();
+    for (name, ip) in PUBLIC_DNS {
+        let forwarded = pods.iter().try_fold(true, |all, pod| {
+            Ok::<_, anyhow::Error>(all && w.explain().host(pod, name)?.action == DnsAction::Forward)
+        })?;
+        if forwarded {
+            expect.push(format!("--expect={name}.={ip}"));
+        }
+    }
+    ensure!(
+        expect.len() >= 2,
+        "too few forwarded names to tell answers apart: {expect:?}"
+    );
+    let before = w.agent.metrics()?;
+    let server = format!("{RESOLVER_IP}:53");
+    let bursts = pods
+        .iter()
+        .enumerate()
+        .map(|(i, pod)| {
+            peer::cmd(w.client(pod).place())?
+                .args([
+                    "dns-burst",
+                    &server,
+                    "--count",
+                    "200",
+                    "--offset",
+                    &i.to_string(),
+                ])
+                .args(&expect)
+                .spawn()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (mut burst, pod) in bursts.into_iter().zip(pods) {
+        let status = burst.wait(pace::scaled(Duration::from_secs(20)))?;
+        let log = burst.log();
+        ensure!(status.success(), "{pod}: {log}");
+        ensure!(
+            log.contains("sent=200 answered=200 wrong=0 missing=0"),
+            "{pod}: {log}"
+        );
+    }
+    let after = w.agent.metrics()?;
+    assert_eq!(
+        delta(&before, &after, key::DNS_FORWARDED),
+        400.0,
+        "{after:#?}"
+    );
+    assert_eq!(delta(&before, &after, key::DNS_SERVFAIL), 0.0, "{after:#?}");
     Ok(())
 }

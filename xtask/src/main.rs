@@ -34,7 +34,8 @@ enum Command {
     /// Measure the data plane against the direct path and write BENCHMARKS.md (as root).
     Bench(::bench::BenchArgs),
     /// Where the CPU goes on the proxy path: perf profiles of direct vs service (latency, new
-    /// connections, 1- and 8-stream throughput) into target/bench-profile/ (as root; needs linux-perf).
+    /// connections, 1- and 8-stream throughput), or with --dns of DNS straight to the upstream vs
+    /// forwarded, into target/bench-profile/ (as root; needs linux-perf).
     Profile(::bench::ProfileArgs),
 }
 

@@ -94,7 +94,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .or_else(|| config.config_dir.clone());
     let live = LiveState::new(source);
     let attached = Arc::new(AtomicBool::new(false));
-    // One upstream (and one pool of its sockets) for the DNS proxy and endpoint resolution.
+    // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
 
     // The configuration first: when the programs attach, the first answers are already right.

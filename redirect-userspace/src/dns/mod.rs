@@ -1,6 +1,7 @@
 //! The DNS proxy: answers names that a service visible to the client owns, forwards everything else
 //! to the upstream resolver and returns its reply unchanged (hidden means absent).
 mod answer;
+mod pending;
 mod queues;
 mod resolve;
 mod server;

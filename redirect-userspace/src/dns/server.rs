@@ -7,7 +7,7 @@ use std::{
 };
 
 use hickory_proto::{
-    op::{Message, MessageType, OpCode},
+    op::{Message, MessageType, OpCode, Query},
     rr::{DNSClass, Name, RecordType},
 };
 use tokio::{
@@ -22,7 +22,7 @@ use super::{
     answer::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
-    upstream::Upstream,
+    upstream::{ReplyTo, Upstream},
 };
 use crate::{
     budget::{Budgets, Permit},
@@ -177,7 +177,10 @@ impl DnsProxy {
         let queues: Vec<_> = self
             .udp
             .into_iter()
-            .map(|socket| tokio::spawn(serve_udp(Arc::new(socket), self.shared.clone())))
+            .map(|socket| {
+                let shared = self.shared.clone();
+                tokio::spawn(serve_udp(Arc::new(Queue { socket, shared })))
+            })
             .collect();
         tokio::select! {
             _ = shutdown.changed() => {}
@@ -189,47 +192,91 @@ impl DnsProxy {
     }
 }
 
-async fn serve_udp(socket: Arc<UdpSocket>, shared: Arc<Shared>) {
+/// One socket of the UDP group, shared by the task that reads it and the upstream readers that
+/// send forwarded replies back on it.
+struct Queue {
+    socket: UdpSocket,
+    shared: Arc<Shared>,
+}
+
+async fn serve_udp(queue: Arc<Queue>) {
+    let shared = &queue.shared;
     let mut buf = vec![0u8; 65_535];
     loop {
-        let (n, client) = match socket.recv_from(&mut buf).await {
+        let (n, client) = match queue.socket.recv_from(&mut buf).await {
             Ok(received) => received,
             Err(e) => {
                 warn!(error = %e, "DNS UDP receive failed");
                 continue;
             }
         };
-        let raw = &buf[..n];
-        // Local answers are a parse and an encode: done inline, no task per query.
-        match local_reply(raw, client.ip(), Transport::Udp, &shared) {
-            Local::Reply(reply) => {
-                if let Err(e) = socket.send_to(&reply, client).await {
-                    debug!(%client, error = %e, "DNS UDP send failed");
-                }
-            }
-            Local::Forward => {
+        let raw = &mut buf[..n];
+        // Local answers are a parse and an encode, forwards a send: both done here, no task per query.
+        match local_reply(raw, client.ip(), Transport::Udp, shared) {
+            Local::Reply(reply) => queue.send(&reply, client).await,
+            Local::Forward(question) => {
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
                 let Ok(permit) = shared.forward_slot(client.ip()) else {
                     shared.metrics.dns(DnsOutcome::Servfail);
-                    if let Some(reply) = servfail_for(raw)
-                        && let Err(e) = socket.send_to(&reply, client).await
-                    {
-                        debug!(%client, error = %e, "DNS UDP send failed");
+                    if let Some(reply) = servfail_for(raw) {
+                        queue.send(&reply, client).await;
                     }
                     continue;
                 };
-                let (socket, shared, query) = (socket.clone(), shared.clone(), raw.to_vec());
-                tokio::spawn(async move {
-                    let result = shared.upstream.forward_udp(&query).await;
-                    drop(permit);
-                    if let Some(reply) = finish_forward(&query, result, client, &shared)
-                        && let Err(e) = socket.send_to(&reply, client).await
-                    {
-                        debug!(%client, error = %e, "DNS UDP send failed");
-                    }
+                let reply_to = ReplyTo::Pod(PodReply {
+                    queue: queue.clone(),
+                    client,
+                    _permit: permit,
                 });
+                shared.upstream.forward(raw, question, reply_to).await;
             }
             Local::Drop => {}
+        }
+    }
+}
+
+impl Queue {
+    async fn send(&self, reply: &[u8], client: SocketAddr) {
+        if let Err(e) = self.socket.send_to(reply, client).await {
+            debug!(%client, error = %e, "DNS UDP send failed");
+        }
+    }
+
+    /// Sends without waiting (an upstream reader must not wait on one client's queue); when the
+    /// socket's buffer is full, a task of its own waits.
+    fn send_now(self: Arc<Self>, reply: &[u8], client: SocketAddr) {
+        match self.socket.try_send_to(reply, client) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                let reply = reply.to_vec();
+                tokio::spawn(async move { self.send(&reply, client).await });
+            }
+            Err(e) => debug!(%client, error = %e, "DNS UDP send failed"),
+        }
+    }
+}
+
+/// Where a pod's forwarded query is answered: the queue socket it came in on, to its address. Holds
+/// the pod's place among the forwards in flight until then.
+pub struct PodReply {
+    queue: Arc<Queue>,
+    client: SocketAddr,
+    _permit: Option<Permit>,
+}
+
+impl PodReply {
+    /// The upstream's reply, under the client's id.
+    pub fn answered(self, reply: &[u8]) {
+        self.queue.shared.metrics.dns(DnsOutcome::Forwarded);
+        self.queue.send_now(reply, self.client);
+    }
+
+    /// SERVFAIL for `query` (under the client's id).
+    pub fn failed(self, query: &[u8], error: super::UpstreamError) {
+        debug!(client = %self.client, %error, "DNS forward failed; answering SERVFAIL");
+        self.queue.shared.metrics.dns(DnsOutcome::Servfail);
+        if let Some(reply) = servfail_for(query) {
+            self.queue.send_now(&reply, self.client);
         }
     }
 }
@@ -274,7 +321,7 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
         };
         let reply = match local_reply(&query, client.ip(), Transport::Tcp, &shared) {
             Local::Reply(reply) => Some(reply),
-            Local::Forward => {
+            Local::Forward(_) => {
                 let result = shared.upstream.forward_tcp(&query).await;
                 finish_forward(&query, result, client, &shared)
             }
@@ -299,7 +346,8 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
 
 enum Local {
     Reply(Vec<u8>),
-    Forward,
+    /// To the upstream; the question as read, to match its reply with.
+    Forward(Vec<Query>),
     Drop,
 }
 
@@ -307,7 +355,7 @@ enum Local {
 /// unchanged: the upstream is the authority on everything the mesh does not claim. Bytes that are
 /// not a DNS message at all are dropped (and counted): forwarding junk only costs sockets.
 fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared) -> Local {
-    let Ok(query) = Message::from_vec(raw) else {
+    let Ok(mut query) = Message::from_vec(raw) else {
         shared.metrics.dns(DnsOutcome::Malformed);
         return Local::Drop;
     };
@@ -315,14 +363,14 @@ fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared
         return Local::Drop; // a response sent to us: never reflect it
     }
     let [question] = query.queries.as_slice() else {
-        return Local::Forward;
+        return Local::Forward(query.queries);
     };
     let qtype = question.query_type();
     if query.metadata.op_code != OpCode::Query
         || question.query_class() != DNSClass::IN
         || !matches!(qtype, RecordType::A | RecordType::AAAA)
     {
-        return Local::Forward;
+        return Local::Forward(std::mem::take(&mut query.queries));
     }
     let decision = shared.decide.decide(&DnsQuery {
         client,
@@ -330,7 +378,7 @@ fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared
         qtype,
     });
     let Decision::Answer(answer) = decision else {
-        return Local::Forward;
+        return Local::Forward(std::mem::take(&mut query.queries));
     };
     let encoded = authoritative_reply(&query, &answer).and_then(|reply| match transport {
         Transport::Udp => encode_for_udp(&reply, max_udp_reply(&query)),
@@ -518,6 +566,7 @@ mod tests {
         });
         let other = ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
         assert_eq!(other.metadata.response_code, ResponseCode::NXDomain);
+        assert_eq!(other.metadata.id, 77, "the client's own id comes back");
         // An owned name but a type the agent does not answer (MX) is the upstream's business too.
         let mx = ask_udp(addr, &query("api.example.com.", RecordType::MX)).await;
         assert_eq!(mx.metadata.response_code, ResponseCode::NXDomain);
@@ -565,7 +614,8 @@ mod tests {
             .await
             .expect("the valid query reaches the upstream")
             .unwrap();
-        assert_eq!(Message::from_vec(&buf[..n]).unwrap().metadata.id, 77);
+        let forwarded = Message::from_vec(&buf[..n]).unwrap();
+        assert_eq!(forwarded.queries[0].name().to_ascii(), "other.example.com.");
         let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="malformed"} 3"#),

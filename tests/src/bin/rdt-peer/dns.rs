@@ -119,3 +119,88 @@ fn dig_layout(reply: &Message, from: SocketAddr, tcp: bool) -> String {
     ));
     out
 }
+
+/// `rdt-peer dns-burst`: `count` A questions in flight at once from one connected UDP socket, under
+/// ids `0..count`, cycling through `expect` (NAME=IP) from `offset` (so two pods with the same ids
+/// ask different names under each id). Every reply must carry an id that was sent, the question
+/// sent under it, NOERROR and the expected address. Prints `sent= answered= wrong= missing=`, then
+/// one `wrong ...` line per bad reply (the first 20); exits 0 only when all were answered rightly.
+pub fn burst(server: SocketAddr, expect: &[String], count: u16, offset: usize) -> Result<()> {
+    let expect: Vec<(Name, std::net::Ipv4Addr)> = expect
+        .iter()
+        .map(|pair| {
+            let (name, ip) = pair.split_once('=').context("NAME=IP")?;
+            Ok((Name::from_ascii(name)?, ip.parse()?))
+        })
+        .collect::<Result<_>>()?;
+    if expect.is_empty() {
+        bail!("no --expect NAME=IP");
+    }
+    let socket = UdpSocket::bind(if server.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    })?;
+    socket.connect(server).context("connect")?;
+    let asked: Vec<usize> = (0..usize::from(count))
+        .map(|id| (id + offset) % expect.len())
+        .collect();
+    for (id, which) in asked.iter().enumerate() {
+        let mut query = Message::query();
+        query.metadata.id = id as u16;
+        query.metadata.recursion_desired = true;
+        query.add_query(Query::query(expect[*which].0.clone(), RecordType::A));
+        socket.send(&query.to_vec()?).context("send")?;
+    }
+    let mut answered = vec![false; asked.len()];
+    let mut wrong = Vec::new();
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let mut buf = vec![0u8; 65_535];
+    while answered.iter().any(|a| !a) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        socket.set_read_timeout(Some(left))?;
+        let Ok(n) = socket.recv(&mut buf) else { break };
+        let reply = match Message::from_vec(&buf[..n]) {
+            Ok(reply) => reply,
+            Err(e) => {
+                wrong.push(format!("undecodable reply: {e}"));
+                continue;
+            }
+        };
+        let id = usize::from(reply.metadata.id);
+        let Some(&which) = asked.get(id) else {
+            wrong.push(format!("id {id} was never sent"));
+            continue;
+        };
+        let (name, ip) = &expect[which];
+        let question = reply.queries.first().map(|q| q.name().clone());
+        let address = reply.answers.iter().find_map(|r| match &r.data {
+            hickory_proto::rr::RData::A(a) => Some(a.0),
+            _ => None,
+        });
+        if question.as_ref() != Some(name) || address != Some(*ip) || answered[id] {
+            wrong.push(format!(
+                "id {id}: asked {name}, got question {question:?} address {address:?} (answered before: {})",
+                answered[id]
+            ));
+        }
+        answered[id] = true;
+    }
+    let done = answered.iter().filter(|a| **a).count();
+    println!(
+        "sent={} answered={done} wrong={} missing={}",
+        asked.len(),
+        wrong.len(),
+        asked.len() - done
+    );
+    for line in wrong.iter().take(20) {
+        println!("wrong {line}");
+    }
+    if !wrong.is_empty() || done < asked.len() {
+        bail!("not every query was answered rightly");
+    }
+    Ok(())
+}

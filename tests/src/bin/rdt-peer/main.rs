@@ -79,6 +79,18 @@ enum Command {
         #[arg(long)]
         tcp: bool,
     },
+    /// `COUNT` A questions in flight at once from one connected UDP socket (ids 0..COUNT, names
+    /// from `--expect NAME=IP` in turn from `--offset`); every reply must answer the question sent
+    /// under its id with IP. Prints `sent= answered= wrong= missing=`.
+    DnsBurst {
+        server: SocketAddr,
+        #[arg(long)]
+        count: u16,
+        #[arg(long = "expect")]
+        expect: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        offset: usize,
+    },
     /// Keep one connection to an echo server and exchange a line every interval, printing `ok <i>`.
     Hold {
         addr: SocketAddr,
@@ -159,6 +171,12 @@ fn main() -> ExitCode {
             qtype,
             tcp,
         } => dns::ask(server, &name, &qtype, tcp),
+        Command::DnsBurst {
+            server,
+            count,
+            expect,
+            offset,
+        } => dns::burst(server, &expect, count, offset),
         Command::Hold {
             addr,
             interval_ms,
