@@ -3,8 +3,9 @@
 //! netns. Measures what the agent holds (RSS), how long one snapshot rebuild takes over that model,
 //! and how soon a burst of 1,000 pod changes is in force. Needs root (netns, cgroups, eBPF).
 //!
-//! `cargo build --release -p tests --bin kube_scale && sudo target/release/kube_scale`
-//! (after `cargo xtask build`; `REDIRECT_BIN` names another agent binary).
+//! `cargo build --release -p tests --bin kube_scale && sudo target/release/kube_scale [--json FILE]`
+//! (after `cargo xtask build`; `REDIRECT_BIN` names another agent binary). `--json` also writes the
+//! figures and their targets to FILE, for `cargo xtask bench --kube`.
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -166,6 +167,12 @@ fn rebuild_time() -> Result<(Duration, Duration, usize)> {
 }
 
 fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let json_out = match args.as_slice() {
+        [] => None,
+        [flag, path] if flag == "--json" => Some(std::path::PathBuf::from(path)),
+        _ => anyhow::bail!("usage: kube_scale [--json FILE]"),
+    };
     integration::require_root()?;
     let (rebuild, modelling, services) = rebuild_time()?;
 
@@ -211,6 +218,19 @@ fn main() -> Result<()> {
     let burst = started.elapsed();
     let rss_after_mib = agent.rss_kib()? as f64 / 1024.0;
     agent.stop()?;
+    if let Some(path) = &json_out {
+        let figures = json!({
+            "namespaces": NAMESPACES, "pods": PODS, "entries": ENTRIES, "services": services,
+            "ready_s": ready_after.as_secs_f64(),
+            "rss_mib": rss_mib, "rss_after_burst_mib": rss_after_mib, "rss_target_mib": RSS_TARGET_MIB,
+            "rebuild_ms": rebuild.as_secs_f64() * 1e3, "model_ms": modelling.as_secs_f64() * 1e3,
+            "rebuild_target_ms": REBUILD_TARGET.as_secs_f64() * 1e3,
+            "burst": BURST, "burst_ms": burst.as_secs_f64() * 1e3,
+            "burst_target_ms": BURST_TARGET.as_secs_f64() * 1e3,
+        });
+        std::fs::write(path, figures.to_string())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
 
     let verdict = |ok: bool| if ok { "within target" } else { "OVER TARGET" };
     println!(
@@ -235,7 +255,7 @@ fn main() -> Result<()> {
         verdict(rebuild <= REBUILD_TARGET)
     );
     println!(
-        "    of which the store's model (copied)  {:>8.1} ms",
+        "    of which the store's model           {:>8.1} ms",
         modelling.as_secs_f64() * 1e3
     );
     println!(
