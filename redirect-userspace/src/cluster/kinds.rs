@@ -364,7 +364,7 @@ mod tests {
         let Some(Object::Mesh(mesh)) = got.object else {
             panic!("{:?}", got.object)
         };
-        assert_ne!(mesh, MeshConfig::default());
+        assert_ne!(*mesh, MeshConfig::default());
     }
 
     fn endpoint_slice(address: &str) -> Value {
