@@ -477,15 +477,21 @@ impl Loader {
 /// Adds the implicit namespace of every object whose namespace nothing declares, and sorts.
 pub(crate) fn complete(model: &mut Model) {
     model.cluster_domain = DEFAULT_CLUSTER_DOMAIN.to_string();
-    let missing: std::collections::BTreeSet<String> = model
+    let mut missing = std::collections::BTreeSet::new();
+    // Objects come mostly grouped by namespace: one lookup per run of the same namespace.
+    let mut previous: Option<&str> = None;
+    for ns in model
         .service_entries
         .iter()
         .map(|s| &s.meta.namespace)
         .chain(model.services.iter().map(|s| &s.meta.namespace))
         .chain(model.workloads.iter().map(|w| &w.meta.namespace))
-        .filter(|ns| !model.namespaces.contains_key(*ns))
-        .cloned()
-        .collect();
+    {
+        if previous != Some(ns.as_str()) && !model.namespaces.contains_key(ns) {
+            missing.insert(ns.clone());
+        }
+        previous = Some(ns);
+    }
     for ns in missing {
         let implicit = Namespace::implicit(&ns);
         model.namespaces.insert(ns, implicit);
