@@ -10,7 +10,8 @@ use serde_json::Value;
 
 use crate::{Built, cmd};
 
-const BEGIN: &str = "<!-- kube-scale: written by `cargo xtask bench --kube`, kept by other runs -->";
+const BEGIN: &str =
+    "<!-- kube-scale: written by `cargo xtask bench --kube`, kept by other runs -->";
 const END: &str = "<!-- kube-scale end -->";
 /// The section's heading, the line it is put before when the file has none yet.
 const HEADING: &str = "## 6. The cluster as the source (`run --kube`) at scale";
@@ -28,6 +29,8 @@ pub struct KubeScale {
     pub rss_after_burst_mib: f64,
     pub rss_target_mib: f64,
     pub rebuild_ms: f64,
+    /// The same rebuild on the thread's CPU clock (less stretched by a busy machine).
+    pub rebuild_cpu_ms: Option<f64>,
     pub model_ms: f64,
     pub rebuild_target_ms: f64,
     pub burst: u64,
@@ -53,6 +56,7 @@ impl KubeScale {
             rss_after_burst_mib: f("rss_after_burst_mib")?,
             rss_target_mib: f("rss_target_mib")?,
             rebuild_ms: f("rebuild_ms")?,
+            rebuild_cpu_ms: v["rebuild_cpu_ms"].as_f64(),
             model_ms: f("model_ms")?,
             rebuild_target_ms: f("rebuild_target_ms")?,
             burst: n("burst")?,
@@ -73,13 +77,13 @@ impl KubeScale {
                 self.rss_mib <= self.rss_target_mib,
             ),
             (
+                format!("one snapshot rebuild ≤ {} ms", self.rebuild_target_ms),
                 format!(
-                    "one snapshot rebuild ≤ {} ms",
-                    self.rebuild_target_ms
-                ),
-                format!(
-                    "{:.1} ms (of which {:.1} ms the store's model)",
-                    self.rebuild_ms, self.model_ms
+                    "{:.1} ms{} (of which {:.1} ms the store's model)",
+                    self.rebuild_ms,
+                    self.rebuild_cpu_ms
+                        .map_or(String::new(), |cpu| format!(", {cpu:.1} ms of CPU")),
+                    self.model_ms
                 ),
                 self.rebuild_ms <= self.rebuild_target_ms,
             ),
@@ -183,6 +187,7 @@ mod tests {
             rss_after_burst_mib: rss + 4.0,
             rss_target_mib: 96.0,
             rebuild_ms: 40.0,
+            rebuild_cpu_ms: Some(38.0),
             model_ms: 1.0,
             rebuild_target_ms: 50.0,
             burst: 1000,
@@ -220,7 +225,7 @@ mod tests {
     fn reads_what_kube_scale_writes() {
         let v = serde_json::json!({"namespaces": 1000, "pods": 10000, "entries": 10000, "services": 10000,
             "ready_s": 2.0, "rss_mib": 90.0, "rss_after_burst_mib": 94.0, "rss_target_mib": 96.0,
-            "rebuild_ms": 40.0, "model_ms": 1.0, "rebuild_target_ms": 50.0, "burst": 1000,
+            "rebuild_ms": 40.0, "rebuild_cpu_ms": 38.0, "model_ms": 1.0, "rebuild_target_ms": 50.0, "burst": 1000,
             "burst_ms": 600.0, "burst_target_ms": 1000.0});
         assert_eq!(KubeScale::from_json(&v).unwrap(), figures(90.0));
         assert!(KubeScale::from_json(&serde_json::json!({"pods": 1})).is_err());

@@ -198,8 +198,7 @@ fn write_outputs(
     if let Some(section) = kube::kept_section(&existing) {
         markdown = kube::splice(&markdown, &section);
     }
-    std::fs::write(&md, markdown)
-        .with_context(|| format!("writing {}", md.display()))?;
+    std::fs::write(&md, markdown).with_context(|| format!("writing {}", md.display()))?;
     let png = root.join(CHART);
     if let Some(dir) = png.parent() {
         std::fs::create_dir_all(dir)?;

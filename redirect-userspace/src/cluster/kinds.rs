@@ -385,7 +385,11 @@ mod tests {
 
     #[test]
     fn an_endpoint_slice_keeps_its_service_its_ready_addresses_and_its_ports() {
-        let got = convert(Kind::EndpointSlice, "discovery.k8s.io/v1", endpoint_slice("10.244.1.20"));
+        let got = convert(
+            Kind::EndpointSlice,
+            "discovery.k8s.io/v1",
+            endpoint_slice("10.244.1.20"),
+        );
         assert!(got.errors.is_empty(), "{:?}", got.errors);
         let Some(Object::EndpointSlice(slice)) = got.object else {
             panic!("{:?}", got.object)
@@ -414,14 +418,29 @@ mod tests {
 
     #[test]
     fn an_endpoint_slice_with_a_bad_address_is_refused_with_its_field_named() {
-        let got = convert(Kind::EndpointSlice, "discovery.k8s.io/v1", endpoint_slice("10.244.1.999"));
+        let got = convert(
+            Kind::EndpointSlice,
+            "discovery.k8s.io/v1",
+            endpoint_slice("10.244.1.999"),
+        );
         assert!(got.object.is_none());
         let e = &got.errors[0];
         assert_eq!(e.object.as_deref(), Some("EndpointSlice team-a/web-abc"));
         assert_eq!(e.field.as_deref(), Some("endpoints[0].addresses[0]"));
-        let got = convert(Kind::EndpointSlice, "discovery.k8s.io/v1", endpoint_slice("2001:db8::1"));
-        assert_eq!(got.errors[0].field.as_deref(), Some("endpoints[0].addresses[0]"));
-        assert!(got.errors[0].message.contains("addressType"), "{:?}", got.errors);
+        let got = convert(
+            Kind::EndpointSlice,
+            "discovery.k8s.io/v1",
+            endpoint_slice("2001:db8::1"),
+        );
+        assert_eq!(
+            got.errors[0].field.as_deref(),
+            Some("endpoints[0].addresses[0]")
+        );
+        assert!(
+            got.errors[0].message.contains("addressType"),
+            "{:?}",
+            got.errors
+        );
     }
 
     #[test]

@@ -370,8 +370,8 @@ impl Loader {
                 }
             }
             "EndpointSlice" => {
-                if let Some(slice) = typed::<RawEndpointSlice>(&mut ctx, value)
-                    .and_then(|r| r.convert(&mut ctx))
+                if let Some(slice) =
+                    typed::<RawEndpointSlice>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
                     && self.first("EndpointSlice", &slice.namespace, &slice.name, file)
                 {
                     self.model.endpoint_slices.push(Arc::new(slice));

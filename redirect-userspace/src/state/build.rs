@@ -16,7 +16,7 @@ use crate::{
 };
 
 pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) -> Vec<Service> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(model.service_entries.len() + model.services.len());
     for (entry, resolved) in model.service_entries.iter().zip(&resolution.entries) {
         let visibility = match resolved.visibility {
             Visibility::None => continue,
@@ -65,16 +65,16 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
                 endpoints: match slices {
                     Some(slices) => slice_endpoints(slices, p, &svc.meta.namespace),
                     None => selected
-                    .iter()
-                    .filter_map(|w| {
-                        let port = match &p.target_port {
-                            TargetPort::Number(n) => *n,
-                            // A pod without that named port is not an endpoint for this port.
-                            TargetPort::Name(name) => *w.ports.get(name)?,
-                        };
-                        workload_endpoint(w, port)
-                    })
-                    .collect(),
+                        .iter()
+                        .filter_map(|w| {
+                            let port = match &p.target_port {
+                                TargetPort::Number(n) => *n,
+                                // A pod without that named port is not an endpoint for this port.
+                                TargetPort::Name(name) => *w.ports.get(name)?,
+                            };
+                            workload_endpoint(w, port)
+                        })
+                        .collect(),
                 },
             })
             .collect();
@@ -231,7 +231,11 @@ fn se_endpoints(
 
 /// A Service port's endpoints from its slices: each slice's port of the same name (empty for an
 /// unnamed port) at each of the slice's ready addresses, once each.
-fn slice_endpoints(slices: &[&EndpointSlice], port: &ServicePort, namespace: &str) -> Vec<Endpoint> {
+fn slice_endpoints(
+    slices: &[&EndpointSlice],
+    port: &ServicePort,
+    namespace: &str,
+) -> Vec<Endpoint> {
     let name = port.name.as_deref().unwrap_or("");
     let mut seen = HashSet::new();
     let mut out = Vec::new();

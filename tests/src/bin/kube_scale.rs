@@ -5,7 +5,8 @@
 //!
 //! `cargo build --release -p tests --bin kube_scale && sudo target/release/kube_scale [--json FILE]`
 //! (after `cargo xtask build`; `REDIRECT_BIN` names another agent binary). `--json` also writes the
-//! figures and their targets to FILE, for `cargo xtask bench --kube`.
+//! figures and their targets to FILE, for `cargo xtask bench --kube`; `--rebuild-only` times the
+//! rebuild alone, in this process.
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
@@ -199,7 +200,19 @@ fn main() -> Result<()> {
     let json_out = match args.as_slice() {
         [] => None,
         [flag, path] if flag == "--json" => Some(std::path::PathBuf::from(path)),
-        _ => anyhow::bail!("usage: kube_scale [--json FILE]"),
+        // The in-process part alone (no agent, no root): for trying a change to the rebuild.
+        [flag] if flag == "--rebuild-only" => {
+            let r = rebuild_time()?;
+            println!(
+                "snapshot rebuild (median of 9): {:.1} ms, {:.1} ms on the thread's CPU clock, of which the store's model {:.1} ms ({} services)",
+                r.wall.as_secs_f64() * 1e3,
+                r.cpu.as_secs_f64() * 1e3,
+                r.model.as_secs_f64() * 1e3,
+                r.services
+            );
+            return Ok(());
+        }
+        _ => anyhow::bail!("usage: kube_scale [--json FILE | --rebuild-only]"),
     };
     integration::require_root()?;
     let Rebuild {

@@ -90,7 +90,12 @@ fn a_services_endpoints_come_from_its_slices_when_any_names_it() {
             name: "two slices add up, an address in both counts once",
             service: "web",
             slices: vec![
-                slice("web-x", "web", json!([{"addresses": ["10.244.9.1"]}]), http.clone()),
+                slice(
+                    "web-x",
+                    "web",
+                    json!([{"addresses": ["10.244.9.1"]}]),
+                    http.clone(),
+                ),
                 slice(
                     "web-y",
                     "web",
