@@ -106,7 +106,7 @@ impl RawEndpointSlice {
                 }
             }
         }
-        (ctx.error_count() == before).then(|| EndpointSlice {
+        (ctx.error_count() == before).then_some(EndpointSlice {
             namespace: meta.namespace,
             name: meta.name,
             service,
