@@ -77,10 +77,10 @@ fn benches(c: &mut Criterion) {
     let template = model.service_entries[0].clone();
     model.service_entries = (0..ALLOCATED)
         .map(|i| {
-            let mut e = template.clone();
+            let mut e = (*template).clone();
             e.meta.name = format!("e{i}");
             e.hosts = vec![Host::Exact(format!("e{i}.example.com"))];
-            e
+            std::sync::Arc::new(e)
         })
         .collect();
     group.bench_function("allocate_100k_hosts", |b| {

@@ -18,6 +18,7 @@ pub mod cmd;
 mod control;
 mod dnsperf;
 mod iperf;
+mod kube;
 mod machine;
 mod model;
 mod profile;
@@ -58,6 +59,11 @@ pub struct BenchArgs {
     /// the agent's memory and criterion. For trying a change to the agent.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<rounds::Pick>,
+    /// Measure only the cluster as the source at scale (`run --kube`: 1,000 Namespaces, 10,000 Pods,
+    /// 10,000 ServiceEntries) and write its section of BENCHMARKS.md, leaving the rest of the file as
+    /// it is. A full run measures it too.
+    #[arg(long, conflicts_with_all = ["only", "quick"])]
+    kube: bool,
 }
 
 /// What xtask built for a run (as root): the agent binary the harness finds in the target directory,
@@ -92,6 +98,9 @@ pub fn profile(args: ProfileArgs, built: &Built) -> anyhow::Result<()> {
 
 /// Time starts before the build: the report's "done in" counts it.
 pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result<()> {
+    if args.kube {
+        return kube_phase(built);
+    }
     let settings = if args.quick { QUICK } else { FULL };
     let root = &built.workspace;
     let peer = &built.peer;
@@ -151,11 +160,30 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     }
     println!("\n{}", report.tables());
     write_outputs(root, &report, &results, &machine)?;
+    kube_phase(built)?;
     println!(
         "xtask bench: done in {:.1} min ({:.1} min measuring)",
         started.elapsed().as_secs_f64() / 60.0,
         measuring.as_secs_f64() / 60.0
     );
+    Ok(())
+}
+
+/// Measures the cluster as the source at scale, prints its verdicts and puts its section into
+/// BENCHMARKS.md in place of the last one.
+fn kube_phase(built: &Built) -> anyhow::Result<()> {
+    println!("xtask bench: the cluster as the source at scale (kube_scale)");
+    let load = machine::load_average();
+    let figures = kube::measure(built)?;
+    let date = cmd::output(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
+        .unwrap_or_default();
+    let section = figures.section(date.trim(), &load);
+    println!("\n{section}");
+    let md = built.workspace.join("BENCHMARKS.md");
+    let existing = std::fs::read_to_string(&md).unwrap_or_default();
+    std::fs::write(&md, kube::splice(&existing, &section))
+        .with_context(|| format!("writing {}", md.display()))?;
+    println!("xtask bench: wrote the kube section of {}", md.display());
     Ok(())
 }
 
@@ -166,9 +194,14 @@ fn write_outputs(
     machine: &machine::Machine,
 ) -> anyhow::Result<()> {
     let md: PathBuf = root.join("BENCHMARKS.md");
-    let why = report::kept_why(&std::fs::read_to_string(&md).unwrap_or_default());
-    std::fs::write(&md, report.markdown(&why))
-        .with_context(|| format!("writing {}", md.display()))?;
+    let existing = std::fs::read_to_string(&md).unwrap_or_default();
+    let why = report::kept_why(&existing);
+    // The kube section is the kube phase's: kept here, replaced when that phase runs.
+    let mut markdown = report.markdown(&why);
+    if let Some(section) = kube::kept_section(&existing) {
+        markdown = kube::splice(&markdown, &section);
+    }
+    std::fs::write(&md, markdown).with_context(|| format!("writing {}", md.display()))?;
     let png = root.join(CHART);
     if let Some(dir) = png.parent() {
         std::fs::create_dir_all(dir)?;

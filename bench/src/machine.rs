@@ -57,7 +57,7 @@ impl Machine {
 }
 
 /// The 1, 5 and 15 minute load averages.
-fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()

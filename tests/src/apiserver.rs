@@ -48,6 +48,7 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         "workloadentries",
         true,
     ),
+    ("discovery.k8s.io", "EndpointSlice", "endpointslices", true),
 ];
 
 const ISTIO: &str = "networking.istio.io";

@@ -93,6 +93,7 @@ fn the_visibility_scenarios_hold_with_the_cluster_as_source() -> Result<()> {
         "ServiceEntry",
         "WorkloadEntry",
         "ConfigMap",
+        "EndpointSlice",
     ] {
         let watch = watch_of(&watches, kind)?;
         ensure!(watch["synced"] == true, "{watch}");
@@ -206,6 +207,65 @@ fn a_service_entry_a_namespace_label_and_a_pod_changed_through_the_api_apply_wit
     })?;
     eprintln!("Pod and ServiceEntry deleted: applied in {took:?}");
     ensure!(w.curl("nowhere", "http://api.example.com/")? == Reach::server("public-api"));
+    Ok(())
+}
+
+fn endpoint_slice(name: &str, endpoints: &[(&str, bool)]) -> Value {
+    let endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|(ip, ready)| {
+            json!({"addresses": [ip], "conditions": {"ready": ready, "serving": ready, "terminating": false}})
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": name, "namespace": "team-a",
+                     "labels": {"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
+    })
+}
+
+#[test]
+fn a_services_endpoints_follow_its_endpoint_slices() -> Result<()> {
+    let w = World::start_kube_with(|_| Ok(()))?;
+    const WEB: &str = "http://web.team-a.svc.cluster.local/";
+    ensure!(
+        watch_of(&watch_states(&w)?, "EndpointSlice")?["synced"] == true,
+        "the EndpointSlice watch has not listed"
+    );
+    // No slice names web yet: its endpoints come from its selector, the pod web-1.
+    ensure!(w.curl("team-a", WEB)? == Reach::server("web-1"));
+
+    // A slice for web: its ready address is web's endpoint now, at the slice's port named http.
+    w.api()
+        .put(endpoint_slice("web-a1", &[("198.51.100.20", true)]))?;
+    let took = within("web reaches the slice's endpoint", APPLIED_WITHIN, || {
+        Ok(w.curl("team-a", WEB)? == Reach::server("api-endpoint"))
+    })?;
+    eprintln!("EndpointSlice added: applied in {took:?}");
+
+    // That endpoint turns not ready and another one appears: only the ready one is used.
+    w.api().put(endpoint_slice(
+        "web-a1",
+        &[("198.51.100.20", false), ("198.51.100.41", true)],
+    ))?;
+    let took = within("web reaches the new ready endpoint", APPLIED_WITHIN, || {
+        Ok(w.curl("team-a", WEB)? == Reach::server("shared-private-endpoint"))
+    })?;
+    eprintln!("EndpointSlice changed: applied in {took:?}");
+    for _ in 0..4 {
+        // Round robin over the ready endpoints: the one not ready is never picked.
+        ensure!(w.curl("team-b", WEB)? == Reach::server("shared-private-endpoint"));
+    }
+
+    // The slice deleted: back to the selector.
+    w.api().delete("EndpointSlice", "team-a", "web-a1")?;
+    let took = within("web reaches web-1 again", APPLIED_WITHIN, || {
+        Ok(w.curl("team-a", WEB)? == Reach::server("web-1"))
+    })?;
+    eprintln!("EndpointSlice deleted: applied in {took:?}");
     Ok(())
 }
 

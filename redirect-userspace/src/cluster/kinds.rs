@@ -1,9 +1,11 @@
 //! The kinds the agent watches, and each object's way from the API's JSON to the model: first cut
 //! down to the fields the model reads, then read by the same loader that reads files.
+use std::sync::Arc;
+
 use serde_json::{Map, Value};
 
 use crate::config::{
-    self, ConfigError, KubeService, MeshConfig, Namespace, ServiceEntry, Workload,
+    self, ConfigError, EndpointSlice, KubeService, MeshConfig, Namespace, ServiceEntry, Workload,
 };
 
 /// What the agent watches. The mesh config is one ConfigMap, watched by name.
@@ -15,19 +17,23 @@ pub enum Kind {
     ServiceEntry,
     WorkloadEntry,
     MeshConfig,
+    EndpointSlice,
 }
 
 /// The group of the Istio kinds.
 pub const ISTIO_GROUP: &str = "networking.istio.io";
+/// The group of EndpointSlices.
+pub const DISCOVERY_GROUP: &str = "discovery.k8s.io";
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::MeshConfig,
+        Kind::EndpointSlice,
     ];
 
     /// The API's `kind`.
@@ -39,6 +45,7 @@ impl Kind {
             Kind::ServiceEntry => "ServiceEntry",
             Kind::WorkloadEntry => "WorkloadEntry",
             Kind::MeshConfig => "ConfigMap",
+            Kind::EndpointSlice => "EndpointSlice",
         }
     }
 
@@ -51,12 +58,17 @@ impl Kind {
             Kind::ServiceEntry => "serviceentries",
             Kind::WorkloadEntry => "workloadentries",
             Kind::MeshConfig => "configmaps",
+            Kind::EndpointSlice => "endpointslices",
         }
     }
 
     /// `""` for the core group.
     pub fn group(self) -> &'static str {
-        if self.is_istio() { ISTIO_GROUP } else { "" }
+        match self {
+            _ if self.is_istio() => ISTIO_GROUP,
+            Kind::EndpointSlice => DISCOVERY_GROUP,
+            _ => "",
+        }
     }
 
     /// A custom resource of Istio's: its versions are discovered, and it may not be installed.
@@ -74,6 +86,14 @@ impl Kind {
         }
     }
 
+    /// The `apiVersion` of a kind whose version is not discovered (every kind but Istio's).
+    pub fn fixed_api_version(self) -> String {
+        match self.group() {
+            "" => self.versions()[0].to_string(),
+            group => format!("{group}/{}", self.versions()[0]),
+        }
+    }
+
     /// `group/resource`, as an RBAC rule or an error names it.
     pub fn resource(self) -> String {
         match self.group() {
@@ -83,15 +103,16 @@ impl Kind {
     }
 }
 
-/// A watched object as the model holds it.
+/// A watched object as the model holds it: shared with every model built while it is in force.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
     Namespace(Namespace),
-    ServiceEntry(ServiceEntry),
-    Service(KubeService),
+    ServiceEntry(Arc<ServiceEntry>),
+    Service(Arc<KubeService>),
     /// A Pod or a WorkloadEntry.
-    Workload(Workload),
-    Mesh(MeshConfig),
+    Workload(Arc<Workload>),
+    Mesh(Box<MeshConfig>),
+    EndpointSlice(Arc<EndpointSlice>),
 }
 
 /// One object read: the object when valid, and every problem found in it.
@@ -133,7 +154,8 @@ pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
         Kind::ServiceEntry => model.service_entries.pop().map(Object::ServiceEntry),
         Kind::Service => model.services.pop().map(Object::Service),
         Kind::Pod | Kind::WorkloadEntry => model.workloads.pop().map(Object::Workload),
-        Kind::MeshConfig => Some(Object::Mesh(model.mesh)),
+        Kind::MeshConfig => Some(Object::Mesh(Box::new(model.mesh))),
+        Kind::EndpointSlice => model.endpoint_slices.pop().map(Object::EndpointSlice),
     };
     Converted {
         object,
@@ -208,6 +230,19 @@ pub fn strip(kind: Kind, object: Value) -> Map<String, Value> {
         Kind::MeshConfig => {
             if let Some(Value::Object(data)) = object.remove("data") {
                 slim.insert("data".into(), Value::Object(keep(data, &["mesh"])));
+            }
+        }
+        // Each endpoint's addresses, readiness and Pod; each port's name and number.
+        Kind::EndpointSlice => {
+            if let Some(Value::Object(meta)) = slim.get_mut("metadata")
+                && let Some(Value::Object(labels)) = meta.get_mut("labels")
+            {
+                *labels = keep(std::mem::take(labels), &[config::SERVICE_NAME_LABEL]);
+            }
+            for field in ["addressType", "endpoints", "ports"] {
+                if let Some(value) = object.remove(field) {
+                    slim.insert(field.into(), value);
+                }
             }
         }
     }
@@ -329,7 +364,90 @@ mod tests {
         let Some(Object::Mesh(mesh)) = got.object else {
             panic!("{:?}", got.object)
         };
-        assert_ne!(mesh, MeshConfig::default());
+        assert_ne!(*mesh, MeshConfig::default());
+    }
+
+    fn endpoint_slice(address: &str) -> Value {
+        json!({
+            "metadata": {"name": "web-abc", "namespace": "team-a", "resourceVersion": "7",
+                         "labels": {"kubernetes.io/service-name": "web",
+                                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"},
+                         "managedFields": [{"manager": "kube-controller-manager"}]},
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": [address], "conditions": {"ready": true, "serving": true},
+                 "nodeName": "node-1", "zone": "a", "targetRef": {"kind": "Pod", "name": "web-1", "namespace": "team-a"}},
+                {"addresses": ["10.244.1.21"], "conditions": {"ready": false}}
+            ],
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP", "appProtocol": "http"}]
+        })
+    }
+
+    #[test]
+    fn an_endpoint_slice_keeps_its_service_its_ready_addresses_and_its_ports() {
+        let got = convert(
+            Kind::EndpointSlice,
+            "discovery.k8s.io/v1",
+            endpoint_slice("10.244.1.20"),
+        );
+        assert!(got.errors.is_empty(), "{:?}", got.errors);
+        let Some(Object::EndpointSlice(slice)) = got.object else {
+            panic!("{:?}", got.object)
+        };
+        assert_eq!(
+            *slice,
+            EndpointSlice {
+                namespace: "team-a".into(),
+                name: "web-abc".into(),
+                service: "web".into(),
+                endpoints: vec![config::SliceEndpoint {
+                    ip: "10.244.1.20".parse().unwrap(),
+                    pod: Some("web-1".into()),
+                }],
+                ports: vec![("http".into(), 8080)],
+            }
+        );
+        // Only the service label is kept of the labels.
+        let slim = Value::Object(strip(Kind::EndpointSlice, endpoint_slice("10.244.1.20")));
+        assert_eq!(
+            slim["metadata"]["labels"],
+            json!({"kubernetes.io/service-name": "web"})
+        );
+        assert!(slim["metadata"].get("managedFields").is_none());
+    }
+
+    #[test]
+    fn an_endpoint_slice_with_a_bad_address_is_refused_with_its_field_named() {
+        let got = convert(
+            Kind::EndpointSlice,
+            "discovery.k8s.io/v1",
+            endpoint_slice("10.244.1.999"),
+        );
+        assert!(got.object.is_none());
+        let e = &got.errors[0];
+        assert_eq!(e.object.as_deref(), Some("EndpointSlice team-a/web-abc"));
+        assert_eq!(e.field.as_deref(), Some("endpoints[0].addresses[0]"));
+        let got = convert(
+            Kind::EndpointSlice,
+            "discovery.k8s.io/v1",
+            endpoint_slice("2001:db8::1"),
+        );
+        assert_eq!(
+            got.errors[0].field.as_deref(),
+            Some("endpoints[0].addresses[0]")
+        );
+        assert!(
+            got.errors[0].message.contains("addressType"),
+            "{:?}",
+            got.errors
+        );
+    }
+
+    #[test]
+    fn a_directory_skips_endpoint_slices() {
+        let file = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, namespace: team-a, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.1.20]}]\nports: [{name: http, port: 8080}]\n";
+        let model = config::load_sources([("slices.yaml", file)]).unwrap();
+        assert!(model.endpoint_slices.is_empty());
     }
 
     #[test]

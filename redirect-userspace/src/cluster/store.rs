@@ -206,14 +206,16 @@ impl Store {
                         last_good_in_force: slot.good.is_some(),
                     });
                 }
-                match slot.good.clone() {
+                // The objects are shared, not copied: a rebuild costs a pointer per object.
+                match &slot.good {
                     Some(Object::Namespace(ns)) => {
-                        model.namespaces.insert(ns.name.clone(), ns);
+                        model.namespaces.insert(ns.name.clone(), ns.clone());
                     }
-                    Some(Object::ServiceEntry(se)) => model.service_entries.push(se),
-                    Some(Object::Service(svc)) => model.services.push(svc),
-                    Some(Object::Workload(w)) => model.workloads.push(w),
-                    Some(Object::Mesh(mesh)) => model.mesh = mesh,
+                    Some(Object::ServiceEntry(se)) => model.service_entries.push(se.clone()),
+                    Some(Object::Service(svc)) => model.services.push(svc.clone()),
+                    Some(Object::Workload(w)) => model.workloads.push(w.clone()),
+                    Some(Object::Mesh(mesh)) => model.mesh = (**mesh).clone(),
+                    Some(Object::EndpointSlice(slice)) => model.endpoint_slices.push(slice.clone()),
                     None => {}
                 }
             }

@@ -79,7 +79,7 @@ pub async fn run(
                 None => return,
             }
         } else {
-            "v1".to_string()
+            kind.fixed_api_version()
         };
         if !report
             .send(Change::Watching(kind, api_version.clone()))

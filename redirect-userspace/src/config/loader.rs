@@ -1,11 +1,12 @@
 //! Reading a directory of Kubernetes YAML into a [`Model`]: every document of every file, each
 //! object checked on its own. An invalid object is left out and reported; every valid one loads.
-use std::{collections::HashMap, path::Path};
+use std::{collections::HashMap, path::Path, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 use super::{
+    endpoint_slice::RawEndpointSlice,
     error::{ConfigError, ConfigErrors, Ctx, MAX_QUOTED, bounded, plain_message},
     kube::{RawNamespace, RawPod, RawService},
     mesh::{MeshConfig, RawConfigMap, RawIstioOperator, RawMeshConfig},
@@ -115,6 +116,7 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
 pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
     let limits = Limits::default();
     let mut loader = Loader::new(&limits);
+    loader.from_api = true;
     match serde_yaml_ng::to_value(object) {
         Ok(value) => loader.add_document(source, value, String::new()),
         Err(e) => loader.file_error(source, format!("not a Kubernetes object: {e}")),
@@ -156,6 +158,8 @@ struct Loader {
     seen: HashMap<(&'static str, String, String), String>,
     /// The mesh config found so far and what it was (`IstioOperator in FILE`).
     mesh: Option<(MeshConfig, String)>,
+    /// Reading an object the Kubernetes API served: EndpointSlices are read only then.
+    from_api: bool,
 }
 
 /// Who a document says it is, for reports and for keeping its last good version.
@@ -182,6 +186,7 @@ fn classify(api_version: Option<&str>, kind: &str) -> Option<&'static str> {
         "WorkloadEntry" if istio_networking => "WorkloadEntry",
         "IstioOperator" if group.is_none_or(|g| g == "install.istio.io") => "IstioOperator",
         "MeshConfig" => "MeshConfig",
+        "EndpointSlice" if api_version == Some("discovery.k8s.io/v1") => "EndpointSlice",
         _ => return None,
     })
 }
@@ -222,6 +227,7 @@ impl Loader {
             model: Model::default(),
             seen: HashMap::new(),
             mesh: None,
+            from_api: false,
         }
     }
 
@@ -280,6 +286,13 @@ impl Loader {
             );
             return;
         };
+        if kind == "EndpointSlice" && !self.from_api {
+            tracing::debug!(
+                file,
+                "skipping an EndpointSlice: a directory's Services take their endpoints from their selector"
+            );
+            return;
+        }
         if kind == "List" {
             let items = match value {
                 Value::Mapping(mut map) => match map.remove("items") {
@@ -329,7 +342,7 @@ impl Loader {
                     typed::<RawServiceEntry>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
                     && self.first("ServiceEntry", &se.meta.namespace, &se.meta.name, file)
                 {
-                    self.model.service_entries.push(se);
+                    self.model.service_entries.push(Arc::new(se));
                 }
             }
             "Service" => {
@@ -337,7 +350,7 @@ impl Loader {
                     typed::<RawService>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
                     && self.first("Service", &svc.meta.namespace, &svc.meta.name, file)
                 {
-                    self.model.services.push(svc);
+                    self.model.services.push(Arc::new(svc));
                 }
             }
             "Pod" => {
@@ -345,7 +358,7 @@ impl Loader {
                     typed::<RawPod>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
                     && self.first("Pod", &pod.meta.namespace, &pod.meta.name, file)
                 {
-                    self.model.workloads.push(pod);
+                    self.model.workloads.push(Arc::new(pod));
                 }
             }
             "WorkloadEntry" => {
@@ -353,7 +366,15 @@ impl Loader {
                     typed::<RawWorkloadEntry>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
                     && self.first("WorkloadEntry", &we.meta.namespace, &we.meta.name, file)
                 {
-                    self.model.workloads.push(we);
+                    self.model.workloads.push(Arc::new(we));
+                }
+            }
+            "EndpointSlice" => {
+                if let Some(slice) =
+                    typed::<RawEndpointSlice>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
+                    && self.first("EndpointSlice", &slice.namespace, &slice.name, file)
+                {
+                    self.model.endpoint_slices.push(Arc::new(slice));
                 }
             }
             "IstioOperator" => {
@@ -456,15 +477,21 @@ impl Loader {
 /// Adds the implicit namespace of every object whose namespace nothing declares, and sorts.
 pub(crate) fn complete(model: &mut Model) {
     model.cluster_domain = DEFAULT_CLUSTER_DOMAIN.to_string();
-    let missing: std::collections::BTreeSet<String> = model
+    let mut missing = std::collections::BTreeSet::new();
+    // Objects come mostly grouped by namespace: one lookup per run of the same namespace.
+    let mut previous: Option<&str> = None;
+    for ns in model
         .service_entries
         .iter()
         .map(|s| &s.meta.namespace)
         .chain(model.services.iter().map(|s| &s.meta.namespace))
         .chain(model.workloads.iter().map(|w| &w.meta.namespace))
-        .filter(|ns| !model.namespaces.contains_key(*ns))
-        .cloned()
-        .collect();
+    {
+        if previous != Some(ns.as_str()) && !model.namespaces.contains_key(ns) {
+            missing.insert(ns.clone());
+        }
+        previous = Some(ns);
+    }
     for ns in missing {
         let implicit = Namespace::implicit(&ns);
         model.namespaces.insert(ns, implicit);
@@ -482,6 +509,9 @@ pub(crate) fn complete(model: &mut Model) {
     model
         .workloads
         .sort_by(|a, b| (a.kind, key(&a.meta)).cmp(&(b.kind, key(&b.meta))));
+    model
+        .endpoint_slices
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 }
 
 /// Deserializes a document into its raw shape; a type error names the field path.

@@ -4,6 +4,7 @@
 //! is one object: an invalid object is left out and reported, every valid one loads ([`Loaded`]);
 //! a running agent puts back the last good version of what was left out ([`keep_last_good`]).
 mod convert;
+mod endpoint_slice;
 mod error;
 mod kube;
 mod labels;
@@ -15,6 +16,7 @@ mod service_entry;
 mod source;
 mod yaml;
 
+pub use endpoint_slice::SERVICE_NAME_LABEL;
 pub use error::{ConfigError, ConfigErrors, MAX_MESSAGE, MAX_QUOTED, bounded};
 /// `metadata.creationTimestamp`: only its order matters (the ranking rule).
 pub use jiff::Timestamp;

@@ -1,5 +1,5 @@
 //! The typed, validated resources: what the rest of the agent reads. Built only by the loader.
-use std::{borrow::Cow, collections::BTreeMap, fmt, net::IpAddr};
+use std::{borrow::Cow, collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 use serde::Serialize;
@@ -11,17 +11,20 @@ pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-/// Everything loaded from one configuration directory.
+/// Everything loaded from one configuration directory. Each object is shared (`Arc`), so a model
+/// is copied, and built again from a watch's store, without copying an object.
 #[derive(Debug, Clone, Default)]
 pub struct Model {
     /// Declared namespaces and every namespace an object lives in, by name.
     pub namespaces: BTreeMap<String, Namespace>,
     /// Sorted by `namespace/name`.
-    pub service_entries: Vec<ServiceEntry>,
+    pub service_entries: Vec<Arc<ServiceEntry>>,
     /// Kubernetes Services, sorted by `namespace/name`.
-    pub services: Vec<KubeService>,
+    pub services: Vec<Arc<KubeService>>,
     /// Pods and WorkloadEntries, sorted by kind then `namespace/name`.
-    pub workloads: Vec<Workload>,
+    pub workloads: Vec<Arc<Workload>>,
+    /// EndpointSlices, sorted by `namespace/name`; only the Kubernetes API gives them.
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     pub mesh: MeshConfig,
     pub cluster_domain: String,
 }
@@ -281,4 +284,25 @@ pub struct Workload {
     /// A WorkloadEntry's `spec.address` when it is not an IP (a host name or a unix socket);
     /// `None` for Pods and for a WorkloadEntry with only a `network`.
     pub other_address: Option<WorkloadAddress>,
+}
+
+/// An EndpointSlice (`discovery.k8s.io/v1`), cut to what a Service's endpoints need. Only the
+/// Kubernetes API gives them: a directory's Services take their endpoints from their selector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSlice {
+    pub namespace: String,
+    pub name: String,
+    /// The Service it belongs to (label `kubernetes.io/service-name`); empty when unlabelled.
+    pub service: String,
+    /// The ready endpoints, one per address.
+    pub endpoints: Vec<SliceEndpoint>,
+    /// `(name, port)`: the name is empty for a Service's unnamed port.
+    pub ports: Vec<(String, u16)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SliceEndpoint {
+    pub ip: IpAddr,
+    /// The Pod behind it (`targetRef`), for dumps and explanations.
+    pub pod: Option<String>,
 }

@@ -1,18 +1,22 @@
 //! Model + resolution -> the data plane's services. NONE entries are dropped here, so no lookup,
 //! DNS answer or dump can ever see them.
-use std::{net::IpAddr, sync::atomic::AtomicUsize};
+use std::{
+    collections::{HashMap, HashSet},
+    net::IpAddr,
+    sync::atomic::AtomicUsize,
+};
 
 use super::service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility};
 use crate::{
     config::{
-        Address, EndpointAddress, Host, Model, Resolution, ServiceEntry, ServiceEntryPort,
-        TargetPort, Visibility, Workload, WorkloadKind, selects,
+        Address, EndpointAddress, EndpointSlice, Host, Model, Resolution, ServiceEntry,
+        ServiceEntryPort, ServicePort, TargetPort, Visibility, Workload, WorkloadKind, selects,
     },
     visibility::ResolvedEntry,
 };
 
 pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) -> Vec<Service> {
-    let mut out = Vec::new();
+    let mut out = Vec::with_capacity(model.service_entries.len() + model.services.len());
     for (entry, resolved) in model.service_entries.iter().zip(&resolution.entries) {
         let visibility = match resolved.visibility {
             Visibility::None => continue,
@@ -23,11 +27,24 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
             out.push(from_service_entry(model, entry, resolved, host, visibility));
         }
     }
+    // The EndpointSlices of each Service: when it has any, they say its endpoints, not its selector.
+    let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for slice in &model.endpoint_slices {
+        if !slice.service.is_empty() {
+            slices
+                .entry((&slice.namespace, &slice.service))
+                .or_default()
+                .push(slice);
+        }
+    }
     for svc in &model.services {
+        let slices = slices.get(&(svc.meta.namespace.as_str(), svc.meta.name.as_str()));
         let selected: Vec<&Workload> = match &svc.selector {
+            Some(_) if slices.is_some() => Vec::new(),
             Some(selector) => model
                 .workloads
                 .iter()
+                .map(|w| &**w)
                 .filter(|w| {
                     w.meta.namespace == svc.meta.namespace && selects(selector, &w.meta.labels)
                 })
@@ -45,17 +62,20 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
                     TargetPort::Number(n) => n,
                     TargetPort::Name(_) => p.port,
                 },
-                endpoints: selected
-                    .iter()
-                    .filter_map(|w| {
-                        let port = match &p.target_port {
-                            TargetPort::Number(n) => *n,
-                            // A pod without that named port is not an endpoint for this port.
-                            TargetPort::Name(name) => *w.ports.get(name)?,
-                        };
-                        workload_endpoint(w, port)
-                    })
-                    .collect(),
+                endpoints: match slices {
+                    Some(slices) => slice_endpoints(slices, p, &svc.meta.namespace),
+                    None => selected
+                        .iter()
+                        .filter_map(|w| {
+                            let port = match &p.target_port {
+                                TargetPort::Number(n) => *n,
+                                // A pod without that named port is not an endpoint for this port.
+                                TargetPort::Name(name) => *w.ports.get(name)?,
+                            };
+                            workload_endpoint(w, port)
+                        })
+                        .collect(),
+                },
             })
             .collect();
         let (vips_v4, vips_v6) = split_ips(svc.cluster_ips.iter().copied());
@@ -117,6 +137,7 @@ fn from_service_entry(
         Some(selector) => model
             .workloads
             .iter()
+            .map(|w| &**w)
             .filter(|w| {
                 w.meta.namespace == entry.meta.namespace && selects(selector, &w.meta.labels)
             })
@@ -206,6 +227,33 @@ fn se_endpoints(
         }],
         _ => Vec::new(),
     }
+}
+
+/// A Service port's endpoints from its slices: each slice's port of the same name (empty for an
+/// unnamed port) at each of the slice's ready addresses, once each.
+fn slice_endpoints(
+    slices: &[&EndpointSlice],
+    port: &ServicePort,
+    namespace: &str,
+) -> Vec<Endpoint> {
+    let name = port.name.as_deref().unwrap_or("");
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for slice in slices {
+        let Some(&(_, number)) = slice.ports.iter().find(|(n, _)| n == name) else {
+            continue;
+        };
+        for ep in &slice.endpoints {
+            if seen.insert((ep.ip, number)) {
+                out.push(Endpoint {
+                    address: EndpointAddress::Ip(ep.ip),
+                    port: number,
+                    workload: ep.pod.as_ref().map(|pod| format!("{namespace}/{pod}")),
+                });
+            }
+        }
+    }
+    out
 }
 
 /// A workload's endpoint: its first IPv4 address, else its first address (the agent reaches either

@@ -76,7 +76,7 @@ impl Snapshot {
         self.services.services.iter()
     }
 
-    pub fn workloads(&self) -> &[Workload] {
+    pub fn workloads(&self) -> &[std::sync::Arc<Workload>] {
         &self.workloads.workloads
     }
 

@@ -57,7 +57,12 @@ fn mask_v6(ip: u128, len: u8) -> u128 {
 
 impl ServiceStore {
     pub fn new(services: Vec<Service>) -> Self {
-        let mut store = ServiceStore::default();
+        // Sized once (about one address and one name per service): no rehash on the way.
+        let mut store = ServiceStore {
+            by_vip: HashMap::with_capacity(services.len()),
+            by_host: HashMap::with_capacity(services.len()),
+            ..ServiceStore::default()
+        };
         for (i, svc) in services.iter().enumerate() {
             let i = i as u32;
             for ip in svc.vips() {

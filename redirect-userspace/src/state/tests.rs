@@ -5,6 +5,7 @@ use super::*;
 use crate::config::load_sources;
 
 mod props;
+mod slices;
 mod upstream;
 
 /// A small multi-tenant world: every rule of `docs/data-plane.md` and `docs/dns.md` has an object here to exercise it.

@@ -1,12 +1,13 @@
 //! The workload store: pods and WorkloadEntries by IP, to name a connection's client namespace
 //! and to reach a workload addressed directly.
-use std::{collections::HashMap, net::IpAddr};
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
 use crate::config::Workload;
 
 #[derive(Debug, Default)]
 pub(crate) struct WorkloadStore {
-    pub workloads: Vec<Workload>,
+    /// Shared with the model they were built from.
+    pub workloads: Vec<Arc<Workload>>,
     /// Every workload IP -> the first workload (kind, namespace/name order) with it, and whether
     /// another workload shares it (host-network pods do).
     by_ip: HashMap<IpAddr, Slot>,
@@ -19,8 +20,9 @@ struct Slot {
 }
 
 impl WorkloadStore {
-    pub fn new(workloads: Vec<Workload>) -> Self {
-        let mut by_ip: HashMap<IpAddr, Slot> = HashMap::new();
+    pub fn new(workloads: Vec<Arc<Workload>>) -> Self {
+        // Sized once: a model of 10,000 pods is not rehashed on the way.
+        let mut by_ip: HashMap<IpAddr, Slot> = HashMap::with_capacity(workloads.len());
         for (i, w) in workloads.iter().enumerate() {
             for ip in &w.ips {
                 by_ip
@@ -39,13 +41,13 @@ impl WorkloadStore {
     pub fn by_ip(&self, ip: IpAddr) -> Option<&Workload> {
         self.by_ip
             .get(&ip)
-            .map(|slot| &self.workloads[slot.first as usize])
+            .map(|slot| &*self.workloads[slot.first as usize])
     }
 
     /// The client behind a peer IP. An IP several workloads share names no single namespace, so the
     /// client counts as unknown (PUBLIC services only) rather than borrowing another's namespace.
     pub fn client(&self, ip: IpAddr) -> Option<&Workload> {
         let slot = self.by_ip.get(&ip.to_canonical())?;
-        (!slot.shared).then(|| &self.workloads[slot.first as usize])
+        (!slot.shared).then(|| &*self.workloads[slot.first as usize])
     }
 }

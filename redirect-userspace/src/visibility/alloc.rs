@@ -387,11 +387,11 @@ mod tests {
         let template = model.service_entries[0].clone();
         model.service_entries = (0..66_000)
             .map(|i| {
-                let mut e = template.clone();
+                let mut e = (*template).clone();
                 e.meta.namespace = format!("ns-{}", i % 66);
                 e.meta.name = format!("e{i}");
                 e.hosts = vec![Host::Exact(format!("e{i}.example.com"))];
-                e
+                std::sync::Arc::new(e)
             })
             .collect();
         let allocated = allocate(&model);

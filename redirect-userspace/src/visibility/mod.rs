@@ -58,20 +58,43 @@ impl ResolvedEntry {
     }
 }
 
+/// What the policies give one namespace's entries.
+struct NamespacePolicy<'m> {
+    name: &'m str,
+    labels: std::borrow::Cow<'m, crate::config::Labels>,
+    visibility: Visibility,
+    matched_policy: Option<usize>,
+}
+
 /// Resolves every ServiceEntry of `model`, NONE ones included.
 pub fn resolve(model: &Model) -> Resolved {
     let config = model.mesh.service_entry_visibility.as_ref();
     let cap = config.is_some_and(|c| c.apply_to_sidecars);
     let mut allocations = allocate(model).into_iter();
+    // Entries are sorted by namespace: the policies are matched once per namespace.
+    let mut current: Option<NamespacePolicy<'_>> = None;
     let entries = model
         .service_entries
         .iter()
         .map(|entry| {
             let ns = &entry.meta.namespace;
-            let ns_labels = model.namespace_labels(ns);
-            let (visibility, matched_policy) = visibility_for(config, &ns_labels);
+            if current.as_ref().is_some_and(|p| p.name != ns.as_str()) {
+                current = None;
+            }
+            let policy = current.get_or_insert_with(|| {
+                let labels = model.namespace_labels(ns);
+                let (visibility, matched_policy) = visibility_for(config, &labels);
+                NamespacePolicy {
+                    name: ns,
+                    labels,
+                    visibility,
+                    matched_policy,
+                }
+            });
+            let (ns_labels, visibility, matched_policy) =
+                (&policy.labels, policy.visibility, policy.matched_policy);
             let (mut conditions, waypoint) =
-                conditions(entry, &ns_labels, visibility, config.is_some());
+                conditions(entry, ns_labels, visibility, config.is_some());
             let allocated = allocations.next().unwrap_or_default();
             if let Some(missing) = allocated.iter().find(|a| a.v4.is_none())
                 && visibility != Visibility::None

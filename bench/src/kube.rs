@@ -1,0 +1,233 @@
+//! The cluster as the source (`run --kube`) at scale: `tests/src/bin/kube_scale.rs` run as its own
+//! release binary (the rebuild it times must be optimised code, not xtask's), its figures read back
+//! from the JSON it writes and judged against their targets. Its section of BENCHMARKS.md sits between
+//! two markers, so this phase can run alone (`cargo xtask bench --kube`) and replace only its part.
+use std::fmt::Write;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+use crate::{Built, cmd};
+
+const BEGIN: &str =
+    "<!-- kube-scale: written by `cargo xtask bench --kube`, kept by other runs -->";
+const END: &str = "<!-- kube-scale end -->";
+/// The section's heading, the line it is put before when the file has none yet.
+const HEADING: &str = "## 6. The cluster as the source (`run --kube`) at scale";
+const BEFORE: &str = "\n## Targets";
+
+/// What `kube_scale --json` reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KubeScale {
+    pub namespaces: u64,
+    pub pods: u64,
+    pub entries: u64,
+    pub services: u64,
+    pub ready_s: f64,
+    pub rss_mib: f64,
+    pub rss_after_burst_mib: f64,
+    pub rss_target_mib: f64,
+    pub rebuild_ms: f64,
+    /// The same rebuild on the thread's CPU clock (less stretched by a busy machine).
+    pub rebuild_cpu_ms: Option<f64>,
+    pub model_ms: f64,
+    pub rebuild_target_ms: f64,
+    pub burst: u64,
+    pub burst_ms: f64,
+    pub burst_target_ms: f64,
+}
+
+impl KubeScale {
+    pub fn from_json(v: &Value) -> Result<KubeScale> {
+        let f = |key: &str| {
+            v[key]
+                .as_f64()
+                .with_context(|| format!("kube_scale's JSON has no number {key}: {v}"))
+        };
+        let n = |key: &str| f(key).map(|x| x as u64);
+        Ok(KubeScale {
+            namespaces: n("namespaces")?,
+            pods: n("pods")?,
+            entries: n("entries")?,
+            services: n("services")?,
+            ready_s: f("ready_s")?,
+            rss_mib: f("rss_mib")?,
+            rss_after_burst_mib: f("rss_after_burst_mib")?,
+            rss_target_mib: f("rss_target_mib")?,
+            rebuild_ms: f("rebuild_ms")?,
+            rebuild_cpu_ms: v["rebuild_cpu_ms"].as_f64(),
+            model_ms: f("model_ms")?,
+            rebuild_target_ms: f("rebuild_target_ms")?,
+            burst: n("burst")?,
+            burst_ms: f("burst_ms")?,
+            burst_target_ms: f("burst_target_ms")?,
+        })
+    }
+
+    /// (target, measured, met) for each of the three targets.
+    pub fn verdicts(&self) -> [(String, String, bool); 3] {
+        [
+            (
+                format!("agent RSS, everything held ≤ {} MiB", self.rss_target_mib),
+                format!(
+                    "{:.1} MiB ({:.1} MiB right after the burst)",
+                    self.rss_mib, self.rss_after_burst_mib
+                ),
+                self.rss_mib <= self.rss_target_mib,
+            ),
+            (
+                format!("one snapshot rebuild ≤ {} ms", self.rebuild_target_ms),
+                format!(
+                    "{:.1} ms{} (of which {:.1} ms the store's model)",
+                    self.rebuild_ms,
+                    self.rebuild_cpu_ms
+                        .map_or(String::new(), |cpu| format!(", {cpu:.1} ms of CPU")),
+                    self.model_ms
+                ),
+                self.rebuild_ms <= self.rebuild_target_ms,
+            ),
+            (
+                format!(
+                    "a burst of {} pod changes in force ≤ {} ms",
+                    self.burst, self.burst_target_ms
+                ),
+                format!("{:.0} ms", self.burst_ms),
+                self.burst_ms <= self.burst_target_ms,
+            ),
+        ]
+    }
+
+    /// The section, markers included; `load` is the load average when it ran.
+    pub fn section(&self, date: &str, load: &str) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "{BEGIN}\n{HEADING}\n");
+        let _ = writeln!(
+            s,
+            "The real agent watching the test API server in a node netns (`tests/src/bin/kube_scale.rs`), \
+             which serves {} Namespaces, {} Pods and {} ServiceEntries with the fields a real API server \
+             sends ({} services in the agent's state). Ready {:.2} s after start. Run on {date}, load \
+             average {load}: the machine is shared, so times are high by a factor this run does not isolate. \
+             Reproduce with `sudo cargo xtask bench --kube`.\n",
+            self.namespaces, self.pods, self.entries, self.services, self.ready_s
+        );
+        s.push_str("| target | measured | |\n| --- | --- | --- |\n");
+        for (target, measured, met) in self.verdicts() {
+            let mark = if met { "met" } else { "**missed**" };
+            let _ = writeln!(s, "| {target} | {measured} | {mark} |");
+        }
+        let _ = writeln!(s, "{END}");
+        s
+    }
+}
+
+/// `existing` with its kube section replaced by `section`, or `section` put before the targets
+/// (else at the end) when it has none.
+pub fn splice(existing: &str, section: &str) -> String {
+    if let (Some(begin), Some(end)) = (existing.find(BEGIN), existing.find(END))
+        && begin < end
+    {
+        let rest = &existing[end + END.len()..];
+        let rest = rest.strip_prefix('\n').unwrap_or(rest);
+        return format!("{}{section}{rest}", &existing[..begin]);
+    }
+    match existing.find(BEFORE) {
+        Some(at) => format!("{}\n{section}{}", &existing[..at], &existing[at..]),
+        None => format!("{}\n{section}", existing.trim_end()),
+    }
+}
+
+/// The kept section of an earlier run, markers included, to put back into a regenerated file.
+pub fn kept_section(existing: &str) -> Option<String> {
+    let begin = existing.find(BEGIN)?;
+    let end = existing[begin..].find(END)? + begin + END.len();
+    Some(format!("{}\n", &existing[begin..end]))
+}
+
+/// Builds and runs `kube_scale`, returning what it measured.
+pub fn measure(built: &Built) -> Result<KubeScale> {
+    cmd::run(
+        cmd::cargo()
+            .current_dir(&built.workspace)
+            .args(["build", "--release", "-p", "tests", "--bin", "kube_scale"])
+            // The same embedded object as `cargo xtask build`, so the agent binary stays whole.
+            .env("REDIRECT_EBPF_OBJECT", &built.ebpf_object),
+    )?;
+    let json = built.target_dir.join("kube-scale.json");
+    let _ = std::fs::remove_file(&json);
+    cmd::run(
+        std::process::Command::new(built.target_dir.join("release/kube_scale"))
+            .arg("--json")
+            .arg(&json)
+            .env("REDIRECT_BIN", built.target_dir.join("release/redirect")),
+    )?;
+    read(&json)
+}
+
+fn read(path: &Path) -> Result<KubeScale> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    KubeScale::from_json(&v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(rss: f64) -> KubeScale {
+        KubeScale {
+            namespaces: 1000,
+            pods: 10000,
+            entries: 10000,
+            services: 10000,
+            ready_s: 2.0,
+            rss_mib: rss,
+            rss_after_burst_mib: rss + 4.0,
+            rss_target_mib: 96.0,
+            rebuild_ms: 40.0,
+            rebuild_cpu_ms: Some(38.0),
+            model_ms: 1.0,
+            rebuild_target_ms: 50.0,
+            burst: 1000,
+            burst_ms: 600.0,
+            burst_target_ms: 1000.0,
+        }
+    }
+
+    #[test]
+    fn targets_are_judged_met_or_missed() {
+        let met: Vec<bool> = figures(90.0).verdicts().iter().map(|v| v.2).collect();
+        assert_eq!(met, [true, true, true]);
+        let met: Vec<bool> = figures(120.0).verdicts().iter().map(|v| v.2).collect();
+        assert_eq!(met, [false, true, true]);
+        assert!(figures(120.0).section("d", "1").contains("| **missed** |"));
+    }
+
+    #[test]
+    fn the_section_goes_before_the_targets_then_is_replaced_in_place() {
+        let file = "# Benchmarks\n\n## 5. Control plane\n\nx\n\n## Targets\n\ny\n";
+        let once = splice(file, &figures(120.0).section("d", "1"));
+        assert!(once.find(HEADING).unwrap() < once.find("## Targets").unwrap());
+        assert!(once.contains("120.0 MiB"));
+        let twice = splice(&once, &figures(90.0).section("d", "1"));
+        assert_eq!(twice.matches(HEADING).count(), 1);
+        assert!(twice.contains("90.0 MiB") && !twice.contains("120.0 MiB"));
+        assert!(twice.ends_with("## Targets\n\ny\n"), "{twice}");
+        assert_eq!(
+            kept_section(&twice).as_deref(),
+            Some(figures(90.0).section("d", "1").as_str())
+        );
+    }
+
+    #[test]
+    fn reads_what_kube_scale_writes() {
+        let v = serde_json::json!({"namespaces": 1000, "pods": 10000, "entries": 10000, "services": 10000,
+            "ready_s": 2.0, "rss_mib": 90.0, "rss_after_burst_mib": 94.0, "rss_target_mib": 96.0,
+            "rebuild_ms": 40.0, "rebuild_cpu_ms": 38.0, "model_ms": 1.0, "rebuild_target_ms": 50.0, "burst": 1000,
+            "burst_ms": 600.0, "burst_target_ms": 1000.0});
+        assert_eq!(KubeScale::from_json(&v).unwrap(), figures(90.0));
+        assert!(KubeScale::from_json(&serde_json::json!({"pods": 1})).is_err());
+    }
+}
