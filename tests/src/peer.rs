@@ -34,6 +34,39 @@ pub fn cmd(place: &Place) -> Result<Cmd> {
     Ok(place.cmd(bin()?))
 }
 
+/// What `rdt-peer mix` reported when told to stop: requests that worked, that failed, over how
+/// long, and its whole log (with the failures).
+pub struct MixReport {
+    pub ok: u64,
+    pub failed: u64,
+    pub secs: f64,
+    pub text: String,
+}
+
+/// Stops a running `rdt-peer mix` and reads its summary line (`done ok=N failed=N secs=S ...`).
+pub fn stop_mix(mut mix: Proc) -> Result<MixReport> {
+    mix.write_stdin(b"stop\n")?;
+    let _ = mix.wait(crate::pace::scaled(Duration::from_secs(30)))?;
+    let text = mix.log();
+    let done = text
+        .lines()
+        .find_map(|l| l.strip_prefix("done "))
+        .with_context(|| format!("no summary from the client loop:\n{text}"))?;
+    let field = |name: &str| -> Result<f64> {
+        done.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .with_context(|| format!("no {name} in {done:?}"))?
+            .parse()
+            .context(name.to_string())
+    };
+    Ok(MixReport {
+        ok: field("ok")? as u64,
+        failed: field("failed")? as u64,
+        secs: field("secs")?,
+        text,
+    })
+}
+
 /// A running `rdt-peer serve`: killed on drop.
 pub struct Peer {
     name: String,

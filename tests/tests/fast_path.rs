@@ -129,23 +129,20 @@ fn reloads_under_load_swap_the_kernels_tables_without_a_failed_connection() -> R
         std::thread::sleep(pace::scaled(Duration::from_millis(300)));
     }
 
-    mix.write_stdin(b"stop\n")?;
-    let _ = mix.wait(pace::scaled(Duration::from_secs(30)))?;
-    let text = mix.log();
-    let done = text
-        .lines()
-        .find_map(|l| l.strip_prefix("done "))
-        .with_context(|| format!("no summary from the client loop:\n{text}"))?;
+    let report = peer::stop_mix(mix)?;
     ensure!(
-        done.contains(" failed=0 "),
-        "connections failed while the tables were swapped: {done}\n{text}"
+        report.failed == 0,
+        "{} connections failed while the tables were swapped:\n{}",
+        report.failed,
+        report.text
     );
     let after = w.agent.metrics()?;
     let rewritten = delta(&before, &after, KERNEL_REWRITTEN);
     let passed = delta(&before, &after, KERNEL_PASSTHROUGH);
     ensure!(
         rewritten > 100.0 && passed > 50.0,
-        "the kernel decided too little to prove anything ({rewritten} rewritten, {passed} passed through): {done}"
+        "the kernel decided too little to prove anything ({rewritten} rewritten, {passed} passed through) in {} ok connections",
+        report.ok
     );
     assert_eq!(
         delta(&before, &after, PROXY_SERVICE),
@@ -155,7 +152,8 @@ fn reloads_under_load_swap_the_kernels_tables_without_a_failed_connection() -> R
     let log = w.agent.log();
     let swaps = log.matches("fast path: new tables in force").count();
     eprintln!(
-        "client loop {done}; in the kernel: {rewritten} rewritten, {passed} passed through; {swaps} table swaps"
+        "client loop: {} ok, {} failed in {:.1} s; in the kernel: {rewritten} rewritten, {passed} passed through; {swaps} table swaps",
+        report.ok, report.failed, report.secs
     );
     ensure!(
         swaps > changes as usize,

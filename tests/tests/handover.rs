@@ -144,37 +144,6 @@ fn wait_detached(topo: &Topology) -> Result<()> {
     }
 }
 
-/// What `rdt-peer mix` reported: requests that worked, that failed, over how long, and the failures.
-struct MixReport {
-    ok: u64,
-    failed: u64,
-    secs: f64,
-    text: String,
-}
-
-fn stop_mix(mut mix: integration::Proc) -> Result<MixReport> {
-    mix.write_stdin(b"stop\n")?;
-    let _ = mix.wait(pace::scaled(Duration::from_secs(30)))?;
-    let text = mix.log();
-    let done = text
-        .lines()
-        .find_map(|l| l.strip_prefix("done "))
-        .with_context(|| format!("no summary from the client loop:\n{text}"))?;
-    let field = |name: &str| -> Result<f64> {
-        done.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .with_context(|| format!("no {name} in {done:?}"))?
-            .parse()
-            .context(name.to_string())
-    };
-    Ok(MixReport {
-        ok: field("ok")? as u64,
-        failed: field("failed")? as u64,
-        secs: field("secs")?,
-        text,
-    })
-}
-
 /// team-b's steady traffic: its service, team-a's hidden entry's address, an unknown address, a
 /// name the agent answers and one it forwards.
 fn start_mix(topo: &Topology) -> Result<integration::Proc> {
@@ -248,7 +217,7 @@ fn a_replaced_agent_fails_no_connection_or_query_and_finishes_a_transfer_begun_b
         "drained in {drained_ms} ms: the transfer was not the old agent's"
     );
     std::thread::sleep(pace::scaled(Duration::from_secs(1)));
-    let report = stop_mix(mix)?;
+    let report = peer::stop_mix(mix)?;
     let rate = report.ok as f64 / report.secs;
     eprintln!(
         "hand-over took {handover:?} (successor start to ready); client loop: {} ok, {} failed in {:.1}s ({rate:.0}/s)",

@@ -21,7 +21,7 @@ use redirect_common::{
     maps,
 };
 
-use super::{RedirectError, take_map};
+use super::{RedirectError, per_cpu_totals, take_map};
 use crate::fastpath::Wire;
 
 /// A generation just left is not rewritten before this: a program that read the selector just
@@ -102,17 +102,7 @@ impl FastMaps {
 
     /// Totals of the programs' per-CPU fast-path counters.
     pub fn counts(&self) -> Vec<(FastStat, u64)> {
-        FastStat::ALL
-            .iter()
-            .map(|&stat| {
-                let total = self
-                    .stats
-                    .get(&(stat as u32), 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0);
-                (stat, total)
-            })
-            .collect()
+        per_cpu_totals(&self.stats, &FastStat::ALL, |stat| stat as u32)
     }
 }
 

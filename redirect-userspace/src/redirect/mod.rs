@@ -464,18 +464,26 @@ impl RedirectMaps {
 
     /// Totals of the programs' per-CPU counters.
     pub fn event_counts(&self) -> Vec<(Stat, u64)> {
-        Stat::ALL
-            .iter()
-            .map(|&stat| {
-                let total = self
-                    .stats
-                    .get(&(stat as u32), 0)
-                    .map(|per_cpu| per_cpu.iter().sum())
-                    .unwrap_or(0);
-                (stat, total)
-            })
-            .collect()
+        per_cpu_totals(&self.stats, &Stat::ALL, |stat| stat as u32)
     }
+}
+
+/// Each counter of `all` summed over the CPUs of a per-CPU array indexed by `index`; a slot that
+/// cannot be read counts as zero (the counters are for display, never for decisions).
+fn per_cpu_totals<S: Copy>(
+    map: &PerCpuArray<MapData, u64>,
+    all: &[S],
+    index: impl Fn(S) -> u32,
+) -> Vec<(S, u64)> {
+    all.iter()
+        .map(|&stat| {
+            let total = map
+                .get(&index(stat), 0)
+                .map(|per_cpu| per_cpu.iter().sum())
+                .unwrap_or(0);
+            (stat, total)
+        })
+        .collect()
 }
 
 /// A program the verifier refused: the last line of its log says why; the whole log goes to debug.
