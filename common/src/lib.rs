@@ -187,6 +187,33 @@ impl FastStat {
 
 pub mod fastpath;
 
+/// An IPv6 address as the kernel hands it (`user_ip6`, `local_ip6`: four words in network order)
+/// as its sixteen bytes.
+#[inline(always)]
+pub const fn ip6_bytes(words: [u32; 4]) -> [u8; 16] {
+    let [a, b, c, d] = [
+        words[0].to_ne_bytes(),
+        words[1].to_ne_bytes(),
+        words[2].to_ne_bytes(),
+        words[3].to_ne_bytes(),
+    ];
+    [
+        a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1], d[2],
+        d[3],
+    ]
+}
+
+/// Sixteen address bytes as the kernel's four network-order words: the inverse of [`ip6_bytes`].
+#[inline(always)]
+pub const fn ip6_words(a: &[u8; 16]) -> [u32; 4] {
+    [
+        u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
+        u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
+        u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
+        u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
+    ]
+}
+
 /// An IP address and port. IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`) so one layout serves both
 /// families: an IPv4 socket and an IPv6 socket talking to the v4-mapped form of the same address
 /// file the same key.
@@ -219,17 +246,8 @@ impl SockAddr {
     /// `local_ip6`) and a port in host byte order.
     #[inline(always)]
     pub const fn from_ip6_words(words: [u32; 4], port: u16) -> Self {
-        let [a, b, c, d] = [
-            words[0].to_ne_bytes(),
-            words[1].to_ne_bytes(),
-            words[2].to_ne_bytes(),
-            words[3].to_ne_bytes(),
-        ];
         SockAddr {
-            addr: [
-                a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1],
-                d[2], d[3],
-            ],
+            addr: ip6_bytes(words),
             port,
             _pad: 0,
         }
@@ -238,13 +256,7 @@ impl SockAddr {
     /// The address as four words in network order, the kernel's `user_ip6` form.
     #[inline(always)]
     pub const fn ip6_words(&self) -> [u32; 4] {
-        let a = &self.addr;
-        [
-            u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
-            u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
-            u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
-            u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
-        ]
+        ip6_words(&self.addr)
     }
 
     /// From a socket address: IPv4 is stored IPv4-mapped.

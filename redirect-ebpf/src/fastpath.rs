@@ -13,7 +13,7 @@ use redirect_common::{
         ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A, GEN_B,
         IpKey, LpmBytes, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey,
     },
-    is_v4_mapped, v4_mapped_words,
+    ip6_bytes, ip6_words, is_v4_mapped, v4_mapped_words,
 };
 
 use crate::{
@@ -135,12 +135,7 @@ fn pick<T: FastTables>(port: &PortKey, family: u32, to: &mut Dest) -> bool {
     let ip = if family == FAMILY_V4 {
         v4_mapped_words(u32::from_ne_bytes([a[0], a[1], a[2], a[3]]))
     } else {
-        [
-            u32::from_ne_bytes([a[0], a[1], a[2], a[3]]),
-            u32::from_ne_bytes([a[4], a[5], a[6], a[7]]),
-            u32::from_ne_bytes([a[8], a[9], a[10], a[11]]),
-            u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
-        ]
+        ip6_words(a)
     };
     to.ip = ip;
     to.port = b.port;
@@ -163,17 +158,8 @@ fn ip_key(ip: &[u32; 4]) -> IpKey {
             addr,
         };
     }
-    let [a, b, c, d] = [
-        ip[0].to_ne_bytes(),
-        ip[1].to_ne_bytes(),
-        ip[2].to_ne_bytes(),
-        ip[3].to_ne_bytes(),
-    ];
     IpKey {
         family: FAMILY_V6,
-        addr: [
-            a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3], c[0], c[1], c[2], c[3], d[0], d[1],
-            d[2], d[3],
-        ],
+        addr: ip6_bytes(*ip),
     }
 }
