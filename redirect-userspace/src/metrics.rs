@@ -39,6 +39,8 @@ impl Direction {
 pub enum DnsOutcome {
     Answered,
     Forwarded,
+    /// A forwarded question answered from the cache of the upstream's replies.
+    Cached,
     Servfail,
     /// Not a DNS message: dropped, never forwarded.
     Malformed,
@@ -49,6 +51,7 @@ impl DnsOutcome {
         match self {
             Self::Answered => "answered",
             Self::Forwarded => "forwarded",
+            Self::Cached => "cached",
             Self::Servfail => "servfail",
             Self::Malformed => "malformed",
         }

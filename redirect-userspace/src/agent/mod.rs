@@ -25,7 +25,7 @@ pub use reload::{Loaded, Reloader};
 use crate::{
     admin::{self, AdminState},
     budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
-    dns::{DnsProxy, HostCache, Upstream, VisibleNames},
+    dns::{AnswerCache, DnsProxy, HostCache, Upstream, VisibleNames},
     identity::{CgroupPods, OptOutSync},
     live::LiveState,
     logging::LogLevel,
@@ -46,6 +46,8 @@ pub struct AgentConfig {
     /// Port of the DNS proxy at the gateway; `None` leaves pods' DNS alone.
     pub dns_proxy_port: Option<u16>,
     pub dns_upstream: SocketAddr,
+    /// Entries of the cache of upstream answers; `None`: no cache.
+    pub dns_cache: Option<std::num::NonZeroUsize>,
     pub admin: SocketAddr,
     pub admin_allow_non_loopback: bool,
     pub relay: RelayMode,
@@ -96,6 +98,8 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let attached = Arc::new(AtomicBool::new(false));
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
+    // One cache for every listener: a family's answers serve the other's askers too.
+    let dns_cache = config.dns_cache.map(|entries| Arc::new(AnswerCache::new(entries)));
 
     // The configuration first: when the programs attach, the first answers are already right.
     // A refused first configuration leaves the agent running but not ready, waiting for a fix.
@@ -177,6 +181,10 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
                 addr,
                 fd: tcp,
             });
+            let dns = match &dns_cache {
+                Some(cache) => dns.with_cache(cache.clone()),
+                None => dns,
+            };
             dns_proxies.push(dns.with_budgets(budgets.clone()));
         }
     }

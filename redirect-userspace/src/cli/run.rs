@@ -61,6 +61,10 @@ pub struct RunArgs {
     /// Resolver for every name the mesh does not claim [default: first nameserver of /etc/resolv.conf].
     #[arg(long, value_name = "IP:PORT")]
     pub dns_upstream: Option<SocketAddr>,
+    /// Upstream answers kept for their TTL (at most 30 s) to answer the same question again;
+    /// 0 sends every forwarded query upstream.
+    #[arg(long, value_name = "ENTRIES", default_value_t = 4096)]
+    pub dns_cache: usize,
     /// How proxied bytes move: `splice` (zero-copy, the default) or `copy` (user-space buffers).
     #[arg(long, value_enum, default_value_t = RelayMode::Splice)]
     pub relay: RelayMode,
@@ -138,6 +142,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             proxy_port: args.proxy_port,
             dns_proxy_port: (args.dns_proxy_port != 0).then_some(args.dns_proxy_port),
             dns_upstream,
+            dns_cache: std::num::NonZeroUsize::new(args.dns_cache),
             admin: args.admin,
             admin_allow_non_loopback: args.admin_allow_non_loopback,
             relay: args.relay,

@@ -1,6 +1,7 @@
 //! The DNS proxy: answers names that a service visible to the client owns, forwards everything else
 //! to the upstream resolver and returns its reply unchanged (hidden means absent).
 mod answer;
+mod cache;
 mod pending;
 mod queues;
 mod resolve;
@@ -9,6 +10,7 @@ mod upstream;
 mod visible;
 
 pub use answer::{LocalAnswer, authoritative_reply, servfail_reply};
+pub use cache::AnswerCache;
 pub use resolve::{HostCache, ResolveError, Resolved, resolve_host};
 pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};

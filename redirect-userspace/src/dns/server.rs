@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use super::{
     LocalAnswer,
+    cache::{AnswerCache, CacheKey},
     answer::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
@@ -65,6 +66,8 @@ struct Shared {
     metrics: Arc<Metrics>,
     /// Forwards in flight and TCP clients, per client and node-wide; `None`: no caps.
     budgets: Option<Arc<Budgets>>,
+    /// The upstream's UDP answers, kept for their TTL; `None`: every forward goes upstream.
+    cache: Option<Arc<AnswerCache>>,
 }
 
 impl Shared {
@@ -75,6 +78,11 @@ impl Shared {
             .as_ref()
             .map(|b| b.dns_forwards.take(client))
             .transpose()
+    }
+
+    /// The cached reply to `query`, if it has a key and the cache holds one.
+    fn cached(&self, key: Option<&CacheKey>, query: &[u8]) -> Option<Vec<u8>> {
+        self.cache.as_ref()?.lookup(key?, query)
     }
 
     fn tcp_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
@@ -115,6 +123,7 @@ impl DnsProxy {
                 upstream,
                 decide,
                 budgets: None,
+                cache: None,
                 metrics,
             }),
         })
@@ -144,6 +153,7 @@ impl DnsProxy {
                 upstream,
                 decide,
                 budgets: None,
+                cache: None,
                 metrics,
             }),
         })
@@ -158,6 +168,14 @@ impl DnsProxy {
             .map(|s| s.as_fd().try_clone_to_owned())
             .collect::<io::Result<Vec<_>>>()?;
         Ok((udp, self.tcp.as_fd().try_clone_to_owned()?))
+    }
+
+    /// Answers repeated forwarded questions from `cache` (shared by every listener of the agent).
+    pub fn with_cache(mut self, cache: Arc<AnswerCache>) -> Self {
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.cache = Some(cache);
+        }
+        self
     }
 
     /// Holds forwards and TCP clients to `budgets` (without, nothing is capped).
@@ -214,7 +232,12 @@ async fn serve_udp(queue: Arc<Queue>) {
         // Local answers are a parse and an encode, forwards a send: both done here, no task per query.
         match local_reply(raw, client.ip(), Transport::Udp, shared) {
             Local::Reply(reply) => queue.send(&reply, client).await,
-            Local::Forward(question) => {
+            Local::Forward(question, key) => {
+                if let Some(reply) = shared.cached(key.as_ref(), raw) {
+                    shared.metrics.dns(DnsOutcome::Cached);
+                    queue.send(&reply, client).await;
+                    continue;
+                }
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
                 let Ok(permit) = shared.forward_slot(client.ip()) else {
                     shared.metrics.dns(DnsOutcome::Servfail);
@@ -226,6 +249,7 @@ async fn serve_udp(queue: Arc<Queue>) {
                 let reply_to = ReplyTo::Pod(PodReply {
                     queue: queue.clone(),
                     client,
+                    cache_key: key,
                     _permit: permit,
                 });
                 shared.upstream.forward(raw, question, reply_to).await;
@@ -261,13 +285,20 @@ impl Queue {
 pub struct PodReply {
     queue: Arc<Queue>,
     client: SocketAddr,
+    /// Set when the reply may be kept for other askers.
+    cache_key: Option<CacheKey>,
     _permit: Option<Permit>,
 }
 
 impl PodReply {
     /// The upstream's reply, under the client's id.
     pub fn answered(self, reply: &[u8]) {
-        self.queue.shared.metrics.dns(DnsOutcome::Forwarded);
+        let shared = &self.queue.shared;
+        shared.metrics.dns(DnsOutcome::Forwarded);
+        // Kept before the client has it: its next ask finds it.
+        if let (Some(cache), Some(key)) = (&shared.cache, self.cache_key) {
+            cache.store(key, reply);
+        }
         self.queue.send_now(reply, self.client);
     }
 
@@ -321,7 +352,7 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
         };
         let reply = match local_reply(&query, client.ip(), Transport::Tcp, &shared) {
             Local::Reply(reply) => Some(reply),
-            Local::Forward(_) => {
+            Local::Forward(..) => {
                 let result = shared.upstream.forward_tcp(&query).await;
                 finish_forward(&query, result, client, &shared)
             }
@@ -346,8 +377,9 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
 
 enum Local {
     Reply(Vec<u8>),
-    /// To the upstream; the question as read, to match its reply with.
-    Forward(Vec<Query>),
+    /// To the upstream; the question as read, to match its reply with, and the query's cache key
+    /// when its reply may be shared.
+    Forward(Vec<Query>, Option<CacheKey>),
     Drop,
 }
 
@@ -362,15 +394,24 @@ fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared
     if query.metadata.message_type != MessageType::Query {
         return Local::Drop; // a response sent to us: never reflect it
     }
+    let forward = |query: &mut Message| {
+        // Only UDP replies are kept (a TCP query is most often the retry of a truncated one).
+        let key = shared
+            .cache
+            .as_ref()
+            .filter(|_| transport == Transport::Udp)
+            .and_then(|_| CacheKey::of(query));
+        Local::Forward(std::mem::take(&mut query.queries), key)
+    };
     let [question] = query.queries.as_slice() else {
-        return Local::Forward(query.queries);
+        return forward(&mut query);
     };
     let qtype = question.query_type();
     if query.metadata.op_code != OpCode::Query
         || question.query_class() != DNSClass::IN
         || !matches!(qtype, RecordType::A | RecordType::AAAA)
     {
-        return Local::Forward(std::mem::take(&mut query.queries));
+        return forward(&mut query);
     }
     let decision = shared.decide.decide(&DnsQuery {
         client,
@@ -378,7 +419,7 @@ fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared
         qtype,
     });
     let Decision::Answer(answer) = decision else {
-        return Local::Forward(std::mem::take(&mut query.queries));
+        return forward(&mut query);
     };
     let encoded = authoritative_reply(&query, &answer).and_then(|reply| match transport {
         Transport::Udp => encode_for_udp(&reply, max_udp_reply(&query)),
@@ -573,6 +614,67 @@ mod tests {
         let seen = server.await.unwrap();
         assert_eq!(seen[1].query_type(), RecordType::MX);
         let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 2"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_repeated_question_is_answered_from_the_cache_until_its_ttl_runs_out() {
+        let upstream = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let metrics = Arc::new(Metrics::default());
+        let proxy = DnsProxy::bind(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Upstream::new(upstream.local_addr().unwrap())),
+            Arc::new(OneName),
+            metrics.clone(),
+        )
+        .await
+        .unwrap()
+        .with_cache(Arc::new(AnswerCache::new(
+            std::num::NonZeroUsize::new(8).unwrap(),
+        )));
+        let addr = proxy.local_addr().unwrap();
+        let (_stop, stop_rx) = watch::channel(false);
+        tokio::spawn(proxy.serve(stop_rx));
+        // The upstream answers with a 1 s TTL and counts what reaches it.
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            loop {
+                let (n, from) = upstream.recv_from(&mut buf).await.unwrap();
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut reply = Message::from_vec(&buf[..n]).unwrap();
+                reply.metadata.message_type = MessageType::Response;
+                let owner = reply.queries[0].name().clone();
+                reply.add_answer(hickory_proto::rr::Record::from_rdata(
+                    owner,
+                    1,
+                    RData::A(rdata::A("203.0.113.9".parse().unwrap())),
+                ));
+                upstream.send_to(&reply.to_vec().unwrap(), from).await.unwrap();
+            }
+        });
+        let count = || asked.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..3 {
+            let reply = ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
+            assert_eq!(reply.answers.len(), 1);
+            assert_eq!(reply.metadata.id, 77);
+        }
+        assert_eq!(count(), 1, "asked once, answered thrice");
+        // An owned name never comes from the cache: the agent answers it.
+        let owned = ask_udp(addr, &query("api.example.com.", RecordType::A)).await;
+        assert!(owned.metadata.authoritative);
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
+        assert_eq!(count(), 2, "past its TTL the question goes upstream again");
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="cached"} 2"#),
+            "{text}"
+        );
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 2"#),
             "{text}"
