@@ -43,6 +43,11 @@ impl DnsRecords {
         self.args.push(format!("--host-record={name},{ip}"));
         self
     }
+    /// As [`DnsRecords::host`], answered with this TTL (dnsmasq's own records have TTL 0 otherwise).
+    pub fn host_ttl(mut self, name: &str, ip: IpAddr, ttl: u32) -> Self {
+        self.args.push(format!("--host-record={name},{ip},{ttl}"));
+        self
+    }
     /// `domain` and every name below it answer `ip`.
     pub fn domain(mut self, domain: &str, ip: IpAddr) -> Self {
         self.args.push(format!("--address=/{domain}/{ip}"));

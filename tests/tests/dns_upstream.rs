@@ -3,12 +3,13 @@
 //! within two seconds (never a hang), over UDP and TCP, whether the upstream refuses (dnsmasq stopped:
 //! the port is closed) or stays silent (its address gone: packets vanish); the names the agent answers
 //! itself keep working; once the upstream is back its answers resume. And many queries in flight at
-//! once from two pods, under the same ids, each get their own answer.
+//! once from two pods, under the same ids, each get their own answer. And an answer with a TTL is
+//! asked upstream once, then served from the agent's cache, never in place of the mesh's own answer.
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use integration::explain::DnsAction;
-use integration::world::{PUBLIC_DNS, World, delta, key};
+use integration::world::{self, LASTING_DNS, PUBLIC_DNS, World, delta, key};
 use integration::{Launch, RESOLVER_IP, dig, netns, pace, peer};
 
 /// `docs/dns.md#upstream-failure`: SERVFAIL within 2 s of the query.
@@ -149,5 +150,75 @@ fn many_queries_in_flight_from_two_pods_each_get_their_own_answer() -> Result<()
         "{after:#?}"
     );
     assert_eq!(delta(&before, &after, key::DNS_SERVFAIL), 0.0, "{after:#?}");
+    Ok(())
+}
+
+/// How many queries for `name` (type A) reached dnsmasq, from its query log.
+fn upstream_asked(w: &World, name: &str) -> usize {
+    w.upstream.log().matches(&format!("query[A] {name} from")).count()
+}
+
+/// `dig +nocookie` from `pod`: a stub resolver's query (glibc and musl send no EDNS options; a
+/// query with options, as dig's cookie, is never answered from the cache).
+fn dig_plain(w: &World, pod: &str, name: &str) -> Result<dig::Reply> {
+    dig::run(w.client(pod).cmd("dig").args(["+nocookie", "+tries=1", name]))
+}
+
+/// `docs/dns.md#answer-cache`: a forwarded answer with a TTL goes upstream once; the next askers,
+/// from any namespace, get it from the agent with its TTL counting down; a query with EDNS options
+/// still goes upstream; and a service that starts owning the name answers at once, the cached
+/// upstream answer notwithstanding.
+#[test]
+fn an_upstream_answer_with_a_ttl_is_asked_once_and_never_hides_the_meshs_own_answer() -> Result<()> {
+    let w = World::start()?;
+    let (name, ip, ttl) = LASTING_DNS[0];
+    let want: std::net::Ipv4Addr = ip.parse()?;
+    let before = w.agent.metrics()?;
+    let first = dig_plain(&w, "team-b", name)?;
+    ensure!(first.a_records() == [want], "{first:#?}");
+    ensure!(first.answer[0].ttl == ttl, "the first answer is the upstream's own: {first:#?}");
+    std::thread::sleep(Duration::from_millis(1_100));
+    for pod in ["team-b", "team-a", "team-c"] {
+        let again = dig_plain(&w, pod, name)?;
+        ensure!(again.a_records() == [want], "{pod}: {again:#?}");
+        ensure!(
+            (1..30).contains(&again.answer[0].ttl),
+            "{pod}: a cached answer's TTL is capped at 30 s and counts down: {again:#?}"
+        );
+    }
+    ensure!(
+        upstream_asked(&w, name) == 1,
+        "four asks, one upstream query:\n{}",
+        w.upstream.log()
+    );
+    let after = w.agent.metrics()?;
+    assert_eq!(delta(&before, &after, key::DNS_FORWARDED), 1.0, "{after:#?}");
+    assert_eq!(delta(&before, &after, key::DNS_CACHED), 3.0, "{after:#?}");
+
+    // dig's own query carries a cookie: it goes upstream.
+    let cookie = dig::run(w.client("team-b").cmd("dig").args(["+tries=1", name]))?;
+    ensure!(cookie.a_records() == [want], "{cookie:#?}");
+    ensure!(upstream_asked(&w, name) == 2, "{}", w.upstream.log());
+
+    // team-b's own entry now claims the name: team-b gets the mesh's address at once, while
+    // team-a still gets the upstream's (from the cache).
+    let mesh_ip = "203.0.113.171";
+    let entry = format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata:\n  name: stable\n  namespace: team-b\n\
+         spec:\n  hosts: [{name}]\n  addresses: [{mesh_ip}]\n  ports:\n    - {{number: 80, name: http}}\n\
+         \x20 resolution: STATIC\n  endpoints:\n    - address: 198.51.100.20\n"
+    );
+    let before = w.agent.metrics()?;
+    world::replace_file(w.config_dir(), "90-stable.yaml", &entry)?;
+    w.agent
+        .wait_metrics("the new entry loaded", pace::scaled(Duration::from_secs(5)), |m| {
+            delta(&before, m, key::RELOAD_OK) >= 1.0
+        })?;
+    let own = dig_plain(&w, "team-b", name)?;
+    ensure!(own.a_records() == [mesh_ip.parse::<std::net::Ipv4Addr>()?], "{own:#?}");
+    ensure!(own.has_flag("aa"), "the agent's own answer: {own:#?}");
+    let other = dig_plain(&w, "team-a", name)?;
+    ensure!(other.a_records() == [want], "{other:#?}");
+    ensure!(upstream_asked(&w, name) == 2, "{}", w.upstream.log());
     Ok(())
 }

@@ -121,6 +121,9 @@ pub const PUBLIC_DNS6: &[(&str, &str)] = &[
     ("api6.example.com", "2001:db8:113::10"),
 ];
 
+/// Upstream answers with a TTL (name, address, TTL): the agent may keep them. All others have TTL 0.
+pub const LASTING_DNS: &[(&str, &str, u32)] = &[("stable.example.com", "203.0.113.170", 60)];
+
 /// TTL of the agent's own answers.
 pub const AGENT_TTL: u32 = 30;
 
@@ -128,6 +131,7 @@ pub const AGENT_TTL: u32 = 30;
 pub mod key {
     pub const DNS_ANSWERED: &str = r#"redirect_dns_queries_total{outcome="answered"}"#;
     pub const DNS_FORWARDED: &str = r#"redirect_dns_queries_total{outcome="forwarded"}"#;
+    pub const DNS_CACHED: &str = r#"redirect_dns_queries_total{outcome="cached"}"#;
     pub const DNS_SERVFAIL: &str = r#"redirect_dns_queries_total{outcome="servfail"}"#;
     pub const HIDDEN_DNS: &str = r#"redirect_services_hidden_total{lookup="dns"}"#;
     pub const HIDDEN_OUTBOUND: &str = r#"redirect_services_hidden_total{lookup="outbound"}"#;
@@ -232,6 +236,9 @@ impl World {
         let mut records = DnsRecords::new();
         for (host, ip) in PUBLIC_DNS.iter().chain(PUBLIC_DNS6) {
             records = records.host(host, ip.parse()?);
+        }
+        for (host, ip, ttl) in LASTING_DNS {
+            records = records.host_ttl(host, ip.parse()?, *ttl);
         }
         // The same resolver on both families: a pod may ask it at either address.
         let upstream = topo.start_dual_stack_dnsmasq(records)?;
