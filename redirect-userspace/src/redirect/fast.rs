@@ -12,7 +12,7 @@ use std::{
 };
 
 use aya::{
-    Ebpf,
+    Ebpf, Pod,
     maps::{Array, HashMap, LpmTrie, MapData, MapError, PerCpuArray, lpm_trie::Key},
 };
 use redirect_common::{
@@ -111,20 +111,8 @@ impl Generation {
     /// successful write, so after an error the next call finishes the job.
     fn write(&mut self, want: &Wire) -> Result<(), MapError> {
         let held = &mut self.held;
-        sync(
-            &mut self.clients,
-            &mut held.clients,
-            &want.clients,
-            |m, k| m.remove(k),
-            |m, k, v| m.insert(k, v, 0),
-        )?;
-        sync(
-            &mut self.exact,
-            &mut held.exact,
-            &want.exact,
-            |m, k| m.remove(k),
-            |m, k, v| m.insert(k, v, 0),
-        )?;
+        sync_hash(&mut self.clients, &mut held.clients, &want.clients)?;
+        sync_hash(&mut self.exact, &mut held.exact, &want.exact)?;
         sync(
             &mut self.cidrs,
             &mut held.cidrs,
@@ -132,20 +120,8 @@ impl Generation {
             |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
             |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), v, 0),
         )?;
-        sync(
-            &mut self.ports,
-            &mut held.ports,
-            &want.ports,
-            |m, k| m.remove(k),
-            |m, k, v| m.insert(k, v, 0),
-        )?;
-        sync(
-            &mut self.workloads,
-            &mut held.workloads,
-            &want.workloads,
-            |m, k| m.remove(k),
-            |m, k, v| m.insert(k, v, 0),
-        )?;
+        sync_hash(&mut self.ports, &mut held.ports, &want.ports)?;
+        sync_hash(&mut self.workloads, &mut held.workloads, &want.workloads)?;
         self.config.set(0, want.config, 0)?;
         held.config = want.config;
         Ok(())
@@ -180,6 +156,21 @@ fn sync<M, K: Eq + Hash + Copy, V: PartialEq + Copy>(
         }
     }
     Ok(())
+}
+
+/// [`sync`] for an aya hash map, whose keys are the table's own.
+fn sync_hash<K: Pod + Eq + Hash, V: Pod + PartialEq>(
+    map: &mut HashMap<MapData, K, V>,
+    held: &mut StdHashMap<K, V>,
+    want: &StdHashMap<K, V>,
+) -> Result<(), MapError> {
+    sync(
+        map,
+        held,
+        want,
+        |m, k| m.remove(k),
+        |m, k, v| m.insert(k, v, 0),
+    )
 }
 
 #[cfg(test)]

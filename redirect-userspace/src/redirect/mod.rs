@@ -14,7 +14,7 @@ pub mod pins;
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
-    os::fd::AsFd,
+    os::fd::{AsFd, BorrowedFd},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -23,7 +23,12 @@ use std::{
 use aya::{
     Ebpf, EbpfLoader,
     maps::{HashMap, MapData, MapError, PerCpuArray},
-    programs::{CgroupAttachMode, CgroupSockAddr, ProgramError, SockOps, links::FdLink},
+    programs::{
+        CgroupAttachMode, CgroupSockAddr, ProgramError, ProgramFd, ProgramInfo, SockOps,
+        cgroup_sock_addr::CgroupSockAddrLinkId,
+        links::{FdLink, LinkError},
+        sock_ops::SockOpsLinkId,
+    },
 };
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
@@ -232,51 +237,13 @@ impl Redirector {
 
         let mut attached = Vec::new();
         for name in SOCK_ADDR_PROGRAMS {
-            let program: &mut CgroupSockAddr = program(&mut ebpf, name)?;
-            program.load().map_err(|source| load_error(name, source))?;
-            let prog_id = program_id(name, program.info())?;
-            let fd = program
-                .fd()
-                .map_err(|source| RedirectError::Program { name, source })?;
-            let pinned = match &pin_dir {
-                Some(dir) => swap_into_pinned(dir, name, fd.as_fd())?,
-                None => false,
-            };
-            if !pinned {
-                let id = program
-                    .attach(cgroup.as_fd(), ATTACH_MODE)
-                    .map_err(|source| RedirectError::Program { name, source })?;
-                if let Some(dir) = &pin_dir {
-                    let link = program
-                        .take_link(id)
-                        .map_err(|source| RedirectError::Program { name, source })?;
-                    pin_link(dir, name, FdLink::try_from(link))?;
-                }
-            }
+            let sock_addr: &mut CgroupSockAddr = program(&mut ebpf, name)?;
+            let prog_id = load_and_attach(sock_addr, name, cgroup.as_fd(), pin_dir.as_ref())?;
             attached.push((name, prog_id));
         }
         let name = programs::SOCK_OPS;
         let sock_ops: &mut SockOps = program(&mut ebpf, name)?;
-        sock_ops.load().map_err(|source| load_error(name, source))?;
-        let prog_id = program_id(name, sock_ops.info())?;
-        let fd = sock_ops
-            .fd()
-            .map_err(|source| RedirectError::Program { name, source })?;
-        let pinned = match &pin_dir {
-            Some(dir) => swap_into_pinned(dir, name, fd.as_fd())?,
-            None => false,
-        };
-        if !pinned {
-            let id = sock_ops
-                .attach(cgroup.as_fd(), ATTACH_MODE)
-                .map_err(|source| RedirectError::Program { name, source })?;
-            if let Some(dir) = &pin_dir {
-                let link = sock_ops
-                    .take_link(id)
-                    .map_err(|source| RedirectError::Program { name, source })?;
-                pin_link(dir, name, FdLink::try_from(link))?;
-            }
-        }
+        let prog_id = load_and_attach(sock_ops, name, cgroup.as_fd(), pin_dir.as_ref())?;
         attached.push((name, prog_id));
         let start = match (start, unknown_since) {
             (Start::Replaced { found, .. }, Some(since)) => {
@@ -389,7 +356,7 @@ fn check_same_cgroup(dir: &pins::PinDir, ours: u64) -> Result<(), RedirectError>
 fn swap_into_pinned(
     dir: &pins::PinDir,
     name: &'static str,
-    program: std::os::fd::BorrowedFd<'_>,
+    program: BorrowedFd<'_>,
 ) -> Result<bool, RedirectError> {
     let link_err = |source| RedirectError::Link {
         path: dir.link_path(name),
@@ -405,7 +372,7 @@ fn swap_into_pinned(
 fn pin_link(
     dir: &pins::PinDir,
     name: &'static str,
-    link: Result<FdLink, aya::programs::links::LinkError>,
+    link: Result<FdLink, LinkError>,
 ) -> Result<(), RedirectError> {
     let path = dir.link_path(name);
     let link_err = |e: String| RedirectError::Link {
@@ -418,13 +385,79 @@ fn pin_link(
     Ok(())
 }
 
-fn program_id(
+/// Loads `name` and gets it running on `cgroup`: swapped into its pinned link when a predecessor
+/// left one, else attached anew, its link pinned when there is a pin directory (or tied to this
+/// process when not). Returns the program's id, by which [`owns`] later tells whose program a link
+/// runs.
+fn load_and_attach<P: CgroupProgram>(
+    program: &mut P,
     name: &'static str,
-    info: Result<aya::programs::ProgramInfo, ProgramError>,
+    cgroup: BorrowedFd<'_>,
+    pin_dir: Option<&pins::PinDir>,
 ) -> Result<u32, RedirectError> {
-    info.map(|i| i.id())
-        .map_err(|source| RedirectError::Program { name, source })
+    let program_err = |source| RedirectError::Program { name, source };
+    program
+        .load_program()
+        .map_err(|source| load_error(name, source))?;
+    let prog_id = program.program_info().map_err(program_err)?.id();
+    let fd = program.program_fd().map_err(program_err)?;
+    let swapped = match pin_dir {
+        Some(dir) => swap_into_pinned(dir, name, fd.as_fd())?,
+        None => false,
+    };
+    if !swapped {
+        let id = program.attach_to(cgroup).map_err(program_err)?;
+        if let Some(dir) = pin_dir {
+            let link = program.take_fd_link(id).map_err(program_err)?;
+            pin_link(dir, name, link)?;
+        }
+    }
+    Ok(prog_id)
 }
+
+/// What [`load_and_attach`] needs of a program attached to the pods' cgroup: the sock_addr programs
+/// and sock_ops take the same steps through different aya types.
+trait CgroupProgram {
+    type LinkId;
+    fn load_program(&mut self) -> Result<(), ProgramError>;
+    fn program_info(&self) -> Result<ProgramInfo, ProgramError>;
+    fn program_fd(&self) -> Result<&ProgramFd, ProgramError>;
+    fn attach_to(&mut self, cgroup: BorrowedFd<'_>) -> Result<Self::LinkId, ProgramError>;
+    /// Takes the link away from the program (which would detach it when dropped), to be pinned.
+    fn take_fd_link(&mut self, id: Self::LinkId)
+    -> Result<Result<FdLink, LinkError>, ProgramError>;
+}
+
+macro_rules! impl_cgroup_program {
+    ($($program:ty => $link_id:ty),+ $(,)?) => {$(
+        impl CgroupProgram for $program {
+            type LinkId = $link_id;
+            fn load_program(&mut self) -> Result<(), ProgramError> {
+                self.load()
+            }
+            fn program_info(&self) -> Result<ProgramInfo, ProgramError> {
+                self.info()
+            }
+            fn program_fd(&self) -> Result<&ProgramFd, ProgramError> {
+                self.fd()
+            }
+            fn attach_to(&mut self, cgroup: BorrowedFd<'_>) -> Result<$link_id, ProgramError> {
+                self.attach(cgroup, ATTACH_MODE)
+            }
+            fn take_fd_link(
+                &mut self,
+                id: $link_id,
+            ) -> Result<Result<FdLink, LinkError>, ProgramError> {
+                self.take_link(id).map(FdLink::try_from)
+            }
+        }
+    )+};
+}
+
+impl_cgroup_program!(
+    CgroupSockAddr => CgroupSockAddrLinkId,
+    SockOps => SockOpsLinkId,
+);
 
 impl RedirectMaps {
     /// Where the client at `client` (the peer of an accepted connection) meant to go.
