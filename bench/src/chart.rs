@@ -68,7 +68,7 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
             ),
             (
                 Metric::DnsQps,
-                &[Route::DnsForwarded, Route::DnsAnswered][..],
+                &[Route::DnsForwarded, Route::DnsCached, Route::DnsAnswered][..],
             ),
         ],
     );
@@ -104,7 +104,7 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
             ),
             (
                 Metric::DnsLatency,
-                &[Route::DnsForwarded, Route::DnsAnswered][..],
+                &[Route::DnsForwarded, Route::DnsCached, Route::DnsAnswered][..],
             ),
         ],
     );
@@ -163,6 +163,7 @@ fn color(route: Route) -> RGBColor {
         Route::FastService => RGBColor(148, 103, 189),
         Route::FastPassthrough => RGBColor(214, 39, 40),
         Route::DnsAnswered => RGBColor(44, 160, 44),
+        Route::DnsCached => RGBColor(23, 190, 207),
         _ => RGBColor(150, 150, 150),
     }
 }

@@ -22,8 +22,11 @@ pub enum Route {
     FastPassthrough,
     /// DNS straight to the upstream resolver (agent detached).
     DnsUpstream,
-    /// DNS through the agent, which forwards it to the upstream.
+    /// DNS through the agent, which forwards every query to the upstream (its answer has TTL 0).
     DnsForwarded,
+    /// DNS through the agent for a name whose upstream answer has a TTL: forwarded once per TTL,
+    /// the rest answered from the agent's cache.
+    DnsCached,
     /// DNS answered by the agent (a visible ServiceEntry owns the name).
     DnsAnswered,
 }
@@ -39,7 +42,8 @@ impl Route {
             Route::FastService => "service (fast path)",
             Route::FastPassthrough => "passthrough (fast path)",
             Route::DnsUpstream => "straight to upstream",
-            Route::DnsForwarded => "forwarded by agent",
+            Route::DnsForwarded => "forwarded by agent (TTL 0)",
+            Route::DnsCached => "forwarded by agent (TTL 30 s: cached)",
             Route::DnsAnswered => "answered by agent",
         }
     }
@@ -47,7 +51,9 @@ impl Route {
     /// What this route is compared with.
     pub fn baseline(self) -> Route {
         match self {
-            Route::DnsUpstream | Route::DnsForwarded | Route::DnsAnswered => Route::DnsUpstream,
+            Route::DnsUpstream | Route::DnsForwarded | Route::DnsCached | Route::DnsAnswered => {
+                Route::DnsUpstream
+            }
             _ => Route::Direct,
         }
     }

@@ -48,7 +48,12 @@ const THROUGHPUT_ROUTES: [Route; 7] = [
     Route::FastService,
     Route::FastPassthrough,
 ];
-const DNS_ROUTES: [Route; 3] = [Route::DnsUpstream, Route::DnsForwarded, Route::DnsAnswered];
+const DNS_ROUTES: [Route; 4] = [
+    Route::DnsUpstream,
+    Route::DnsForwarded,
+    Route::DnsCached,
+    Route::DnsAnswered,
+];
 
 impl BenchReport<'_> {
     /// The figures: headline, one table per section, targets.
@@ -78,9 +83,10 @@ impl BenchReport<'_> {
         }
         let _ = writeln!(
             s,
-            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded: {} | | |",
+            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded, TTL 0: {} | forwarded, TTL 30 s (cached): {} | |",
             self.ratio(Metric::DnsQps, Route::DnsAnswered),
-            self.ratio(Metric::DnsQps, Route::DnsForwarded)
+            self.ratio(Metric::DnsQps, Route::DnsForwarded),
+            self.ratio(Metric::DnsQps, Route::DnsCached)
         );
 
         s.push_str("\n## 1. Bulk throughput (iperf3), Gbit/s\n\n");
@@ -193,9 +199,11 @@ impl BenchReport<'_> {
         let _ = write!(
             s,
             "\nClients, in the pod `bench/client` (its cgroup and netns), every one run each round \
-             (`<run dir>/answered.queries` holds `{} A`, `forwarded.queries` holds `{} A`):\n\n```\n",
+             (`<run dir>/answered.queries` holds `{} A`, `forwarded.queries` holds `{} A`, \
+             `cached.queries` holds `{} A`):\n\n```\n",
             scene::ANSWERED_NAME,
-            scene::FORWARDED_NAME
+            scene::FORWARDED_NAME,
+            scene::CACHED_NAME
         );
         for c in self.commands {
             let _ = writeln!(s, "{c}");
@@ -312,8 +320,10 @@ const METHOD: &str = "
   `ActiveOpens` must grow by at least 95 % of wrk's request count, so the figure is connections, not requests on
   kept-alive connections. The server is the same for all three paths.
 - DNS: dnsperf sends one name over and over: `backend.bench.example` (owned by the ServiceEntry: answered by the
-  agent) or `upstream.bench.example` (only in dnsmasq: forwarded by the agent, or asked of dnsmasq directly with
-  the agent detached).
+  agent), `upstream.bench.example` (only in dnsmasq, TTL 0: forwarded by the agent every time, or asked of dnsmasq
+  directly with the agent detached) or `lasting.bench.example` (only in dnsmasq, TTL 30 s, as a cluster DNS
+  answers: forwarded once per TTL, the rest answered from the agent's cache). dnsperf sends no EDNS options,
+  as glibc's and musl's stub resolvers.
 ";
 
 fn ratio_cell(r: &Summary) -> String {

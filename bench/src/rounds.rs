@@ -85,6 +85,7 @@ pub struct Runner<'a> {
     pub commands: BTreeSet<String>,
     answered_queries: PathBuf,
     forwarded_queries: PathBuf,
+    cached_queries: PathBuf,
 }
 
 impl<'a> Runner<'a> {
@@ -102,6 +103,8 @@ impl<'a> Runner<'a> {
                 "forwarded.queries",
                 &format!("{} A\n", scene::FORWARDED_NAME),
             )?,
+            cached_queries: scene
+                .scratch_file("cached.queries", &format!("{} A\n", scene::CACHED_NAME))?,
             scene,
             settings,
             results: Results::new(settings.rounds),
@@ -149,7 +152,7 @@ impl<'a> Runner<'a> {
             Test::Tcp(_) => self.scene.start_agent(relay)?,
         };
         let mut routes = match (test, relay) {
-            (Test::Dns, _) => vec![Route::DnsAnswered, Route::DnsForwarded],
+            (Test::Dns, _) => vec![Route::DnsAnswered, Route::DnsForwarded, Route::DnsCached],
             (_, Relay::Splice) => vec![Route::Service, Route::Passthrough],
             (_, Relay::Copy) => vec![Route::ServiceCopy, Route::PassthroughCopy],
             (_, Relay::FastPath) => vec![Route::FastService, Route::FastPassthrough],
@@ -200,6 +203,7 @@ impl<'a> Runner<'a> {
     fn dns(&mut self, round: usize, route: Route, agent: Option<&Agent>) -> Result<()> {
         let file = match route {
             Route::DnsAnswered => self.answered_queries.clone(),
+            Route::DnsCached => self.cached_queries.clone(),
             _ => self.forwarded_queries.clone(),
         };
         let server = SocketAddrV4::new(RESOLVER_IP, 53);

@@ -31,8 +31,13 @@ pub const IPERF_PORT: u16 = 5201;
 pub const SOCKPERF_PORT: u16 = 11111;
 /// A name the ServiceEntry owns: the agent answers it.
 pub const ANSWERED_NAME: &str = "backend.bench.example";
-/// A name only the upstream knows: the agent forwards it.
+/// A name only the upstream knows, answered with TTL 0: the agent forwards every query for it.
 pub const FORWARDED_NAME: &str = "upstream.bench.example";
+/// A name only the upstream knows, answered with a TTL: the agent forwards it once per TTL and
+/// answers the rest from its cache.
+pub const CACHED_NAME: &str = "lasting.bench.example";
+/// The TTL dnsmasq gives [`CACHED_NAME`] (a cluster DNS's usual).
+pub const CACHED_TTL: u32 = 30;
 
 /// How the proxy moves bytes (`redirect run --relay`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,7 +251,7 @@ pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     .collect()
 }
 
-/// dnsmasq as the upstream: our one record, NXDOMAIN for the rest, and no per-query logging (the
+/// dnsmasq as the upstream: our two records, NXDOMAIN for the rest, and no per-query logging (the
 /// harness's dnsmasq logs every query, which would make it the bottleneck).
 fn dnsmasq_args() -> Vec<String> {
     integration::dnsmasq::BASE_ARGS
@@ -255,6 +260,7 @@ fn dnsmasq_args() -> Vec<String> {
         .chain([
             format!("--listen-address={RESOLVER_IP}"),
             format!("--host-record={FORWARDED_NAME},{SERVER_IP}"),
+            format!("--host-record={CACHED_NAME},{SERVER_IP},{CACHED_TTL}"),
         ])
         .collect()
 }
