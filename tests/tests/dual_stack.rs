@@ -1,9 +1,10 @@
 //! Dual-stack pods: IPv6 sockets are caught like IPv4 ones. An `AF_INET6` socket to a v4-mapped
 //! address (what a JVM opens for an IPv4 address) is an IPv4 connection to the agent; a native IPv6
 //! destination goes to the IPv6 gateway; the node, the agent and hostNetwork processes are left alone
-//! in both families. Then the mesh's IPv6 side: an entry with an IPv6 address, AAAA answers, and an
-//! allocated `2001:2::/48` address. (Every scenario of `visibility.rs` also runs from v4-mapped
-//! sockets and against the resolver's v4-mapped and IPv6 addresses: see `World::check_*`.)
+//! in both families. Then the mesh's IPv6 side: an entry with an IPv6 address, AAAA answers, an
+//! allocated `2001:2::/48` address, and endpoint host names resolved in both families. (Every
+//! scenario of `visibility.rs` also runs from v4-mapped sockets and against the resolver's v4-mapped
+//! and IPv6 addresses: see `World::check_*`.)
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
@@ -290,6 +291,110 @@ fn an_allocated_ipv6_address_is_reachable_by_those_who_see_the_entry() -> Result
         let (v, reply) = w.check_dig_with(ns, "internal.team-a.example", "AAAA", false)?;
         assert_eq!(v.action, DnsAction::Forward, "{}", v.json);
         assert_eq!(reply.status, "NXDOMAIN", "{reply:#?}");
+    }
+    Ok(())
+}
+
+/// Endpoint host names of both families (resolution `DNS`), as the upstream resolver has them: one
+/// with an IPv6 address only, one with both, whose IPv4 side has nothing on port 8080.
+const HOST_RECORDS: [(&str, &str); 3] = [
+    ("v6only.example.org", "2001:db8:66::10"),
+    ("dual.example.org", "198.51.100.67"),
+    ("dual.example.org", "2001:db8:67::10"),
+];
+const HOST_ENTRIES: &str = "\
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+kind: MeshConfig
+serviceEntryVisibility: {defaultVisibility: NAMESPACE}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: db6, namespace: team-a}
+spec:
+  hosts: [db6.example.com]
+  addresses: [203.0.113.66]
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+  endpoints: [{address: v6only.example.org}]
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: dual, namespace: team-a}
+spec:
+  hosts: [dual.example.com]
+  addresses: [203.0.113.67]
+  ports: [{number: 80, name: http}, {number: 8080, name: alt}]
+  resolution: DNS
+  endpoints: [{address: dual.example.org}]
+";
+const A1_UID: &str = "0a1a1a1a-0000-4000-8000-0000000000a6";
+
+/// Endpoint host names resolve in both families: a host with only an AAAA record is reached over
+/// IPv6; a dual-stack host over IPv4 as before, and over IPv6 when its IPv4 address refuses the port.
+#[test]
+fn endpoint_host_names_resolve_to_ipv6_too_and_ipv4_comes_first() -> Result<()> {
+    let mut topo = Topology::new()?;
+    topo.add_kube_pod(A1.0, A1.1.parse()?, A1_UID)?;
+    // Locals drop in reverse: the agent, dnsmasq, the servers, then the topology.
+    let _servers = [
+        topo.start_ext_peer("v6only-origin", &["[2001:db8:66::10]:80".parse()?], &[])?,
+        topo.start_ext_peer("dual-origin-v4", &["198.51.100.67:80".parse()?], &[])?,
+        topo.start_ext_peer(
+            "dual-origin-v6",
+            &[
+                "[2001:db8:67::10]:80".parse()?,
+                "[2001:db8:67::10]:8080".parse()?,
+            ],
+            &[],
+        )?,
+    ];
+    let mut records = integration::DnsRecords::new();
+    for (host, ip) in HOST_RECORDS {
+        records = records.host(host, ip.parse()?);
+    }
+    let dns = topo.start_dnsmasq(integration::RESOLVER_IP, records)?;
+    let dir = topo.scratch_path("config");
+    std::fs::create_dir_all(&dir)?;
+    let pod = integration::fixtures::pod(A1.0, A1_UID, A1.1, "{}");
+    replace_file(&dir, "entries.yaml", &format!("{HOST_ENTRIES}---\n{pod}"))?;
+    let upstream = format!("{}:53", integration::RESOLVER_IP);
+    let agent = Agent::start(
+        &topo,
+        &[
+            "--config",
+            &dir.to_string_lossy(),
+            "--dns-upstream",
+            &upstream,
+        ],
+    )?;
+
+    let a1 = topo.pod(A1.0);
+    let before = agent.metrics()?;
+    for (url, server) in [
+        ("http://203.0.113.66/", "v6only-origin"),
+        ("http://203.0.113.67/", "dual-origin-v4"),
+        ("http://203.0.113.67:8080/", "dual-origin-v6"),
+    ] {
+        assert_eq!(curl(a1.place(), url)?, format!("{server}\n"), "{url}");
+    }
+    let after = agent
+        .wait_metrics("three services", Duration::from_secs(5), |m| {
+            delta(&before, m, SERVICE) == 3.0
+        })
+        .with_context(|| format!("agent log:\n{}", agent.log()))?;
+    assert_eq!(delta(&before, &after, OUTBOUND_ERRORS), 0.0, "{after:#?}");
+    // Both families were asked of the upstream for each host.
+    let log = dns.log();
+    for (host, _) in HOST_RECORDS {
+        for qtype in ["A", "AAAA"] {
+            ensure!(
+                log.contains(&format!("query[{qtype}] {host} ")),
+                "no {qtype} query for {host} upstream; dnsmasq log:\n{log}"
+            );
+        }
     }
     Ok(())
 }

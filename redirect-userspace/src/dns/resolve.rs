@@ -10,6 +10,7 @@ use hickory_proto::{
     op::{Message, Query, ResponseCode},
     rr::{Name, RData, RecordType},
 };
+use tracing::debug;
 
 use super::{Upstream, UpstreamError};
 
@@ -23,23 +24,55 @@ pub enum ResolveError {
     BadReply(String),
     #[error("{name} did not resolve: {code}")]
     NoAddress { name: String, code: ResponseCode },
+    #[error("{name} did not resolve: A: {a}; AAAA: {aaaa}")]
+    BothFailed {
+        name: String,
+        a: Box<ResolveError>,
+        aaaa: Box<ResolveError>,
+    },
 }
 
-/// What the upstream said about a host: its IPv4 addresses in the upstream's order, and for how long.
+/// What the upstream said about a host: its addresses, the IPv4 ones first, each family in the
+/// upstream's order, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Resolved {
     pub addresses: Vec<IpAddr>,
-    /// The smallest TTL on the answer's chain (CNAMEs included): when any link may change.
+    /// The smallest TTL of the answers that gave addresses, each answer's being the smallest on its
+    /// chain (CNAMEs included): when any of them may change.
     pub ttl: Duration,
 }
 
-/// The IPv4 addresses of `host` (A records only: pods are steered over IPv4).
+/// One family's answer: its addresses (maybe none), the smallest TTL on its chain, and its code.
+#[derive(Debug)]
+struct FamilyAnswer {
+    addresses: Vec<IpAddr>,
+    ttl: u32,
+    code: ResponseCode,
+}
+
+/// The addresses of `host` in both families: `A` and `AAAA` asked at once, the answers merged
+/// (`docs/dns.md#endpoint-host-resolution`). One family failing is logged and the other's addresses
+/// used; an error only when neither gives an address.
 pub async fn resolve_host(upstream: &Upstream, host: &str) -> Result<Resolved, ResolveError> {
     let mut name = Name::from_ascii(host).map_err(|_| ResolveError::BadName(host.to_string()))?;
     name.set_fqdn(true);
+    let (a, aaaa) = tokio::join!(
+        ask(upstream, host, &name, RecordType::A),
+        ask(upstream, host, &name, RecordType::AAAA),
+    );
+    merge(host, a, aaaa)
+}
+
+/// Asks for one record type: over UDP, again over TCP if the UDP answer is truncated.
+async fn ask(
+    upstream: &Upstream,
+    host: &str,
+    name: &Name,
+    record_type: RecordType,
+) -> Result<FamilyAnswer, ResolveError> {
     let mut query = Message::query();
     query.metadata.recursion_desired = true;
-    query.add_query(Query::query(name, RecordType::A));
+    query.add_query(Query::query(name.clone(), record_type));
     let bytes = query
         .to_vec()
         .map_err(|e| ResolveError::BadName(format!("{host}: {e}")))?;
@@ -47,22 +80,64 @@ pub async fn resolve_host(upstream: &Upstream, host: &str) -> Result<Resolved, R
     if reply.metadata.truncation {
         reply = parse(&upstream.forward_tcp(&bytes).await?)?;
     }
-    // The answer may lead with CNAMEs; the A records at the end of the chain are what we want.
-    let addresses: Vec<IpAddr> = reply
+    // The answer may lead with CNAMEs; the address records at the end of the chain are what we want.
+    let addresses = reply
         .answers
         .iter()
-        .filter_map(|record| match &record.data {
-            RData::A(a) => Some(IpAddr::V4(a.0)),
+        .filter_map(|record| match (&record.data, record_type) {
+            (RData::A(a), RecordType::A) => Some(IpAddr::V4(a.0)),
+            (RData::AAAA(aaaa), RecordType::AAAA) => Some(IpAddr::V6(aaaa.0)),
             _ => None,
         })
         .collect();
-    if addresses.is_empty() {
-        return Err(ResolveError::NoAddress {
-            name: host.to_string(),
-            code: reply.metadata.response_code,
+    Ok(FamilyAnswer {
+        addresses,
+        ttl: reply.answers.iter().map(|r| r.ttl).min().unwrap_or(0),
+        code: reply.metadata.response_code,
+    })
+}
+
+/// The addresses of both answers, IPv4 first, kept for the smaller TTL of the answers that gave
+/// addresses (a family without any says nothing about how long the other's hold).
+fn merge(
+    host: &str,
+    a: Result<FamilyAnswer, ResolveError>,
+    aaaa: Result<FamilyAnswer, ResolveError>,
+) -> Result<Resolved, ResolveError> {
+    let with_addresses = || {
+        [&a, &aaaa]
+            .into_iter()
+            .flatten()
+            .filter(|answer| !answer.addresses.is_empty())
+    };
+    let addresses: Vec<IpAddr> = with_addresses()
+        .flat_map(|answer| answer.addresses.iter().copied())
+        .collect();
+    let Some(ttl) = with_addresses().map(|answer| answer.ttl).min() else {
+        return Err(match (a, aaaa) {
+            (Err(a), Err(aaaa)) => ResolveError::BothFailed {
+                name: host.to_string(),
+                a: Box::new(a),
+                aaaa: Box::new(aaaa),
+            },
+            // The failure is the likelier reason than the other family's empty answer.
+            (Err(e), Ok(_)) | (Ok(_), Err(e)) => e,
+            // An NXDOMAIN (or SERVFAIL) says more than the other family's empty NOERROR.
+            (Ok(a), Ok(aaaa)) => ResolveError::NoAddress {
+                name: host.to_string(),
+                code: if a.code == ResponseCode::NoError {
+                    aaaa.code
+                } else {
+                    a.code
+                },
+            },
         });
+    };
+    for (record_type, outcome) in [(RecordType::A, &a), (RecordType::AAAA, &aaaa)] {
+        if let Err(e) = outcome {
+            debug!(endpoint = host, %record_type, error = %e, "one address family of an endpoint host name failed; using the other's addresses");
+        }
     }
-    let ttl = reply.answers.iter().map(|r| r.ttl).min().unwrap_or(0);
     Ok(Resolved {
         addresses,
         ttl: Duration::from_secs(u64::from(ttl)),
@@ -82,10 +157,26 @@ pub struct HostCache {
     entries: Mutex<HashMap<String, Entry>>,
 }
 
+/// The addresses a connection tries, in order: `first`, and `fallback` if connecting to it fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pick {
+    /// The next IPv4 address in turn, or the next IPv6 one for a host with no IPv4 address.
+    pub first: IpAddr,
+    /// For a host with both families, the next IPv6 address in turn.
+    pub fallback: Option<IpAddr>,
+}
+
 #[derive(Debug)]
 struct Entry {
-    addresses: Arc<[IpAddr]>,
+    v4: Turns,
+    v6: Turns,
     expires: Instant,
+}
+
+/// One family's addresses, taken in turn.
+#[derive(Debug)]
+struct Turns {
+    addresses: Box<[IpAddr]>,
     next: usize,
 }
 
@@ -103,13 +194,17 @@ impl HostCache {
         }
     }
 
-    /// One address of `host`: from the cache while fresh, else asked of the upstream.
-    pub async fn address(&self, host: &str) -> Result<IpAddr, ResolveError> {
-        if let Some(ip) = self.cached(host, Instant::now()) {
-            return Ok(ip);
+    /// The addresses of `host` to try: from the cache while fresh, else asked of the upstream.
+    pub async fn pick(&self, host: &str) -> Result<Pick, ResolveError> {
+        if let Some(pick) = self.cached(host, Instant::now()) {
+            return Ok(pick);
         }
         let resolved = resolve_host(&self.upstream, host).await?;
-        Ok(self.insert(host, resolved, Instant::now()))
+        self.insert(host, resolved, Instant::now())
+            .ok_or_else(|| ResolveError::NoAddress {
+                name: host.to_string(),
+                code: ResponseCode::NoError,
+            })
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
@@ -117,23 +212,27 @@ impl HostCache {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn cached(&self, host: &str, now: Instant) -> Option<IpAddr> {
+    fn cached(&self, host: &str, now: Instant) -> Option<Pick> {
         let mut entries = self.entries();
         let entry = entries.get_mut(host)?;
         if entry.expires <= now {
             entries.remove(host);
             return None;
         }
-        Some(entry.take())
+        entry.take()
     }
 
-    fn insert(&self, host: &str, resolved: Resolved, now: Instant) -> IpAddr {
+    /// Keeps `resolved` (unless its TTL is 0) and takes the first pick from it; `None` if it holds
+    /// no address.
+    fn insert(&self, host: &str, resolved: Resolved, now: Instant) -> Option<Pick> {
+        let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) =
+            resolved.addresses.iter().partition(|ip| ip.is_ipv4());
         let mut entry = Entry {
-            addresses: resolved.addresses.into(),
+            v4: Turns::new(v4),
+            v6: Turns::new(v6),
             expires: now + resolved.ttl.min(MAX_KEEP),
-            next: 0,
         };
-        let ip = entry.take();
+        let pick = entry.take()?;
         if !resolved.ttl.is_zero() {
             let mut entries = self.entries();
             if entries.len() >= MAX_HOSTS {
@@ -141,22 +240,54 @@ impl HostCache {
             }
             entries.insert(host.to_string(), entry);
         }
-        ip
+        Some(pick)
     }
 }
 
 impl Entry {
+    /// IPv4 first: it is what workload endpoints use too, and a host name with IPv4 addresses
+    /// connects exactly as it did when only they were asked. IPv6 is the fallback, or the only
+    /// choice of an IPv6-only host.
+    fn take(&mut self) -> Option<Pick> {
+        match self.v4.take() {
+            Some(first) => Some(Pick {
+                first,
+                fallback: self.v6.take(),
+            }),
+            None => self.v6.take().map(|first| Pick {
+                first,
+                fallback: None,
+            }),
+        }
+    }
+}
+
+impl Turns {
+    fn new(addresses: Vec<IpAddr>) -> Turns {
+        Turns {
+            addresses: addresses.into(),
+            next: 0,
+        }
+    }
+
     /// The next address in turn.
-    fn take(&mut self) -> IpAddr {
-        let ip = self.addresses[self.next % self.addresses.len()];
+    fn take(&mut self) -> Option<IpAddr> {
+        let ip = *self
+            .addresses
+            .get(self.next % self.addresses.len().max(1))?;
         self.next = self.next.wrapping_add(1);
-        ip
+        Some(ip)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hickory_proto::{
+        op::MessageType,
+        rr::{Record, rdata},
+    };
+    use tokio::net::UdpSocket;
 
     fn cache() -> HostCache {
         HostCache::new(Arc::new(Upstream::new("192.0.2.53:53".parse().unwrap())))
@@ -169,27 +300,37 @@ mod tests {
         }
     }
 
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn pick(first: &str, fallback: Option<&str>) -> Pick {
+        Pick {
+            first: ip(first),
+            fallback: fallback.map(ip),
+        }
+    }
+
     #[test]
     fn an_answer_is_used_in_turn_until_its_ttl_ends() {
         let cache = cache();
         let t0 = Instant::now();
-        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert_eq!(
             cache.insert(
                 "origin.example.org",
                 resolved(&["198.51.100.1", "198.51.100.2"], 30),
                 t0
             ),
-            ip("198.51.100.1")
+            Some(pick("198.51.100.1", None))
         );
         let at = t0 + Duration::from_secs(29);
         assert_eq!(
             cache.cached("origin.example.org", at),
-            Some(ip("198.51.100.2"))
+            Some(pick("198.51.100.2", None))
         );
         assert_eq!(
             cache.cached("origin.example.org", at),
-            Some(ip("198.51.100.1"))
+            Some(pick("198.51.100.1", None))
         );
         assert_eq!(cache.cached("other.example.org", at), None);
         assert_eq!(
@@ -208,5 +349,234 @@ mod tests {
         assert_eq!(cache.cached("a.example.org", t0), None);
         cache.insert("b.example.org", resolved(&["198.51.100.1"], 86_400), t0);
         assert!(cache.cached("b.example.org", t0 + MAX_KEEP).is_none());
+    }
+
+    /// Both families: IPv4 in turn first, IPv6 in turn as the fallback; an IPv6-only host is
+    /// connected over IPv6 with nothing to fall back to.
+    #[test]
+    fn ipv4_comes_first_and_ipv6_is_the_fallback_or_the_only_choice() {
+        let cache = cache();
+        let t0 = Instant::now();
+        let dual = resolved(&["198.51.100.1", "2001:db8::1", "2001:db8::2"], 30);
+        assert_eq!(
+            cache.insert("dual.example.org", dual, t0),
+            Some(pick("198.51.100.1", Some("2001:db8::1")))
+        );
+        assert_eq!(
+            cache.cached("dual.example.org", t0),
+            Some(pick("198.51.100.1", Some("2001:db8::2")))
+        );
+        let v6 = resolved(&["2001:db8::1", "2001:db8::2"], 30);
+        assert_eq!(
+            cache.insert("v6.example.org", v6, t0),
+            Some(pick("2001:db8::1", None))
+        );
+        assert_eq!(
+            cache.cached("v6.example.org", t0),
+            Some(pick("2001:db8::2", None))
+        );
+        assert_eq!(
+            cache.insert("none.example.org", resolved(&[], 30), t0),
+            None
+        );
+    }
+
+    /// What the fake upstream does with one record type.
+    #[derive(Clone)]
+    enum Says {
+        /// These addresses, each with this TTL, after a CNAME with `cname_ttl`.
+        Addresses {
+            ips: Vec<IpAddr>,
+            ttl: u32,
+            cname_ttl: Option<u32>,
+        },
+        /// No record, this code (NOERROR is an empty answer).
+        Code(ResponseCode),
+        /// Nothing at all.
+        Silent,
+    }
+
+    fn addresses(ips: &[&str], ttl: u32) -> Says {
+        Says::Addresses {
+            ips: ips.iter().map(|s| ip(s)).collect(),
+            ttl,
+            cname_ttl: None,
+        }
+    }
+
+    /// An upstream on loopback that answers `A` as `a` says and `AAAA` as `aaaa` says, and the
+    /// record types it was asked for, in order of arrival.
+    async fn fake_upstream(a: Says, aaaa: Says) -> (Upstream, Arc<Mutex<Vec<RecordType>>>) {
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let mut upstream = Upstream::new(server.local_addr().unwrap());
+        // The silent cases need not wait the full deadline.
+        upstream.timeout = Duration::from_millis(300);
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = server.recv_from(&mut buf).await {
+                let Ok(mut reply) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                let question = reply.queries[0].clone();
+                seen.lock().unwrap().push(question.query_type());
+                let says = match question.query_type() {
+                    RecordType::A => a.clone(),
+                    _ => aaaa.clone(),
+                };
+                reply.metadata.message_type = MessageType::Response;
+                match says {
+                    Says::Silent => continue,
+                    Says::Code(code) => reply.metadata.response_code = code,
+                    Says::Addresses {
+                        ips,
+                        ttl,
+                        cname_ttl,
+                    } => {
+                        let mut owner = question.name().clone();
+                        if let Some(cname_ttl) = cname_ttl {
+                            let target = Name::from_ascii("edge.example.net.").unwrap();
+                            let cname = RData::CNAME(rdata::CNAME(target.clone()));
+                            reply.add_answer(Record::from_rdata(owner, cname_ttl, cname));
+                            owner = target;
+                        }
+                        for ip in ips {
+                            let data = match ip {
+                                IpAddr::V4(v4) => RData::A(rdata::A(v4)),
+                                IpAddr::V6(v6) => RData::AAAA(rdata::AAAA(v6)),
+                            };
+                            reply.add_answer(Record::from_rdata(owner.clone(), ttl, data));
+                        }
+                    }
+                }
+                let _ = server.send_to(&reply.to_vec().unwrap(), from).await;
+            }
+        });
+        (upstream, asked)
+    }
+
+    async fn resolve(a: Says, aaaa: Says) -> (Result<Resolved, ResolveError>, Vec<RecordType>) {
+        let (upstream, asked) = fake_upstream(a, aaaa).await;
+        let result = resolve_host(&upstream, "db.example.org").await;
+        let mut asked = asked.lock().unwrap().clone();
+        asked.sort_by_key(|t| u16::from(*t));
+        (result, asked)
+    }
+
+    #[tokio::test]
+    async fn both_families_are_asked_and_merged_ipv4_first_for_the_smaller_ttl() {
+        let (result, asked) = resolve(
+            addresses(&["198.51.100.1", "198.51.100.2"], 60),
+            addresses(&["2001:db8::1"], 30),
+        )
+        .await;
+        assert_eq!(asked, [RecordType::A, RecordType::AAAA]);
+        assert_eq!(
+            result.unwrap(),
+            resolved(&["198.51.100.1", "198.51.100.2", "2001:db8::1"], 30)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cname_on_the_chain_bounds_the_ttl() {
+        let aaaa = Says::Addresses {
+            ips: vec![ip("2001:db8::1")],
+            ttl: 60,
+            cname_ttl: Some(10),
+        };
+        let (result, _) = resolve(addresses(&["198.51.100.1"], 60), aaaa).await;
+        assert_eq!(
+            result.unwrap(),
+            resolved(&["198.51.100.1", "2001:db8::1"], 10)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_host_with_one_family_resolves_and_the_empty_one_sets_no_ttl() {
+        let (v6_only, _) = resolve(
+            Says::Code(ResponseCode::NoError),
+            addresses(&["2001:db8::1"], 30),
+        )
+        .await;
+        assert_eq!(v6_only.unwrap(), resolved(&["2001:db8::1"], 30));
+
+        // A CNAME without an AAAA at its end: no address, so its short TTL does not count.
+        let no_aaaa = Says::Addresses {
+            ips: vec![],
+            ttl: 0,
+            cname_ttl: Some(5),
+        };
+        let (v4_only, _) = resolve(addresses(&["198.51.100.1"], 60), no_aaaa).await;
+        assert_eq!(v4_only.unwrap(), resolved(&["198.51.100.1"], 60));
+    }
+
+    #[tokio::test]
+    async fn one_family_failing_still_gives_the_others_addresses() {
+        let (a_failed, _) = resolve(
+            Says::Code(ResponseCode::ServFail),
+            addresses(&["2001:db8::1"], 30),
+        )
+        .await;
+        assert_eq!(a_failed.unwrap(), resolved(&["2001:db8::1"], 30));
+        let (aaaa_silent, _) = resolve(addresses(&["198.51.100.1"], 60), Says::Silent).await;
+        assert_eq!(aaaa_silent.unwrap(), resolved(&["198.51.100.1"], 60));
+    }
+
+    #[tokio::test]
+    async fn neither_family_giving_an_address_is_an_error() {
+        let (nx, _) = resolve(
+            Says::Code(ResponseCode::NXDomain),
+            Says::Code(ResponseCode::NXDomain),
+        )
+        .await;
+        assert!(
+            matches!(
+                nx,
+                Err(ResolveError::NoAddress {
+                    code: ResponseCode::NXDomain,
+                    ..
+                })
+            ),
+            "{nx:?}"
+        );
+        // The failing family's code, not the other's empty NOERROR.
+        let (servfail, _) = resolve(
+            Says::Code(ResponseCode::NoError),
+            Says::Code(ResponseCode::ServFail),
+        )
+        .await;
+        assert!(
+            matches!(
+                servfail,
+                Err(ResolveError::NoAddress {
+                    code: ResponseCode::ServFail,
+                    ..
+                })
+            ),
+            "{servfail:?}"
+        );
+        // A timeout says more than the other family's empty answer.
+        let (one_silent, _) = resolve(Says::Silent, Says::Code(ResponseCode::NoError)).await;
+        assert!(
+            matches!(
+                one_silent,
+                Err(ResolveError::Upstream(UpstreamError::Timeout(..)))
+            ),
+            "{one_silent:?}"
+        );
+        let (both_silent, _) = resolve(Says::Silent, Says::Silent).await;
+        let err = both_silent.unwrap_err();
+        assert!(
+            matches!(&err, ResolveError::BothFailed { a, aaaa, .. }
+                if matches!(**a, ResolveError::Upstream(UpstreamError::Timeout(..)))
+                    && matches!(**aaaa, ResolveError::Upstream(UpstreamError::Timeout(..)))),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .starts_with("db.example.org did not resolve: A: "),
+            "{err}"
+        );
     }
 }

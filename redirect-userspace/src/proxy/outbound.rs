@@ -190,10 +190,13 @@ async fn handle(
         reset(client);
         return;
     };
-    let dst = match plan.target {
-        Dst::Addr(addr) => addr,
-        Dst::Host { name, port } => match context.endpoint_hosts.address(&name).await {
-            Ok(ip) => SocketAddr::new(ip, port),
+    let (first, fallback) = match plan.target {
+        Dst::Addr(addr) => (addr, None),
+        Dst::Host { name, port } => match context.endpoint_hosts.pick(&name).await {
+            Ok(pick) => (
+                SocketAddr::new(pick.first, port),
+                pick.fallback.map(|ip| SocketAddr::new(ip, port)),
+            ),
             Err(e) => {
                 debug!(client = %peer, orig_dst = %orig, endpoint = %name, error = %e, "endpoint host name did not resolve");
                 context.metrics.outbound(OutboundOutcome::Error);
@@ -202,9 +205,9 @@ async fn handle(
             }
         },
     };
-    let upstream = match connect_marked(dst, CONNECT_TIMEOUT).await {
-        Ok(upstream) => upstream,
-        Err(e) => {
+    let (upstream, dst) = match connect_upstream(first, fallback).await {
+        Ok(connected) => connected,
+        Err((dst, e)) => {
             debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
             context.metrics.outbound(OutboundOutcome::Error);
             reset(client);
@@ -243,6 +246,27 @@ async fn handle(
             // Both sockets still linger 0: dropping them resets both peers.
             debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error; resetting both sides");
         }
+    }
+}
+
+/// Connects to `first`, else to `fallback` (a host name's IPv6 address when its IPv4 one fails,
+/// `docs/data-plane.md#connect-failures`), each within the connect deadline. The address connected
+/// to, or the last one tried and its error.
+async fn connect_upstream(
+    first: SocketAddr,
+    fallback: Option<SocketAddr>,
+) -> Result<(TcpStream, SocketAddr), (SocketAddr, io::Error)> {
+    let e = match connect_marked(first, CONNECT_TIMEOUT).await {
+        Ok(stream) => return Ok((stream, first)),
+        Err(e) => e,
+    };
+    let Some(other) = fallback else {
+        return Err((first, e));
+    };
+    debug!(upstream = %first, fallback = %other, error = %e, "upstream connect failed; trying the host's other address family");
+    match connect_marked(other, CONNECT_TIMEOUT).await {
+        Ok(stream) => Ok((stream, other)),
+        Err(e) => Err((other, e)),
     }
 }
 
