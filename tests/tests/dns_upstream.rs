@@ -155,13 +155,20 @@ fn many_queries_in_flight_from_two_pods_each_get_their_own_answer() -> Result<()
 
 /// How many queries for `name` (type A) reached dnsmasq, from its query log.
 fn upstream_asked(w: &World, name: &str) -> usize {
-    w.upstream.log().matches(&format!("query[A] {name} from")).count()
+    w.upstream
+        .log()
+        .matches(&format!("query[A] {name} from"))
+        .count()
 }
 
 /// `dig +nocookie` from `pod`: a stub resolver's query (glibc and musl send no EDNS options; a
 /// query with options, as dig's cookie, is never answered from the cache).
 fn dig_plain(w: &World, pod: &str, name: &str) -> Result<dig::Reply> {
-    dig::run(w.client(pod).cmd("dig").args(["+nocookie", "+tries=1", name]))
+    dig::run(
+        w.client(pod)
+            .cmd("dig")
+            .args(["+nocookie", "+tries=1", name]),
+    )
 }
 
 /// `docs/dns.md#answer-cache`: a forwarded answer with a TTL goes upstream once; the next askers,
@@ -169,14 +176,18 @@ fn dig_plain(w: &World, pod: &str, name: &str) -> Result<dig::Reply> {
 /// still goes upstream; and a service that starts owning the name answers at once, the cached
 /// upstream answer notwithstanding.
 #[test]
-fn an_upstream_answer_with_a_ttl_is_asked_once_and_never_hides_the_meshs_own_answer() -> Result<()> {
+fn an_upstream_answer_with_a_ttl_is_asked_once_and_never_hides_the_meshs_own_answer() -> Result<()>
+{
     let w = World::start()?;
     let (name, ip, ttl) = LASTING_DNS[0];
     let want: std::net::Ipv4Addr = ip.parse()?;
     let before = w.agent.metrics()?;
     let first = dig_plain(&w, "team-b", name)?;
     ensure!(first.a_records() == [want], "{first:#?}");
-    ensure!(first.answer[0].ttl == ttl, "the first answer is the upstream's own: {first:#?}");
+    ensure!(
+        first.answer[0].ttl == ttl,
+        "the first answer is the upstream's own: {first:#?}"
+    );
     std::thread::sleep(Duration::from_millis(1_100));
     for pod in ["team-b", "team-a", "team-c"] {
         let again = dig_plain(&w, pod, name)?;
@@ -192,7 +203,11 @@ fn an_upstream_answer_with_a_ttl_is_asked_once_and_never_hides_the_meshs_own_ans
         w.upstream.log()
     );
     let after = w.agent.metrics()?;
-    assert_eq!(delta(&before, &after, key::DNS_FORWARDED), 1.0, "{after:#?}");
+    assert_eq!(
+        delta(&before, &after, key::DNS_FORWARDED),
+        1.0,
+        "{after:#?}"
+    );
     assert_eq!(delta(&before, &after, key::DNS_CACHED), 3.0, "{after:#?}");
 
     // dig's own query carries a cookie: it goes upstream.
@@ -210,12 +225,16 @@ fn an_upstream_answer_with_a_ttl_is_asked_once_and_never_hides_the_meshs_own_ans
     );
     let before = w.agent.metrics()?;
     world::replace_file(w.config_dir(), "90-stable.yaml", &entry)?;
-    w.agent
-        .wait_metrics("the new entry loaded", pace::scaled(Duration::from_secs(5)), |m| {
-            delta(&before, m, key::RELOAD_OK) >= 1.0
-        })?;
+    w.agent.wait_metrics(
+        "the new entry loaded",
+        pace::scaled(Duration::from_secs(5)),
+        |m| delta(&before, m, key::RELOAD_OK) >= 1.0,
+    )?;
     let own = dig_plain(&w, "team-b", name)?;
-    ensure!(own.a_records() == [mesh_ip.parse::<std::net::Ipv4Addr>()?], "{own:#?}");
+    ensure!(
+        own.a_records() == [mesh_ip.parse::<std::net::Ipv4Addr>()?],
+        "{own:#?}"
+    );
     ensure!(own.has_flag("aa"), "the agent's own answer: {own:#?}");
     let other = dig_plain(&w, "team-a", name)?;
     ensure!(other.a_records() == [want], "{other:#?}");

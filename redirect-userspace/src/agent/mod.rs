@@ -99,7 +99,9 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
     // One cache for every listener: a family's answers serve the other's askers too.
-    let dns_cache = config.dns_cache.map(|entries| Arc::new(AnswerCache::new(entries)));
+    let dns_cache = config
+        .dns_cache
+        .map(|entries| Arc::new(AnswerCache::new(entries)));
 
     // The configuration first: when the programs attach, the first answers are already right.
     // A refused first configuration leaves the agent running but not ready, waiting for a fix.

@@ -106,7 +106,8 @@ impl AnswerCache {
         self.store_at(key, reply, Instant::now());
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.lock().len()
     }
 
@@ -147,7 +148,10 @@ impl Stored {
         if meta.message_type != MessageType::Response
             || meta.truncation
             || header.counts.queries != 1
-            || !matches!(meta.response_code, ResponseCode::NoError | ResponseCode::NXDomain)
+            || !matches!(
+                meta.response_code,
+                ResponseCode::NoError | ResponseCode::NXDomain
+            )
         {
             return None;
         }
@@ -232,8 +236,8 @@ mod tests {
     use hickory_proto::{
         op::Edns,
         rr::{
-            rdata::{A, SOA, opt::EdnsOption},
             DNSClass,
+            rdata::{A, SOA, opt::EdnsOption},
         },
     };
 
@@ -310,9 +314,18 @@ mod tests {
         cache.store_at(key(&q), &reply(&q, &[300, 5]).to_vec().unwrap(), t0);
         let raw = q.to_vec().unwrap();
         let last = cache.lookup_at(&key(&q), &raw, t0 + Duration::from_millis(4_999));
-        let ttls: Vec<u32> = Message::from_vec(&last.unwrap()).unwrap().answers.iter().map(|r| r.ttl).collect();
+        let ttls: Vec<u32> = Message::from_vec(&last.unwrap())
+            .unwrap()
+            .answers
+            .iter()
+            .map(|r| r.ttl)
+            .collect();
         assert_eq!(ttls, [26, 1], "never a TTL of 0 from the cache");
-        assert!(cache.lookup_at(&key(&q), &raw, t0 + Duration::from_secs(5)).is_none());
+        assert!(
+            cache
+                .lookup_at(&key(&q), &raw, t0 + Duration::from_secs(5))
+                .is_none()
+        );
         assert_eq!(cache.len(), 0, "an expired entry is dropped when met");
     }
 
@@ -323,7 +336,11 @@ mod tests {
         let q = query(1, "api.example.com.", RecordType::A);
         cache.store_at(key(&q), &reply(&q, &[86_400]).to_vec().unwrap(), t0);
         let raw = q.to_vec().unwrap();
-        assert!(cache.lookup_at(&key(&q), &raw, t0 + MAX_TTL - Duration::from_millis(1)).is_some());
+        assert!(
+            cache
+                .lookup_at(&key(&q), &raw, t0 + MAX_TTL - Duration::from_millis(1))
+                .is_some()
+        );
         assert!(cache.lookup_at(&key(&q), &raw, t0 + MAX_TTL).is_none());
     }
 
@@ -350,7 +367,10 @@ mod tests {
         ];
         for (what, upstream) in cases {
             cache.store_at(key(&q), &upstream.to_vec().unwrap(), now);
-            assert!(cache.lookup_at(&key(&q), &raw, now).is_none(), "{what} was kept");
+            assert!(
+                cache.lookup_at(&key(&q), &raw, now).is_none(),
+                "{what} was kept"
+            );
         }
     }
 
@@ -361,11 +381,20 @@ mod tests {
         let q = query(1, "gone.example.com.", RecordType::A);
         cache.store_at(key(&q), &nxdomain(&q, 3600, 10).to_vec().unwrap(), t0);
         let raw = q.to_vec().unwrap();
-        let hit = cache.lookup_at(&key(&q), &raw, t0 + Duration::from_secs(3)).unwrap();
+        let hit = cache
+            .lookup_at(&key(&q), &raw, t0 + Duration::from_secs(3))
+            .unwrap();
         let hit = Message::from_vec(&hit).unwrap();
         assert_eq!(hit.metadata.response_code, ResponseCode::NXDomain);
-        assert_eq!(hit.authorities[0].ttl, 27, "SOA TTL capped at 30, 3 s spent");
-        assert!(cache.lookup_at(&key(&q), &raw, t0 + Duration::from_secs(10)).is_none());
+        assert_eq!(
+            hit.authorities[0].ttl, 27,
+            "SOA TTL capped at 30, 3 s spent"
+        );
+        assert!(
+            cache
+                .lookup_at(&key(&q), &raw, t0 + Duration::from_secs(10))
+                .is_none()
+        );
     }
 
     #[test]
@@ -387,9 +416,16 @@ mod tests {
         }
         for other in [aaaa, no_rd, cd, with_edns, dnssec_ok] {
             let raw = other.to_vec().unwrap();
-            assert!(cache.lookup_at(&key(&other), &raw, now).is_none(), "{other:?}");
+            assert!(
+                cache.lookup_at(&key(&other), &raw, now).is_none(),
+                "{other:?}"
+            );
         }
-        assert!(cache.lookup_at(&key(&q), &q.to_vec().unwrap(), now).is_some());
+        assert!(
+            cache
+                .lookup_at(&key(&q), &q.to_vec().unwrap(), now)
+                .is_some()
+        );
     }
 
     #[test]
@@ -401,11 +437,17 @@ mod tests {
         cookie.edns = Some(edns);
         assert!(CacheKey::of(&cookie).is_none());
         let mut two = query(1, "api.example.com.", RecordType::A);
-        two.add_query(Query::query(Name::from_ascii("b.example.com.").unwrap(), RecordType::A));
+        two.add_query(Query::query(
+            Name::from_ascii("b.example.com.").unwrap(),
+            RecordType::A,
+        ));
         assert!(CacheKey::of(&two).is_none());
         let mut chaos = query(1, "version.bind.", RecordType::TXT);
         chaos.queries[0].set_query_class(DNSClass::CH);
-        assert_ne!(CacheKey::of(&chaos), CacheKey::of(&query(1, "version.bind.", RecordType::TXT)));
+        assert_ne!(
+            CacheKey::of(&chaos),
+            CacheKey::of(&query(1, "version.bind.", RecordType::TXT))
+        );
     }
 
     #[test]
@@ -424,7 +466,10 @@ mod tests {
             .lookup_at(&key(&q), &q.to_vec().unwrap(), t0 + Duration::from_secs(4))
             .unwrap();
         let hit = Message::from_vec(&hit).unwrap();
-        assert!(hit.edns.unwrap().flags().dnssec_ok, "OPT's flags are not a TTL to age");
+        assert!(
+            hit.edns.unwrap().flags().dnssec_ok,
+            "OPT's flags are not a TTL to age"
+        );
         assert_eq!(hit.answers[0].ttl, 26);
     }
 
@@ -438,11 +483,23 @@ mod tests {
             cache.store_at(key(q), &reply(q, &[60]).to_vec().unwrap(), now);
         }
         // `a` is used, so `b` is the one to go.
-        assert!(cache.lookup_at(&key(&queries[0]), &queries[0].to_vec().unwrap(), now).is_some());
-        cache.store_at(key(&queries[2]), &reply(&queries[2], &[60]).to_vec().unwrap(), now);
+        assert!(
+            cache
+                .lookup_at(&key(&queries[0]), &queries[0].to_vec().unwrap(), now)
+                .is_some()
+        );
+        cache.store_at(
+            key(&queries[2]),
+            &reply(&queries[2], &[60]).to_vec().unwrap(),
+            now,
+        );
         let held: Vec<bool> = queries
             .iter()
-            .map(|q| cache.lookup_at(&key(q), &q.to_vec().unwrap(), now).is_some())
+            .map(|q| {
+                cache
+                    .lookup_at(&key(q), &q.to_vec().unwrap(), now)
+                    .is_some()
+            })
             .collect();
         assert_eq!(held, [true, false, true]);
     }

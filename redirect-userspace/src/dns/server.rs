@@ -19,10 +19,10 @@ use tracing::{debug, warn};
 
 use super::{
     LocalAnswer,
-    cache::{AnswerCache, CacheKey},
     answer::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
+    cache::{AnswerCache, CacheKey},
     upstream::{ReplyTo, Upstream},
 };
 use crate::{
@@ -654,7 +654,10 @@ mod tests {
                     1,
                     RData::A(rdata::A("203.0.113.9".parse().unwrap())),
                 ));
-                upstream.send_to(&reply.to_vec().unwrap(), from).await.unwrap();
+                upstream
+                    .send_to(&reply.to_vec().unwrap(), from)
+                    .await
+                    .unwrap();
             }
         });
         let count = || asked.load(std::sync::atomic::Ordering::SeqCst);
