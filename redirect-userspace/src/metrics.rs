@@ -265,6 +265,7 @@ pub struct Metrics {
     bytes: Family<DirectionLabels, Counter>,
     active: Gauge,
     dns: Family<DnsLabels, Counter>,
+    dns_cache_entries: Gauge,
     reloads: Family<ReloadLabels, Counter>,
     rejected: Family<KindLabels, Gauge>,
     hidden: Family<LookupLabels, Counter>,
@@ -292,6 +293,11 @@ impl Metrics {
 
     pub fn dns(&self, outcome: DnsOutcome) {
         self.dns.get_or_create(&DnsLabels { outcome }).inc();
+    }
+
+    /// The gauge the DNS answer cache keeps at its number of entries.
+    pub fn dns_cache_entries(&self) -> Gauge {
+        self.dns_cache_entries.clone()
     }
 
     pub fn reload(&self, result: ReloadResult) {
@@ -391,6 +397,11 @@ impl Metrics {
             self.active.clone(),
         );
         registry.register("dns_queries", "DNS queries by outcome", self.dns.clone());
+        registry.register(
+            "dns_cache_entries",
+            "Upstream DNS answers held in the cache",
+            self.dns_cache_entries.clone(),
+        );
         registry.register(
             "config_reloads",
             "Configuration loads: applied (ok), applied with objects left out (partial), nothing applied (failed)",

@@ -209,6 +209,7 @@ fn an_upstream_answer_with_a_ttl_is_asked_once_and_never_hides_the_meshs_own_ans
         "{after:#?}"
     );
     assert_eq!(delta(&before, &after, key::DNS_CACHED), 3.0, "{after:#?}");
+    assert_eq!(after.get_or_zero("redirect_dns_cache_entries"), 1.0, "{after:#?}");
 
     // dig's own query carries a cookie: it goes upstream.
     let cookie = dig::run(w.client("team-b").cmd("dig").args(["+tries=1", name]))?;

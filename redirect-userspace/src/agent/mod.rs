@@ -101,7 +101,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // One cache for every listener: a family's answers serve the other's askers too.
     let dns_cache = config
         .dns_cache
-        .map(|entries| Arc::new(AnswerCache::new(entries)));
+        .map(|entries| Arc::new(AnswerCache::new(entries, metrics.dns_cache_entries())));
 
     // The configuration first: when the programs attach, the first answers are already right.
     // A refused first configuration leaves the agent running but not ready, waiting for a fix.

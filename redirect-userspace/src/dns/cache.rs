@@ -19,6 +19,7 @@ use hickory_proto::{
     serialize::binary::{BinDecodable, BinDecoder},
 };
 use lru::LruCache;
+use prometheus_client::metrics::gauge::Gauge;
 
 /// No answer is kept longer than this, whatever its TTL: a record the upstream changes shows within
 /// this time, as with a node-local cache in front of cluster DNS.
@@ -86,12 +87,15 @@ struct Stored {
 #[derive(Debug)]
 pub struct AnswerCache {
     entries: Mutex<LruCache<CacheKey, Arc<Stored>>>,
+    /// Kept at the number of entries (`redirect_dns_cache_entries`).
+    gauge: Gauge,
 }
 
 impl AnswerCache {
-    pub fn new(capacity: NonZeroUsize) -> Self {
+    pub fn new(capacity: NonZeroUsize, gauge: Gauge) -> Self {
         Self {
             entries: Mutex::new(LruCache::new(capacity)),
+            gauge,
         }
     }
 
@@ -117,6 +121,7 @@ impl AnswerCache {
             let stored = entries.get(key)?.clone();
             if now >= stored.expires {
                 entries.pop(key);
+                self.gauge.set(entries.len() as i64);
                 return None;
             }
             stored
@@ -126,7 +131,9 @@ impl AnswerCache {
 
     fn store_at(&self, key: CacheKey, reply: &[u8], now: Instant) {
         if let Some(stored) = Stored::parse(reply, now) {
-            self.lock().put(key, Arc::new(stored));
+            let mut entries = self.lock();
+            entries.put(key, Arc::new(stored));
+            self.gauge.set(entries.len() as i64);
         }
     }
 
@@ -279,7 +286,7 @@ mod tests {
     }
 
     fn cache() -> AnswerCache {
-        AnswerCache::new(NonZeroUsize::new(16).unwrap())
+        AnswerCache::new(NonZeroUsize::new(16).unwrap(), Gauge::default())
     }
 
     #[test]
@@ -475,7 +482,8 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_goes_first_when_full() {
-        let cache = AnswerCache::new(NonZeroUsize::new(2).unwrap());
+        let gauge = Gauge::default();
+        let cache = AnswerCache::new(NonZeroUsize::new(2).unwrap(), gauge.clone());
         let now = Instant::now();
         let names = ["a.example.com.", "b.example.com.", "c.example.com."];
         let queries: Vec<Message> = names.iter().map(|n| query(1, n, RecordType::A)).collect();
@@ -502,5 +510,6 @@ mod tests {
             })
             .collect();
         assert_eq!(held, [true, false, true]);
+        assert_eq!(gauge.get(), 2);
     }
 }

@@ -634,6 +634,7 @@ mod tests {
         .unwrap()
         .with_cache(Arc::new(AnswerCache::new(
             std::num::NonZeroUsize::new(8).unwrap(),
+            metrics.dns_cache_entries(),
         )));
         let addr = proxy.local_addr().unwrap();
         let (_stop, stop_rx) = watch::channel(false);
