@@ -25,8 +25,7 @@ pub struct BudgetArgs {
     /// Proxied connections one client (pod address) may hold [default: a quarter of the node's].
     #[arg(long, value_name = "N")]
     pub max_connections_per_client: Option<usize>,
-    /// DNS queries forwarded upstream and not yet answered, node-wide [default: 1024, less when the
-    /// open-files limit is low].
+    /// DNS queries forwarded upstream over UDP and not yet answered, node-wide [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_dns_forwards: Option<usize>,
     /// DNS forwards one client may have in flight [default: a quarter of the node's].
@@ -78,20 +77,18 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// DNS first (small and bounded), the outbound proxy gets the rest: so no sum of budgets can
-    /// reach `fd_limit`.
+    /// DNS over TCP first (small and bounded), the outbound proxy gets the rest: so no sum of
+    /// budgets can reach `fd_limit`. UDP forwards hold no descriptor (they share the upstream
+    /// sockets, which are in the reserve): their cap does not depend on the limit.
     pub fn size(fd_limit: usize, args: &BudgetArgs) -> Limits {
         let spare = fd_limit.saturating_sub(RESERVED_FDS);
         let dns_cap = spare / 8;
-        let forwards = args
-            .max_dns_forwards
-            .unwrap_or(DEFAULT_DNS_FORWARDS)
-            .min(dns_cap);
+        let forwards = args.max_dns_forwards.unwrap_or(DEFAULT_DNS_FORWARDS);
         let tcp = args
             .max_dns_tcp_clients
             .unwrap_or(DEFAULT_DNS_TCP_CLIENTS)
             .min(dns_cap / FDS_PER_DNS_TCP_CLIENT);
-        let proxy_fds = spare - forwards - tcp * FDS_PER_DNS_TCP_CLIENT;
+        let proxy_fds = spare - tcp * FDS_PER_DNS_TCP_CLIENT;
         let connections = args
             .max_connections
             .unwrap_or(usize::MAX)
@@ -126,11 +123,11 @@ mod tests {
                 args: BudgetArgs::default(),
                 expect: Limits {
                     fd_limit: 1 << 20,
-                    proxy_fds: (1 << 20) - 256 - 1024 - 2048,
-                    splice_below: ((1 << 20) - 256 - 1024 - 2048) / 2,
+                    proxy_fds: (1 << 20) - 256 - 2048,
+                    splice_below: ((1 << 20) - 256 - 2048) / 2,
                     connections: Cap {
-                        node: ((1 << 20) - 256 - 1024 - 2048) / 2,
-                        client: ((1 << 20) - 256 - 1024 - 2048) / 8,
+                        node: ((1 << 20) - 256 - 2048) / 2,
+                        client: ((1 << 20) - 256 - 2048) / 8,
                     },
                     dns_forwards: Cap {
                         node: 1024,
@@ -143,20 +140,20 @@ mod tests {
                 },
             },
             Case {
-                name: "a low limit shrinks DNS to an eighth of what is left",
+                name: "a low limit shrinks DNS over TCP to an eighth of what is left, not UDP forwards",
                 fd_limit: 2304,
                 args: BudgetArgs::default(),
                 expect: Limits {
                     fd_limit: 2304,
-                    proxy_fds: 2048 - 256 - 256,
-                    splice_below: 768,
+                    proxy_fds: 2048 - 256,
+                    splice_below: 896,
                     connections: Cap {
-                        node: 768,
-                        client: 192,
+                        node: 896,
+                        client: 224,
                     },
                     dns_forwards: Cap {
-                        node: 256,
-                        client: 64,
+                        node: 1024,
+                        client: 256,
                     },
                     dns_tcp_clients: Cap {
                         node: 128,
@@ -176,11 +173,11 @@ mod tests {
                 },
                 expect: Limits {
                     fd_limit: 2304,
-                    proxy_fds: 2048 - 10 - 256,
-                    splice_below: (2048 - 10 - 256) / 2,
+                    proxy_fds: 2048 - 256,
+                    splice_below: (2048 - 256) / 2,
                     connections: Cap {
-                        node: (2048 - 10 - 256) / 2,
-                        client: (2048 - 10 - 256) / 2,
+                        node: (2048 - 256) / 2,
+                        client: (2048 - 256) / 2,
                     },
                     dns_forwards: Cap {
                         node: 10,
@@ -201,7 +198,10 @@ mod tests {
                     proxy_fds: 0,
                     splice_below: 0,
                     connections: Cap { node: 0, client: 0 },
-                    dns_forwards: Cap { node: 0, client: 0 },
+                    dns_forwards: Cap {
+                        node: 1024,
+                        client: 256,
+                    },
                     dns_tcp_clients: Cap { node: 0, client: 0 },
                 },
             },
@@ -209,10 +209,8 @@ mod tests {
         for case in cases {
             let got = Limits::size(case.fd_limit, &case.args);
             assert_eq!(got, case.expect, "{}", case.name);
-            let worst = RESERVED_FDS
-                + got.dns_forwards.node
-                + got.dns_tcp_clients.node * FDS_PER_DNS_TCP_CLIENT
-                + got.proxy_fds;
+            let worst =
+                RESERVED_FDS + got.dns_tcp_clients.node * FDS_PER_DNS_TCP_CLIENT + got.proxy_fds;
             assert!(worst <= case.fd_limit.max(RESERVED_FDS), "{}", case.name);
         }
     }
