@@ -249,26 +249,53 @@ async fn handle(
     }
 }
 
-/// Connects to `first`, else to `fallback` (a host name's IPv6 address when its IPv4 one fails,
-/// `docs/data-plane.md#connect-failures`), each within the connect deadline. The address connected
-/// to, or the last one tried and its error.
+/// Connects to `first`; with a `fallback` (a host name's IPv6 address beside its IPv4 one), that is
+/// tried too once `first` fails or is still connecting after [`FALLBACK_DELAY`], and the first to
+/// connect wins (`docs/data-plane.md#connect-failures`). Each has the connect deadline. The address
+/// connected to, or the last one tried and its error.
 async fn connect_upstream(
     first: SocketAddr,
     fallback: Option<SocketAddr>,
 ) -> Result<(TcpStream, SocketAddr), (SocketAddr, io::Error)> {
-    let e = match connect_marked(first, CONNECT_TIMEOUT).await {
-        Ok(stream) => return Ok((stream, first)),
-        Err(e) => e,
+    let attempt = |addr: SocketAddr| async move {
+        connect_marked(addr, CONNECT_TIMEOUT)
+            .await
+            .map(|stream| (stream, addr))
+            .map_err(|e| (addr, e))
     };
     let Some(other) = fallback else {
-        return Err((first, e));
+        return attempt(first).await;
     };
-    debug!(upstream = %first, fallback = %other, error = %e, "upstream connect failed; trying the host's other address family");
-    match connect_marked(other, CONNECT_TIMEOUT).await {
-        Ok(stream) => Ok((stream, other)),
-        Err(e) => Err((other, e)),
+    let primary = attempt(first);
+    tokio::pin!(primary);
+    let early = match tokio::time::timeout(FALLBACK_DELAY, &mut primary).await {
+        Ok(Ok(connected)) => return Ok(connected),
+        Ok(Err(failed)) => Some(failed),
+        Err(_) => None,
+    };
+    debug!(upstream = %first, fallback = %other, failed = early.is_some(), "trying the host's other address family too");
+    let secondary = attempt(other);
+    if early.is_some() {
+        return secondary.await;
+    }
+    tokio::pin!(secondary);
+    // Both are connecting: the first to succeed wins (the other is dropped, its socket closed); if
+    // one fails, the other's outcome is the answer.
+    tokio::select! {
+        result = &mut primary => match result {
+            Ok(connected) => Ok(connected),
+            Err(_) => secondary.await,
+        },
+        result = &mut secondary => match result {
+            Ok(connected) => Ok(connected),
+            Err(_) => primary.await,
+        },
     }
 }
+
+/// How long a host name's IPv4 address has to connect before its IPv6 one is tried alongside
+/// (RFC 8305's recommended connection attempt delay).
+const FALLBACK_DELAY: Duration = Duration::from_millis(250);
 
 /// Where to connect, owned: the snapshot it came from may be replaced while the connection lives.
 enum Dst {
@@ -386,5 +413,67 @@ mod tests {
             crate::net::KEEPALIVE_IDLE
         );
         assert_eq!(socket.linger().unwrap(), Some(Duration::ZERO));
+    }
+
+    /// A loopback address whose listener never accepts and whose queue is full: the kernel drops
+    /// every further SYN, as a black-holed path does. Keep the returned sockets alive.
+    fn black_hole() -> (SocketAddr, Vec<std::net::TcpStream>, std::net::TcpListener) {
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket
+            .bind(&"127.0.0.1:0".parse::<SocketAddr>().unwrap().into())
+            .unwrap();
+        socket.listen(0).unwrap();
+        let listener: std::net::TcpListener = socket.into();
+        let addr = listener.local_addr().unwrap();
+        // The queue holds one; the next SYNs are dropped (their connects would hang).
+        let queued = (0..2)
+            .filter_map(|_| {
+                std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()
+            })
+            .collect();
+        (addr, queued, listener)
+    }
+
+    async fn listener6() -> (SocketAddr, TcpListener) {
+        let listener = TcpListener::bind("[::1]:0").await.unwrap();
+        (listener.local_addr().unwrap(), listener)
+    }
+
+    #[tokio::test]
+    async fn a_silent_first_family_hands_over_to_the_other_after_the_fallback_delay() {
+        let (silent, _queued, _listener) = black_hole();
+        let (v6, _v6_listener) = listener6().await;
+        let started = std::time::Instant::now();
+        let (_, connected) = connect_upstream(silent, Some(v6)).await.unwrap();
+        assert_eq!(connected, v6);
+        let took = started.elapsed();
+        assert!(
+            took >= FALLBACK_DELAY && took < CONNECT_TIMEOUT / 4,
+            "took {took:?}: the other family starts after the delay, not after the deadline"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_refused_first_family_hands_over_at_once_and_a_working_one_wins() {
+        let refused = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let (v6, _v6_listener) = listener6().await;
+        let started = std::time::Instant::now();
+        let (_, connected) = connect_upstream(refused, Some(v6)).await.unwrap();
+        assert_eq!(connected, v6);
+        assert!(
+            started.elapsed() < FALLBACK_DELAY,
+            "no wait after a refusal"
+        );
+
+        let v4 = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let v4_addr = v4.local_addr().unwrap();
+        let (_, connected) = connect_upstream(v4_addr, Some(v6)).await.unwrap();
+        assert_eq!(connected, v4_addr, "IPv4 first when it works");
+        let (failed, _) = connect_upstream(refused, None).await.unwrap_err();
+        assert_eq!(failed, refused);
     }
 }
