@@ -25,6 +25,10 @@ use prometheus_client::metrics::gauge::Gauge;
 /// this time, as with a node-local cache in front of cluster DNS.
 pub const MAX_TTL: Duration = Duration::from_secs(30);
 
+/// Larger replies are not kept, so the cache holds at most its entries times this (about 5 MiB
+/// at the default 4,096 entries), whatever a pod asks for: the DNS flag day's UDP payload.
+pub const MAX_KEPT_REPLY: usize = 1232;
+
 /// What a query must match for a stored reply to be its answer: the question, and every flag of
 /// the query that can change what the upstream says or how much it may send.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
@@ -144,11 +148,14 @@ impl AnswerCache {
 }
 
 impl Stored {
-    /// Reads where the TTLs of `reply` sit and how long it may be kept. Kept: a whole reply (not
-    /// truncated, not signed) with one question, NOERROR with records or a negative answer that
+    /// Reads where the TTLs of `reply` sit and how long it may be kept. Kept: a whole reply of at
+    /// most [`MAX_KEPT_REPLY`] bytes (not truncated, not signed) with one question, NOERROR with records or a negative answer that
     /// carries its zone's SOA (RFC 2308), every TTL above zero. Kept for the smallest TTL, the SOA's
     /// MINIMUM for a negative answer, at most [`MAX_TTL`].
     fn parse(reply: &[u8], now: Instant) -> Option<Self> {
+        if reply.len() > MAX_KEPT_REPLY {
+            return None;
+        }
         let mut decoder = BinDecoder::new(reply);
         let header = Header::read(&mut decoder).ok()?;
         let meta = &header.metadata;
@@ -361,10 +368,13 @@ mod tests {
         servfail.metadata.response_code = ResponseCode::ServFail;
         let mut truncated = reply(&q, &[60]);
         truncated.metadata.truncation = true;
+        let large = reply(&q, &[60; 80]);
+        assert!(large.to_vec().unwrap().len() > MAX_KEPT_REPLY);
         let cases = [
             ("TTL 0", reply(&q, &[60, 0])),
             ("SERVFAIL", servfail),
             ("truncated", truncated),
+            ("larger than the cap", large),
             ("NODATA without SOA", reply(&q, &[])),
             ("NXDOMAIN without SOA", {
                 let mut r = reply(&q, &[]);
