@@ -7,7 +7,9 @@ use std::net::SocketAddrV4;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
-use integration::{Agent, DnsRecords, Dnsmasq, Peer, Proc, RESOLVER_IP, Topology, dig, pace, peer};
+use integration::{
+    Agent, DnsRecords, Dnsmasq, Peer, Proc, RESOLVER_IP, Topology, dig, fixtures, pace, peer,
+};
 
 const B1: (&str, &str) = ("team-b/b1", "10.244.2.10");
 const EXT_HTTP: &str = "203.0.113.10:80";
@@ -235,6 +237,72 @@ fn idle_tcp_dns_connections_from_one_pod_leave_another_pods_tcp_dns_answered() -
     hold.close_stdin();
     hold.wait(Duration::from_secs(10))?;
     s.agent.stop()
+}
+
+/// A dual-stack pod is one client: the connections it holds from its IPv4 address count against
+/// the same share as those from its IPv6 address, so having two addresses does not give it twice the
+/// room. Another pod keeps its own share.
+#[test]
+fn a_dual_stack_pods_ipv4_and_ipv6_connections_share_one_budget() -> Result<()> {
+    const B2: (&str, &str) = ("team-b/b2", "10.244.2.11");
+    const SHARE: u64 = 4;
+    const ECHO6: &str = "[2001:db8::10]:7";
+    let topo = Topology::with_pods(&[B1, B2])?;
+    let _ext = topo.start_ext_peer(
+        "ext",
+        &[EXT_HTTP.parse()?],
+        &[EXT_ECHO.parse()?, ECHO6.parse()?],
+    )?;
+    // Both pods registered dual-stack (`podIPs` holds each one's IPv4 and IPv6 address).
+    let dir = topo.scratch_path("config");
+    std::fs::create_dir_all(&dir)?;
+    let pods = [
+        fixtures::pod(B1.0, "0b1b1b1b-0000-4000-8000-0000000000b1", B1.1, "{}"),
+        fixtures::pod(B2.0, "0b2b2b2b-0000-4000-8000-0000000000b2", B2.1, "{}"),
+    ];
+    std::fs::write(dir.join("pods.yaml"), pods.join("---\n"))?;
+    let share = SHARE.to_string();
+    let agent = Agent::start(
+        &topo,
+        &[
+            "--config",
+            &dir.to_string_lossy(),
+            "--max-connections-per-client",
+            &share,
+        ],
+    )?;
+    let storm = |pod: &str, addr: &str, conns: u64| -> Result<(Proc, BTreeMap<String, u64>)> {
+        let mut p = peer::cmd(topo.pod(pod).place())?
+            .args(["storm", addr, "--conns", &conns.to_string()])
+            .spawn()?;
+        p.wait_for_log("worked=", Duration::from_secs(60))?;
+        let c = counts(&p.log(), "worked")?;
+        Ok((p, c))
+    };
+    let (mut v4, c) = storm("team-b/b1", EXT_ECHO, SHARE)?;
+    ensure!(
+        c["worked"] == SHARE,
+        "b1 over IPv4 gets its whole share: {c:?}"
+    );
+    // The same pod from its IPv6 address: its share is already taken.
+    let (mut v6, c) = storm("team-b/b1", ECHO6, 2)?;
+    ensure!(
+        c["worked"] == 0 && c["reset"] == 2,
+        "b1 over IPv6 while its IPv4 connections hold its share: {c:?}"
+    );
+    let m = agent.metrics()?;
+    ensure!(
+        m.get_or_zero(&refusals("connections", "client_share")) == 2.0,
+        "{m:#?}"
+    );
+    // Another pod, over IPv6 too, has room of its own.
+    let (mut other, c) = storm("team-b/b2", ECHO6, 2)?;
+    ensure!(c["worked"] == 2, "b2 keeps its share: {c:?}");
+    for p in [&mut v4, &mut v6, &mut other] {
+        p.write_stdin(b"done\n")?;
+        p.wait(Duration::from_secs(30))?;
+    }
+    agent.stop()
 }
 
 /// 10,000 connections at once from four pods against an agent limited to 4,096 open files: it can

@@ -22,7 +22,7 @@ pub struct BudgetArgs {
     /// copy relay].
     #[arg(long, value_name = "N")]
     pub max_connections: Option<usize>,
-    /// Proxied connections one client (pod address) may hold [default: a quarter of the node's].
+    /// Proxied connections one client (pod) may hold [default: a quarter of the node's].
     #[arg(long, value_name = "N")]
     pub max_connections_per_client: Option<usize>,
     /// DNS queries forwarded upstream over UDP and not yet answered, node-wide [default: 1024].

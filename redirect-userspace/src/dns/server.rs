@@ -52,6 +52,12 @@ pub enum Decision {
 /// Who decides: the agent wires this to the state snapshot's host lookup.
 pub trait Decide: Send + Sync + 'static {
     fn decide(&self, query: &DnsQuery<'_>) -> Decision;
+
+    /// Whose share of the DNS budgets a query from `client` takes (see `Snapshot::budget_key`):
+    /// by default each address is a client of its own.
+    fn budget_key(&self, client: IpAddr) -> IpAddr {
+        client
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,7 +82,7 @@ impl Shared {
     fn forward_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
         self.budgets
             .as_ref()
-            .map(|b| b.dns_forwards.take(client))
+            .map(|b| b.dns_forwards.take(self.decide.budget_key(client)))
             .transpose()
     }
 
@@ -88,7 +94,7 @@ impl Shared {
     fn tcp_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
         self.budgets
             .as_ref()
-            .map(|b| b.dns_tcp_clients.take(client))
+            .map(|b| b.dns_tcp_clients.take(self.decide.budget_key(client)))
             .transpose()
     }
 }

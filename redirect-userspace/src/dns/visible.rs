@@ -60,6 +60,10 @@ impl Decide for VisibleNames {
             DnsDecision::Forward { .. } => Decision::Forward,
         }
     }
+
+    fn budget_key(&self, client: IpAddr) -> IpAddr {
+        self.live.snapshot().budget_key(client)
+    }
 }
 
 /// The namespace of the pod with this IP; `None` (PUBLIC only) for anything else.

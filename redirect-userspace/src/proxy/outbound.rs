@@ -139,10 +139,11 @@ struct Admitted {
     _fds: FdCharge,
 }
 
-/// Whether `peer` may have one more connection: within its share, the node's limit, and the
-/// descriptor budget (each refusal counted by reason).
+/// Whether `peer` may have one more connection: within its workload's share, the node's limit, and
+/// the descriptor budget (each refusal counted by reason).
 fn admit(context: &ProxyContext, peer: SocketAddr) -> Option<Admitted> {
-    let permit = context.budgets.connections.take(peer.ip()).ok()?;
+    let client = context.live.snapshot().budget_key(peer.ip());
+    let permit = context.budgets.connections.take(client).ok()?;
     let fds = context
         .budgets
         .fds

@@ -71,6 +71,16 @@ impl Snapshot {
         self.workloads.client(ip)
     }
 
+    /// The address a client's budget share is kept under: the first address of the workload that
+    /// holds `ip`, whichever of its addresses it came from (a dual-stack pod is one client, not
+    /// two), and `ip` itself when no single workload holds it.
+    pub fn budget_key(&self, ip: IpAddr) -> IpAddr {
+        let ip = ip.to_canonical();
+        self.workload_by_ip(ip)
+            .and_then(|w| w.ips.first().copied())
+            .unwrap_or(ip)
+    }
+
     /// Every service in rank order.
     pub fn services(&self) -> impl Iterator<Item = &Service> {
         self.services.services.iter()

@@ -622,6 +622,25 @@ fn workload_by_ip_names_the_client() {
     );
 }
 
+#[test]
+fn a_dual_stack_pod_takes_one_budget_share_by_either_address() {
+    let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: d, namespace: a}\nstatus:\n  podIP: 10.0.0.7\n  podIPs: [{ip: 10.0.0.7}, {ip: 'fd00::7'}]\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: x, namespace: a}\nstatus: {podIP: 10.0.0.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: y, namespace: b}\nstatus: {podIP: 10.0.0.1}\n";
+    let snap = Snapshot::from_model(&load_sources([("p.yaml", pods)]).unwrap());
+    for from in ["10.0.0.7", "fd00::7", "::ffff:10.0.0.7"] {
+        assert_eq!(snap.budget_key(ip(from)), ip("10.0.0.7"), "from {from}");
+    }
+    assert_eq!(
+        snap.budget_key(ip("10.0.0.9")),
+        ip("10.0.0.9"),
+        "an address no workload holds is a client of its own"
+    );
+    assert_eq!(
+        snap.budget_key(ip("10.0.0.1")),
+        ip("10.0.0.1"),
+        "an address two workloads share stays its own client"
+    );
+}
+
 /// (action, service, cname, v4, v6, hidden)
 type DnsSummary = (
     &'static str,
