@@ -112,6 +112,7 @@ pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &
             };
             live.apply(loaded.snapshot, loaded.errors, loaded.rejected);
             metrics.reload(result);
+            let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
             true
         }
         Err(errors) => {

@@ -208,16 +208,7 @@ async fn rebuild(
     };
     live.apply(snapshot, errors, rejected);
     metrics.reload(result);
-    // Lists and bursts leave freed memory spread over the allocator's arenas: hand it back, so
-    // what the agent holds is what its state needs.
-    let _ = tokio::task::spawn_blocking(release_free_memory).await;
-}
-
-fn release_free_memory() {
-    // SAFETY: malloc_trim only returns free pages to the kernel; it takes no pointer.
-    unsafe {
-        libc::malloc_trim(0);
-    }
+    let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
 }
 
 /// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.

@@ -239,18 +239,17 @@ impl Loader {
     }
 
     fn add_file(&mut self, file: &str, text: &str) {
-        for (index, document) in yaml::documents(text, self.budget).into_iter().enumerate() {
+        let mut number = 0;
+        yaml::for_each_document(text, self.budget, |document| {
+            number += 1;
             match document {
                 Ok(value) => self.add_document(file, value, String::new()),
                 Err(e) => {
                     // The parser cannot resynchronise after a syntax error: the rest of the file is lost.
-                    self.file_error(
-                        file,
-                        format!("document {} is not valid YAML: {e}", index + 1),
-                    );
+                    self.file_error(file, format!("document {number} is not valid YAML: {e}"));
                 }
             }
-        }
+        });
     }
 
     fn add_document(&mut self, file: &str, value: Value, prefix: String) {

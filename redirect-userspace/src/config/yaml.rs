@@ -19,14 +19,14 @@ pub const MAX_DEPTH: usize = 128;
 /// What one node costs in the expansion budget on top of its text.
 const NODE_COST: usize = 16;
 
-/// Each document of `text` in order, parsed into a value of at most `budget` bytes (expanded
-/// through its aliases). After the first error the rest of the text is lost: the parser cannot
-/// resynchronise, so the error ends the list.
-pub fn documents(text: &str, budget: usize) -> Vec<Result<Value, String>> {
+/// Hands `each` every document of `text` in order, parsed into a value of at most `budget` bytes
+/// (expanded through its aliases), as soon as it is parsed: only one document's tree is held at a
+/// time, so a file of 10,000 objects never holds 10,000 trees at once. After the first error the
+/// rest of the text is lost: the parser cannot resynchronise, so the error is the last call.
+pub fn for_each_document(text: &str, budget: usize, mut each: impl FnMut(Result<Value, String>)) {
     if let Err(e) = check_nesting(text) {
-        return vec![Err(e)];
+        return each(Err(e));
     }
-    let mut out = Vec::new();
     for document in serde_yaml_ng::Deserializer::from_str(text) {
         let remaining = Cell::new(budget);
         match (Build {
@@ -35,14 +35,10 @@ pub fn documents(text: &str, budget: usize) -> Vec<Result<Value, String>> {
         })
         .deserialize(document)
         {
-            Ok(value) => out.push(Ok(value)),
-            Err(e) => {
-                out.push(Err(e.to_string()));
-                break;
-            }
+            Ok(value) => each(Ok(value)),
+            Err(e) => return each(Err(e.to_string())),
         }
     }
-    out
 }
 
 /// Refuses text whose flow collections nest deeper than [`MAX_DEPTH`], in one pass.
@@ -333,6 +329,13 @@ pub(crate) mod tests {
     use super::*;
 
     const BUDGET: usize = 1 << 20;
+
+    /// Every document of `text`, collected.
+    pub(crate) fn documents(text: &str, budget: usize) -> Vec<Result<Value, String>> {
+        let mut out = Vec::new();
+        for_each_document(text, budget, |d| out.push(d));
+        out
+    }
 
     fn first(text: &str) -> Result<Value, String> {
         documents(text, BUDGET)
