@@ -240,8 +240,8 @@ fn idle_tcp_dns_connections_from_one_pod_leave_another_pods_tcp_dns_answered() -
 }
 
 /// A dual-stack pod is one client: the connections it holds from its IPv4 address count against
-/// the same share as those from its IPv6 address, so having two addresses does not give it twice the
-/// room. Another pod keeps its own share.
+/// the same share as those from its IPv6 address, so having two addresses does not give it twice
+/// the room. Another pod keeps its own share.
 #[test]
 fn a_dual_stack_pods_ipv4_and_ipv6_connections_share_one_budget() -> Result<()> {
     const B2: (&str, &str) = ("team-b/b2", "10.244.2.11");

@@ -1,6 +1,7 @@
 //! The resources the agent lets its clients make it hold, each capped for the node and shared out per
-//! client (a workload, by any of its addresses: `Snapshot::budget_key`): proxied connections and their file descriptors, DNS queries
-//! in flight upstream, DNS-over-TCP connections. A pod at its share is refused; the others go on.
+//! client (a workload, by any of its addresses: `Snapshot::budget_key`): proxied connections and
+//! their file descriptors, DNS queries in flight upstream, DNS-over-TCP connections. A pod at its
+//! share is refused; the others go on.
 //!
 //! Sizes come from the open-files limit (see [`Limits::size`]), so the agent refuses early, with a
 //! reset or SERVFAIL the client sees at once, instead of running out of descriptors and hanging

@@ -8,7 +8,8 @@ use std::{
 use crate::metrics::{BudgetKind, Metrics, Refusal};
 
 /// One budget: at most `node` held in all, at most `client` by any one client (a pod, by the key
-/// `Snapshot::budget_key` gives its addresses). With `client` below `node`, a pod that uses its whole share leaves the rest to others.
+/// `Snapshot::budget_key` gives its addresses). With `client` below `node`, a pod that uses its
+/// whole share leaves the rest to others.
 #[derive(Debug)]
 pub struct Share {
     kind: BudgetKind,

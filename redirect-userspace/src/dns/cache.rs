@@ -149,9 +149,9 @@ impl AnswerCache {
 
 impl Stored {
     /// Reads where the TTLs of `reply` sit and how long it may be kept. Kept: a whole reply of at
-    /// most [`MAX_KEPT_REPLY`] bytes (not truncated, not signed) with one question, NOERROR with records or a negative answer that
-    /// carries its zone's SOA (RFC 2308), every TTL above zero. Kept for the smallest TTL, the SOA's
-    /// MINIMUM for a negative answer, at most [`MAX_TTL`].
+    /// most [`MAX_KEPT_REPLY`] bytes (not truncated, not signed) with one question, NOERROR with
+    /// records or a negative answer that carries its zone's SOA (RFC 2308), every TTL above zero.
+    /// Kept for the smallest TTL, the SOA's MINIMUM for a negative answer, at most [`MAX_TTL`].
     fn parse(reply: &[u8], now: Instant) -> Option<Self> {
         if reply.len() > MAX_KEPT_REPLY {
             return None;

@@ -624,7 +624,24 @@ fn workload_by_ip_names_the_client() {
 
 #[test]
 fn a_dual_stack_pod_takes_one_budget_share_by_either_address() {
-    let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: d, namespace: a}\nstatus:\n  podIP: 10.0.0.7\n  podIPs: [{ip: 10.0.0.7}, {ip: 'fd00::7'}]\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: x, namespace: a}\nstatus: {podIP: 10.0.0.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: y, namespace: b}\nstatus: {podIP: 10.0.0.1}\n";
+    let pods = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: d, namespace: a}
+status:
+  podIP: 10.0.0.7
+  podIPs: [{ip: 10.0.0.7}, {ip: "fd00::7"}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: x, namespace: a}
+status: {podIP: 10.0.0.1}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: y, namespace: b}
+status: {podIP: 10.0.0.1}
+"#;
     let snap = Snapshot::from_model(&load_sources([("p.yaml", pods)]).unwrap());
     for from in ["10.0.0.7", "fd00::7", "::ffff:10.0.0.7"] {
         assert_eq!(snap.budget_key(ip(from)), ip("10.0.0.7"), "from {from}");
