@@ -84,7 +84,7 @@ fn benches(c: &mut Criterion) {
         })
         .collect();
     group.bench_function("allocate_100k_hosts", |b| {
-        b.iter(|| visibility::allocate(black_box(&model)).len())
+        b.iter(|| visibility::allocate(black_box(&model), &visibility::Discovery::of(&model)).len())
     });
     group.finish();
 }

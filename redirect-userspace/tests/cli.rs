@@ -78,6 +78,7 @@ fn resolve_json_shape_and_outcomes_for_examples() {
             [
                 "addresses",
                 "conditions",
+                "discovered",
                 "matchedPolicy",
                 "name",
                 "namespace",

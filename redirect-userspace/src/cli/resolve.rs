@@ -40,6 +40,11 @@ pub struct EntryReport {
     pub conditions: Vec<Condition>,
     pub sidecar_export_to: Vec<String>,
     pub addresses: Vec<Address>,
+    /// False when no `discoverySelectors` matches the entry's namespace: it reaches no data plane.
+    pub discovered: bool,
+    /// Hosts held by an older entry or a Service of the same namespace: not published.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shadowed: Vec<visibility::Shadowed>,
 }
 
 /// The report for a model and its resolution (`visibility::resolve(model)`), errors left empty.
@@ -56,6 +61,8 @@ pub fn report(model: &Model, resolution: Resolved) -> ResolveReport {
             matched_policy: r.matched_policy,
             conditions: r.conditions,
             sidecar_export_to: r.sidecar_export_to,
+            discovered: r.discovered,
+            shadowed: r.shadowed,
         })
         .collect();
     ResolveReport {
@@ -107,6 +114,10 @@ fn render_table(model: &Model, report: &ResolveReport) -> String {
             let hosts: Vec<String> = se.hosts.iter().map(|h| h.to_string()).collect();
             let conditions = if e.visibility == Visibility::None {
                 "none (NONE: delivered to no data plane)".to_string()
+            } else if !e.discovered {
+                "none (namespace not discovered: delivered to no data plane)".to_string()
+            } else if e.shadowed.len() == se.hosts.len() {
+                "none (every host defined earlier in its namespace: not published)".to_string()
             } else if e.conditions.is_empty() {
                 "-".to_string()
             } else {
@@ -162,6 +173,23 @@ fn render_table(model: &Model, report: &ResolveReport) -> String {
     if !refused.is_empty() {
         out.push_str("\nRefused:\n");
         out.push_str(&refused.join("\n"));
+        out.push('\n');
+    }
+    let shadowed: Vec<String> = report
+        .service_entries
+        .iter()
+        .flat_map(|e| {
+            e.shadowed.iter().map(move |s| {
+                format!(
+                    "  {}/{}: {} is not published; {} defines it in this namespace",
+                    e.namespace, e.name, s.host, s.by
+                )
+            })
+        })
+        .collect();
+    if !shadowed.is_empty() {
+        out.push_str("\nOne namespace, one host:\n");
+        out.push_str(&shadowed.join("\n"));
         out.push('\n');
     }
     out

@@ -52,9 +52,9 @@ fn service_entries_istio_accepts() {
             check: |se| se.addresses.len() == 2 && se.resolution == Resolution::Dns,
         },
         Case {
-            name: "pkg/config/validation: resolution DYNAMIC_DNS is taken as DNS",
-            spec: "{hosts: [\"*.example.com\"], ports: [{number: 443, name: tls}], resolution: DYNAMIC_DNS}",
-            check: |se| se.resolution == Resolution::Dns,
+            name: "pkg/config/validation: resolution DYNAMIC_DNS with a wildcard and a TLS port",
+            spec: "{hosts: [\"*.example.com\"], ports: [{number: 443, name: tls, protocol: tls}], resolution: DYNAMIC_DNS}",
+            check: |se| se.resolution == Resolution::DynamicDns,
         },
         Case {
             name: "service_entry.proto numbering: resolution 1 is STATIC, location 1 is MESH_INTERNAL",
@@ -64,9 +64,9 @@ fn service_entries_istio_accepts() {
             },
         },
         Case {
-            name: "service_entry.proto numbering: resolution 4 is DYNAMIC_DNS (as DNS)",
+            name: "service_entry.proto numbering: resolution 4 is DYNAMIC_DNS",
             spec: "{hosts: [\"*.example.com\"], resolution: 4}",
-            check: |se| se.resolution == Resolution::Dns,
+            check: |se| se.resolution == Resolution::DynamicDns,
         },
         Case {
             name: "pkg/config/validation: STATIC unix:///path endpoint is kept",
@@ -173,6 +173,38 @@ fn what_istio_refuses_is_refused_with_its_reason() {
             ),
             field: "spec.addresses",
             message: "CIDR addresses are allowed only for NONE/STATIC",
+        },
+        Case {
+            name: "pkg/config/validation ValidateServiceEntry: DYNAMIC_DNS with an exact host",
+            yaml: se(
+                "{hosts: [api.example.com], ports: [{number: 443, name: tls, protocol: TLS}], resolution: DYNAMIC_DNS}",
+            ),
+            field: "spec.hosts[0]",
+            message: "host must be wildcarded for resolution mode DYNAMIC_DNS",
+        },
+        Case {
+            name: "pkg/config/validation ValidateServiceEntry: DYNAMIC_DNS with addresses",
+            yaml: se(
+                "{hosts: [\"*.example.com\"], addresses: [203.0.113.9], ports: [{number: 80, name: http, protocol: HTTP}], resolution: DYNAMIC_DNS}",
+            ),
+            field: "spec.addresses",
+            message: "addresses cannot be set for resolution type DYNAMIC_DNS",
+        },
+        Case {
+            name: "pkg/config/validation ValidateServiceEntry: DYNAMIC_DNS with endpoints",
+            yaml: se(
+                "{hosts: [\"*.example.com\"], ports: [{number: 80, name: http, protocol: HTTP}], resolution: DYNAMIC_DNS, endpoints: [{address: origin.example.net}]}",
+            ),
+            field: "spec.endpoints",
+            message: "endpoints cannot be set for resolution type DYNAMIC_DNS",
+        },
+        Case {
+            name: "pkg/config/validation ValidateServiceEntry: DYNAMIC_DNS with a TCP port",
+            yaml: se(
+                "{hosts: [\"*.example.com\"], ports: [{number: 443, name: tls, protocol: TLS}, {number: 5432, name: pg, protocol: TCP}], resolution: DYNAMIC_DNS}",
+            ),
+            field: "spec.ports[1].protocol",
+            message: "only HTTP, TLS, GRPC, and HTTP2 protocols are supported",
         },
         Case {
             name: "serviceentry-invalid.yaml dns-rr-with-multiple-endpoints",

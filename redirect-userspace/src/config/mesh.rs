@@ -1,5 +1,5 @@
-//! Mesh configuration: `serviceEntryVisibility`, `defaultServiceExportTo`, `trustDomain`, from any of
-//! its three forms (IstioOperator `spec.meshConfig`, ConfigMap `istio` key `mesh`, `kind: MeshConfig`).
+//! Mesh configuration: `serviceEntryVisibility`, `defaultServiceExportTo`, `discoverySelectors`,
+//! `trustDomain`, from any of its three forms (IstioOperator `spec.meshConfig`, ConfigMap `istio` key `mesh`, `kind: MeshConfig`).
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -14,6 +14,10 @@ pub struct MeshConfig {
     /// `None`: the feature is inert (every ServiceEntry PUBLIC, no VisibilityApplied condition).
     pub service_entry_visibility: Option<VisibilityConfig>,
     pub default_service_export_to: Option<Vec<String>>,
+    /// Namespaces the control plane sees: when not empty, a namespace no selector matches is not
+    /// discovered, and its objects do not exist for the data plane. Empty: every namespace is.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub discovery_selectors: Vec<LabelSelector>,
     pub trust_domain: Option<String>,
     /// The file it came from; `None` when the directory holds no mesh config.
     #[serde(skip)]
@@ -85,6 +89,7 @@ pub enum MatchingRule {
 pub(crate) struct RawMeshConfig {
     service_entry_visibility: Option<RawVisibilityConfig>,
     default_service_export_to: Option<Vec<String>>,
+    discovery_selectors: Option<Vec<RawLabelSelector>>,
     trust_domain: Option<String>,
     /// Where each field came from, when not from the document's own mesh config (an IstioOperator's
     /// `spec.values.meshConfig.`): errors name the field the user wrote.
@@ -97,6 +102,7 @@ struct Origin {
     default_visibility: Option<&'static str>,
     policies: Option<&'static str>,
     default_service_export_to: Option<&'static str>,
+    discovery_selectors: Option<&'static str>,
 }
 
 /// Where an IstioOperator's Helm values hold the mesh config.
@@ -132,6 +138,10 @@ impl RawMeshConfig {
         if self.default_service_export_to.is_none() && under.default_service_export_to.is_some() {
             self.origin.default_service_export_to = Some(under_origin);
             self.default_service_export_to = under.default_service_export_to;
+        }
+        if self.discovery_selectors.is_none() && under.discovery_selectors.is_some() {
+            self.origin.discovery_selectors = Some(under_origin);
+            self.discovery_selectors = under.discovery_selectors;
         }
         self.trust_domain = self.trust_domain.or(under.trust_domain);
         self
@@ -267,9 +277,18 @@ impl RawMeshConfig {
             let from = origin.default_service_export_to.unwrap_or(field);
             validate_export_to(ctx, &format!("{from}defaultServiceExportTo"), export_to);
         }
+        let from = origin.discovery_selectors.unwrap_or(field);
+        let discovery_selectors = self
+            .discovery_selectors
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .filter_map(|(i, raw)| raw.convert(ctx, &format!("{from}discoverySelectors[{i}]")))
+            .collect();
         (ctx.error_count() == before).then_some(MeshConfig {
             service_entry_visibility: visibility,
             default_service_export_to: self.default_service_export_to,
+            discovery_selectors,
             trust_domain: self.trust_domain,
             file: Some(ctx.file.to_string()),
         })

@@ -163,6 +163,19 @@ pub enum Resolution {
     Static,
     Dns,
     DnsRoundRobin,
+    /// A wildcard whose host name comes from each request (Envoy's dynamic forward proxy). The
+    /// agent reads no request, so it resolves like `DNS`; it differs in validation and allocation.
+    DynamicDns,
+}
+
+impl Resolution {
+    /// Endpoints given by host name are resolved through the upstream resolver.
+    pub fn resolves_names(self) -> bool {
+        matches!(
+            self,
+            Resolution::Dns | Resolution::DnsRoundRobin | Resolution::DynamicDns
+        )
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

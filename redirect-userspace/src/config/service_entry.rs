@@ -71,14 +71,13 @@ const LOCATIONS: &[(&str, i64, Location)] = &[
     ("MESH_INTERNAL", 1, Location::MeshInternal),
 ];
 
-/// Istio's proto numbering of `ServiceEntry.Resolution`. `DYNAMIC_DNS` (the host name comes from
-/// the request) is resolved here like `DNS`: the agent has no request to read it from.
+/// Istio's proto numbering of `ServiceEntry.Resolution`.
 const RESOLUTIONS: &[(&str, i64, Resolution)] = &[
     ("NONE", 0, Resolution::None),
     ("STATIC", 1, Resolution::Static),
     ("DNS", 2, Resolution::Dns),
     ("DNS_ROUND_ROBIN", 3, Resolution::DnsRoundRobin),
-    ("DYNAMIC_DNS", 4, Resolution::Dns),
+    ("DYNAMIC_DNS", 4, Resolution::DynamicDns),
 ];
 
 /// An endpoint or WorkloadEntry address: an IP, a host name, or a unix socket (`unix:///path`,
@@ -248,6 +247,15 @@ impl RawServiceEntry {
                 }
             }
         }
+        if resolution == Resolution::DynamicDns {
+            dynamic_dns_shape(
+                ctx,
+                &raw_hosts,
+                &addresses,
+                &ports,
+                !raw_endpoints.is_empty(),
+            );
+        }
         if resolution == Resolution::DnsRoundRobin && raw_endpoints.len() > 1 {
             ctx.error(
                 "spec.endpoints",
@@ -329,6 +337,53 @@ impl RawServiceEntry {
             export_to: spec.export_to,
             use_waypoint,
         })
+    }
+}
+
+/// Port protocols a dynamic forward proxy takes the host name from (compared case-insensitively).
+const DYNAMIC_DNS_PROTOCOLS: &[&str] = &["HTTP", "HTTP2", "GRPC", "TLS"];
+
+/// Istio's rules for `DYNAMIC_DNS`, with its messages: the host name comes from each request, so
+/// hosts must be wildcards, nothing may fix addresses or endpoints, and every port must carry a
+/// protocol that names its host (a port without a protocol names none).
+fn dynamic_dns_shape(
+    ctx: &mut Ctx<'_>,
+    hosts: &[String],
+    addresses: &[Address],
+    ports: &[ServiceEntryPort],
+    has_endpoints: bool,
+) {
+    for (i, host) in hosts.iter().enumerate() {
+        if !host.starts_with('*') {
+            ctx.error(
+                format!("spec.hosts[{i}]"),
+                "host must be wildcarded for resolution mode DYNAMIC_DNS",
+            );
+        }
+    }
+    if !addresses.is_empty() {
+        ctx.error(
+            "spec.addresses",
+            "addresses cannot be set for resolution type DYNAMIC_DNS",
+        );
+    }
+    if has_endpoints {
+        ctx.error(
+            "spec.endpoints",
+            "endpoints cannot be set for resolution type DYNAMIC_DNS",
+        );
+    }
+    for (i, port) in ports.iter().enumerate() {
+        let protocol = port.protocol.as_deref().unwrap_or("");
+        if !DYNAMIC_DNS_PROTOCOLS
+            .iter()
+            .any(|p| p.eq_ignore_ascii_case(protocol))
+        {
+            ctx.error(
+                format!("spec.ports[{i}].protocol"),
+                "only HTTP, TLS, GRPC, and HTTP2 protocols are supported",
+            );
+        }
     }
 }
 

@@ -213,14 +213,9 @@ struct Compiler<'s> {
 }
 
 impl Compiler<'_> {
-    /// Every workload address, or none and a flag when they do not all fit.
+    /// Every address a workload is reached at, or none and a flag when they do not all fit.
     fn workloads(&mut self, snapshot: &Snapshot) {
-        let ips: BTreeSet<IpKey> = snapshot
-            .workloads()
-            .iter()
-            .flat_map(|w| &w.ips)
-            .map(|ip| IpKey::new(*ip))
-            .collect();
+        let ips: BTreeSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
         if ips.len() > self.limits.workloads {
             self.tables.config.workloads_incomplete = true;
             self.stats.fell_back(Fallback::WorkloadsFull, ips.len());

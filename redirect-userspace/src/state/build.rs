@@ -10,7 +10,7 @@ use super::service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility};
 use crate::{
     config::{
         Address, EndpointAddress, EndpointSlice, Host, Model, Resolution, ServiceEntry,
-        ServiceEntryPort, ServicePort, TargetPort, Visibility, Workload, WorkloadKind, selects,
+        ServiceEntryPort, ServicePort, TargetPort, Visibility, Workload, selects,
     },
     visibility::ResolvedEntry,
 };
@@ -24,7 +24,12 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
             Visibility::Namespace => ServiceVisibility::Namespace,
         };
         for host in &entry.hosts {
-            out.push(from_service_entry(model, entry, resolved, host, visibility));
+            let hostname = host.to_string();
+            if resolved.publishes(&hostname) {
+                out.push(from_service_entry(
+                    model, entry, resolved, host, hostname, visibility,
+                ));
+            }
         }
     }
     // The EndpointSlices of each Service: when it has any, they say its endpoints, not its selector.
@@ -37,7 +42,12 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
                 .push(slice);
         }
     }
-    for svc in &model.services {
+    let discovery = &resolution.discovery;
+    for svc in model
+        .services
+        .iter()
+        .filter(|s| discovery.sees(&s.meta.namespace))
+    {
         let slices = slices.get(&(svc.meta.namespace.as_str(), svc.meta.name.as_str()));
         let selected: Vec<&Workload> = match &svc.selector {
             Some(_) if slices.is_some() => Vec::new(),
@@ -104,9 +114,9 @@ fn from_service_entry(
     entry: &ServiceEntry,
     resolved: &ResolvedEntry,
     host: &Host,
+    hostname: String,
     visibility: ServiceVisibility,
 ) -> Service {
-    let hostname = host.to_string();
     // Declared addresses belong to every host; allocated ones to their own host.
     let ips: Vec<IpAddr> = if entry.addresses.is_empty() {
         resolved
@@ -173,8 +183,9 @@ fn from_service_entry(
     }
 }
 
-/// The endpoints of one ServiceEntry port. An endpoint's named port wins over `targetPort`, which
-/// wins over the port number, as in Istio.
+/// The endpoints of one ServiceEntry port. An endpoint's named port (a ServiceEntry endpoint's or
+/// WorkloadEntry's `ports`, a Pod's container port of that name) wins over `targetPort`, which wins
+/// over the port number, as in Istio.
 fn se_endpoints(
     entry: &ServiceEntry,
     host: &Host,
@@ -207,20 +218,15 @@ fn se_endpoints(
             .collect();
     }
     if entry.workload_selector.is_some() {
+        // A Pod's container port of the entry port's name, as a WorkloadEntry's named port.
         return selected
             .iter()
-            .filter_map(|w| {
-                let p = match w.kind {
-                    WorkloadKind::WorkloadEntry => named(&w.ports),
-                    WorkloadKind::Pod => default_port,
-                };
-                workload_endpoint(w, p)
-            })
+            .filter_map(|w| workload_endpoint(w, named(&w.ports)))
             .collect();
     }
     // Resolution DNS without endpoints: connect to the host itself, resolved upstream.
-    match (entry.resolution, host) {
-        (Resolution::Dns | Resolution::DnsRoundRobin, Host::Exact(name)) => vec![Endpoint {
+    match host {
+        Host::Exact(name) if entry.resolution.resolves_names() => vec![Endpoint {
             address: EndpointAddress::Host(name.clone()),
             port: default_port,
             workload: None,

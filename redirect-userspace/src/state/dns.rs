@@ -4,7 +4,16 @@
 //! (`api.example.com.team-a.svc.cluster.local.`), any case, trailing dot or not. As ztunnel does,
 //! the name is tried as asked, then with each of the client's search domains stripped; a match
 //! after stripping is answered with a CNAME to the stripped name plus its records.
-use std::net::{Ipv4Addr, Ipv6Addr};
+//!
+//! Each of those names that has the shape of a partial Kubernetes name (`<name>`, `<name>.<ns>`,
+//! `<name>.<ns>.svc`) is also tried in its full form `<name>.<ns>.svc.<domain>` (a bare name in
+//! the client's own namespace), against exact host names: `web.team-a.team-b.svc.cluster.local`,
+//! the first query a team-b resolver sends for `web.team-a`, is answered at once with a CNAME to
+//! `web.team-a.svc.cluster.local` and its records.
+use std::{
+    io::{Cursor, Write},
+    net::{Ipv4Addr, Ipv6Addr},
+};
 
 use super::{Snapshot, service::Service};
 
@@ -25,7 +34,8 @@ pub struct DnsAnswer<'a, 'q> {
     pub service: &'a Service,
     /// The query name without its trailing dot, as asked (owner of the CNAME or of the records).
     pub name: &'q str,
-    /// When a search domain was stripped: the CNAME target (the name without the search domain).
+    /// When a search domain was stripped: the CNAME target (the name without the search domain,
+    /// or its full Kubernetes form).
     pub cname: Option<&'q str>,
     /// A hidden service skipped on the way, if any.
     pub hidden: Option<&'a Service>,
@@ -111,6 +121,27 @@ impl<'a> SearchDomains<'a> {
     }
 }
 
+/// The full Kubernetes form of a partial name, written into `buf`: `<name>` in the client's
+/// namespace, `<name>.<ns>`, `<name>.<ns>.svc`, each completed to `<name>.<ns>.svc.<domain>`
+/// (ztunnel's `to_kube_fqdns`, for services). `None` for any other shape or a name too long.
+fn kube_full_name<'b>(
+    name: &str,
+    client_ns: Option<&str>,
+    domain: &str,
+    buf: &'b mut [u8; MAX_NAME],
+) -> Option<&'b str> {
+    let mut out = Cursor::new(&mut buf[..]);
+    let written = match name.split('.').count() {
+        1 => write!(out, "{name}.{}.svc.{domain}", client_ns?),
+        2 => write!(out, "{name}.svc.{domain}"),
+        3 if name.ends_with(".svc") => write!(out, "{name}.{domain}"),
+        _ => return None,
+    };
+    written.ok()?;
+    let len = usize::try_from(out.position()).ok()?;
+    std::str::from_utf8(&buf[..len]).ok()
+}
+
 /// `name` without the trailing labels `suffix` (`a.b.svc.cluster.local` - [`b`,`svc`,`cluster.local`]
 /// = `a`); `None` when it does not end with them or nothing would be left.
 fn strip_labels<'n>(name: &'n str, suffix: &[&str]) -> Option<&'n str> {
@@ -128,8 +159,8 @@ impl Snapshot {
     }
 
     /// The DNS decision for an A/AAAA query `qname` from a client in `client_ns`. Allocation-free:
-    /// the name is lower-cased into a stack buffer.
-    pub fn decide_dns<'a, 'q>(
+    /// the name is lower-cased, and a full Kubernetes name written, into stack buffers.
+    pub fn decide_dns<'a: 'q, 'q>(
         &'a self,
         client_ns: Option<&str>,
         qname: &'q str,
@@ -157,6 +188,23 @@ impl Snapshot {
                     service,
                     name,
                     cname: stripped.then(|| &name[..alias.len()]),
+                    hidden,
+                });
+            }
+            let mut full = [0u8; MAX_NAME];
+            let Some(full) = kube_full_name(alias, client_ns, &self.cluster_domain, &mut full)
+            else {
+                continue;
+            };
+            let choice = self.services.by_exact_host(full, client_ns);
+            hidden = hidden.or(choice.hidden);
+            if let Some(service) = choice.service {
+                // Asked as a partial name: the records under that name. Built from a search
+                // domain: a CNAME to the full name (the service's own) and its records.
+                return DnsDecision::Answer(DnsAnswer {
+                    service,
+                    name,
+                    cname: stripped.then_some(service.hostname.as_str()),
                     hidden,
                 });
             }

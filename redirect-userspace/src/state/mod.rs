@@ -59,7 +59,7 @@ impl Snapshot {
     pub fn build(model: &Model, resolution: &Resolved) -> Self {
         Snapshot {
             services: ServiceStore::new(build::services(model, resolution)),
-            workloads: WorkloadStore::new(model.workloads.clone()),
+            workloads: WorkloadStore::new(model.workloads.clone(), &resolution.discovery),
             cluster_domain: model.cluster_domain.clone(),
             visibility: model.mesh.service_entry_visibility.clone(),
         }
@@ -86,8 +86,14 @@ impl Snapshot {
         self.services.services.iter()
     }
 
+    /// Every workload, clients of undiscovered namespaces included.
     pub fn workloads(&self) -> &[std::sync::Arc<Workload>] {
         &self.workloads.workloads
+    }
+
+    /// The addresses at which a connection reaches a workload directly (the lookup's third step).
+    pub fn workload_destinations(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.workloads.destinations()
     }
 
     pub fn cluster_domain(&self) -> &str {

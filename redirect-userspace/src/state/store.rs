@@ -187,6 +187,14 @@ impl ServiceStore {
         }
     }
 
+    /// An exact host name (lower case, no trailing dot); wildcards are not tried.
+    pub fn by_exact_host(&self, name: &str, client_ns: Option<&str>) -> Choice<'_> {
+        match self.by_host.get(name) {
+            Some(bucket) => bucket.choose(&self.services, client_ns),
+            None => Choice::default(),
+        }
+    }
+
     /// A host name (lower case, no trailing dot): the exact name first, then wildcards from the
     /// most specific (`*.b.example.com` before `*.example.com`).
     pub fn by_host(&self, name: &str, client_ns: Option<&str>) -> Choice<'_> {

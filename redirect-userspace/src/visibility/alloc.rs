@@ -17,6 +17,7 @@ use std::{
 use ipnet::{Ipv4Net, Ipv6Net};
 use sha2::{Digest, Sha256};
 
+use super::Discovery;
 use crate::config::{Address, ConfigError, Host, Model, Resolution, ServiceEntry};
 
 pub const V4_RANGE: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(240, 240, 0, 0), 16) {
@@ -53,23 +54,39 @@ impl Allocation {
     }
 }
 
-/// Whether an entry gets allocated addresses: it has none, and connections do not simply go to the
-/// original destination (resolution NONE). Wildcard hosts never get one.
+/// The label by which an entry opts out of allocation (`"false"`, any case), as in Istio.
+pub const AUTOALLOCATE_LABEL: &str = "networking.istio.io/enable-autoallocate-ip";
+
+/// Whether an entry gets allocated addresses: it has none, connections do not simply go to the
+/// original destination (resolution NONE), and it has not opted out by label.
 pub fn needs_allocation(entry: &ServiceEntry) -> bool {
-    entry.addresses.is_empty() && entry.resolution != Resolution::None
+    let opted_out = entry
+        .meta
+        .labels
+        .get(AUTOALLOCATE_LABEL)
+        .is_some_and(|v| v.eq_ignore_ascii_case("false"));
+    entry.addresses.is_empty() && entry.resolution != Resolution::None && !opted_out
 }
 
-/// Allocations for every entry of `model`, indexed like `model.service_entries`.
-pub fn allocate(model: &Model) -> Vec<Vec<Allocation>> {
+/// Whether a host of an entry that needs allocation gets an address: an exact host always; a
+/// wildcard only with resolution DYNAMIC_DNS, whose clients ask for names under it (Istio's
+/// allocator keeps those hosts too).
+fn allocates_host(entry: &ServiceEntry, host: &Host) -> bool {
+    matches!(host, Host::Exact(_)) || entry.resolution == Resolution::DynamicDns
+}
+
+/// Allocations for every entry of `model`, indexed like `model.service_entries`. An entry of a
+/// namespace the control plane does not discover gets none.
+pub fn allocate(model: &Model, discovery: &Discovery) -> Vec<Vec<Allocation>> {
     let mut taken = Taken::from_model(model);
-    let mut requests: Vec<(usize, &str)> = Vec::new();
+    let mut requests: Vec<(usize, String)> = Vec::new();
     for (i, entry) in model.service_entries.iter().enumerate() {
-        if !needs_allocation(entry) {
+        if !needs_allocation(entry) || !discovery.sees(&entry.meta.namespace) {
             continue;
         }
         for host in &entry.hosts {
-            if let Host::Exact(name) = host {
-                requests.push((i, name));
+            if allocates_host(entry, host) {
+                requests.push((i, host.to_string()));
             }
         }
     }
@@ -91,11 +108,7 @@ pub fn allocate(model: &Model) -> Vec<Vec<Allocation>> {
         let mut host_bits = [0u8; 16];
         host_bits[6..].copy_from_slice(&digest[2..12]);
         let v6 = taken.next_v6(u128::from_be_bytes(host_bits));
-        out[i].push(Allocation {
-            host: host.to_string(),
-            v4,
-            v6,
-        });
+        out[i].push(Allocation { host, v4, v6 });
     }
     out
 }
@@ -354,7 +367,7 @@ mod tests {
         let with = format!("{others}{greedy}");
         let after = load_sources([("o.yaml", with.as_str())]).unwrap();
         let by_name = |m: &Model| -> Vec<(String, Vec<Allocation>)> {
-            let allocated = allocate(m);
+            let allocated = allocate(m, &Discovery::of(m));
             m.service_entries
                 .iter()
                 .zip(allocated)
@@ -369,7 +382,15 @@ mod tests {
                 .all(|(_, a)| a.len() == 1 && a[0].v4.is_some() && a[0].v6.is_some())
         );
         assert_eq!(a, b, "allocations unchanged by the CIDR");
-        assert!(exhausted(&after, allocate(&after).iter().map(Vec::as_slice)).is_empty());
+        assert!(
+            exhausted(
+                &after,
+                allocate(&after, &Discovery::of(&after))
+                    .iter()
+                    .map(Vec::as_slice)
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -394,7 +415,7 @@ mod tests {
                 std::sync::Arc::new(e)
             })
             .collect();
-        let allocated = allocate(&model);
+        let allocated = allocate(&model, &Discovery::of(&model));
         let given = allocated.iter().filter(|a| a[0].v4.is_some()).count();
         assert_eq!(given, 65_534);
         let errors = exhausted(&model, allocated.iter().map(Vec::as_slice));

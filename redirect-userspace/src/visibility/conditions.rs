@@ -3,12 +3,22 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::config::{Labels, ServiceEntry, UseWaypoint, Visibility, WaypointRef, use_waypoint};
+use crate::config::{
+    Host, Labels, ServiceEntry, UseWaypoint, Visibility, WaypointRef, use_waypoint,
+};
 
 pub const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
 pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
+pub const WAYPOINT_MISSING: &str = "istio.io/WaypointMissing";
 pub const CROSS_NAMESPACE_WAYPOINT_FORBIDDEN: &str = "CrossNamespaceWaypointForbidden";
 pub const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
+pub const NO_WAYPOINT_FOR_WILDCARD_SERVICE: &str = "NoWaypointForWildcardService";
+
+/// Istio's own messages, so tools that match on them see the same text.
+const PUBLIC_MESSAGE: &str = "ServiceEntry is visible to the entire mesh (PUBLIC).";
+const NAMESPACE_MESSAGE: &str = "ServiceEntry is visible only within its own namespace (NAMESPACE), per mesh serviceEntryVisibility.";
+const WAYPOINT_MISSING_MESSAGE: &str =
+    "ServiceEntry will not apply until it is bound to a valid waypoint.";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Condition {
@@ -51,9 +61,10 @@ pub fn requested_waypoint(
     }
 }
 
-/// The conditions of one entry and the waypoint the data plane honours (`None` when refused or
-/// absent). A NONE entry is delivered to no proxy: it gets neither condition, as upstream does.
-/// `namespace_labels` are the labels of the entry's namespace (for an inherited waypoint).
+/// The conditions of one published entry and the waypoint the data plane honours (`None` when
+/// refused or absent). An entry that is delivered to no proxy (NONE, not discovered, or every host
+/// shadowed) gets none of these: the caller does not ask. `namespace_labels` are the labels of the
+/// entry's namespace (for an inherited waypoint).
 pub fn conditions(
     entry: &ServiceEntry,
     namespace_labels: &Labels,
@@ -61,39 +72,46 @@ pub fn conditions(
     configured: bool,
 ) -> (Vec<Condition>, Option<WaypointRef>) {
     let mut out = Vec::new();
-    if visibility == Visibility::None {
-        return (out, None);
-    }
     if configured {
         let (reason, message) = match visibility {
-            Visibility::Public => (
-                "Public",
-                "visible to workloads in every namespace".to_string(),
-            ),
-            _ => (
-                "Namespace",
-                format!(
-                    "visible only to workloads in namespace {}",
-                    entry.meta.namespace
-                ),
-            ),
+            Visibility::Namespace => ("Namespace", NAMESPACE_MESSAGE),
+            _ => ("Public", PUBLIC_MESSAGE),
         };
         out.push(Condition {
             type_: VISIBILITY_APPLIED,
             status: ConditionStatus::True,
             reason,
-            message,
+            message: message.to_string(),
         });
     }
-    let Some((waypoint, inherited)) = requested_waypoint(entry, namespace_labels) else {
-        return (out, None);
-    };
-    let origin = if inherited {
-        format!(" (from the labels of namespace {})", entry.meta.namespace)
-    } else {
-        String::new()
-    };
+    let waypoint = bind_waypoint(entry, namespace_labels, visibility, &mut out);
+    let wildcard = entry.hosts.iter().any(|h| !matches!(h, Host::Exact(_)));
+    if wildcard && waypoint.is_none() {
+        out.push(Condition {
+            type_: WAYPOINT_MISSING,
+            status: ConditionStatus::True,
+            reason: NO_WAYPOINT_FOR_WILDCARD_SERVICE,
+            message: WAYPOINT_MISSING_MESSAGE.to_string(),
+        });
+    }
+    (out, waypoint)
+}
+
+/// The WaypointBound condition, when the entry asks for a waypoint, and the waypoint it binds: a
+/// NAMESPACE entry may bind only one in its own namespace.
+fn bind_waypoint(
+    entry: &ServiceEntry,
+    namespace_labels: &Labels,
+    visibility: Visibility,
+    out: &mut Vec<Condition>,
+) -> Option<WaypointRef> {
+    let (waypoint, inherited) = requested_waypoint(entry, namespace_labels)?;
     if visibility == Visibility::Namespace && waypoint.namespace != entry.meta.namespace {
+        let origin = if inherited {
+            format!(" (from the labels of namespace {})", entry.meta.namespace)
+        } else {
+            String::new()
+        };
         out.push(Condition {
             type_: WAYPOINT_BOUND,
             status: ConditionStatus::False,
@@ -103,13 +121,13 @@ pub fn conditions(
                 entry.meta.namespace
             ),
         });
-        return (out, None);
+        return None;
     }
     out.push(Condition {
         type_: WAYPOINT_BOUND,
         status: ConditionStatus::True,
         reason: WAYPOINT_ACCEPTED,
-        message: format!("bound to waypoint {waypoint}{origin}"),
+        message: format!("Successfully attached to waypoint {waypoint}"),
     });
-    (out, Some(waypoint))
+    Some(waypoint)
 }

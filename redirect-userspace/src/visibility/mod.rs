@@ -3,19 +3,24 @@
 //! allocated when none are). Pure functions over the [`Model`]; no I/O.
 mod alloc;
 mod conditions;
+mod discovery;
 mod export_to;
 mod policy;
+mod publish;
 
 pub use alloc::{
-    ADDRESS_ALLOCATED, ADDRESS_POOL_EXHAUSTED, Allocation, V4_RANGE, V6_RANGE, allocate,
-    needs_allocation,
+    ADDRESS_ALLOCATED, ADDRESS_POOL_EXHAUSTED, AUTOALLOCATE_LABEL, Allocation, V4_RANGE, V6_RANGE,
+    allocate, needs_allocation,
 };
 pub use conditions::{
-    CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, Condition, ConditionStatus, VISIBILITY_APPLIED,
-    WAYPOINT_ACCEPTED, WAYPOINT_BOUND, conditions, requested_waypoint,
+    CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, Condition, ConditionStatus,
+    NO_WAYPOINT_FOR_WILDCARD_SERVICE, VISIBILITY_APPLIED, WAYPOINT_ACCEPTED, WAYPOINT_BOUND,
+    WAYPOINT_MISSING, conditions, requested_waypoint,
 };
+pub use discovery::Discovery;
 pub use export_to::sidecar_export_to;
 pub use policy::{policy_matches, visibility_for};
+pub use publish::Shadowed;
 
 pub use crate::config::Visibility;
 use crate::config::{Address, ConfigError, Model, WaypointRef};
@@ -27,6 +32,8 @@ pub struct Resolved {
     pub entries: Vec<ResolvedEntry>,
     /// Whether `serviceEntryVisibility` is set (false: the feature is inert).
     pub configured: bool,
+    /// The namespaces whose objects exist for the data plane (`discoverySelectors`).
+    pub discovery: Discovery,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +49,10 @@ pub struct ResolvedEntry {
     pub allocated: Vec<Allocation>,
     /// The waypoint the data plane uses: `None` without one or when the binding was refused.
     pub waypoint: Option<WaypointRef>,
+    /// Whether the control plane sees the entry's namespace (`discoverySelectors`).
+    pub discovered: bool,
+    /// The hosts another definition of the same namespace holds (one namespace, one host).
+    pub shadowed: Vec<Shadowed>,
 }
 
 impl ResolvedEntry {
@@ -56,48 +67,60 @@ impl ResolvedEntry {
             .map(Address::Ip)
             .collect()
     }
-}
 
-/// What the policies give one namespace's entries.
-struct NamespacePolicy<'m> {
-    name: &'m str,
-    labels: std::borrow::Cow<'m, crate::config::Labels>,
-    visibility: Visibility,
-    matched_policy: Option<usize>,
+    /// Whether the data plane gets this entry for `host` (its `Display` form).
+    pub fn publishes(&self, host: &str) -> bool {
+        self.discovered
+            && self.visibility != Visibility::None
+            && !self.shadowed.iter().any(|s| s.host == host)
+    }
 }
 
 /// Resolves every ServiceEntry of `model`, NONE ones included.
 pub fn resolve(model: &Model) -> Resolved {
     let config = model.mesh.service_entry_visibility.as_ref();
     let cap = config.is_some_and(|c| c.apply_to_sidecars);
-    let mut allocations = allocate(model).into_iter();
+    let discovery = Discovery::of(model);
     // Entries are sorted by namespace: the policies are matched once per namespace.
-    let mut current: Option<NamespacePolicy<'_>> = None;
-    let entries = model
+    let mut current: Option<(&str, Visibility, Option<usize>)> = None;
+    let policies: Vec<(Visibility, Option<usize>)> = model
         .service_entries
         .iter()
         .map(|entry| {
-            let ns = &entry.meta.namespace;
-            if current.as_ref().is_some_and(|p| p.name != ns.as_str()) {
-                current = None;
-            }
-            let policy = current.get_or_insert_with(|| {
-                let labels = model.namespace_labels(ns);
-                let (visibility, matched_policy) = visibility_for(config, &labels);
-                NamespacePolicy {
-                    name: ns,
-                    labels,
-                    visibility,
-                    matched_policy,
+            let ns = entry.meta.namespace.as_str();
+            match current {
+                Some((name, visibility, matched)) if name == ns => (visibility, matched),
+                _ => {
+                    let (visibility, matched) = visibility_for(config, &model.namespace_labels(ns));
+                    current = Some((ns, visibility, matched));
+                    (visibility, matched)
                 }
-            });
-            let (ns_labels, visibility, matched_policy) =
-                (&policy.labels, policy.visibility, policy.matched_policy);
-            let (mut conditions, waypoint) =
-                conditions(entry, ns_labels, visibility, config.is_some());
+            }
+        })
+        .collect();
+    let visibilities: Vec<Visibility> = policies.iter().map(|(v, _)| *v).collect();
+    let mut shadowed = publish::shadowed(model, &visibilities, &discovery).into_iter();
+    let mut allocations = allocate(model, &discovery).into_iter();
+    let entries = model
+        .service_entries
+        .iter()
+        .zip(policies)
+        .map(|(entry, (visibility, matched_policy))| {
+            let ns = &entry.meta.namespace;
+            let discovered = discovery.sees(ns);
+            let shadowed = shadowed.next().unwrap_or_default();
             let allocated = allocations.next().unwrap_or_default();
+            // Delivered to no proxy: NONE, not discovered, or every host held by another definition.
+            let published =
+                discovered && visibility != Visibility::None && shadowed.len() < entry.hosts.len();
+            let (mut conditions, waypoint) = if published {
+                let labels = model.namespace_labels(ns);
+                conditions(entry, &labels, visibility, config.is_some())
+            } else {
+                (Vec::new(), None)
+            };
             if let Some(missing) = allocated.iter().find(|a| a.v4.is_none())
-                && visibility != Visibility::None
+                && published
             {
                 conditions.push(Condition {
                     type_: ADDRESS_ALLOCATED,
@@ -124,12 +147,15 @@ pub fn resolve(model: &Model) -> Resolved {
                 ),
                 allocated,
                 waypoint,
+                discovered,
+                shadowed,
             }
         })
         .collect();
     Resolved {
         entries,
         configured: config.is_some(),
+        discovery,
     }
 }
 
