@@ -210,6 +210,48 @@ fn a_service_entry_a_namespace_label_and_a_pod_changed_through_the_api_apply_wit
     Ok(())
 }
 
+#[test]
+fn discovery_selectors_in_the_mesh_config_map_and_a_namespace_label_apply_live() -> Result<()> {
+    let w = World::start_kube_with(|_| Ok(()))?;
+    let own = ["203.0.113.10".parse::<Ipv4Addr>()?];
+    let public = ["203.0.113.110".parse::<Ipv4Addr>()?];
+    ensure!(a_records(&w, "team-a", "api.example.com")? == own);
+
+    // Namespaces labelled mesh-discovery: off are left out; none is yet: nothing changes.
+    let mut cm = w
+        .api()
+        .get("ConfigMap", "istio-system", "istio")
+        .context("mesh")?;
+    let mesh = cm["data"]["mesh"]
+        .as_str()
+        .context("data.mesh")?
+        .to_string();
+    cm["data"]["mesh"] = json!(format!(
+        "discoverySelectors:\n- matchExpressions: [{{key: mesh-discovery, operator: NotIn, values: [\"off\"]}}]\n{mesh}"
+    ));
+    w.api().put(cm)?;
+    let mut ns = w.api().get("Namespace", "", "team-a").context("team-a")?;
+    ns["metadata"]["labels"]["mesh-discovery"] = json!("off");
+    w.api().put(ns)?;
+    // team-a is no longer discovered: its entry exists nowhere, even for its own pods.
+    let took = within("team-a left out", APPLIED_WITHIN, || {
+        Ok(a_records(&w, "team-a", "api.example.com")? == public)
+    })?;
+    eprintln!("Namespace left out of discovery: applied in {took:?}");
+    ensure!(w.curl("team-a", "http://api.example.com/")? == Reach::server("public-api"));
+    ensure!(w.curl("team-b", "http://203.0.113.10/")? == Reach::server("real-203.0.113.10"));
+
+    let mut ns = w.api().get("Namespace", "", "team-a").context("team-a")?;
+    ns["metadata"]["labels"]["mesh-discovery"] = json!("on");
+    w.api().put(ns)?;
+    let took = within("team-a discovered again", APPLIED_WITHIN, || {
+        Ok(a_records(&w, "team-a", "api.example.com")? == own)
+    })?;
+    eprintln!("Namespace discovered again: applied in {took:?}");
+    ensure!(w.curl("team-a", "http://api.example.com/")? == Reach::server("api-endpoint"));
+    Ok(())
+}
+
 fn endpoint_slice(name: &str, endpoints: &[(&str, bool)]) -> Value {
     let endpoints: Vec<Value> = endpoints
         .iter()

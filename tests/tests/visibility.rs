@@ -335,10 +335,13 @@ fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()
     for ns in EVERYONE {
         let (v, _) = w.check_dig(ns, fqdn)?;
         spec_answer(&v, "team-a/web", &["10.244.100.10"]);
-        // `web.team-a`: the `svc.cluster.local` search domain makes it the FQDN.
+        // `web.team-a`: the resolver's first try (the client's own namespace domain appended) is
+        // answered, with a CNAME to the FQDN that holds the records.
         let (v, reply) = w.check_dig_search(ns, "web.team-a")?;
         spec_answer(&v, "team-a/web", &["10.244.100.10"]);
-        assert_eq!(reply.answer[0].name, format!("{fqdn}."));
+        assert_eq!(v.query, format!("web.team-a.{ns}.svc.cluster.local."));
+        assert_eq!(reply.cnames(), [fqdn]);
+        assert_eq!(reply.answer[1].name, format!("{fqdn}."));
         for host in [fqdn, "web.team-a"] {
             let got = w.check_host(ns, host, 80)?;
             spec_outbound(
@@ -369,6 +372,104 @@ fn kubernetes_service_by_short_name_and_fqdn_from_every_namespace() -> Result<()
         Some("team-a/web"),
         Reach::server("web-1"),
     );
+    Ok(())
+}
+
+/// Upstream's corner rules on real traffic: one namespace one host (a newer duplicate and an entry
+/// camping on a Service's name in its namespace are not published), `discoverySelectors` (a namespace
+/// left out does not exist for the data plane), and partial Kubernetes names answered at the first try.
+const CORNERS: &str = "\
+apiVersion: v1
+kind: Namespace
+metadata: {name: legacy, labels: {trusted: \"true\", mesh-discovery: \"off\"}}
+---
+# Not discovered: older than team-c's public shared.example.com, it would win that name mesh-wide.
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shared-legacy, namespace: legacy, creationTimestamp: \"2020-01-01T00:00:00Z\"}
+spec: {hosts: [shared.example.com, legacy-only.example.com], addresses: [203.0.113.80], ports: [{number: 80, name: http}], resolution: STATIC, endpoints: [{address: 198.51.100.50}]}
+---
+# A newer definition of team-b's own shared.example.com: not published.
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: shared-private-copy, namespace: team-b, creationTimestamp: \"2030-01-01T00:00:00Z\"}
+spec: {hosts: [shared.example.com], addresses: [203.0.113.50], ports: [{number: 80, name: http}], resolution: STATIC, endpoints: [{address: 198.51.100.41}]}
+";
+
+#[test]
+fn upstream_corners_one_host_per_namespace_discovery_selectors_and_partial_names() -> Result<()> {
+    let w = World::start_with(|dir| {
+        std::fs::write(dir.join("40-corners.yaml"), CORNERS)?;
+        integration::world::edit_file(
+            dir,
+            "01-mesh-config.yaml",
+            "    serviceEntryVisibility:\n",
+            "    discoverySelectors:\n      - matchExpressions: [{key: mesh-discovery, operator: NotIn, values: [\"off\"]}]\n    serviceEntryVisibility:\n",
+        )
+    })?;
+    // One namespace, one host: team-b's older entry answers; the newer one's address is nobody's.
+    let (v, _) = w.check_dig("team-b", "shared.example.com")?;
+    spec_answer(&v, "team-b/shared-private", &["203.0.113.41"]);
+    for ns in ["team-a", "team-b"] {
+        let got = w.check_connect(ns, addr("203.0.113.50:80"))?;
+        spec_outbound(
+            &got,
+            OutboundOutcome::Passthrough,
+            None,
+            Reach::server("real-203.0.113.50"),
+        );
+    }
+    // An undiscovered namespace takes part in nothing: not in a ranking, not in DNS, not in routing.
+    let (v, _) = w.check_dig("team-a", "shared.example.com")?;
+    spec_answer(&v, "team-c/shared-public", &["203.0.113.40"]);
+    let got = w.check_host("team-a", "shared.example.com", 80)?;
+    spec_outbound(
+        &got,
+        OutboundOutcome::Service,
+        Some("team-c/shared-public"),
+        Reach::server("shared-public-endpoint"),
+    );
+    for ns in ["team-a", "team-b"] {
+        let (v, reply) = w.check_dig(ns, "legacy-only.example.com")?;
+        spec_forward(&v, None);
+        assert_eq!(reply.status, "NXDOMAIN", "{reply:#?}");
+        let got = w.check_connect(ns, addr("203.0.113.80:80"))?;
+        spec_outbound(
+            &got,
+            OutboundOutcome::Passthrough,
+            None,
+            Reach::server("real-203.0.113.80"),
+        );
+    }
+    // Partial Kubernetes names: asked as such (dig does not search), and the resolver's first try
+    // answered at once, nothing sent upstream.
+    for ns in ["team-a", "team-b"] {
+        for name in ["web.team-a", "web.team-a.svc"] {
+            let (v, _) = w.check_dig(ns, name)?;
+            spec_answer(&v, "team-a/web", &["10.244.100.10"]);
+        }
+        let before = w.agent.metrics()?;
+        let (v, _) = w.check_dig_search(ns, "web.team-a")?;
+        assert_eq!(v.query, format!("web.team-a.{ns}.svc.cluster.local."));
+        let got = w.check_host(ns, "web.team-a", 80)?;
+        spec_outbound(
+            &got,
+            OutboundOutcome::Service,
+            Some("team-a/web"),
+            Reach::server("web-1"),
+        );
+        let after = w.agent.metrics()?;
+        assert_eq!(
+            delta(&before, &after, key::DNS_FORWARDED),
+            0.0,
+            "{after:#?}"
+        );
+    }
+    // A bare name only from its own namespace.
+    let (v, _) = w.check_dig("team-a", "web")?;
+    spec_answer(&v, "team-a/web", &["10.244.100.10"]);
+    let (v, _) = w.check_dig("team-b", "web")?;
+    spec_forward(&v, None);
     Ok(())
 }
 

@@ -367,6 +367,41 @@ mod tests {
         assert_ne!(*mesh, MeshConfig::default());
     }
 
+    #[test]
+    fn discovery_selectors_come_from_the_mesh_config_map_and_a_bad_one_names_its_field() {
+        let cm = |mesh: &str| json!({"metadata": {"name": "istio", "namespace": "istio-system"}, "data": {"mesh": mesh}});
+        let got = convert(
+            Kind::MeshConfig,
+            "v1",
+            cm("discoverySelectors:\n- matchLabels: {istio-discovery: enabled}\n"),
+        );
+        let Some(Object::Mesh(mesh)) = got.object else {
+            panic!("{:?}", got.errors)
+        };
+        let labels = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(mesh.discovery_selectors.len(), 1);
+        assert!(mesh.discovery_selectors[0].matches(&labels(&[("istio-discovery", "enabled")])));
+        assert!(!mesh.discovery_selectors[0].matches(&labels(&[])));
+
+        let got = convert(
+            Kind::MeshConfig,
+            "v1",
+            cm("discoverySelectors:\n- matchExpressions: [{key: a, operator: Near}]\n"),
+        );
+        assert!(got.object.is_none());
+        let field = got.errors[0].field.as_deref().unwrap_or_default();
+        assert!(
+            field.starts_with("data.mesh.discoverySelectors[0]"),
+            "{:?}",
+            got.errors
+        );
+    }
+
     fn endpoint_slice(address: &str) -> Value {
         json!({
             "metadata": {"name": "web-abc", "namespace": "team-a", "resourceVersion": "7",

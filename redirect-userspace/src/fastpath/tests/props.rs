@@ -56,10 +56,21 @@ const ENDPOINTS: [&str; 7] = [
     "[]",
 ];
 
+/// Host names, few, so that entries of one namespace share one (one namespace, one host) and one
+/// is a Kubernetes Service's own name.
+const HOSTS: [&str; 3] = [
+    "h0.example.com",
+    "h1.example.com",
+    "s0.pub-a.svc.cluster.local",
+];
+
 #[derive(Debug, Clone)]
 struct Entry {
     ns: usize,
-    addresses: Vec<usize>,
+    host: usize,
+    /// `None`: no addresses declared (allocated, or not with the opt-out label).
+    addresses: Option<Vec<usize>>,
+    opt_out: bool,
     resolution: usize,
     https: bool,
     endpoints: usize,
@@ -69,8 +80,9 @@ struct Entry {
 
 fn entry() -> impl Strategy<Value = Entry> {
     (
-        0..NAMESPACES.len(),
-        proptest::collection::vec(0..ADDRESSES.len(), 1..3),
+        (0..NAMESPACES.len(), 0..HOSTS.len()),
+        proptest::option::weighted(0.8, proptest::collection::vec(0..ADDRESSES.len(), 1..3)),
+        any::<bool>(),
         0..3usize,
         any::<bool>(),
         0..ENDPOINTS.len(),
@@ -78,9 +90,11 @@ fn entry() -> impl Strategy<Value = Entry> {
         proptest::option::of(0..5u8),
     )
         .prop_map(
-            |(ns, addresses, resolution, https, endpoints, selector, age)| Entry {
+            |((ns, host), addresses, opt_out, resolution, https, endpoints, selector, age)| Entry {
                 ns,
+                host,
                 addresses,
+                opt_out,
                 resolution,
                 https,
                 endpoints,
@@ -97,6 +111,8 @@ struct World {
     services: Vec<(usize, usize)>,
     /// Pods: (namespace, address, labelled `app: x`).
     pods: Vec<(usize, usize, bool)>,
+    /// `discoverySelectors` that leave `ns-d` out.
+    discovery: bool,
 }
 
 fn world() -> impl Strategy<Value = World> {
@@ -104,16 +120,25 @@ fn world() -> impl Strategy<Value = World> {
         proptest::collection::vec(entry(), 0..7),
         proptest::collection::vec((0..NAMESPACES.len(), 0..5usize), 0..3),
         proptest::collection::vec((0..NAMESPACES.len(), 0..POD_IPS.len(), any::<bool>()), 0..5),
+        any::<bool>(),
     )
-        .prop_map(|(entries, services, pods)| World {
+        .prop_map(|(entries, services, pods, discovery)| World {
             entries,
             services,
             pods,
+            discovery,
         })
 }
 
 fn yaml(world: &World) -> String {
     let mut out = String::from(HEADER);
+    if world.discovery {
+        out = out.replacen(
+            "serviceEntryVisibility:",
+            "discoverySelectors: [{matchExpressions: [{key: kubernetes.io/metadata.name, operator: NotIn, values: [ns-d]}]}]\nserviceEntryVisibility:",
+            1,
+        );
+    }
     let ts = |age: Option<u8>| {
         age.map_or(String::new(), |a| {
             format!(", creationTimestamp: \"2024-01-0{}T00:00:00Z\"", a + 1)
@@ -125,14 +150,24 @@ fn yaml(world: &World) -> String {
             (0, true) => "DNS",
             (r, _) => ["STATIC", "DNS", "NONE"][r],
         };
-        let mut addresses: Vec<&str> = e.addresses.iter().map(|a| ADDRESSES[*a]).collect();
+        let mut addresses: Vec<&str> = e
+            .addresses
+            .iter()
+            .flatten()
+            .map(|a| ADDRESSES[*a])
+            .collect();
         // Networks need resolution STATIC or NONE.
         if resolution == "DNS" {
             addresses.retain(|a| !a.contains('/'));
-            if addresses.is_empty() {
+            if addresses.is_empty() && e.addresses.is_some() {
                 addresses.push(ADDRESSES[0]);
             }
         }
+        let labels = if e.opt_out {
+            ", labels: {networking.istio.io/enable-autoallocate-ip: \"false\"}"
+        } else {
+            ""
+        };
         let ports = if e.https {
             "[{number: 80, name: http}, {number: 443, name: https, targetPort: 8443}]"
         } else {
@@ -146,9 +181,10 @@ fn yaml(world: &World) -> String {
             format!(", endpoints: {}", ENDPOINTS[e.endpoints])
         };
         out.push_str(&format!(
-            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: e{i}, namespace: {}{}}}\nspec: {{hosts: [h{i}.example.com], addresses: [{}], ports: {ports}, resolution: {resolution}{endpoints}}}\n",
+            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: e{i}, namespace: {}{}{labels}}}\nspec: {{hosts: [{}], addresses: [{}], ports: {ports}, resolution: {resolution}{endpoints}}}\n",
             NAMESPACES[e.ns],
             ts(e.age),
+            HOSTS[e.host],
             addresses.join(", "),
         ));
     }
