@@ -7,7 +7,7 @@ use super::{
     Snapshot,
     service::{Service, ServiceKind, ServiceVisibility},
 };
-use crate::config::{Resolution, VisibilityConfig, WaypointRef, WorkloadKind};
+use crate::config::{LabelSelector, Resolution, VisibilityConfig, WaypointRef, WorkloadKind};
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -70,6 +70,9 @@ pub struct ConfigDump {
     pub services: Vec<ServiceDump>,
     pub workloads: Vec<WorkloadDump>,
     pub service_entry_visibility: VisibilityDump,
+    /// The mesh config's namespace selectors; absent when every namespace is discovered.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub discovery_selectors: Vec<LabelSelector>,
 }
 
 impl ServiceDump {
@@ -144,6 +147,7 @@ impl Snapshot {
                 configured: self.visibility.is_some(),
                 config: self.visibility.clone(),
             },
+            discovery_selectors: self.discovery_selectors.clone(),
         }
     }
 }

@@ -22,7 +22,7 @@ pub use outbound::{
 pub use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Target};
 
 use crate::{
-    config::{DEFAULT_CLUSTER_DOMAIN, Model, VisibilityConfig, Workload},
+    config::{DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, VisibilityConfig, Workload},
     visibility::{self, Resolved},
 };
 use store::ServiceStore;
@@ -35,6 +35,8 @@ pub struct Snapshot {
     cluster_domain: String,
     /// The visibility configuration in force, for dumps.
     visibility: Option<VisibilityConfig>,
+    /// The mesh config's `discoverySelectors`, for dumps.
+    discovery_selectors: Vec<LabelSelector>,
 }
 
 impl Default for Snapshot {
@@ -45,6 +47,7 @@ impl Default for Snapshot {
             workloads: WorkloadStore::default(),
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_string(),
             visibility: None,
+            discovery_selectors: Vec::new(),
         }
     }
 }
@@ -62,6 +65,7 @@ impl Snapshot {
             workloads: WorkloadStore::new(model.workloads.clone(), &resolution.discovery),
             cluster_domain: model.cluster_domain.clone(),
             visibility: model.mesh.service_entry_visibility.clone(),
+            discovery_selectors: model.mesh.discovery_selectors.clone(),
         }
     }
 

@@ -1055,6 +1055,19 @@ fn dumps_hold_every_delivered_service_and_no_none_entry() {
 }
 
 #[test]
+fn the_dump_shows_discovery_selectors_only_when_set() {
+    let dump = serde_json::to_value(world().config_dump()).unwrap();
+    assert!(dump.get("discoverySelectors").is_none(), "{dump}");
+    let yaml = "kind: MeshConfig\ndiscoverySelectors: [{matchLabels: {mesh: \"on\"}}]\n";
+    let model = crate::config::load_sources([("m.yaml", yaml)]).unwrap();
+    let dump = serde_json::to_value(Snapshot::from_model(&model).config_dump()).unwrap();
+    assert_eq!(
+        dump["discoverySelectors"],
+        serde_json::json!([{"matchLabels": {"mesh": "on"}}])
+    );
+}
+
+#[test]
 fn snapshot_is_send_and_sync() {
     fn assert_send_sync<T: Send + Sync>() {}
     assert_send_sync::<Snapshot>();
