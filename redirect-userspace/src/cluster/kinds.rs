@@ -226,6 +226,12 @@ pub fn strip(kind: Kind, object: Value) -> Map<String, Value> {
             if let Some(spec) = spec {
                 slim.insert("spec".into(), spec);
             }
+            // Istio's allocations; the conditions are the status writer's (see `status`).
+            if kind == Kind::ServiceEntry
+                && let Some(Value::Object(status)) = object.remove("status")
+            {
+                slim.insert("status".into(), Value::Object(keep(status, &["addresses"])));
+            }
         }
         Kind::MeshConfig => {
             if let Some(Value::Object(data)) = object.remove("data") {

@@ -85,6 +85,16 @@ pub struct ServiceEntry {
     /// The entry's own `istio.io/use-waypoint` (+ `-namespace`) labels. Without them the entry
     /// inherits its namespace's (see `visibility`).
     pub use_waypoint: UseWaypoint,
+    /// `status.addresses`: what Istio's allocator gave each host. Used instead of an allocation
+    /// of the agent's own, so every proxy of the mesh answers the same address.
+    pub status_addresses: Vec<StatusAddress>,
+}
+
+/// One address of `status.addresses`, for one host (as written: `*.example.com` for a wildcard).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusAddress {
+    pub host: String,
+    pub ip: IpAddr,
 }
 
 /// What an object's waypoint labels say.

@@ -10,7 +10,7 @@ use super::{
     mesh::validate_export_to,
     model::{
         Address, Location, Resolution, ServiceEntry, ServiceEntryEndpoint, ServiceEntryPort,
-        UseWaypoint, WaypointRef, Workload, WorkloadAddress, WorkloadKind,
+        StatusAddress, UseWaypoint, WaypointRef, Workload, WorkloadAddress, WorkloadKind,
     },
 };
 
@@ -21,6 +21,19 @@ pub const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace"
 pub(crate) struct RawServiceEntry {
     metadata: Option<RawMeta>,
     spec: Option<RawServiceEntrySpec>,
+    status: Option<RawServiceEntryStatus>,
+}
+
+/// What a controller wrote: only the addresses Istio's allocator gave each host are read.
+#[derive(Debug, Default, Deserialize)]
+struct RawServiceEntryStatus {
+    addresses: Option<Vec<RawStatusAddress>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct RawStatusAddress {
+    value: Option<String>,
+    host: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -324,6 +337,19 @@ impl RawServiceEntry {
         }
 
         let use_waypoint = use_waypoint(&meta.labels, &meta.namespace);
+        // Written by a controller, not by the user: an address that does not read is passed over
+        // (the entry is then allocated as if it had none), never a reason to refuse the entry.
+        let status_addresses = self
+            .status
+            .and_then(|s| s.addresses)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|a| {
+                let host = a.host?.to_ascii_lowercase();
+                let ip = a.value?.parse().ok()?;
+                Some(StatusAddress { host, ip })
+            })
+            .collect();
 
         (ctx.error_count() == before).then_some(ServiceEntry {
             meta,
@@ -336,6 +362,7 @@ impl RawServiceEntry {
             workload_selector,
             export_to: spec.export_to,
             use_waypoint,
+            status_addresses,
         })
     }
 }

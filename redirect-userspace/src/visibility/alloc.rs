@@ -80,13 +80,19 @@ fn allocates_host(entry: &ServiceEntry, host: &Host) -> bool {
 pub fn allocate(model: &Model, discovery: &Discovery) -> Vec<Vec<Allocation>> {
     let mut taken = Taken::from_model(model);
     let mut requests: Vec<(usize, String)> = Vec::new();
+    let mut out = vec![Vec::new(); model.service_entries.len()];
     for (i, entry) in model.service_entries.iter().enumerate() {
         if !needs_allocation(entry) || !discovery.sees(&entry.meta.namespace) {
             continue;
         }
         for host in &entry.hosts {
-            if allocates_host(entry, host) {
-                requests.push((i, host.to_string()));
+            if !allocates_host(entry, host) {
+                continue;
+            }
+            let host = host.to_string();
+            match from_status(entry, &host) {
+                Some(given) => out[i].push(given),
+                None => requests.push((i, host)),
             }
         }
     }
@@ -100,7 +106,6 @@ pub fn allocate(model: &Model, discovery: &Discovery) -> Vec<Vec<Allocation>> {
             |m: &crate::config::ObjectMeta| (m.creation_timestamp.is_none(), m.creation_timestamp);
         (age(a), &a.namespace, &a.name, ha).cmp(&(age(b), &b.namespace, &b.name, hb))
     });
-    let mut out = vec![Vec::new(); model.service_entries.len()];
     for (i, host) in requests {
         let meta = &model.service_entries[i].meta;
         let digest = Sha256::digest(format!("{}/{}/{host}", meta.namespace, meta.name).as_bytes());
@@ -111,6 +116,25 @@ pub fn allocate(model: &Model, discovery: &Discovery) -> Vec<Vec<Allocation>> {
         out[i].push(Allocation { host, v4, v6 });
     }
     out
+}
+
+/// The addresses Istio's allocator wrote in the entry's `status.addresses` for `host`, if any: every
+/// proxy of the mesh answers those, so the agent does too.
+fn from_status(entry: &ServiceEntry, host: &str) -> Option<Allocation> {
+    let mut given = entry.status_addresses.iter().filter(|a| a.host == host);
+    let v4 = given.clone().find_map(|a| match a.ip.to_canonical() {
+        IpAddr::V4(ip) => Some(ip),
+        IpAddr::V6(_) => None,
+    });
+    let v6 = given.find_map(|a| match a.ip.to_canonical() {
+        IpAddr::V6(ip) => Some(ip),
+        IpAddr::V4(_) => None,
+    });
+    (v4.is_some() || v6.is_some()).then(|| Allocation {
+        host: host.to_string(),
+        v4,
+        v6,
+    })
 }
 
 /// Addresses already claimed by a declared address (an entry's or a Service's) or an allocation.
@@ -136,6 +160,13 @@ impl Taken {
                     .services
                     .iter()
                     .flat_map(|s| s.cluster_ips.iter().copied()),
+            )
+            // Istio's allocations are taken too: none of the agent's may collide with them.
+            .chain(
+                model
+                    .service_entries
+                    .iter()
+                    .flat_map(|e| e.status_addresses.iter().map(|a| a.ip)),
             );
         Taken::from_ips(declared)
     }
