@@ -19,5 +19,6 @@ pub mod net;
 pub mod proxy;
 pub mod redirect;
 pub mod state;
+pub mod status;
 pub mod visibility;
 pub mod watch;

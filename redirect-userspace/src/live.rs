@@ -21,6 +21,8 @@ pub struct LiveState {
     /// Called with each new snapshot before the status counts it as applied (the fast path's
     /// tables): whoever sees the new generation sees it in force everywhere.
     on_apply: OnceLock<OnApply>,
+    /// With `--write-status`: what the status writer reports.
+    status_writer: OnceLock<Arc<Mutex<crate::status::Report>>>,
 }
 
 type OnApply = Box<dyn Fn(&Arc<Snapshot>) + Send + Sync>;
@@ -44,6 +46,10 @@ pub struct ConfigStatus {
     /// With the Kubernetes API as the source: the state of each watch.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub watches: Vec<WatchStatus>,
+    /// With `--write-status`: the lease, whether this agent writes, its writes, and the entries
+    /// another controller writes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status_writer: Option<crate::status::Report>,
 }
 
 /// One watch on the Kubernetes API, as `/config_dump` shows it.
@@ -85,6 +91,7 @@ impl LiveState {
                 ..ConfigStatus::default()
             }),
             on_apply: OnceLock::new(),
+            status_writer: OnceLock::new(),
         })
     }
 
@@ -135,8 +142,18 @@ impl LiveState {
         self.status().watches = watches;
     }
 
+    /// Shows the status writer's report in [`LiveState::status_report`] (once).
+    pub fn set_status_writer(&self, report: Arc<Mutex<crate::status::Report>>) {
+        let _ = self.status_writer.set(report);
+    }
+
     pub fn status_report(&self) -> ConfigStatus {
-        self.status().clone()
+        let mut status = self.status().clone();
+        status.status_writer = self
+            .status_writer
+            .get()
+            .map(|r| r.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        status
     }
 
     /// True once a configuration is in force (or none is expected).

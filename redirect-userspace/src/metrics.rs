@@ -276,6 +276,12 @@ pub struct Metrics {
     splice_fallbacks: Counter,
     timeouts: Family<TimeoutLabels, Counter>,
     kube_watch_errors: Family<KindLabels, Counter>,
+    status_writes: Family<ResultLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
 }
 
 impl Metrics {
@@ -372,6 +378,13 @@ impl Metrics {
             .inc();
     }
 
+    /// A ServiceEntry status write (`ok`, `conflict`, `gone`, `error`).
+    pub fn status_write(&self, result: &'static str) {
+        self.status_writes
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
     /// Counts a proxied connection as open until the returned guard drops.
     pub fn track_active(self: &Arc<Self>) -> ActiveGuard {
         self.active.inc();
@@ -451,6 +464,11 @@ impl Metrics {
             "kube_watch_errors",
             "Failures of the watches on the Kubernetes API, by kind (each watch retries by itself)",
             self.kube_watch_errors.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "ServiceEntry status writes by this agent as the cluster's status writer, by result",
+            self.status_writes.clone(),
         );
         if let Some(maps) = redirect_maps {
             registry.register_collector(Box::new(EbpfEvents(maps)));

@@ -112,7 +112,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let kube_task = match (kube, config.kube.clone()) {
         (Some(client), Some(source)) => Some(crate::cluster::start(
             client,
-            source.mesh,
+            source,
             live.clone(),
             metrics.clone(),
         )?),

@@ -34,6 +34,45 @@ pub struct KubeArgs {
         requires = "kube"
     )]
     pub mesh_configmap: String,
+    /// With `--kube`: take part in electing the cluster's one ServiceEntry status writer, and write
+    /// each entry's visibility and waypoint conditions while elected.
+    #[arg(long, requires = "kube")]
+    pub write_status: bool,
+    /// With `--write-status`: the Lease that elects the writer.
+    #[arg(
+        long,
+        value_name = "NAMESPACE/NAME",
+        default_value = "istio-system/redirect-status-writer",
+        requires = "write_status"
+    )]
+    pub status_lease: String,
+    /// With `--write-status`: how long a writer that stopped renewing keeps the lease.
+    #[arg(long, value_name = "SECONDS", default_value_t = 15, value_parser = clap::value_parser!(u64).range(3..=3600), requires = "write_status")]
+    pub status_lease_seconds: u64,
+}
+
+impl KubeArgs {
+    /// The lease of `--write-status`, with this agent's identity: the pod's name (the DaemonSet
+    /// passes it), else the host name, and the process id.
+    fn status_lease(&self) -> anyhow::Result<Option<crate::status::LeaseConfig>> {
+        if !self.write_status {
+            return Ok(None);
+        }
+        let (namespace, name) = self
+            .status_lease
+            .split_once('/')
+            .context("--status-lease takes NAMESPACE/NAME")?;
+        let who = std::env::var("POD_NAME")
+            .or_else(|_| std::env::var("HOSTNAME"))
+            .or_else(|_| std::fs::read_to_string("/proc/sys/kernel/hostname"))
+            .unwrap_or_default();
+        Ok(Some(crate::status::LeaseConfig {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            identity: format!("{}-{}", who.trim(), std::process::id()),
+            duration: std::time::Duration::from_secs(self.status_lease_seconds),
+        }))
+    }
 }
 
 #[derive(Debug, clap::Args)]
@@ -125,6 +164,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
                 .split_once('/')
                 .context("--mesh-configmap takes NAMESPACE/NAME")?;
             Some(crate::cluster::Source {
+                status_lease: kube_args.status_lease()?,
                 kubeconfig: kube_args.kubeconfig,
                 mesh: crate::cluster::MeshConfigMap {
                     namespace: namespace.to_string(),

@@ -120,6 +120,8 @@ pub enum Object {
 pub struct Converted {
     pub object: Option<Object>,
     pub errors: Vec<ConfigError>,
+    /// A ServiceEntry's status as the API holds it, for the status writer.
+    pub observed: Option<Arc<crate::status::Observed>>,
 }
 
 /// What stands for the file name in the errors of objects read from the API.
@@ -128,6 +130,8 @@ pub const SOURCE: &str = "kubernetes API";
 /// Reads one object served by the API (`api_version` as watched) through the file loader's checks.
 /// The mesh ConfigMap is read whatever its name: only the configured one is watched.
 pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
+    let observed =
+        (kind == Kind::ServiceEntry).then(|| Arc::new(crate::status::observe(&object)));
     let mut slim = strip(kind, object);
     slim.insert("apiVersion".into(), Value::from(api_version));
     slim.insert("kind".into(), Value::from(kind.name()));
@@ -142,6 +146,7 @@ pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
         return Converted {
             object: None,
             errors: loaded.errors,
+            observed,
         };
     }
     let mut model = loaded.model;
@@ -160,6 +165,7 @@ pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
     Converted {
         object,
         errors: Vec::new(),
+        observed,
     }
 }
 

@@ -12,7 +12,11 @@ mod watch;
 use std::{sync::Arc, time::Duration};
 
 use anyhow::Context;
-use tokio::{sync::mpsc, task::JoinHandle, time::Instant};
+use tokio::{
+    sync::{mpsc, watch as latest},
+    task::JoinHandle,
+    time::Instant,
+};
 use tracing::{error, info, warn};
 
 pub use kinds::{Kind, Object};
@@ -24,7 +28,7 @@ use crate::{
     live::{LiveState, now_rfc3339},
     metrics::{Metrics, ReloadResult},
     state::Snapshot,
-    visibility,
+    status, visibility,
 };
 
 /// The longest a change waits for the ones after it before the snapshot is rebuilt.
@@ -54,6 +58,8 @@ pub struct Source {
     /// A kubeconfig given on the command line, used instead of the search below.
     pub kubeconfig: Option<std::path::PathBuf>,
     pub mesh: MeshConfigMap,
+    /// With `--write-status`: the lease that elects the cluster's one status writer.
+    pub status_lease: Option<status::LeaseConfig>,
 }
 
 /// The client configuration as kubectl finds it: the kubeconfig given, else the pod's service
@@ -85,10 +91,11 @@ pub fn source_name(config: &kube::Config) -> String {
 /// no client can be made (no configuration); an API server that does not answer is retried.
 pub fn start(
     config: kube::Config,
-    mesh: MeshConfigMap,
+    source: Source,
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<JoinHandle<()>> {
+    let mesh = source.mesh;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("making a Kubernetes API client")?;
     info!(%server, "learning the cluster from the Kubernetes API");
@@ -105,8 +112,14 @@ pub fn start(
         )));
     }
     drop(tx);
+    let status = source.status_lease.map(|lease| {
+        let (inputs_tx, inputs_rx) = latest::channel(status::Inputs::default());
+        let report = status::start(client.clone(), lease, inputs_rx, metrics.clone());
+        live.set_status_writer(report);
+        inputs_tx
+    });
     Ok(tokio::spawn(async move {
-        follow(rx, live, metrics).await;
+        follow(rx, live, metrics, status).await;
         for w in watches {
             w.abort();
         }
@@ -114,10 +127,19 @@ pub fn start(
 }
 
 /// Applies the changes as they come, one snapshot per burst. Nothing is put in force before every
-/// watch has listed once: until then the agent is not ready.
-async fn follow(mut rx: mpsc::Receiver<Change>, live: Arc<LiveState>, metrics: Arc<Metrics>) {
+/// watch has listed once: until then the agent is not ready. With a status writer, each burst also
+/// tells it the latest resolution and the status the API holds.
+async fn follow(
+    mut rx: mpsc::Receiver<Change>,
+    live: Arc<LiveState>,
+    metrics: Arc<Metrics>,
+    status: Option<latest::Sender<status::Inputs>>,
+) {
     let mut store = Store::default();
     let mut dirty = false;
+    let mut desired = Arc::new(Vec::new());
+    // The status changes the writer was last told of.
+    let mut told: Option<u64> = None;
     let mut next_not_ready_log = Instant::now() + NOT_READY_LOG;
     loop {
         // Wait for a change (or, while not ready, for the time to say so).
@@ -141,10 +163,27 @@ async fn follow(mut rx: mpsc::Receiver<Change>, live: Arc<LiveState>, metrics: A
             dirty |= store.apply(change, &now_rfc3339());
         }
         live.set_watches(store.statuses());
+        let mut rebuilt = false;
         if dirty && store.ready() {
             dirty = false;
             let (model, errors, rejected) = store.model();
-            rebuild(model, errors, rejected, &live, &metrics).await;
+            if let Some(built) = rebuild(model, errors, rejected, &live, &metrics).await {
+                desired = Arc::new(built);
+                rebuilt = true;
+            }
+        }
+        if let Some(status) = &status
+            && store.ready()
+        {
+            let (observed, changes) = store.observed();
+            if rebuilt || told != Some(changes) {
+                told = Some(changes);
+                status.send_replace(status::Inputs {
+                    api_version: store.api_version(Kind::ServiceEntry).map(str::to_string),
+                    desired: desired.clone(),
+                    observed: Arc::new(observed.clone()),
+                });
+            }
         }
     }
 }
@@ -165,21 +204,22 @@ fn log_not_ready(store: &Store) {
     );
 }
 
-/// visibility -> snapshot, off the async workers, then swapped in whole.
+/// visibility -> snapshot, off the async workers, then swapped in whole. Returns the conditions
+/// the resolution gives each ServiceEntry (for the status writer); `None` when nothing was built.
 async fn rebuild(
     model: Model,
     errors: Vec<ConfigError>,
     rejected: Vec<Rejected>,
     live: &LiveState,
     metrics: &Metrics,
-) {
-    let built = tokio::task::spawn_blocking(move || build(&model, errors)).await;
-    let (snapshot, errors) = match built {
+) -> Option<Vec<status::Desired>> {
+    let built = tokio::task::spawn_blocking(move || build_with_status(&model, errors)).await;
+    let (snapshot, errors, desired) = match built {
         Ok(built) => built,
         Err(join) => {
             error!(error = %join, "building the snapshot panicked; the configuration in force stays");
             metrics.reload(ReloadResult::Failed);
-            return;
+            return None;
         }
     };
     for e in &errors {
@@ -209,13 +249,33 @@ async fn rebuild(
     live.apply(snapshot, errors, rejected);
     metrics.reload(result);
     let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
+    Some(desired)
 }
 
 /// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
-pub fn build(model: &Model, mut errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
+pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
+    let (snapshot, errors, _) = build_with_status(model, errors);
+    (snapshot, errors)
+}
+
+/// [`build`], and the conditions the resolution gives each ServiceEntry.
+fn build_with_status(
+    model: &Model,
+    mut errors: Vec<ConfigError>,
+) -> (Snapshot, Vec<ConfigError>, Vec<status::Desired>) {
     let resolution = visibility::resolve(model);
     errors.extend(visibility::allocation_errors(model, &resolution));
-    (Snapshot::build(model, &resolution), errors)
+    let snapshot = Snapshot::build(model, &resolution);
+    let desired = resolution
+        .entries
+        .into_iter()
+        .map(|e| status::Desired {
+            namespace: e.namespace,
+            name: e.name,
+            conditions: e.conditions,
+        })
+        .collect();
+    (snapshot, errors, desired)
 }
 
 #[cfg(test)]
@@ -246,7 +306,7 @@ mod tests {
         let live = LiveState::new(Some("kubernetes API".into()));
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(4096);
-        let task = tokio::spawn(follow(rx, live.clone(), metrics));
+        let task = tokio::spawn(follow(rx, live.clone(), metrics, None));
         for kind in Kind::ALL {
             tx.send(Change::Relist(kind)).await.unwrap();
         }

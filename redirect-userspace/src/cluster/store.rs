@@ -4,12 +4,13 @@
 //! refuses leaves the previous version in force and is reported until fixed. A watch that starts
 //! over (its first list, or a list after its history expired) gathers the new list beside what is
 //! served and swaps it in whole once complete, so nothing is ever served half-listed.
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use super::kinds::{Converted, Kind, Object, SOURCE};
 use crate::{
     config::{self, ConfigError, Model, Rejected},
     live::WatchStatus,
+    status::Observed,
 };
 
 /// `(namespace, name)`; the namespace is empty for a Namespace.
@@ -66,6 +67,10 @@ struct Watched {
 #[derive(Debug)]
 pub struct Store {
     kinds: BTreeMap<Kind, Watched>,
+    /// Each ServiceEntry's status as the API holds it (the status writer's view; not the model's).
+    observed: BTreeMap<Key, Arc<Observed>>,
+    /// Counts changes to `observed`, so a reader knows when to look again.
+    observed_changes: u64,
 }
 
 impl Default for Store {
@@ -87,7 +92,11 @@ impl Default for Store {
                 )
             })
             .collect();
-        Store { kinds }
+        Store {
+            kinds,
+            observed: BTreeMap::new(),
+            observed_changes: 0,
+        }
     }
 }
 
@@ -115,7 +124,17 @@ impl Store {
                     .and_then(|r| r.get(&key))
                     .or_else(|| w.objects.get(&key))
                     .and_then(|s| s.good.clone());
-                let Converted { object, errors } = *converted;
+                let Converted {
+                    object,
+                    errors,
+                    observed,
+                } = *converted;
+                if let Some(observed) = observed
+                    && self.observed.get(&key) != Some(&observed)
+                {
+                    self.observed.insert(key.clone(), observed);
+                    self.observed_changes += 1;
+                }
                 let slot = match object {
                     Some(object) => Slot {
                         good: Some(object),
@@ -135,7 +154,10 @@ impl Store {
                     None => w.objects.insert(key, slot.clone()) != Some(slot),
                 }
             }
-            Change::Deleted(_, key) => {
+            Change::Deleted(kind, key) => {
+                if kind == Kind::ServiceEntry && self.observed.remove(&key).is_some() {
+                    self.observed_changes += 1;
+                }
                 w.status.last_event_at = Some(now.to_string());
                 match w.relist.as_mut() {
                     Some(relist) => {
@@ -145,8 +167,13 @@ impl Store {
                     None => w.objects.remove(&key).is_some(),
                 }
             }
-            Change::Listed(_) => {
+            Change::Listed(kind) => {
                 let listed = w.relist.take().unwrap_or_default();
+                if kind == Kind::ServiceEntry {
+                    let before = self.observed.len();
+                    self.observed.retain(|key, _| listed.contains_key(key));
+                    self.observed_changes += (before - self.observed.len()) as u64;
+                }
                 let changed = listed != w.objects || !w.status.synced;
                 w.objects = listed;
                 w.status.synced = true;
@@ -171,6 +198,16 @@ impl Store {
                 false
             }
         }
+    }
+
+    /// Each ServiceEntry's status as the API holds it, and how many changes it has seen.
+    pub fn observed(&self) -> (&BTreeMap<Key, Arc<Observed>>, u64) {
+        (&self.observed, self.observed_changes)
+    }
+
+    /// The `apiVersion` a kind is watched at, once discovered.
+    pub fn api_version(&self, kind: Kind) -> Option<&str> {
+        self.kinds.get(&kind)?.status.api_version.as_deref()
     }
 
     /// Every watch has listed once (or found its kind not served): the model is whole.

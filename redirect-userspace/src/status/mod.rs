@@ -1,0 +1,82 @@
+//! The ServiceEntry status the cluster shows (`redirect run --kube --write-status`): the agents of a
+//! cluster elect one writer with a Lease ([`lease`]), and the writer keeps each entry's
+//! `status.conditions` of the types `resolve` computes ([`plan::MANAGED_TYPES`]) equal to what it
+//! computes ([`writer`]). Conditions of other types, and conditions another controller writes
+//! (istiod, when it does this itself), are left as they are.
+pub mod lease;
+pub mod observed;
+pub mod plan;
+mod writer;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+pub use lease::LeaseConfig;
+pub use observed::{FIELD_MANAGER, Observed, observe};
+pub use writer::WRITES_PER_SECOND;
+
+use crate::{metrics::Metrics, visibility::Condition};
+
+/// The conditions `resolve` computes for one ServiceEntry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    pub namespace: String,
+    pub name: String,
+    pub conditions: Vec<Condition>,
+}
+
+/// What the writer works from: the latest resolution and the status the API holds.
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// The ServiceEntry `apiVersion` served; `None` until discovered.
+    pub api_version: Option<String>,
+    pub desired: Arc<Vec<Desired>>,
+    pub observed: Arc<BTreeMap<(String, String), Arc<Observed>>>,
+}
+
+/// What `/config_dump` shows of the status writer.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// `namespace/name` of the Lease.
+    pub lease: String,
+    pub identity: String,
+    /// Whether this agent is the cluster's writer now.
+    pub leading: bool,
+    /// Status writes since start, by outcome (`ok`, `conflict`, `gone`, `error`).
+    pub writes: BTreeMap<&'static str, u64>,
+    /// Entries whose conditions another controller writes: `namespace/name` -> its field manager.
+    pub other_writers: BTreeMap<String, String>,
+}
+
+impl Report {
+    fn count(&mut self, outcome: &'static str) {
+        *self.writes.entry(outcome).or_default() += 1;
+    }
+}
+
+/// Starts the election and the writer; returns the report `/config_dump` shows.
+pub fn start(
+    client: kube::Client,
+    lease: LeaseConfig,
+    inputs: watch::Receiver<Inputs>,
+    metrics: Arc<Metrics>,
+) -> Arc<std::sync::Mutex<Report>> {
+    let report = Arc::new(std::sync::Mutex::new(Report {
+        lease: format!("{}/{}", lease.namespace, lease.name),
+        identity: lease.identity.clone(),
+        ..Report::default()
+    }));
+    let (leading_tx, leading_rx) = watch::channel(false);
+    tokio::spawn(lease::hold(client.clone(), lease, leading_tx));
+    tokio::spawn(writer::run(
+        client,
+        inputs,
+        leading_rx,
+        report.clone(),
+        metrics,
+    ));
+    report
+}
