@@ -149,6 +149,11 @@ impl Agent {
         self.proc.signal(libc::SIGTERM);
     }
 
+    /// Sends `signal` to the agent (9: it dies on the spot, as an OOM kill or a node failure does).
+    pub fn signal(&self, signal: i32) {
+        self.proc.signal(signal);
+    }
+
     /// Waits for the exit after [`Agent::terminate_async`], requires status 0; returns the whole log.
     pub fn wait_exit(mut self, timeout: Duration) -> Result<String> {
         let status = self.proc.wait(crate::pace::scaled(timeout))?;

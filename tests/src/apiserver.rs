@@ -7,7 +7,13 @@
 //!   asked, a `BOOKMARK` when the client allows them, and an `ERROR` with code 410 for a version
 //!   older than the server keeps ([`ApiServer::expire_watches`] forgets them all).
 //! - Discovery of the Istio group (`/apis/networking.istio.io/<version>`), 404 for a version not
-//!   served, 403 for a resource the test forbids.
+//!   served, 403 for a resource the test forbids; and of everything else as kubectl asks it (`/api`,
+//!   `/apis`, `/api/v1`, `/apis/<group>/v1`).
+//! - One object: `GET`; `POST` (create, 409 when it exists); `PUT` (replace, 409 when the
+//!   `resourceVersion` sent is not the current one); `PATCH .../status` with a JSON merge patch (409
+//!   on a stale `metadata.resourceVersion`), recorded in `managedFields` under the `fieldManager`
+//!   asked. An update of a ServiceEntry through the object keeps its status, as the API does for a
+//!   kind with a status subresource, and moves `metadata.generation` when the spec changes.
 //!
 //! It listens on the loopback of the node netns (where the agent runs) and can stop and start again
 //! on the same port, keeping its objects and their history, as a restarted API server does.
@@ -49,6 +55,7 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         true,
     ),
     ("discovery.k8s.io", "EndpointSlice", "endpointslices", true),
+    ("coordination.k8s.io", "Lease", "leases", true),
 ];
 
 const ISTIO: &str = "networking.istio.io";
@@ -202,19 +209,40 @@ impl ApiServer {
             .as_str()
             .context("an object without metadata.name")?
             .to_string();
+        self.state()
+            .store(&group, &plural, (namespace, name), object, Write::Object);
+        Ok(())
+    }
+
+    /// Writes an object's status as controller `manager` does (through the status subresource).
+    pub fn put_status(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        status: Value,
+        manager: &str,
+    ) -> Result<()> {
+        let (group, _, plural, _) = KINDS
+            .iter()
+            .find(|k| k.1 == kind)
+            .with_context(|| format!("the test server serves no kind {kind}"))?;
         let mut state = self.state();
-        state.rv += 1;
-        let rv = state.rv;
-        object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
-        let objects = state
+        let key = (namespace.to_string(), name.to_string());
+        let mut object = state
             .objects
-            .entry((group.clone(), plural.clone()))
-            .or_default();
-        let event = match objects.insert((namespace, name), object.clone()) {
-            Some(_) => "MODIFIED",
-            None => "ADDED",
-        };
-        state.publish(rv, &group, &plural, event, object);
+            .get(&(group.to_string(), plural.to_string()))
+            .and_then(|o| o.get(&key))
+            .cloned()
+            .with_context(|| format!("no {kind} {namespace}/{name}"))?;
+        object["status"] = status;
+        state.store(
+            group,
+            plural,
+            key,
+            object,
+            Write::Status(manager.to_string()),
+        );
         Ok(())
     }
 
@@ -356,13 +384,96 @@ impl Drop for ApiServer {
     }
 }
 
+/// How an object is written: through the object (its status kept) or through its status.
+enum Write {
+    Object,
+    /// By this field manager.
+    Status(String),
+}
+
 impl State {
+    /// Stores `object` under `key` at a new version and tells the watches; returns what is stored.
+    fn store(&mut self, group: &str, plural: &str, key: Key, object: Value, write: Write) -> Value {
+        let mut object = object;
+        self.rv += 1;
+        let rv = self.rv;
+        let objects = self
+            .objects
+            .entry((group.to_string(), plural.to_string()))
+            .or_default();
+        let before = objects.get(&key);
+        let generation = before.and_then(|b| b["metadata"]["generation"].as_i64());
+        match &write {
+            Write::Object => {
+                if let Some(before) = before
+                    && plural == "serviceentries"
+                {
+                    object["status"] = before["status"].clone();
+                    object["metadata"]["managedFields"] =
+                        before["metadata"]["managedFields"].clone();
+                }
+                let spec_changed = before.is_none_or(|b| b["spec"] != object["spec"]);
+                let generation = generation.unwrap_or(0) + i64::from(spec_changed);
+                object["metadata"]["generation"] = Value::from(generation.max(1));
+            }
+            Write::Status(manager) => set_status_manager(&mut object, manager),
+        }
+        object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
+        let event = match objects.insert(key, object.clone()) {
+            Some(_) => "MODIFIED",
+            None => "ADDED",
+        };
+        self.publish(rv, group, plural, event, object.clone());
+        object
+    }
+
     fn publish(&mut self, rv: u64, group: &str, plural: &str, event: &'static str, object: Value) {
         self.watches.retain(|w| {
             !w.wants(group, plural, &object) || w.tx.send(event_line(event, &object)).is_ok()
         });
         self.history
             .push((rv, group.to_string(), plural.to_string(), event, object));
+    }
+}
+
+/// Records `manager` as the writer of the object's status conditions, as the API server's
+/// managed fields do: whoever writes an atomic list owns it alone.
+fn set_status_manager(object: &mut Value, manager: &str) {
+    let mut fields: Vec<Value> = object["metadata"]["managedFields"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for entry in fields.iter_mut() {
+        if let Some(status) = entry["fieldsV1"]["f:status"].as_object_mut() {
+            status.remove("f:conditions");
+        }
+    }
+    fields.retain(|e| !(e["manager"] == manager && e["subresource"] == "status"));
+    fields.push(
+        json!({"manager": manager, "operation": "Update", "subresource": "status",
+                       "fieldsV1": {"f:status": {"f:conditions": {}}}}),
+    );
+    object["metadata"]["managedFields"] = Value::Array(fields);
+}
+
+/// RFC 7386: `patch` merged into `target` (objects merged key by key, `null` removes, anything
+/// else replaces).
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(patch) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(target) = target {
+        for (key, value) in patch {
+            if value.is_null() {
+                target.remove(key);
+            } else {
+                merge_patch(target.entry(key.clone()).or_insert(Value::Null), value);
+            }
+        }
     }
 }
 
@@ -450,9 +561,18 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         req.method(),
         req.uri().path_and_query().map_or("", |p| p.as_str())
     ));
+    let method = req.method().clone();
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     // /api/v1/..., /apis/GROUP/VERSION/...
     let (group, version, rest) = match parts.as_slice() {
+        ["api"] => {
+            return full(
+                StatusCode::OK,
+                json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}),
+            );
+        }
+        ["apis"] => return group_list(state),
+        ["api", "v1"] => return discovery(state, "", "v1"),
         ["api", "v1", rest @ ..] => ("", "v1", rest),
         ["apis", group, version] => return discovery(state, group, version),
         ["apis", group, version, rest @ ..] => (*group, *version, rest),
@@ -464,9 +584,15 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
             );
         }
     };
-    let (namespace, plural) = match rest {
-        [plural] => (None, *plural),
-        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural),
+    // A collection (cluster-wide or in a namespace), or one object, or one object's status.
+    let (namespace, plural, one, sub) = match rest {
+        [plural] => (None, *plural, None, None),
+        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural, None, None),
+        [plural, name] => (None, *plural, Some(*name), None),
+        ["namespaces", ns, plural, name] => (Some(ns.to_string()), *plural, Some(*name), None),
+        ["namespaces", ns, plural, name, sub] => {
+            (Some(ns.to_string()), *plural, Some(*name), Some(*sub))
+        }
         _ => {
             return status(
                 StatusCode::NOT_FOUND,
@@ -489,6 +615,35 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
             format!("no resource {plural}"),
         );
     }
+    let api_version = match group {
+        "" => "v1".to_string(),
+        g => format!("{g}/{version}"),
+    };
+    let body = match method {
+        hyper::Method::GET => Bytes::new(),
+        _ => match req.into_body().collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(e) => {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("reading the body: {e}"),
+                );
+            }
+        },
+    };
+    let target = Target {
+        group,
+        plural,
+        api_version: &api_version,
+        namespace: namespace.as_deref().unwrap_or(""),
+    };
+    if let Some(name) = one {
+        return one_object(state, &method, &target, name, sub, &query, &body);
+    }
+    if method == hyper::Method::POST {
+        return create(state, &target, &body);
+    }
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = if watching { "watch" } else { "list" };
     if lock(state).forbidden.contains(plural) {
@@ -505,10 +660,6 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         .get("fieldSelector")
         .and_then(|f| f.strip_prefix("metadata.name="))
         .map(str::to_string);
-    let api_version = match group {
-        "" => "v1".to_string(),
-        g => format!("{g}/{version}"),
-    };
     let selects = |object: &Value| {
         namespace
             .as_deref()
@@ -621,9 +772,180 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
     r
 }
 
-/// `/apis/GROUP/VERSION`: the resources of the Istio group, when that version is served.
+/// Where a request goes: the kind's group and plural, the version asked, the namespace (empty for
+/// a cluster-wide request or a cluster-scoped kind).
+struct Target<'a> {
+    group: &'a str,
+    plural: &'a str,
+    api_version: &'a str,
+    namespace: &'a str,
+}
+
+fn not_found(target: &Target<'_>, name: &str) -> Response<Body> {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("{} \"{name}\" not found", target.plural),
+    )
+}
+
+fn conflict(target: &Target<'_>, name: &str) -> Response<Body> {
+    status(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+            target.plural
+        ),
+    )
+}
+
+fn parse_body(body: &Bytes) -> std::result::Result<Value, Response<Body>> {
+    serde_json::from_slice(body).map_err(|e| {
+        status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("the body is not JSON: {e}"),
+        )
+    })
+}
+
+/// `GET`, `PUT` or `PATCH .../status` of one object.
+fn one_object(
+    state: &Mutex<State>,
+    method: &hyper::Method,
+    target: &Target<'_>,
+    name: &str,
+    sub: Option<&str>,
+    query: &BTreeMap<String, String>,
+    body: &Bytes,
+) -> Response<Body> {
+    let kind = (target.group.to_string(), target.plural.to_string());
+    let key = (target.namespace.to_string(), name.to_string());
+    let mut st = lock(state);
+    let Some(current) = st.objects.get(&kind).and_then(|o| o.get(&key)).cloned() else {
+        return not_found(target, name);
+    };
+    let at_version = |mut object: Value| {
+        object["apiVersion"] = Value::from(target.api_version);
+        object
+    };
+    let stale = |sent: &Value| {
+        sent["metadata"]["resourceVersion"]
+            .as_str()
+            .is_some_and(|rv| current["metadata"]["resourceVersion"] != rv)
+    };
+    match (method, sub) {
+        (&hyper::Method::GET, None | Some("status")) => full(StatusCode::OK, at_version(current)),
+        (&hyper::Method::PUT, None) => {
+            let sent = match parse_body(body) {
+                Ok(sent) => sent,
+                Err(response) => return response,
+            };
+            if stale(&sent) {
+                return conflict(target, name);
+            }
+            let stored = st.store(target.group, target.plural, key, sent, Write::Object);
+            full(StatusCode::OK, at_version(stored))
+        }
+        (&hyper::Method::PATCH, Some("status")) => {
+            let patch = match parse_body(body) {
+                Ok(patch) => patch,
+                Err(response) => return response,
+            };
+            if stale(&patch) {
+                return conflict(target, name);
+            }
+            let mut object = current;
+            merge_patch(&mut object["status"], &patch["status"]);
+            let manager = query
+                .get("fieldManager")
+                .cloned()
+                .unwrap_or_else(|| "unknown".into());
+            let stored = st.store(
+                target.group,
+                target.plural,
+                key,
+                object,
+                Write::Status(manager),
+            );
+            full(StatusCode::OK, at_version(stored))
+        }
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("{method} is not served here"),
+        ),
+    }
+}
+
+/// `POST` to a collection: a new object, 409 when one of that name exists.
+fn create(state: &Mutex<State>, target: &Target<'_>, body: &Bytes) -> Response<Body> {
+    let mut object = match parse_body(body) {
+        Ok(object) => object,
+        Err(response) => return response,
+    };
+    let Some(name) = object["metadata"]["name"].as_str().map(str::to_string) else {
+        return status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            "metadata.name: Required value".into(),
+        );
+    };
+    if !target.namespace.is_empty() {
+        object["metadata"]["namespace"] = Value::from(target.namespace);
+    }
+    let kind = (target.group.to_string(), target.plural.to_string());
+    let key = (target.namespace.to_string(), name.clone());
+    let mut st = lock(state);
+    if st.objects.get(&kind).is_some_and(|o| o.contains_key(&key)) {
+        return status(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", target.plural),
+        );
+    }
+    let mut stored = st.store(target.group, target.plural, key, object, Write::Object);
+    stored["apiVersion"] = Value::from(target.api_version);
+    full(StatusCode::CREATED, stored)
+}
+
+/// The versions of a group served: the Istio group's as the test says, every other group's `v1`.
+fn versions_of(state: &Mutex<State>, group: &str) -> Vec<String> {
+    match group {
+        ISTIO => lock(state).istio_versions.clone(),
+        _ => vec!["v1".into()],
+    }
+}
+
+/// `/apis`: every group with a kind served.
+fn group_list(state: &Mutex<State>) -> Response<Body> {
+    let groups: BTreeSet<&str> = KINDS
+        .iter()
+        .map(|k| k.0)
+        .filter(|g| !g.is_empty())
+        .collect();
+    let groups: Vec<Value> = groups
+        .into_iter()
+        .filter_map(|group| {
+            let versions: Vec<Value> = versions_of(state, group)
+                .into_iter()
+                .map(|v| json!({"groupVersion": format!("{group}/{v}"), "version": v}))
+                .collect();
+            let preferred = versions.first()?.clone();
+            Some(json!({"name": group, "versions": versions, "preferredVersion": preferred}))
+        })
+        .collect();
+    full(
+        StatusCode::OK,
+        json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}),
+    )
+}
+
+/// `/api/v1`, `/apis/GROUP/VERSION`: the resources of that group, when that version is served.
 fn discovery(state: &Mutex<State>, group: &str, version: &str) -> Response<Body> {
-    let served = group == ISTIO && lock(state).istio_versions.iter().any(|v| v == version);
+    let served = KINDS.iter().any(|k| k.0 == group)
+        && versions_of(state, group).iter().any(|v| v == version);
     if !served {
         return status(
             StatusCode::NOT_FOUND,
@@ -634,15 +956,29 @@ fn discovery(state: &Mutex<State>, group: &str, version: &str) -> Response<Body>
     let resources: Vec<Value> = KINDS
         .iter()
         .filter(|k| k.0 == group)
-        .map(|(_, kind, plural, namespaced)| {
-            json!({"name": plural, "singularName": kind.to_lowercase(), "namespaced": namespaced,
-                   "kind": kind, "verbs": ["get", "list", "watch"]})
+        .flat_map(|(_, kind, plural, namespaced)| {
+            let verbs = [
+                "get", "list", "watch", "create", "update", "patch", "delete",
+            ];
+            let mut resources = vec![json!({"name": plural, "singularName": kind.to_lowercase(),
+                   "namespaced": namespaced, "kind": kind, "verbs": verbs})];
+            if *plural == "serviceentries" {
+                resources.push(
+                    json!({"name": format!("{plural}/status"), "singularName": "",
+                   "namespaced": namespaced, "kind": kind, "verbs": ["get", "patch", "update"]}),
+                );
+            }
+            resources
         })
         .collect();
+    let group_version = match group {
+        "" => version.to_string(),
+        g => format!("{g}/{version}"),
+    };
     full(
         StatusCode::OK,
         json!({"kind": "APIResourceList", "apiVersion": "v1",
-               "groupVersion": format!("{group}/{version}"), "resources": resources}),
+               "groupVersion": group_version, "resources": resources}),
     )
 }
 

@@ -252,6 +252,340 @@ fn discovery_selectors_in_the_mesh_config_map_and_a_namespace_label_apply_live()
     Ok(())
 }
 
+/// The status writer's flags: a short lease, so a takeover fits a test.
+const WRITE_STATUS: [&str; 3] = ["--write-status", "--status-lease-seconds", "3"];
+
+/// `kubectl get serviceentry NAME -n NS -o jsonpath=...`, the feature page's own check, for the
+/// `reason` of condition `type`, run in the node netns against the test API server.
+fn kubectl_reason(w: &World, namespace: &str, name: &str, type_: &str) -> Result<String> {
+    let jsonpath = format!("jsonpath={{.status.conditions[?(@.type==\"{type_}\")].reason}}");
+    let out = w
+        .topo
+        .node_cmd("kubectl")
+        .args(["--kubeconfig"])
+        .arg(w.kubeconfig())
+        .args([
+            "get",
+            "serviceentry",
+            name,
+            "-n",
+            namespace,
+            "-o",
+            &jsonpath,
+        ])
+        .env("HOME", w.topo.scratch_path("home"))
+        .output()?;
+    ensure!(out.success(), "kubectl failed: {}", out.stderr_str());
+    Ok(out.stdout_str().trim().to_string())
+}
+
+fn status_writes(w: &World) -> usize {
+    w.api()
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("PATCH ") && r.contains("/status"))
+        .count()
+}
+
+/// A second agent on the node, watching the same API server and taking part in the election: its
+/// own (empty) cgroup, ports, pins and hand-over socket, so it is no successor of the first.
+fn second_agent(w: &World) -> Result<integration::proc::Proc> {
+    let cgroup = w
+        .topo
+        .attach_cgroup()
+        .parent()
+        .context("the pods' cgroup has a parent")?
+        .join("node-2");
+    std::fs::create_dir_all(&cgroup)?;
+    let upstream = format!("{}:53", integration::RESOLVER_IP);
+    w.topo
+        .node_cmd(integration::agent::Agent::bin()?)
+        .args(["run", "--kube", "--kubeconfig"])
+        .arg(w.kubeconfig())
+        .args(WRITE_STATUS)
+        .args(["--cgroup"])
+        .arg(&cgroup)
+        .args(["--gateway", &integration::GATEWAY.to_string()])
+        .args(["--proxy-port", "25001", "--dns-proxy-port", "25053"])
+        .args(["--admin", "127.0.0.1:25000", "--dns-upstream", &upstream])
+        .arg("--bpffs")
+        .arg(w.topo.scratch_path("bpffs-2"))
+        .arg("--handover-socket")
+        .arg(w.topo.scratch_path("handover-2.sock"))
+        .env("POD_NAME", "agent-node-2")
+        .spawn()
+}
+
+fn lease_holder(w: &World) -> String {
+    w.api()
+        .get("Lease", "redirect-system", "redirect-status-writer")
+        .and_then(|l| l["spec"]["holderIdentity"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_status_writer_shows_each_decision_where_kubectl_looks() -> Result<()> {
+    let w = World::start_kube_args(|_| Ok(()), &WRITE_STATUS)?;
+    let visibility = "istio.io/VisibilityApplied";
+    let took = within("the conditions written", Duration::from_secs(10), || {
+        Ok(kubectl_reason(&w, "team-a", "api-example", visibility)? == "Namespace")
+    })?;
+    eprintln!("conditions written {took:?} after ready");
+    ensure!(kubectl_reason(&w, "istio-system", "metrics", visibility)? == "Public");
+    ensure!(
+        kubectl_reason(&w, "team-b", "payments", "istio.io/WaypointBound")?
+            == "CrossNamespaceWaypointForbidden"
+    );
+    // NONE: delivered to no proxy, no condition.
+    ensure!(kubectl_reason(&w, "quarantine", "login-hijack", visibility)?.is_empty());
+    let api = w
+        .api()
+        .get("ServiceEntry", "team-a", "api-example")
+        .context("api-example")?;
+    let condition = &api["status"]["conditions"][0];
+    ensure!(
+        condition["observedGeneration"] == api["metadata"]["generation"],
+        "{api}"
+    );
+    ensure!(
+        condition["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("(NAMESPACE)")),
+        "{api}"
+    );
+    let since = condition["lastTransitionTime"].clone();
+
+    // A namespace label makes team-a's entries PUBLIC: the condition follows within seconds.
+    let mut ns = w.api().get("Namespace", "", "team-a").context("team-a")?;
+    ns["metadata"]["labels"]["trusted"] = json!("true");
+    w.api().put(ns)?;
+    let took = within("the label change shown", Duration::from_secs(5), || {
+        Ok(kubectl_reason(&w, "team-a", "api-example", visibility)? == "Public")
+    })?;
+    eprintln!("namespace label change shown by kubectl in {took:?}");
+    let api = w
+        .api()
+        .get("ServiceEntry", "team-a", "api-example")
+        .context("api-example")?;
+    ensure!(
+        api["status"]["conditions"][0]["lastTransitionTime"] == since,
+        "the status stayed True: the transition time stays; {api}"
+    );
+
+    // Another controller's condition of another type is kept beside ours.
+    let mut conditions = api["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    conditions.push(json!({"type": "example.com/Probed", "status": "True", "reason": "Reachable"}));
+    w.api().put_status(
+        "ServiceEntry",
+        "team-a",
+        "api-example",
+        json!({"conditions": conditions}),
+        "prober",
+    )?;
+    // Conditions of our types that istiod writes are left as they are.
+    w.api().put_status(
+        "ServiceEntry",
+        "team-c",
+        "shared-public",
+        json!({"conditions": [{"type": visibility, "status": "True", "reason": "Public",
+                                "message": "written by istiod"}]}),
+        "pilot-discovery",
+    )?;
+    within(
+        "the other controller named in /config_dump",
+        Duration::from_secs(10),
+        || {
+            let dump = w.config_dump()?;
+            Ok(
+                dump["config"]["statusWriter"]["otherWriters"]["team-c/shared-public"]
+                    == "pilot-discovery",
+            )
+        },
+    )?;
+    let shared = w
+        .api()
+        .get("ServiceEntry", "team-c", "shared-public")
+        .context("shared")?;
+    ensure!(
+        shared["status"]["conditions"][0]["message"] == "written by istiod",
+        "{shared}"
+    );
+    let api = w
+        .api()
+        .get("ServiceEntry", "team-a", "api-example")
+        .context("api-example")?;
+    let types: Vec<&str> = api["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    ensure!(
+        types.contains(&"example.com/Probed") && types.contains(&visibility),
+        "{api}"
+    );
+    let m = w.agent.metrics()?;
+    ensure!(m.get_or_zero(r#"redirect_status_writes_total{result="ok"}"#) >= 1.0);
+    Ok(())
+}
+
+#[test]
+fn two_agents_one_status_writer_and_the_other_takes_over_without_rewriting() -> Result<()> {
+    let w = World::start_kube_args(|_| Ok(()), &WRITE_STATUS)?;
+    within(
+        "the first agent leads and has written",
+        Duration::from_secs(10),
+        || {
+            Ok(
+                kubectl_reason(&w, "team-a", "api-example", "istio.io/VisibilityApplied")?
+                    == "Namespace",
+            )
+        },
+    )?;
+    let first = lease_holder(&w);
+    ensure!(
+        !first.is_empty() && !first.starts_with("agent-node-2"),
+        "{first}"
+    );
+    let mut second = second_agent(&w)?;
+    // Both run for two lease periods: the first still holds the lease, the second writes nothing.
+    std::thread::sleep(Duration::from_secs(6));
+    ensure!(second.is_running(), "{}", second.log());
+    ensure!(lease_holder(&w) == first);
+    let before = status_writes(&w);
+    // A change: exactly one write for it, from whichever agent leads.
+    let mut ns = w.api().get("Namespace", "", "team-b").context("team-b")?;
+    ns["metadata"]["labels"]["trusted"] = json!("true");
+    w.api().put(ns)?;
+    within("the change written", Duration::from_secs(5), || {
+        Ok(
+            kubectl_reason(&w, "team-b", "shared-private", "istio.io/VisibilityApplied")?
+                == "Public",
+        )
+    })?;
+    std::thread::sleep(Duration::from_secs(2));
+    let writes = status_writes(&w) - before;
+    // team-b holds two entries (shared-private and payments): one write each, by one writer.
+    ensure!(
+        writes == 2,
+        "{writes} status writes for two changed entries"
+    );
+
+    // The writer dies: the second agent takes the lease within its duration, and writes nothing,
+    // since every entry already says what it computes.
+    let before = status_writes(&w);
+    let killed = std::time::Instant::now();
+    w.agent.signal(9);
+    let took = within("the second agent leads", Duration::from_secs(10), || {
+        Ok(lease_holder(&w).starts_with("agent-node-2"))
+    })?;
+    eprintln!(
+        "the second agent took the lease {:?} after the first was killed ({took:?} polling)",
+        killed.elapsed()
+    );
+    ensure!(
+        killed.elapsed() < Duration::from_secs(3 + 3 + 2),
+        "lease 3 s + one retry period"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(
+        status_writes(&w) == before,
+        "a new writer over unchanged entries writes nothing"
+    );
+    // And it writes what changes from now on.
+    let mut ns = w.api().get("Namespace", "", "team-b").context("team-b")?;
+    ns["metadata"]["labels"]
+        .as_object_mut()
+        .context("labels")?
+        .remove("trusted");
+    w.api().put(ns)?;
+    within("the new writer writes", Duration::from_secs(10), || {
+        Ok(
+            kubectl_reason(&w, "team-b", "shared-private", "istio.io/VisibilityApplied")?
+                == "Namespace",
+        )
+    })?;
+    second.signal(15);
+    Ok(())
+}
+
+/// `n` ServiceEntries in namespace `bulk` whose status already says what the writer computes (as
+/// it left them before a restart).
+fn settled_entries(n: usize) -> String {
+    let mut yaml = String::new();
+    for i in 0..n {
+        yaml.push_str(&format!(
+            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata:\n  name: e{i}\n  namespace: bulk\n  managedFields: [{{manager: redirect-agent, operation: Update, subresource: status, fieldsV1: {{'f:status': {{'f:conditions': {{}}}}}}}}]\nspec: {{hosts: [e{i}.bulk.example.com], addresses: [\"100.64.{}.{}\"], ports: [{{number: 80, name: http}}], resolution: STATIC, endpoints: [{{address: 198.51.100.20}}]}}\nstatus:\n  conditions:\n  - {{type: istio.io/VisibilityApplied, status: \"True\", reason: Namespace, message: \"ServiceEntry is visible only within its own namespace (NAMESPACE), per mesh serviceEntryVisibility.\", lastTransitionTime: \"2026-01-01T00:00:00Z\", observedGeneration: 1}}\n",
+            i / 250,
+            i % 250
+        ));
+    }
+    yaml
+}
+
+#[test]
+fn a_writer_starting_over_ten_thousand_settled_entries_writes_none_of_them() -> Result<()> {
+    let w = World::start_kube_args(
+        |dir| {
+            Ok(std::fs::write(
+                dir.join("90-bulk.yaml"),
+                settled_entries(10_000),
+            )?)
+        },
+        &WRITE_STATUS,
+    )?;
+    within(
+        "the examples' entries written",
+        Duration::from_secs(20),
+        || {
+            Ok(
+                kubectl_reason(&w, "team-a", "api-example", "istio.io/VisibilityApplied")?
+                    == "Namespace",
+            )
+        },
+    )?;
+    // Time for a full comparison pass or two (it runs every 5 s, and on every change).
+    std::thread::sleep(Duration::from_secs(6));
+    let bulk: Vec<String> = w
+        .api()
+        .requests()
+        .into_iter()
+        .filter(|r| r.starts_with("PATCH ") && r.contains("/namespaces/bulk/"))
+        .collect();
+    ensure!(
+        bulk.is_empty(),
+        "{} writes over settled entries: {:?}",
+        bulk.len(),
+        &bulk[..bulk.len().min(3)]
+    );
+    ensure!(status_writes(&w) > 0, "the examples' entries were written");
+    Ok(())
+}
+
+#[test]
+fn addresses_istio_allocated_in_status_are_the_ones_dns_answers() -> Result<()> {
+    let w = World::start_kube_with(|_| Ok(()))?;
+    // httpbin declares no address: the agent's own allocation answers until istiod's is written.
+    let ours = a_records(&w, "team-a", "httpbin.example.com")?;
+    ensure!(ours.len() == 1 && ours[0].octets()[..2] == [240, 240], "{ours:?}");
+    let given: Ipv4Addr = "240.240.9.9".parse()?;
+    w.api().put_status(
+        "ServiceEntry",
+        "istio-system",
+        "httpbin",
+        json!({"addresses": [{"value": given.to_string(), "host": "httpbin.example.com"}]}),
+        "pilot-discovery",
+    )?;
+    let took = within("istiod's address answered", APPLIED_WITHIN, || {
+        Ok(a_records(&w, "team-b", "httpbin.example.com")? == [given])
+    })?;
+    eprintln!("status.addresses applied in {took:?}");
+    Ok(())
+}
+
 fn endpoint_slice(name: &str, endpoints: &[(&str, bool)]) -> Value {
     let endpoints: Vec<Value> = endpoints
         .iter()

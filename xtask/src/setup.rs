@@ -30,6 +30,9 @@ const DEBIAN_PACKAGES: &[(&str, &str)] = &[
     ("wrk", "wrk"),
     ("dnsperf", "dnsperf"),
     ("default-jdk-headless", "javac"),
+    // The status writer's suite reads ServiceEntry status with the real kubectl (any kubectl on the
+    // PATH will do; Debian's is installed only where there is none).
+    ("kubernetes-client", "kubectl"),
     // Only `cargo xtask profile` uses it.
     ("linux-perf", "perf"),
 ];

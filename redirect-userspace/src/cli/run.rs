@@ -42,7 +42,7 @@ pub struct KubeArgs {
     #[arg(
         long,
         value_name = "NAMESPACE/NAME",
-        default_value = "istio-system/redirect-status-writer",
+        default_value = "redirect-system/redirect-status-writer",
         requires = "write_status"
     )]
     pub status_lease: String,

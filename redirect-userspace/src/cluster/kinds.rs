@@ -130,8 +130,7 @@ pub const SOURCE: &str = "kubernetes API";
 /// Reads one object served by the API (`api_version` as watched) through the file loader's checks.
 /// The mesh ConfigMap is read whatever its name: only the configured one is watched.
 pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
-    let observed =
-        (kind == Kind::ServiceEntry).then(|| Arc::new(crate::status::observe(&object)));
+    let observed = (kind == Kind::ServiceEntry).then(|| Arc::new(crate::status::observe(&object)));
     let mut slim = strip(kind, object);
     slim.insert("apiVersion".into(), Value::from(api_version));
     slim.insert("kind".into(), Value::from(kind.name()));

@@ -53,8 +53,12 @@ pub async fn hold(client: Client, config: LeaseConfig, leading: watch::Sender<bo
         let was = leading.send_replace(held);
         if held != was {
             match held {
-                true => info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "this agent writes ServiceEntry status now"),
-                false => info!(lease = %format!("{}/{}", config.namespace, config.name), "another agent writes ServiceEntry status"),
+                true => {
+                    info!(lease = %format!("{}/{}", config.namespace, config.name), identity = %config.identity, "this agent writes ServiceEntry status now")
+                }
+                false => {
+                    info!(lease = %format!("{}/{}", config.namespace, config.name), "another agent writes ServiceEntry status")
+                }
             }
         }
         if leading.is_closed() {
@@ -114,7 +118,10 @@ async fn try_hold(
     }
     spec.renew_time = Some(now);
     spec.lease_duration_seconds = Some(seconds);
-    accepted(api.replace(&config.name, &PostParams::default(), &lease).await)
+    accepted(
+        api.replace(&config.name, &PostParams::default(), &lease)
+            .await,
+    )
 }
 
 /// A write the API took means the lease is held; a conflict means another agent got there first.

@@ -47,10 +47,7 @@ pub fn plan(wanted: &[Condition], observed: &Observed, now: &str) -> Plan {
         .collect();
     for want in wanted {
         let status = want.status.to_string();
-        let before = observed
-            .conditions
-            .iter()
-            .find(|c| c["type"] == want.type_);
+        let before = observed.conditions.iter().find(|c| c["type"] == want.type_);
         let since = match before {
             Some(c) if c["status"] == status.as_str() && c["lastTransitionTime"].is_string() => {
                 c["lastTransitionTime"].clone()
@@ -112,7 +109,11 @@ mod tests {
         assert_eq!(first[0]["lastTransitionTime"], NOW);
         // Read back later: nothing to do, and the time of the transition stays.
         assert_eq!(
-            plan(&[namespace_applied()], &observed(first.clone()), "2027-01-01T00:00:00Z"),
+            plan(
+                &[namespace_applied()],
+                &observed(first.clone()),
+                "2027-01-01T00:00:00Z"
+            ),
             Plan::Unchanged
         );
     }
@@ -162,7 +163,9 @@ mod tests {
             Plan::OtherWriter("pilot-discovery".into())
         );
         // Another writer of other types only: ours are added beside theirs.
-        let mut held = observed(vec![json!({"type": "example.com/Healthy", "status": "True"})]);
+        let mut held = observed(vec![
+            json!({"type": "example.com/Healthy", "status": "True"}),
+        ]);
         held.other_writer = Some("health-checker".into());
         let Plan::Write(got) = plan(&[namespace_applied()], &held, NOW) else {
             panic!("expected a write")

@@ -192,25 +192,34 @@ impl World {
     /// then runs against the Kubernetes API source.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
         let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
-        World::start_source(edit, kube, &Launch::default())
+        World::start_source(edit, kube, &Launch::default(), &[])
     }
 
     /// The world with an unchanged copy of `examples/` and the agent started as `launch` says
     /// (e.g. with or without `--fast-path`, whatever the environment asks).
     pub fn start_launched(launch: &Launch) -> Result<World> {
-        World::start_source(|_| Ok(()), false, launch)
+        World::start_source(|_| Ok(()), false, launch, &[])
     }
 
     /// As [`World::start_with`], the agent learning the same objects from a test API server
     /// (`run --kube`) instead of the directory; explain still reads the directory.
     pub fn start_kube_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
-        World::start_source(edit, true, &Launch::default())
+        World::start_source(edit, true, &Launch::default(), &[])
+    }
+
+    /// [`World::start_kube_with`], the agent given `extra` arguments too.
+    pub fn start_kube_args(
+        edit: impl FnOnce(&Path) -> Result<()>,
+        extra: &[&str],
+    ) -> Result<World> {
+        World::start_source(edit, true, &Launch::default(), extra)
     }
 
     fn start_source(
         edit: impl FnOnce(&Path) -> Result<()>,
         kube: bool,
         launch: &Launch,
+        extra: &[&str],
     ) -> Result<World> {
         let mut topo = Topology::new()?;
         for (key, ip, uid) in CLIENTS {
@@ -255,13 +264,14 @@ impl World {
             api.sync_dir(&config)?;
             let kubeconfig = api.write_kubeconfig(&topo.scratch_path("kubeconfig"))?;
             let kubeconfig = kubeconfig.to_string_lossy();
-            let args = [
+            let mut args = vec![
                 "--kube",
                 "--kubeconfig",
                 &kubeconfig,
                 "--dns-upstream",
                 &upstream_arg,
             ];
+            args.extend(extra);
             (Agent::launch(&topo, launch, &args)?, Some(api))
         } else {
             let config = config.to_string_lossy();
@@ -286,6 +296,11 @@ impl World {
         self.api
             .as_ref()
             .expect("a world started with World::start_kube_with")
+    }
+
+    /// The kubeconfig that points at the test API server (for `kubectl` in the node netns).
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.topo.scratch_path("kubeconfig")
     }
 
     /// [`World::api`], to stop and resume it.
