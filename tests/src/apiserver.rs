@@ -800,14 +800,12 @@ fn conflict(target: &Target<'_>, name: &str) -> Response<Body> {
     )
 }
 
-fn parse_body(body: &Bytes) -> std::result::Result<Value, Response<Body>> {
-    serde_json::from_slice(body).map_err(|e| {
-        status(
-            StatusCode::BAD_REQUEST,
-            "BadRequest",
-            format!("the body is not JSON: {e}"),
-        )
-    })
+fn bad_body(e: serde_json::Error) -> Response<Body> {
+    status(
+        StatusCode::BAD_REQUEST,
+        "BadRequest",
+        format!("the body is not JSON: {e}"),
+    )
 }
 
 /// `GET`, `PUT` or `PATCH .../status` of one object.
@@ -838,9 +836,9 @@ fn one_object(
     match (method, sub) {
         (&hyper::Method::GET, None | Some("status")) => full(StatusCode::OK, at_version(current)),
         (&hyper::Method::PUT, None) => {
-            let sent = match parse_body(body) {
+            let sent: Value = match serde_json::from_slice(body) {
                 Ok(sent) => sent,
-                Err(response) => return response,
+                Err(e) => return bad_body(e),
             };
             if stale(&sent) {
                 return conflict(target, name);
@@ -849,9 +847,9 @@ fn one_object(
             full(StatusCode::OK, at_version(stored))
         }
         (&hyper::Method::PATCH, Some("status")) => {
-            let patch = match parse_body(body) {
+            let patch: Value = match serde_json::from_slice(body) {
                 Ok(patch) => patch,
-                Err(response) => return response,
+                Err(e) => return bad_body(e),
             };
             if stale(&patch) {
                 return conflict(target, name);
@@ -881,9 +879,9 @@ fn one_object(
 
 /// `POST` to a collection: a new object, 409 when one of that name exists.
 fn create(state: &Mutex<State>, target: &Target<'_>, body: &Bytes) -> Response<Body> {
-    let mut object = match parse_body(body) {
+    let mut object: Value = match serde_json::from_slice(body) {
         Ok(object) => object,
-        Err(response) => return response,
+        Err(e) => return bad_body(e),
     };
     let Some(name) = object["metadata"]["name"].as_str().map(str::to_string) else {
         return status(

@@ -570,7 +570,10 @@ fn addresses_istio_allocated_in_status_are_the_ones_dns_answers() -> Result<()> 
     let w = World::start_kube_with(|_| Ok(()))?;
     // httpbin declares no address: the agent's own allocation answers until istiod's is written.
     let ours = a_records(&w, "team-a", "httpbin.example.com")?;
-    ensure!(ours.len() == 1 && ours[0].octets()[..2] == [240, 240], "{ours:?}");
+    ensure!(
+        ours.len() == 1 && ours[0].octets()[..2] == [240, 240],
+        "{ours:?}"
+    );
     let given: Ipv4Addr = "240.240.9.9".parse()?;
     w.api().put_status(
         "ServiceEntry",
