@@ -17,24 +17,29 @@ use crate::cmd::{self, on_path, output};
 pub const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
 
-/// Debian packages and a binary each provides (the check that it is installed).
-const DEBIAN_PACKAGES: &[(&str, &str)] = &[
-    ("dnsmasq-base", "/usr/sbin/dnsmasq"),
-    ("bind9-dnsutils", "dig"),
-    ("iproute2", "ip"),
-    ("util-linux", "nsenter"),
-    ("curl", "curl"),
-    ("bpftool", "bpftool"),
-    ("iperf3", "iperf3"),
-    ("sockperf", "sockperf"),
-    ("wrk", "wrk"),
-    ("dnsperf", "dnsperf"),
-    ("default-jdk-headless", "javac"),
-    // The status writer's suite reads ServiceEntry status with the real kubectl (any kubectl on the
-    // PATH will do; Debian's is installed only where there is none).
-    ("kubernetes-client", "kubectl"),
-    // Only `cargo xtask profile` uses it.
-    ("linux-perf", "perf"),
+/// Debian packages, a binary each provides (the check that it is installed), and what it is for.
+const DEBIAN_PACKAGES: &[(&str, &str, &str)] = &[
+    (
+        "dnsmasq-base",
+        "/usr/sbin/dnsmasq",
+        "the tests' real upstream resolver",
+    ),
+    ("bind9-dnsutils", "dig", "the tests' DNS client"),
+    ("iproute2", "ip", "network namespaces and veths"),
+    ("util-linux", "nsenter", "entering a pod's netns"),
+    ("curl", "curl", "the tests' HTTP client"),
+    ("bpftool", "bpftool", "checking the programs attached"),
+    ("iperf3", "iperf3", "the bench's throughput"),
+    ("sockperf", "sockperf", "the bench's latency"),
+    ("wrk", "wrk", "the bench's HTTP load"),
+    ("dnsperf", "dnsperf", "the bench's DNS load"),
+    ("default-jdk-headless", "javac", "a JVM client in the suite"),
+    (
+        "kubernetes-client",
+        "kubectl",
+        "reading ServiceEntry status as users do (any kubectl on the PATH will do)",
+    ),
+    ("linux-perf", "perf", "`cargo xtask profile`"),
 ];
 
 pub fn setup() -> anyhow::Result<()> {
@@ -52,6 +57,10 @@ fn install(verbose: bool) -> anyhow::Result<()> {
             println!("xtask setup: {msg}");
         }
     };
+    say(&format!(
+        "one line per step; the tools' own output goes to {}",
+        setup_log().display()
+    ));
     ensure_nightly_rust_src(&say)?;
     ensure_bpf_linker(&say)?;
     ensure_debian_packages(&say)?;
@@ -64,7 +73,7 @@ fn install(verbose: bool) -> anyhow::Result<()> {
 fn ensure_nightly_rust_src(say: &dyn Fn(&str)) -> anyhow::Result<()> {
     let Some(sysroot) = nightly_sysroot() else {
         println!("xtask setup: installing the nightly toolchain (it builds the eBPF programs)");
-        cmd::run(Command::new("rustup").args([
+        logged(Command::new("rustup").args([
             "toolchain",
             "install",
             NIGHTLY,
@@ -78,7 +87,7 @@ fn ensure_nightly_rust_src(say: &dyn Fn(&str)) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("xtask setup: adding rust-src to nightly (needed for -Z build-std=core)");
-    cmd::run(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", NIGHTLY]))
+    logged(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", NIGHTLY]))
 }
 
 fn nightly_sysroot() -> Option<PathBuf> {
@@ -135,7 +144,7 @@ fn ensure_bpf_linker(say: &dyn Fn(&str)) -> anyhow::Result<()> {
         .next()
         .unwrap_or_default()
         .to_string();
-    cmd::run(
+    logged(
         cmd::cargo()
             .args([
                 "install",
@@ -172,30 +181,29 @@ fn find_libllvm(lib: &Path) -> anyhow::Result<PathBuf> {
 }
 
 fn ensure_debian_packages(say: &dyn Fn(&str)) -> anyhow::Result<()> {
-    let missing: Vec<&str> = DEBIAN_PACKAGES
+    let missing: Vec<&(&str, &str, &str)> = DEBIAN_PACKAGES
         .iter()
-        .filter(|(_, binary)| !on_path(binary))
-        .map(|(package, _)| *package)
+        .filter(|(_, binary, _)| !on_path(binary))
         .collect();
     if missing.is_empty() {
         say("Debian packages: present");
         return Ok(());
     }
-    println!(
-        "xtask setup: installing Debian packages: {}",
-        missing.join(" ")
-    );
+    let names: Vec<&str> = missing.iter().map(|(package, _, _)| *package).collect();
     if !is_root() {
         bail!(
             "installing {} needs root: run `sudo cargo xtask setup`",
-            missing.join(" ")
+            names.join(" ")
         );
     }
-    cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
-    cmd::run(
+    for (package, _, why) in &missing {
+        println!("xtask setup: installing {package} ({why})");
+    }
+    logged(Command::new("apt-get").args(["update", "-q"]))?;
+    logged(
         Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&missing)
+            .args(&names)
             .env("DEBIAN_FRONTEND", "noninteractive"),
     )
 }
@@ -229,8 +237,8 @@ fn ensure_vm_tools(say: &dyn Fn(&str)) -> anyhow::Result<()> {
     if !qemu {
         ensure_backports_source()?;
         println!("xtask setup: installing qemu-system-x86 from bookworm-backports");
-        cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
-        cmd::run(
+        logged(Command::new("apt-get").args(["update", "-q"]))?;
+        logged(
             Command::new("apt-get")
                 .args(["install", "-y", "-q", "--no-install-recommends"])
                 .args(["-t", BACKPORTS, "qemu-system-x86"])
@@ -242,9 +250,9 @@ fn ensure_vm_tools(say: &dyn Fn(&str)) -> anyhow::Result<()> {
     }
     println!("xtask setup: installing {}", plain.join(" "));
     if qemu {
-        cmd::run(Command::new("apt-get").args(["update", "-q"]))?;
+        logged(Command::new("apt-get").args(["update", "-q"]))?;
     }
-    cmd::run(
+    logged(
         Command::new("apt-get")
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&plain)
@@ -304,15 +312,71 @@ fn ensure_manifest_validator(say: &dyn Fn(&str)) -> anyhow::Result<()> {
         "xtask setup: installing kubernetes-validate {version} into {}",
         venv.display()
     );
-    cmd::run(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
-    cmd::run(
+    logged(Command::new("python3").args(["-m", "venv"]).arg(&venv))?;
+    logged(
         Command::new(venv.join("bin/pip"))
             .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
             .arg(&requirements),
     )
 }
 
+/// Where the tools' own output goes (apt's progress, cargo's build lines): kept out of the terminal,
+/// shown only when a step fails.
+fn setup_log() -> PathBuf {
+    cmd::workspace_root().join("target/xtask-setup.log")
+}
+
+/// Runs one install step with its output appended to [`setup_log`]; on failure, says so with the end
+/// of that output and where the rest is.
+fn logged(command: &mut Command) -> anyhow::Result<()> {
+    let log = setup_log();
+    if let Some(dir) = log.parent() {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut file = fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let shown = format!("{command:?}");
+    use std::io::Write as _;
+    writeln!(file, "\n$ {shown}")?;
+    let status = command
+        .stdin(std::process::Stdio::null())
+        .stdout(file.try_clone()?)
+        .stderr(file)
+        .status()
+        .with_context(|| format!("starting {shown}"))?;
+    if status.success() {
+        return Ok(());
+    }
+    let text = fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(30)..].join("\n");
+    bail!(
+        "{shown} failed ({status}); its last lines:\n{tail}\n(the whole output is in {})",
+        log.display()
+    )
+}
+
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_step_keeps_its_output_out_of_the_terminal_and_shows_it_when_it_fails() {
+        logged(Command::new("sh").args(["-c", "echo quiet-step-output"])).unwrap();
+        let log = fs::read_to_string(setup_log()).unwrap();
+        assert!(log.contains("quiet-step-output"));
+        let err = logged(Command::new("sh").args(["-c", "echo boom-in-the-tail; exit 3"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("boom-in-the-tail"), "{err}");
+        assert!(err.contains("xtask-setup.log"), "{err}");
+    }
 }

@@ -187,6 +187,7 @@ fn snapshot(
 /// The script the guest runs in the new root: the mounts a test machine has, the kernel's modules
 /// where modprobe looks, then every test binary; the exit code goes to the results share.
 fn guest_script(modules: &Path, tests: &[GuestTest], env: &GuestEnv, time_scale: u32) -> String {
+    let workspace = quote(&env.workspace.display().to_string());
     let mut s = String::from(
         r#"#!/bin/bash
 set -u
@@ -199,10 +200,26 @@ ln -sf /proc/self/fd/0 /dev/stdin
 ln -sf /proc/self/fd/1 /dev/stdout
 ln -sf /proc/self/fd/2 /dev/stderr
 mount -t devpts devpts /dev/pts
-mount -t tmpfs tmpfs /dev/shm
+"#,
+    );
+    // The checkout may live under /tmp or /run (a clone in /tmp): held aside while fresh tmpfs go
+    // on those, then put back where the tests look for it.
+    let _ = writeln!(
+        s,
+        "mkdir -p /mnt/rdt-workspace && mount --bind {workspace} /mnt/rdt-workspace"
+    );
+    s.push_str(
+        r#"mount -t tmpfs tmpfs /dev/shm
 mount -t tmpfs tmpfs /run
 mount -t tmpfs tmpfs /tmp
-mount -t cgroup2 cgroup2 /sys/fs/cgroup
+"#,
+    );
+    let _ = writeln!(
+        s,
+        "mkdir -p {workspace} && mount --move /mnt/rdt-workspace {workspace}"
+    );
+    s.push_str(
+        r#"mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mount -t bpf bpf /sys/fs/bpf
 mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
@@ -295,5 +312,10 @@ mod tests {
         assert!(s.contains(r"'/w/target/debug/deps/visibility-2' 'it'\''s one' '--exact' || rc=1"));
         assert!(s.contains("export REDIRECT_BIN='/w/target/release/redirect'"));
         assert!(s.ends_with("echo $rc > /rdt-results/rc\n"));
+        // A checkout under /tmp stays visible over the guest's own /tmp.
+        let held = s.find("mount --bind '/w' /mnt/rdt-workspace").unwrap();
+        let tmp = s.find("mount -t tmpfs tmpfs /tmp").unwrap();
+        let back = s.find("mount --move /mnt/rdt-workspace '/w'").unwrap();
+        assert!(held < tmp && tmp < back, "{s}");
     }
 }
