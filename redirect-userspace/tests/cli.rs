@@ -607,6 +607,130 @@ fn missing_directory_exits_1() {
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("/nonexistent/redirect-config: cannot read")
     );
+    // Before any table: nothing on stdout, even when other paths could be read.
+    let examples = examples();
+    let out = redirect(&[
+        "resolve",
+        "-f",
+        examples.to_str().unwrap(),
+        "-f",
+        "/nonexistent/redirect-config",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// kubectl's habits: `-f -` reads standard input, `-f` repeats, `-R` walks subdirectories, and
+/// `resolve -n` shows one namespace.
+#[test]
+fn filename_takes_stdin_repeats_recurses_and_resolve_filters_by_namespace() {
+    let examples = examples();
+    let mut all = String::new();
+    let mut files: Vec<_> = std::fs::read_dir(&examples)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    for file in &files {
+        all.push_str(&std::fs::read_to_string(file).unwrap());
+        all.push_str("\n---\n");
+    }
+    let from_dir = json(&redirect(&[
+        "resolve",
+        "-f",
+        examples.to_str().unwrap(),
+        "-o",
+        "json",
+    ]));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_redirect"))
+        .args(["resolve", "-f", "-", "-o", "json"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(all.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(json(&out)["serviceEntries"], from_dir["serviceEntries"]);
+
+    // The same manifests split over a file, a directory and a subdirectory.
+    let split = Scratch::new("split", &[]);
+    std::fs::create_dir_all(split.0.join("teams/more")).unwrap();
+    for file in &files {
+        let name = file.file_name().unwrap().to_str().unwrap();
+        let to = match name.as_bytes()[0] {
+            b'0' => split.0.join(name),
+            b'1' | b'2' => split.0.join("teams").join(name),
+            _ => split.0.join("teams/more").join(name),
+        };
+        std::fs::copy(file, to).unwrap();
+    }
+    let teams = split.0.join("teams");
+    let flat = json(&redirect(&[
+        "resolve",
+        "-f",
+        split.path(),
+        "-f",
+        teams.to_str().unwrap(),
+        "-o",
+        "json",
+    ]));
+    assert_eq!(
+        flat["serviceEntries"].as_array().unwrap().len(),
+        0,
+        "no -R: teams/more unread"
+    );
+    let deep = json(&redirect(&[
+        "resolve",
+        "-R",
+        "-f",
+        split.path(),
+        "-o",
+        "json",
+    ]));
+    assert_eq!(deep["serviceEntries"], from_dir["serviceEntries"]);
+
+    let team_b = json(&redirect(&[
+        "resolve",
+        "-f",
+        examples.to_str().unwrap(),
+        "-n",
+        "team-b",
+        "-o",
+        "json",
+    ]));
+    let namespaces: Vec<&str> = team_b["serviceEntries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["namespace"].as_str().unwrap())
+        .collect();
+    assert!(
+        !namespaces.is_empty() && namespaces.iter().all(|n| *n == "team-b"),
+        "{namespaces:?}"
+    );
+    let table = redirect(&["resolve", "-f", examples.to_str().unwrap(), "-n", "team-b"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("shared-private") && !table.contains("api-example"),
+        "{table}"
+    );
 }
 
 #[test]

@@ -2,7 +2,6 @@
 //! the very `state` lookups the proxy and the DNS proxy call.
 use std::{
     net::{IpAddr, SocketAddr},
-    path::PathBuf,
     process::ExitCode,
 };
 
@@ -18,9 +17,8 @@ use crate::state::{
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["host", "ip"])))]
 pub struct ExplainArgs {
-    /// Directory of Kubernetes YAML manifests (or one file).
-    #[arg(short = 'f', long = "filename")]
-    pub dir: PathBuf,
+    #[command(flatten)]
+    pub input: super::InputArgs,
     /// The client namespace (a namespace with no pods is still that namespace).
     #[arg(long = "from", value_name = "NAMESPACE")]
     pub from: String,
@@ -34,8 +32,6 @@ pub struct ExplainArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = TableOrJson::Table)]
     pub output: TableOrJson,
-    #[command(flatten)]
-    pub limits: super::LimitArgs,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -133,7 +129,10 @@ pub struct OutboundReport {
 
 /// Explains over everything valid; with any error, also lists every error (stderr) and exits 1.
 pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
-    let (model, resolution, errors) = output::load(&args.dir, &args.limits.limits());
+    let (model, resolution, errors) = match output::load(&args.input) {
+        Ok(loaded) => loaded,
+        Err(unreadable) => return Ok(output::invalid_input(&[unreadable])),
+    };
     let snapshot = Snapshot::build(&model, &resolution);
     let text = match (&args.host, args.ip) {
         (Some(host), _) => {

@@ -28,6 +28,20 @@ pub struct LimitArgs {
     pub max_dir_bytes: u64,
 }
 
+/// The manifests an offline command reads, as kubectl's `-f`.
+#[derive(Debug, clap::Args)]
+pub struct InputArgs {
+    /// Manifests: a file, a directory (its .yaml, .yml and .json files), or `-` for standard input.
+    /// Give it again for more; they are read in the order given.
+    #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+    pub paths: Vec<std::path::PathBuf>,
+    /// Also read every subdirectory of a directory given with -f.
+    #[arg(short = 'R', long)]
+    pub recursive: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
 impl LimitArgs {
     pub fn limits(&self) -> Limits {
         Limits {

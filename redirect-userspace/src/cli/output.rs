@@ -1,10 +1,10 @@
 //! Output formats and a plain-text table for the offline commands.
-use std::{path::Path, process::ExitCode};
+use std::process::ExitCode;
 
 use serde_yaml_ng::Value;
 
 use crate::{
-    config::{self, ConfigError, Limits, Model},
+    config::{self, ConfigError, Model},
     visibility::{self, Resolved},
 };
 
@@ -70,13 +70,14 @@ pub fn invalid_input(errors: &[ConfigError]) -> ExitCode {
 }
 
 /// Reads a configuration for an offline command: everything valid, and every problem (objects
-/// left out, and entries the address pool could not serve).
-pub fn load(dir: &Path, limits: &Limits) -> (Model, Resolved, Vec<ConfigError>) {
-    let loaded = config::read_dir(dir, limits);
+/// left out, and entries the address pool could not serve). `Err`: a path that cannot be read at
+/// all, reported before any output.
+pub fn load(input: &super::InputArgs) -> Result<(Model, Resolved, Vec<ConfigError>), ConfigError> {
+    let loaded = config::read_inputs(&input.paths, input.recursive, &input.limits.limits())?;
     let resolution = visibility::resolve(&loaded.model);
     let mut errors = loaded.errors;
     errors.extend(visibility::allocation_errors(&loaded.model, &resolution));
-    (loaded.model, resolution, errors)
+    Ok((loaded.model, resolution, errors))
 }
 
 pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {

@@ -1,6 +1,6 @@
 //! `redirect resolve`: every ServiceEntry with its resolved visibility, matched policy, status
 //! conditions, effective sidecar exportTo and addresses. Offline; no root, no eBPF.
-use std::{path::PathBuf, process::ExitCode};
+use std::process::ExitCode;
 
 use serde::Serialize;
 
@@ -12,14 +12,14 @@ use crate::{
 
 #[derive(Debug, clap::Args)]
 pub struct ResolveArgs {
-    /// Directory of Kubernetes YAML manifests (or one file).
-    #[arg(short = 'f', long = "filename")]
-    pub dir: PathBuf,
+    #[command(flatten)]
+    pub input: super::InputArgs,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
     pub output: Format,
-    #[command(flatten)]
-    pub limits: super::LimitArgs,
+    /// Only the ServiceEntries of this namespace (every namespace's still count for allocation).
+    #[arg(short = 'n', long, value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
 /// The JSON/YAML shape: a public interface, keep it stable.
@@ -73,9 +73,17 @@ pub fn report(model: &Model, resolution: Resolved) -> ResolveReport {
 
 /// Prints everything valid; with any error, also every error (stderr) and exit 1.
 pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
-    let (model, resolution, errors) = output::load(&args.dir, &args.limits.limits());
+    let (mut model, resolution, errors) = match output::load(&args.input) {
+        Ok(loaded) => loaded,
+        Err(unreadable) => return Ok(output::invalid_input(&[unreadable])),
+    };
     let mut report = report(&model, resolution);
     report.errors = errors;
+    if let Some(ns) = &args.namespace {
+        // The two lists hold the same entries in the same order: filtered alike, they stay paired.
+        model.service_entries.retain(|se| se.meta.namespace == *ns);
+        report.service_entries.retain(|e| e.namespace == *ns);
+    }
     match args.output {
         Format::Table => print!("{}", render_table(&model, &report)),
         format => print_report(&report, format)?,

@@ -148,7 +148,7 @@ impl Rejected {
     }
 }
 
-struct Loader {
+pub(super) struct Loader {
     /// What one file's YAML may expand to (see [`Limits::expansion_budget`]).
     budget: usize,
     errors: Vec<ConfigError>,
@@ -219,7 +219,7 @@ fn identity(kind: &'static str, value: &Value) -> Identity {
 }
 
 impl Loader {
-    fn new(limits: &Limits) -> Self {
+    pub(super) fn new(limits: &Limits) -> Self {
         Loader {
             budget: limits.expansion_budget(),
             errors: Vec::new(),
@@ -232,13 +232,13 @@ impl Loader {
     }
 
     /// A file that could not be read: its objects are the ones left out.
-    fn file_error(&mut self, file: &str, message: String) {
+    pub(super) fn file_error(&mut self, file: &str, message: String) {
         self.errors
             .push(ConfigError::new(file, None, None, message));
         self.rejected.push(Rejected::file(file));
     }
 
-    fn add_file(&mut self, file: &str, text: &str) {
+    pub(super) fn add_file(&mut self, file: &str, text: &str) {
         let mut number = 0;
         yaml::for_each_document(text, self.budget, |document| {
             number += 1;
@@ -460,7 +460,7 @@ impl Loader {
         self.mesh = Some((mesh, format!("{object} in {file}")));
     }
 
-    fn finish(self) -> Loaded {
+    pub(super) fn finish(self) -> Loaded {
         let mut model = self.model;
         model.mesh = self.mesh.map(|(m, _)| m).unwrap_or_default();
         complete(&mut model);

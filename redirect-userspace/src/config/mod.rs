@@ -6,6 +6,7 @@
 mod convert;
 mod endpoint_slice;
 mod error;
+mod inputs;
 mod kube;
 mod labels;
 mod last_good;
@@ -18,6 +19,7 @@ mod yaml;
 
 pub use endpoint_slice::SERVICE_NAME_LABEL;
 pub use error::{ConfigError, ConfigErrors, MAX_MESSAGE, MAX_QUOTED, bounded};
+pub use inputs::{STDIN, read_inputs};
 /// `metadata.creationTimestamp`: only its order matters (the ranking rule).
 pub use jiff::Timestamp;
 pub use labels::{LabelSelector, Labels, Operator, Requirement, selects};
