@@ -33,8 +33,18 @@ impl std::fmt::Debug for LogLevel {
     }
 }
 
+/// How each log line is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// `TIME LEVEL target: message key=value ...`, for people.
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields` with `message` and every
+    /// key), for a log pipeline.
+    Json,
+}
+
 /// Installs the global subscriber. `RUST_LOG` wins over `-v` when set.
-pub fn init(verbose: u8) -> LogLevel {
+pub fn init(verbose: u8, format: LogFormat) -> LogLevel {
     // -v is about this agent's decisions, not its libraries' internals. The Kubernetes client's own
     // lines repeat, less clearly, what the agent's watches report on every failure.
     let default = match verbose {
@@ -44,13 +54,21 @@ pub fn init(verbose: u8) -> LogLevel {
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let (filter, handle) = reload::Layer::new(filter);
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal());
+    let text = (format == LogFormat::Text).then(|| {
+        tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal())
+    });
+    let json = (format == LogFormat::Json).then(|| {
+        tracing_subscriber::fmt::layer()
+            .json()
+            .with_writer(std::io::stderr)
+    });
     // A second init (tests) keeps the first subscriber.
     let _ = tracing_subscriber::registry()
         .with(filter)
-        .with(fmt)
+        .with(text)
+        .with(json)
         .try_init();
     LogLevel { handle }
 }

@@ -762,3 +762,36 @@ fn usage_errors_exit_2() {
         assert_eq!(redirect(&args).status.code(), Some(2), "{name}");
     }
 }
+
+/// `--log-format json` (or `REDIRECT_LOG_FORMAT=json`, as the DaemonSet sets it): every log line is
+/// one JSON object carrying the message and its fields.
+#[test]
+fn json_logs_are_one_object_per_line() {
+    let dir = Scratch::new(
+        "json-logs",
+        &[(
+            "se.yaml",
+            "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: p, namespace: a}\nspec: {hosts: [\"*x\"], ports: [{number: 80, name: http}]}\n",
+        )],
+    );
+    for args in [
+        vec!["--log-format", "json", "resolve", "-f", dir.path()],
+        vec!["resolve", "-f", dir.path()],
+    ] {
+        let json_env = args[0] != "--log-format";
+        let mut command = Command::new(env!("CARGO_BIN_EXE_redirect"));
+        command.args(&args);
+        if json_env {
+            command.env("REDIRECT_LOG_FORMAT", "json");
+        }
+        let out = command.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.is_empty()).collect();
+        assert!(!lines.is_empty(), "the partial wildcard is logged");
+        for line in lines {
+            let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+            assert_eq!(v["level"], "WARN", "{line}");
+            assert!(v["fields"]["message"].is_string(), "{line}");
+        }
+    }
+}

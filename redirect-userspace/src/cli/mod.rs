@@ -61,6 +61,9 @@ pub struct Cli {
     /// More log output: -v debug, -vv trace.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Log lines as text, or one JSON object each (for a log pipeline).
+    #[arg(long, value_enum, default_value_t = crate::logging::LogFormat::Text, env = "REDIRECT_LOG_FORMAT", global = true)]
+    pub log_format: crate::logging::LogFormat,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -87,7 +90,7 @@ pub fn main() -> ExitCode {
         // SAFETY: setting a signal disposition before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     }
-    let log_level = crate::logging::init(cli.verbose);
+    let log_level = crate::logging::init(cli.verbose, cli.log_format);
     let result = match cli.command {
         Command::Run(args) => run::run(args, log_level),
         Command::Resolve(args) => resolve::resolve(args),
