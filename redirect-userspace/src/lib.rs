@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cluster;
 pub mod config;
 pub mod dns;
+pub mod explain;
 pub mod fastpath;
 pub mod identity;
 pub mod live;

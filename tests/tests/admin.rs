@@ -488,3 +488,97 @@ fn the_log_level_changes_at_runtime() -> Result<()> {
     );
     agent.stop()
 }
+
+/// `redirect config explain | workload | log | all`, asked of the running agent: its explain is the
+/// offline one over the same manifests, for a namespace, a pod by name and a pod by address.
+#[test]
+fn config_explain_workload_log_and_all_ask_the_running_agent() -> Result<()> {
+    let w = integration::world::World::start()?;
+    let cli = |args: &[&str]| -> Result<String> {
+        Ok(w.topo
+            .node_cmd(Agent::bin()?)
+            .arg("config")
+            .args(args)
+            .ok()?
+            .stdout_str())
+    };
+    for from in ["team-b", "team-b/b1", "10.244.2.10"] {
+        let live: Value = serde_json::from_str(&cli(&[
+            "explain",
+            "--from",
+            from,
+            "--host",
+            "api.example.com",
+            "-o",
+            "json",
+        ])?)?;
+        let offline = w.explain().host("team-b", "api.example.com")?.json;
+        ensure!(live["dns"] == offline["dns"], "{from}: {live} vs {offline}");
+        ensure!(live["client"]["namespace"] == "team-b", "{live}");
+        let live: Value = serde_json::from_str(&cli(&[
+            "explain",
+            "--from",
+            from,
+            "--ip",
+            "203.0.113.10:80",
+            "-o",
+            "json",
+        ])?)?;
+        let offline = w.explain().ip("team-b", "203.0.113.10:80".parse()?)?.json;
+        ensure!(
+            live["outbound"]["action"] == offline["outbound"]["action"]
+                && live["outbound"]["service"] == offline["outbound"]["service"]
+                && live["outbound"]["reason"] == offline["outbound"]["reason"],
+            "{from}: {live} vs {offline}"
+        );
+    }
+    let table = cli(&[
+        "explain",
+        "--from",
+        "team-a/a1",
+        "--host",
+        "api.example.com",
+    ])?;
+    ensure!(
+        table.contains("team-a/a1 (pod)") && table.contains("team-a/api-example"),
+        "{table}"
+    );
+    let unknown = w
+        .topo
+        .node_cmd(Agent::bin()?)
+        .args([
+            "config",
+            "explain",
+            "--from",
+            "team-a/ghost",
+            "--host",
+            "a.example.com",
+        ])
+        .output()?;
+    ensure!(!unknown.success() && unknown.stderr_str().contains("no pod team-a/ghost"));
+
+    let workloads = cli(&["workload", "--workload-namespace", "team-a"])?;
+    ensure!(
+        workloads.contains("a1") && workloads.contains("10.244.1.10"),
+        "{workloads}"
+    );
+    ensure!(!workloads.contains("team-b"), "{workloads}");
+    ensure!(cli(&["log", "--level", "warn,redirect=trace"])?.contains("redirect=trace"));
+    ensure!(cli(&["log"])?.contains("redirect=trace"));
+    let all: Value = serde_json::from_str(&cli(&["all", "-o", "json"])?)?;
+    ensure!(
+        all["services"].as_array().is_some_and(|s| !s.is_empty()),
+        "{all}"
+    );
+    ensure!(
+        all["workloads"].as_array().is_some_and(|s| !s.is_empty()),
+        "{all}"
+    );
+    ensure!(
+        all["logLevel"]
+            .as_str()
+            .is_some_and(|l| l.contains("redirect=trace")),
+        "{all}"
+    );
+    Ok(())
+}

@@ -205,6 +205,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
     match req.uri().path() {
+        "/explain" => explain(req, state),
         "/config_dump" => {
             let dump = Dump {
                 version: VERSION,
@@ -243,7 +244,65 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
         },
         _ => text(
             StatusCode::NOT_FOUND,
-            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER]\n".into(),
+            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT])\n".into(),
+        ),
+    }
+}
+
+/// `/explain?from=CLIENT&host=NAME` or `&ip=IP[:PORT]`: `redirect explain`'s report, computed on
+/// the snapshot in force by the same lookups the proxy and the DNS proxy make. The client is a
+/// namespace, a pod (`namespace/name`) or a pod's address, as the agent knows it.
+fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    let query: Vec<(String, String)> = req
+        .uri()
+        .query()
+        .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+        .unwrap_or_default();
+    let param = |key: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    };
+    let Some(from) = param("from") else {
+        return text(StatusCode::BAD_REQUEST, "from= is required\n".into());
+    };
+    let snapshot = state.live.snapshot();
+    let client = match crate::explain::client_of(&snapshot, from) {
+        Ok(client) => client,
+        Err(why) => return text(StatusCode::NOT_FOUND, format!("{why}\n")),
+    };
+    let body = match (param("host"), param("ip")) {
+        (Some(host), None) => {
+            let mut e = crate::explain::explain_host(&snapshot, &client.namespace, host);
+            e.client = client;
+            serde_json::to_string_pretty(&e)
+        }
+        (None, Some(ip)) => {
+            let dst = match crate::explain::parse_destination(ip) {
+                Ok(dst) => dst,
+                Err(why) => return text(StatusCode::BAD_REQUEST, format!("ip={ip}: {why}\n")),
+            };
+            let mut e = crate::explain::explain_ip(&snapshot, &client.namespace, dst);
+            e.client = client;
+            // Without the fast path every connection is the proxy's, whatever the tables would say.
+            if state.fast_path.is_none() {
+                e.outbound.decided_by = fastpath::DecidedBy::Proxy;
+            }
+            serde_json::to_string_pretty(&e)
+        }
+        _ => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "give one of host= and ip=\n".into(),
+            );
+        }
+    };
+    match body {
+        Ok(body) => with_type(StatusCode::OK, "application/json", body + "\n"),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the report failed: {e}\n"),
         ),
     }
 }

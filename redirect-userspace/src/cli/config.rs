@@ -1,10 +1,12 @@
-//! `redirect config service`: what a running agent holds, like `istioctl ztunnel-config service`.
-use std::{net::SocketAddr, process::ExitCode};
+//! `redirect config ...`: what a running agent holds and decides, asked of its admin server, like
+//! `istioctl ztunnel-config`: services, workloads, the log filter, everything at once, and `explain`
+//! computed by the agent on the snapshot in force.
+use std::{net::SocketAddr, process::ExitCode, time::Duration};
 
 use anyhow::Context;
 use serde_json::Value;
 
-use super::output::{self, Format};
+use super::output::{self, Format, TableOrJson};
 use crate::admin::client;
 
 #[derive(Debug, clap::Args)]
@@ -17,6 +19,21 @@ pub struct ConfigArgs {
 pub enum ConfigWhat {
     /// The services the agent holds, with the visibility it applies to each.
     Service(ServiceArgs),
+    /// The workloads the agent knows: namespace, name, addresses, node, opted out or not.
+    Workload(WorkloadArgs),
+    /// The log filter in force; with --level, a new one.
+    Log(LogArgs),
+    /// Services, workloads and the log filter in one document.
+    All(AllArgs),
+    /// What the agent decides for a client, and why: `redirect explain` on the snapshot in force.
+    Explain(LiveExplainArgs),
+}
+
+/// The agent's admin server.
+#[derive(Debug, clap::Args)]
+pub struct AdminArg {
+    #[arg(long, default_value = "127.0.0.1:15000")]
+    pub admin: SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
@@ -24,42 +41,199 @@ pub struct ServiceArgs {
     /// Only services of this namespace.
     #[arg(long)]
     pub service_namespace: Option<String>,
-    /// The agent's admin server.
-    #[arg(long, default_value = "127.0.0.1:15000")]
-    pub admin: SocketAddr,
+    #[command(flatten)]
+    pub admin: AdminArg,
     /// Output format (json and yaml are `/config_dump`'s service objects, unchanged).
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
     pub output: Format,
 }
 
-pub fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
-    match args.what {
-        ConfigWhat::Service(args) => service(args),
-    }
+#[derive(Debug, clap::Args)]
+pub struct WorkloadArgs {
+    /// Only workloads of this namespace.
+    #[arg(long)]
+    pub workload_namespace: Option<String>,
+    #[command(flatten)]
+    pub admin: AdminArg,
+    /// Output format (json and yaml are `/config_dump`'s workload objects, unchanged).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub output: Format,
 }
 
-fn service(args: ServiceArgs) -> anyhow::Result<ExitCode> {
-    let response = client::get(
-        args.admin,
-        "/config_dump",
-        std::time::Duration::from_secs(10),
-    )?;
+#[derive(Debug, clap::Args)]
+pub struct LogArgs {
+    /// A new filter (`RUST_LOG` syntax: `debug`, `info,redirect=debug`).
+    #[arg(long)]
+    pub level: Option<String>,
+    #[command(flatten)]
+    pub admin: AdminArg,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct AllArgs {
+    #[command(flatten)]
+    pub admin: AdminArg,
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Yaml)]
+    pub output: Format,
+}
+
+#[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("target").required(true).args(["host", "ip"])))]
+pub struct LiveExplainArgs {
+    /// The client: a namespace, a pod as `namespace/name`, or a pod's address.
+    #[arg(long = "from", value_name = "NAMESPACE|NAMESPACE/POD|POD-IP")]
+    pub from: String,
+    /// A host name as the client's application would ask for it.
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
+    /// An original destination, `IP`, `IP:PORT` or `[IPv6]:PORT`.
+    #[arg(long, value_name = "IP[:PORT]")]
+    pub ip: Option<String>,
+    #[command(flatten)]
+    pub admin: AdminArg,
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = TableOrJson::Table)]
+    pub output: TableOrJson,
+}
+
+pub fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
+    let text = match args.what {
+        ConfigWhat::Service(args) => {
+            let services = services(&dump(args.admin.admin)?, args.service_namespace.as_deref())?;
+            render(&services, args.output, table)?
+        }
+        ConfigWhat::Workload(args) => {
+            let workloads =
+                workloads(&dump(args.admin.admin)?, args.workload_namespace.as_deref())?;
+            render(&workloads, args.output, workload_table)?
+        }
+        ConfigWhat::Log(args) => {
+            let path = match &args.level {
+                Some(level) => format!(
+                    "/logging?{}",
+                    form_urlencoded::Serializer::new(String::new())
+                        .append_pair("level", level)
+                        .finish()
+                ),
+                None => "/logging".to_string(),
+            };
+            get(args.admin.admin, &path)?
+        }
+        ConfigWhat::All(args) => {
+            let dump = dump(args.admin.admin)?;
+            let all = serde_json::json!({
+                "services": services(&dump, None)?,
+                "workloads": workloads(&dump, None)?,
+                "logLevel": get(args.admin.admin, "/logging")?.trim(),
+            });
+            match args.output {
+                Format::Json => output::json(&all)? + "\n",
+                Format::Yaml => output::yaml(&all)?,
+                Format::Table => format!(
+                    "{}\n{}\nLOG FILTER  {}\n",
+                    table(&services(&dump, None)?),
+                    workload_table(&workloads(&dump, None)?),
+                    all["logLevel"].as_str().unwrap_or("-")
+                ),
+            }
+        }
+        ConfigWhat::Explain(args) => live_explain(&args)?,
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// GETs `path` from the agent; an answer other than 2xx is an error carrying its text.
+fn get(admin: SocketAddr, path: &str) -> anyhow::Result<String> {
+    let response = client::get(admin, path, Duration::from_secs(10))?;
     if !response.is_success() {
         anyhow::bail!(
-            "/config_dump answered {}: {}",
+            "{} answered {}: {}",
+            path.split('?').next().unwrap_or(path),
             response.status,
             response.text().trim()
         );
     }
-    let dump: Value = serde_json::from_slice(&response.body).context("/config_dump is not JSON")?;
-    let services = services(&dump, args.service_namespace.as_deref())?;
-    let text = match args.output {
-        Format::Json => output::json(&services)? + "\n",
-        Format::Yaml => output::yaml(&services)?,
-        Format::Table => table(&services),
+    Ok(response.text())
+}
+
+fn dump(admin: SocketAddr) -> anyhow::Result<Value> {
+    serde_json::from_str(&get(admin, "/config_dump")?).context("/config_dump is not JSON")
+}
+
+fn render(
+    items: &[Value],
+    format: Format,
+    table: fn(&[Value]) -> String,
+) -> anyhow::Result<String> {
+    Ok(match format {
+        Format::Json => output::json(&items)? + "\n",
+        Format::Yaml => output::yaml(&items)?,
+        Format::Table => table(items),
+    })
+}
+
+fn live_explain(args: &LiveExplainArgs) -> anyhow::Result<String> {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    query.append_pair("from", &args.from);
+    match (&args.host, &args.ip) {
+        (Some(host), _) => query.append_pair("host", host),
+        (None, Some(ip)) => query.append_pair("ip", ip),
+        (None, None) => anyhow::bail!("one of --host and --ip is required"),
     };
-    print!("{text}");
-    Ok(ExitCode::SUCCESS)
+    let body = get(args.admin.admin, &format!("/explain?{}", query.finish()))?;
+    if args.output == TableOrJson::Json {
+        return Ok(body);
+    }
+    let report: Value = serde_json::from_str(&body).context("/explain is not JSON")?;
+    let text = if args.host.is_some() {
+        super::explain::host_table(&serde_json::from_value(report)?)
+    } else {
+        super::explain::ip_table(&serde_json::from_value(report)?)
+    };
+    Ok(text.trim_end().to_string() + "\n")
+}
+
+/// The dump's workloads, optionally of one namespace, as the dump gives them.
+pub fn workloads(dump: &Value, namespace: Option<&str>) -> anyhow::Result<Vec<Value>> {
+    let all = dump["workloads"]
+        .as_array()
+        .context("/config_dump has no workloads list")?;
+    Ok(all
+        .iter()
+        .filter(|w| namespace.is_none_or(|ns| w["namespace"] == ns))
+        .cloned()
+        .collect())
+}
+
+pub fn workload_table(workloads: &[Value]) -> String {
+    let rows: Vec<Vec<String>> = workloads
+        .iter()
+        .map(|w| {
+            vec![
+                text(&w["namespace"]),
+                text(&w["name"]),
+                text(&w["kind"]),
+                list(&w["ips"]),
+                text(&w["node"]),
+                if w["optedOut"] == true { "yes" } else { "no" }.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = output::table(
+        &[
+            "NAMESPACE",
+            "NAME",
+            "KIND",
+            "ADDRESSES",
+            "NODE",
+            "OPTED-OUT",
+        ],
+        &rows,
+    );
+    if workloads.is_empty() {
+        out.push_str("(no workloads: the agent holds no configuration, or none matches)\n");
+    }
+    out
 }
 
 /// The dump's services, optionally of one namespace, as the dump gives them.
