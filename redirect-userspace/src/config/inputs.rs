@@ -33,30 +33,13 @@ pub fn read_inputs(
         listed.push(Some(files));
     }
     let mut loader = Loader::new(limits);
-    let mut total: u64 = 0;
     for files in listed {
-        let Some(files) = files else {
-            match read_stdin(limits.max_file_bytes) {
+        match files {
+            Some(files) => loader.add_files(files),
+            None => match read_stdin(limits.max_file_bytes) {
                 Ok(text) => loader.add_file(STDIN, &text),
                 Err(message) => loader.file_error(STDIN, message),
-            }
-            continue;
-        };
-        for candidate in files {
-            let file = candidate.path.display().to_string();
-            total = total.saturating_add(candidate.len);
-            let text = if total > limits.max_dir_bytes {
-                Err(format!(
-                    "the inputs pass the {}-byte limit (--config-max-dir-bytes): not read",
-                    limits.max_dir_bytes
-                ))
-            } else {
-                source::read(&candidate.path, limits.max_file_bytes)
-            };
-            match text {
-                Ok(text) => loader.add_file(&file, &text),
-                Err(message) => loader.file_error(&file, message),
-            }
+            },
         }
     }
     Ok(loader.finish())

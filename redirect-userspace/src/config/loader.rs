@@ -76,23 +76,7 @@ pub fn read_dir(path: &Path, limits: &Limits) -> Loaded {
         }
     };
     let mut loader = Loader::new(limits);
-    let mut total: u64 = 0;
-    for candidate in files {
-        let file = candidate.path.display().to_string();
-        total = total.saturating_add(candidate.len);
-        let text = if total > limits.max_dir_bytes {
-            Err(format!(
-                "the directory's files pass its {}-byte limit (--config-max-dir-bytes): not read",
-                limits.max_dir_bytes
-            ))
-        } else {
-            source::read(&candidate.path, limits.max_file_bytes)
-        };
-        match text {
-            Ok(text) => loader.add_file(&file, &text),
-            Err(message) => loader.file_error(&file, message),
-        }
-    }
+    loader.add_files(files);
     loader.finish()
 }
 
@@ -160,6 +144,9 @@ pub(super) struct Loader {
     mesh: Option<(MeshConfig, String)>,
     /// Reading an object the Kubernetes API served: EndpointSlices are read only then.
     from_api: bool,
+    limits: Limits,
+    /// The size of every file listed so far, against `limits.max_dir_bytes`.
+    bytes_listed: u64,
 }
 
 /// Who a document says it is, for reports and for keeping its last good version.
@@ -228,6 +215,29 @@ impl Loader {
             seen: HashMap::new(),
             mesh: None,
             from_api: false,
+            limits: *limits,
+            bytes_listed: 0,
+        }
+    }
+
+    /// Reads listed files in order, each within the file limit, all of them within the directory
+    /// limit (counted over every call): a file past it is reported and not read.
+    pub(super) fn add_files(&mut self, files: Vec<source::Candidate>) {
+        for candidate in files {
+            let file = candidate.path.display().to_string();
+            self.bytes_listed = self.bytes_listed.saturating_add(candidate.len);
+            let text = if self.bytes_listed > self.limits.max_dir_bytes {
+                Err(format!(
+                    "the files read pass the {}-byte limit (--config-max-dir-bytes): not read",
+                    self.limits.max_dir_bytes
+                ))
+            } else {
+                source::read(&candidate.path, self.limits.max_file_bytes)
+            };
+            match text {
+                Ok(text) => self.add_file(&file, &text),
+                Err(message) => self.file_error(&file, message),
+            }
         }
     }
 
