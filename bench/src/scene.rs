@@ -44,7 +44,8 @@ pub const CACHED_TTL: u32 = 30;
 pub enum Relay {
     Splice,
     Copy,
-    /// `Splice` with `--fast-path`: the kernel decides what needs no proxy.
+    /// `Splice` as the agent runs by default: the kernel decides what needs no proxy. (The other
+    /// two are the proxy, `--no-fast-path`.)
     FastPath,
 }
 
@@ -247,7 +248,8 @@ pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
         relay.arg().into(),
     ]
     .into_iter()
-    .chain((relay == Relay::FastPath).then(|| "--fast-path".into()))
+    // The fast path is the agent's default; the proxy's routes turn it off.
+    .chain((relay != Relay::FastPath).then(|| integration::NO_FAST_PATH.into()))
     .collect()
 }
 

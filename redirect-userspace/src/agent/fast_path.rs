@@ -1,10 +1,12 @@
-//! `run --fast-path`: keeps the kernel's tables equal to the snapshot in force and to the pods'
-//! cgroups on the node. Each snapshot is compiled once; the client table (cgroup -> namespace) is
-//! redone whenever the cgroups change. Every change goes in as a whole new generation.
+//! The fast path (the agent's default; off with `run --no-fast-path`): keeps the kernel's tables
+//! equal to the snapshot in force, the endpoint host names resolved ahead and the pods' cgroups on
+//! the node. A snapshot is compiled again when it or the fresh host addresses change; the client
+//! table (cgroup -> namespace) is redone whenever the cgroups change. Every change goes in as a
+//! whole new generation.
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, atomic::Ordering},
     time::Duration,
 };
 
@@ -19,7 +21,8 @@ use uuid::Uuid;
 
 use crate::{
     config::WorkloadKind,
-    fastpath::{self, Dump, Fallback, Limits, Stats, Tables, fallback_name},
+    dns::ahead::Ahead,
+    fastpath::{self, Dump, Fallback, HostAddresses, Limits, Stats, Tables, fallback_name},
     identity::CgroupPods,
     live::LiveState,
     redirect::FastMaps,
@@ -30,10 +33,16 @@ use crate::{
 /// and the proxy decides them).
 pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
+/// How long the agent waits for its first answers about endpoint host names before its first
+/// tables (names still unanswered go to the proxy until they resolve).
+pub const FIRST_RESOLUTION: Duration = Duration::from_secs(1);
+
 /// The compiled snapshot in force and the cgroups its client table was filled from.
 #[derive(Default)]
 struct State {
     compiled: Option<(Arc<Snapshot>, Tables, Stats)>,
+    /// The host addresses the compiled tables hold.
+    hosts: HostAddresses,
     pods: Vec<(u64, Uuid)>,
     /// Pod cgroups the client table had no room for, at the last install.
     clients_left_out: usize,
@@ -43,6 +52,8 @@ pub struct FastPath {
     live: Arc<LiveState>,
     cgroups: Arc<CgroupPods>,
     maps: Arc<Mutex<FastMaps>>,
+    /// Endpoint host names resolved ahead.
+    ahead: Arc<Ahead>,
     state: Mutex<State>,
 }
 
@@ -52,20 +63,26 @@ impl FastPath {
         live: Arc<LiveState>,
         cgroups: Arc<CgroupPods>,
         maps: Arc<Mutex<FastMaps>>,
+        ahead: Arc<Ahead>,
     ) -> Arc<FastPath> {
         let pods = cgroups.rescan().await;
+        ahead.follow(&live.snapshot_arc());
+        ahead.resolve_due(FIRST_RESOLUTION).await;
         let fast = Arc::new(FastPath {
             live: live.clone(),
             cgroups,
             maps,
+            ahead,
             state: Mutex::new(State {
                 pods,
                 ..State::default()
             }),
         });
         let on_apply = Arc::downgrade(&fast);
-        live.on_apply(move |_| {
+        live.on_apply(move |snapshot| {
             if let Some(fast) = on_apply.upgrade() {
+                // The names first: the tables then drop those no longer named.
+                fast.ahead.follow(snapshot);
                 fast.refresh(None);
             }
         });
@@ -79,17 +96,20 @@ impl FastPath {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Read under the lock: of two racing callers, the last to lock installs the latest.
         let snapshot = self.live.snapshot_arc();
+        let hosts = self.ahead.fresh();
         let new_snapshot = !matches!(&state.compiled, Some((s, ..)) if Arc::ptr_eq(s, &snapshot));
+        let new_hosts = hosts != state.hosts;
         let new_pods = pods.as_ref().is_some_and(|p| *p != state.pods);
-        if !new_snapshot && !new_pods {
+        if !new_snapshot && !new_hosts && !new_pods {
             return;
         }
         if let Some(pods) = pods {
             state.pods = pods;
         }
-        if new_snapshot {
-            let (tables, stats) = fastpath::compile(&snapshot, Limits::kernel());
+        if new_snapshot || new_hosts {
+            let (tables, stats) = fastpath::compile_with(&snapshot, Limits::kernel(), &hosts);
             state.compiled = Some((snapshot.clone(), tables, stats));
+            state.hosts = hosts;
         }
         let Some((snapshot, tables, stats)) = &state.compiled else {
             return;
@@ -126,6 +146,13 @@ impl FastPath {
 
     /// Rescans the pods' cgroups every [`RESCAN_EVERY`] until `shutdown` changes.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        // New tables whenever the fresh host addresses change.
+        let fast = self.clone();
+        let changed = move || {
+            let fast = fast.clone();
+            tokio::task::spawn_blocking(move || fast.refresh(None));
+        };
+        tokio::spawn(self.ahead.clone().run(changed, shutdown.clone()));
         let mut tick = tokio::time::interval(RESCAN_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -200,6 +227,16 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FallbackLabels {
     reason: String,
 }
@@ -236,6 +273,42 @@ impl Collector for FastPathMetrics {
                 reason: fallback_name(why),
             };
             ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let ahead = &self.0.ahead;
+        let mut family = encoder.encode_descriptor(
+            "fast_path_host_names",
+            "Endpoint host names resolved ahead for the kernel: named by the configuration (`wanted`, at most 4096), with fresh addresses now (`fresh`), past the bound (`left_out`, the proxy resolves them)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        let fresh = self
+            .0
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .hosts
+            .len();
+        for (state, n) in [
+            ("wanted", ahead.names()),
+            ("fresh", fresh),
+            ("left_out", ahead.left_out()),
+        ] {
+            let labels = StateLabels { state };
+            ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "fast_path_host_resolutions",
+            "Resolutions of endpoint host names ahead, by result: `resolved`, `failed` (the proxy resolves the name until it does), `expired` (an answer that ran out without a refresh)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("resolved", &ahead.stats.resolved),
+            ("failed", &ahead.stats.failed),
+            ("expired", &ahead.stats.expired),
+        ] {
+            let labels = ResultLabels { result };
+            ConstCounter::new(n.load(Ordering::Relaxed)).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -126,7 +126,7 @@ pub struct OutboundReport {
     pub candidates: Vec<String>,
     pub hidden: Option<String>,
     pub port: Option<u16>,
-    /// Who decides it with `run --fast-path` (without it, always the proxy): `kernel` or `proxy`.
+    /// Who decides it under `run` as shipped (with `--no-fast-path`, always the proxy): `kernel` or `proxy`.
     pub decided_by: DecidedBy,
     pub reason: String,
 }
@@ -414,7 +414,7 @@ fn ip_table(e: &IpExplanation) -> String {
         ("hidden", or_dash(&o.hidden)),
         (
             "decided by",
-            format!("{} (with --fast-path)", o.decided_by.name()),
+            format!("{} (the proxy with --no-fast-path)", o.decided_by.name()),
         ),
         ("why", o.reason.clone()),
     ];

@@ -88,11 +88,16 @@ pub struct RunArgs {
     /// After handing over, how long proxied connections may run before they are reset.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_timeout: std::time::Duration,
-    /// Decide in the kernel, at connect(), what needs no proxy: connections nothing claims and
-    /// workload addresses are left alone (the pod keeps its source address), a service port whose
-    /// endpoints are plain IPs gets its destination rewritten to one of them. The rest goes to the proxy.
-    #[arg(long)]
+    /// The default, kept for scripts that ask for it: decide in the kernel, at connect(), what needs
+    /// no proxy (see `--no-fast-path`).
+    #[arg(long, conflicts_with = "no_fast_path")]
     pub fast_path: bool,
+    /// Send every TCP connection to the proxy. By default the kernel decides at connect() what
+    /// needs no proxy: connections nothing claims and workload addresses are left alone (the pod
+    /// keeps its source address), a service port whose endpoints are plain IPs, or host names the
+    /// agent has resolved, gets its destination rewritten to one of them. The rest goes to the proxy.
+    #[arg(long)]
+    pub no_fast_path: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
@@ -152,7 +157,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             handover_socket: pinned.then_some(args.handover_socket),
             drain_timeout: args.drain_timeout,
             kube,
-            fast_path: args.fast_path,
+            fast_path: !args.no_fast_path,
         },
         log_level,
     )?;

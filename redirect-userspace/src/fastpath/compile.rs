@@ -1,7 +1,10 @@
 //! Snapshot -> tables. For every claimed address the compiler works out, independently of the
 //! service store, the winner for an unknown client and for each namespace owning a claimant, and
 //! writes an entry only where the kernel's answer would be exactly the proxy's.
-use std::collections::{BTreeMap, BTreeSet, HashMap, hash_map::Entry};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, hash_map::Entry},
+    net::IpAddr,
+};
 
 use ipnet::IpNet;
 
@@ -39,10 +42,16 @@ impl Default for Limits {
     }
 }
 
+/// The addresses the agent resolved ahead for endpoint host names, while fresh: for each name its
+/// addresses, IPv4 first (`dns::ahead`). A name missing here is the proxy's to resolve.
+pub type HostAddresses = HashMap<String, Vec<IpAddr>>;
+
 /// Why the proxy decides what the kernel could otherwise have decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fallback {
-    /// A service port with an endpoint by host name (counted per service port).
+    /// A service port with an endpoint by host name the agent holds no fresh addresses for (not
+    /// resolved yet, did not resolve, its answer expired, or past the names resolved ahead); counted
+    /// per service port.
     HostNameEndpoint,
     /// A declared service port without endpoints: the proxy resets (per service port).
     NoEndpoints,
@@ -82,8 +91,15 @@ impl Stats {
 /// One claimed key, exact address or network, and its claimants in rank order.
 type Claimants = BTreeMap<(IpKey, u32), Vec<u32>>;
 
-/// Compiles `snapshot` into tables of at most `limits` entries.
+/// Compiles `snapshot` into tables of at most `limits` entries, every endpoint host name left to the
+/// proxy.
 pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
+    compile_with(snapshot, limits, &HostAddresses::new())
+}
+
+/// Compiles `snapshot` into tables of at most `limits` entries; an endpoint host name with
+/// addresses in `hosts` is rewritten to them like an endpoint given by address.
+pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) -> (Tables, Stats) {
     let services: Vec<&Service> = snapshot.services().collect();
     let mut exact = Claimants::new();
     let mut cidrs = Claimants::new();
@@ -98,6 +114,7 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
     }
     let mut compiler = Compiler {
         services: &services,
+        hosts,
         limits,
         tables: Tables {
             max_clients: limits.clients,
@@ -205,6 +222,7 @@ struct View {
 
 struct Compiler<'s> {
     services: &'s [&'s Service],
+    hosts: &'s HostAddresses,
     limits: Limits,
     tables: Tables,
     /// The claim each service compiled to, its ports written once.
@@ -287,7 +305,7 @@ impl Compiler<'_> {
             let mut seen = BTreeSet::new();
             // The first port of a number is the one the proxy serves.
             for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
-                let backends = match backends(port) {
+                let backends = match backends(port, self.hosts) {
                     Ok(b) => b,
                     Err(why) => {
                         self.stats.fell_back(why, 1);
@@ -316,13 +334,34 @@ impl Compiler<'_> {
     }
 }
 
-/// A port's endpoints as one rewrite, when they are all plain IPs of one family.
-fn backends(port: &Port) -> Result<Backends, Fallback> {
+/// A port's endpoints as one rewrite, when they are all plain IPs, or host names resolved ahead,
+/// of one family. A host name stands for its IPv4 addresses, or its IPv6 ones when it has no IPv4
+/// address: the address family the proxy connects to first.
+fn backends(port: &Port, hosts: &HostAddresses) -> Result<Backends, Fallback> {
     if port.endpoints.is_empty() {
         return Err(Fallback::NoEndpoints);
     }
-    if port.endpoints.len() > MAX_ENDPOINTS {
-        return Err(Fallback::TooManyEndpoints);
+    let mut addresses = Vec::with_capacity(port.endpoints.len());
+    for ep in &port.endpoints {
+        match &ep.address {
+            EndpointAddress::Ip(ip) => addresses.push((IpKey::new(*ip), ep.port)),
+            EndpointAddress::Host(name) => {
+                let resolved = hosts.get(name).ok_or(Fallback::HostNameEndpoint)?;
+                let has_v4 = resolved.iter().any(|ip| ip.is_ipv4());
+                addresses.extend(
+                    resolved
+                        .iter()
+                        .filter(|ip| ip.is_ipv4() == has_v4)
+                        .map(|ip| (IpKey::new(*ip), ep.port)),
+                );
+            }
+        }
+        if addresses.len() > MAX_ENDPOINTS {
+            return Err(Fallback::TooManyEndpoints);
+        }
+    }
+    if addresses.is_empty() {
+        return Err(Fallback::HostNameEndpoint);
     }
     let empty = Backend {
         addr: [0; 16],
@@ -334,11 +373,7 @@ fn backends(port: &Port) -> Result<Backends, Fallback> {
         count: 0,
         endpoints: [empty; MAX_ENDPOINTS],
     };
-    for (i, ep) in port.endpoints.iter().enumerate() {
-        let ip = match &ep.address {
-            EndpointAddress::Ip(ip) => IpKey::new(*ip),
-            EndpointAddress::Host(_) => return Err(Fallback::HostNameEndpoint),
-        };
+    for (i, (ip, port)) in addresses.into_iter().enumerate() {
         if i == 0 {
             out.family = ip.family;
         } else if ip.family != out.family {
@@ -346,7 +381,7 @@ fn backends(port: &Port) -> Result<Backends, Fallback> {
         }
         out.endpoints[i] = Backend {
             addr: ip.addr,
-            port: ep.port,
+            port,
             _pad: 0,
         };
         out.count += 1;

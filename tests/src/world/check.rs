@@ -367,7 +367,7 @@ impl World {
         // kernel's counter moves and the proxy's does not. A pod no manifest names is not in the
         // kernel's client table: the proxy decides for it.
         let in_kernel = self.agent.fast_path()
-            && verdict.decided_by == DecidedBy::Kernel
+            && (verdict.decided_by == DecidedBy::Kernel || resolved_ahead(verdict, connect_to))
             && !self.is_stranger(from);
         let proxy_counter = key::outbound(&verdict.action);
         let counter = match in_kernel {
@@ -487,4 +487,19 @@ impl World {
             .cloned()
             .with_context(|| format!("no server of this world listens on {addr}"))
     }
+}
+
+/// Whether the agent's kernel rewrites a connection explain leaves to the proxy for its endpoint
+/// host name: explain reads manifests only, while the agent resolves such names ahead, and the
+/// world's upstream gives each of [`super::PUBLIC_DNS`] an IPv4 address (what an IPv4 socket is
+/// rewritten to).
+fn resolved_ahead(verdict: &OutboundVerdict, connect_to: SocketAddr) -> bool {
+    let host = verdict
+        .endpoint
+        .as_deref()
+        .and_then(|e| e.rsplit_once(':'))
+        .map(|(host, _)| host);
+    verdict.action.as_str() == "service"
+        && connect_to.is_ipv4()
+        && host.is_some_and(|h| super::PUBLIC_DNS.iter().any(|(name, _)| *name == h))
 }
