@@ -124,14 +124,53 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         stats: Stats::default(),
     };
 
-    // Entries every client shares: the winner for an unknown client.
-    let public = |members: &[u32]| {
+    // Entries every client shares: what a pod of a namespace owning no claimant there sees, its
+    // PUBLIC winner, and the NAMESPACE claimant it skipped (the proxy's `hidden`). For a network,
+    // the proxy walks every claimed network holding the address, longest first: the winner is the
+    // first with a PUBLIC claimant, the hidden one the first NAMESPACE claimant met on the whole
+    // walk (a known client goes on looking for its own namespace's). So each claimed network gets
+    // an entry carrying what its walk finds, and the trie's longest match is the walk's start.
+    let first = |members: &[u32], visibility: ServiceVisibility| {
         members
             .iter()
             .copied()
-            .find(|&m| services[m as usize].visibility == ServiceVisibility::Public)
+            .find(|&m| services[m as usize].visibility == visibility)
     };
-    let shared = compiler.view(&exact, &cidrs, public);
+    let public = |members: &[u32]| first(members, ServiceVisibility::Public);
+    let scoped = |members: &[u32]| first(members, ServiceVisibility::Namespace);
+    let mut shared = View {
+        exact: Vec::new(),
+        cidrs: Vec::new(),
+    };
+    for ((key, _), members) in &exact {
+        let hidden = scoped(members);
+        let claim = match public(members) {
+            Some(w) => compiler.claim(w),
+            None if hidden.is_some() => Claim {
+                action: ClaimAction::None,
+                service: 0,
+                hidden: None,
+            },
+            None => continue,
+        };
+        shared.exact.push((*key, Claim { hidden, ..claim }));
+    }
+    for ((key, len), members) in &cidrs {
+        let walk = std::iter::once(members.as_slice())
+            .chain(ancestors(&cidrs, *key, *len).map(Vec::as_slice))
+            .collect::<Vec<_>>();
+        let winner = walk.iter().find_map(|m| public(m));
+        let hidden = walk.iter().find_map(|m| scoped(m));
+        let claim = match winner {
+            Some(w) => compiler.claim(w),
+            None => Claim {
+                action: ClaimAction::None,
+                service: 0,
+                hidden: None,
+            },
+        };
+        shared.cidrs.push((*key, *len, Claim { hidden, ..claim }));
+    }
     if !compiler.fits(&shared) {
         compiler.stats.fell_back(Fallback::SharedFull, 1);
         let stats = compiler.stats;
@@ -157,6 +196,7 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         .collect();
     for ns in owners {
         let next_id = compiler.stats.namespaces as NsId + 1;
+        // Its own claimant wins, and nothing is hidden from it there.
         let own = |members: &[u32]| {
             members
                 .iter()
@@ -195,6 +235,26 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
     stats.cidrs = tables.cidrs.len();
     stats.ports = tables.ports.len();
     (tables, stats)
+}
+
+/// The claimed networks holding the network `key/len`, longest first.
+fn ancestors<'c>(
+    cidrs: &'c Claimants,
+    key: IpKey,
+    len: u32,
+) -> impl Iterator<Item = &'c Vec<u32>> + 'c {
+    (0..len).rev().filter_map(move |shorter| {
+        let mut addr = key.addr;
+        for (i, byte) in addr.iter_mut().enumerate() {
+            let bit = i as u32 * 8;
+            if bit >= shorter {
+                *byte = 0;
+            } else if bit + 8 > shorter {
+                *byte &= 0xffu8 << (8 - (shorter - bit));
+            }
+        }
+        cidrs.get(&(IpKey { addr, ..key }, shorter))
+    })
 }
 
 /// A CIDR as declared: its family's own bits, no v4-mapping (the lookups never match an IPv6
@@ -328,6 +388,7 @@ impl Compiler<'_> {
         let claim = Claim {
             action,
             service: id,
+            hidden: None,
         };
         self.claims.insert(id, claim);
         claim

@@ -17,7 +17,7 @@ mod wire;
 
 pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with};
 pub use dump::{Dump, ServiceDecision, fallback_name};
-pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decided_by};
+pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decide_hidden, decided_by};
 pub use tables::{
     AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Config, Family, IpKey,
     MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,

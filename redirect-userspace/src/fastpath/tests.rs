@@ -591,8 +591,10 @@ fn full_namespace_tables_send_that_namespace_to_the_proxy() {
     let objects = static_entry("shared", "pub-a", "10.0.0.0/8", "{address: 198.51.100.1}")
         + &static_entry("c", "ns-c", "10.1.0.0/16", "{address: 198.51.100.2}")
         + &static_entry("d", "ns-d", "10.2.0.0/16", "{address: 198.51.100.3}");
+    // Shared: each network (the two /16s hide ns-c's and ns-d's entries from everyone else), then
+    // one of ns-c's own.
     let limits = Limits {
-        cidrs: 2,
+        cidrs: 4,
         ..Limits::default()
     };
     let (snap, t, stats) = limited(&objects, limits);
@@ -717,9 +719,40 @@ fn entries_have_the_sizes_the_bpf_maps_are_declared_with() {
     use std::mem::size_of;
     assert_eq!(size_of::<IpKey>(), 20);
     assert_eq!(size_of::<AddrKey>(), 24);
-    assert_eq!(size_of::<Claim>(), 8);
+    // Its `hidden` crosses as a sentinel, not an `Option`.
+    assert_eq!(size_of::<redirect_common::fastpath::Claim>(), 12);
     assert_eq!(size_of::<PortKey>(), 8);
     assert_eq!(size_of::<Backend>(), 20);
     assert_eq!(size_of::<Backends>(), 8 + MAX_ENDPOINTS * 20);
     assert_eq!(size_of::<Config>(), 3);
+}
+
+/// A service hidden from the client is counted where the kernel decides, as the proxy counts it:
+/// a NAMESPACE address skipped for passthrough, a NAMESPACE network met on the way to a PUBLIC
+/// one inside it, and nothing for the namespace that owns them.
+#[test]
+fn the_kernel_reports_the_hidden_service_the_proxy_would() {
+    let objects = static_entry("vip", "ns-c", "203.0.113.10", "{address: 198.51.100.1}")
+        + &static_entry("wide", "ns-c", "10.0.0.0/8", "{address: 198.51.100.1}")
+        + &static_entry("narrow", "pub-a", "10.1.0.0/16", "{address: 198.51.100.2}");
+    let (snap, t, _) = compiled(&objects);
+    let hidden = |client: &str, dst: &str| {
+        let ns = t.namespace_id(client);
+        let (decision, hidden) = decide_hidden(&t, ns, ip(dst), 80);
+        let proxy = snap.decide_outbound_with(Some(client), ip(dst), 80, Pick::Peek);
+        let name = hidden.and_then(|id| snap.services().nth(id as usize).map(|s| s.name.clone()));
+        assert_eq!(
+            name,
+            proxy.hidden.map(|s| s.name.clone()),
+            "{client} -> {dst}"
+        );
+        assert_ne!(decision, FastDecision::Proxy, "{client} -> {dst}");
+        name
+    };
+    assert_eq!(hidden("ns-d", "203.0.113.10").as_deref(), Some("vip"));
+    assert_eq!(hidden("ns-d", "10.1.2.3").as_deref(), Some("wide"));
+    assert_eq!(hidden("ns-d", "10.9.9.9").as_deref(), Some("wide"));
+    assert_eq!(hidden("ns-c", "10.1.2.3"), None);
+    assert_eq!(hidden("ns-c", "203.0.113.10"), None);
+    assert_eq!(hidden("pub-a", "192.0.2.1"), None);
 }
