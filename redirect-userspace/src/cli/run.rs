@@ -163,3 +163,34 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     )?;
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+
+    fn fast_path(extra: &[&str]) -> Result<bool, clap::Error> {
+        let args = [
+            "redirect",
+            "run",
+            "--cgroup",
+            "/x",
+            "--gateway",
+            "169.254.7.1",
+        ];
+        let cli = Cli::try_parse_from(args.iter().chain(extra))?;
+        match cli.command {
+            Command::Run(run) => Ok(!run.no_fast_path),
+            _ => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn the_fast_path_is_on_unless_no_fast_path_is_given() {
+        assert!(fast_path(&[]).unwrap());
+        assert!(fast_path(&["--fast-path"]).unwrap(), "still accepted");
+        assert!(!fast_path(&["--no-fast-path"]).unwrap());
+        assert!(fast_path(&["--fast-path", "--no-fast-path"]).is_err());
+    }
+}
