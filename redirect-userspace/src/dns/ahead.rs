@@ -306,7 +306,6 @@ impl Ahead {
                     self.record(&name, outcome);
                 }
                 Ok(Some(Err(_))) => {}
-                // Done, or out of time: the rest go on in the background and land in `run`.
                 Ok(None) => return,
                 Err(_) => {
                     self.finish_in_background(asking);
@@ -317,7 +316,7 @@ impl Ahead {
     }
 
     fn finish_in_background(&self, mut asking: JoinSet<(String, Result<Resolved, ResolveError>)>) {
-        // Dropping the set would abort them; instead their names become due again.
+        // The answers still on their way are abandoned: their names are due again, for `run`.
         asking.abort_all();
         let mut set = self.set();
         let now = Instant::now();
