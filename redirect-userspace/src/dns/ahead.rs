@@ -519,4 +519,87 @@ mod tests {
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
+
+    const ENTRIES: &str = "\
+kind: MeshConfig
+serviceEntryVisibility: {defaultVisibility: PUBLIC}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: httpbin, namespace: team-a}
+spec:
+  hosts: [httpbin.example.com]
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: wild, namespace: team-a}
+spec:
+  hosts: ['*.wild.example.com']
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+  endpoints: [{address: nowhere.example.org}]
+";
+
+    /// An upstream on loopback answering every `A` question with `198.51.100.80` (TTL 60) and
+    /// every other with no record; counts the questions.
+    async fn upstream() -> (Arc<Upstream>, Arc<AtomicU64>) {
+        use hickory_proto::{
+            op::{Message, MessageType},
+            rr::{RData, Record, RecordType, rdata},
+        };
+        let server = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let upstream = Arc::new(Upstream::new(server.local_addr().unwrap()));
+        let asked = Arc::new(AtomicU64::new(0));
+        let count = asked.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = server.recv_from(&mut buf).await {
+                let Ok(mut reply) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                let question = reply.queries[0].clone();
+                reply.metadata.message_type = MessageType::Response;
+                if question.query_type() == RecordType::A {
+                    let a = RData::A(rdata::A("198.51.100.80".parse().unwrap()));
+                    reply.add_answer(Record::from_rdata(question.name().clone(), 60, a));
+                }
+                let _ = server.send_to(&reply.to_vec().unwrap(), from).await;
+            }
+        });
+        (upstream, asked)
+    }
+
+    /// The host of a DNS entry without endpoints is resolved ahead (an entry without an address,
+    /// a wildcard, is not: the kernel never sees a connection to it), and the proxy then connects
+    /// to the same address without asking again.
+    #[tokio::test]
+    async fn names_are_resolved_ahead_and_the_proxy_uses_the_same_answer() {
+        let model = crate::config::load_sources([("w.yaml", ENTRIES)]).unwrap();
+        let snapshot = Snapshot::from_model(&model);
+        assert_eq!(endpoint_hosts(&snapshot), names(&["httpbin.example.com"]));
+        let (upstream, asked) = upstream().await;
+        let proxy_cache = Arc::new(HostCache::new(upstream.clone()));
+        let ahead = Ahead::new(upstream, proxy_cache.clone());
+        ahead.follow(&snapshot);
+        ahead.resolve_due(Duration::from_secs(2)).await;
+        assert_eq!(
+            ahead.fresh(),
+            HostAddresses::from([("httpbin.example.com".to_string(), vec![ip("198.51.100.80")])])
+        );
+        assert_eq!(asked.load(Ordering::Relaxed), 2, "A and AAAA");
+        let pick = proxy_cache.pick("httpbin.example.com").await.unwrap();
+        assert_eq!(pick.first, ip("198.51.100.80"));
+        assert_eq!(
+            asked.load(Ordering::Relaxed),
+            2,
+            "the proxy asked nothing more"
+        );
+    }
 }
