@@ -16,10 +16,14 @@ pub enum Route {
     ServiceCopy,
     /// `Passthrough` with `--relay copy`.
     PassthroughCopy,
-    /// `Service` with `--fast-path`: the kernel rewrites the VIP to the endpoint at connect().
+    /// `Service` as the agent runs by default: the kernel rewrites the VIP to the endpoint at
+    /// connect().
     FastService,
-    /// `Passthrough` with `--fast-path`: the kernel leaves the socket alone.
+    /// `Passthrough` as the agent runs by default: the kernel leaves the socket alone.
     FastPassthrough,
+    /// A `resolution: DNS` entry with an allocated address, as the agent runs by default: the
+    /// kernel rewrites the VIP to the address the agent resolved ahead.
+    FastDnsService,
     /// DNS straight to the upstream resolver (agent detached).
     DnsUpstream,
     /// DNS through the agent, which forwards every query to the upstream (its answer has TTL 0).
@@ -39,8 +43,9 @@ impl Route {
             Route::Passthrough => "passthrough",
             Route::ServiceCopy => "service (copy)",
             Route::PassthroughCopy => "passthrough (copy)",
-            Route::FastService => "service (fast path)",
-            Route::FastPassthrough => "passthrough (fast path)",
+            Route::FastService => "service (default: fast path)",
+            Route::FastPassthrough => "passthrough (default: fast path)",
+            Route::FastDnsService => "DNS-resolved service (default: fast path)",
             Route::DnsUpstream => "straight to upstream",
             Route::DnsForwarded => "forwarded by agent (TTL 0)",
             Route::DnsCached => "forwarded by agent (TTL 30 s: cached)",

@@ -32,21 +32,23 @@ pub struct BenchReport<'a> {
     pub chart: &'a str,
 }
 
-const TCP_ROUTES: [Route; 5] = [
+const TCP_ROUTES: [Route; 6] = [
     Route::Direct,
+    Route::FastService,
+    Route::FastDnsService,
+    Route::FastPassthrough,
     Route::Service,
     Route::Passthrough,
-    Route::FastService,
-    Route::FastPassthrough,
 ];
-const THROUGHPUT_ROUTES: [Route; 7] = [
+const THROUGHPUT_ROUTES: [Route; 8] = [
     Route::Direct,
+    Route::FastService,
+    Route::FastDnsService,
+    Route::FastPassthrough,
     Route::Service,
     Route::ServiceCopy,
     Route::Passthrough,
     Route::PassthroughCopy,
-    Route::FastService,
-    Route::FastPassthrough,
 ];
 const DNS_ROUTES: [Route; 4] = [
     Route::DnsUpstream,
@@ -61,7 +63,7 @@ impl BenchReport<'_> {
         let mut s = String::new();
         s.push_str("## Headline: ratio to direct (median of per-round ratios, min–max)\n\n");
         s.push_str(
-            "| | service | passthrough | service (fast path) | passthrough (fast path) |\n| --- | --- | --- | --- | --- |\n",
+            "| | service (default) | DNS-resolved service (default) | passthrough (default) | service (`--no-fast-path`) | passthrough (`--no-fast-path`) |\n| --- | --- | --- | --- | --- | --- |\n",
         );
         for metric in [
             Metric::Throughput1,
@@ -73,17 +75,18 @@ impl BenchReport<'_> {
         ] {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} |",
                 metric.label(),
-                self.ratio(metric, Route::Service),
-                self.ratio(metric, Route::Passthrough),
                 self.ratio(metric, Route::FastService),
-                self.ratio(metric, Route::FastPassthrough)
+                self.ratio(metric, Route::FastDnsService),
+                self.ratio(metric, Route::FastPassthrough),
+                self.ratio(metric, Route::Service),
+                self.ratio(metric, Route::Passthrough)
             );
         }
         let _ = writeln!(
             s,
-            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded, TTL 0: {} | forwarded, TTL 30 s (cached): {} | |",
+            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded, TTL 0: {} | forwarded, TTL 30 s (cached): {} | | |",
             self.ratio(Metric::DnsQps, Route::DnsAnswered),
             self.ratio(Metric::DnsQps, Route::DnsForwarded),
             self.ratio(Metric::DnsQps, Route::DnsCached)

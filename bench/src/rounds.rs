@@ -155,7 +155,11 @@ impl<'a> Runner<'a> {
             (Test::Dns, _) => vec![Route::DnsAnswered, Route::DnsForwarded, Route::DnsCached],
             (_, Relay::Splice) => vec![Route::Service, Route::Passthrough],
             (_, Relay::Copy) => vec![Route::ServiceCopy, Route::PassthroughCopy],
-            (_, Relay::FastPath) => vec![Route::FastService, Route::FastPassthrough],
+            (_, Relay::FastPath) => vec![
+                Route::FastService,
+                Route::FastPassthrough,
+                Route::FastDnsService,
+            ],
         };
         if round % 2 == 1 {
             routes.reverse();
@@ -287,6 +291,7 @@ impl<'a> Runner<'a> {
 pub fn tcp_command(test: Tcp, route: Route, settings: Settings) -> (&'static str, Vec<String>) {
     let ip = match route {
         Route::Service | Route::ServiceCopy | Route::FastService => scene::VIP,
+        Route::FastDnsService => scene::dns_vip(),
         _ => scene::SERVER_IP,
     };
     let secs = settings.secs;

@@ -36,7 +36,11 @@ pub const FORWARDED_NAME: &str = "upstream.bench.example";
 /// A name only the upstream knows, answered with a TTL: the agent forwards it once per TTL and
 /// answers the rest from its cache.
 pub const CACHED_NAME: &str = "lasting.bench.example";
-/// The TTL dnsmasq gives [`CACHED_NAME`] (a cluster DNS's usual).
+/// The host of the `resolution: DNS` entry without addresses (the entry people write most): the
+/// agent resolves it ahead and the kernel rewrites its allocated address to the server's.
+pub const RESOLVED_NAME: &str = "resolved.bench.example";
+const RESOLVED_ENTRY: &str = "resolved";
+/// The TTL dnsmasq gives [`CACHED_NAME`] and [`RESOLVED_NAME`] (a cluster DNS's usual).
 pub const CACHED_TTL: u32 = 30;
 
 /// How the proxy moves bytes (`redirect run --relay`).
@@ -44,7 +48,8 @@ pub const CACHED_TTL: u32 = 30;
 pub enum Relay {
     Splice,
     Copy,
-    /// `Splice` with `--fast-path`: the kernel decides what needs no proxy.
+    /// `Splice` as the agent runs by default: the kernel decides what needs no proxy. (The other
+    /// two are the proxy, `--no-fast-path`.)
     FastPath,
 }
 
@@ -247,7 +252,8 @@ pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
         relay.arg().into(),
     ]
     .into_iter()
-    .chain((relay == Relay::FastPath).then(|| "--fast-path".into()))
+    // The fast path is the agent's default; the proxy's routes turn it off.
+    .chain((relay != Relay::FastPath).then(|| integration::NO_FAST_PATH.into()))
     .collect()
 }
 
@@ -261,6 +267,7 @@ fn dnsmasq_args() -> Vec<String> {
             format!("--listen-address={RESOLVER_IP}"),
             format!("--host-record={FORWARDED_NAME},{SERVER_IP}"),
             format!("--host-record={CACHED_NAME},{SERVER_IP},{CACHED_TTL}"),
+            format!("--host-record={RESOLVED_NAME},{SERVER_IP},{CACHED_TTL}"),
         ])
         .collect()
 }
@@ -298,8 +305,37 @@ spec:
   resolution: STATIC
   endpoints:
     - address: {SERVER_IP}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: {RESOLVED_ENTRY}, namespace: {ns}}}
+spec:
+  hosts: [{RESOLVED_NAME}]
+  ports:
+    - {{number: {HTTP_PORT}, name: http, protocol: HTTP}}
+    - {{number: {IPERF_PORT}, name: tcp-iperf, protocol: TCP}}
+    - {{number: {SOCKPERF_PORT}, name: tcp-sockperf, protocol: TCP}}
+  location: MESH_EXTERNAL
+  resolution: DNS
 "
     )
+}
+
+/// The address allocated to the `resolution: DNS` entry (no addresses of its own), as the agent
+/// allocates it from the same configuration.
+pub fn dns_vip() -> Ipv4Addr {
+    static VIP: std::sync::OnceLock<Ipv4Addr> = std::sync::OnceLock::new();
+    *VIP.get_or_init(|| {
+        let config = bench_config();
+        let model = redirect_userspace::config::load_sources([("bench.yaml", config.as_str())])
+            .unwrap_or_else(|e| panic!("the bench's own configuration does not load: {e}"));
+        let snapshot = redirect_userspace::state::Snapshot::from_model(&model);
+        snapshot
+            .services()
+            .find(|s| s.name == RESOLVED_ENTRY)
+            .and_then(|s| s.vips_v4.first().copied())
+            .unwrap_or_else(|| panic!("no address allocated to {RESOLVED_ENTRY}"))
+    })
 }
 
 /// `Tcp: ... ActiveOpens ...` from /proc/net/snmp (a header line, then a value line).
@@ -320,6 +356,11 @@ fn active_opens(snmp: &str) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_dns_entry_gets_an_allocated_address() {
+        assert_eq!(dns_vip().octets()[..2], [240, 240]);
+    }
 
     #[test]
     fn reads_active_opens() {

@@ -28,7 +28,8 @@ pub const RATIO_TARGETS: [(Metric, f64, bool); 4] = [
     (Metric::ConnRate, 0.5, true),
 ];
 
-/// With `--fast-path`, service and passthrough at the speed of the direct path.
+/// As the agent runs by default (the fast path): service (STATIC and DNS-resolved) and passthrough
+/// at the speed of the direct path.
 pub const FAST_PATH_TARGETS: [(Metric, f64, bool); 3] = [
     (Metric::Throughput1, 0.97, true),
     (Metric::LatencyP50, 1.05, false),
@@ -40,9 +41,13 @@ pub fn judge(results: &Results, criterion: &[Criterion], memory: Option<&Memory>
     let proxied = RATIO_TARGETS
         .iter()
         .flat_map(|t| [(*t, Route::Service), (*t, Route::Passthrough)]);
-    let fast = FAST_PATH_TARGETS
-        .iter()
-        .flat_map(|t| [(*t, Route::FastService), (*t, Route::FastPassthrough)]);
+    let fast = FAST_PATH_TARGETS.iter().flat_map(|t| {
+        [
+            (*t, Route::FastService),
+            (*t, Route::FastDnsService),
+            (*t, Route::FastPassthrough),
+        ]
+    });
     for ((metric, bound, at_least), route) in proxied.chain(fast) {
         let ratio = results.ratio(metric, route);
         out.push(Verdict {

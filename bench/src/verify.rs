@@ -19,7 +19,10 @@ const OUTCOMES: [&str; 5] = [
 /// The agent carried every connection the pod opened (`opens`, from its `ActiveOpens`) under the route's
 /// outcome, and none under another.
 pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
-    if matches!(route, Route::FastService | Route::FastPassthrough) {
+    if matches!(
+        route,
+        Route::FastService | Route::FastPassthrough | Route::FastDnsService
+    ) {
         return in_kernel(route, before, after, opens);
     }
     let expected = match route {
@@ -57,7 +60,7 @@ pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> 
 /// and the proxy carried none.
 fn in_kernel(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
     let expected = match route {
-        Route::FastService => "rewritten",
+        Route::FastService | Route::FastDnsService => "rewritten",
         _ => "passthrough",
     };
     let counted = delta(

@@ -18,6 +18,15 @@ pub const ACTION_PROXY: u32 = 0;
 pub const ACTION_PASSTHROUGH: u32 = 1;
 /// [`Claim::action`]: look the port up in the ports table under [`Claim::service`].
 pub const ACTION_PORTS: u32 = 2;
+/// [`Claim::action`]: no claimant visible here, as if the address were not claimed (the lookup
+/// goes on), but [`Claim::hidden`] was skipped.
+pub const ACTION_NONE: u32 = 3;
+
+/// [`Claim::hidden`] when no service was skipped.
+pub const NOT_HIDDEN: u32 = u32::MAX;
+
+/// Bytes of the ring buffer of hidden-service events (a power of two, a multiple of the page).
+pub const HIDDEN_EVENTS_BYTES: u32 = 64 * 1024;
 
 /// `FAST_GENERATION` values: no tables in force (every connection goes to the proxy), or the set
 /// of maps in force.
@@ -69,13 +78,34 @@ impl AddrKey {
     }
 }
 
-/// Value of the exact and CIDR tables. 8 bytes.
+/// Value of the exact and CIDR tables. 12 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Claim {
     /// One of the `ACTION_*` constants.
     pub action: u32,
     pub service: u32,
+    /// The service skipped because it is hidden from the view's clients, counted and reported when
+    /// the kernel decides; [`NOT_HIDDEN`] for none.
+    pub hidden: u32,
+}
+
+/// One hide, as the kernel reports it to the agent: who connected where, which service it skipped,
+/// and what the kernel did instead (a `FastStat`). 40 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HiddenEvent {
+    pub cgroup: u64,
+    /// The client namespace's id in the generation in force.
+    pub ns: u32,
+    pub hidden: u32,
+    /// The original destination, as in [`IpKey`].
+    pub dst: IpKey,
+    pub port: u16,
+    /// The `FastStat` of the decision.
+    pub outcome: u8,
+    /// The generation in force (`GEN_A`, `GEN_B`): which tables `ns` and `hidden` are ids of.
+    pub generation: u8,
 }
 
 /// Key of the ports table. 8 bytes.
@@ -128,7 +158,8 @@ mod tests {
     fn layouts_are_the_documented_sizes() {
         assert_eq!(core::mem::size_of::<IpKey>(), 20);
         assert_eq!(core::mem::size_of::<AddrKey>(), 24);
-        assert_eq!(core::mem::size_of::<Claim>(), 8);
+        assert_eq!(core::mem::size_of::<Claim>(), 12);
+        assert_eq!(core::mem::size_of::<HiddenEvent>(), 40);
         assert_eq!(core::mem::size_of::<PortKey>(), 8);
         assert_eq!(core::mem::size_of::<Backend>(), 20);
         assert_eq!(core::mem::size_of::<Backends>(), 328);

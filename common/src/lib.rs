@@ -32,6 +32,9 @@ pub mod maps {
     pub const FAST_GENERATION: &str = "FAST_GENERATION";
     /// Per-CPU counters of the fast path, indexed by [`super::FastStat`].
     pub const FAST_STATS: &str = "FAST_STATS";
+    /// Ring buffer of [`super::fastpath::HiddenEvent`]s: each connection the kernel decided after
+    /// skipping a hidden service, for the agent's debug log.
+    pub const FAST_HIDDEN_EVENTS: &str = "FAST_HIDDEN_EVENTS";
     /// The fast path's tables, one set per generation (`_A`, `_B`): the agent fills the idle set,
     /// then flips [`FAST_GENERATION`].
     pub const FAST_CLIENTS: [&str; 2] = ["FAST_CLIENTS_A", "FAST_CLIENTS_B"];
@@ -150,6 +153,15 @@ pub enum FastStat {
     /// Steered to the proxy: a table overflowed (shared entries, a namespace's, the workloads).
     ProxyOverflow = 5,
 }
+
+/// The `FAST_STATS` slot counting the connections the kernel decided after skipping a service
+/// hidden from the client (the proxy's `services_hidden` count of the same connections). Not a
+/// decision: outside [`FastStat::ALL`].
+pub const FAST_STAT_HIDDEN: u32 = 6;
+/// The `FAST_STATS` slot counting hides not reported on `FAST_HIDDEN_EVENTS` (the ring was full).
+pub const FAST_STAT_HIDDEN_DROPPED: u32 = 7;
+/// Slots of `FAST_STATS`.
+pub const FAST_STAT_SLOTS: u32 = 8;
 
 impl FastStat {
     pub const COUNT: u32 = 6;

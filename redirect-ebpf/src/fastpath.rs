@@ -8,16 +8,19 @@ use aya_ebpf::{
     maps::lpm_trie::Key,
 };
 use redirect_common::{
-    FastStat,
+    FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
     fastpath::{
-        ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A, GEN_B,
-        IpKey, LpmBytes, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey,
+        ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A,
+        GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_PROXY, NS_UNKNOWN,
+        PortKey,
     },
     ip6_bytes, ip6_words, is_v4_mapped, v4_mapped_words,
 };
 
 use crate::{
-    maps::{FAST_GENERATION, FastTables, GenA, GenB, count_fast},
+    maps::{
+        FAST_GENERATION, FAST_HIDDEN_EVENTS, FastTables, GenA, GenB, count_fast, count_fast_slot,
+    },
     steer::Dest,
 };
 
@@ -39,19 +42,49 @@ pub enum Fast {
 #[inline(always)]
 pub fn decide(dst: &Dest, to: &mut Dest) -> Fast {
     let generation = FAST_GENERATION.get(0).copied().unwrap_or(0);
+    let mut seen = Seen {
+        cgroup: 0,
+        ns: 0,
+        hidden: NOT_HIDDEN,
+    };
     let (fast, stat) = if generation == GEN_A {
-        lookup::<GenA>(dst, to)
+        lookup::<GenA>(dst, to, &mut seen)
     } else if generation == GEN_B {
-        lookup::<GenB>(dst, to)
+        lookup::<GenB>(dst, to, &mut seen)
     } else {
         return Fast::Proxy;
     };
     count_fast(stat);
+    // A hide the kernel decided past is the proxy's to count and log no more: counted here and
+    // reported to the agent (which logs it as the proxy would).
+    if fast != Fast::Proxy && seen.hidden != NOT_HIDDEN {
+        count_fast_slot(FAST_STAT_HIDDEN);
+        let event = HiddenEvent {
+            cgroup: seen.cgroup,
+            ns: seen.ns,
+            hidden: seen.hidden,
+            dst: ip_key(&dst.ip),
+            port: dst.port,
+            outcome: stat as u8,
+            generation: generation as u8,
+        };
+        if FAST_HIDDEN_EVENTS.output::<HiddenEvent>(&event, 0).is_err() {
+            count_fast_slot(FAST_STAT_HIDDEN_DROPPED);
+        }
+    }
     fast
 }
 
+/// What the lookup learned on the way, for the report of a hide. (An out-parameter the caller
+/// initialised, for the same reason as `to`.)
+struct Seen {
+    cgroup: u64,
+    ns: u32,
+    hidden: u32,
+}
+
 #[inline(always)]
-fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest) -> (Fast, FastStat) {
+fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastStat) {
     // A cgroup the agent has not named could be any pod's: only the proxy knows its namespace.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     let Some(ns) = (unsafe { T::clients().get(&cgroup) }).copied() else {
@@ -63,16 +96,22 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest) -> (Fast, FastStat) {
     if config.proxy_everything != 0 || ns == NS_PROXY {
         return (Fast::Proxy, FastStat::ProxyOverflow);
     }
+    seen.cgroup = cgroup;
+    seen.ns = ns;
     let ip = ip_key(&dst.ip);
-    let Some(claim) = claim::<T>(ns, ip) else {
-        if unsafe { T::workloads().get(&ip) }.is_some() {
-            return (Fast::Leave, FastStat::Workload);
+    let found = claim::<T>(ns, ip, seen);
+    let claim = match found {
+        Some(c) if c.action != ACTION_NONE => c,
+        _ => {
+            if unsafe { T::workloads().get(&ip) }.is_some() {
+                return (Fast::Leave, FastStat::Workload);
+            }
+            if config.workloads_incomplete != 0 {
+                // It may be a workload the table had no room for.
+                return (Fast::Proxy, FastStat::ProxyOverflow);
+            }
+            return (Fast::Leave, FastStat::Passthrough);
         }
-        if config.workloads_incomplete != 0 {
-            // It may be a workload the table had no room for.
-            return (Fast::Proxy, FastStat::ProxyOverflow);
-        }
-        return (Fast::Leave, FastStat::Passthrough);
     };
     if claim.action == ACTION_PASSTHROUGH {
         return (Fast::Leave, FastStat::Passthrough);
@@ -94,22 +133,34 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest) -> (Fast, FastStat) {
 
 /// The claim on `ip` in view `ns`: exact addresses before networks, in each the client's own
 /// view before the one every client shares. The winners were ranked when the tables were compiled.
+/// An exact entry with no visible claimant (`ACTION_NONE`) only says what was hidden: the networks
+/// are looked at next, and its hide is the one reported. Sets `seen.hidden`.
 #[inline(always)]
-fn claim<T: FastTables>(ns: u32, ip: IpKey) -> Option<Claim> {
+fn claim<T: FastTables>(ns: u32, ip: IpKey, seen: &mut Seen) -> Option<Claim> {
     let own = AddrKey { ns, ip };
     let shared = AddrKey { ns: NS_UNKNOWN, ip };
-    if let Some(c) = unsafe { T::exact().get(&own) } {
-        return Some(*c);
+    let mut exact = unsafe { T::exact().get(&own) }.copied();
+    if exact.is_none() {
+        exact = unsafe { T::exact().get(&shared) }.copied();
     }
-    if let Some(c) = unsafe { T::exact().get(&shared) } {
-        return Some(*c);
+    if let Some(c) = exact {
+        seen.hidden = c.hidden;
+        if c.action != ACTION_NONE {
+            return Some(c);
+        }
     }
     // Whole keys: the trie finds the longest stored prefix of each.
     let bits = (core::mem::size_of::<LpmBytes>() * 8) as u32;
-    if let Some(c) = T::cidrs().get(Key::new(bits, own.lpm_bytes())) {
-        return Some(*c);
+    let mut network = T::cidrs().get(Key::new(bits, own.lpm_bytes())).copied();
+    if network.is_none() {
+        network = T::cidrs().get(Key::new(bits, shared.lpm_bytes())).copied();
     }
-    T::cidrs().get(Key::new(bits, shared.lpm_bytes())).copied()
+    if let Some(c) = network
+        && seen.hidden == NOT_HIDDEN
+    {
+        seen.hidden = c.hidden;
+    }
+    network
 }
 
 /// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`

@@ -2,13 +2,14 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use redirect_common::{
-    FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst, SOCKET_MAP_ENTRIES, SockAddr, Stat,
+    FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst,
+    SOCKET_MAP_ENTRIES, SockAddr, Stat,
     fastpath::{
-        AddrKey, Backends, Claim, Config, IpKey, LpmBytes, MAX_CIDRS, MAX_CLIENTS, MAX_EXACT,
-        MAX_PORTS, MAX_WORKLOADS, PortKey,
+        AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, MAX_CIDRS,
+        MAX_CLIENTS, MAX_EXACT, MAX_PORTS, MAX_WORKLOADS, PortKey,
     },
 };
 
@@ -38,8 +39,14 @@ pub static NETNS_PROBE: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static FAST_GENERATION: Array<u32> = Array::with_max_entries(1, 0);
 
+/// The fast path's decisions (`FastStat`), then the hides it counted and those it could not report.
 #[map]
-pub static FAST_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FastStat::COUNT, 0);
+pub static FAST_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FAST_STAT_SLOTS, 0);
+
+/// Each connection the kernel decided after skipping a hidden service, for the agent's debug log.
+/// Bounded: when the agent falls behind, events are dropped (and counted), never waited for.
+#[map]
+pub static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_EVENTS_BYTES, 0);
 
 /// One generation of the fast path's tables. The agent fills the idle one whole, then flips
 /// `FAST_GENERATION`: a connection reads one generation, never half of two. A trait rather than
@@ -138,7 +145,12 @@ generation!(
 
 #[inline(always)]
 pub fn count_fast(stat: FastStat) {
-    if let Some(slot) = FAST_STATS.get_ptr_mut(stat as u32) {
+    count_fast_slot(stat as u32);
+}
+
+#[inline(always)]
+pub fn count_fast_slot(index: u32) {
+    if let Some(slot) = FAST_STATS.get_ptr_mut(index) {
         // Per-CPU slot: no other writer while this program runs on this CPU.
         unsafe { *slot += 1 }
     }

@@ -102,7 +102,7 @@ pub struct OutboundReport {
     pub candidates: Vec<String>,
     pub hidden: Option<String>,
     pub port: Option<u16>,
-    /// Who decides it with `run --fast-path` (without it, always the proxy): `kernel` or `proxy`.
+    /// Who decides it under `run` as shipped (with `--no-fast-path`, always the proxy): `kernel` or `proxy`.
     pub decided_by: DecidedBy,
     pub reason: String,
 }

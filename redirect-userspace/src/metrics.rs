@@ -325,7 +325,14 @@ impl Metrics {
 
     /// A service the client may not see was skipped while deciding for it.
     pub fn hidden(&self, lookup: Lookup) {
-        self.hidden.get_or_create(&LookupLabels { lookup }).inc();
+        self.hidden_by(lookup, 1);
+    }
+
+    /// `n` hides at once (those the kernel counted since the last look).
+    pub fn hidden_by(&self, lookup: Lookup, n: u64) {
+        self.hidden
+            .get_or_create(&LookupLabels { lookup })
+            .inc_by(n);
     }
 
     /// A connection whose cgroup names another pod than the one holding its source IP.

@@ -31,15 +31,21 @@ pub struct Launch {
     pub nofile: Option<u64>,
     /// Print the end of the log on a drop without a clean `stop()`.
     pub log_tail_on_drop: bool,
-    /// `--fast-path`. By default on when the environment has `REDIRECT_FAST_PATH=1`, so a whole
-    /// suite can run again with the kernel deciding what needs no proxy.
+    /// The fast path, as the agent runs by default; `false` passes `--no-fast-path`. By default on
+    /// unless the environment has `REDIRECT_FAST_PATH=0`, so a whole suite can run again with the
+    /// proxy deciding everything. (A suite that tests the proxy's own behaviour passes
+    /// `--no-fast-path` among its arguments, which wins.)
     pub fast_path: bool,
 }
 
-/// Whether the environment asks every agent of the run to start with `--fast-path`.
+/// Whether the environment lets the agents of the run keep their default, the fast path
+/// (`REDIRECT_FAST_PATH=0` turns it off).
 pub fn fast_path_from_env() -> bool {
-    std::env::var("REDIRECT_FAST_PATH").is_ok_and(|v| v == "1")
+    std::env::var("REDIRECT_FAST_PATH").map_or(true, |v| v != "0")
 }
+
+/// The argument that turns the fast path off.
+pub const NO_FAST_PATH: &str = "--no-fast-path";
 
 impl Default for Launch {
     fn default() -> Launch {
@@ -55,6 +61,15 @@ impl Default for Launch {
 }
 
 impl Launch {
+    /// A test's agent with `--no-fast-path`: every TCP connection goes to the proxy (the suites
+    /// that test the proxy's own behaviour).
+    pub fn no_fast_path() -> Launch {
+        Launch {
+            fast_path: false,
+            ..Launch::default()
+        }
+    }
+
     /// The agent as a node runs it, for measuring: the default log level (info), the IPv4 gateway,
     /// unpinned or pinned to `cpu`, and quiet when dropped (a bench restarts it dozens of times).
     pub fn as_deployed(cpu: Option<u32>) -> Launch {
@@ -73,7 +88,7 @@ impl Launch {
 /// test runner shows only for a failed test.
 pub struct Agent {
     proc: Proc,
-    /// Started with `--fast-path`.
+    /// Started with the fast path on (not `--no-fast-path`).
     fast_path: bool,
     admin: SocketAddr,
     node_netns: String,
@@ -82,7 +97,7 @@ pub struct Agent {
 }
 
 impl Agent {
-    /// Whether this agent runs with `--fast-path`.
+    /// Whether this agent runs with the fast path (the default; not `--no-fast-path`).
     pub fn fast_path(&self) -> bool {
         self.fast_path
     }
@@ -190,8 +205,9 @@ impl Agent {
         if launch.verbose {
             args.push("-v".to_string());
         }
-        if launch.fast_path {
-            args.push("--fast-path".to_string());
+        let fast_path = launch.fast_path && !extra_args.contains(&NO_FAST_PATH);
+        if !fast_path && !extra_args.contains(&NO_FAST_PATH) {
+            args.push(NO_FAST_PATH.to_string());
         }
         let proc = topo
             .node_cmd(&program[0])
@@ -210,7 +226,7 @@ impl Agent {
             .spawn()?;
         Ok(Agent {
             proc,
-            fast_path: launch.fast_path,
+            fast_path,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
             log_tail_on_drop: launch.log_tail_on_drop,

@@ -131,6 +131,13 @@ impl Dnsmasq {
         Ok(())
     }
 
+    /// Stops it and starts it again answering `records` instead (the upstream's answers change).
+    pub fn restart_with(&mut self, records: DnsRecords) -> Result<()> {
+        self.stop()?;
+        self.records = records;
+        self.start_again()
+    }
+
     /// Stops it (SIGTERM); queries to it then go unanswered.
     pub fn stop(&mut self) -> Result<()> {
         let mut proc = self.proc.take().context("dnsmasq is not running")?;

@@ -55,7 +55,7 @@ pub mod run;
 pub mod topology;
 pub mod world;
 
-pub use agent::{Agent, Launch};
+pub use agent::{Agent, Launch, NO_FAST_PATH};
 pub use dnsmasq::{DnsRecords, Dnsmasq};
 pub use exec::{Cmd, Output, Place};
 pub use metrics::Metrics;

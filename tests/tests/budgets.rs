@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use integration::{
-    Agent, DnsRecords, Dnsmasq, Peer, Proc, RESOLVER_IP, Topology, dig, fixtures, pace, peer,
+    Agent, DnsRecords, Dnsmasq, NO_FAST_PATH, Peer, Proc, RESOLVER_IP, Topology, dig, fixtures,
+    pace, peer,
 };
 
 const B1: (&str, &str) = ("team-b/b1", "10.244.2.10");
@@ -41,7 +42,8 @@ fn setup(pods: &[(&str, &str)], fd_limit: Option<u64>, agent_args: &[&str]) -> R
     let topo = Topology::with_pods(pods)?;
     let ext = topo.start_ext_peer("ext", &[EXT_HTTP.parse()?], &[EXT_ECHO.parse()?])?;
     let dns = topo.start_dnsmasq(RESOLVER_IP, DnsRecords::new().host(NAME, NAME_IP.parse()?))?;
-    let mut args = vec!["--dns-upstream", RESOLVER];
+    // The proxy's own budgets: every connection goes to it.
+    let mut args = vec!["--dns-upstream", RESOLVER, NO_FAST_PATH];
     args.extend_from_slice(agent_args);
     let agent = match fd_limit {
         Some(n) => Agent::start_with_fd_limit(&topo, n, &args)?,
@@ -265,6 +267,7 @@ fn a_dual_stack_pods_ipv4_and_ipv6_connections_share_one_budget() -> Result<()> 
     let agent = Agent::start(
         &topo,
         &[
+            NO_FAST_PATH,
             "--config",
             &dir.to_string_lossy(),
             "--max-connections-per-client",

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use integration::explain::DnsAction;
 use integration::world::{self, LASTING_DNS, PUBLIC_DNS, World, delta, key};
-use integration::{RESOLVER_IP, dig, netns, pace, peer};
+use integration::{Launch, RESOLVER_IP, dig, netns, pace, peer};
 
 /// `docs/dns.md#upstream-failure`: SERVFAIL within 2 s of the query.
 const SERVFAIL_DEADLINE: Duration = Duration::from_secs(2);
@@ -45,7 +45,7 @@ fn servfail(w: &World, name: &str, tcp: bool) -> Result<Duration> {
 
 #[test]
 fn upstream_down_gives_servfail_within_two_seconds_and_answers_resume() -> Result<()> {
-    let mut w = World::start()?;
+    let mut w = World::start_launched(&Launch::no_fast_path())?;
     let name = "login.example.com";
     // A forwarded name (the NONE entry's), per explain; and one the agent answers.
     let (v, up) = w.check_dig("team-b", name)?;
@@ -94,7 +94,7 @@ fn upstream_down_gives_servfail_within_two_seconds_and_answers_resume() -> Resul
 #[test]
 fn many_queries_in_flight_from_two_pods_each_get_their_own_answer() -> Result<()> {
     // 200 in flight fit in each pod's default share of forwards (256), whatever the open-files limit.
-    let w = World::start()?;
+    let w = World::start_launched(&Launch::no_fast_path())?;
     let pods = ["team-a", "team-b"];
     // The names the upstream holds that both pods' queries are forwarded for, per explain.
     let mut expect = Vec::new();
@@ -173,7 +173,7 @@ fn dig_plain(w: &World, pod: &str, name: &str) -> Result<dig::Reply> {
 #[test]
 fn an_upstream_answer_with_a_ttl_is_asked_once_and_never_hides_the_meshs_own_answer() -> Result<()>
 {
-    let w = World::start()?;
+    let w = World::start_launched(&Launch::no_fast_path())?;
     let (name, ip, ttl) = LASTING_DNS[0];
     let want: std::net::Ipv4Addr = ip.parse()?;
     let before = w.agent.metrics()?;

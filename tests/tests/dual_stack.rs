@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use integration::explain::{DnsAction, OutboundOutcome};
 use integration::world::{Reach, World, delta, replace_file};
-use integration::{Agent, Peer, Place, Topology, peer};
+use integration::{Agent, Launch, NO_FAST_PATH, Peer, Place, Topology, peer};
 
 const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
 const EXT_NAME: &str = "ext-dual";
@@ -38,7 +38,7 @@ fn setup() -> Result<Setup> {
         list.iter().map(|a| a.parse().context("address")).collect()
     };
     let ext = topo.start_ext_peer(EXT_NAME, &parse(EXT_HTTP)?, &parse(EXT_ECHO)?)?;
-    let agent = Agent::start(&topo, &[])?;
+    let agent = Agent::start(&topo, &[NO_FAST_PATH])?;
     Ok(Setup {
         agent,
         _ext: ext,
@@ -208,7 +208,10 @@ spec:
 /// upstream's, byte for byte, and `curl -6` reaches the real host.
 #[test]
 fn namespace_entry_with_an_ipv6_address_is_the_agents_inside_and_absent_outside() -> Result<()> {
-    let w = World::start_with(|dir| replace_file(dir, "40-api6.yaml", API6_ENTRY))?;
+    let w = World::start_with_launched(
+        |dir| replace_file(dir, "40-api6.yaml", API6_ENTRY),
+        &Launch::no_fast_path(),
+    )?;
     let real: IpAddr = "2001:db8:113::10".parse()?;
     assert_eq!(
         w.dig_upstream_with(&["api6.example.com.", "AAAA"])?
@@ -269,7 +272,10 @@ spec:
 /// getpeername() shows them); for everyone else the name is the upstream's.
 #[test]
 fn an_allocated_ipv6_address_is_reachable_by_those_who_see_the_entry() -> Result<()> {
-    let w = World::start_with(|dir| replace_file(dir, "40-internal.yaml", INTERNAL_ENTRY))?;
+    let w = World::start_with_launched(
+        |dir| replace_file(dir, "40-internal.yaml", INTERNAL_ENTRY),
+        &Launch::no_fast_path(),
+    )?;
     let (v, reply) = w.check_dig_with("team-a", "internal.team-a.example", "AAAA", false)?;
     assert_eq!(v.action, DnsAction::Answer, "{}", v.json);
     let vip = match reply.addresses()[..] {
@@ -364,6 +370,8 @@ fn endpoint_host_names_resolve_to_ipv6_too_and_ipv4_comes_first() -> Result<()> 
     let agent = Agent::start(
         &topo,
         &[
+            // The proxy's own resolution of endpoint host names.
+            NO_FAST_PATH,
             "--config",
             &dir.to_string_lossy(),
             "--dns-upstream",

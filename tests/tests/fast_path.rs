@@ -1,8 +1,9 @@
-//! `run --fast-path` (`docs/data-plane.md#in-kernel-fast-path`): the kernel decides at connect()
-//! what needs no proxy. Passthrough then keeps the pod's own source address (the proxy's own
-//! connection shows the node's), and a reload swaps the kernel's tables whole while connections
-//! keep coming, without failing one. (The visibility suite runs whole with `--fast-path` too:
-//! `cargo xtask test` runs it a second time with `REDIRECT_FAST_PATH=1`.)
+//! The fast path, on by default (`docs/data-plane.md#in-kernel-fast-path`): the kernel decides at
+//! connect() what needs no proxy. Passthrough then keeps the pod's own source address (the proxy's
+//! own connection shows the node's), a `resolution: DNS` entry is rewritten to the addresses the
+//! agent resolved ahead and follows the upstream's answer, and a reload swaps the kernel's tables
+//! whole while connections keep coming, without failing one. (The visibility suite runs whole both
+//! ways: `cargo xtask test` runs it a second time with `REDIRECT_FAST_PATH=0`, `--no-fast-path`.)
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -80,7 +81,7 @@ fn passthrough_keeps_the_pods_source_address_with_the_fast_path_and_the_nodes_wi
     assert_eq!(
         delta(&before, &after, KERNEL_PASSTHROUGH),
         0.0,
-        "without --fast-path the kernel decides nothing: {after:#?}"
+        "with --no-fast-path the kernel decides nothing: {after:#?}"
     );
     Ok(())
 }
@@ -176,7 +177,8 @@ fn config_dump_says_who_decides_each_service_port() -> Result<()> {
                 .then(|| d["decidedBy"].as_str().map(str::to_string))?
         })
     };
-    // Plain-IP endpoints: the kernel rewrites. Endpoints by host name: only the proxy resolves.
+    // Plain-IP endpoints: the kernel rewrites. Endpoints by host name too, once the agent has
+    // resolved them ahead (before it called itself ready; the world's upstream knows them).
     assert_eq!(
         decided("team-a/api-example", "203.0.113.10").as_deref(),
         Some("kernel"),
@@ -184,19 +186,141 @@ fn config_dump_says_who_decides_each_service_port() -> Result<()> {
     );
     assert_eq!(
         decided("istio-system/cdn", "203.0.113.60").as_deref(),
-        Some("proxy"),
+        Some("kernel"),
         "{fast:#}"
     );
-    assert!(
-        fast["fallbacks"]["host_name_endpoint"].as_u64() > Some(0),
+    assert_eq!(
+        fast["fallbacks"].get("host_name_endpoint"),
+        None,
         "{fast:#}"
     );
 
-    // Without --fast-path the dump says so and shows no tables.
+    // With --no-fast-path the dump says so and shows no tables.
     drop(w);
     let w = World::start_launched(&launch(false))?;
     let dump = config_dump(&w)?;
     assert_eq!(dump["fastPath"]["enabled"], false, "{dump:#}");
     assert!(dump["fastPath"].get("tables").is_none(), "{dump:#}");
+    Ok(())
+}
+
+/// The entry people write most: `resolution: DNS`, hosts and no addresses (an allocated
+/// `240.240.x.y`), the host itself its endpoint.
+const DNS_ENTRY: &str = "\
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: httpbin, namespace: team-a}
+spec:
+  hosts: [httpbin.dns.example]
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+";
+const DNS_HOST: &str = "httpbin.dns.example";
+/// The upstream's answer, first and after the change, and its TTL.
+const ORIGINS: [(&str, &str); 2] = [("origin-1", "198.51.100.91"), ("origin-2", "198.51.100.92")];
+const DNS_TTL: u64 = 5;
+const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+const A1_UID: &str = "0a1a1a1a-0000-4000-8000-0000000000d1";
+
+/// With no flags, a `resolution: DNS` entry with an allocated address is reached by curl from a pod
+/// with the kernel rewriting the VIP to the address the agent resolved ahead: the kernel's counter
+/// moves and the proxy's does not. When the upstream's answer changes, the new address is in use
+/// within the TTL plus one refresh.
+#[test]
+fn a_dns_entry_is_rewritten_in_the_kernel_to_the_hosts_address_and_follows_its_changes()
+-> Result<()> {
+    use integration::{Agent, DnsRecords, Topology};
+    let mut topo = Topology::new()?;
+    topo.add_kube_pod(A1.0, A1.1.parse()?, A1_UID)?;
+    let _servers = ORIGINS
+        .iter()
+        .map(|(name, ip)| topo.start_ext_peer(name, &[format!("{ip}:80").parse()?], &[]))
+        .collect::<Result<Vec<_>>>()?;
+    let answer = |ip: &str| -> Result<DnsRecords> {
+        Ok(DnsRecords::new().host_ttl(DNS_HOST, ip.parse()?, DNS_TTL as u32))
+    };
+    let mut dns = topo.start_dnsmasq(RESOLVER_IP, answer(ORIGINS[0].1)?)?;
+    let dir = topo.scratch_path("config");
+    std::fs::create_dir_all(&dir)?;
+    let pod = integration::fixtures::pod(A1.0, A1_UID, A1.1, "{}");
+    world::replace_file(&dir, "entries.yaml", &format!("{DNS_ENTRY}---\n{pod}"))?;
+    let upstream = format!("{RESOLVER_IP}:53");
+    // No flag: the agent as shipped.
+    let agent = Agent::launch(
+        &topo,
+        &Launch::default(),
+        &[
+            "--config",
+            &dir.to_string_lossy(),
+            "--dns-upstream",
+            &upstream,
+        ],
+    )?;
+    ensure!(agent.fast_path(), "REDIRECT_FAST_PATH=0 in the environment");
+
+    // The pod resolves the host to its allocated address through the agent, then connects.
+    let a1 = topo.pod(A1.0);
+    let get = || -> Result<(String, String)> {
+        let out = a1
+            .cmd("curl")
+            .args(["-sS", "--fail", "--max-time", &pace::scaled_secs(10)])
+            .args(["-w", "\n%{remote_ip}"])
+            .arg(format!("http://{DNS_HOST}/"))
+            .ok()?;
+        let text = out.stdout_str();
+        let (body, vip) = text.rsplit_once('\n').context("curl's output")?;
+        Ok((body.trim().to_string(), vip.trim().to_string()))
+    };
+    let before = agent.metrics()?;
+    let (body, vip) = get()?;
+    assert_eq!(body, ORIGINS[0].0);
+    ensure!(vip.starts_with("240.240."), "an allocated address: {vip}");
+    let after = agent.wait_metrics("kernel rewrite +1", Duration::from_secs(2), |m| {
+        delta(&before, m, KERNEL_REWRITTEN) == 1.0
+    })?;
+    assert_eq!(
+        delta(&before, &after, PROXY_SERVICE),
+        0.0,
+        "the proxy never saw it: {after:#?}"
+    );
+
+    // The upstream's answer changes: within the TTL plus one refresh (a quarter of it early), the
+    // kernel rewrites to the new address.
+    dns.restart_with(answer(ORIGINS[1].1)?)?;
+    let changed = std::time::Instant::now();
+    let deadline = pace::scaled(Duration::from_secs(DNS_TTL + DNS_TTL * 3 / 4 + 1));
+    loop {
+        let (body, _) = get()?;
+        if body == ORIGINS[1].0 {
+            break;
+        }
+        assert_eq!(body, ORIGINS[0].0);
+        ensure!(
+            changed.elapsed() < deadline,
+            "still the old address {deadline:?} after the change; agent log:\n{}",
+            agent.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let took = changed.elapsed();
+    let after_change = agent.metrics()?;
+    eprintln!("the new address was in use {took:?} after the upstream changed");
+    assert_eq!(
+        delta(&before, &after_change, PROXY_SERVICE),
+        0.0,
+        "every connection decided in the kernel: {after_change:#?}"
+    );
+    // Asked of the upstream in both families.
+    let log = dns.log();
+    for qtype in ["A", "AAAA"] {
+        ensure!(
+            log.contains(&format!("query[{qtype}] {DNS_HOST} ")),
+            "no {qtype} query upstream; dnsmasq log:\n{log}"
+        );
+    }
     Ok(())
 }

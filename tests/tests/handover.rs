@@ -21,6 +21,8 @@ const SERVICE_ENDPOINT_BODY: &str = "team-b-svc";
 const UNKNOWN_ADDR: &str = "203.0.113.30:80";
 const UNKNOWN_BODY: &str = "unknown-203.0.113.30";
 const UNKNOWN_ECHO: &str = "203.0.113.30:7";
+const A1_UID: &str = "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a51";
+const B1_UID: &str = "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a52";
 /// One program per hook the agent uses.
 const HOOKS: usize = 9;
 
@@ -59,8 +61,8 @@ spec:
 ---
 {}---
 {}"#,
-        fixtures::pod(A1.0, "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a51", A1.1, "{}"),
-        fixtures::pod(B1.0, "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a52", B1.1, "{}"),
+        fixtures::pod(A1.0, A1_UID, A1.1, "{}"),
+        fixtures::pod(B1.0, B1_UID, B1.1, "{}"),
     )
 }
 
@@ -75,8 +77,22 @@ struct World {
     topo: Topology,
 }
 
+/// Pods whose cgroups the agent cannot tie to a pod (its proxy decides all their connections):
+/// the proxy's own hand-over.
 fn world() -> Result<World> {
-    let topo = Topology::with_pods(&[A1, B1])?;
+    world_on(Topology::with_pods(&[A1, B1])?)
+}
+
+/// Pods in kubelet's cgroups, whose namespaces the fast path knows: the kernel decides what needs
+/// no proxy.
+fn kube_world() -> Result<World> {
+    let mut topo = Topology::new()?;
+    topo.add_kube_pod(A1.0, A1.1.parse()?, A1_UID)?;
+    topo.add_kube_pod(B1.0, B1.1.parse()?, B1_UID)?;
+    world_on(topo)
+}
+
+fn world_on(topo: Topology) -> Result<World> {
     let dir = topo.scratch_path("config");
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("mesh.yaml"), config())?;
@@ -142,6 +158,72 @@ fn wait_detached(topo: &Topology) -> Result<()> {
         ensure!(Instant::now() < deadline, "still attached: {attached:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The connections the kernel decided itself (left alone or rewritten), over its pinned counters.
+fn kernel_decided(m: &integration::Metrics) -> f64 {
+    ["passthrough", "workload", "rewritten"]
+        .iter()
+        .map(|o| {
+            m.get_or_zero(&format!(
+                r#"redirect_fast_path_connections_total{{outcome="{o}",reason=""}}"#
+            ))
+        })
+        .sum()
+}
+
+/// With the fast path (the default) and pods the kernel knows, team-b's steady connections (its
+/// service, rewritten; team-a's hidden address and an unknown one, left alone) go on through a
+/// hand-over: none fails, and every one of them is counted by the kernel, whose counters go on
+/// from the old agent's into the successor's: the successor's programs decided from their first
+/// connection, none went to a proxy.
+#[test]
+fn a_hand_over_under_load_with_the_fast_path_keeps_every_connection_in_the_kernel() -> Result<()> {
+    let w = kube_world()?;
+    let old = Agent::start(&w.topo, &w.agent_args())?;
+    ensure!(old.fast_path(), "REDIRECT_FAST_PATH=0 in the environment");
+    let before = old.metrics()?;
+    let mut mix = peer::cmd(w.topo.pod(B1.0).place())?
+        .args(["mix", "--rate", "700", "--workers", "16"])
+        .args(["--http", &format!("{SERVICE_VIP}={SERVICE_ENDPOINT_BODY}")])
+        .args(["--http", &format!("{HIDDEN_ADDR}={HIDDEN_REAL_BODY}")])
+        .args(["--http", &format!("{UNKNOWN_ADDR}={UNKNOWN_BODY}")])
+        .spawn()?;
+    mix.wait_for_log("started", Duration::from_secs(10))?;
+    std::thread::sleep(pace::scaled(Duration::from_secs(1)));
+    let old_counted = kernel_decided(&old.metrics()?);
+
+    let new = Agent::start_successor(&w.topo, &w.agent_args())?;
+    // The successor's first look: its counters are the predecessor's, not zero again.
+    let new_counted = kernel_decided(&new.metrics()?);
+    old.terminate_async();
+    old.wait_exit(Duration::from_secs(60))?;
+    std::thread::sleep(pace::scaled(Duration::from_secs(1)));
+    let report = peer::stop_mix(mix)?;
+    let after = new.metrics()?;
+    eprintln!(
+        "client loop: {} ok, {} failed; kernel-decided: {} before, {old_counted} under the old agent, {new_counted} at the successor's start, {} at the end",
+        report.ok,
+        report.failed,
+        kernel_decided(&before),
+        kernel_decided(&after)
+    );
+    assert_eq!(
+        report.failed, 0,
+        "failures during the hand-over:\n{}",
+        report.text
+    );
+    ensure!(
+        new_counted >= old_counted && old_counted > kernel_decided(&before),
+        "the kernel's counters did not go on across the hand-over: {old_counted} under the old agent, {new_counted} at the successor's start"
+    );
+    assert_eq!(
+        kernel_decided(&after) - kernel_decided(&before),
+        report.ok as f64,
+        "every connection of the loop decided in the kernel, by one agent's programs or the other's: {after:#?}"
+    );
+    new.stop()?;
+    Ok(())
 }
 
 /// team-b's steady traffic: its service, team-a's hidden entry's address, an unknown address, a

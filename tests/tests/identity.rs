@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use integration::fixtures::{self, API_ENDPOINT_BODY, API_REAL_BODY, API_URL, API6_URL};
 use integration::world::{delta, replace_file};
-use integration::{Agent, Peer, Topology};
+use integration::{Agent, NO_FAST_PATH, Peer, Topology};
 
 const A1_UID: &str = "0a1a1a1a-0000-4000-8000-000000000001";
 const A2_UID: &str = "0a2a2a2a-0000-4000-8000-000000000002";
@@ -55,7 +55,10 @@ fn setup() -> Result<Setup> {
     std::fs::create_dir_all(&config)?;
     let stale = fixtures::pod("team-a/a1", A1_UID, "10.244.1.10", "{}");
     replace_file(&config, "registry.yaml", &registry(&stale))?;
-    let agent = Agent::start(&topo, &["--config", &config.to_string_lossy()])?;
+    let agent = Agent::start(
+        &topo,
+        &[NO_FAST_PATH, "--config", &config.to_string_lossy()],
+    )?;
     Ok(Setup {
         agent,
         _servers: servers,

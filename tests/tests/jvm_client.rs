@@ -26,9 +26,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use integration::GATEWAY;
 use integration::explain::{DnsAction, OutboundOutcome, OutboundVerdict};
 use integration::world::{Reach, World, delta, key};
+use integration::{GATEWAY, Launch};
 // The agent's outbound proxy port (the harness runs the default), where `connect6` sends a
 // v4-mapped destination, on the IPv4 gateway.
 use redirect_common::PROXY_PORT;
@@ -240,7 +240,7 @@ fn a_jvm_client_sees_a_namespace_entry_only_in_its_namespace() -> Result<()> {
         );
         return Ok(());
     }
-    let w = World::start()?;
+    let w = World::start_launched(&Launch::no_fast_path())?;
     let classes = compile(&w)?;
 
     // By name. explain is pinned to the rule as visibility.rs pins it.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use integration::world::delta;
-use integration::{Agent, Peer, Topology, bpf, pace, pattern, peer};
+use integration::{Agent, NO_FAST_PATH, Peer, Topology, bpf, pace, pattern, peer};
 
 const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
 const B1: (&str, &str) = ("team-b/b1", "10.244.2.10");
@@ -32,7 +32,7 @@ struct Setup {
 fn setup(pods: &[(&str, &str)]) -> Result<Setup> {
     let topo = Topology::with_pods(pods)?;
     let ext = topo.start_ext_peer(EXT_NAME, &[EXT_HTTP.parse()?], &[EXT_ECHO.parse()?])?;
-    let agent = Agent::start(&topo, &[])?;
+    let agent = Agent::start(&topo, &[NO_FAST_PATH])?;
     Ok(Setup {
         agent,
         _ext: ext,
@@ -324,7 +324,7 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
     let pod = topo.pod("team-a/a1");
     let peer_url = "http://203.0.113.10/peer";
 
-    let agent = Agent::start(&topo, &[])?;
+    let agent = Agent::start(&topo, &[NO_FAST_PATH])?;
     let attached = bpf::attached_programs(topo.attach_cgroup())?;
     for hook in [
         "cgroup_inet4_connect",
@@ -350,7 +350,7 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
     );
 
     // A second agent on the same cgroup: starts, carries traffic, and is killed outright.
-    let again = Agent::start(&topo, &[])?;
+    let again = Agent::start(&topo, &[NO_FAST_PATH])?;
     let seen = curl(pod.cmd("curl"), peer_url).ok()?.stdout_str();
     assert!(
         !seen.starts_with(&format!("{}:", pod.ip)),
@@ -362,7 +362,7 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
     assert_eq!(bpf::attached_programs(topo.attach_cgroup())?, pinned);
 
     // And a third one after a crash starts cleanly too, in the same links (never a second set).
-    let third = Agent::start(&topo, &[])?;
+    let third = Agent::start(&topo, &[NO_FAST_PATH])?;
     assert_eq!(
         curl(pod.cmd("curl"), "http://203.0.113.10/")
             .ok()?

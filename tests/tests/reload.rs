@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use integration::explain::{DnsAction, DnsVerdict, OutboundOutcome};
 use integration::world::{self, Reach, World, delta, key};
-use integration::{Proc, dig, pace, peer};
+use integration::{Launch, Proc, dig, pace, peer};
 use serde_json::Value;
 
 /// Within a second of the change.
@@ -84,7 +84,7 @@ fn still_holding(hold: &mut Proc) -> Result<()> {
 #[test]
 fn namespace_label_change_flips_visibility_within_a_second_and_open_connections_survive()
 -> Result<()> {
-    let w = World::start()?;
+    let w = World::start_launched(&Launch::no_fast_path())?;
     let dir = w.config_dir().to_path_buf();
     let dest = addr("203.0.113.10:80");
 
@@ -320,7 +320,7 @@ fn cli_errors(dir: &Path) -> Result<(Option<i32>, Value)> {
 #[test]
 fn an_invalid_object_keeps_its_last_good_version_is_reported_and_the_old_behaviour_continues()
 -> Result<()> {
-    let mut w = World::start()?;
+    let mut w = World::start_launched(&Launch::no_fast_path())?;
     let dir = w.config_dir().to_path_buf();
     // explain over the last good configuration (it refuses the bad one, as the agent does).
     let good = w.topo.scratch_path("good");
@@ -451,7 +451,7 @@ fn an_invalid_object_keeps_its_last_good_version_is_reported_and_the_old_behavio
 #[test]
 fn one_bad_object_among_good_changes_the_good_apply_and_the_bad_keeps_its_last_good_version()
 -> Result<()> {
-    let w = World::start()?;
+    let w = World::start_launched(&Launch::no_fast_path())?;
     let dir = w.config_dir().to_path_buf();
     let (v, _) = w.check_dig("team-b", "api.example.com")?;
     assert!(is_forward(&v, Some("team-a/api-example")), "{}", v.json);

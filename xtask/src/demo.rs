@@ -269,14 +269,18 @@ fn run_one(
             let mut lines: Vec<&str> = stdout.lines().collect();
             let dst = lines.pop().unwrap_or_default().to_string();
             let body = lines.join(" ");
+            // Decided by the proxy, or at connect() by the kernel (the agent's default), which
+            // counts a service connection as rewritten.
+            let counted = |metric: String| delta(&before, &after, &metric) == 1.0;
             let observed = ["service", "workload", "passthrough", "no_healthy_upstream"]
                 .into_iter()
                 .find(|o| {
-                    delta(
-                        &before,
-                        &after,
-                        &format!(r#"redirect_outbound_connections_total{{outcome="{o}"}}"#),
-                    ) == 1.0
+                    let kernel = if *o == "service" { "rewritten" } else { o };
+                    counted(format!(
+                        r#"redirect_outbound_connections_total{{outcome="{o}"}}"#
+                    )) || counted(format!(
+                        r#"redirect_fast_path_connections_total{{outcome="{kernel}",reason=""}}"#
+                    ))
                 })
                 .unwrap_or("?");
             let dst = if dst.starts_with(':') || dst.is_empty() {

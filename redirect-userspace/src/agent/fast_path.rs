@@ -1,11 +1,14 @@
-//! `run --fast-path`: keeps the kernel's tables equal to the snapshot in force and to the pods'
-//! cgroups on the node. Each snapshot is compiled once; the client table (cgroup -> namespace) is
-//! redone whenever the cgroups change. Every change goes in as a whole new generation.
+//! The fast path (the agent's default; off with `run --no-fast-path`): keeps the kernel's tables
+//! equal to the snapshot in force, the endpoint host names resolved ahead and the pods' cgroups on
+//! the node. A snapshot is compiled again when it or the fresh host addresses change; the client
+//! table (cgroup -> namespace) is redone whenever the cgroups change. Every change goes in as a
+//! whole new generation.
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
-    sync::{Arc, Mutex},
-    time::Duration,
+    net::SocketAddr,
+    sync::{Arc, Mutex, OnceLock, atomic::Ordering},
+    time::{Duration, Instant},
 };
 
 use prometheus_client::{
@@ -13,15 +16,18 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
+use redirect_common::{FastStat, fastpath as wire};
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use crate::{
     config::WorkloadKind,
-    fastpath::{self, Dump, Fallback, Limits, Stats, Tables, fallback_name},
+    dns::ahead::Ahead,
+    fastpath::{self, Dump, Fallback, HostAddresses, Limits, Stats, Tables, Wire, fallback_name},
     identity::CgroupPods,
     live::LiveState,
+    metrics::{Lookup, Metrics},
     redirect::FastMaps,
     state::Snapshot,
 };
@@ -30,10 +36,20 @@ use crate::{
 /// and the proxy decides them).
 pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
+/// How long the agent waits for its first answers about endpoint host names before its first
+/// tables (names still unanswered go to the proxy until they resolve).
+pub const FIRST_RESOLUTION: Duration = Duration::from_secs(1);
+/// How often the kernel's count of hides joins the proxy's, and its reports are logged.
+const HIDES_EVERY: Duration = Duration::from_millis(100);
+/// Hides logged a second at most (the rest are summed up in one line).
+const HIDES_LOGGED_PER_SECOND: u32 = 50;
+
 /// The compiled snapshot in force and the cgroups its client table was filled from.
 #[derive(Default)]
 struct State {
     compiled: Option<(Arc<Snapshot>, Tables, Stats)>,
+    /// The host addresses the compiled tables hold.
+    hosts: HostAddresses,
     pods: Vec<(u64, Uuid)>,
     /// Pod cgroups the client table had no room for, at the last install.
     clients_left_out: usize,
@@ -42,62 +58,91 @@ struct State {
 pub struct FastPath {
     live: Arc<LiveState>,
     cgroups: Arc<CgroupPods>,
-    maps: Arc<Mutex<FastMaps>>,
+    /// Set once the programs are loaded ([`FastPath::start`]).
+    maps: OnceLock<Arc<Mutex<FastMaps>>>,
+    /// Endpoint host names resolved ahead.
+    ahead: Arc<Ahead>,
+    metrics: Arc<Metrics>,
     state: Mutex<State>,
 }
 
 impl FastPath {
-    /// Installs the snapshot in force, and every later one as it is applied.
-    pub async fn start(
+    /// Before the programs are loaded: the first tables, from the snapshot in force, the pods'
+    /// cgroups and the endpoint host names resolved within [`FIRST_RESOLUTION`]. They go in force
+    /// before the programs are attached (`RedirectConfig::fast_tables`).
+    pub async fn prepare(
         live: Arc<LiveState>,
         cgroups: Arc<CgroupPods>,
-        maps: Arc<Mutex<FastMaps>>,
-    ) -> Arc<FastPath> {
+        ahead: Arc<Ahead>,
+        metrics: Arc<Metrics>,
+    ) -> (Arc<FastPath>, Wire) {
         let pods = cgroups.rescan().await;
+        ahead.follow(&live.snapshot_arc());
+        ahead.resolve_due(FIRST_RESOLUTION).await;
         let fast = Arc::new(FastPath {
-            live: live.clone(),
+            live,
             cgroups,
-            maps,
+            maps: OnceLock::new(),
+            ahead,
+            metrics,
             state: Mutex::new(State {
                 pods,
                 ..State::default()
             }),
         });
-        let on_apply = Arc::downgrade(&fast);
-        live.on_apply(move |_| {
+        let first = fast.refresh(None).unwrap_or_default();
+        (fast, first)
+    }
+
+    /// With the programs loaded (and the first tables in force): installs every later snapshot as
+    /// it is applied.
+    pub fn start(self: &Arc<Self>, maps: Arc<Mutex<FastMaps>>) {
+        let _ = self.maps.set(maps);
+        let fast = self;
+        let live = &self.live;
+        let on_apply = Arc::downgrade(fast);
+        live.on_apply(move |snapshot| {
             if let Some(fast) = on_apply.upgrade() {
+                // The names first: the tables then drop those no longer named.
+                fast.ahead.follow(snapshot);
                 fast.refresh(None);
             }
         });
         fast.refresh(None);
-        fast
     }
 
-    /// Compiles the snapshot in force if it is new, and installs the tables when the snapshot
-    /// or the pods' cgroups (`pods`, when rescanned) changed.
-    fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) {
+    /// Compiles the snapshot in force if it or the fresh host addresses are new, and installs the
+    /// tables when they or the pods' cgroups (`pods`, when rescanned) changed. Before the maps
+    /// exist, returns the tables instead.
+    fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) -> Option<Wire> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Read under the lock: of two racing callers, the last to lock installs the latest.
         let snapshot = self.live.snapshot_arc();
+        let hosts = self.ahead.fresh();
         let new_snapshot = !matches!(&state.compiled, Some((s, ..)) if Arc::ptr_eq(s, &snapshot));
+        let new_hosts = hosts != state.hosts;
         let new_pods = pods.as_ref().is_some_and(|p| *p != state.pods);
-        if !new_snapshot && !new_pods {
-            return;
+        if !new_snapshot && !new_hosts && !new_pods {
+            return None;
         }
         if let Some(pods) = pods {
             state.pods = pods;
         }
-        if new_snapshot {
-            let (tables, stats) = fastpath::compile(&snapshot, Limits::kernel());
+        if new_snapshot || new_hosts {
+            let (tables, stats) = fastpath::compile_with(&snapshot, Limits::kernel(), &hosts);
             state.compiled = Some((snapshot.clone(), tables, stats));
+            state.hosts = hosts;
         }
         let Some((snapshot, tables, stats)) = &state.compiled else {
-            return;
+            return None;
         };
         let (tables, left_out) = with_clients(snapshot, tables, &state.pods);
         let wire = tables.wire();
-        let installed = self
-            .maps
+        let Some(maps) = self.maps.get() else {
+            state.clients_left_out = left_out;
+            return Some(wire);
+        };
+        let installed = maps
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .install(&wire);
@@ -122,10 +167,19 @@ impl FastPath {
             );
         }
         state.clients_left_out = left_out;
+        None
     }
 
     /// Rescans the pods' cgroups every [`RESCAN_EVERY`] until `shutdown` changes.
     pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        // New tables whenever the fresh host addresses change.
+        let fast = self.clone();
+        let changed = move || {
+            let fast = fast.clone();
+            tokio::task::spawn_blocking(move || fast.refresh(None));
+        };
+        tokio::spawn(self.ahead.clone().run(changed, shutdown.clone()));
+        tokio::spawn(self.clone().hides(shutdown.clone()));
         let mut tick = tokio::time::interval(RESCAN_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -140,6 +194,101 @@ impl FastPath {
         }
     }
 
+    /// Adds the kernel's count of hides to the proxy's (`services_hidden{lookup="outbound"}`) and
+    /// logs its reports at debug level as the proxy logs its own, at most
+    /// [`HIDES_LOGGED_PER_SECOND`] a second, until `shutdown` changes.
+    async fn hides(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let Some(maps) = self.maps.get() else {
+            return;
+        };
+        let lock = || maps.lock().unwrap_or_else(|p| p.into_inner());
+        let mut events = lock().take_events();
+        let mut counted = 0;
+        let (mut window, mut logged, mut suppressed) = (Instant::now(), 0u32, 0u64);
+        let mut tick = tokio::time::interval(HIDES_EVERY);
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tick.tick() => {}
+            }
+            let (hidden, _) = lock().hidden_counts();
+            if hidden > counted {
+                self.metrics.hidden_by(Lookup::Outbound, hidden - counted);
+                counted = hidden;
+            }
+            let Some(events) = &mut events else { continue };
+            let drained = events.drain();
+            if !tracing::enabled!(tracing::Level::DEBUG) {
+                continue;
+            }
+            if window.elapsed() >= Duration::from_secs(1) {
+                if suppressed > 0 {
+                    debug!(
+                        hides = suppressed,
+                        "more services hidden from clients in the kernel than logged"
+                    );
+                }
+                (window, logged, suppressed) = (Instant::now(), 0, 0);
+            }
+            for event in drained {
+                if logged >= HIDES_LOGGED_PER_SECOND {
+                    suppressed += 1;
+                    continue;
+                }
+                logged += 1;
+                self.log_hide(&event);
+            }
+        }
+    }
+
+    /// One hide the kernel reported, as the proxy logs it (the client by its pod's address).
+    fn log_hide(&self, event: &wire::HiddenEvent) {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((snapshot, ..)) = &state.compiled else {
+            return;
+        };
+        let uid = state
+            .pods
+            .iter()
+            .find(|(cgroup, _)| *cgroup == event.cgroup)
+            .map(|(_, uid)| *uid);
+        let pod = uid.and_then(|uid| {
+            snapshot
+                .workloads()
+                .iter()
+                .find(|w| w.meta.uid == Some(uid))
+        });
+        let client = pod
+            .and_then(|w| w.ips.first())
+            .map_or("<unknown>".to_string(), |ip| ip.to_string());
+        let client_ns = pod.map_or("<unknown>", |w| w.meta.namespace.as_str());
+        let Some(hidden) = snapshot.services().nth(event.hidden as usize) else {
+            return;
+        };
+        let dst = fastpath::IpKey {
+            family: if event.dst.family == wire::FAMILY_V6 {
+                fastpath::Family::V6
+            } else {
+                fastpath::Family::V4
+            },
+            addr: event.dst.addr,
+        };
+        let instead = match FastStat::ALL.get(usize::from(event.outcome)) {
+            Some(FastStat::Rewritten) => "service",
+            Some(stat) => stat.outcome(),
+            None => "?",
+        };
+        debug!(
+            client = %client,
+            client_namespace = client_ns,
+            service = %format_args!("{}/{}", hidden.namespace, hidden.name),
+            orig_dst = %SocketAddr::new(dst.ip(), event.port),
+            instead,
+            decided_by = "kernel",
+            "service hidden from client"
+        );
+    }
+
     /// A Prometheus collector of the kernel's fast-path counters and the compiler's fallbacks.
     pub fn collector(self: &Arc<Self>) -> Box<dyn Collector> {
         Box::new(FastPathMetrics(self.clone()))
@@ -149,7 +298,7 @@ impl FastPath {
     pub fn dump(&self) -> Option<Dump> {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (snapshot, tables, stats) = state.compiled.as_ref()?;
-        let maps = self.maps.lock().unwrap_or_else(|p| p.into_inner());
+        let maps = self.maps.get()?.lock().unwrap_or_else(|p| p.into_inner());
         Some(Dump::new(snapshot, tables, stats, maps.in_force()))
     }
 
@@ -200,18 +349,26 @@ struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FallbackLabels {
     reason: String,
 }
 
 impl Collector for FastPathMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let counts = self
-            .0
-            .maps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .counts();
+        let counts = match self.0.maps.get() {
+            Some(maps) => maps.lock().unwrap_or_else(|p| p.into_inner()).counts(),
+            None => Vec::new(),
+        };
         let mut family = encoder.encode_descriptor(
             "fast_path_connections",
             "TCP connections decided at connect() by the fast path: left alone (passthrough, workload), rewritten to an endpoint, or handed to the proxy (with why)",
@@ -236,6 +393,42 @@ impl Collector for FastPathMetrics {
                 reason: fallback_name(why),
             };
             ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let ahead = &self.0.ahead;
+        let mut family = encoder.encode_descriptor(
+            "fast_path_host_names",
+            "Endpoint host names resolved ahead for the kernel: named by the configuration (`wanted`, at most 4096), with fresh addresses now (`fresh`), past the bound (`left_out`, the proxy resolves them)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        let fresh = self
+            .0
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .hosts
+            .len();
+        for (state, n) in [
+            ("wanted", ahead.names()),
+            ("fresh", fresh),
+            ("left_out", ahead.left_out()),
+        ] {
+            let labels = StateLabels { state };
+            ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+        }
+        let mut family = encoder.encode_descriptor(
+            "fast_path_host_resolutions",
+            "Resolutions of endpoint host names ahead, by result: `resolved`, `failed` (the proxy resolves the name until it does), `expired` (an answer that ran out without a refresh)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (result, n) in [
+            ("resolved", &ahead.stats.resolved),
+            ("failed", &ahead.stats.failed),
+            ("expired", &ahead.stats.expired),
+        ] {
+            let labels = ResultLabels { result };
+            ConstCounter::new(n.load(Ordering::Relaxed)).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

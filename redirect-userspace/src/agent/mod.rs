@@ -25,7 +25,7 @@ pub use reload::{Loaded, Reloader};
 use crate::{
     admin::{self, AdminState},
     budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
-    dns::{AnswerCache, DnsProxy, HostCache, Upstream, VisibleNames},
+    dns::{AnswerCache, DnsProxy, HostCache, Upstream, VisibleNames, ahead::Ahead},
     identity::{CgroupPods, OptOutSync},
     live::LiveState,
     logging::LogLevel,
@@ -63,7 +63,7 @@ pub struct AgentConfig {
     pub drain_timeout: Duration,
     /// Learn the configuration from the Kubernetes API instead of `config_dir`.
     pub kube: Option<crate::cluster::Source>,
-    /// Decide in the kernel what needs no proxy (`run --fast-path`).
+    /// Decide in the kernel what needs no proxy (the default; off with `run --no-fast-path`).
     pub fast_path: bool,
 }
 
@@ -204,30 +204,42 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
         .await
         .context("reading the pods' cgroups")?;
+    let cgroups = Arc::new(cgroups);
+    // One cache of endpoint host names: what the agent resolves ahead for the kernel, the proxy
+    // uses too.
+    let endpoint_hosts = Arc::new(HostCache::new(upstream.clone()));
+    // The kernel's first tables before the programs attach (or replace a predecessor's): its
+    // first answers are the fast ones.
+    let (fast_path, fast_tables) = match config.fast_path {
+        true => {
+            let ahead = Arc::new(Ahead::new(upstream.clone(), endpoint_hosts.clone()));
+            let (fast, tables) =
+                fast_path::FastPath::prepare(live.clone(), cgroups.clone(), ahead, metrics.clone())
+                    .await;
+            (Some(fast), Some(tables))
+        }
+        false => (None, None),
+    };
     let redirector = Redirector::attach(&RedirectConfig {
         cgroup: config.cgroup.clone(),
         gateway: config.gateway,
         proxy_port: config.proxy_port,
         dns_proxy_port: config.dns_proxy_port,
         pin_dir: config.pin_dir.clone(),
+        fast_tables,
     })
     .context("attaching the eBPF programs")?;
-    let cgroups = Arc::new(cgroups);
+    if let Some(fast) = &fast_path {
+        fast.start(redirector.fast_maps());
+    }
     // Pods that opted out are left alone before the agent calls itself ready.
     let mut opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
     opt_out.sync().await;
-    // The kernel's tables before the agent calls itself ready: its first answers are the fast ones.
-    let fast_path = match config.fast_path {
-        true => Some(
-            fast_path::FastPath::start(live.clone(), cgroups.clone(), redirector.fast_maps()).await,
-        ),
-        false => None,
-    };
     let proxy_context = Arc::new(ProxyContext {
         redirect_maps: redirector.maps(),
         live: live.clone(),
         metrics: metrics.clone(),
-        endpoint_hosts: Arc::new(HostCache::new(upstream)),
+        endpoint_hosts,
         relay: config.relay,
         cgroups,
         budgets: budgets.clone(),

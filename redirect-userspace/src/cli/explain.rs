@@ -117,7 +117,7 @@ pub(crate) fn ip_table(e: &IpExplanation) -> String {
         ("hidden", or_dash(&o.hidden)),
         (
             "decided by",
-            format!("{} (with --fast-path)", o.decided_by.name()),
+            format!("{} (the proxy with --no-fast-path)", o.decided_by.name()),
         ),
         ("why", o.reason.clone()),
     ];

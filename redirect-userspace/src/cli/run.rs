@@ -127,11 +127,16 @@ pub struct RunArgs {
     /// After handing over, how long proxied connections may run before they are reset.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub drain_timeout: std::time::Duration,
-    /// Decide in the kernel, at connect(), what needs no proxy: connections nothing claims and
-    /// workload addresses are left alone (the pod keeps its source address), a service port whose
-    /// endpoints are plain IPs gets its destination rewritten to one of them. The rest goes to the proxy.
-    #[arg(long)]
+    /// The default, kept for scripts that ask for it: decide in the kernel, at connect(), what needs
+    /// no proxy (see `--no-fast-path`).
+    #[arg(long, conflicts_with = "no_fast_path")]
     pub fast_path: bool,
+    /// Send every TCP connection to the proxy. By default the kernel decides at connect() what
+    /// needs no proxy: connections nothing claims and workload addresses are left alone (the pod
+    /// keeps its source address), a service port whose endpoints are plain IPs, or host names the
+    /// agent has resolved, gets its destination rewritten to one of them. The rest goes to the proxy.
+    #[arg(long)]
+    pub no_fast_path: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
@@ -192,9 +197,40 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             handover_socket: pinned.then_some(args.handover_socket),
             drain_timeout: args.drain_timeout,
             kube,
-            fast_path: args.fast_path,
+            fast_path: !args.no_fast_path,
         },
         log_level,
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::super::{Cli, Command};
+
+    fn fast_path(extra: &[&str]) -> Result<bool, clap::Error> {
+        let args = [
+            "redirect",
+            "run",
+            "--cgroup",
+            "/x",
+            "--gateway",
+            "169.254.7.1",
+        ];
+        let cli = Cli::try_parse_from(args.iter().chain(extra))?;
+        match cli.command {
+            Command::Run(run) => Ok(!run.no_fast_path),
+            _ => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn the_fast_path_is_on_unless_no_fast_path_is_given() {
+        assert!(fast_path(&[]).unwrap());
+        assert!(fast_path(&["--fast-path"]).unwrap(), "still accepted");
+        assert!(!fast_path(&["--no-fast-path"]).unwrap());
+        assert!(fast_path(&["--fast-path", "--no-fast-path"]).is_err());
+    }
 }

@@ -1,5 +1,6 @@
 //! The DNS proxy: answers names that a service visible to the client owns, forwards everything else
 //! to the upstream resolver and returns its reply unchanged (hidden means absent).
+pub mod ahead;
 mod answer;
 mod cache;
 mod pending;

@@ -181,7 +181,7 @@ struct Turns {
 }
 
 /// Longest an answer is kept whatever its TTL: endpoints move, and a long TTL should not pin them.
-const MAX_KEEP: Duration = Duration::from_secs(300);
+pub(super) const MAX_KEEP: Duration = Duration::from_secs(300);
 /// Host names kept at most; only hosts named as endpoints in the config get here, so this is a
 /// safety net, emptied whole when reached.
 const MAX_HOSTS: usize = 4096;
@@ -205,6 +205,12 @@ impl HostCache {
                 name: host.to_string(),
                 code: ResponseCode::NoError,
             })
+    }
+
+    /// Keeps `resolved` for its TTL, as if a connection had asked (the agent's resolution ahead
+    /// hands every answer here, so the proxy uses the addresses the kernel rewrites to).
+    pub fn store(&self, host: &str, resolved: Resolved, now: Instant) {
+        self.insert(host, resolved, now);
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {

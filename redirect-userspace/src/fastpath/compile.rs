@@ -1,7 +1,10 @@
 //! Snapshot -> tables. For every claimed address the compiler works out, independently of the
 //! service store, the winner for an unknown client and for each namespace owning a claimant, and
 //! writes an entry only where the kernel's answer would be exactly the proxy's.
-use std::collections::{BTreeMap, BTreeSet, HashMap, hash_map::Entry};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, hash_map::Entry},
+    net::IpAddr,
+};
 
 use ipnet::IpNet;
 
@@ -39,10 +42,16 @@ impl Default for Limits {
     }
 }
 
+/// The addresses the agent resolved ahead for endpoint host names, while fresh: for each name its
+/// addresses, IPv4 first (`dns::ahead`). A name missing here is the proxy's to resolve.
+pub type HostAddresses = HashMap<String, Vec<IpAddr>>;
+
 /// Why the proxy decides what the kernel could otherwise have decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Fallback {
-    /// A service port with an endpoint by host name (counted per service port).
+    /// A service port with an endpoint by host name the agent holds no fresh addresses for (not
+    /// resolved yet, did not resolve, its answer expired, or past the names resolved ahead); counted
+    /// per service port.
     HostNameEndpoint,
     /// A declared service port without endpoints: the proxy resets (per service port).
     NoEndpoints,
@@ -82,8 +91,15 @@ impl Stats {
 /// One claimed key, exact address or network, and its claimants in rank order.
 type Claimants = BTreeMap<(IpKey, u32), Vec<u32>>;
 
-/// Compiles `snapshot` into tables of at most `limits` entries.
+/// Compiles `snapshot` into tables of at most `limits` entries, every endpoint host name left to the
+/// proxy.
 pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
+    compile_with(snapshot, limits, &HostAddresses::new())
+}
+
+/// Compiles `snapshot` into tables of at most `limits` entries; an endpoint host name with
+/// addresses in `hosts` is rewritten to them like an endpoint given by address.
+pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) -> (Tables, Stats) {
     let services: Vec<&Service> = snapshot.services().collect();
     let mut exact = Claimants::new();
     let mut cidrs = Claimants::new();
@@ -98,6 +114,7 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
     }
     let mut compiler = Compiler {
         services: &services,
+        hosts,
         limits,
         tables: Tables {
             max_clients: limits.clients,
@@ -107,14 +124,53 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
         stats: Stats::default(),
     };
 
-    // Entries every client shares: the winner for an unknown client.
-    let public = |members: &[u32]| {
+    // Entries every client shares: what a pod of a namespace owning no claimant there sees, its
+    // PUBLIC winner, and the NAMESPACE claimant it skipped (the proxy's `hidden`). For a network,
+    // the proxy walks every claimed network holding the address, longest first: the winner is the
+    // first with a PUBLIC claimant, the hidden one the first NAMESPACE claimant met on the whole
+    // walk (a known client goes on looking for its own namespace's). So each claimed network gets
+    // an entry carrying what its walk finds, and the trie's longest match is the walk's start.
+    let first = |members: &[u32], visibility: ServiceVisibility| {
         members
             .iter()
             .copied()
-            .find(|&m| services[m as usize].visibility == ServiceVisibility::Public)
+            .find(|&m| services[m as usize].visibility == visibility)
     };
-    let shared = compiler.view(&exact, &cidrs, public);
+    let public = |members: &[u32]| first(members, ServiceVisibility::Public);
+    let scoped = |members: &[u32]| first(members, ServiceVisibility::Namespace);
+    let mut shared = View {
+        exact: Vec::new(),
+        cidrs: Vec::new(),
+    };
+    for ((key, _), members) in &exact {
+        let hidden = scoped(members);
+        let claim = match public(members) {
+            Some(w) => compiler.claim(w),
+            None if hidden.is_some() => Claim {
+                action: ClaimAction::None,
+                service: 0,
+                hidden: None,
+            },
+            None => continue,
+        };
+        shared.exact.push((*key, Claim { hidden, ..claim }));
+    }
+    for ((key, len), members) in &cidrs {
+        let walk = std::iter::once(members.as_slice())
+            .chain(ancestors(&cidrs, *key, *len).map(Vec::as_slice))
+            .collect::<Vec<_>>();
+        let winner = walk.iter().find_map(|m| public(m));
+        let hidden = walk.iter().find_map(|m| scoped(m));
+        let claim = match winner {
+            Some(w) => compiler.claim(w),
+            None => Claim {
+                action: ClaimAction::None,
+                service: 0,
+                hidden: None,
+            },
+        };
+        shared.cidrs.push((*key, *len, Claim { hidden, ..claim }));
+    }
     if !compiler.fits(&shared) {
         compiler.stats.fell_back(Fallback::SharedFull, 1);
         let stats = compiler.stats;
@@ -140,6 +196,7 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
         .collect();
     for ns in owners {
         let next_id = compiler.stats.namespaces as NsId + 1;
+        // Its own claimant wins, and nothing is hidden from it there.
         let own = |members: &[u32]| {
             members
                 .iter()
@@ -180,6 +237,26 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
     (tables, stats)
 }
 
+/// The claimed networks holding the network `key/len`, longest first.
+fn ancestors<'c>(
+    cidrs: &'c Claimants,
+    key: IpKey,
+    len: u32,
+) -> impl Iterator<Item = &'c Vec<u32>> + 'c {
+    (0..len).rev().filter_map(move |shorter| {
+        let mut addr = key.addr;
+        for (i, byte) in addr.iter_mut().enumerate() {
+            let bit = i as u32 * 8;
+            if bit >= shorter {
+                *byte = 0;
+            } else if bit + 8 > shorter {
+                *byte &= 0xffu8 << (8 - (shorter - bit));
+            }
+        }
+        cidrs.get(&(IpKey { addr, ..key }, shorter))
+    })
+}
+
 /// A CIDR as declared: its family's own bits, no v4-mapping (the lookups never match an IPv6
 /// network against an IPv4 destination).
 fn network_key(net: &IpNet) -> (IpKey, u32) {
@@ -205,6 +282,7 @@ struct View {
 
 struct Compiler<'s> {
     services: &'s [&'s Service],
+    hosts: &'s HostAddresses,
     limits: Limits,
     tables: Tables,
     /// The claim each service compiled to, its ports written once.
@@ -282,7 +360,7 @@ impl Compiler<'_> {
             let mut seen = BTreeSet::new();
             // The first port of a number is the one the proxy serves.
             for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
-                let backends = match backends(port) {
+                let backends = match backends(port, self.hosts) {
                     Ok(b) => b,
                     Err(why) => {
                         self.stats.fell_back(why, 1);
@@ -305,19 +383,41 @@ impl Compiler<'_> {
         let claim = Claim {
             action,
             service: id,
+            hidden: None,
         };
         self.claims.insert(id, claim);
         claim
     }
 }
 
-/// A port's endpoints as one rewrite, when they are all plain IPs of one family.
-fn backends(port: &Port) -> Result<Backends, Fallback> {
+/// A port's endpoints as one rewrite, when they are all plain IPs, or host names resolved ahead,
+/// of one family. A host name stands for its IPv4 addresses, or its IPv6 ones when it has no IPv4
+/// address: the address family the proxy connects to first.
+fn backends(port: &Port, hosts: &HostAddresses) -> Result<Backends, Fallback> {
     if port.endpoints.is_empty() {
         return Err(Fallback::NoEndpoints);
     }
-    if port.endpoints.len() > MAX_ENDPOINTS {
-        return Err(Fallback::TooManyEndpoints);
+    let mut addresses = Vec::with_capacity(port.endpoints.len());
+    for ep in &port.endpoints {
+        match &ep.address {
+            EndpointAddress::Ip(ip) => addresses.push((IpKey::new(*ip), ep.port)),
+            EndpointAddress::Host(name) => {
+                let resolved = hosts.get(name).ok_or(Fallback::HostNameEndpoint)?;
+                let has_v4 = resolved.iter().any(|ip| ip.is_ipv4());
+                addresses.extend(
+                    resolved
+                        .iter()
+                        .filter(|ip| ip.is_ipv4() == has_v4)
+                        .map(|ip| (IpKey::new(*ip), ep.port)),
+                );
+            }
+        }
+        if addresses.len() > MAX_ENDPOINTS {
+            return Err(Fallback::TooManyEndpoints);
+        }
+    }
+    if addresses.is_empty() {
+        return Err(Fallback::HostNameEndpoint);
     }
     let empty = Backend {
         addr: [0; 16],
@@ -329,11 +429,7 @@ fn backends(port: &Port) -> Result<Backends, Fallback> {
         count: 0,
         endpoints: [empty; MAX_ENDPOINTS],
     };
-    for (i, ep) in port.endpoints.iter().enumerate() {
-        let ip = match &ep.address {
-            EndpointAddress::Ip(ip) => IpKey::new(*ip),
-            EndpointAddress::Host(_) => return Err(Fallback::HostNameEndpoint),
-        };
+    for (i, (ip, port)) in addresses.into_iter().enumerate() {
         if i == 0 {
             out.family = ip.family;
         } else if ip.family != out.family {
@@ -341,7 +437,7 @@ fn backends(port: &Port) -> Result<Backends, Fallback> {
         }
         out.endpoints[i] = Backend {
             addr: ip.addr,
-            port: ep.port,
+            port,
             _pad: 0,
         };
         out.count += 1;

@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use super::tables::{
-    AddrKey, Backends, ClaimAction, IpKey, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
+    AddrKey, Backends, Claim, ClaimAction, IpKey, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
 };
 
 /// What the kernel does with a `connect()`.
@@ -39,19 +39,51 @@ pub fn decide(tables: &Tables, cgroup: u64, ip: IpAddr, port: u16) -> FastDecisi
 
 /// The program once the client's namespace id is known.
 pub fn decide_for(tables: &Tables, ns: NsId, ip: IpAddr, port: u16) -> FastDecision<'_> {
+    decide_hidden(tables, ns, ip, port).0
+}
+
+/// [`decide_for`], and the id of the service skipped as hidden that the program counts and
+/// reports (only when it decides: never with [`FastDecision::Proxy`], which the proxy counts).
+pub fn decide_hidden(
+    tables: &Tables,
+    ns: NsId,
+    ip: IpAddr,
+    port: u16,
+) -> (FastDecision<'_>, Option<u32>) {
     if tables.config.proxy_everything || ns == NS_PROXY {
-        return FastDecision::Proxy;
+        return (FastDecision::Proxy, None);
     }
     let ip = IpKey::new(ip);
     let own = AddrKey { ns, ip };
     let shared = AddrKey { ns: NS_UNKNOWN, ip };
-    // Exact addresses before networks; in each, the client's own entry before the shared one.
-    let claim = tables
-        .exact
-        .get(&own)
-        .or_else(|| tables.exact.get(&shared))
-        .or_else(|| tables.cidrs.lookup(own))
-        .or_else(|| tables.cidrs.lookup(shared));
+    // Exact addresses before networks; in each, the client's own entry before the shared one. An
+    // exact entry without a visible claimant only says what it hid: the networks come next.
+    let exact = tables.exact.get(&own).or_else(|| tables.exact.get(&shared));
+    let mut hidden = exact.and_then(|c| c.hidden);
+    let claim = match exact {
+        Some(c) if c.action != ClaimAction::None => Some(c),
+        _ => {
+            let network = tables
+                .cidrs
+                .lookup(own)
+                .or_else(|| tables.cidrs.lookup(shared));
+            hidden = hidden.or(network.and_then(|c| c.hidden));
+            network.filter(|c| c.action != ClaimAction::None)
+        }
+    };
+    let fast = decide_claim(tables, claim, ip, port);
+    match fast {
+        FastDecision::Proxy => (fast, None),
+        _ => (fast, hidden),
+    }
+}
+
+fn decide_claim<'t>(
+    tables: &'t Tables,
+    claim: Option<&Claim>,
+    ip: IpKey,
+    port: u16,
+) -> FastDecision<'t> {
     let Some(claim) = claim else {
         return if tables.workloads.contains(&ip) {
             FastDecision::Workload
@@ -62,7 +94,7 @@ pub fn decide_for(tables: &Tables, ns: NsId, ip: IpAddr, port: u16) -> FastDecis
         };
     };
     match claim.action {
-        ClaimAction::Proxy => FastDecision::Proxy,
+        ClaimAction::Proxy | ClaimAction::None => FastDecision::Proxy,
         ClaimAction::Passthrough => FastDecision::Passthrough,
         ClaimAction::Ports => match tables.ports.get(&PortKey::new(claim.service, port)) {
             // A socket is rewritten within its own family.

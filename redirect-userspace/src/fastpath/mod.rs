@@ -3,8 +3,9 @@
 //!
 //! The kernel may only decide where its answer is provably [`crate::state::Snapshot::decide_outbound`]'s:
 //! leave the socket alone (passthrough, a workload address, a resolution NONE service) or rewrite the
-//! destination to one of a service port's plain-IP endpoints. Everything else (host-name endpoints,
-//! no healthy upstream, a table that ran out of room) is handed to the proxy, as today.
+//! destination to one of a service port's endpoints: plain IPs, or host names the agent resolved
+//! ahead (`dns::ahead`) while their answer is fresh. Everything else (a host name without a fresh
+//! answer, no healthy upstream, a table that ran out of room) is handed to the proxy.
 //! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. [`Wire`] is the tables in the
 //! maps' byte layout; the loader (`redirect::fast`) writes them, one generation at a time.
 mod compile;
@@ -14,9 +15,9 @@ mod lpm;
 mod tables;
 mod wire;
 
-pub use compile::{Fallback, Limits, Stats, compile};
+pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with};
 pub use dump::{Dump, ServiceDecision, fallback_name};
-pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decided_by};
+pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decide_hidden, decided_by};
 pub use tables::{
     AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Config, Family, IpKey,
     MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,

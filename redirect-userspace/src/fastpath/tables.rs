@@ -5,8 +5,8 @@
 //! | map | kind | key | value |
 //! | --- | --- | --- | --- |
 //! | clients | hash | cgroup id, `u64` | [`NsId`], `u32` |
-//! | exact | hash | [`AddrKey`], 24 B | [`Claim`], 8 B |
-//! | cidrs | LPM trie | `u32` prefix length + [`AddrKey::lpm_bytes`], 4 + 24 B | [`Claim`], 8 B |
+//! | exact | hash | [`AddrKey`], 24 B | [`Claim`], 12 B |
+//! | cidrs | LPM trie | `u32` prefix length + [`AddrKey::lpm_bytes`], 4 + 24 B | [`Claim`], 12 B |
 //! | ports | hash | [`PortKey`], 8 B | [`Backends`], 328 B |
 //! | workloads | hash | [`IpKey`], 20 B | `u8` (present) |
 //! | config | array, 1 entry | `u32` 0 | [`Config`] as three `u8` flags |
@@ -113,15 +113,20 @@ pub enum ClaimAction {
     Passthrough = wire::ACTION_PASSTHROUGH,
     /// Look the port up in the rewrite table under `Claim::service`; a miss is the proxy's.
     Ports = wire::ACTION_PORTS,
+    /// No claimant visible in this view: as if the address were not claimed, but `Claim::hidden`
+    /// was skipped.
+    None = wire::ACTION_NONE,
 }
 
-/// The value of the exact-address and CIDR tables. 8 bytes.
-#[repr(C)]
+/// The value of the exact-address and CIDR tables (12 bytes on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Claim {
     pub action: ClaimAction,
     /// The winning service's id (its rank position in the snapshot), for `Ports`.
     pub service: u32,
+    /// The service skipped because it is hidden from this view's clients (its id), which the
+    /// kernel counts and reports when it decides the connection.
+    pub hidden: Option<u32>,
 }
 
 /// The key of the rewrite table. 8 bytes.

@@ -69,6 +69,20 @@ pub(super) fn agrees(
     ip: IpAddr,
     port: u16,
 ) -> Result<(), String> {
+    agrees_with(snap, &HostAddresses::new(), fast, client, ip, port)
+}
+
+/// [`agrees`], the endpoint host names with the addresses in `hosts`: the proxy connects to one of
+/// a host's IPv4 addresses first (its IPv6 ones when it has none), so the kernel must rewrite to
+/// exactly those.
+pub(super) fn agrees_with(
+    snap: &Snapshot,
+    hosts: &HostAddresses,
+    fast: FastDecision<'_>,
+    client: Option<&str>,
+    ip: IpAddr,
+    port: u16,
+) -> Result<(), String> {
     let proxy = snap.decide_outbound_with(client, ip, port, Pick::Peek);
     let original = SocketAddr::new(ip.to_canonical(), port);
     let ctx = || format!("{client:?} -> {ip}:{port}: kernel {fast:?}, proxy {proxy:?}");
@@ -86,13 +100,22 @@ pub(super) fn agrees(
             let Outbound::Service { port: svc_port, .. } = proxy.action else {
                 return Err(ctx());
             };
-            // Endpoints by host name never match an address.
+            // Endpoints by host name never match an address unless resolved.
             let mut want: Vec<Option<SocketAddr>> = svc_port
                 .endpoints
                 .iter()
-                .map(|ep| match ep.target() {
-                    Target::Addr(a) => Some(SocketAddr::new(a.ip().to_canonical(), a.port())),
-                    Target::Host { .. } => None,
+                .flat_map(|ep| match ep.target() {
+                    Target::Addr(a) => vec![Some(SocketAddr::new(a.ip().to_canonical(), a.port()))],
+                    Target::Host { name, port } => match hosts.get(name) {
+                        Some(ips) => {
+                            let v4 = ips.iter().any(|ip| ip.is_ipv4());
+                            ips.iter()
+                                .filter(|ip| ip.is_ipv4() == v4)
+                                .map(|ip| Some(SocketAddr::new(*ip, port)))
+                                .collect()
+                        }
+                        None => vec![None],
+                    },
                 })
                 .collect();
             let mut got: Vec<Option<SocketAddr>> = backends.addrs().map(Some).collect();
@@ -112,6 +135,18 @@ pub(super) fn agrees(
 /// will), checked against the proxy, as a short word: `passthrough`, `workload`, `proxy` or the
 /// rewrite's endpoints.
 fn kernel(snap: &Snapshot, tables: &Tables, client: Option<&str>, dst: &str, port: u16) -> String {
+    kernel_with(snap, &HostAddresses::new(), tables, client, dst, port)
+}
+
+/// [`kernel`] with endpoint host names resolved to `hosts`.
+fn kernel_with(
+    snap: &Snapshot,
+    hosts: &HostAddresses,
+    tables: &Tables,
+    client: Option<&str>,
+    dst: &str,
+    port: u16,
+) -> String {
     const CGROUP: u64 = 7;
     let mut tables = tables.clone();
     // No client namespace: a pod of a namespace that claims nothing, which sees what every client sees.
@@ -119,7 +154,7 @@ fn kernel(snap: &Snapshot, tables: &Tables, client: Option<&str>, dst: &str, por
         .set_client(CGROUP, client.unwrap_or("a-namespace-claiming-nothing"))
         .unwrap();
     let fast = decide(&tables, CGROUP, ip(dst), port);
-    if let Err(e) = agrees(snap, fast, client, ip(dst), port) {
+    if let Err(e) = agrees_with(snap, hosts, fast, client, ip(dst), port) {
         panic!("kernel and proxy disagree: {e}");
     }
     match fast {
@@ -323,6 +358,73 @@ fn host_name_endpoints_go_to_the_proxy() {
     assert_eq!(stats.fallbacks.get(&Fallback::HostNameEndpoint), Some(&1));
 }
 
+fn hosts(list: &[(&str, &[&str])]) -> HostAddresses {
+    list.iter()
+        .map(|(name, ips)| (name.to_string(), ips.iter().map(|s| ip(s)).collect()))
+        .collect()
+}
+
+/// A host name resolved ahead is rewritten to like addresses: its IPv4 ones (the proxy's first
+/// choice) beside the port's plain endpoints, each at the endpoint's port.
+#[test]
+fn host_names_resolved_ahead_are_a_rewrite_to_their_ipv4_addresses() {
+    let objects = entry(
+        "cdn",
+        "pub-a",
+        &format!(
+            "{{hosts: [cdn.example.com], addresses: [203.0.113.60], {HTTP}, resolution: DNS, endpoints: [{{address: origin.example.org, ports: {{http: 8080}}}}, {{address: 198.51.100.1}}]}}"
+        ),
+    );
+    let snap = snapshot(&objects);
+    let resolved = hosts(&[(
+        "origin.example.org",
+        &["198.51.100.7", "198.51.100.8", "2001:db8::7"],
+    )]);
+    let (t, stats) = compile_with(&snap, Limits::default(), &resolved);
+    assert_eq!(
+        kernel_with(&snap, &resolved, &t, None, "203.0.113.60", 80),
+        "198.51.100.7:8080,198.51.100.8:8080,198.51.100.1:80"
+    );
+    assert_eq!(stats.fallbacks.get(&Fallback::HostNameEndpoint), None);
+}
+
+/// The entries people write most: DNS, no endpoints, an allocated address; the host itself is the
+/// endpoint. Resolved: a rewrite; IPv6 only: the IPv4 VIP's socket cannot take it, the proxy
+/// decides; not resolved (or expired): the proxy; too many addresses: the proxy.
+#[test]
+fn a_dns_entry_without_endpoints_is_rewritten_to_its_hosts_addresses_while_they_fit() {
+    let objects = entry(
+        "httpbin",
+        "pub-a",
+        &format!("{{hosts: [httpbin.example.com], {HTTP}, resolution: DNS}}"),
+    );
+    let snap = snapshot(&objects);
+    let vip = snap
+        .services()
+        .find(|s| s.name == "httpbin")
+        .and_then(|s| s.vips().find(|ip| ip.is_ipv4()))
+        .expect("an allocated IPv4 address")
+        .to_string();
+    let check = |resolved: &HostAddresses| {
+        let (t, stats) = compile_with(&snap, Limits::default(), resolved);
+        (kernel_with(&snap, resolved, &t, None, &vip, 80), stats)
+    };
+    let (got, _) = check(&hosts(&[("httpbin.example.com", &["198.51.100.80"])]));
+    assert_eq!(got, "198.51.100.80:80");
+    let (got, _) = check(&hosts(&[("httpbin.example.com", &["2001:db8::80"])]));
+    assert_eq!(got, "proxy", "an IPv4 socket is rewritten within IPv4");
+    let (got, stats) = check(&HostAddresses::new());
+    assert_eq!(got, "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::HostNameEndpoint), Some(&1));
+    let many: Vec<String> = (1..=MAX_ENDPOINTS + 1)
+        .map(|i| format!("198.51.100.{i}"))
+        .collect();
+    let many: Vec<&str> = many.iter().map(String::as_str).collect();
+    let (got, stats) = check(&hosts(&[("httpbin.example.com", &many)]));
+    assert_eq!(got, "proxy");
+    assert_eq!(stats.fallbacks.get(&Fallback::TooManyEndpoints), Some(&1));
+}
+
 #[test]
 fn unclaimed_address_passes_through_and_a_pod_address_is_a_workload() {
     let objects = static_entry("hidden", "ns-c", "10.244.0.5", "{address: 198.51.100.1}")
@@ -489,8 +591,10 @@ fn full_namespace_tables_send_that_namespace_to_the_proxy() {
     let objects = static_entry("shared", "pub-a", "10.0.0.0/8", "{address: 198.51.100.1}")
         + &static_entry("c", "ns-c", "10.1.0.0/16", "{address: 198.51.100.2}")
         + &static_entry("d", "ns-d", "10.2.0.0/16", "{address: 198.51.100.3}");
+    // Shared: each network (the two /16s hide ns-c's and ns-d's entries from everyone else), then
+    // one of ns-c's own.
     let limits = Limits {
-        cidrs: 2,
+        cidrs: 4,
         ..Limits::default()
     };
     let (snap, t, stats) = limited(&objects, limits);
@@ -615,9 +719,40 @@ fn entries_have_the_sizes_the_bpf_maps_are_declared_with() {
     use std::mem::size_of;
     assert_eq!(size_of::<IpKey>(), 20);
     assert_eq!(size_of::<AddrKey>(), 24);
-    assert_eq!(size_of::<Claim>(), 8);
+    // Its `hidden` crosses as a sentinel, not an `Option`.
+    assert_eq!(size_of::<redirect_common::fastpath::Claim>(), 12);
     assert_eq!(size_of::<PortKey>(), 8);
     assert_eq!(size_of::<Backend>(), 20);
     assert_eq!(size_of::<Backends>(), 8 + MAX_ENDPOINTS * 20);
     assert_eq!(size_of::<Config>(), 3);
+}
+
+/// A service hidden from the client is counted where the kernel decides, as the proxy counts it:
+/// a NAMESPACE address skipped for passthrough, a NAMESPACE network met on the way to a PUBLIC
+/// one inside it, and nothing for the namespace that owns them.
+#[test]
+fn the_kernel_reports_the_hidden_service_the_proxy_would() {
+    let objects = static_entry("vip", "ns-c", "203.0.113.10", "{address: 198.51.100.1}")
+        + &static_entry("wide", "ns-c", "10.0.0.0/8", "{address: 198.51.100.1}")
+        + &static_entry("narrow", "pub-a", "10.1.0.0/16", "{address: 198.51.100.2}");
+    let (snap, t, _) = compiled(&objects);
+    let hidden = |client: &str, dst: &str| {
+        let ns = t.namespace_id(client);
+        let (decision, hidden) = decide_hidden(&t, ns, ip(dst), 80);
+        let proxy = snap.decide_outbound_with(Some(client), ip(dst), 80, Pick::Peek);
+        let name = hidden.and_then(|id| snap.services().nth(id as usize).map(|s| s.name.clone()));
+        assert_eq!(
+            name,
+            proxy.hidden.map(|s| s.name.clone()),
+            "{client} -> {dst}"
+        );
+        assert_ne!(decision, FastDecision::Proxy, "{client} -> {dst}");
+        name
+    };
+    assert_eq!(hidden("ns-d", "203.0.113.10").as_deref(), Some("vip"));
+    assert_eq!(hidden("ns-d", "10.1.2.3").as_deref(), Some("wide"));
+    assert_eq!(hidden("ns-d", "10.9.9.9").as_deref(), Some("wide"));
+    assert_eq!(hidden("ns-c", "10.1.2.3"), None);
+    assert_eq!(hidden("ns-c", "203.0.113.10"), None);
+    assert_eq!(hidden("pub-a", "192.0.2.1"), None);
 }

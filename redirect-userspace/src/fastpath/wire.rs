@@ -85,6 +85,7 @@ fn claim(c: &Claim) -> wire::Claim {
     wire::Claim {
         action: c.action as u32,
         service: c.service,
+        hidden: c.hidden.unwrap_or(wire::NOT_HIDDEN),
     }
 }
 

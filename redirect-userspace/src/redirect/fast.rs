@@ -3,8 +3,9 @@
 //! An update never touches the generation in force: the idle one is brought to the new tables
 //! (only the entries that differ are written), then the selector flips in one map write. A
 //! connection reads the selector once and then one generation, so it sees the old tables or the
-//! new ones, never half of each. The maps are not pinned: a successor starts with the selector at
-//! off (every connection to its proxy, as without the fast path) and fills its own.
+//! new ones, never half of each. The tables are not pinned: a successor fills its own before its
+//! programs are swapped in (`RedirectConfig::fast_tables`). The counters are: they go on across
+//! hand-overs.
 use std::{
     collections::HashMap as StdHashMap,
     hash::Hash,
@@ -13,11 +14,14 @@ use std::{
 
 use aya::{
     Ebpf, Pod,
-    maps::{Array, HashMap, LpmTrie, MapData, MapError, PerCpuArray, lpm_trie::Key},
+    maps::{Array, HashMap, LpmTrie, MapData, MapError, PerCpuArray, RingBuf, lpm_trie::Key},
 };
 use redirect_common::{
-    FastStat,
-    fastpath::{AddrKey, Backends, Claim, Config, GEN_A, GEN_B, GEN_OFF, IpKey, LpmBytes, PortKey},
+    FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
+    fastpath::{
+        AddrKey, Backends, Claim, Config, GEN_A, GEN_B, GEN_OFF, HiddenEvent, IpKey, LpmBytes,
+        PortKey,
+    },
     maps,
 };
 
@@ -47,6 +51,26 @@ pub struct FastMaps {
     in_force: Option<usize>,
     flipped_at: Option<Instant>,
     stats: PerCpuArray<MapData, u64>,
+    /// Until the agent's reader takes it.
+    events: Option<RingBuf<MapData>>,
+}
+
+/// The kernel's reports of the hides it decided past (`FAST_HIDDEN_EVENTS`).
+pub struct HiddenEvents(RingBuf<MapData>);
+
+impl HiddenEvents {
+    /// Every event waiting, oldest first.
+    pub fn drain(&mut self) -> Vec<HiddenEvent> {
+        let mut out = Vec::new();
+        while let Some(item) = self.0.next() {
+            if item.len() >= std::mem::size_of::<HiddenEvent>() {
+                // SAFETY: the program writes whole `HiddenEvent`s (plain integers, any bit
+                // pattern valid); the item may be unaligned.
+                out.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<HiddenEvent>()) });
+            }
+        }
+        out
+    }
 }
 
 impl FastMaps {
@@ -69,6 +93,7 @@ impl FastMaps {
             in_force: None,
             flipped_at: None,
             stats: take_map(ebpf, maps::FAST_STATS, PerCpuArray::try_from)?,
+            events: Some(take_map(ebpf, maps::FAST_HIDDEN_EVENTS, RingBuf::try_from)?),
         })
     }
 
@@ -103,6 +128,21 @@ impl FastMaps {
     /// Totals of the programs' per-CPU fast-path counters.
     pub fn counts(&self) -> Vec<(FastStat, u64)> {
         per_cpu_totals(&self.stats, &FastStat::ALL, |stat| stat as u32)
+    }
+
+    /// Connections the kernel decided past a hidden service, and the hides it could not report.
+    pub fn hidden_counts(&self) -> (u64, u64) {
+        let totals = per_cpu_totals(
+            &self.stats,
+            &[FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED],
+            |slot| slot,
+        );
+        (totals[0].1, totals[1].1)
+    }
+
+    /// The hide reports, once (their reader owns them).
+    pub fn take_events(&mut self) -> Option<HiddenEvents> {
+        self.events.take().map(HiddenEvents)
     }
 }
 

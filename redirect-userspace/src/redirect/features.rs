@@ -105,6 +105,16 @@ pub const NEEDS: &[Need] = &[
         since: (4, 6),
         probe: Probe::Map(MapType::PerCpuArray),
     },
+    Need {
+        what: "ring buffer maps (the fast path's reports of hidden services)",
+        since: (5, 8),
+        probe: Probe::Map(MapType::RingBuf),
+    },
+    Need {
+        what: "bpf_ringbuf_output in cgroup/sock_addr programs",
+        since: (5, 8),
+        probe: Probe::Helper(CgroupSockAddr, BpfHelper::BPF_FUNC_ringbuf_output),
+    },
 ];
 
 /// The kernel lacks something the programs need.

@@ -33,18 +33,21 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
-pub use fast::FastMaps;
+pub use fast::{FastMaps, HiddenEvents};
 pub use features::MissingFeatures;
 pub use gateway::{GatewayError, Gateways};
 pub use netns::NetnsError;
 pub use pins::{Found, PinError};
 
 /// The maps a successor must find as they were: pinned when a pin directory is given.
-const PINNED_MAPS: [&str; 4] = [
+/// The fast path's counters among them: a successor's programs count on where the predecessor's
+/// left off.
+const PINNED_MAPS: [&str; 5] = [
     maps::SOCKET_ORIG_DST,
     maps::FLOW_ORIG_DST,
     maps::OPTED_OUT_CGROUPS,
     maps::STATS,
+    maps::FAST_STATS,
 ];
 
 /// The cgroup/sock_addr programs; sock_ops comes after them.
@@ -79,6 +82,9 @@ pub struct RedirectConfig {
     pub dns_proxy_port: Option<u16>,
     /// bpffs directory for the links and maps; `None` ties them to this process (no hand-over).
     pub pin_dir: Option<PathBuf>,
+    /// The fast path's first tables, put in force before the programs are attached (or swapped
+    /// in for a predecessor's): the kernel decides from the first connection.
+    pub fast_tables: Option<crate::fastpath::Wire>,
 }
 
 /// How the programs came to be attached.
@@ -234,6 +240,22 @@ impl Redirector {
             }
         }
         let mut ebpf = loader.load(EBPF_OBJECT)?;
+        let mut fast = fast::FastMaps::take(&mut ebpf)?;
+        if let Some(tables) = &config.fast_tables {
+            match fast.install(tables) {
+                Ok(()) => {
+                    tracing::info!(
+                        exact = tables.exact.len(),
+                        ports = tables.ports.len(),
+                        clients = tables.clients.len(),
+                        "fast path: new tables in force (before the programs attach)"
+                    )
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "fast path: writing the first tables failed; the proxy decides until the next ones")
+                }
+            }
+        }
 
         let mut attached = Vec::new();
         for name in SOCK_ADDR_PROGRAMS {
@@ -269,7 +291,6 @@ impl Redirector {
             take_map(&mut ebpf, maps::OPTED_OUT_CGROUPS, HashMap::try_from)?;
         // A predecessor's opt-outs are in the adopted map: know them, so a later sync can remove them.
         let held: BTreeSet<u64> = opted_out.keys().flatten().collect();
-        let fast = fast::FastMaps::take(&mut ebpf)?;
         tracing::info!(
             cgroup = %config.cgroup.display(),
             start = ?start,

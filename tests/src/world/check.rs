@@ -367,7 +367,7 @@ impl World {
         // kernel's counter moves and the proxy's does not. A pod no manifest names is not in the
         // kernel's client table: the proxy decides for it.
         let in_kernel = self.agent.fast_path()
-            && verdict.decided_by == DecidedBy::Kernel
+            && (verdict.decided_by == DecidedBy::Kernel || resolved_ahead(verdict, connect_to))
             && !self.is_stranger(from);
         let proxy_counter = key::outbound(&verdict.action);
         let counter = match in_kernel {
@@ -375,6 +375,8 @@ impl World {
             false => proxy_counter.clone(),
         };
         let before = self.agent.metrics()?;
+        let hides_logged = |log: &str| hides_logged(log, verdict.hidden.as_deref());
+        let logged_before = hides_logged(&self.agent.log());
         let got = self.curl_with(from, curl_args, url)?;
         ensure!(
             &got == want,
@@ -390,25 +392,29 @@ impl World {
             );
             connections += 1.0;
         }
-        // The upstream connect (which counts it) may finish a moment after curl saw the reply.
-        let after = self
-            .agent
-            .wait_metrics(
-                &format!("{counter} +{connections}"),
-                Duration::from_secs(2),
-                |m| delta(&before, m, &counter) == connections,
-            )
-            .with_context(|| format!("curl {url} from {from}"))?;
-        ensure!(
-            !in_kernel || delta(&before, &after, &proxy_counter) == 0.0,
-            "curl {url} from {from}: decided in the kernel, yet the proxy counted it: {after:#?}"
-        );
-        // The kernel does not count the hidden services it skipped (its tables hold none).
-        let hidden = if verdict.hidden.is_some() && !in_kernel {
+        // A hidden service is counted once per connection that skipped one, by the proxy or by
+        // the kernel (whose count the agent adds to the proxy's every 100 ms).
+        let hidden = if verdict.hidden.is_some() {
             connections
         } else {
             0.0
         };
+        // The upstream connect (which counts it) may finish a moment after curl saw the reply.
+        let after = self
+            .agent
+            .wait_metrics(
+                &format!("{counter} +{connections}, hidden +{hidden}"),
+                Duration::from_secs(2),
+                |m| {
+                    delta(&before, m, &counter) == connections
+                        && delta(&before, m, key::HIDDEN_OUTBOUND) == hidden
+                },
+            )
+            .with_context(|| format!("curl {url} from {from}; explain: {}", verdict.json))?;
+        ensure!(
+            !in_kernel || delta(&before, &after, &proxy_counter) == 0.0,
+            "curl {url} from {from}: decided in the kernel, yet the proxy counted it: {after:#?}"
+        );
         ensure!(
             delta(&before, &after, key::HIDDEN_OUTBOUND) == hidden,
             "curl {url} from {from}: a hidden service is counted once per connection that skipped one: \
@@ -420,6 +426,19 @@ impl World {
             delta(&before, &after, key::IDENTITY_MISMATCHES) == 0.0,
             "curl {url} from {from}: the agent doubted the client's identity: {after:#?}"
         );
+        // At -v each hide is logged, by the proxy or (reported by the kernel) by the agent.
+        if verdict.hidden.is_some() {
+            let want = logged_before + hidden as usize;
+            let deadline = Instant::now() + crate::pace::scaled(Duration::from_secs(2));
+            while hides_logged(&self.agent.log()) < want {
+                ensure!(
+                    Instant::now() < deadline,
+                    "curl {url} from {from}: {hidden} hide(s) of {:?} not logged (\"service hidden from client\")",
+                    verdict.hidden
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         Ok(())
     }
 
@@ -487,4 +506,33 @@ impl World {
             .cloned()
             .with_context(|| format!("no server of this world listens on {addr}"))
     }
+}
+
+/// Whether the agent's kernel rewrites a connection explain leaves to the proxy for its endpoint
+/// host name: explain reads manifests only, while the agent resolves such names ahead, and the
+/// world's upstream gives each of [`super::PUBLIC_DNS`] an IPv4 address (what an IPv4 socket is
+/// rewritten to, v4-mapped included).
+fn resolved_ahead(verdict: &OutboundVerdict, connect_to: SocketAddr) -> bool {
+    let host = verdict
+        .endpoint
+        .as_deref()
+        .and_then(|e| e.rsplit_once(':'))
+        .map(|(host, _)| host);
+    verdict.action.as_str() == "service"
+        && connect_to.ip().to_canonical().is_ipv4()
+        && host.is_some_and(|h| super::PUBLIC_DNS.iter().any(|(name, _)| *name == h))
+}
+
+/// Debug log lines saying `service` was hidden from a client's connection.
+fn hides_logged(log: &str, service: Option<&str>) -> usize {
+    let Some(service) = service else { return 0 };
+    let field = format!("service={service} ");
+    log.lines()
+        // A connection's (the DNS proxy logs its own hides without a destination).
+        .filter(|l| {
+            l.contains("service hidden from client")
+                && l.contains(&field)
+                && l.contains("orig_dst=")
+        })
+        .count()
 }

@@ -191,12 +191,21 @@ impl World {
     /// serving the same objects instead ([`World::start_kube_with`]): any suite built on the world
     /// then runs against the Kubernetes API source.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
+        World::start_with_launched(edit, &Launch::default())
+    }
+
+    /// As [`World::start_with`], the agent started as `launch` says (e.g. `Launch::no_fast_path()`
+    /// for a suite that tests the proxy's own behaviour).
+    pub fn start_with_launched(
+        edit: impl FnOnce(&Path) -> Result<()>,
+        launch: &Launch,
+    ) -> Result<World> {
         let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
-        World::start_source(edit, kube, &Launch::default(), &[])
+        World::start_source(edit, kube, launch, &[])
     }
 
     /// The world with an unchanged copy of `examples/` and the agent started as `launch` says
-    /// (e.g. with or without `--fast-path`, whatever the environment asks).
+    /// (e.g. with or without the fast path).
     pub fn start_launched(launch: &Launch) -> Result<World> {
         World::start_source(|_| Ok(()), false, launch, &[])
     }

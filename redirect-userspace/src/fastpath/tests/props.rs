@@ -7,7 +7,8 @@ use super::{HEADER, agrees, ip};
 use crate::{
     config::load_sources,
     fastpath::{
-        DecidedBy, FastDecision, Limits, MAX_ENDPOINTS, compile, decide, decide_for, decided_by,
+        DecidedBy, FastDecision, Limits, MAX_ENDPOINTS, compile, decide, decide_for, decide_hidden,
+        decided_by,
     },
     state::{Outbound, Pick, Snapshot, Target},
 };
@@ -247,6 +248,24 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
                 let ns = client.map_or(0, |c| tables.namespace_id(c));
                 let by_name = decide_for(&tables, ns, dst, port);
                 agrees(snap, by_name, client, dst, port).map_err(TestCaseError::fail)?;
+                // What the kernel counts as hidden is what the proxy would have (the kernel decides
+                // for pods of known namespaces only).
+                let (decision, hidden) = decide_hidden(&tables, ns, dst, port);
+                if client.is_some() && decision != FastDecision::Proxy {
+                    let proxy = snap.decide_outbound_with(client, dst, port, Pick::Peek);
+                    let name = |s: &crate::state::Service| format!("{}/{}", s.namespace, s.name);
+                    let kernel = hidden
+                        .and_then(|id| snap.services().nth(id as usize))
+                        .map(name);
+                    prop_assert_eq!(
+                        kernel,
+                        proxy.hidden.map(name),
+                        "hidden: {:?} -> {}:{}",
+                        client,
+                        dst,
+                        port
+                    );
+                }
                 let by = decided_by(&tables, client, dst, port);
                 prop_assert_eq!(by == DecidedBy::Proxy, by_name == FastDecision::Proxy);
                 // A cgroup the agent could not name is the proxy's: it knows the client by address.

@@ -1,0 +1,605 @@
+//! Endpoint host names resolved ahead of connections (`docs/dns.md#resolved-ahead`): the agent asks
+//! the upstream for every host name a service's endpoints name (`A` and `AAAA`), keeps each answer
+//! for its TTL within [`TTL_FLOOR`] and [`TTL_CAP`], asks again before it expires, and hands the
+//! fresh addresses to the fast path's compiler and to the proxy's [`HostCache`]. A name that does
+//! not resolve, or whose answer expired without a refresh, has no fresh addresses: the proxy resolves
+//! it at connect time, as without this.
+//!
+//! Bounded: the names come from the configuration only (never from a pod's DNS), at most
+//! [`MAX_NAMES`] of them, and queries leave at most [`NAMES_PER_SECOND`] names a second.
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use tokio::{sync::Notify, task::JoinSet};
+use tracing::debug;
+
+use super::{HostCache, ResolveError, Resolved, Upstream, resolve_host};
+use crate::{config::EndpointAddress, fastpath::HostAddresses, state::Snapshot};
+
+/// An answer is kept at least this long, whatever its TTL (a TTL of 0 or 1 would otherwise have
+/// the agent ask for it all the time).
+pub const TTL_FLOOR: Duration = Duration::from_secs(5);
+/// ... and at most this long: endpoints move, and a long TTL should not pin them (the proxy's cap).
+pub const TTL_CAP: Duration = super::resolve::MAX_KEEP;
+/// Host names resolved ahead at most; the rest (in name order) are the proxy's to resolve.
+pub const MAX_NAMES: usize = 4096;
+/// Names asked of the upstream per second at most, on average (each is an `A` and an `AAAA`
+/// query); [`BURST`] at once after a quiet while.
+pub const NAMES_PER_SECOND: f64 = 50.0;
+const BURST: f64 = 100.0;
+/// A name is asked again when this share of its answer's life has passed.
+const REFRESH_AT: f64 = 0.75;
+/// After a failure a name is asked again after this, doubling with each failure up to
+/// [`RETRY_MAX`] (its last answer, if still fresh, stays in use meanwhile).
+const RETRY_FIRST: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// One name's state.
+#[derive(Debug)]
+struct Name {
+    /// Addresses (IPv4 first) and when they expire.
+    answer: Option<(Vec<IpAddr>, Instant)>,
+    next_query: Instant,
+    failures: u32,
+    asking: bool,
+}
+
+/// The names wanted and what is known of them: the pure part, driven by [`Ahead`] (and tests) with
+/// the time passed in.
+#[derive(Debug)]
+pub struct AheadSet {
+    names: BTreeMap<String, Name>,
+    /// Names wanted beyond [`MAX_NAMES`].
+    left_out: usize,
+    tokens: f64,
+    refilled: Instant,
+}
+
+/// What one answer did to the set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    /// The fresh addresses changed (a new name, new addresses, or an answer gone).
+    Changed,
+    Unchanged,
+}
+
+impl AheadSet {
+    pub fn new(now: Instant) -> AheadSet {
+        AheadSet {
+            names: BTreeMap::new(),
+            left_out: 0,
+            tokens: BURST,
+            refilled: now,
+        }
+    }
+
+    /// Makes `wanted` the names resolved ahead (the first [`MAX_NAMES`] in name order): new ones are
+    /// due now, names no longer wanted are dropped.
+    pub fn set_names(&mut self, wanted: BTreeSet<String>, now: Instant) -> Recorded {
+        self.left_out = wanted.len().saturating_sub(MAX_NAMES);
+        let wanted: BTreeSet<String> = wanted.into_iter().take(MAX_NAMES).collect();
+        let before = self.names.len();
+        let mut changed = false;
+        self.names.retain(|name, state| {
+            let keep = wanted.contains(name);
+            changed |= !keep && state.answer.is_some();
+            keep
+        });
+        for name in wanted {
+            self.names.entry(name).or_insert(Name {
+                answer: None,
+                next_query: now,
+                failures: 0,
+                asking: false,
+            });
+        }
+        if changed || before != self.names.len() {
+            Recorded::Changed
+        } else {
+            Recorded::Unchanged
+        }
+    }
+
+    /// Names wanted beyond [`MAX_NAMES`], left to the proxy.
+    pub fn left_out(&self) -> usize {
+        self.left_out
+    }
+
+    /// The names to ask now, as many as the rate allows, the longest-waiting first; each is marked
+    /// as being asked until [`AheadSet::record`].
+    pub fn due(&mut self, now: Instant) -> Vec<String> {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * NAMES_PER_SECOND).min(BURST);
+        self.refilled = now;
+        let mut due: Vec<(Instant, &String)> = self
+            .names
+            .iter()
+            .filter(|(_, s)| !s.asking && s.next_query <= now)
+            .map(|(name, s)| (s.next_query, name))
+            .collect();
+        due.sort();
+        let n = due.len().min(self.tokens.floor() as usize);
+        self.tokens -= n as f64;
+        let names: Vec<String> = due[..n].iter().map(|(_, name)| (*name).clone()).collect();
+        for name in &names {
+            if let Some(state) = self.names.get_mut(name) {
+                state.asking = true;
+            }
+        }
+        names
+    }
+
+    /// Records what the upstream said about `name`; on success, returns how long the answer is kept.
+    pub fn record(
+        &mut self,
+        name: &str,
+        outcome: &Result<Resolved, ResolveError>,
+        now: Instant,
+    ) -> (Recorded, Option<Duration>) {
+        let Some(state) = self.names.get_mut(name) else {
+            // No longer wanted.
+            return (Recorded::Unchanged, None);
+        };
+        state.asking = false;
+        match outcome {
+            Ok(resolved) if !resolved.addresses.is_empty() => {
+                let keep = resolved.ttl.clamp(TTL_FLOOR, TTL_CAP);
+                let changed = state
+                    .answer
+                    .as_ref()
+                    .is_none_or(|(old, _)| *old != resolved.addresses);
+                state.answer = Some((resolved.addresses.clone(), now + keep));
+                state.next_query = now + keep.mul_f64(REFRESH_AT);
+                state.failures = 0;
+                let recorded = match changed {
+                    true => Recorded::Changed,
+                    false => Recorded::Unchanged,
+                };
+                (recorded, Some(keep))
+            }
+            _ => {
+                let retry = RETRY_FIRST
+                    .saturating_mul(1 << state.failures.min(16))
+                    .min(RETRY_MAX);
+                state.failures = state.failures.saturating_add(1);
+                state.next_query = now + retry;
+                (Recorded::Unchanged, None)
+            }
+        }
+    }
+
+    /// Drops the answers expired by `now` (their names go to the proxy until asked again).
+    pub fn expire(&mut self, now: Instant) -> Vec<String> {
+        let mut expired = Vec::new();
+        for (name, state) in &mut self.names {
+            if state.answer.as_ref().is_some_and(|(_, at)| *at <= now) {
+                state.answer = None;
+                expired.push(name.clone());
+            }
+        }
+        expired
+    }
+
+    /// The fresh addresses of every name that has some.
+    pub fn fresh(&self) -> HostAddresses {
+        self.names
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.answer.as_ref()?.0.clone())))
+            .collect()
+    }
+
+    /// When something is next to do: a name due (or, while the rate holds names back, when the
+    /// next may go), or an answer expiring.
+    pub fn next_event(&self) -> Option<Instant> {
+        let mut next: Option<Instant> = None;
+        let mut earliest = |at: Instant| next = Some(next.map_or(at, |n| n.min(at)));
+        for state in self.names.values() {
+            if !state.asking {
+                let mut at = state.next_query;
+                if self.tokens < 1.0 {
+                    let wait = (1.0 - self.tokens) / NAMES_PER_SECOND;
+                    at = at.max(self.refilled + Duration::from_secs_f64(wait));
+                }
+                earliest(at);
+            }
+            if let Some((_, expires)) = &state.answer {
+                earliest(*expires);
+            }
+        }
+        next
+    }
+}
+
+/// Every endpoint host name of a service that claims an address, which the kernel could rewrite
+/// to once resolved.
+pub fn endpoint_hosts(snapshot: &Snapshot) -> BTreeSet<String> {
+    snapshot
+        .services()
+        .filter(|svc| svc.vips().next().is_some() || !svc.cidrs.is_empty())
+        .flat_map(|svc| &svc.ports)
+        .flat_map(|port| &port.endpoints)
+        .filter_map(|ep| match &ep.address {
+            EndpointAddress::Host(name) => Some(name.clone()),
+            EndpointAddress::Ip(_) => None,
+        })
+        .collect()
+}
+
+/// Counters of the resolution ahead.
+#[derive(Debug, Default)]
+pub struct AheadStats {
+    pub resolved: AtomicU64,
+    pub failed: AtomicU64,
+    pub expired: AtomicU64,
+}
+
+/// The resolution ahead, running: [`AheadSet`] with the clock, the upstream and the proxy's cache.
+pub struct Ahead {
+    upstream: Arc<Upstream>,
+    /// The proxy's cache of endpoint host names: it gets every answer, kept as long.
+    proxy_cache: Arc<HostCache>,
+    set: Mutex<AheadSet>,
+    wake: Notify,
+    pub stats: AheadStats,
+}
+
+impl Ahead {
+    pub fn new(upstream: Arc<Upstream>, proxy_cache: Arc<HostCache>) -> Ahead {
+        Ahead {
+            upstream,
+            proxy_cache,
+            set: Mutex::new(AheadSet::new(Instant::now())),
+            wake: Notify::new(),
+            stats: AheadStats::default(),
+        }
+    }
+
+    fn set(&self) -> std::sync::MutexGuard<'_, AheadSet> {
+        // Plain data: after a panic elsewhere it is still consistent enough to go on with.
+        self.set.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Makes the endpoint host names of `snapshot` the names resolved ahead.
+    pub fn follow(&self, snapshot: &Snapshot) -> Recorded {
+        let recorded = self
+            .set()
+            .set_names(endpoint_hosts(snapshot), Instant::now());
+        self.wake.notify_one();
+        recorded
+    }
+
+    /// The fresh addresses of every name that has some.
+    pub fn fresh(&self) -> HostAddresses {
+        self.set().fresh()
+    }
+
+    pub fn left_out(&self) -> usize {
+        self.set().left_out()
+    }
+
+    pub fn names(&self) -> usize {
+        self.set().names.len()
+    }
+
+    /// Asks for every name due now and waits for the answers, at most `within`: the first tables
+    /// then hold what resolved quickly (the rest follow as it resolves).
+    pub async fn resolve_due(&self, within: Duration) {
+        let mut asking = JoinSet::new();
+        for name in self.set().due(Instant::now()) {
+            let upstream = self.upstream.clone();
+            asking.spawn(async move {
+                let outcome = resolve_host(&upstream, &name).await;
+                (name, outcome)
+            });
+        }
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            match tokio::time::timeout_at(deadline, asking.join_next()).await {
+                Ok(Some(Ok((name, outcome)))) => {
+                    self.record(&name, outcome);
+                }
+                Ok(Some(Err(_))) => {}
+                Ok(None) => return,
+                Err(_) => {
+                    self.finish_in_background(asking);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn finish_in_background(&self, mut asking: JoinSet<(String, Result<Resolved, ResolveError>)>) {
+        // The answers still on their way are abandoned: their names are due again, for `run`.
+        asking.abort_all();
+        let mut set = self.set();
+        let now = Instant::now();
+        for state in set.names.values_mut() {
+            if state.asking {
+                state.asking = false;
+                state.next_query = now;
+            }
+        }
+        self.wake.notify_one();
+    }
+
+    /// Records an answer; true when the fresh addresses changed.
+    fn record(&self, name: &str, outcome: Result<Resolved, ResolveError>) -> bool {
+        let now = Instant::now();
+        let (recorded, kept) = self.set().record(name, &outcome, now);
+        match (&outcome, kept) {
+            (Ok(resolved), Some(keep)) => {
+                self.stats.resolved.fetch_add(1, Ordering::Relaxed);
+                debug!(endpoint = name, addresses = ?resolved.addresses, ttl = ?resolved.ttl, kept = ?keep, "endpoint host name resolved ahead");
+                // The proxy uses the same answer for as long.
+                let kept = Resolved {
+                    addresses: resolved.addresses.clone(),
+                    ttl: keep,
+                };
+                self.proxy_cache.store(name, kept, now);
+            }
+            (Err(e), _) => {
+                self.stats.failed.fetch_add(1, Ordering::Relaxed);
+                debug!(endpoint = name, error = %e, "endpoint host name did not resolve ahead; the proxy resolves it meanwhile");
+            }
+            _ => {}
+        }
+        recorded == Recorded::Changed
+    }
+
+    /// Keeps the names resolved until `shutdown` fires; `changed` runs whenever the fresh addresses
+    /// change.
+    pub async fn run(
+        self: Arc<Self>,
+        changed: impl Fn() + Send + Sync + 'static,
+        mut shutdown: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut asking = JoinSet::new();
+        loop {
+            let now = Instant::now();
+            let (expired, due, next) = {
+                let mut set = self.set();
+                let expired = set.expire(now);
+                let due = set.due(now);
+                (expired, due, set.next_event())
+            };
+            if !expired.is_empty() {
+                self.stats
+                    .expired
+                    .fetch_add(expired.len() as u64, Ordering::Relaxed);
+                debug!(endpoints = ?expired, "answers expired without a refresh; the proxy resolves these names meanwhile");
+                changed();
+            }
+            for name in due {
+                let upstream = self.upstream.clone();
+                asking.spawn(async move {
+                    let outcome = resolve_host(&upstream, &name).await;
+                    (name, outcome)
+                });
+            }
+            // A minute at most: a name added meanwhile wakes it anyway.
+            let sleep = next
+                .map(|at| at.saturating_duration_since(Instant::now()))
+                .unwrap_or(Duration::from_secs(60))
+                .min(Duration::from_secs(60));
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(sleep) => {}
+                Some(done) = asking.join_next(), if !asking.is_empty() => {
+                    if let Ok((name, outcome)) = done
+                        && self.record(&name, outcome)
+                    {
+                        changed();
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_proto::op::ResponseCode;
+
+    fn names(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn answer(ips: &[&str], ttl: u64) -> Result<Resolved, ResolveError> {
+        Ok(Resolved {
+            addresses: ips.iter().map(|s| s.parse().unwrap()).collect(),
+            ttl: Duration::from_secs(ttl),
+        })
+    }
+
+    fn nxdomain() -> Result<Resolved, ResolveError> {
+        Err(ResolveError::NoAddress {
+            name: "a.example.org".into(),
+            code: ResponseCode::NXDomain,
+        })
+    }
+
+    fn secs(n: u64) -> Duration {
+        Duration::from_secs(n)
+    }
+
+    #[test]
+    fn an_answer_is_kept_for_its_ttl_refreshed_before_it_ends_and_dropped_after() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        set.set_names(names(&["a.example.org"]), t0);
+        assert_eq!(set.due(t0), ["a.example.org"]);
+        assert_eq!(set.due(t0), Vec::<String>::new(), "being asked");
+        let (recorded, kept) = set.record("a.example.org", &answer(&["198.51.100.1"], 20), t0);
+        assert_eq!((recorded, kept), (Recorded::Changed, Some(secs(20))));
+        assert_eq!(set.fresh()["a.example.org"], [ip("198.51.100.1")]);
+        // Asked again at three quarters of its life, not before.
+        assert!(set.due(t0 + secs(14)).is_empty());
+        assert_eq!(set.next_event(), Some(t0 + secs(15)));
+        assert_eq!(set.due(t0 + secs(15)), ["a.example.org"]);
+        // The same addresses again: nothing for the kernel to change; kept 20 s from now.
+        let (recorded, _) = set.record(
+            "a.example.org",
+            &answer(&["198.51.100.1"], 20),
+            t0 + secs(15),
+        );
+        assert_eq!(recorded, Recorded::Unchanged);
+        assert!(set.expire(t0 + secs(34)).is_empty());
+        // The next refresh fails: the answer still serves until it ends, then it is gone.
+        assert_eq!(set.due(t0 + secs(30)), ["a.example.org"]);
+        set.record("a.example.org", &nxdomain(), t0 + secs(30));
+        assert!(set.fresh().contains_key("a.example.org"));
+        assert_eq!(set.expire(t0 + secs(35)), ["a.example.org"]);
+        assert!(set.fresh().is_empty());
+    }
+
+    #[test]
+    fn ttls_below_the_floor_and_above_the_cap_are_held_to_them() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        set.set_names(names(&["short.example.org", "long.example.org"]), t0);
+        set.due(t0);
+        let (_, kept) = set.record("short.example.org", &answer(&["198.51.100.1"], 0), t0);
+        assert_eq!(kept, Some(TTL_FLOOR));
+        let (_, kept) = set.record("long.example.org", &answer(&["198.51.100.2"], 86_400), t0);
+        assert_eq!(kept, Some(TTL_CAP));
+    }
+
+    #[test]
+    fn a_failing_name_is_asked_again_later_and_later() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        set.set_names(names(&["a.example.org"]), t0);
+        let mut at = t0;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            assert_eq!(set.due(at), ["a.example.org"]);
+            set.record("a.example.org", &nxdomain(), at);
+            let next = set.next_event().unwrap();
+            waits.push(next.duration_since(at).as_secs());
+            at = next;
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 30, 30]);
+        assert!(set.fresh().is_empty());
+    }
+
+    #[test]
+    fn the_names_are_bounded_and_so_is_the_rate_of_queries() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        let wanted: BTreeSet<String> = (0..MAX_NAMES + 10)
+            .map(|i| format!("h{i:05}.example.org"))
+            .collect();
+        set.set_names(wanted, t0);
+        assert_eq!(set.left_out(), 10);
+        assert_eq!(set.names.len(), MAX_NAMES);
+        assert_eq!(set.due(t0).len(), BURST as usize);
+        assert!(set.due(t0).is_empty());
+        // A second later, a second's worth.
+        assert_eq!(set.due(t0 + secs(1)).len(), NAMES_PER_SECOND as usize);
+        // A name no longer wanted is dropped, with its answer.
+        let first = "h00000.example.org";
+        set.record(first, &answer(&["198.51.100.1"], 60), t0);
+        assert_eq!(
+            set.set_names(names(&["h00001.example.org"]), t0),
+            Recorded::Changed
+        );
+        assert!(set.fresh().is_empty());
+        assert_eq!(set.left_out(), 0);
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    const ENTRIES: &str = "\
+kind: MeshConfig
+serviceEntryVisibility: {defaultVisibility: PUBLIC}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: team-a}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: httpbin, namespace: team-a}
+spec:
+  hosts: [httpbin.example.com]
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: wild, namespace: team-a}
+spec:
+  hosts: ['*.wild.example.com']
+  ports: [{number: 80, name: http}]
+  resolution: DNS
+  endpoints: [{address: nowhere.example.org}]
+";
+
+    /// An upstream on loopback answering every `A` question with `198.51.100.80` (TTL 60) and
+    /// every other with no record; counts the questions.
+    async fn upstream() -> (Arc<Upstream>, Arc<AtomicU64>) {
+        use hickory_proto::{
+            op::{Message, MessageType},
+            rr::{RData, Record, RecordType, rdata},
+        };
+        let server = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let upstream = Arc::new(Upstream::new(server.local_addr().unwrap()));
+        let asked = Arc::new(AtomicU64::new(0));
+        let count = asked.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = server.recv_from(&mut buf).await {
+                let Ok(mut reply) = Message::from_vec(&buf[..n]) else {
+                    continue;
+                };
+                count.fetch_add(1, Ordering::Relaxed);
+                let question = reply.queries[0].clone();
+                reply.metadata.message_type = MessageType::Response;
+                if question.query_type() == RecordType::A {
+                    let a = RData::A(rdata::A("198.51.100.80".parse().unwrap()));
+                    reply.add_answer(Record::from_rdata(question.name().clone(), 60, a));
+                }
+                let _ = server.send_to(&reply.to_vec().unwrap(), from).await;
+            }
+        });
+        (upstream, asked)
+    }
+
+    /// The host of a DNS entry without endpoints is resolved ahead (an entry without an address,
+    /// a wildcard, is not: the kernel never sees a connection to it), and the proxy then connects
+    /// to the same address without asking again.
+    #[tokio::test]
+    async fn names_are_resolved_ahead_and_the_proxy_uses_the_same_answer() {
+        let model = crate::config::load_sources([("w.yaml", ENTRIES)]).unwrap();
+        let snapshot = Snapshot::from_model(&model);
+        assert_eq!(endpoint_hosts(&snapshot), names(&["httpbin.example.com"]));
+        let (upstream, asked) = upstream().await;
+        let proxy_cache = Arc::new(HostCache::new(upstream.clone()));
+        let ahead = Ahead::new(upstream, proxy_cache.clone());
+        ahead.follow(&snapshot);
+        ahead.resolve_due(Duration::from_secs(2)).await;
+        assert_eq!(
+            ahead.fresh(),
+            HostAddresses::from([("httpbin.example.com".to_string(), vec![ip("198.51.100.80")])])
+        );
+        assert_eq!(asked.load(Ordering::Relaxed), 2, "A and AAAA");
+        let pick = proxy_cache.pick("httpbin.example.com").await.unwrap();
+        assert_eq!(pick.first, ip("198.51.100.80"));
+        assert_eq!(
+            asked.load(Ordering::Relaxed),
+            2,
+            "the proxy asked nothing more"
+        );
+    }
+}
