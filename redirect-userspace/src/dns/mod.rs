@@ -6,6 +6,7 @@ mod pending;
 mod queues;
 mod resolve;
 mod server;
+mod transfer;
 mod upstream;
 mod visible;
 

@@ -23,6 +23,7 @@ use super::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
     cache::{AnswerCache, CacheKey},
+    transfer,
     upstream::{ReplyTo, Upstream},
 };
 use crate::{
@@ -358,6 +359,13 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
         };
         let reply = match local_reply(&query, client.ip(), Transport::Tcp, &shared) {
             Local::Reply(reply) => Some(reply),
+            Local::Forward(question, _) if is_transfer_question(&question) => {
+                let qtype = question[0].query_type();
+                if relay_transfer(&mut stream, &query, qtype, client, &shared).await {
+                    continue;
+                }
+                return;
+            }
             Local::Forward(..) => {
                 let result = shared.upstream.forward_tcp(&query).await;
                 finish_forward(&query, result, client, &shared)
@@ -365,18 +373,76 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
             Local::Drop => None,
         };
         let Some(reply) = reply else { return };
-        let Ok(len) = u16::try_from(reply.len()) else {
+        if !send_framed(&mut stream, &reply).await {
             return;
+        }
+    }
+}
+
+/// Writes one length-prefixed message to a TCP client; false when it cannot be (too long, the
+/// client gone, or not reading).
+async fn send_framed(stream: &mut TcpStream, message: &[u8]) -> bool {
+    let Ok(len) = u16::try_from(message.len()) else {
+        return false;
+    };
+    let mut framed = Vec::with_capacity(message.len() + 2);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(message);
+    // A client that sends but never reads must not hold the task and its socket forever.
+    matches!(
+        tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
+        Ok(Ok(()))
+    )
+}
+
+fn is_transfer_question(question: &[Query]) -> bool {
+    matches!(question, [q] if transfer::is_transfer(q.query_type()))
+}
+
+/// Relays a zone transfer: every message the upstream sends for it, in order, until the one that
+/// ends it. A failure before the first message is a SERVFAIL; after it the connection is closed,
+/// as the upstream's own would be. True when the client may send its next query.
+async fn relay_transfer(
+    stream: &mut TcpStream,
+    query: &[u8],
+    qtype: RecordType,
+    client: SocketAddr,
+    shared: &Shared,
+) -> bool {
+    let upstream = &shared.upstream;
+    let mut transfer =
+        match transfer::Transfer::start(upstream.addr, upstream.timeout, query, qtype).await {
+            Ok(transfer) => transfer,
+            Err(e) => {
+                let Some(reply) = finish_forward(query, Err(e), client, shared) else {
+                    return false;
+                };
+                return send_framed(stream, &reply).await;
+            }
         };
-        let mut framed = Vec::with_capacity(reply.len() + 2);
-        framed.extend_from_slice(&len.to_be_bytes());
-        framed.extend_from_slice(&reply);
-        // A client that sends but never reads must not hold the task and its socket forever.
-        if !matches!(
-            tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
-            Ok(Ok(()))
-        ) {
-            return;
+    let mut sent = 0usize;
+    loop {
+        match transfer.next().await {
+            Ok(Some(message)) => {
+                if sent == 0 {
+                    shared.metrics.dns(DnsOutcome::Forwarded);
+                }
+                sent += 1;
+                if !send_framed(stream, &message).await {
+                    return false;
+                }
+            }
+            Ok(None) => return true,
+            Err(e) if sent == 0 => {
+                let Some(reply) = finish_forward(query, Err(e), client, shared) else {
+                    return false;
+                };
+                return send_framed(stream, &reply).await;
+            }
+            Err(e) => {
+                debug!(%client, error = %e, messages = sent, "zone transfer cut by the upstream; closing the client's connection");
+                return false;
+            }
         }
     }
 }
@@ -782,6 +848,63 @@ mod tests {
         }
         // 2 from the greedy client, 1 from the other (each possibly retransmitted once).
         assert!((3..=6).contains(&seen), "{seen} datagrams upstream");
+    }
+
+    /// A zone transfer over TCP is a stream of messages: each reaches the client, in order, and
+    /// the connection then takes the client's next query.
+    #[tokio::test]
+    async fn every_message_of_a_zone_transfer_reaches_the_client() {
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy(upstream.local_addr().unwrap()).await;
+        tokio::spawn(async move {
+            let (mut conn, _) = upstream.accept().await.unwrap();
+            let len = conn.read_u16().await.unwrap();
+            let mut q = vec![0u8; usize::from(len)];
+            conn.read_exact(&mut q).await.unwrap();
+            let id = u16::from_be_bytes([q[0], q[1]]);
+            for message in transfer::tests::axfr_stream(id) {
+                conn.write_all(&(message.len() as u16).to_be_bytes())
+                    .await
+                    .unwrap();
+                conn.write_all(&message).await.unwrap();
+            }
+            // As a real server does: the connection stays open for more.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let raw = query("zone.example.", RecordType::AXFR);
+        tcp.write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&raw).await.unwrap();
+        let mut answers = 0;
+        for _ in 0..3 {
+            let len = tokio::time::timeout(Duration::from_secs(2), tcp.read_u16())
+                .await
+                .expect("every message of the transfer, in time")
+                .unwrap();
+            let mut buf = vec![0u8; usize::from(len)];
+            tcp.read_exact(&mut buf).await.unwrap();
+            let message = Message::from_vec(&buf).unwrap();
+            assert_eq!(message.metadata.id, 77, "under the client's id");
+            answers += message.answers.len();
+        }
+        assert_eq!(answers, 7, "every record of the zone");
+        // The same connection answers the next query.
+        let raw = query("api.example.com.", RecordType::A);
+        tcp.write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&raw).await.unwrap();
+        let len = tcp.read_u16().await.unwrap();
+        let mut buf = vec![0u8; usize::from(len)];
+        tcp.read_exact(&mut buf).await.unwrap();
+        assert_eq!(Message::from_vec(&buf).unwrap().answers.len(), 1);
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 1"#),
+            "{text}"
+        );
     }
 
     /// A client at its share of TCP connections is reset at once; another client is served.
