@@ -6,7 +6,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use super::{Pipes, RelayError, RelayMode, Timeouts, relay, splice_relay};
+use super::{DialGuard, Pipes, RelayError, RelayMode, Timeouts, relay, splice_relay};
 use crate::{
     budget::{Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit},
     config::{Workload, WorkloadKind},
@@ -36,6 +36,8 @@ pub struct ProxyContext {
     /// Connections and descriptors each client, and the node, may hold.
     pub budgets: Arc<Budgets>,
     pub timeouts: Timeouts,
+    /// What the proxy never dials for a pod.
+    pub guard: Arc<DialGuard>,
 }
 
 pub struct OutboundProxy {
@@ -96,7 +98,12 @@ impl OutboundProxy {
                         Some(admitted) => {
                             tokio::spawn(handle(stream, peer, admitted, self.context.clone()));
                         }
-                        None => debug!(client = %peer, "over budget; connection reset"),
+                        None => {
+                            // Its flow entry is never read: it must not wait for the next
+                            // connection from this address and port.
+                            self.context.redirect_maps.forget_flow(peer);
+                            debug!(client = %peer, "over budget; connection reset");
+                        }
                     },
                     Err(e) if out_of_fds(&e) => self.reset_one_waiting().await,
                     Err(e) => {
@@ -163,10 +170,11 @@ async fn handle(
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let _active = context.metrics.track_active();
-    let (orig, cgroup_id) = match context.redirect_maps.original_destination(peer) {
+    let (orig, cgroup_id) = match context.redirect_maps.take_original_destination(peer) {
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
-            warn!(client = %peer, "no original destination recorded for this connection; closing it");
+            debug!(client = %peer, "no original destination recorded for this connection (not a steered connect); resetting it");
+            context.metrics.flow_unclaimed();
             context.metrics.outbound(OutboundOutcome::Error);
             reset(client);
             return;
@@ -205,6 +213,16 @@ async fn handle(
                 return;
             }
         },
+    };
+    // Never dial, for a pod, what the pod could not reach itself: the node's loopback, its link,
+    // its own addresses, or what the operator denies.
+    let (first, fallback) = match allowed(&context, peer, orig, first, fallback) {
+        Some(allowed) => allowed,
+        None => {
+            context.metrics.outbound(OutboundOutcome::Error);
+            reset(client);
+            return;
+        }
     };
     let (upstream, dst) = match connect_upstream(first, fallback).await {
         Ok(connected) => connected,
@@ -248,6 +266,31 @@ async fn handle(
             debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error; resetting both sides");
         }
     }
+}
+
+/// The addresses of `first` and `fallback` the proxy may dial for this client, first first; `None`
+/// when neither (each refusal counted by reason, and logged once per destination).
+fn allowed(
+    context: &ProxyContext,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    first: SocketAddr,
+    fallback: Option<SocketAddr>,
+) -> Option<(SocketAddr, Option<SocketAddr>)> {
+    let mut ok = [Some(first), fallback].into_iter().flatten().filter(|dst| {
+        let Some(reason) = context.guard.check(dst.ip()) else {
+            return true;
+        };
+        context.metrics.refused_destination(reason);
+        if context.guard.first_refusal(dst.ip()) {
+            warn!(client = %peer, orig_dst = %orig, upstream = %dst, reason = reason.as_str(), "refusing to dial {} for a pod; resetting the connection", reason.describe());
+        } else {
+            debug!(client = %peer, orig_dst = %orig, upstream = %dst, reason = reason.as_str(), "refused destination");
+        }
+        false
+    });
+    let first = ok.next()?;
+    Some((first, ok.next()))
 }
 
 /// Connects to `first`; with a `fallback` (a host name's IPv6 address beside its IPv4 one), that is

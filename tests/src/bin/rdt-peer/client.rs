@@ -225,3 +225,109 @@ fn skip_name(msg: &[u8], mut at: usize) -> Result<usize> {
         }
     }
 }
+
+/// `GET /` from local port `from_port`; prints the body. Closes with a reset (linger 0): no
+/// TIME_WAIT is left on either side, so the same address and port can connect again at once.
+pub fn fetch(addr: SocketAddr, from_port: u16) -> Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: a fresh socket; its descriptor is owned by the TcpStream below.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("socket");
+    }
+    // SAFETY: `fd` is ours alone.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: a valid descriptor and an int option.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    let local: SocketAddr = match addr {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, from_port).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, from_port).into(),
+    };
+    sockaddr_call(&local, |sa, len| unsafe { libc::bind(fd, sa, len) })
+        .with_context(|| format!("binding port {from_port}"))?;
+    sockaddr_call(&addr, |sa, len| unsafe { libc::connect(fd, sa, len) })
+        .with_context(|| format!("connecting to {addr} from port {from_port}"))?;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid descriptor and a linger struct.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    let mut stream = stream;
+    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    stream
+        .write_all(b"GET / HTTP/1.0\r\nHost: fetch\r\n\r\n")
+        .context("sending the request")?;
+    let mut reply = Vec::new();
+    stream
+        .read_to_end(&mut reply)
+        .context("reading the reply")?;
+    let text = String::from_utf8_lossy(&reply);
+    let body = text.split_once("\r\n\r\n").map_or(&*text, |(_, body)| body);
+    print!("{body}");
+    Ok(())
+}
+
+/// Calls `f` with `addr` as a C sockaddr.
+fn sockaddr_call(
+    addr: &SocketAddr,
+    f: impl FnOnce(*const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+) -> Result<()> {
+    let rc = match addr {
+        SocketAddr::V4(v4) => {
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            f(
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of_val(&sa) as libc::socklen_t,
+            )
+        }
+        SocketAddr::V6(v6) => {
+            let sa = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            f(
+                (&sa as *const libc::sockaddr_in6).cast(),
+                std::mem::size_of_val(&sa) as libc::socklen_t,
+            )
+        }
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}

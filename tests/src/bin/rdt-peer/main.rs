@@ -139,6 +139,13 @@ enum Command {
     },
     /// Write until the stream fails: `error N KIND` (exit 1).
     Write { addr: SocketAddr },
+    /// `GET /` over HTTP/1.0 from local port `--from-port`, the body on stdout; the connection is
+    /// closed with a reset, so the address and port are free again at once (no TIME_WAIT).
+    Fetch {
+        addr: SocketAddr,
+        #[arg(long)]
+        from_port: u16,
+    },
 }
 
 fn main() -> ExitCode {
@@ -193,6 +200,7 @@ fn main() -> ExitCode {
             workers,
         } => mix::run(&http, &dns, rate, workers),
         Command::Write { addr } => load::write(addr),
+        Command::Fetch { addr, from_port } => client::fetch(addr, from_port),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
