@@ -132,3 +132,64 @@ fn a_lost_bpf_filesystem_changes_nothing_while_the_agent_runs() -> Result<()> {
     assert_eq!(attached(&w.topo)?, 0, "SIGTERM detaches the links it held");
     Ok(())
 }
+
+/// Program ids on the pods' cgroup, sorted.
+fn program_ids(topo: &Topology) -> Result<Vec<u32>> {
+    let mut ids: Vec<u32> = bpf::attached_programs(topo.attach_cgroup())?
+        .iter()
+        .map(|a| a.prog_id)
+        .collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// A successor takes the sockets, starts putting its programs into the pinned links, and dies
+/// before it says it is ready: the old agent, which serves on, puts its own programs back. So its
+/// SIGTERM later detaches everything, rather than leave the dead successor's programs attached
+/// because they are not its own.
+#[test]
+fn an_old_agent_whose_successor_died_takes_its_links_back() -> Result<()> {
+    let w = world()?;
+    let args = ["--config", w.config_dir.as_str()];
+    let old = Agent::start(&w.topo, &args)?;
+    let ours = program_ids(&w.topo)?;
+    ensure!(ours.len() == 9, "{ours:?}");
+
+    let successor = Agent::spawn(&w.topo, &args)?;
+    // Killed at the first link it swaps: mid-way through attaching, long before "ready".
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(20));
+    loop {
+        if program_ids(&w.topo)? != ours {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the successor never swapped a link; its log:\n{}",
+            successor.log()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    successor.kill()?;
+
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(5));
+    while program_ids(&w.topo)? != ours {
+        ensure!(
+            Instant::now() < deadline,
+            "the old agent did not take its links back: {:?} (ours {ours:?}); log:\n{}",
+            program_ids(&w.topo)?,
+            old.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // It still serves, with its own programs.
+    let before = old.metrics()?;
+    assert_eq!(
+        fixtures::curl_body(w.topo.pod("team-a/a1"), API_URL)?,
+        API_ENDPOINT_BODY
+    );
+    let after = old.metrics()?;
+    assert_eq!(delta(&before, &after, SERVICE), 1.0, "{after:#?}");
+    old.stop()?;
+    assert_eq!(attached(&w.topo)?, 0, "SIGTERM detaches everything");
+    Ok(())
+}
