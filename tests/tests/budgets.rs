@@ -483,3 +483,83 @@ fn an_idle_proxied_connection_is_reset_at_the_idle_timeout() -> Result<()> {
     );
     s.agent.stop()
 }
+
+/// Kernel memory the agent's sockets of one stream hold, in bytes (`ss -tm` in the node netns:
+/// receive queue `r`, send queue `w` and in flight `t`), summed over the sockets whose local port
+/// is the proxy's or whose peer is `upstream`.
+fn agent_socket_memory(topo: &integration::Topology, upstream: &str) -> Result<(u64, usize)> {
+    let out = topo.node_cmd("ss").args(["-tmniH"]).ok()?.stdout_str();
+    let (mut total, mut sockets) = (0u64, 0usize);
+    let mut ours = false;
+    for line in out.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, peer) = (fields.get(3), fields.get(4));
+            ours = local.is_some_and(|l| l.ends_with(":15001")) || peer == Some(&upstream);
+            if ours {
+                sockets += 1;
+            }
+        }
+        let Some(skmem) = line.split("skmem:(").nth(1) else {
+            continue;
+        };
+        if !ours {
+            continue;
+        }
+        for part in skmem.trim_end_matches(')').split(',') {
+            for key in ["r", "w", "t"] {
+                if let Some(n) = part.strip_prefix(key).and_then(|n| n.parse::<u64>().ok()) {
+                    total += n;
+                }
+            }
+        }
+    }
+    Ok((total, sockets))
+}
+
+/// Connections that never read: whatever the upstream sends piles up in the agent's socket
+/// buffers. Each proxied socket's buffers are bounded (`--connection-buffer`, 1 MiB by default,
+/// per socket and direction), so a pod cannot make the node hold more than about 2 MiB of socket
+/// memory per connection (autotuned, this test measured 11.1 MiB).
+#[test]
+fn a_client_that_never_reads_holds_a_bounded_buffer_per_connection() -> Result<()> {
+    const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+    const SOURCE: &str = "203.0.113.20:9000";
+    const SINK: &str = "203.0.113.20:9001";
+    const CONNS: usize = 4;
+    let s = setup(&[A1], None, &[])?;
+    let source: SocketAddrV4 = SOURCE.parse()?;
+    s.topo.ensure_ext_address(*source.ip())?;
+    let _streams = Peer::start_streams(s.topo.ext(), "streams", source, SINK.parse()?)?;
+    let hold = peer::cmd(s.topo.pod("team-a/a1").place())?
+        .args(["hold-idle", SOURCE, "--conns", &CONNS.to_string()])
+        .spawn()?;
+    s.agent
+        .wait_metrics("the streams open", Duration::from_secs(10), |m| {
+            m.get_or_zero(ACTIVE) == CONNS as f64
+        })?;
+    // Until the buffers stop growing.
+    let mut held = (0, 0);
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = agent_socket_memory(&s.topo, SOURCE)?;
+        if now.0 == held.0 && now.0 > 0 {
+            break;
+        }
+        held = now;
+    }
+    let (bytes, sockets) = held;
+    let per_connection = bytes as f64 / CONNS as f64 / f64::from(1 << 20);
+    eprintln!(
+        "{CONNS} connections that never read: {sockets} agent sockets hold {:.1} MiB, {per_connection:.2} MiB per connection",
+        bytes as f64 / f64::from(1 << 20)
+    );
+    ensure!(sockets >= 2 * CONNS, "both legs of each stream: {sockets}");
+    // Two legs, 1 MiB each by default, and the kernel's accounting overhead.
+    ensure!(
+        per_connection <= 2.5,
+        "{per_connection:.2} MiB per connection held in the agent's sockets"
+    );
+    drop(hold);
+    s.agent.stop()
+}

@@ -249,6 +249,9 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
             write: config.budget.write_timeout,
         },
         guard: Arc::new(DialGuard::new(config.deny_destinations.clone())),
+        // SO_SNDBUF and SO_RCVBUF are doubled by the kernel (its bookkeeping): ask for half.
+        buffer: (config.budget.connection_buffer > 0)
+            .then_some(config.budget.connection_buffer / 2),
     });
     let proxies: Vec<OutboundProxy> = listeners
         .into_iter()

@@ -14,7 +14,7 @@ use crate::{
     identity::{CgroupPods, Check},
     live::LiveState,
     metrics::{BudgetKind, Direction, Lookup, Metrics, Refusal, Timeout},
-    net::{CONNECT_TIMEOUT, connect_marked},
+    net::{CONNECT_TIMEOUT, connect_marked_buffered},
     redirect::RedirectMaps,
     state::{OutboundOutcome, Snapshot, Target},
 };
@@ -38,6 +38,8 @@ pub struct ProxyContext {
     pub timeouts: Timeouts,
     /// What the proxy never dials for a pod.
     pub guard: Arc<DialGuard>,
+    /// Send and receive buffer of each proxied socket, bytes; `None`: the kernel's autotuning.
+    pub buffer: Option<usize>,
 }
 
 pub struct OutboundProxy {
@@ -224,7 +226,13 @@ async fn handle(
             return;
         }
     };
-    let (upstream, dst) = match connect_upstream(first, fallback).await {
+    // Bounded kernel buffers on both legs: a peer that never reads holds at most this much.
+    if let Some(bytes) = context.buffer {
+        let socket = socket2::SockRef::from(&client);
+        let _ = socket.set_send_buffer_size(bytes);
+        let _ = socket.set_recv_buffer_size(bytes);
+    }
+    let (upstream, dst) = match connect_upstream(first, fallback, context.buffer).await {
         Ok(connected) => connected,
         Err((dst, e)) => {
             debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
@@ -300,9 +308,10 @@ fn allowed(
 async fn connect_upstream(
     first: SocketAddr,
     fallback: Option<SocketAddr>,
+    buffer: Option<usize>,
 ) -> Result<(TcpStream, SocketAddr), (SocketAddr, io::Error)> {
     let attempt = |addr: SocketAddr| async move {
-        connect_marked(addr, CONNECT_TIMEOUT)
+        connect_marked_buffered(addr, CONNECT_TIMEOUT, buffer)
             .await
             .map(|stream| (stream, addr))
             .map_err(|e| (addr, e))
@@ -489,7 +498,7 @@ mod tests {
         let (silent, _queued, _listener) = black_hole();
         let (v6, _v6_listener) = listener6().await;
         let started = std::time::Instant::now();
-        let (_, connected) = connect_upstream(silent, Some(v6)).await.unwrap();
+        let (_, connected) = connect_upstream(silent, Some(v6), None).await.unwrap();
         assert_eq!(connected, v6);
         let took = started.elapsed();
         assert!(
@@ -506,7 +515,7 @@ mod tests {
         };
         let (v6, _v6_listener) = listener6().await;
         let started = std::time::Instant::now();
-        let (_, connected) = connect_upstream(refused, Some(v6)).await.unwrap();
+        let (_, connected) = connect_upstream(refused, Some(v6), None).await.unwrap();
         assert_eq!(connected, v6);
         assert!(
             started.elapsed() < FALLBACK_DELAY,
@@ -515,9 +524,9 @@ mod tests {
 
         let v4 = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let v4_addr = v4.local_addr().unwrap();
-        let (_, connected) = connect_upstream(v4_addr, Some(v6)).await.unwrap();
+        let (_, connected) = connect_upstream(v4_addr, Some(v6), None).await.unwrap();
         assert_eq!(connected, v4_addr, "IPv4 first when it works");
-        let (failed, _) = connect_upstream(refused, None).await.unwrap_err();
+        let (failed, _) = connect_upstream(refused, None, None).await.unwrap_err();
         assert_eq!(failed, refused);
     }
 }
