@@ -563,3 +563,41 @@ fn a_client_that_never_reads_holds_a_bounded_buffer_per_connection() -> Result<(
     drop(hold);
     s.agent.stop()
 }
+
+/// DNS over TCP opens one upstream connection per query. Closed with a FIN from the agent first,
+/// each would sit in TIME_WAIT for a minute holding a port toward the resolver: one pod asking over
+/// TCP quickly would use up the node's ports to it. They are closed with a reset once the reply is
+/// read: none is left in TIME_WAIT.
+#[test]
+fn tcp_queries_leave_no_upstream_connection_in_time_wait() -> Result<()> {
+    const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+    const QUERIES: usize = 100;
+    let s = setup(&[A1], None, &[])?;
+    let script = format!(
+        "for i in $(seq {QUERIES}); do dig +tcp +tries=1 +time=2 +short other-$i.example.com >/dev/null || exit 1; done"
+    );
+    s.topo
+        .pod("team-a/a1")
+        .cmd("sh")
+        .args(["-c", &script])
+        .ok()?;
+    let time_wait = s
+        .topo
+        .node_cmd("ss")
+        .args([
+            "-tnH",
+            "state",
+            "time-wait",
+            "dst",
+            RESOLVER_IP.to_string().as_str(),
+        ])
+        .ok()?
+        .stdout_str();
+    let left = time_wait.lines().filter(|l| !l.trim().is_empty()).count();
+    eprintln!("{QUERIES} TCP queries: {left} upstream connections left in TIME_WAIT");
+    ensure!(
+        left == 0,
+        "{left} of {QUERIES} upstream connections in TIME_WAIT:\n{time_wait}"
+    );
+    s.agent.stop()
+}

@@ -135,6 +135,9 @@ impl Transfer {
             Err(_) => return Err(UpstreamError::Timeout(self.addr, self.timeout)),
         };
         self.done = self.progress.is_last(&message);
+        if self.done {
+            super::upstream::close_without_time_wait(&self.stream);
+        }
         Ok(Some(message))
     }
 }
