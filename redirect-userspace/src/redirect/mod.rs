@@ -716,7 +716,11 @@ fn load_error(name: &'static str, source: ProgramError) -> RedirectError {
         .rev()
         .map(str::trim)
         .find(|l| {
-            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
+            // Newer kernels end with statistics lines; the reason is the line before them.
+            !l.is_empty()
+                && !l.starts_with("processed ")
+                && !l.starts_with("verification time")
+                && !l.starts_with("stack depth")
         })
         .map_or_else(|| io_error.to_string(), str::to_string);
     RedirectError::Refused {
