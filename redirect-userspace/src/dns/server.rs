@@ -59,6 +59,26 @@ pub trait Decide: Send + Sync + 'static {
     fn budget_key(&self, client: IpAddr) -> IpAddr {
         client
     }
+
+    /// Whether `client` is an address a workload holds (a known client).
+    fn known(&self, _client: IpAddr) -> bool {
+        true
+    }
+}
+
+/// The share key of UDP datagrams from addresses no workload holds, arriving on interface
+/// `interface`: all of them together (`100::/64`, the discard prefix, never a real client).
+fn interface_key(interface: u32) -> IpAddr {
+    IpAddr::V6(std::net::Ipv6Addr::new(
+        0x100,
+        0,
+        0,
+        0,
+        0,
+        0,
+        (interface >> 16) as u16,
+        interface as u16,
+    ))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,10 +100,19 @@ struct Shared {
 impl Shared {
     /// A place among the forwards in flight for `client` (held until dropped), or `Err` when the
     /// client is at its share or the node at its limit.
-    fn forward_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
+    /// For a UDP datagram that came in on `interface` (0: not known). A UDP source address
+    /// costs nothing to forge (a pod with `CAP_NET_RAW`): one that no workload holds is not a client
+    /// of its own but shares one share with every such address arriving on the same interface, the
+    /// kernel's word for where it came from (a pod's own link).
+    fn forward_slot_from(&self, client: IpAddr, interface: u32) -> Result<Option<Permit>, Refusal> {
+        let key = if interface != 0 && !self.decide.known(client) {
+            interface_key(interface)
+        } else {
+            self.decide.budget_key(client)
+        };
         self.budgets
             .as_ref()
-            .map(|b| b.dns_forwards.take(self.decide.budget_key(client)))
+            .map(|b| b.dns_forwards.take(key))
             .transpose()
     }
 
@@ -227,14 +256,18 @@ struct Queue {
 async fn serve_udp(queue: Arc<Queue>) {
     let shared = &queue.shared;
     let mut buf = vec![0u8; 65_535];
+    if let Err(e) = super::queues::want_ingress_interface(&queue.socket) {
+        warn!(error = %e, "cannot learn the interface of DNS datagrams; budget shares go by source address alone");
+    }
     loop {
-        let (n, client) = match queue.socket.recv_from(&mut buf).await {
-            Ok(received) => received,
-            Err(e) => {
-                warn!(error = %e, "DNS UDP receive failed");
-                continue;
-            }
-        };
+        let (n, client, interface) =
+            match super::queues::recv_from_interface(&queue.socket, &mut buf).await {
+                Ok(received) => received,
+                Err(e) => {
+                    warn!(error = %e, "DNS UDP receive failed");
+                    continue;
+                }
+            };
         let raw = &mut buf[..n];
         // Local answers are a parse and an encode, forwards a send: both done here, no task per query.
         match local_reply(raw, client.ip(), Transport::Udp, shared) {
@@ -246,7 +279,7 @@ async fn serve_udp(queue: Arc<Queue>) {
                     continue;
                 }
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
-                let Ok(permit) = shared.forward_slot(client.ip()) else {
+                let Ok(permit) = shared.forward_slot_from(client.ip(), interface) else {
                     shared.metrics.dns(DnsOutcome::Servfail);
                     if let Some(reply) = servfail_for(raw) {
                         queue.send(&reply, client).await;
@@ -585,13 +618,21 @@ mod tests {
         upstream: SocketAddr,
         caps: Option<(usize, usize)>,
     ) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
+        proxy_deciding(upstream, caps, Arc::new(OneName)).await
+    }
+
+    async fn proxy_deciding(
+        upstream: SocketAddr,
+        caps: Option<(usize, usize)>,
+        decide: Arc<dyn Decide>,
+    ) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
         let metrics = Arc::new(Metrics::default());
         let mut up = Upstream::new(upstream);
         up.timeout = Duration::from_millis(300);
         let proxy = DnsProxy::bind(
             "127.0.0.1:0".parse().unwrap(),
             Arc::new(up),
-            Arc::new(OneName),
+            decide,
             metrics.clone(),
         )
         .await
@@ -848,6 +889,65 @@ mod tests {
         }
         // 2 from the greedy client, 1 from the other (each possibly retransmitted once).
         assert!((3..=6).contains(&seen), "{seen} datagrams upstream");
+    }
+
+    /// No workload holds any address: every client is a stranger.
+    struct Strangers;
+
+    impl Decide for Strangers {
+        fn decide(&self, _: &DnsQuery<'_>) -> Decision {
+            Decision::Forward
+        }
+        fn known(&self, _: IpAddr) -> bool {
+            false
+        }
+    }
+
+    /// UDP source addresses cost nothing to forge: addresses no workload holds that arrive on one
+    /// interface share one share of the forwards in flight, rather than each taking a fresh one.
+    #[tokio::test]
+    async fn addresses_no_workload_holds_share_one_share_per_interface() {
+        let silent = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy_deciding(
+            silent.local_addr().unwrap(),
+            Some((2, 2)),
+            Arc::new(Strangers),
+        )
+        .await;
+        let mut forged = Vec::new();
+        for last in 2..=5u8 {
+            let socket = UdpSocket::bind((std::net::Ipv4Addr::new(127, 0, 0, last), 0))
+                .await
+                .unwrap();
+            socket
+                .send_to(&query("other.example.com.", RecordType::A), addr)
+                .await
+                .unwrap();
+            forged.push(socket);
+        }
+        // Two go upstream (and wait for the 300 ms deadline); the other two are past the
+        // interface's share: SERVFAIL at once.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let mut servfails = 0;
+        let mut buf = [0u8; 512];
+        for socket in &forged {
+            if let Ok(n) = socket.try_recv(&mut buf) {
+                let reply = Message::from_vec(&buf[..n]).unwrap();
+                assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+                servfails += 1;
+            }
+        }
+        assert_eq!(
+            servfails, 2,
+            "four strangers on one interface: one share of two"
+        );
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(
+                r#"redirect_budget_refusals_total{budget="dns_forwards",reason="client_share"} 2"#
+            ),
+            "{text}"
+        );
     }
 
     /// A zone transfer over TCP is a stream of messages: each reaches the client, in order, and
