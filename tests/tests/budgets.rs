@@ -601,3 +601,84 @@ fn tcp_queries_leave_no_upstream_connection_in_time_wait() -> Result<()> {
     );
     s.agent.stop()
 }
+
+/// A pod with CAP_NET_RAW forges the source of its UDP DNS queries, a fresh address for each:
+/// addresses no workload holds that come in on one interface (the pod's own link) share one share
+/// of the forwards in flight, so the forger holds one share, not the node's whole budget, and
+/// another pod's queries are still forwarded, not refused.
+#[test]
+fn forged_dns_sources_from_one_pod_take_one_share_not_the_nodes_budget() -> Result<()> {
+    const FORGER: (&str, &str) = ("team-a/forger", "10.244.1.77");
+    let topo = Topology::with_pods(&[FORGER, B1])?;
+    // Nothing answers there: every forward stays in flight until its deadline.
+    let agent = Agent::start(
+        &topo,
+        &[
+            "--dns-upstream",
+            "203.0.113.99:53",
+            "--max-dns-forwards",
+            "32",
+            "--max-dns-forwards-per-client",
+            "8",
+        ],
+    )?;
+    struct Bare {
+        agent: Agent,
+        topo: Topology,
+    }
+    let s = Bare { agent, topo };
+    let used = r#"redirect_budget_used{budget="dns_forwards"}"#;
+    let forged = peer::cmd(s.topo.pod("team-a/forger").place())?
+        .args([
+            "dns-forge",
+            &format!("{}:15053", integration::GATEWAY),
+            "other.example.com",
+            "--from",
+            "10.244.200.1",
+            "--count",
+            "64",
+        ])
+        .ok()?;
+    ensure!(
+        forged.stdout_str().contains("sent 64"),
+        "{}",
+        forged.stdout_str()
+    );
+    let m = s
+        .agent
+        .wait_metrics("the forged queries taken in", Duration::from_secs(2), |m| {
+            m.get_or_zero(used) > 0.0
+        })?;
+    let held = m.get_or_zero(used);
+    eprintln!(
+        "64 queries from forged sources: {held} forwards in flight; refused {} (share), {} (node)",
+        m.get_or_zero(&refusals("dns_forwards", "client_share")),
+        m.get_or_zero(&refusals("dns_forwards", "node_limit"))
+    );
+    ensure!(
+        held <= 8.0,
+        "the forger holds {held} forwards, more than one share: {m:#?}"
+    );
+    // Another pod's query is forwarded (it waits for the silent upstream), not refused at once.
+    let before = s.agent.metrics()?;
+    let _ = s
+        .topo
+        .pod("team-b/b1")
+        .cmd("dig")
+        .args([
+            "+tries=1",
+            "+time=1",
+            "@169.254.7.1",
+            "-p",
+            "15053",
+            "mine.example.com",
+        ])
+        .output()?;
+    let after = s.agent.metrics()?;
+    assert_eq!(
+        integration::world::delta(&before, &after, &refusals("dns_forwards", "node_limit")),
+        0.0,
+        "{after:#?}"
+    );
+    s.agent.stop()
+}

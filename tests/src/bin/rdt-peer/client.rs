@@ -331,3 +331,74 @@ fn sockaddr_call(
     }
     Ok(())
 }
+
+/// DNS queries over UDP from forged source addresses (`from`, `from + 1`, ...), written whole
+/// (IPv4 and UDP headers included) to a raw socket. Prints `sent N`.
+pub fn dns_forge(
+    server: std::net::SocketAddrV4,
+    name: &str,
+    from: std::net::Ipv4Addr,
+    count: u32,
+) -> Result<()> {
+    // SAFETY: a fresh raw socket, closed at the end.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("a raw socket (CAP_NET_RAW)");
+    }
+    let mut question = Vec::new();
+    for label in name.trim_end_matches('.').split('.') {
+        question.push(label.len() as u8);
+        question.extend_from_slice(label.as_bytes());
+    }
+    question.extend_from_slice(&[0, 0, 1, 0, 1]); // root, type A, class IN
+    let mut sent = 0;
+    for i in 0..count {
+        let source = std::net::Ipv4Addr::from(u32::from(from) + i);
+        let mut dns = Vec::new();
+        dns.extend_from_slice(&(i as u16).to_be_bytes()); // id
+        dns.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD, one question
+        dns.extend_from_slice(&question);
+        let udp_len = (8 + dns.len()) as u16;
+        let total = 20 + udp_len;
+        let mut packet = vec![0x45, 0];
+        packet.extend_from_slice(&total.to_be_bytes());
+        packet.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // id (kernel), DF, TTL, UDP, sum
+        packet.extend_from_slice(&source.octets());
+        packet.extend_from_slice(&server.ip().octets());
+        packet.extend_from_slice(&(40_000 + (i % 20_000) as u16).to_be_bytes());
+        packet.extend_from_slice(&server.port().to_be_bytes());
+        packet.extend_from_slice(&udp_len.to_be_bytes());
+        packet.extend_from_slice(&[0, 0]); // no UDP checksum (optional over IPv4)
+        packet.extend_from_slice(&dns);
+        let dst = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*server.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: a valid descriptor, buffer and address for the call.
+        let rc = unsafe {
+            libc::sendto(
+                fd,
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&dst as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: our descriptor, closed once.
+            unsafe { libc::close(fd) };
+            return Err(e).with_context(|| format!("sending from {source}"));
+        }
+        sent += 1;
+    }
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::close(fd) };
+    println!("sent {sent}");
+    Ok(())
+}

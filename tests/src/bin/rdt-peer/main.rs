@@ -146,6 +146,16 @@ enum Command {
         #[arg(long)]
         from_port: u16,
     },
+    /// Sends `--count` DNS queries (A `name`) to `server` over UDP, each from a forged source
+    /// address counting up from `--from`, through a raw socket (needs CAP_NET_RAW).
+    DnsForge {
+        server: std::net::SocketAddrV4,
+        name: String,
+        #[arg(long)]
+        from: std::net::Ipv4Addr,
+        #[arg(long)]
+        count: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -201,6 +211,12 @@ fn main() -> ExitCode {
         } => mix::run(&http, &dns, rate, workers),
         Command::Write { addr } => load::write(addr),
         Command::Fetch { addr, from_port } => client::fetch(addr, from_port),
+        Command::DnsForge {
+            server,
+            name,
+            from,
+            count,
+        } => client::dns_forge(server, &name, from, count),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
