@@ -124,13 +124,33 @@ fn the_proxy_never_dials_the_nodes_own_addresses_or_its_link_for_a_pod() -> Resu
             "{url}: {after:#?}"
         );
     }
-    // The pod's own path to the node is not the agent's business: the gateway is never steered,
-    // and neither is this.
     assert_eq!(
         curl(&s, API_URL)?,
         API_ENDPOINT_BODY,
         "other traffic is carried as before"
     );
+    // An interface kept down to hold addresses (kube-proxy's IPVS mode puts every cluster IP on
+    // one) is not the node: a connection there is not refused as the node's.
+    let node = &s.topo.node().netns;
+    // (A veth pair left down stands in for the dummy device: not every test kernel has dummy.)
+    netns::ip(&[
+        "-n",
+        node,
+        "link",
+        "add",
+        "ipvs0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "ipvs0-peer",
+    ])?;
+    netns::ip(&["-n", node, "addr", "add", "10.96.0.10/32", "dev", "ipvs0"])?;
+    std::thread::sleep(std::time::Duration::from_millis(1100)); // the node's addresses, listed again
+    let before = s.agent.metrics()?;
+    let _ = curl(&s, "http://10.96.0.10/");
+    let after = s.agent.metrics()?;
+    assert_eq!(delta(&before, &after, &refused("node")), 0.0, "{after:#?}");
     ensure!(
         s.agent
             .log()

@@ -156,7 +156,9 @@ impl DialGuard {
     }
 }
 
-/// Every address of every interface of this network namespace (`getifaddrs(3)`).
+/// Every address of every interface of this network namespace that is up (`getifaddrs(3)`). An
+/// interface kept down only to hold addresses is not the node: kube-proxy's IPVS mode puts every
+/// Service's cluster IP on such a dummy interface, and a pod may reach those itself.
 fn interface_addresses() -> std::io::Result<HashSet<IpAddr>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
@@ -168,7 +170,8 @@ fn interface_addresses() -> std::io::Result<HashSet<IpAddr>> {
     while !cursor.is_null() {
         // SAFETY: `cursor` is a node of the list getifaddrs returned, not yet freed.
         let entry = unsafe { &*cursor };
-        if let Some(ip) = unsafe { sockaddr_ip(entry.ifa_addr) } {
+        let up = entry.ifa_flags & libc::IFF_UP as libc::c_uint != 0;
+        if up && let Some(ip) = unsafe { sockaddr_ip(entry.ifa_addr) } {
             addresses.insert(ip.to_canonical());
         }
         cursor = entry.ifa_next;
