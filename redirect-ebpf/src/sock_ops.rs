@@ -2,9 +2,12 @@ use aya_ebpf::{
     bindings::BPF_SOCK_OPS_TCP_CONNECT_CB, helpers::bpf_get_socket_cookie, macros::sock_ops,
     programs::SockOpsContext,
 };
-use redirect_common::{ORIG_REWRITTEN, SockAddr, Stat};
+use redirect_common::{ORIG_REWRITTEN, SockAddr, Stat, v4_mapped_words};
 
-use crate::maps::{FLOW_ORIG_DST, SOCKET_ORIG_DST, count};
+use crate::{
+    maps::{FLOW_ORIG_DST, SOCKET_ORIG_DST, count, proxy_port},
+    steer::{gateway_for, same_ip},
+};
 
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
@@ -21,13 +24,6 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     if family != AF_INET && family != AF_INET6 {
         return 1;
     }
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    let Some(orig) = (unsafe { SOCKET_ORIG_DST.get(&cookie) }).copied() else {
-        return 1; // not a socket we steered
-    };
-    if orig.protocol & ORIG_REWRITTEN != 0 {
-        return 1; // rewritten to an endpoint: the agent never sees it
-    }
     // local_port is in host byte order in bpf_sock_ops (remote_port is not). An IPv6 socket talking
     // to a v4-mapped address has its IPv4 source in v4-mapped form here: the same key as from IPv4.
     let port = ctx.local_port() as u16;
@@ -41,10 +37,55 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     } else {
         SockAddr::from_ip6_words(v6, port)
     };
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    let steered = (unsafe { SOCKET_ORIG_DST.get(&cookie) })
+        .copied()
+        .filter(|orig| orig.protocol & ORIG_REWRITTEN == 0); // rewritten: the agent never sees it
+    let Some(orig) = steered else {
+        // A pod connecting to the proxy's port itself: an entry filed under its address and port
+        // by an earlier connection (of a pod that had this address before) is not its own. The
+        // two share the 4-tuple, so the earlier one is over: drop its entry before the SYN leaves.
+        if connects_to_proxy(&ctx, family) {
+            let _ = FLOW_ORIG_DST.remove(&client);
+        }
+        return 1;
+    };
     if FLOW_ORIG_DST.insert(&client, &orig, 0).is_ok() {
         count(Stat::FlowFiled);
     } else {
         count(Stat::MapUpdateFailed);
     }
     1
+}
+
+/// Whether the socket connects to the outbound proxy at the gateway of its family.
+#[inline(always)]
+fn connects_to_proxy(ctx: &SockOpsContext, family: u32) -> bool {
+    // Volatile loads, each at its fixed offset: plain ones LLVM sinks into the branch that uses
+    // them and merges into one load through a computed ctx pointer, which the verifier refuses.
+    let ops = ctx.ops;
+    // SAFETY: `ops` is the program's context, valid for the whole call; fields read in place.
+    let (remote_port, v4, v6) = unsafe {
+        (
+            core::ptr::read_volatile(&(*ops).remote_port),
+            core::ptr::read_volatile(&(*ops).remote_ip4),
+            [
+                core::ptr::read_volatile(&(*ops).remote_ip6[0]),
+                core::ptr::read_volatile(&(*ops).remote_ip6[1]),
+                core::ptr::read_volatile(&(*ops).remote_ip6[2]),
+                core::ptr::read_volatile(&(*ops).remote_ip6[3]),
+            ],
+        )
+    };
+    // remote_port holds the port in network byte order in its upper 16 bits (little-endian hosts).
+    let port = u16::from_be((remote_port >> 16) as u16);
+    if port != proxy_port() {
+        return false;
+    }
+    let remote = if family == AF_INET {
+        v4_mapped_words(v4)
+    } else {
+        v6
+    };
+    matches!(gateway_for(&remote), Some(gw) if same_ip(&gw, &remote))
 }

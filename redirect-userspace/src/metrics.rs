@@ -16,7 +16,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::{redirect::RedirectMaps, state::OutboundOutcome};
+use crate::{proxy::Forbidden, redirect::RedirectMaps, state::OutboundOutcome};
 
 /// Which way bytes went, seen from the client: `sent` client -> upstream, `received` upstream -> client.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -203,7 +203,8 @@ label_value_as_str!(
     BudgetKind,
     Refusal,
     Scope,
-    Timeout
+    Timeout,
+    Forbidden
 );
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -249,6 +250,11 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: Forbidden,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LookupLabels {
     lookup: Lookup,
 }
@@ -277,6 +283,8 @@ pub struct Metrics {
     timeouts: Family<TimeoutLabels, Counter>,
     kube_watch_errors: Family<KindLabels, Counter>,
     status_writes: Family<ResultLabels, Counter>,
+    refused_destinations: Family<ReasonLabels, Counter>,
+    flows_unclaimed: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -392,6 +400,19 @@ impl Metrics {
             .inc();
     }
 
+    /// A destination the proxy would not dial for a pod (the connection was reset).
+    pub fn refused_destination(&self, reason: Forbidden) {
+        self.refused_destinations
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// A connection to the proxy that no steered `connect()` filed a destination for (a pod
+    /// connecting to the proxy's port itself, or reusing the address of a connection long gone).
+    pub fn flow_unclaimed(&self) {
+        self.flows_unclaimed.inc();
+    }
+
     /// Counts a proxied connection as open until the returned guard drops.
     pub fn track_active(self: &Arc<Self>) -> ActiveGuard {
         self.active.inc();
@@ -476,6 +497,16 @@ impl Metrics {
             "status_writes",
             "ServiceEntry status writes by this agent as the cluster's status writer, by result",
             self.status_writes.clone(),
+        );
+        registry.register(
+            "outbound_refused_destinations",
+            "Proxied connections reset because their destination is one the proxy never dials for a pod (loopback, unspecified, link-local, the node's own, or denied by --deny-destination), by reason",
+            self.refused_destinations.clone(),
+        );
+        registry.register(
+            "outbound_unclaimed",
+            "Connections to the proxy that no steered connect() filed a destination for: reset",
+            self.flows_unclaimed.clone(),
         );
         if let Some(maps) = redirect_maps {
             registry.register_collector(Box::new(EbpfEvents(maps)));

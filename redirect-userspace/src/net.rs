@@ -31,9 +31,23 @@ fn marked_socket(dst: SocketAddr, ty: Type, protocol: Protocol) -> io::Result<So
 
 /// A marked TCP connection to `dst`, given up after `timeout`.
 pub async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    connect_marked_buffered(dst, timeout, None).await
+}
+
+/// [`connect_marked`] with the socket's send and receive buffers fixed at `buffer` bytes each (set
+/// before the SYN: the window scale offered follows the receive buffer).
+pub async fn connect_marked_buffered(
+    dst: SocketAddr,
+    timeout: Duration,
+    buffer: Option<usize>,
+) -> io::Result<TcpStream> {
     let socket = marked_socket(dst, Type::STREAM, Protocol::TCP)?;
     socket.set_tcp_nodelay(true)?;
     socket.set_tcp_keepalive(&keepalive())?;
+    if let Some(bytes) = buffer {
+        socket.set_send_buffer_size(bytes)?;
+        socket.set_recv_buffer_size(bytes)?;
+    }
     let socket = TcpSocket::from_std_stream(socket.into());
     match tokio::time::timeout(timeout, socket.connect(dst)).await {
         Ok(result) => result,

@@ -179,6 +179,17 @@ impl Agent {
         Ok(self.log())
     }
 
+    /// Waits for the agent to exit by itself (or after a signal), whatever its status; returns the
+    /// status and the whole log.
+    pub fn wait_any_exit(
+        mut self,
+        timeout: Duration,
+    ) -> Result<(std::process::ExitStatus, String)> {
+        let status = self.proc.wait(timeout)?;
+        self.log_tail_on_drop = false;
+        Ok((status, self.log()))
+    }
+
     /// Like [`Agent::start`] without waiting for readiness (to watch an agent that is not ready).
     pub fn spawn(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
         Self::spawn_with(topo, &Launch::default(), extra_args)

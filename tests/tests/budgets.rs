@@ -486,3 +486,202 @@ fn an_idle_proxied_connection_is_reset_at_the_idle_timeout() -> Result<()> {
     );
     s.agent.stop()
 }
+
+/// Kernel memory the agent's sockets of one stream hold, in bytes (`ss -tm` in the node netns:
+/// receive queue `r`, send queue `w` and in flight `t`), summed over the sockets whose local port
+/// is the proxy's or whose peer is `upstream`.
+fn agent_socket_memory(topo: &integration::Topology, upstream: &str) -> Result<(u64, usize)> {
+    let out = topo.node_cmd("ss").args(["-tmniH"]).ok()?.stdout_str();
+    let (mut total, mut sockets) = (0u64, 0usize);
+    let mut ours = false;
+    for line in out.lines() {
+        if !line.starts_with(char::is_whitespace) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, peer) = (fields.get(3), fields.get(4));
+            ours = local.is_some_and(|l| l.ends_with(":15001")) || peer == Some(&upstream);
+            if ours {
+                sockets += 1;
+            }
+        }
+        let Some(skmem) = line.split("skmem:(").nth(1) else {
+            continue;
+        };
+        if !ours {
+            continue;
+        }
+        for part in skmem.trim_end_matches(')').split(',') {
+            for key in ["r", "w", "t"] {
+                if let Some(n) = part.strip_prefix(key).and_then(|n| n.parse::<u64>().ok()) {
+                    total += n;
+                }
+            }
+        }
+    }
+    Ok((total, sockets))
+}
+
+/// Connections that never read: whatever the upstream sends piles up in the agent's socket
+/// buffers. Each proxied socket's buffers are bounded (`--connection-buffer`, 1 MiB by default,
+/// per socket and direction), so a pod cannot make the node hold more than about 2 MiB of socket
+/// memory per connection (autotuned, this test measured 11.1 MiB).
+#[test]
+fn a_client_that_never_reads_holds_a_bounded_buffer_per_connection() -> Result<()> {
+    const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+    const SOURCE: &str = "203.0.113.20:9000";
+    const SINK: &str = "203.0.113.20:9001";
+    const CONNS: usize = 4;
+    let s = setup(&[A1], None, &[])?;
+    let source: SocketAddrV4 = SOURCE.parse()?;
+    s.topo.ensure_ext_address(*source.ip())?;
+    let _streams = Peer::start_streams(s.topo.ext(), "streams", source, SINK.parse()?)?;
+    let hold = peer::cmd(s.topo.pod("team-a/a1").place())?
+        .args(["hold-idle", SOURCE, "--conns", &CONNS.to_string()])
+        .spawn()?;
+    s.agent
+        .wait_metrics("the streams open", Duration::from_secs(10), |m| {
+            m.get_or_zero(ACTIVE) == CONNS as f64
+        })?;
+    // Until the buffers stop growing.
+    let mut held = (0, 0);
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = agent_socket_memory(&s.topo, SOURCE)?;
+        if now.0 == held.0 && now.0 > 0 {
+            break;
+        }
+        held = now;
+    }
+    let (bytes, sockets) = held;
+    let per_connection = bytes as f64 / CONNS as f64 / f64::from(1 << 20);
+    eprintln!(
+        "{CONNS} connections that never read: {sockets} agent sockets hold {:.1} MiB, {per_connection:.2} MiB per connection",
+        bytes as f64 / f64::from(1 << 20)
+    );
+    ensure!(sockets >= 2 * CONNS, "both legs of each stream: {sockets}");
+    // Two legs, 1 MiB each by default, and the kernel's accounting overhead.
+    ensure!(
+        per_connection <= 2.5,
+        "{per_connection:.2} MiB per connection held in the agent's sockets"
+    );
+    drop(hold);
+    s.agent.stop()
+}
+
+/// DNS over TCP opens one upstream connection per query. Closed with a FIN from the agent first,
+/// each would sit in TIME_WAIT for a minute holding a port toward the resolver: one pod asking over
+/// TCP quickly would use up the node's ports to it. They are closed with a reset once the reply is
+/// read: none is left in TIME_WAIT.
+#[test]
+fn tcp_queries_leave_no_upstream_connection_in_time_wait() -> Result<()> {
+    const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+    const QUERIES: usize = 100;
+    let s = setup(&[A1], None, &[])?;
+    let script = format!(
+        "for i in $(seq {QUERIES}); do dig +tcp +tries=1 +time=2 +short other-$i.example.com >/dev/null || exit 1; done"
+    );
+    s.topo
+        .pod("team-a/a1")
+        .cmd("sh")
+        .args(["-c", &script])
+        .ok()?;
+    let time_wait = s
+        .topo
+        .node_cmd("ss")
+        .args([
+            "-tnH",
+            "state",
+            "time-wait",
+            "dst",
+            RESOLVER_IP.to_string().as_str(),
+        ])
+        .ok()?
+        .stdout_str();
+    let left = time_wait.lines().filter(|l| !l.trim().is_empty()).count();
+    eprintln!("{QUERIES} TCP queries: {left} upstream connections left in TIME_WAIT");
+    ensure!(
+        left == 0,
+        "{left} of {QUERIES} upstream connections in TIME_WAIT:\n{time_wait}"
+    );
+    s.agent.stop()
+}
+
+/// A pod with CAP_NET_RAW forges the source of its UDP DNS queries, a fresh address for each:
+/// addresses no workload holds that come in on one interface (the pod's own link) share one share
+/// of the forwards in flight, so the forger holds one share, not the node's whole budget, and
+/// another pod's queries are still forwarded, not refused.
+#[test]
+fn forged_dns_sources_from_one_pod_take_one_share_not_the_nodes_budget() -> Result<()> {
+    const FORGER: (&str, &str) = ("team-a/forger", "10.244.1.77");
+    let topo = Topology::with_pods(&[FORGER, B1])?;
+    // Nothing answers there: every forward stays in flight until its deadline.
+    let agent = Agent::start(
+        &topo,
+        &[
+            "--dns-upstream",
+            "203.0.113.99:53",
+            "--max-dns-forwards",
+            "32",
+            "--max-dns-forwards-per-client",
+            "8",
+        ],
+    )?;
+    struct Bare {
+        agent: Agent,
+        topo: Topology,
+    }
+    let s = Bare { agent, topo };
+    let used = r#"redirect_budget_used{budget="dns_forwards"}"#;
+    let forged = peer::cmd(s.topo.pod("team-a/forger").place())?
+        .args([
+            "dns-forge",
+            &format!("{}:15053", integration::GATEWAY),
+            "other.example.com",
+            "--from",
+            "10.244.200.1",
+            "--count",
+            "64",
+        ])
+        .ok()?;
+    ensure!(
+        forged.stdout_str().contains("sent 64"),
+        "{}",
+        forged.stdout_str()
+    );
+    let m = s
+        .agent
+        .wait_metrics("the forged queries taken in", Duration::from_secs(2), |m| {
+            m.get_or_zero(used) > 0.0
+        })?;
+    let held = m.get_or_zero(used);
+    eprintln!(
+        "64 queries from forged sources: {held} forwards in flight; refused {} (share), {} (node)",
+        m.get_or_zero(&refusals("dns_forwards", "client_share")),
+        m.get_or_zero(&refusals("dns_forwards", "node_limit"))
+    );
+    ensure!(
+        held <= 8.0,
+        "the forger holds {held} forwards, more than one share: {m:#?}"
+    );
+    // Another pod's query is forwarded (it waits for the silent upstream), not refused at once.
+    let before = s.agent.metrics()?;
+    let _ = s
+        .topo
+        .pod("team-b/b1")
+        .cmd("dig")
+        .args([
+            "+tries=1",
+            "+time=1",
+            "@169.254.7.1",
+            "-p",
+            "15053",
+            "mine.example.com",
+        ])
+        .output()?;
+    let after = s.agent.metrics()?;
+    assert_eq!(
+        integration::world::delta(&before, &after, &refusals("dns_forwards", "node_limit")),
+        0.0,
+        "{after:#?}"
+    );
+    s.agent.stop()
+}

@@ -604,3 +604,56 @@ fn hostile_files_in_the_config_directory_change_nothing() -> Result<()> {
     );
     Ok(())
 }
+
+/// A mesh config written in place and read while empty, or left empty by a full disk, is not a
+/// mesh config without the feature: nothing of it applies (team-a's NAMESPACE entry stays hidden
+/// from team-b), the last good one stays and the error is reported. A complete document that
+/// removes the feature still applies.
+#[test]
+fn an_empty_mesh_config_is_not_applied_and_a_complete_one_without_the_feature_is() -> Result<()> {
+    let mut w = World::start()?;
+    let dir = w.config_dir().to_path_buf();
+    let mesh = dir.join("01-mesh-config.yaml");
+    ensure!(mesh.is_file(), "the world's mesh config moved");
+    // explain over the last good configuration (it refuses the empty file, as the agent does).
+    let good = w.topo.scratch_path("good");
+    world::copy_manifests(&dir, &good)?;
+    w.explain_over(&good)?;
+    let before = w.agent.metrics()?;
+    // Truncated in place, as `>` leaves it before the write (and a full disk after).
+    std::fs::File::create(&mesh)?;
+    w.agent.wait_metrics(
+        "the empty mesh config: a partial reload",
+        Duration::from_secs(2),
+        |m| delta(&before, m, key::RELOAD_PARTIAL) == 1.0,
+    )?;
+    old_behaviour_holds(&w).context("after the mesh config was emptied")?;
+    let dump = w.config_dump()?;
+    let errors = &dump["config"]["lastError"]["errors"];
+    ensure!(
+        errors.to_string().contains("holds no document"),
+        "the error is reported: {dump:#}"
+    );
+
+    // A whole document without serviceEntryVisibility: the feature is off, every entry is seen by
+    // every namespace, and team-b now gets team-a's entry from the agent.
+    let before = w.agent.metrics()?;
+    world::replace_file(
+        &dir,
+        "01-mesh-config.yaml",
+        "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec:\n  meshConfig: {}\n",
+    )?;
+    w.agent.wait_metrics(
+        "the complete mesh config: a good reload",
+        Duration::from_secs(2),
+        |m| delta(&before, m, key::RELOAD_OK) == 1.0,
+    )?;
+    w.explain_over(&dir)?;
+    let (v, _) = w.check_dig("team-b", "api.example.com")?;
+    ensure!(
+        is_answer(&v, "team-a/api-example", "203.0.113.10"),
+        "the feature removed: {}",
+        v.json
+    );
+    Ok(())
+}

@@ -163,12 +163,15 @@ pub struct Server {
 
 impl Server {
     /// Listens at `path` (replacing a stale socket file there). When a successor says it is ready,
-    /// `on_ready` runs (it must stop this agent's serving) and the successor is told so.
+    /// `on_ready` runs (it must stop this agent's serving) and the successor is told so. When one
+    /// took the sockets and then gave up or died before it was ready, `on_failed` runs (it may have
+    /// put its programs in the links already) and this agent serves on.
     pub fn start(
         path: &Path,
         me: Identity,
         sockets: Vec<Socket>,
         on_ready: impl FnOnce() + Send + 'static,
+        on_failed: impl Fn() + Send + 'static,
     ) -> io::Result<Server> {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent)?;
@@ -185,7 +188,9 @@ impl Server {
         let path = path.to_path_buf();
         std::thread::Builder::new()
             .name("handover".into())
-            .spawn(move || offer_loop(&path, &listener, &closed, me, &sockets, on_ready))?;
+            .spawn(move || {
+                offer_loop(&path, &listener, &closed, me, &sockets, on_ready, on_failed)
+            })?;
         info!(path = %server.path.display(), "hand-over socket listening");
         Ok(server)
     }
@@ -208,6 +213,7 @@ fn offer_loop(
     me: Identity,
     sockets: &[Socket],
     on_ready: impl FnOnce() + Send + 'static,
+    on_failed: impl Fn(),
 ) {
     let mut header = format!("{MAGIC} netns={} cgroup={}\n", me.netns, me.cgroup);
     for s in sockets {
@@ -271,6 +277,7 @@ fn offer_loop(
             ),
             Err(e) => warn!(error = %e, "the hand-over failed; serving on"),
         }
+        on_failed();
         // The successor may have taken the path before it gave up: take it back.
         match listen(path) {
             Ok(fd) => {
@@ -525,6 +532,7 @@ mod tests {
                 fd: OwnedFd::from(tcp),
             }],
             move || stopped_tx.send(()).unwrap(),
+            || {},
         )
         .unwrap();
         let (predecessor, sockets) = take_over(&path, me).unwrap().unwrap();

@@ -30,7 +30,7 @@ use crate::{
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{self, OutboundProxy, ProxyContext, RelayMode, Timeouts},
+    proxy::{self, DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts},
     redirect::{Gateways, RedirectConfig, Redirector, Release},
 };
 use handover::Kind;
@@ -50,6 +50,8 @@ pub struct AgentConfig {
     pub dns_cache: Option<std::num::NonZeroUsize>,
     pub admin: SocketAddr,
     pub admin_allow_non_loopback: bool,
+    /// Prefixes the proxy never dials for a pod, beyond the ones it always refuses.
+    pub deny_destinations: Vec<ipnet::IpNet>,
     pub relay: RelayMode,
     /// Caps and timeouts; the caps not given are sized from the open-files limit.
     pub budget: BudgetArgs,
@@ -84,6 +86,9 @@ pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
 }
 
 async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> anyhow::Result<()> {
+    // Before anything is attached: a SIGTERM during start-up waits for the start to complete, then
+    // takes the ordinary way out (programs detached), instead of killing the process half-way.
+    let mut signals = Signals::install()?;
     let metrics = Arc::new(Metrics::default());
     let budgets = Arc::new(Budgets::new(limits, &metrics));
     let kube = match &config.kube {
@@ -229,6 +234,14 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         fast_tables,
     })
     .context("attaching the eBPF programs")?;
+    // A start-up error from here on must not leave the programs attached with nobody serving:
+    // every steered connection would be refused until a good agent starts. They are detached on
+    // the way out, unless a predecessor that still serves owns them (it takes its links back).
+    let starting = Starting {
+        redirector: Some(redirector),
+        detach: predecessor.is_none(),
+    };
+    let redirector = starting.redirector()?;
     if let Some(fast) = &fast_path {
         fast.start(redirector.fast_maps());
     }
@@ -247,6 +260,10 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
             idle: config.budget.idle_timeout,
             write: config.budget.write_timeout,
         },
+        guard: Arc::new(DialGuard::new(config.deny_destinations.clone())),
+        // SO_SNDBUF and SO_RCVBUF are doubled by the kernel (its bookkeeping): ask for half.
+        buffer: (config.budget.connection_buffer > 0)
+            .then_some(config.budget.connection_buffer / 2),
     });
     let proxies: Vec<OutboundProxy> = listeners
         .into_iter()
@@ -282,7 +299,6 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .into_iter()
         .map(|dns| tokio::spawn(dns.serve(stop_rx.clone())))
         .collect();
-    let mut signals = Signals::install()?;
 
     // Offer our sockets to the next agent; when it is ready, stop serving (it serves on them).
     let stop_tx = Arc::new(stop_tx);
@@ -292,12 +308,31 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         Some(path) => {
             let (stop_tx, attached, handed_over) =
                 (stop_tx.clone(), attached.clone(), handed_over.clone());
-            let server = handover::Server::start(path, identity, offer, move || {
-                attached.store(false, Ordering::Release);
-                let _ = stop_tx.send(true);
-                let _ = admin_stop.send(true);
-                handed_over.notify_one();
-            })
+            let held = redirector.held_links();
+            let on_failed = move || {
+                // The successor may have put its programs in our links before it died.
+                if let Some(held) = &held {
+                    let retaken = held.retake();
+                    if retaken > 0 {
+                        warn!(
+                            links = retaken,
+                            "the successor died after it took over the links; put our programs back in them"
+                        );
+                    }
+                }
+            };
+            let server = handover::Server::start(
+                path,
+                identity,
+                offer,
+                move || {
+                    attached.store(false, Ordering::Release);
+                    let _ = stop_tx.send(true);
+                    let _ = admin_stop.send(true);
+                    handed_over.notify_one();
+                },
+                on_failed,
+            )
             .with_context(|| format!("listening for a successor at {}", path.display()))?;
             Some(server)
         }
@@ -319,6 +354,10 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     }
     admin::spawn_on(admin_listener, admin_state, admin_stopped)
         .context("starting the admin server")?;
+    let redirector = starting.done()?;
+    if let Some(held) = redirector.held_links() {
+        tokio::spawn(watch_pins(held, stop_rx.clone()));
+    }
     attached.store(true, Ordering::Release);
     info!(gateway = %config.gateway, proxy_port = config.proxy_port, dns_upstream = %config.dns_upstream, start = ?redirector.start(), "agent running");
 
@@ -384,6 +423,61 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     }
     // Connections still open are dropped with the runtime: reset (linger 0), never a silent FIN.
     Ok(())
+}
+
+/// The programs attached and the agent not yet running: dropped before [`Starting::done`] (a
+/// start-up error), it detaches them unless a live predecessor owns them.
+struct Starting {
+    redirector: Option<Redirector>,
+    detach: bool,
+}
+
+impl Starting {
+    fn redirector(&self) -> anyhow::Result<&Redirector> {
+        self.redirector
+            .as_ref()
+            .context("the eBPF programs were released during start-up")
+    }
+
+    /// Start-up completed: the programs are the running agent's.
+    fn done(mut self) -> anyhow::Result<Redirector> {
+        self.redirector
+            .take()
+            .context("the eBPF programs were released during start-up")
+    }
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let Some(redirector) = self.redirector.take() else {
+            return;
+        };
+        if !self.detach {
+            warn!("start-up failed; the agent in service keeps the programs");
+            return;
+        }
+        match redirector.release() {
+            Ok(Release::Detached) => warn!("start-up failed; eBPF programs detached"),
+            Ok(Release::Superseded) => {}
+            Err(e) => {
+                warn!(error = %e, "start-up failed, and detaching the eBPF programs failed too")
+            }
+        }
+    }
+}
+
+/// Says once when the pins of the links this agent holds are gone (the bpf filesystem unmounted
+/// under it): the links stay attached while the agent runs, but a successor cannot take over.
+async fn watch_pins(held: Arc<crate::redirect::HeldLinks>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        if held.pins_lost_now() {
+            warn!(dir = %held.dir().display(), "the pinned links are gone (was the bpf filesystem unmounted?); this agent holds the links itself, so pods stay steered while it runs, but a successor cannot take over and the links go when this agent does: restart it with the bpf filesystem mounted");
+        }
+    }
 }
 
 /// Waits until no proxied connection, DNS forward or DNS client is left, or `deadline`; returns

@@ -45,7 +45,15 @@ pub struct BudgetArgs {
     /// connection (a peer that never reads).
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub write_timeout: Duration,
+    /// Kernel memory each proxied socket may hold per direction (its send and its receive buffer):
+    /// what a connection whose peer never reads can make the node hold, on each of its two legs.
+    /// 0 leaves the sizes to the kernel's autotuning (up to tcp_wmem and tcp_rmem).
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_CONNECTION_BUFFER)]
+    pub connection_buffer: usize,
 }
+
+/// Envoy's per-connection buffer limit, and enough for a full-rate stream on the node's links.
+pub const DEFAULT_CONNECTION_BUFFER: usize = 1 << 20;
 
 /// A node-wide limit and one client's share of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

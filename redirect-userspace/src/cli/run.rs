@@ -113,6 +113,11 @@ pub struct RunArgs {
     /// Allow the admin server on a non-loopback address (it shows the node's configuration).
     #[arg(long)]
     pub admin_allow_non_loopback: bool,
+    /// A prefix the proxy never dials for a pod, as the node's egress policy denies it to pods
+    /// (repeatable; e.g. a cloud's metadata range outside link-local). Loopback, unspecified,
+    /// link-local and the node's own addresses are always refused.
+    #[arg(long, value_name = "CIDR")]
+    pub deny_destination: Vec<ipnet::IpNet>,
     /// bpf filesystem directory holding the pinned links and maps, which a successor adopts (hand-over).
     /// When it is not on a bpf filesystem the programs live with this process and there is no hand-over.
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
@@ -190,6 +195,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             dns_cache: std::num::NonZeroUsize::new(args.dns_cache),
             admin: args.admin,
             admin_allow_non_loopback: args.admin_allow_non_loopback,
+            deny_destinations: args.deny_destination,
             relay: args.relay,
             budget: args.budget,
             limits: args.limits.limits(),

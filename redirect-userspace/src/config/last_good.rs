@@ -282,4 +282,41 @@ mod tests {
         let loaded = reload(&[("mesh.yaml", MESH)], &[]);
         assert!(loaded.model.mesh.service_entry_visibility.is_none());
     }
+
+    /// A mesh config read while it is rewritten in place (empty), or left empty by a full disk,
+    /// is not a mesh config without the feature: the last good one stays and the error is
+    /// reported. A complete document without the feature still turns it off.
+    #[test]
+    fn an_empty_mesh_config_file_keeps_the_last_good_one_a_complete_one_without_the_feature_applies()
+     {
+        let a = entry("a", "203.0.113.1");
+        for empty in ["", "\n", "  \n# nothing yet\n", "---\n"] {
+            let loaded = reload(
+                &[("mesh.yaml", MESH), ("a.yaml", &a)],
+                &[("mesh.yaml", empty), ("a.yaml", &a)],
+            );
+            assert!(
+                loaded.model.mesh.service_entry_visibility.is_some(),
+                "{empty:?}: the last good mesh config stays"
+            );
+            let [r] = loaded.rejected.as_slice() else {
+                panic!("{empty:?}: {:?}", loaded.rejected)
+            };
+            assert_eq!((r.kind, r.last_good_in_force), ("File", true), "{empty:?}");
+            assert!(
+                loaded.errors[0].message.contains("holds no document"),
+                "{empty:?}: {:?}",
+                loaded.errors
+            );
+            assert_eq!(addresses(&loaded.model, "a").unwrap(), ["203.0.113.1"]);
+        }
+        let without =
+            "apiVersion: install.istio.io/v1alpha1\nkind: IstioOperator\nspec: {meshConfig: {}}\n";
+        let loaded = reload(&[("mesh.yaml", MESH)], &[("mesh.yaml", without)]);
+        assert!(loaded.errors.is_empty(), "{:?}", loaded.errors);
+        assert!(
+            loaded.model.mesh.service_entry_visibility.is_none(),
+            "a complete document that removes the feature applies"
+        );
+    }
 }

@@ -250,16 +250,31 @@ impl Loader {
 
     pub(super) fn add_file(&mut self, file: &str, text: &str) {
         let mut number = 0;
+        let mut held = false;
         yaml::for_each_document(text, self.budget, |document| {
             number += 1;
             match document {
-                Ok(value) => self.add_document(file, value, String::new()),
+                Ok(value) => {
+                    held |= !value.is_null();
+                    self.add_document(file, value, String::new())
+                }
                 Err(e) => {
+                    held = true;
                     // The parser cannot resynchronise after a syntax error: the rest of the file is lost.
                     self.file_error(file, format!("document {number} is not valid YAML: {e}"));
                 }
             }
         });
+        // A file with no document at all is one being written in place (read between the
+        // truncation and the write) or cut short (a full disk), far more often than a file meant
+        // to say nothing: what it held stays at its last good version. Removing the file removes
+        // its objects.
+        if !held {
+            self.file_error(
+                file,
+                "holds no document (read while it was rewritten in place, or cut short?): its objects stay at their last good versions; remove the file to remove them".to_string(),
+            );
+        }
     }
 
     fn add_document(&mut self, file: &str, value: Value, prefix: String) {

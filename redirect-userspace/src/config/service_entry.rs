@@ -96,7 +96,16 @@ const RESOLUTIONS: &[(&str, i64, Resolution)] = &[
 /// An endpoint or WorkloadEntry address: an IP, a host name, or a unix socket (`unix:///path`,
 /// `unix://@abstract`), with Istio's reasons for refusing a socket path.
 fn workload_address(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<WorkloadAddress> {
-    if let Ok(ip) = text.parse() {
+    if let Ok(ip) = text.parse::<std::net::IpAddr>() {
+        // The proxy dials endpoints from the node: these would reach the node itself, not a
+        // workload (docs/data-plane.md#destinations-the-proxy-refuses).
+        if let Some(what) = node_local(ip) {
+            ctx.error(
+                field,
+                format!("{text:?} is {what}: the agent dials endpoints from the node, so it would reach the node itself"),
+            );
+            return None;
+        }
         return Some(WorkloadAddress::Ip(ip));
     }
     if let Some(path) = text.strip_prefix("unix://") {
@@ -132,6 +141,19 @@ fn workload_address(ctx: &mut Ctx<'_>, field: &str, text: &str) -> Option<Worklo
             format!("{text:?} is neither an IP address, a host name nor a unix socket"),
         );
         None
+    }
+}
+
+/// What a loopback, unspecified or link-local address is, in words; `None` for any other.
+fn node_local(ip: std::net::IpAddr) -> Option<&'static str> {
+    match ip.to_canonical() {
+        std::net::IpAddr::V4(v4) if v4.is_loopback() => Some("a loopback address"),
+        std::net::IpAddr::V4(v4) if v4.octets()[0] == 0 => Some("an unspecified address"),
+        std::net::IpAddr::V4(v4) if v4.is_link_local() => Some("a link-local address"),
+        std::net::IpAddr::V6(v6) if v6.is_loopback() => Some("a loopback address"),
+        std::net::IpAddr::V6(v6) if v6.is_unspecified() => Some("an unspecified address"),
+        std::net::IpAddr::V6(v6) if v6.is_unicast_link_local() => Some("a link-local address"),
+        _ => None,
     }
 }
 

@@ -7,6 +7,7 @@ mod pending;
 mod queues;
 mod resolve;
 mod server;
+mod transfer;
 mod upstream;
 mod visible;
 

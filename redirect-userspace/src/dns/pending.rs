@@ -11,7 +11,7 @@ use std::{
 };
 
 use hickory_proto::{
-    op::{Header, MessageType, Query},
+    op::{Header, MessageType, Query, ResponseCode},
     serialize::binary::{BinDecodable, BinDecoder},
 };
 use rand::{Rng, RngExt};
@@ -157,13 +157,18 @@ impl<W> Pending<W> {
 
     /// Takes the query `reply` answers, if any, and gives the reply the client's id.
     pub fn answer(&mut self, reply: &mut [u8]) -> Reply<W> {
-        let Some((id, question)) = read_response(reply) else {
+        let Some(response) = read_response(reply) else {
             return Reply::Malformed;
         };
+        let id = response.id;
         let Some(outstanding) = self.by_id.get(&id) else {
             return Reply::UnknownId;
         };
-        if outstanding.question != question {
+        // An error reply may leave the question out (QDCOUNT 0: RFC 1035 does not require it, and
+        // servers refusing or failing a query often do). Under the id in flight it is that query's
+        // answer: the client gets the error at once rather than a SERVFAIL after the deadline.
+        let bare_error = response.question.is_empty() && response.error;
+        if outstanding.question != response.question && !bare_error {
             return Reply::WrongQuestion;
         }
         let Some(outstanding) = self.by_id.remove(&id) else {
@@ -255,9 +260,17 @@ fn set_id(message: &mut [u8], id: u16) {
     }
 }
 
-/// The id and question section of a response, read with hickory (the records are not read: they
-/// go back to the client as they came).
-fn read_response(reply: &[u8]) -> Option<(u16, Vec<Query>)> {
+/// What [`Pending::answer`] reads of a response.
+struct Response {
+    id: u16,
+    question: Vec<Query>,
+    /// The response code is not NOERROR.
+    error: bool,
+}
+
+/// The id, question section and whether it is an error, read with hickory (the records are not
+/// read: they go back to the client as they came).
+fn read_response(reply: &[u8]) -> Option<Response> {
     let mut decoder = BinDecoder::new(reply);
     let header = Header::read(&mut decoder).ok()?;
     if header.metadata.message_type != MessageType::Response {
@@ -267,7 +280,11 @@ fn read_response(reply: &[u8]) -> Option<(u16, Vec<Query>)> {
         .map(|_| Query::read(&mut decoder))
         .collect::<Result<Vec<_>, _>>()
         .ok()?;
-    Some((header.metadata.id, question))
+    Some(Response {
+        id: header.metadata.id,
+        question,
+        error: header.metadata.response_code != ResponseCode::NoError,
+    })
 }
 
 #[cfg(test)]
@@ -396,9 +413,10 @@ mod tests {
                 expect: Reply::WrongQuestion,
             },
             Case {
-                name: "right id, no question",
+                name: "right id, no question, NOERROR",
                 reply: |sent| {
                     let mut reply = Message::from_vec(&answer_to(sent)).unwrap();
+                    reply.metadata.response_code = ResponseCode::NoError;
                     reply.queries.clear();
                     reply.to_vec().unwrap()
                 },
@@ -430,6 +448,38 @@ mod tests {
                 "{}: the real answer still gets through",
                 case.name
             );
+        }
+    }
+
+    /// An upstream refusing (or failing) a query may send the error without its question: under
+    /// the id in flight it is that query's answer, passed on at once with the client's id.
+    #[test]
+    fn an_error_reply_without_a_question_answers_its_query() {
+        for code in [
+            ResponseCode::Refused,
+            ResponseCode::FormErr,
+            ResponseCode::ServFail,
+            ResponseCode::NotImp,
+        ] {
+            let mut pending = table();
+            let (mut q, question) = query(0x4242, "a.example.");
+            pending
+                .insert(&mut q, question, "pod", Instant::now(), &mut rng())
+                .unwrap();
+            let mut reply = Message::from_vec(&answer_to(&q)).unwrap();
+            reply.metadata.response_code = code;
+            reply.queries.clear();
+            let mut reply = reply.to_vec().unwrap();
+            assert_eq!(
+                pending.answer(&mut reply),
+                Reply::Matched {
+                    waiter: "pod",
+                    client_id: 0x4242
+                },
+                "{code:?}"
+            );
+            assert_eq!(id_of(&reply), Some(0x4242), "{code:?}: the client's id");
+            assert!(pending.is_empty());
         }
     }
 

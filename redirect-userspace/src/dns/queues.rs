@@ -14,6 +14,118 @@ const RECV_BUFFER: usize = 1 << 20;
 /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 
+/// Asks the kernel to say, with each datagram, which interface it came in on (`IP_PKTINFO`,
+/// `IPV6_RECVPKTINFO`): for sockets bound here and for those a predecessor hands over alike.
+pub fn want_ingress_interface(socket: &UdpSocket) -> io::Result<()> {
+    let (level, name) = match socket.local_addr()? {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    };
+    let one: libc::c_int = 1;
+    // SAFETY: a valid descriptor and an int option.
+    let rc = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            name,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A datagram: its length, its source, and the index of the interface it came in on (0 when the
+/// kernel did not say).
+pub async fn recv_from_interface(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+) -> io::Result<(usize, SocketAddr, u32)> {
+    loop {
+        socket.readable().await?;
+        match socket.try_io(tokio::io::Interest::READABLE, || {
+            recvmsg_interface(socket.as_raw_fd(), buf)
+        }) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            received => return received,
+        }
+    }
+}
+
+fn recvmsg_interface(fd: libc::c_int, buf: &mut [u8]) -> io::Result<(usize, SocketAddr, u32)> {
+    // SAFETY: all-zero is a valid sockaddr_storage and msghdr.
+    let mut storage: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // Room for one pktinfo message of either family, 8-aligned as cmsg headers need.
+    let mut control = [0u64; 16];
+    // SAFETY: as above.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut storage as *mut libc::sockaddr_storage).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control);
+    // SAFETY: every pointer in `msg` is valid for the lengths it gives, for the whole call.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled `storage` with a socket address of the family it names.
+    let source = unsafe {
+        match i32::from(storage.ss_family) {
+            libc::AF_INET => {
+                let v4 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>();
+                SocketAddr::new(
+                    std::net::Ipv4Addr::from(u32::from_be(v4.sin_addr.s_addr)).into(),
+                    u16::from_be(v4.sin_port),
+                )
+            }
+            libc::AF_INET6 => {
+                let v6 = &*(&storage as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>();
+                SocketAddr::V6(std::net::SocketAddrV6::new(
+                    v6.sin6_addr.s6_addr.into(),
+                    u16::from_be(v6.sin6_port),
+                    v6.sin6_flowinfo,
+                    v6.sin6_scope_id,
+                ))
+            }
+            _ => {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a datagram without an IP source",
+                ));
+            }
+        }
+    };
+    let mut interface = 0;
+    // SAFETY: the cmsg walk stays within the control buffer the kernel filled (msg_controllen).
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            let header = &*cmsg;
+            if header.cmsg_level == libc::IPPROTO_IP && header.cmsg_type == libc::IP_PKTINFO {
+                let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                interface = info.ipi_ifindex as u32;
+            } else if header.cmsg_level == libc::IPPROTO_IPV6
+                && header.cmsg_type == libc::IPV6_PKTINFO
+            {
+                let info: libc::in6_pktinfo =
+                    std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast());
+                interface = info.ipi6_ifindex;
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok((n as usize, source, interface))
+}
+
 /// Binds [`QUEUES`] UDP sockets to `addr` (a port of 0 is chosen once, for all of them).
 pub fn bind_queues(addr: SocketAddr) -> io::Result<Vec<UdpSocket>> {
     let first = bind_one(addr)?;

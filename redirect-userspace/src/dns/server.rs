@@ -23,6 +23,7 @@ use super::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
     cache::{AnswerCache, CacheKey},
+    transfer,
     upstream::{ReplyTo, Upstream},
 };
 use crate::{
@@ -58,6 +59,26 @@ pub trait Decide: Send + Sync + 'static {
     fn budget_key(&self, client: IpAddr) -> IpAddr {
         client
     }
+
+    /// Whether `client` is an address a workload holds (a known client).
+    fn known(&self, _client: IpAddr) -> bool {
+        true
+    }
+}
+
+/// The share key of UDP datagrams from addresses no workload holds, arriving on interface
+/// `interface`: all of them together (`100::/64`, the discard prefix, never a real client).
+fn interface_key(interface: u32) -> IpAddr {
+    IpAddr::V6(std::net::Ipv6Addr::new(
+        0x100,
+        0,
+        0,
+        0,
+        0,
+        0,
+        (interface >> 16) as u16,
+        interface as u16,
+    ))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -79,10 +100,19 @@ struct Shared {
 impl Shared {
     /// A place among the forwards in flight for `client` (held until dropped), or `Err` when the
     /// client is at its share or the node at its limit.
-    fn forward_slot(&self, client: IpAddr) -> Result<Option<Permit>, Refusal> {
+    /// For a UDP datagram that came in on `interface` (0: not known). A UDP source address
+    /// costs nothing to forge (a pod with `CAP_NET_RAW`): one that no workload holds is not a client
+    /// of its own but shares one share with every such address arriving on the same interface, the
+    /// kernel's word for where it came from (a pod's own link).
+    fn forward_slot_from(&self, client: IpAddr, interface: u32) -> Result<Option<Permit>, Refusal> {
+        let key = if interface != 0 && !self.decide.known(client) {
+            interface_key(interface)
+        } else {
+            self.decide.budget_key(client)
+        };
         self.budgets
             .as_ref()
-            .map(|b| b.dns_forwards.take(self.decide.budget_key(client)))
+            .map(|b| b.dns_forwards.take(key))
             .transpose()
     }
 
@@ -226,14 +256,18 @@ struct Queue {
 async fn serve_udp(queue: Arc<Queue>) {
     let shared = &queue.shared;
     let mut buf = vec![0u8; 65_535];
+    if let Err(e) = super::queues::want_ingress_interface(&queue.socket) {
+        warn!(error = %e, "cannot learn the interface of DNS datagrams; budget shares go by source address alone");
+    }
     loop {
-        let (n, client) = match queue.socket.recv_from(&mut buf).await {
-            Ok(received) => received,
-            Err(e) => {
-                warn!(error = %e, "DNS UDP receive failed");
-                continue;
-            }
-        };
+        let (n, client, interface) =
+            match super::queues::recv_from_interface(&queue.socket, &mut buf).await {
+                Ok(received) => received,
+                Err(e) => {
+                    warn!(error = %e, "DNS UDP receive failed");
+                    continue;
+                }
+            };
         let raw = &mut buf[..n];
         // Local answers are a parse and an encode, forwards a send: both done here, no task per query.
         match local_reply(raw, client.ip(), Transport::Udp, shared) {
@@ -245,7 +279,7 @@ async fn serve_udp(queue: Arc<Queue>) {
                     continue;
                 }
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
-                let Ok(permit) = shared.forward_slot(client.ip()) else {
+                let Ok(permit) = shared.forward_slot_from(client.ip(), interface) else {
                     shared.metrics.dns(DnsOutcome::Servfail);
                     if let Some(reply) = servfail_for(raw) {
                         queue.send(&reply, client).await;
@@ -358,6 +392,13 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
         };
         let reply = match local_reply(&query, client.ip(), Transport::Tcp, &shared) {
             Local::Reply(reply) => Some(reply),
+            Local::Forward(question, _) if is_transfer_question(&question) => {
+                let qtype = question[0].query_type();
+                if relay_transfer(&mut stream, &query, qtype, client, &shared).await {
+                    continue;
+                }
+                return;
+            }
             Local::Forward(..) => {
                 let result = shared.upstream.forward_tcp(&query).await;
                 finish_forward(&query, result, client, &shared)
@@ -365,18 +406,76 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
             Local::Drop => None,
         };
         let Some(reply) = reply else { return };
-        let Ok(len) = u16::try_from(reply.len()) else {
+        if !send_framed(&mut stream, &reply).await {
             return;
+        }
+    }
+}
+
+/// Writes one length-prefixed message to a TCP client; false when it cannot be (too long, the
+/// client gone, or not reading).
+async fn send_framed(stream: &mut TcpStream, message: &[u8]) -> bool {
+    let Ok(len) = u16::try_from(message.len()) else {
+        return false;
+    };
+    let mut framed = Vec::with_capacity(message.len() + 2);
+    framed.extend_from_slice(&len.to_be_bytes());
+    framed.extend_from_slice(message);
+    // A client that sends but never reads must not hold the task and its socket forever.
+    matches!(
+        tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
+        Ok(Ok(()))
+    )
+}
+
+fn is_transfer_question(question: &[Query]) -> bool {
+    matches!(question, [q] if transfer::is_transfer(q.query_type()))
+}
+
+/// Relays a zone transfer: every message the upstream sends for it, in order, until the one that
+/// ends it. A failure before the first message is a SERVFAIL; after it the connection is closed,
+/// as the upstream's own would be. True when the client may send its next query.
+async fn relay_transfer(
+    stream: &mut TcpStream,
+    query: &[u8],
+    qtype: RecordType,
+    client: SocketAddr,
+    shared: &Shared,
+) -> bool {
+    let upstream = &shared.upstream;
+    let mut transfer =
+        match transfer::Transfer::start(upstream.addr, upstream.timeout, query, qtype).await {
+            Ok(transfer) => transfer,
+            Err(e) => {
+                let Some(reply) = finish_forward(query, Err(e), client, shared) else {
+                    return false;
+                };
+                return send_framed(stream, &reply).await;
+            }
         };
-        let mut framed = Vec::with_capacity(reply.len() + 2);
-        framed.extend_from_slice(&len.to_be_bytes());
-        framed.extend_from_slice(&reply);
-        // A client that sends but never reads must not hold the task and its socket forever.
-        if !matches!(
-            tokio::time::timeout(TCP_IDLE, stream.write_all(&framed)).await,
-            Ok(Ok(()))
-        ) {
-            return;
+    let mut sent = 0usize;
+    loop {
+        match transfer.next().await {
+            Ok(Some(message)) => {
+                if sent == 0 {
+                    shared.metrics.dns(DnsOutcome::Forwarded);
+                }
+                sent += 1;
+                if !send_framed(stream, &message).await {
+                    return false;
+                }
+            }
+            Ok(None) => return true,
+            Err(e) if sent == 0 => {
+                let Some(reply) = finish_forward(query, Err(e), client, shared) else {
+                    return false;
+                };
+                return send_framed(stream, &reply).await;
+            }
+            Err(e) => {
+                debug!(%client, error = %e, messages = sent, "zone transfer cut by the upstream; closing the client's connection");
+                return false;
+            }
         }
     }
 }
@@ -519,13 +618,21 @@ mod tests {
         upstream: SocketAddr,
         caps: Option<(usize, usize)>,
     ) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
+        proxy_deciding(upstream, caps, Arc::new(OneName)).await
+    }
+
+    async fn proxy_deciding(
+        upstream: SocketAddr,
+        caps: Option<(usize, usize)>,
+        decide: Arc<dyn Decide>,
+    ) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
         let metrics = Arc::new(Metrics::default());
         let mut up = Upstream::new(upstream);
         up.timeout = Duration::from_millis(300);
         let proxy = DnsProxy::bind(
             "127.0.0.1:0".parse().unwrap(),
             Arc::new(up),
-            Arc::new(OneName),
+            decide,
             metrics.clone(),
         )
         .await
@@ -782,6 +889,122 @@ mod tests {
         }
         // 2 from the greedy client, 1 from the other (each possibly retransmitted once).
         assert!((3..=6).contains(&seen), "{seen} datagrams upstream");
+    }
+
+    /// No workload holds any address: every client is a stranger.
+    struct Strangers;
+
+    impl Decide for Strangers {
+        fn decide(&self, _: &DnsQuery<'_>) -> Decision {
+            Decision::Forward
+        }
+        fn known(&self, _: IpAddr) -> bool {
+            false
+        }
+    }
+
+    /// UDP source addresses cost nothing to forge: addresses no workload holds that arrive on one
+    /// interface share one share of the forwards in flight, rather than each taking a fresh one.
+    #[tokio::test]
+    async fn addresses_no_workload_holds_share_one_share_per_interface() {
+        let silent = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy_deciding(
+            silent.local_addr().unwrap(),
+            Some((2, 2)),
+            Arc::new(Strangers),
+        )
+        .await;
+        let mut forged = Vec::new();
+        for last in 2..=5u8 {
+            let socket = UdpSocket::bind((std::net::Ipv4Addr::new(127, 0, 0, last), 0))
+                .await
+                .unwrap();
+            socket
+                .send_to(&query("other.example.com.", RecordType::A), addr)
+                .await
+                .unwrap();
+            forged.push(socket);
+        }
+        // Two go upstream (and wait for the 300 ms deadline); the other two are past the
+        // interface's share: SERVFAIL at once.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let mut servfails = 0;
+        let mut buf = [0u8; 512];
+        for socket in &forged {
+            if let Ok(n) = socket.try_recv(&mut buf) {
+                let reply = Message::from_vec(&buf[..n]).unwrap();
+                assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
+                servfails += 1;
+            }
+        }
+        assert_eq!(
+            servfails, 2,
+            "four strangers on one interface: one share of two"
+        );
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(
+                r#"redirect_budget_refusals_total{budget="dns_forwards",reason="client_share"} 2"#
+            ),
+            "{text}"
+        );
+    }
+
+    /// A zone transfer over TCP is a stream of messages: each reaches the client, in order, and
+    /// the connection then takes the client's next query.
+    #[tokio::test]
+    async fn every_message_of_a_zone_transfer_reaches_the_client() {
+        let upstream = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy(upstream.local_addr().unwrap()).await;
+        tokio::spawn(async move {
+            let (mut conn, _) = upstream.accept().await.unwrap();
+            let len = conn.read_u16().await.unwrap();
+            let mut q = vec![0u8; usize::from(len)];
+            conn.read_exact(&mut q).await.unwrap();
+            let id = u16::from_be_bytes([q[0], q[1]]);
+            for message in transfer::tests::axfr_stream(id) {
+                conn.write_all(&(message.len() as u16).to_be_bytes())
+                    .await
+                    .unwrap();
+                conn.write_all(&message).await.unwrap();
+            }
+            // As a real server does: the connection stays open for more.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        let raw = query("zone.example.", RecordType::AXFR);
+        tcp.write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&raw).await.unwrap();
+        let mut answers = 0;
+        for _ in 0..3 {
+            let len = tokio::time::timeout(Duration::from_secs(2), tcp.read_u16())
+                .await
+                .expect("every message of the transfer, in time")
+                .unwrap();
+            let mut buf = vec![0u8; usize::from(len)];
+            tcp.read_exact(&mut buf).await.unwrap();
+            let message = Message::from_vec(&buf).unwrap();
+            assert_eq!(message.metadata.id, 77, "under the client's id");
+            answers += message.answers.len();
+        }
+        assert_eq!(answers, 7, "every record of the zone");
+        // The same connection answers the next query.
+        let raw = query("api.example.com.", RecordType::A);
+        tcp.write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(&raw).await.unwrap();
+        let len = tcp.read_u16().await.unwrap();
+        let mut buf = vec![0u8; usize::from(len)];
+        tcp.read_exact(&mut buf).await.unwrap();
+        assert_eq!(Message::from_vec(&buf).unwrap().answers.len(), 1);
+        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 1"#),
+            "{text}"
+        );
     }
 
     /// A client at its share of TCP connections is reset at once; another client is served.

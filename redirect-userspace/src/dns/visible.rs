@@ -64,6 +64,13 @@ impl Decide for VisibleNames {
     fn budget_key(&self, client: IpAddr) -> IpAddr {
         self.live.snapshot().budget_key(client)
     }
+
+    fn known(&self, client: IpAddr) -> bool {
+        self.live
+            .snapshot()
+            .workload_by_ip(client.to_canonical())
+            .is_some()
+    }
 }
 
 /// The namespace of the pod with this IP; `None` (PUBLIC only) for anything else.

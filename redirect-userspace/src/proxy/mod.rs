@@ -1,9 +1,11 @@
 //! The outbound proxy: accepts the connections the eBPF programs steered to the gateway, finds where
 //! each client meant to go, and carries the bytes there.
+mod forbidden;
 mod outbound;
 mod relay;
 mod splice;
 
+pub use forbidden::{DialGuard, Forbidden};
 pub use outbound::{OutboundProxy, ProxyContext, listen};
 pub use relay::{Carried, RelayError, Timeouts, relay};
 pub use splice::{Pipes, splice_relay};

@@ -6,7 +6,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use super::{Pipes, RelayError, RelayMode, Timeouts, relay, splice_relay};
+use super::{DialGuard, Pipes, RelayError, RelayMode, Timeouts, relay, splice_relay};
 use crate::{
     budget::{Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit},
     config::{Workload, WorkloadKind},
@@ -14,7 +14,7 @@ use crate::{
     identity::{CgroupPods, Check},
     live::LiveState,
     metrics::{BudgetKind, Direction, Lookup, Metrics, Refusal, Timeout},
-    net::{CONNECT_TIMEOUT, connect_marked},
+    net::{CONNECT_TIMEOUT, connect_marked_buffered},
     redirect::RedirectMaps,
     state::{OutboundOutcome, Snapshot, Target},
 };
@@ -36,6 +36,10 @@ pub struct ProxyContext {
     /// Connections and descriptors each client, and the node, may hold.
     pub budgets: Arc<Budgets>,
     pub timeouts: Timeouts,
+    /// What the proxy never dials for a pod.
+    pub guard: Arc<DialGuard>,
+    /// Send and receive buffer of each proxied socket, bytes; `None`: the kernel's autotuning.
+    pub buffer: Option<usize>,
 }
 
 pub struct OutboundProxy {
@@ -96,7 +100,12 @@ impl OutboundProxy {
                         Some(admitted) => {
                             tokio::spawn(handle(stream, peer, admitted, self.context.clone()));
                         }
-                        None => debug!(client = %peer, "over budget; connection reset"),
+                        None => {
+                            // Its flow entry is never read: it must not wait for the next
+                            // connection from this address and port.
+                            self.context.redirect_maps.forget_flow(peer);
+                            debug!(client = %peer, "over budget; connection reset");
+                        }
                     },
                     Err(e) if out_of_fds(&e) => self.reset_one_waiting().await,
                     Err(e) => {
@@ -163,10 +172,11 @@ async fn handle(
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let _active = context.metrics.track_active();
-    let (orig, cgroup_id) = match context.redirect_maps.original_destination(peer) {
+    let (orig, cgroup_id) = match context.redirect_maps.take_original_destination(peer) {
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
-            warn!(client = %peer, "no original destination recorded for this connection; closing it");
+            debug!(client = %peer, "no original destination recorded for this connection (not a steered connect); resetting it");
+            context.metrics.flow_unclaimed();
             context.metrics.outbound(OutboundOutcome::Error);
             reset(client);
             return;
@@ -206,7 +216,23 @@ async fn handle(
             }
         },
     };
-    let (upstream, dst) = match connect_upstream(first, fallback).await {
+    // Never dial, for a pod, what the pod could not reach itself: the node's loopback, its link,
+    // its own addresses, or what the operator denies.
+    let (first, fallback) = match allowed(&context, peer, orig, first, fallback) {
+        Some(allowed) => allowed,
+        None => {
+            context.metrics.outbound(OutboundOutcome::Error);
+            reset(client);
+            return;
+        }
+    };
+    // Bounded kernel buffers on both legs: a peer that never reads holds at most this much.
+    if let Some(bytes) = context.buffer {
+        let socket = socket2::SockRef::from(&client);
+        let _ = socket.set_send_buffer_size(bytes);
+        let _ = socket.set_recv_buffer_size(bytes);
+    }
+    let (upstream, dst) = match connect_upstream(first, fallback, context.buffer).await {
         Ok(connected) => connected,
         Err((dst, e)) => {
             debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
@@ -250,6 +276,31 @@ async fn handle(
     }
 }
 
+/// The addresses of `first` and `fallback` the proxy may dial for this client, first first; `None`
+/// when neither (each refusal counted by reason, and logged once per destination).
+fn allowed(
+    context: &ProxyContext,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    first: SocketAddr,
+    fallback: Option<SocketAddr>,
+) -> Option<(SocketAddr, Option<SocketAddr>)> {
+    let mut ok = [Some(first), fallback].into_iter().flatten().filter(|dst| {
+        let Some(reason) = context.guard.check(dst.ip()) else {
+            return true;
+        };
+        context.metrics.refused_destination(reason);
+        if context.guard.first_refusal(dst.ip()) {
+            warn!(client = %peer, orig_dst = %orig, upstream = %dst, reason = reason.as_str(), "refusing to dial {} for a pod; resetting the connection", reason.describe());
+        } else {
+            debug!(client = %peer, orig_dst = %orig, upstream = %dst, reason = reason.as_str(), "refused destination");
+        }
+        false
+    });
+    let first = ok.next()?;
+    Some((first, ok.next()))
+}
+
 /// Connects to `first`; with a `fallback` (a host name's IPv6 address beside its IPv4 one), that is
 /// tried too once `first` fails or is still connecting after [`FALLBACK_DELAY`], and the first to
 /// connect wins (`docs/data-plane.md#connect-failures`). Each has the connect deadline. The address
@@ -257,9 +308,10 @@ async fn handle(
 async fn connect_upstream(
     first: SocketAddr,
     fallback: Option<SocketAddr>,
+    buffer: Option<usize>,
 ) -> Result<(TcpStream, SocketAddr), (SocketAddr, io::Error)> {
     let attempt = |addr: SocketAddr| async move {
-        connect_marked(addr, CONNECT_TIMEOUT)
+        connect_marked_buffered(addr, CONNECT_TIMEOUT, buffer)
             .await
             .map(|stream| (stream, addr))
             .map_err(|e| (addr, e))
@@ -446,7 +498,7 @@ mod tests {
         let (silent, _queued, _listener) = black_hole();
         let (v6, _v6_listener) = listener6().await;
         let started = std::time::Instant::now();
-        let (_, connected) = connect_upstream(silent, Some(v6)).await.unwrap();
+        let (_, connected) = connect_upstream(silent, Some(v6), None).await.unwrap();
         assert_eq!(connected, v6);
         let took = started.elapsed();
         assert!(
@@ -463,7 +515,7 @@ mod tests {
         };
         let (v6, _v6_listener) = listener6().await;
         let started = std::time::Instant::now();
-        let (_, connected) = connect_upstream(refused, Some(v6)).await.unwrap();
+        let (_, connected) = connect_upstream(refused, Some(v6), None).await.unwrap();
         assert_eq!(connected, v6);
         assert!(
             started.elapsed() < FALLBACK_DELAY,
@@ -472,9 +524,9 @@ mod tests {
 
         let v4 = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let v4_addr = v4.local_addr().unwrap();
-        let (_, connected) = connect_upstream(v4_addr, Some(v6)).await.unwrap();
+        let (_, connected) = connect_upstream(v4_addr, Some(v6), None).await.unwrap();
         assert_eq!(connected, v4_addr, "IPv4 first when it works");
-        let (failed, _) = connect_upstream(refused, None).await.unwrap_err();
+        let (failed, _) = connect_upstream(refused, None, None).await.unwrap_err();
         assert_eq!(failed, refused);
     }
 }

@@ -14,7 +14,7 @@ pub mod pins;
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
-    os::fd::{AsFd, BorrowedFd},
+    os::fd::{AsFd, BorrowedFd, OwnedFd},
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -162,6 +162,8 @@ pub enum RedirectError {
 /// The loaded and attached programs. Dropping it detaches them; the maps stay readable through
 /// [`RedirectMaps`] for connections already accepted.
 pub struct Redirector {
+    /// The pinned links, held open by this process, and this agent's programs for them.
+    held: Option<Arc<HeldLinks>>,
     maps: Arc<RedirectMaps>,
     fast: Arc<Mutex<FastMaps>>,
     start: Start,
@@ -177,7 +179,8 @@ struct Pinned {
 
 /// The maps the agent reads: shared by every connection task and the metrics collector.
 pub struct RedirectMaps {
-    flows: HashMap<MapData, SockAddr, OrigDst>,
+    /// Locked for a read and its removal: removing needs the map mutably.
+    flows: Mutex<HashMap<MapData, SockAddr, OrigDst>>,
     stats: PerCpuArray<MapData, u64>,
     /// The pod cgroups the programs leave alone, and our copy of what the map holds.
     opted_out: Mutex<(HashMap<MapData, u64, u8>, BTreeSet<u64>)>,
@@ -257,16 +260,24 @@ impl Redirector {
             }
         }
 
+        // From the first link on, a failure detaches what this call attached (a predecessor's
+        // links, updated in place, are left to the predecessor to take back).
+        let mut undo = Undo {
+            dir: pin_dir.as_ref().filter(|_| start != Start::Adopted),
+        };
         let mut attached = Vec::new();
+        let mut program_fds = Vec::new();
         for name in SOCK_ADDR_PROGRAMS {
             let sock_addr: &mut CgroupSockAddr = program(&mut ebpf, name)?;
-            let prog_id = load_and_attach(sock_addr, name, cgroup.as_fd(), pin_dir.as_ref())?;
+            let (prog_id, fd) = load_and_attach(sock_addr, name, cgroup.as_fd(), pin_dir.as_ref())?;
             attached.push((name, prog_id));
+            program_fds.push(fd);
         }
         let name = programs::SOCK_OPS;
         let sock_ops: &mut SockOps = program(&mut ebpf, name)?;
-        let prog_id = load_and_attach(sock_ops, name, cgroup.as_fd(), pin_dir.as_ref())?;
+        let (prog_id, fd) = load_and_attach(sock_ops, name, cgroup.as_fd(), pin_dir.as_ref())?;
         attached.push((name, prog_id));
+        program_fds.push(fd);
         let start = match (start, unknown_since) {
             (Start::Replaced { found, .. }, Some(since)) => {
                 let window = since.elapsed();
@@ -280,6 +291,13 @@ impl Redirector {
         {
             dir.write_layout()?;
         }
+        // This process holds every link too: a pin lost with its bpf filesystem detaches nothing.
+        let held_links = match &pin_dir {
+            Some(dir) => Some(Arc::new(HeldLinks::open(dir, &attached, program_fds)?)),
+            None => None,
+        };
+        undo.dir = None;
+        drop(undo);
         let pinned = pin_dir.map(|dir| Pinned {
             dir: dir.path().to_path_buf(),
             programs: attached,
@@ -300,8 +318,9 @@ impl Redirector {
             "eBPF programs attached"
         );
         Ok(Self {
+            held: held_links,
             maps: Arc::new(RedirectMaps {
-                flows,
+                flows: Mutex::new(flows),
                 stats,
                 opted_out: Mutex::new((opted_out, held)),
             }),
@@ -325,6 +344,12 @@ impl Redirector {
         &self.start
     }
 
+    /// The pinned links this agent holds open (`None` without a pin directory: then the links
+    /// live with the loaded programs anyway).
+    pub fn held_links(&self) -> Option<Arc<HeldLinks>> {
+        self.held.clone()
+    }
+
     /// The agent is leaving for good. If its programs are the attached ones, detaches them and removes
     /// every pin (the uninstall path); if a successor's are, touches nothing. Unpinned links go with
     /// `self`.
@@ -332,6 +357,16 @@ impl Redirector {
         let Some(pinned) = &self.pinned else {
             return Ok(Release::Detached);
         };
+        // The pins went with their bpf filesystem: the links this agent holds are the only way to
+        // them left. Detach them if they still run our programs.
+        if let Some(held) = &self.held
+            && held.pins_gone()
+        {
+            return Ok(match held.detach_if_ours() {
+                true => Release::Detached,
+                false => Release::Superseded,
+            });
+        }
         // A successor that left for good already removed everything.
         if !pinned.dir.exists() {
             return Ok(Release::Superseded);
@@ -343,6 +378,125 @@ impl Redirector {
         let detached = dir.remove()?;
         tracing::info!(links = detached, dir = %pinned.dir.display(), "detached the pinned programs and removed the pins");
         Ok(Release::Detached)
+    }
+}
+
+/// Detaches what a failed [`Redirector::attach`] attached and pinned, when dropped armed.
+struct Undo<'a> {
+    dir: Option<&'a pins::PinDir>,
+}
+
+impl Drop for Undo<'_> {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take() {
+            match dir.clear() {
+                Ok(links) => {
+                    tracing::warn!(links, dir = %dir.path().display(), "attaching failed part way; detached what was attached")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, dir = %dir.path().display(), "attaching failed part way, and detaching what was attached failed too")
+                }
+            }
+        }
+    }
+}
+
+/// The pinned links, opened and held by this process, each with the program this agent put in it.
+///
+/// Held, a link stays attached while this agent runs even when its pin goes (the bpf filesystem
+/// unmounted under the agent); and the agent can put its own program back in a link a successor
+/// updated and then died before it said it was ready.
+pub struct HeldLinks {
+    dir: PathBuf,
+    links: Vec<(&'static str, pins::PinnedLink, u32, OwnedFd)>,
+    /// The pins were found gone once (said once).
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl HeldLinks {
+    fn open(
+        dir: &pins::PinDir,
+        attached: &[(&'static str, u32)],
+        programs: Vec<OwnedFd>,
+    ) -> Result<HeldLinks, RedirectError> {
+        let mut links = Vec::new();
+        for ((name, prog_id), program) in attached.iter().zip(programs) {
+            let link_err = |source| RedirectError::Link {
+                path: dir.link_path(name),
+                source,
+            };
+            let link = dir
+                .link(name)
+                .map_err(link_err)?
+                .ok_or_else(|| link_err(std::io::ErrorKind::NotFound.into()))?;
+            links.push((*name, link, *prog_id, program));
+        }
+        Ok(HeldLinks {
+            dir: dir.path().to_path_buf(),
+            links,
+            lost: Default::default(),
+        })
+    }
+
+    /// Puts this agent's program back into every link that runs another one now; returns how many
+    /// it changed. For an agent that serves on after a successor updated the links and died.
+    pub fn retake(&self) -> usize {
+        let mut retaken = 0;
+        for (name, link, ours, program) in &self.links {
+            let runs = link.state().map(|s| s.prog_id).ok();
+            if runs == Some(*ours) {
+                continue;
+            }
+            match link.update(program.as_fd()) {
+                Ok(()) => retaken += 1,
+                Err(e) => {
+                    tracing::warn!(program = name, error = %e, "putting our program back in its link failed")
+                }
+            }
+        }
+        retaken
+    }
+
+    /// True (once) when a pin of a held link is gone: the links stay attached while this agent
+    /// holds them, but a successor cannot take them over, and they go when this agent does.
+    pub fn pins_lost_now(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.lost.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.pins_gone() && !self.lost.swap(true, Ordering::Relaxed)
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    fn pins_gone(&self) -> bool {
+        self.links
+            .iter()
+            .any(|(_, link, _, _)| !link.path().exists())
+    }
+
+    /// Detaches every held link when all still run this agent's programs; false (and nothing
+    /// touched) when a successor's run in them.
+    fn detach_if_ours(&self) -> bool {
+        let ours = self
+            .links
+            .iter()
+            .all(|(_, link, prog_id, _)| link.state().map(|s| s.prog_id).ok() == Some(*prog_id));
+        if !ours {
+            return false;
+        }
+        for (name, link, _, _) in &self.links {
+            if let Err(e) = link.detach() {
+                tracing::warn!(program = name, error = %e, "detaching a held link failed");
+            }
+        }
+        tracing::info!(
+            links = self.links.len(),
+            "detached the links this agent held (their pins were gone)"
+        );
+        true
     }
 }
 
@@ -409,19 +563,26 @@ fn pin_link(
 /// Loads `name` and gets it running on `cgroup`: swapped into its pinned link when a predecessor
 /// left one, else attached anew, its link pinned when there is a pin directory (or tied to this
 /// process when not). Returns the program's id, by which [`owns`] later tells whose program a link
-/// runs.
+/// runs, and a descriptor of the program, to put it back in its link ([`HeldLinks::retake`]).
 fn load_and_attach<P: CgroupProgram>(
     program: &mut P,
     name: &'static str,
     cgroup: BorrowedFd<'_>,
     pin_dir: Option<&pins::PinDir>,
-) -> Result<u32, RedirectError> {
+) -> Result<(u32, OwnedFd), RedirectError> {
     let program_err = |source| RedirectError::Program { name, source };
     program
         .load_program()
         .map_err(|source| load_error(name, source))?;
     let prog_id = program.program_info().map_err(program_err)?.id();
     let fd = program.program_fd().map_err(program_err)?;
+    let own = fd
+        .as_fd()
+        .try_clone_to_owned()
+        .map_err(|source| RedirectError::Link {
+            path: PathBuf::from(name),
+            source,
+        })?;
     let swapped = match pin_dir {
         Some(dir) => swap_into_pinned(dir, name, fd.as_fd())?,
         None => false,
@@ -433,7 +594,7 @@ fn load_and_attach<P: CgroupProgram>(
             pin_link(dir, name, link)?;
         }
     }
-    Ok(prog_id)
+    Ok((prog_id, own))
 }
 
 /// What [`load_and_attach`] needs of a program attached to the pods' cgroup: the sock_addr programs
@@ -481,18 +642,38 @@ impl_cgroup_program!(
 );
 
 impl RedirectMaps {
-    /// Where the client at `client` (the peer of an accepted connection) meant to go.
+    /// Where the client at `client` (the peer of an accepted connection) meant to go, taken out of
+    /// the map: an entry belongs to the one connection that filed it and is read once.
     ///
     /// sock_ops filed it before the client's SYN left, so it is there by the time accept() returns.
-    /// Entries are not removed: the map is LRU and the next connection from the same ip:port
-    /// overwrites its entry before its own SYN. An IPv4 client and its v4-mapped form are one key.
-    pub fn original_destination(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
+    /// Left in the map, it would be there for whoever comes next from the same ip:port without a
+    /// steered connect() of its own: a pod on a recycled address, connecting to the proxy's port
+    /// itself from the port an earlier pod used, would be served that pod's destination. An IPv4
+    /// client and its v4-mapped form are one key.
+    pub fn take_original_destination(
+        &self,
+        client: SocketAddr,
+    ) -> Result<Option<OrigDst>, MapError> {
         let key = SockAddr::from_socket_addr(client);
-        match self.flows.get(&key, 0) {
-            Ok(orig) => Ok(Some(orig)),
-            Err(MapError::KeyNotFound) => Ok(None),
+        let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());
+        let orig = match flows.get(&key, 0) {
+            Ok(orig) => orig,
+            Err(MapError::KeyNotFound) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match flows.remove(&key) {
+            // Gone already: another reader took it between the two calls (cannot happen with
+            // one accept per connection, but then the entry is still this connection's).
+            Ok(()) | Err(MapError::KeyNotFound) => Ok(Some(orig)),
             Err(e) => Err(e),
         }
+    }
+
+    /// Drops the entry a refused connection filed (it is never read).
+    pub fn forget_flow(&self, client: SocketAddr) {
+        let key = SockAddr::from_socket_addr(client);
+        let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = flows.remove(&key);
     }
 
     /// Makes `want` the set of pod cgroups the programs leave alone; returns the ids it added and
@@ -556,7 +737,11 @@ fn load_error(name: &'static str, source: ProgramError) -> RedirectError {
         .rev()
         .map(str::trim)
         .find(|l| {
-            !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time")
+            // Newer kernels end with statistics lines; the reason is the line before them.
+            !l.is_empty()
+                && !l.starts_with("processed ")
+                && !l.starts_with("verification time")
+                && !l.starts_with("stack depth")
         })
         .map_or_else(|| io_error.to_string(), str::to_string);
     RedirectError::Refused {

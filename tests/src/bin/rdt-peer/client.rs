@@ -225,3 +225,180 @@ fn skip_name(msg: &[u8], mut at: usize) -> Result<usize> {
         }
     }
 }
+
+/// `GET /` from local port `from_port`; prints the body. Closes with a reset (linger 0): no
+/// TIME_WAIT is left on either side, so the same address and port can connect again at once.
+pub fn fetch(addr: SocketAddr, from_port: u16) -> Result<()> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let family = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: a fresh socket; its descriptor is owned by the TcpStream below.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("socket");
+    }
+    // SAFETY: `fd` is ours alone.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let one: libc::c_int = 1;
+    // SAFETY: a valid descriptor and an int option.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            (&one as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    let local: SocketAddr = match addr {
+        SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, from_port).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, from_port).into(),
+    };
+    sockaddr_call(&local, |sa, len| unsafe { libc::bind(fd, sa, len) })
+        .with_context(|| format!("binding port {from_port}"))?;
+    sockaddr_call(&addr, |sa, len| unsafe { libc::connect(fd, sa, len) })
+        .with_context(|| format!("connecting to {addr} from port {from_port}"))?;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid descriptor and a linger struct.
+    unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    let mut stream = stream;
+    stream.set_read_timeout(Some(CONNECT_TIMEOUT))?;
+    stream
+        .write_all(b"GET / HTTP/1.0\r\nHost: fetch\r\n\r\n")
+        .context("sending the request")?;
+    let mut reply = Vec::new();
+    stream
+        .read_to_end(&mut reply)
+        .context("reading the reply")?;
+    let text = String::from_utf8_lossy(&reply);
+    let body = text.split_once("\r\n\r\n").map_or(&*text, |(_, body)| body);
+    print!("{body}");
+    Ok(())
+}
+
+/// Calls `f` with `addr` as a C sockaddr.
+fn sockaddr_call(
+    addr: &SocketAddr,
+    f: impl FnOnce(*const libc::sockaddr, libc::socklen_t) -> libc::c_int,
+) -> Result<()> {
+    let rc = match addr {
+        SocketAddr::V4(v4) => {
+            let sa = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            f(
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of_val(&sa) as libc::socklen_t,
+            )
+        }
+        SocketAddr::V6(v6) => {
+            let sa = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            f(
+                (&sa as *const libc::sockaddr_in6).cast(),
+                std::mem::size_of_val(&sa) as libc::socklen_t,
+            )
+        }
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// DNS queries over UDP from forged source addresses (`from`, `from + 1`, ...), written whole
+/// (IPv4 and UDP headers included) to a raw socket. Prints `sent N`.
+pub fn dns_forge(
+    server: std::net::SocketAddrV4,
+    name: &str,
+    from: std::net::Ipv4Addr,
+    count: u32,
+) -> Result<()> {
+    // SAFETY: a fresh raw socket, closed at the end.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_RAW) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error()).context("a raw socket (CAP_NET_RAW)");
+    }
+    let mut question = Vec::new();
+    for label in name.trim_end_matches('.').split('.') {
+        question.push(label.len() as u8);
+        question.extend_from_slice(label.as_bytes());
+    }
+    question.extend_from_slice(&[0, 0, 1, 0, 1]); // root, type A, class IN
+    let mut sent = 0;
+    for i in 0..count {
+        let source = std::net::Ipv4Addr::from(u32::from(from) + i);
+        let mut dns = Vec::new();
+        dns.extend_from_slice(&(i as u16).to_be_bytes()); // id
+        dns.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD, one question
+        dns.extend_from_slice(&question);
+        let udp_len = (8 + dns.len()) as u16;
+        let total = 20 + udp_len;
+        let mut packet = vec![0x45, 0];
+        packet.extend_from_slice(&total.to_be_bytes());
+        packet.extend_from_slice(&[0, 0, 0x40, 0, 64, 17, 0, 0]); // id (kernel), DF, TTL, UDP, sum
+        packet.extend_from_slice(&source.octets());
+        packet.extend_from_slice(&server.ip().octets());
+        packet.extend_from_slice(&(40_000 + (i % 20_000) as u16).to_be_bytes());
+        packet.extend_from_slice(&server.port().to_be_bytes());
+        packet.extend_from_slice(&udp_len.to_be_bytes());
+        packet.extend_from_slice(&[0, 0]); // no UDP checksum (optional over IPv4)
+        packet.extend_from_slice(&dns);
+        let dst = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*server.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: a valid descriptor, buffer and address for the call.
+        let rc = unsafe {
+            libc::sendto(
+                fd,
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&dst as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        };
+        if rc < 0 {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: our descriptor, closed once.
+            unsafe { libc::close(fd) };
+            return Err(e).with_context(|| format!("sending from {source}"));
+        }
+        sent += 1;
+    }
+    // SAFETY: our descriptor, closed once.
+    unsafe { libc::close(fd) };
+    println!("sent {sent}");
+    Ok(())
+}

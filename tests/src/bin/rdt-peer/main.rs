@@ -139,6 +139,23 @@ enum Command {
     },
     /// Write until the stream fails: `error N KIND` (exit 1).
     Write { addr: SocketAddr },
+    /// `GET /` over HTTP/1.0 from local port `--from-port`, the body on stdout; the connection is
+    /// closed with a reset, so the address and port are free again at once (no TIME_WAIT).
+    Fetch {
+        addr: SocketAddr,
+        #[arg(long)]
+        from_port: u16,
+    },
+    /// Sends `--count` DNS queries (A `name`) to `server` over UDP, each from a forged source
+    /// address counting up from `--from`, through a raw socket (needs CAP_NET_RAW).
+    DnsForge {
+        server: std::net::SocketAddrV4,
+        name: String,
+        #[arg(long)]
+        from: std::net::Ipv4Addr,
+        #[arg(long)]
+        count: u32,
+    },
 }
 
 fn main() -> ExitCode {
@@ -193,6 +210,13 @@ fn main() -> ExitCode {
             workers,
         } => mix::run(&http, &dns, rate, workers),
         Command::Write { addr } => load::write(addr),
+        Command::Fetch { addr, from_port } => client::fetch(addr, from_port),
+        Command::DnsForge {
+            server,
+            name,
+            from,
+            count,
+        } => client::dns_forge(server, &name, from, count),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
