@@ -583,3 +583,62 @@ fn config_explain_workload_log_and_all_ask_the_running_agent() -> Result<()> {
     );
     Ok(())
 }
+
+/// One access-log line per proxied connection when it ends, with who, where, what and how it
+/// ended; none with `--no-access-log`.
+#[test]
+fn the_access_log_has_one_line_per_proxied_connection() -> Result<()> {
+    use integration::{Launch, world::World};
+    let w = World::start_with_launched(|_| Ok(()), &Launch::no_fast_path())?;
+    w.curl("team-a", "http://api.example.com/")?;
+    w.curl("team-b", "http://203.0.113.10/")?;
+    let line = |needle: &str| -> Result<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(l) = w
+                .agent
+                .log()
+                .lines()
+                .find(|l| l.contains("access:") && l.contains(needle))
+            {
+                return Ok(l.to_string());
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no access line with {needle}:\n{}",
+                w.agent.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let a = line("namespace=team-a")?;
+    for field in [
+        "workload=team-a/a1",
+        "orig_dst=203.0.113.10:80",
+        "outcome=\"service\"",
+        "service=team-a/api-example",
+        "endpoint=198.51.100.20:80",
+        "end=\"closed\"",
+    ] {
+        ensure!(a.contains(field), "{field} missing: {a}");
+    }
+    ensure!(!a.contains("bytes_received=0"), "{a}");
+    let b = line("namespace=team-b")?;
+    ensure!(
+        b.contains("outcome=\"passthrough\"") && b.contains("service=-"),
+        "{b}"
+    );
+
+    drop(w);
+    let quiet = World::start_args(|_| Ok(()), &Launch::no_fast_path(), &["--no-access-log"])?;
+    quiet.curl("team-a", "http://api.example.com/")?;
+    let m = quiet.agent.metrics()?;
+    ensure!(m.get_or_zero(r#"redirect_outbound_connections_total{outcome="service"}"#) >= 1.0);
+    std::thread::sleep(Duration::from_millis(300));
+    ensure!(
+        !quiet.agent.log().contains("access:"),
+        "{}",
+        quiet.agent.log()
+    );
+    Ok(())
+}

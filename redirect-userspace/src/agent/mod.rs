@@ -30,7 +30,7 @@ use crate::{
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{self, DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts},
+    proxy::{self, DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts, access::AccessLog},
     redirect::{Gateways, RedirectConfig, Redirector, Release},
 };
 use handover::Kind;
@@ -67,6 +67,8 @@ pub struct AgentConfig {
     pub kube: Option<crate::cluster::Source>,
     /// Decide in the kernel what needs no proxy (the default; off with `run --no-fast-path`).
     pub fast_path: bool,
+    /// One info line per proxied connection when it ends.
+    pub access_log: bool,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -264,6 +266,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         // SO_SNDBUF and SO_RCVBUF are doubled by the kernel (its bookkeeping): ask for half.
         buffer: (config.budget.connection_buffer > 0)
             .then_some(config.budget.connection_buffer / 2),
+        access_log: AccessLog::new(config.access_log),
     });
     let proxies: Vec<OutboundProxy> = listeners
         .into_iter()

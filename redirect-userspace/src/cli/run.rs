@@ -142,6 +142,10 @@ pub struct RunArgs {
     /// agent has resolved, gets its destination rewritten to one of them. The rest goes to the proxy.
     #[arg(long)]
     pub no_fast_path: bool,
+    /// No access log (by default one info line per proxied connection when it ends, at most 100 a
+    /// second).
+    #[arg(long)]
+    pub no_access_log: bool,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
@@ -204,6 +208,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             drain_timeout: args.drain_timeout,
             kube,
             fast_path: !args.no_fast_path,
+            access_log: !args.no_access_log,
         },
         log_level,
     )?;

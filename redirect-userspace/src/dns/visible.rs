@@ -57,7 +57,15 @@ impl Decide for VisibleNames {
                     v6: answer.v6().to_vec(),
                 })
             }
-            DnsDecision::Forward { .. } => Decision::Forward,
+            DnsDecision::Forward { .. } => {
+                debug!(
+                    client = %query.client,
+                    client_namespace = client_ns.unwrap_or("<unknown>"),
+                    name = %qname,
+                    "DNS forwarded"
+                );
+                Decision::Forward
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 //! The outbound proxy: accepts the connections the eBPF programs steered to the gateway, finds where
 //! each client meant to go, and carries the bytes there.
+pub mod access;
 mod forbidden;
 mod outbound;
 mod relay;

@@ -6,7 +6,11 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-use super::{DialGuard, Pipes, RelayError, RelayMode, Timeouts, relay, splice_relay};
+use super::{
+    DialGuard, Pipes, RelayError, RelayMode, Timeouts,
+    access::{Access, AccessLog},
+    relay, splice_relay,
+};
 use crate::{
     budget::{Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit},
     config::{Workload, WorkloadKind},
@@ -40,6 +44,8 @@ pub struct ProxyContext {
     pub guard: Arc<DialGuard>,
     /// Send and receive buffer of each proxied socket, bytes; `None`: the kernel's autotuning.
     pub buffer: Option<usize>,
+    /// One line per connection when it ends.
+    pub access_log: AccessLog,
 }
 
 pub struct OutboundProxy {
@@ -172,22 +178,26 @@ async fn handle(
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let _active = context.metrics.track_active();
+    let mut access = Access::start(&context.access_log, peer);
     let (orig, cgroup_id) = match context.redirect_maps.take_original_destination(peer) {
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
             debug!(client = %peer, "no original destination recorded for this connection (not a steered connect); resetting it");
             context.metrics.flow_unclaimed();
             context.metrics.outbound(OutboundOutcome::Error);
+            access.end = "no original destination";
             reset(client);
             return;
         }
         Err(e) => {
             warn!(client = %peer, error = %e, "reading the original destination failed; closing the connection");
             context.metrics.outbound(OutboundOutcome::Error);
+            access.end = "original destination unreadable";
             reset(client);
             return;
         }
     };
+    access.orig_dst = Some(orig);
 
     let snapshot = context.live.snapshot_arc();
     // The registry's word for who the client is, held against the kernel's.
@@ -196,11 +206,16 @@ async fn handle(
     let client_ns = registered
         .filter(|_| check.trusted())
         .map(|w| w.meta.namespace.as_str());
+    access.workload = registered.map(|w| format!("{}/{}", w.meta.namespace, w.meta.name));
+    access.namespace = client_ns.map(str::to_string);
     let Some(plan) = decide(&context, &snapshot, peer, client_ns, orig) else {
         context.metrics.outbound(OutboundOutcome::NoHealthyUpstream);
+        access.outcome = OutboundOutcome::NoHealthyUpstream;
+        access.end = "no healthy upstream";
         reset(client);
         return;
     };
+    access.service = plan.service.clone();
     let (first, fallback) = match plan.target {
         Dst::Addr(addr) => (addr, None),
         Dst::Host { name, port } => match context.endpoint_hosts.pick(&name).await {
@@ -211,6 +226,7 @@ async fn handle(
             Err(e) => {
                 debug!(client = %peer, orig_dst = %orig, endpoint = %name, error = %e, "endpoint host name did not resolve");
                 context.metrics.outbound(OutboundOutcome::Error);
+                access.end = "endpoint host name did not resolve";
                 reset(client);
                 return;
             }
@@ -222,6 +238,7 @@ async fn handle(
         Some(allowed) => allowed,
         None => {
             context.metrics.outbound(OutboundOutcome::Error);
+            access.end = "destination refused";
             reset(client);
             return;
         }
@@ -237,11 +254,15 @@ async fn handle(
         Err((dst, e)) => {
             debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
             context.metrics.outbound(OutboundOutcome::Error);
+            access.endpoint = Some(dst);
+            access.end = "upstream connect failed";
             reset(client);
             return;
         }
     };
     context.metrics.outbound(plan.outcome);
+    access.outcome = plan.outcome;
+    access.endpoint = Some(dst);
     // The client socket has linger 0 from the listener; the upstream gets it too.
     let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
     let pipes = match context.relay {
@@ -259,17 +280,24 @@ async fn handle(
         Ok(carried) => {
             context.metrics.bytes(Direction::Sent, carried.sent);
             context.metrics.bytes(Direction::Received, carried.received);
+            (access.sent, access.received, access.end) = (carried.sent, carried.received, "closed");
             // Both sides ended cleanly: close gracefully, so data still in flight is delivered.
             for socket in [&client, &upstream] {
                 let _ = socket2::SockRef::from(socket).set_linger(None);
             }
         }
         Err(e) => {
-            match e {
-                RelayError::Idle(_) => context.metrics.timed_out(Timeout::Idle),
-                RelayError::Write(_) => context.metrics.timed_out(Timeout::Write),
-                RelayError::Io(_) => {}
-            }
+            access.end = match e {
+                RelayError::Idle(_) => {
+                    context.metrics.timed_out(Timeout::Idle);
+                    "idle timeout"
+                }
+                RelayError::Write(_) => {
+                    context.metrics.timed_out(Timeout::Write);
+                    "write timeout"
+                }
+                RelayError::Io(_) => "reset",
+            };
             // Both sockets still linger 0: dropping them resets both peers.
             debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error; resetting both sides");
         }
@@ -359,6 +387,8 @@ enum Dst {
 struct Plan {
     outcome: OutboundOutcome,
     target: Dst,
+    /// `namespace/name` of the service decided on, for the access log.
+    service: Option<String>,
 }
 
 /// Compares the pod the registry gives `peer`'s address to with the pod whose cgroup connected.
@@ -419,12 +449,15 @@ fn decide(
         );
     }
     let target = decision.target();
+    let service = decision
+        .service()
+        .map(|s| format!("{}/{}", s.namespace, s.name));
     debug!(
         client = %peer,
         client_namespace = client_ns.unwrap_or("<unknown>"),
         orig_dst = %orig,
         action = outcome.as_str(),
-        service = %decision.service().map(|s| format!("{}/{}", s.namespace, s.name)).unwrap_or_else(|| "-".into()),
+        service = service.as_deref().unwrap_or("-"),
         endpoint = %target.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
         "outbound connection"
     );
@@ -435,7 +468,11 @@ fn decide(
             port,
         },
     };
-    Some(Plan { outcome, target })
+    Some(Plan {
+        outcome,
+        target,
+        service,
+    })
 }
 
 /// Closes with RST rather than FIN, so the client sees a failure at once instead of an empty reply.

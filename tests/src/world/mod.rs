@@ -216,6 +216,16 @@ impl World {
         World::start_source(edit, true, &Launch::default(), &[])
     }
 
+    /// [`World::start_with_launched`] (the directory as the source), the agent given `extra`
+    /// arguments too.
+    pub fn start_args(
+        edit: impl FnOnce(&Path) -> Result<()>,
+        launch: &Launch,
+        extra: &[&str],
+    ) -> Result<World> {
+        World::start_source(edit, false, launch, extra)
+    }
+
     /// [`World::start_kube_with`], the agent given `extra` arguments too.
     pub fn start_kube_args(
         edit: impl FnOnce(&Path) -> Result<()>,
@@ -284,7 +294,8 @@ impl World {
             (Agent::launch(&topo, launch, &args)?, Some(api))
         } else {
             let config = config.to_string_lossy();
-            let args = ["--config", &config, "--dns-upstream", &upstream_arg];
+            let mut args = vec!["--config", &config, "--dns-upstream", &upstream_arg];
+            args.extend(extra);
             (Agent::launch(&topo, launch, &args)?, None)
         };
         Ok(World {
