@@ -51,6 +51,11 @@ const DEBIAN_PACKAGES: &[(&str, &str, &str)] = &[
         "the OCI runtime podman runs the image with (crun refuses hybrid cgroup hierarchies)",
     ),
     ("binutils", "strip", "strips the agent for its image"),
+    (
+        "ca-certificates",
+        "/etc/ssl/certs/ca-certificates.crt",
+        "the CA bundle the image carries",
+    ),
 ];
 
 pub fn setup() -> anyhow::Result<()> {

@@ -192,19 +192,25 @@ impl World {
     /// then runs against the Kubernetes API source.
     pub fn start_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
         let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
-        World::start_source(edit, kube, &Launch::default(), &[])
+        World::start_source(edit, kube, &Launch::default(), &[], None)
     }
 
     /// The world with an unchanged copy of `examples/` and the agent started as `launch` says
     /// (e.g. with or without `--fast-path`, whatever the environment asks).
     pub fn start_launched(launch: &Launch) -> Result<World> {
-        World::start_source(|_| Ok(()), false, launch, &[])
+        World::start_source(|_| Ok(()), false, launch, &[], None)
+    }
+
+    /// The world with the agent run from `image` as the DaemonSet runs it, watching a test API
+    /// server ([`World::start_kube_with`]) as the DaemonSet's `--kube` does.
+    pub fn start_kube_image(image: &crate::container::Image) -> Result<World> {
+        World::start_source(|_| Ok(()), true, &Launch::default(), &[], Some(image))
     }
 
     /// As [`World::start_with`], the agent learning the same objects from a test API server
     /// (`run --kube`) instead of the directory; explain still reads the directory.
     pub fn start_kube_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
-        World::start_source(edit, true, &Launch::default(), &[])
+        World::start_source(edit, true, &Launch::default(), &[], None)
     }
 
     /// [`World::start_kube_with`], the agent given `extra` arguments too.
@@ -212,7 +218,7 @@ impl World {
         edit: impl FnOnce(&Path) -> Result<()>,
         extra: &[&str],
     ) -> Result<World> {
-        World::start_source(edit, true, &Launch::default(), extra)
+        World::start_source(edit, true, &Launch::default(), extra, None)
     }
 
     fn start_source(
@@ -220,6 +226,7 @@ impl World {
         kube: bool,
         launch: &Launch,
         extra: &[&str],
+        image: Option<&crate::container::Image>,
     ) -> Result<World> {
         let mut topo = Topology::new()?;
         for (key, ip, uid) in CLIENTS {
@@ -272,7 +279,11 @@ impl World {
                 &upstream_arg,
             ];
             args.extend(extra);
-            (Agent::launch(&topo, launch, &args)?, Some(api))
+            let agent = match image {
+                Some(image) => Agent::launch_image(&topo, image, &args)?,
+                None => Agent::launch(&topo, launch, &args)?,
+            };
+            (agent, Some(api))
         } else {
             let config = config.to_string_lossy();
             let args = ["--config", &config, "--dns-upstream", &upstream_arg];
