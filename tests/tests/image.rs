@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use integration::container::{self, DaemonSetContainer, Edit, Image};
-use integration::world::{Reach, World};
+use integration::world::{Reach, Resolver, World};
 use integration::{Agent, RESOLVER_IP, Topology, apiserver::ApiServer, bpf, peer};
 
 /// One program per hook the agent uses.
@@ -91,16 +91,22 @@ fn the_image_run_as_the_daemonset_runs_it_serves_each_namespace_its_view_and_rol
 
     // Visibility, dig and curl from two namespaces: team-a's entry is answered in team-a only;
     // team-b gets the public answer and reaches the real host.
-    let (_, reply) = w.check_dig("team-a", "api.example.com")?;
-    assert_eq!(
-        reply.a_records(),
-        ["203.0.113.10".parse::<std::net::Ipv4Addr>()?]
-    );
-    let (_, reply) = w.check_dig("team-b", "api.example.com")?;
-    assert_eq!(
-        reply.a_records(),
-        ["203.0.113.110".parse::<std::net::Ipv4Addr>()?]
-    );
+    // The DaemonSet gives the IPv4 gateway only: the pods ask the resolver's IPv4 address, over UDP
+    // and TCP.
+    for tcp in [false, true] {
+        let (_, reply) =
+            w.check_dig_at("team-a", "api.example.com", "A", tcp, Resolver::ResolvConf)?;
+        assert_eq!(
+            reply.a_records(),
+            ["203.0.113.10".parse::<std::net::Ipv4Addr>()?]
+        );
+        let (_, reply) =
+            w.check_dig_at("team-b", "api.example.com", "A", tcp, Resolver::ResolvConf)?;
+        assert_eq!(
+            reply.a_records(),
+            ["203.0.113.110".parse::<std::net::Ipv4Addr>()?]
+        );
+    }
     let (_, got) = w.check_host("team-a", "api.example.com", 80)?;
     assert_eq!(got, Reach::server("api-endpoint"));
     let (_, got) = w.check_host("team-b", "api.example.com", 80)?;
@@ -143,14 +149,18 @@ fn the_image_run_as_the_daemonset_runs_it_serves_each_namespace_its_view_and_rol
         "hand-over between containers: {handover:?} (successor start to ready); team-a loop {} ok {} failed, team-b loop {} ok {} failed",
         a.ok, a.failed, b.ok, b.failed
     );
+    let logs = format!(
+        "---- old agent\n{old_log}\n---- new agent\n{}",
+        w.agent.log()
+    );
     assert_eq!(
         a.failed, 0,
-        "team-a failures during the rollout:\n{}",
+        "team-a failures during the rollout:\n{}\n{logs}",
         a.text
     );
     assert_eq!(
         b.failed, 0,
-        "team-b failures during the rollout:\n{}",
+        "team-b failures during the rollout:\n{}\n{logs}",
         b.text
     );
     assert!(a.ok > 0 && b.ok > 0, "the loops did nothing");

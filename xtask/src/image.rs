@@ -56,7 +56,7 @@ pub fn from_binary(agent: &Path) -> anyhow::Result<String> {
     )?;
     let size_bytes = size(&tag)?;
     println!(
-        "xtask: image built: {tag} (also {version_tag}), {:.1} MB ({size_bytes} bytes): the stripped agent and the glibc, libm and libgcc_s it links, FROM scratch",
+        "xtask: image built: {tag} (also {version_tag}), {:.1} MB ({size_bytes} bytes): the stripped agent, the glibc, libm and libgcc_s it links and the CA bundle, FROM scratch",
         size_bytes as f64 / 1e6
     );
     Ok(tag)

@@ -257,6 +257,19 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         budgets: Some(budgets.clone()),
     };
 
+    // A successor serves nothing before its configuration is in force: the agent in service, accepting
+    // on the same sockets, answers alone until then. With the API as the source the first lists take
+    // a moment, and a connection served meanwhile would pass through as if no entry existed.
+    if predecessor.is_some() {
+        let waited = Instant::now();
+        while !live.has_config() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        info!(
+            waited_ms = waited.elapsed().as_millis() as u64,
+            "configuration in force; serving beside the agent in service"
+        );
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let proxy_tasks: Vec<_> = proxies
         .into_iter()
