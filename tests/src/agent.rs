@@ -234,8 +234,43 @@ impl Agent {
     }
 
     fn spawn_with(topo: &Topology, launch: &Launch, extra_args: &[&str]) -> Result<Agent> {
-        // `[taskset -c CPU] [prlimit --nofile=N:N] redirect`: each wrapper execs the next, same pid.
-        let mut program: Vec<OsString> = Vec::new();
+        Self::spawn_full(topo, launch, &[], &topo.pin_dir(), extra_args)
+    }
+
+    /// Like [`Agent::start`], the agent run by `wrapper` (e.g. `nsenter -t PID -m --`: in another
+    /// mount namespace) and pinning under `bpffs` instead of the run's own bpffs. Waits until ready.
+    pub fn launch_wrapped(
+        topo: &Topology,
+        wrapper: &[&str],
+        bpffs: &Path,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        let wrapper: Vec<OsString> = wrapper.iter().map(OsString::from).collect();
+        let mut agent = Self::spawn_full(topo, &Launch::default(), &wrapper, bpffs, extra_args)?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    /// [`Agent::start_successor`] for agents started with [`Agent::launch_wrapped`].
+    pub fn start_successor_wrapped(
+        topo: &Topology,
+        wrapper: &[&str],
+        bpffs: &Path,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        let wrapper: Vec<OsString> = wrapper.iter().map(OsString::from).collect();
+        Self::spawn_full(topo, &Launch::default(), &wrapper, bpffs, extra_args)?.successor_ready()
+    }
+
+    fn spawn_full(
+        topo: &Topology,
+        launch: &Launch,
+        wrapper: &[OsString],
+        bpffs: &Path,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        // `[wrapper] [taskset -c CPU] [prlimit --nofile=N:N] redirect`: each execs the next, same pid.
+        let mut program: Vec<OsString> = wrapper.to_vec();
         if let Some(cpu) = launch.cpu {
             program.extend(["taskset".into(), "-c".into(), cpu.to_string().into()]);
         }
@@ -267,7 +302,7 @@ impl Agent {
             .args(args)
             // Run-unique: a successor started on the same topology takes over from this agent.
             .arg("--bpffs")
-            .arg(topo.pin_dir())
+            .arg(bpffs)
             .arg("--handover-socket")
             .arg(topo.handover_socket())
             .args(extra_args)

@@ -114,7 +114,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub admin_allow_non_loopback: bool,
     /// bpf filesystem directory holding the pinned links and maps, which a successor adopts (hand-over).
-    /// When it is not on a bpf filesystem the programs live with this process and there is no hand-over.
+    /// When it is not on a bpf filesystem the agent mounts one at its parent (an empty directory) if it
+    /// may; if not, the programs live with this process and there is no hand-over.
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
     pub bpffs: PathBuf,
     /// Unix socket on which a successor takes this agent's listening sockets (hand-over).
@@ -152,10 +153,15 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     };
     // Without a bpffs there is nothing a successor could adopt: no hand-over at all (a successor
     // would attach a second set of programs next to ours).
-    let pinned = crate::redirect::pins::on_bpffs(&args.bpffs);
-    if !pinned {
-        tracing::warn!(dir = %args.bpffs.display(), "not on a bpf filesystem: the programs live with this process and there is no hand-over");
+    // None on the node: one is mounted where the agent may (as root on the host).
+    let handover = crate::redirect::bpffs::ensure(&args.bpffs);
+    if let Some(at) = &handover.mounted {
+        tracing::info!(at = %at.display(), "mounted a bpf filesystem for the pinned programs");
     }
+    if let Some(why) = &handover.unavailable {
+        tracing::warn!(dir = %args.bpffs.display(), "no hand-over: {why}");
+    }
+    let pinned = handover.available;
     let kube_args = *args.kube;
     let kube = match kube_args.kube {
         true => {
@@ -190,6 +196,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             limits: args.limits.limits(),
             pin_dir: pinned.then_some(args.bpffs),
             handover_socket: pinned.then_some(args.handover_socket),
+            handover,
             drain_timeout: args.drain_timeout,
             kube,
             fast_path: args.fast_path,
