@@ -153,6 +153,53 @@ impl DaemonSetContainer {
     }
 }
 
+/// The DaemonSet's first init container's arguments and whether it is privileged (`mount-bpffs`).
+pub fn init_container() -> Result<(Vec<String>, bool)> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/manifests/30-daemonset.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let doc: Value = serde_yaml_ng::from_str(&text).context("parsing YAML")?;
+    let init = &doc["spec"]["template"]["spec"]["initContainers"][0];
+    let args = init["args"]
+        .as_sequence()
+        .context("initContainers[0].args")?
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect();
+    Ok((
+        args,
+        init["securityContext"]["privileged"].as_bool() == Some(true),
+    ))
+}
+
+/// Runs the DaemonSet's init step from `image` on `topo` to its end, with the run's bpffs where the
+/// DaemonSet mounts the node's (`Bidirectional`: `rshared`); returns what it printed.
+pub fn run_init(topo: &Topology, image: &str) -> Result<String> {
+    let (args, privileged) = init_container()?;
+    let mut cmd = Command::new("podman");
+    cmd.args(["--runtime", OCI_RUNTIME, "run", "--rm", "--network", "none"]);
+    let (nofile, nproc) = rlimits();
+    cmd.args(["--ulimit", &format!("nofile={nofile}:{nofile}")]);
+    cmd.args(["--ulimit", &format!("nproc={nproc}:{nproc}")]);
+    if privileged {
+        cmd.arg("--privileged");
+    }
+    cmd.args(["--read-only", "--read-only-tmpfs=false", "--volume"]);
+    cmd.arg(format!(
+        "{}:/sys/fs/bpf:rw,rshared",
+        topo.id().bpffs_dir().display()
+    ));
+    cmd.arg(image).args(&args);
+    let out = cmd.output().context("running podman")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(out.status.success(), "the init step failed: {text}");
+    Ok(text)
+}
+
 /// The same flag with another value: `--flag=value` or `--flag value` in `args`, else appended.
 fn set_flag(args: &mut Vec<String>, flag: &str, value: Option<&str>) {
     let eq = format!("{flag}=");

@@ -197,3 +197,40 @@ fn an_agent_that_may_not_mount_says_what_rollouts_cost() -> Result<()> {
     agent.stop()?;
     Ok(())
 }
+
+#[test]
+fn the_daemonsets_init_step_mounts_the_bpf_filesystem_the_agent_then_pins_on() -> Result<()> {
+    let w = world()?;
+    let bin = Agent::bin()?;
+    let mut init = w.wrapper(&[]);
+    init.push(bin.display().to_string());
+    init.extend([
+        "mount-bpffs".to_string(),
+        format!("--bpffs={}", w.pins.display()),
+    ]);
+    let out = w.topo.node_cmd(&init[0]).args(&init[1..]).ok()?;
+    assert!(
+        out.stdout_str().contains("mounted a bpf filesystem at"),
+        "{out}"
+    );
+    ensure!(w.mounted_in(&w.holder.pid().to_string())?, "{out}");
+    ensure!(!w.mounted_in("self")?, "the mount reached the machine's");
+    // Run again it finds the mount and leaves it.
+    let again = w.topo.node_cmd(&init[0]).args(&init[1..]).ok()?;
+    assert!(
+        again.stdout_str().contains("on a bpf filesystem already"),
+        "{again}"
+    );
+    // The agent pins there without mounting anything itself.
+    let wrapper = w.wrapper(&[]);
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let agent = Agent::launch_wrapped(&w.topo, &wrapper, &w.pins, &w.args())?;
+    assert!(
+        !agent.log().contains("mounted a bpf filesystem"),
+        "{}",
+        agent.log()
+    );
+    assert_eq!(handover_dump(&agent)?["available"], true);
+    agent.stop()?;
+    Ok(())
+}

@@ -83,6 +83,9 @@ fn the_image_run_as_the_daemonset_runs_it_serves_each_namespace_its_view_and_rol
         return Ok(());
     };
     let mut w = World::start_kube_image(&image)?;
+    // The DaemonSet's init step from the same image: the bpf filesystem is there, it leaves it.
+    let init = container::run_init(&w.topo, &image.tag)?;
+    assert!(init.contains("on a bpf filesystem already"), "{init}");
     let ds = DaemonSetContainer::from_manifest()?;
     eprintln!(
         "running {} with --cap-drop {:?} --cap-add {:?}",

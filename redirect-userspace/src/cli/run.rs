@@ -139,6 +139,25 @@ pub struct RunArgs {
     pub limits: super::LimitArgs,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct MountBpffsArgs {
+    /// The agent's --bpffs: its parent gets the bpf filesystem.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
+    pub bpffs: PathBuf,
+}
+
+/// `redirect mount-bpffs`: says what it found or did. Exits 0 even when it could not mount: the agent
+/// then runs without hand-over (and says so) rather than not at all.
+pub fn mount_bpffs(args: MountBpffsArgs) -> anyhow::Result<ExitCode> {
+    let handover = crate::redirect::bpffs::ensure(&args.bpffs);
+    match (&handover.mounted, &handover.unavailable) {
+        (Some(at), _) => println!("mounted a bpf filesystem at {}", at.display()),
+        (None, Some(why)) => eprintln!("warning: no hand-over: {why}"),
+        (None, None) => println!("{} is on a bpf filesystem already", args.bpffs.display()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     let gateway = Gateways::from_addrs(&args.gateway)?;
     let dns_upstream = match args.dns_upstream {
