@@ -256,6 +256,26 @@ impl Drop for Guard {
     }
 }
 
+/// A file in the run's state directory saying the run started containers (so that its cleanup asks
+/// podman, and no other run pays for that).
+pub const MARKER: &str = "containers";
+
+/// Removes every container whose name starts with `tag-` (a run's); nothing where podman is absent.
+pub fn remove_all(tag: &str) {
+    let Ok(out) = Command::new("podman")
+        .args(["ps", "--all", "--format", "{{.Names}}"])
+        .args(["--filter", &format!("name=^{tag}-")])
+        .output()
+    else {
+        return;
+    };
+    for name in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+        drop(Guard {
+            name: name.to_string(),
+        });
+    }
+}
+
 /// How the test changes the DaemonSet's container, to show what the manifest's settings are for.
 #[derive(Clone, Debug, Default)]
 pub struct Edit {
@@ -296,6 +316,8 @@ pub fn podman_run(
         !ds.privileged,
         "the DaemonSet's container must not be privileged"
     );
+    std::fs::write(topo.state_dir().join(MARKER), "podman\n")
+        .with_context(|| format!("writing {}", topo.state_dir().join(MARKER).display()))?;
     let handover_dir = topo.state_dir().join("run-redirect");
     crate::run::create_dir_all_shared(&handover_dir)?;
     let mut cmd: Vec<OsString> = ["podman", "--runtime", OCI_RUNTIME, "run", "--rm"]
