@@ -142,6 +142,13 @@ fn the_image_run_as_the_daemonset_runs_it_serves_each_namespace_its_view_and_rol
     let started = std::time::Instant::now();
     let new = Agent::start_successor_image(&w.topo, &image, &args)?;
     let handover = started.elapsed();
+    if let Some(line) = new
+        .log()
+        .lines()
+        .find(|l| l.contains("configuration in force"))
+    {
+        eprintln!("successor: {line}");
+    }
     let old = std::mem::replace(&mut w.agent, new);
     old.terminate_async();
     let old_log = old.wait_exit(Duration::from_secs(ds.termination_grace_secs))?;
