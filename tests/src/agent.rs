@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
+use crate::container;
 use crate::metrics::Metrics;
 use crate::proc::Proc;
 use crate::topology::Topology;
@@ -88,6 +89,8 @@ impl Launch {
 /// test runner shows only for a failed test.
 pub struct Agent {
     proc: Proc,
+    /// Run from the image: the container, removed after the process above is gone.
+    _container: Option<container::Guard>,
     /// Started with the fast path on (not `--no-fast-path`).
     fast_path: bool,
     admin: SocketAddr,
@@ -146,10 +149,37 @@ impl Agent {
         Ok(agent)
     }
 
+    /// The agent run from `image` as the DaemonSet runs it ([`container::podman_run`]), in the
+    /// node netns; `extra_args` name the source and upstream. Waits until it is ready.
+    pub fn launch_image(
+        topo: &Topology,
+        image: &container::Image,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        let mut agent = Self::spawn_image(topo, image, extra_args)?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
     /// Starts a successor while `self`'s agent on `topo` still serves: it takes over the listening
     /// sockets and the pinned programs. Returns once it says it serves alone and is ready.
     pub fn start_successor(topo: &Topology, extra_args: &[&str]) -> Result<Agent> {
-        let mut agent = Self::spawn(topo, extra_args)?;
+        let agent = Self::spawn(topo, extra_args)?;
+        agent.successor_ready()
+    }
+
+    /// [`Agent::start_successor`] from `image`, as the DaemonSet's surge pod starts beside the old.
+    pub fn start_successor_image(
+        topo: &Topology,
+        image: &container::Image,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        let agent = Self::spawn_image(topo, image, extra_args)?;
+        agent.successor_ready()
+    }
+
+    fn successor_ready(self) -> Result<Agent> {
+        let mut agent = self;
         // Until the hand-over completes, the admin port still answers for the old agent.
         agent
             .proc
@@ -157,6 +187,40 @@ impl Agent {
             .with_context(|| format!("the successor never ran; log:\n{}", agent.log()))?;
         agent.wait_ready()?;
         Ok(agent)
+    }
+
+    /// `podman run` of the image in the foreground: the agent's output is podman's, and SIGTERM to
+    /// podman reaches the agent (podman proxies signals), as the kubelet's does.
+    fn spawn_image(
+        topo: &Topology,
+        image: &container::Image,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "{}-agent-{}",
+            topo.id().tag(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let (cmd, guard) = container::podman_run(topo, &image.tag, &name, &image.edit, extra_args)?;
+        // podman itself runs in the test's own netns (runc refuses the default sysctls of a container
+        // whose netns is its own: "not allowed in host network namespace"); the container joins the
+        // node's (`--network ns:`). The process stays in the run's cgroup, for the cleanup.
+        let place = crate::Place {
+            label: "podman".to_string(),
+            netns: "/proc/self/ns/net".to_string(),
+            ..topo.node().clone()
+        };
+        let proc = place.cmd(&cmd[0]).args(&cmd[1..]).spawn()?;
+        Ok(Agent {
+            proc,
+            _container: Some(guard),
+            fast_path: false,
+            admin: ADMIN_ADDR.parse().context("admin address")?,
+            node_netns: topo.node().netns.clone(),
+            log_tail_on_drop: true,
+        })
     }
 
     /// SIGTERM without waiting for the exit (a handed-over agent drains first); see [`Agent::wait_exit`].
@@ -196,8 +260,43 @@ impl Agent {
     }
 
     fn spawn_with(topo: &Topology, launch: &Launch, extra_args: &[&str]) -> Result<Agent> {
-        // `[taskset -c CPU] [prlimit --nofile=N:N] redirect`: each wrapper execs the next, same pid.
-        let mut program: Vec<OsString> = Vec::new();
+        Self::spawn_full(topo, launch, &[], &topo.pin_dir(), extra_args)
+    }
+
+    /// Like [`Agent::start`], the agent run by `wrapper` (e.g. `nsenter -t PID -m --`: in another
+    /// mount namespace) and pinning under `bpffs` instead of the run's own bpffs. Waits until ready.
+    pub fn launch_wrapped(
+        topo: &Topology,
+        wrapper: &[&str],
+        bpffs: &Path,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        let wrapper: Vec<OsString> = wrapper.iter().map(OsString::from).collect();
+        let mut agent = Self::spawn_full(topo, &Launch::default(), &wrapper, bpffs, extra_args)?;
+        agent.wait_ready()?;
+        Ok(agent)
+    }
+
+    /// [`Agent::start_successor`] for agents started with [`Agent::launch_wrapped`].
+    pub fn start_successor_wrapped(
+        topo: &Topology,
+        wrapper: &[&str],
+        bpffs: &Path,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        let wrapper: Vec<OsString> = wrapper.iter().map(OsString::from).collect();
+        Self::spawn_full(topo, &Launch::default(), &wrapper, bpffs, extra_args)?.successor_ready()
+    }
+
+    fn spawn_full(
+        topo: &Topology,
+        launch: &Launch,
+        wrapper: &[OsString],
+        bpffs: &Path,
+        extra_args: &[&str],
+    ) -> Result<Agent> {
+        // `[wrapper] [taskset -c CPU] [prlimit --nofile=N:N] redirect`: each execs the next, same pid.
+        let mut program: Vec<OsString> = wrapper.to_vec();
         if let Some(cpu) = launch.cpu {
             program.extend(["taskset".into(), "-c".into(), cpu.to_string().into()]);
         }
@@ -230,13 +329,14 @@ impl Agent {
             .args(args)
             // Run-unique: a successor started on the same topology takes over from this agent.
             .arg("--bpffs")
-            .arg(topo.pin_dir())
+            .arg(bpffs)
             .arg("--handover-socket")
             .arg(topo.handover_socket())
             .args(extra_args)
             .spawn()?;
         Ok(Agent {
             proc,
+            _container: None,
             fast_path,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),

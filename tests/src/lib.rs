@@ -39,6 +39,7 @@ pub mod agent;
 pub mod apiserver;
 pub mod bpf;
 pub mod cgroup;
+pub mod container;
 pub mod dig;
 pub mod dnsmasq;
 pub mod exec;

@@ -132,6 +132,11 @@ const STAGING_SUFFIX: &str = ".claiming";
 /// netns), its netns, its cgroups, and last its state directory. Best effort: returns what failed.
 pub fn remove_run(id: &RunId, cgroup2: &Path) -> Vec<String> {
     let mut errors = Vec::new();
+    // Containers of the run (the image suite's agents), first: they hold the node netns and the
+    // run's bpffs. Their guards remove them; this catches a run killed before its guards ran.
+    if id.state_dir().join(crate::container::MARKER).exists() {
+        crate::container::remove_all(&id.tag());
+    }
     let cg = id.cgroup_dir(cgroup2);
     if cg.exists()
         && let Err(e) = cgroup::kill_all(&cg, Duration::from_secs(5))

@@ -7,6 +7,7 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
+mod image;
 mod setup;
 mod test;
 mod vm;
@@ -27,6 +28,9 @@ enum Command {
     Setup,
     /// Build the eBPF object and the agent that embeds it (target/release/redirect).
     Build,
+    /// Build the agent's OCI image (FROM scratch, no registry needed) into podman's store, tagged
+    /// localhost/redirect:<version> and :<version>-<commit>; prints its size (as root).
+    Image,
     /// Build, set up a throwaway node, run real traffic from several namespaces, show what each saw.
     Demo,
     /// Run every test: format and lint checks, unit tests, then the integration suite (as root).
@@ -44,6 +48,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Setup => setup::setup(),
         Command::Build => setup::ensure().and_then(|()| build::build().map(|_| ())),
+        Command::Image => setup::ensure().and_then(|()| image::image()),
         Command::Demo => setup::ensure().and_then(|()| demo::demo()),
         Command::Test(args) => setup::ensure().and_then(|()| test::test(args)),
         Command::Bench(args) => setup::ensure().and_then(|()| bench::bench(args)),

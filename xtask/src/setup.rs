@@ -40,6 +40,22 @@ const DEBIAN_PACKAGES: &[(&str, &str, &str)] = &[
         "reading ServiceEntry status as users do (any kubectl on the PATH will do)",
     ),
     ("linux-perf", "perf", "`cargo xtask profile`"),
+    (
+        "podman",
+        "podman",
+        "builds the agent's image and runs it in the suite (`cargo xtask image`)",
+    ),
+    (
+        "runc",
+        "runc",
+        "the OCI runtime podman runs the image with (crun refuses hybrid cgroup hierarchies)",
+    ),
+    ("binutils", "strip", "strips the agent for its image"),
+    (
+        "ca-certificates",
+        "/etc/ssl/certs/ca-certificates.crt",
+        "the CA bundle the image carries",
+    ),
 ];
 
 pub fn setup() -> anyhow::Result<()> {

@@ -7,7 +7,7 @@ use std::{path::PathBuf, process::Stdio, time::Duration};
 
 use anyhow::{Context, bail};
 
-use crate::{build, cmd, setup::is_root, vm};
+use crate::{build, cmd, image, setup::is_root, vm};
 
 #[derive(clap::Args)]
 pub struct TestArgs {
@@ -94,12 +94,15 @@ pub fn test(args: TestArgs) -> anyhow::Result<()> {
     }
     need_root()?;
     let agent = build::build()?;
+    // The image suite runs the agent as the DaemonSet does: from this build's image.
+    let image = image::from_binary(&agent)?;
     cmd::run(
         cmd::cargo()
             .current_dir(&root)
             .args(["test", "--package", "tests", "--"])
             .args(&args.filter)
-            .env("REDIRECT_BIN", &agent),
+            .env("REDIRECT_BIN", &agent)
+            .env("REDIRECT_IMAGE", &image),
     )?;
     // The visibility suite again with the proxy deciding everything (the first run had the
     // agent's default, the kernel deciding what needs no proxy): the same outcomes.

@@ -47,6 +47,8 @@ pub struct AdminState {
     pub budgets: Option<Arc<Budgets>>,
     /// With `--fast-path`: what the kernel's tables hold and who decides what.
     pub fast_path: Option<Box<dyn Fn() -> Option<fastpath::Dump> + Send + Sync>>,
+    /// The agent's: whether a successor can take over.
+    pub handover: Option<crate::redirect::bpffs::Handover>,
 }
 
 impl AdminState {
@@ -75,6 +77,8 @@ struct Dump {
     #[serde(flatten)]
     state: ConfigDump,
     fast_path: FastPathDump,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handover: Option<crate::redirect::bpffs::Handover>,
 }
 
 /// `fastPath` in `/config_dump`.
@@ -215,6 +219,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
                     enabled: state.fast_path.is_some(),
                     in_force: state.fast_path.as_ref().and_then(|dump| dump()),
                 },
+                handover: state.handover.clone(),
             };
             match serde_json::to_string_pretty(&dump) {
                 Ok(body) => with_type(StatusCode::OK, "application/json", body + "\n"),

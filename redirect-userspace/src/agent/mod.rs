@@ -61,6 +61,8 @@ pub struct AgentConfig {
     pub pin_dir: Option<PathBuf>,
     /// Unix socket a successor asks for the listening sockets on; `None`: no hand-over.
     pub handover_socket: Option<PathBuf>,
+    /// Whether a successor can take over, for `/config_dump` and `redirect_handover_available`.
+    pub handover: crate::redirect::bpffs::Handover,
     /// After a hand-over, how long proxied connections may run before they are reset.
     pub drain_timeout: Duration,
     /// Learn the configuration from the Kubernetes API instead of `config_dir`.
@@ -274,6 +276,13 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .collect();
 
     let mut registry = metrics.registry(Some(redirector.maps()));
+    let handover_available = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    handover_available.set(i64::from(config.handover.available));
+    registry.register(
+        "handover_available",
+        "1 when a successor can take over (pinned on a bpf filesystem); 0: a restart or rollout drops connections",
+        handover_available,
+    );
     if let Some(fast) = &fast_path {
         registry.register_collector(fast.collector());
     }
@@ -281,6 +290,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .clone()
         .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>);
     let admin_state = AdminState {
+        handover: Some(config.handover.clone()),
         fast_path: fast_path_dump,
         registry,
         attached: attached.clone(),
@@ -289,6 +299,19 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         budgets: Some(budgets.clone()),
     };
 
+    // A successor serves nothing before its configuration is in force: the agent in service, accepting
+    // on the same sockets, answers alone until then. With the API as the source the first lists take
+    // a moment, and a connection served meanwhile would pass through as if no entry existed.
+    if predecessor.is_some() {
+        let waited = Instant::now();
+        while !live.has_config() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        info!(
+            waited_ms = waited.elapsed().as_millis() as u64,
+            "configuration in force; serving beside the agent in service"
+        );
+    }
     let (stop_tx, stop_rx) = watch::channel(false);
     let proxy_tasks: Vec<_> = proxies
         .into_iter()

@@ -80,6 +80,9 @@ pub enum Command {
     Explain(explain::ExplainArgs),
     /// Ask a running agent what it holds (its admin server).
     Config(config::ConfigArgs),
+    /// Mount a bpf filesystem at the parent of --bpffs unless it is on one already (the DaemonSet's
+    /// init step, which holds the privilege to mount that the agent does not).
+    MountBpffs(run::MountBpffsArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -96,6 +99,7 @@ pub fn main() -> ExitCode {
         Command::Resolve(args) => resolve::resolve(args),
         Command::Explain(args) => explain::explain(args),
         Command::Config(args) => config::config(args),
+        Command::MountBpffs(args) => run::mount_bpffs(args),
     };
     match result {
         Ok(code) => code,

@@ -119,7 +119,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "CIDR")]
     pub deny_destination: Vec<ipnet::IpNet>,
     /// bpf filesystem directory holding the pinned links and maps, which a successor adopts (hand-over).
-    /// When it is not on a bpf filesystem the programs live with this process and there is no hand-over.
+    /// When it is not on a bpf filesystem the agent mounts one at its parent (an empty directory) if it
+    /// may; if not, the programs live with this process and there is no hand-over.
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
     pub bpffs: PathBuf,
     /// Unix socket on which a successor takes this agent's listening sockets (hand-over).
@@ -152,6 +153,25 @@ pub struct RunArgs {
     pub limits: super::LimitArgs,
 }
 
+#[derive(clap::Args, Debug)]
+pub struct MountBpffsArgs {
+    /// The agent's --bpffs: its parent gets the bpf filesystem.
+    #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
+    pub bpffs: PathBuf,
+}
+
+/// `redirect mount-bpffs`: says what it found or did. Exits 0 even when it could not mount: the agent
+/// then runs without hand-over (and says so) rather than not at all.
+pub fn mount_bpffs(args: MountBpffsArgs) -> anyhow::Result<ExitCode> {
+    let handover = crate::redirect::bpffs::ensure(&args.bpffs);
+    match (&handover.mounted, &handover.unavailable) {
+        (Some(at), _) => println!("mounted a bpf filesystem at {}", at.display()),
+        (None, Some(why)) => eprintln!("warning: no hand-over: {why}"),
+        (None, None) => println!("{} is on a bpf filesystem already", args.bpffs.display()),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     let gateway = Gateways::from_addrs(&args.gateway)?;
     let dns_upstream = match args.dns_upstream {
@@ -166,10 +186,15 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     };
     // Without a bpffs there is nothing a successor could adopt: no hand-over at all (a successor
     // would attach a second set of programs next to ours).
-    let pinned = crate::redirect::pins::on_bpffs(&args.bpffs);
-    if !pinned {
-        tracing::warn!(dir = %args.bpffs.display(), "not on a bpf filesystem: the programs live with this process and there is no hand-over");
+    // None on the node: one is mounted where the agent may (as root on the host).
+    let handover = crate::redirect::bpffs::ensure(&args.bpffs);
+    if let Some(at) = &handover.mounted {
+        tracing::info!(at = %at.display(), "mounted a bpf filesystem for the pinned programs");
     }
+    if let Some(why) = &handover.unavailable {
+        tracing::warn!(dir = %args.bpffs.display(), "no hand-over: {why}");
+    }
+    let pinned = handover.available;
     let kube_args = *args.kube;
     let kube = match kube_args.kube {
         true => {
@@ -205,6 +230,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             limits: args.limits.limits(),
             pin_dir: pinned.then_some(args.bpffs),
             handover_socket: pinned.then_some(args.handover_socket),
+            handover,
             drain_timeout: args.drain_timeout,
             kube,
             fast_path: !args.no_fast_path,

@@ -4,6 +4,7 @@
 //! (or the process dying) detaches everything. With one (`pins`), the links and maps are pinned: they
 //! outlive the process, a successor swaps its programs into the same links, and only
 //! [`Redirector::release`] by the last agent detaches them.
+pub mod bpffs;
 mod cgroup;
 mod fast;
 pub mod features;

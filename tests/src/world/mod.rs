@@ -201,19 +201,25 @@ impl World {
         launch: &Launch,
     ) -> Result<World> {
         let kube = std::env::var("REDIRECT_WORLD_SOURCE").is_ok_and(|s| s == "kube");
-        World::start_source(edit, kube, launch, &[])
+        World::start_source(edit, kube, launch, &[], None)
     }
 
     /// The world with an unchanged copy of `examples/` and the agent started as `launch` says
     /// (e.g. with or without the fast path).
     pub fn start_launched(launch: &Launch) -> Result<World> {
-        World::start_source(|_| Ok(()), false, launch, &[])
+        World::start_source(|_| Ok(()), false, launch, &[], None)
+    }
+
+    /// The world with the agent run from `image` as the DaemonSet runs it, watching a test API
+    /// server ([`World::start_kube_with`]) as the DaemonSet's `--kube` does.
+    pub fn start_kube_image(image: &crate::container::Image) -> Result<World> {
+        World::start_source(|_| Ok(()), true, &Launch::default(), &[], Some(image))
     }
 
     /// As [`World::start_with`], the agent learning the same objects from a test API server
     /// (`run --kube`) instead of the directory; explain still reads the directory.
     pub fn start_kube_with(edit: impl FnOnce(&Path) -> Result<()>) -> Result<World> {
-        World::start_source(edit, true, &Launch::default(), &[])
+        World::start_source(edit, true, &Launch::default(), &[], None)
     }
 
     /// [`World::start_with_launched`] (the directory as the source), the agent given `extra`
@@ -223,7 +229,7 @@ impl World {
         launch: &Launch,
         extra: &[&str],
     ) -> Result<World> {
-        World::start_source(edit, false, launch, extra)
+        World::start_source(edit, false, launch, extra, None)
     }
 
     /// [`World::start_kube_with`], the agent given `extra` arguments too.
@@ -231,7 +237,7 @@ impl World {
         edit: impl FnOnce(&Path) -> Result<()>,
         extra: &[&str],
     ) -> Result<World> {
-        World::start_source(edit, true, &Launch::default(), extra)
+        World::start_source(edit, true, &Launch::default(), extra, None)
     }
 
     fn start_source(
@@ -239,6 +245,7 @@ impl World {
         kube: bool,
         launch: &Launch,
         extra: &[&str],
+        image: Option<&crate::container::Image>,
     ) -> Result<World> {
         let mut topo = Topology::new()?;
         for (key, ip, uid) in CLIENTS {
@@ -291,7 +298,11 @@ impl World {
                 &upstream_arg,
             ];
             args.extend(extra);
-            (Agent::launch(&topo, launch, &args)?, Some(api))
+            let agent = match image {
+                Some(image) => Agent::launch_image(&topo, image, &args)?,
+                None => Agent::launch(&topo, launch, &args)?,
+            };
+            (agent, Some(api))
         } else {
             let config = config.to_string_lossy();
             let mut args = vec!["--config", &config, "--dns-upstream", &upstream_arg];
