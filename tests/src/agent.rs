@@ -97,12 +97,19 @@ pub struct Agent {
     node_netns: String,
     /// What the launch asked for, cleared by a successful `stop()` (a clean stop needs no post-mortem).
     log_tail_on_drop: bool,
+    /// Logging at debug (`-v`): each decision and each hide has its line.
+    debug_log: bool,
 }
 
 impl Agent {
     /// Whether this agent runs with the fast path (the default; not `--no-fast-path`).
     pub fn fast_path(&self) -> bool {
         self.fast_path
+    }
+
+    /// Whether it logs at debug (`-v`).
+    pub fn debug_log(&self) -> bool {
+        self.debug_log
     }
 
     /// `$REDIRECT_BIN`, else `<target dir>/release/redirect` of this workspace.
@@ -216,7 +223,10 @@ impl Agent {
         Ok(Agent {
             proc,
             _container: Some(guard),
-            fast_path: false,
+            // The DaemonSet runs the agent's default: the kernel decides what needs no proxy, and
+            // the log at info.
+            fast_path: true,
+            debug_log: false,
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
             log_tail_on_drop: true,
@@ -341,6 +351,7 @@ impl Agent {
             admin: ADMIN_ADDR.parse().context("admin address")?,
             node_netns: topo.node().netns.clone(),
             log_tail_on_drop: launch.log_tail_on_drop,
+            debug_log: launch.verbose,
         })
     }
 

@@ -427,7 +427,7 @@ impl World {
             "curl {url} from {from}: the agent doubted the client's identity: {after:#?}"
         );
         // At -v each hide is logged, by the proxy or (reported by the kernel) by the agent.
-        if verdict.hidden.is_some() {
+        if verdict.hidden.is_some() && self.agent.debug_log() {
             let want = logged_before + hidden as usize;
             let deadline = Instant::now() + crate::pace::scaled(Duration::from_secs(2));
             while hides_logged(&self.agent.log()) < want {
