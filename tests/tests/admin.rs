@@ -564,6 +564,12 @@ fn config_explain_workload_log_and_all_ask_the_running_agent() -> Result<()> {
         "{workloads}"
     );
     ensure!(!workloads.contains("team-b"), "{workloads}");
+    // The client pods are kubelet-style: the agent has found each one's cgroup.
+    let a1 = workloads
+        .lines()
+        .find(|l| l.contains(" a1 "))
+        .unwrap_or_default();
+    ensure!(a1.trim_end().ends_with("found"), "{workloads}");
     ensure!(cli(&["log", "--level", "warn,redirect=trace"])?.contains("redirect=trace"));
     ensure!(cli(&["log"])?.contains("redirect=trace"));
     let all: Value = serde_json::from_str(&cli(&["all", "-o", "json"])?)?;

@@ -49,6 +49,8 @@ pub struct AdminState {
     pub fast_path: Option<Box<dyn Fn() -> Option<fastpath::Dump> + Send + Sync>>,
     /// The agent's: whether a successor can take over.
     pub handover: Option<crate::redirect::bpffs::Handover>,
+    /// The pods' cgroups the agent has found: `/config_dump` says which pod it knows by its cgroup.
+    pub cgroups: Option<Arc<crate::identity::CgroupPods>>,
 }
 
 impl AdminState {
@@ -211,10 +213,17 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
     match req.uri().path() {
         "/explain" => explain(req, state),
         "/config_dump" => {
+            let mut held = state.live.snapshot().config_dump();
+            if let Some(cgroups) = &state.cgroups {
+                for w in &mut held.workloads {
+                    let uid = w.uid.as_deref().and_then(|u| u.parse().ok());
+                    w.cgroup = uid.and_then(|uid| cgroups.known_pod_cgroup(&uid));
+                }
+            }
             let dump = Dump {
                 version: VERSION,
                 config: state.live.status_report(),
-                state: state.live.snapshot().config_dump(),
+                state: held,
                 fast_path: FastPathDump {
                     enabled: state.fast_path.is_some(),
                     in_force: state.fast_path.as_ref().and_then(|dump| dump()),

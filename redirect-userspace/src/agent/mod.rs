@@ -290,6 +290,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .clone()
         .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>);
     let admin_state = AdminState {
+        cgroups: Some(proxy_context.cgroups.clone()),
         handover: Some(config.handover.clone()),
         fast_path: fast_path_dump,
         registry,

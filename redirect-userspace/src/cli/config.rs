@@ -216,6 +216,7 @@ pub fn workload_table(workloads: &[Value]) -> String {
                 list(&w["ips"]),
                 text(&w["node"]),
                 if w["optedOut"] == true { "yes" } else { "no" }.to_string(),
+                if w["cgroup"].is_u64() { "found" } else { "-" }.to_string(),
             ]
         })
         .collect();

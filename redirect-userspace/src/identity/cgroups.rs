@@ -81,6 +81,11 @@ impl CgroupPods {
             .collect()
     }
 
+    /// The id of pod `uid`'s own cgroup as last walked, without walking (for dumps).
+    pub fn known_pod_cgroup(&self, uid: &Uuid) -> Option<u64> {
+        self.table.load().pods.get(uid).copied()
+    }
+
     /// Walks the tree anew and returns every cgroup in it that belongs to a pod (the pod's own
     /// and its containers'), with the pod's uid.
     pub async fn rescan(&self) -> Vec<(u64, Uuid)> {

@@ -53,6 +53,10 @@ pub struct WorkloadDump {
     /// Labelled `istio.io/dataplane-mode: none`: the programs leave this pod alone.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub opted_out: bool,
+    /// The id of the pod's own cgroup, once the agent has found it on this node (it then knows the
+    /// pod by its cgroup, not only by its address); filled in by the running agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -141,6 +145,7 @@ impl Snapshot {
                     node: w.node_name.clone(),
                     uid: w.meta.uid.map(|uid| uid.to_string()),
                     opted_out: crate::identity::opts_out(w),
+                    cgroup: None,
                 })
                 .collect(),
             service_entry_visibility: VisibilityDump {
