@@ -73,8 +73,11 @@ mod tests {
         let model = load_sources([("synthetic.yaml", yaml.as_str())]).expect("loads");
         assert_eq!(model.service_entries.len(), 100);
         assert_eq!(model.workloads.len(), 20);
-        // Every entry is published: the agent holds one service for each (what the bench checks).
+        // Every entry is published, also with many entries per namespace (the bench's ten): the
+        // agent holds one service for each, which the bench checks.
+        let yaml = large_mesh_yaml(20, 400);
+        let model = load_sources([("synthetic.yaml", yaml.as_str())]).expect("loads");
         let snapshot = redirect_userspace::state::Snapshot::from_model(&model);
-        assert_eq!(snapshot.services().count(), 100);
+        assert_eq!(snapshot.services().count(), 400);
     }
 }
