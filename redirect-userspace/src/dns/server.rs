@@ -668,6 +668,22 @@ mod tests {
         Message::from_vec(&buf[..n]).unwrap()
     }
 
+    /// Sends one query over TCP, length-prefixed as DNS frames it.
+    async fn send_tcp(tcp: &mut TcpStream, raw: &[u8]) {
+        tcp.write_all(&(raw.len() as u16).to_be_bytes())
+            .await
+            .unwrap();
+        tcp.write_all(raw).await.unwrap();
+    }
+
+    /// Reads one length-prefixed reply over TCP.
+    async fn read_tcp(tcp: &mut TcpStream) -> Message {
+        let len = tcp.read_u16().await.unwrap();
+        let mut buf = vec![0u8; usize::from(len)];
+        tcp.read_exact(&mut buf).await.unwrap();
+        Message::from_vec(&buf).unwrap()
+    }
+
     #[tokio::test]
     async fn owned_name_is_answered_locally_over_udp_and_tcp() {
         // Nothing listens upstream: a local answer must not need it.
@@ -680,15 +696,8 @@ mod tests {
         );
 
         let mut tcp = TcpStream::connect(addr).await.unwrap();
-        let raw = query("api.example.com.", RecordType::A);
-        tcp.write_all(&(raw.len() as u16).to_be_bytes())
-            .await
-            .unwrap();
-        tcp.write_all(&raw).await.unwrap();
-        let len = tcp.read_u16().await.unwrap();
-        let mut buf = vec![0u8; usize::from(len)];
-        tcp.read_exact(&mut buf).await.unwrap();
-        let reply = Message::from_vec(&buf).unwrap();
+        send_tcp(&mut tcp, &query("api.example.com.", RecordType::A)).await;
+        let reply = read_tcp(&mut tcp).await;
         assert!(reply.metadata.authoritative);
         assert_eq!(reply.answers.len(), 1);
         let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
@@ -972,11 +981,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(5)).await;
         });
         let mut tcp = TcpStream::connect(addr).await.unwrap();
-        let raw = query("zone.example.", RecordType::AXFR);
-        tcp.write_all(&(raw.len() as u16).to_be_bytes())
-            .await
-            .unwrap();
-        tcp.write_all(&raw).await.unwrap();
+        send_tcp(&mut tcp, &query("zone.example.", RecordType::AXFR)).await;
         let mut answers = 0;
         for _ in 0..3 {
             let len = tokio::time::timeout(Duration::from_secs(2), tcp.read_u16())
@@ -991,15 +996,8 @@ mod tests {
         }
         assert_eq!(answers, 7, "every record of the zone");
         // The same connection answers the next query.
-        let raw = query("api.example.com.", RecordType::A);
-        tcp.write_all(&(raw.len() as u16).to_be_bytes())
-            .await
-            .unwrap();
-        tcp.write_all(&raw).await.unwrap();
-        let len = tcp.read_u16().await.unwrap();
-        let mut buf = vec![0u8; usize::from(len)];
-        tcp.read_exact(&mut buf).await.unwrap();
-        assert_eq!(Message::from_vec(&buf).unwrap().answers.len(), 1);
+        send_tcp(&mut tcp, &query("api.example.com.", RecordType::A)).await;
+        assert_eq!(read_tcp(&mut tcp).await.answers.len(), 1);
         let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 1"#),
@@ -1030,15 +1028,7 @@ mod tests {
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
         socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
         let mut other = socket.connect(addr).await.unwrap();
-        let raw = query("api.example.com.", RecordType::A);
-        other
-            .write_all(&(raw.len() as u16).to_be_bytes())
-            .await
-            .unwrap();
-        other.write_all(&raw).await.unwrap();
-        let len = other.read_u16().await.unwrap();
-        let mut buf = vec![0u8; usize::from(len)];
-        other.read_exact(&mut buf).await.unwrap();
-        assert_eq!(Message::from_vec(&buf).unwrap().answers.len(), 1);
+        send_tcp(&mut other, &query("api.example.com.", RecordType::A)).await;
+        assert_eq!(read_tcp(&mut other).await.answers.len(), 1);
     }
 }
