@@ -460,7 +460,7 @@ impl Metrics {
         );
         registry.register(
             "client_identity_mismatches",
-            "Connections served as an unknown client because the connecting process's cgroup belongs to another pod than the one the registry gives its address to",
+            "Connections and DNS-over-TCP queries served as an unknown client because the connecting process's cgroup belongs to another pod than the one the registry gives its address to",
             self.identity_mismatches.clone(),
         );
         registry.register(

@@ -29,19 +29,54 @@ fn marked_socket(dst: SocketAddr, ty: Type, protocol: Protocol) -> io::Result<So
     Ok(socket)
 }
 
-/// A marked TCP connection to `dst`, given up after `timeout`.
-pub async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    connect_marked_buffered(dst, timeout, None).await
+/// Makes the sockets the proxy dials upstreams from.
+pub trait SocketFactory: Send + Sync + std::fmt::Debug {
+    /// A new non-blocking TCP socket for a connection to `dst`.
+    fn tcp(&self, dst: SocketAddr) -> io::Result<Socket>;
 }
 
-/// [`connect_marked`] with the socket's send and receive buffers fixed at `buffer` bytes each (set
-/// before the SYN: the window scale offered follows the receive buffer).
-pub async fn connect_marked_buffered(
+/// The agent's sockets: each carries the agent's mark (setting it needs `CAP_NET_ADMIN`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MarkedSockets;
+
+impl SocketFactory for MarkedSockets {
+    fn tcp(&self, dst: SocketAddr) -> io::Result<Socket> {
+        marked_socket(dst, Type::STREAM, Protocol::TCP)
+    }
+}
+
+/// Plain sockets, for tests that run the proxy in-process without root (and without eBPF, so
+/// nothing needs the mark).
+#[cfg(test)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlainSockets;
+
+#[cfg(test)]
+impl SocketFactory for PlainSockets {
+    fn tcp(&self, dst: SocketAddr) -> io::Result<Socket> {
+        Socket::new(
+            Domain::for_address(dst),
+            Type::STREAM.nonblocking(),
+            Some(Protocol::TCP),
+        )
+    }
+}
+
+/// A marked TCP connection to `dst`, given up after `timeout`.
+pub async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    connect(&MarkedSockets, dst, timeout, None).await
+}
+
+/// A connection to `dst` from a socket of `sockets`, given up after `timeout`, with the socket's
+/// send and receive buffers fixed at `buffer` bytes each when given (set before the SYN: the window
+/// scale offered follows the receive buffer).
+pub async fn connect(
+    sockets: &dyn SocketFactory,
     dst: SocketAddr,
     timeout: Duration,
     buffer: Option<usize>,
 ) -> io::Result<TcpStream> {
-    let socket = marked_socket(dst, Type::STREAM, Protocol::TCP)?;
+    let socket = sockets.tcp(dst)?;
     socket.set_tcp_nodelay(true)?;
     socket.set_tcp_keepalive(&keepalive())?;
     if let Some(bytes) = buffer {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use integration::fixtures::{self, API_ENDPOINT_BODY, API_REAL_BODY, API_URL, API6_URL};
 use integration::world::{delta, replace_file};
-use integration::{Agent, NO_FAST_PATH, Peer, Topology};
+use integration::{Agent, DnsRecords, Dnsmasq, NO_FAST_PATH, Peer, RESOLVER_IP, Topology, dig};
 
 const A1_UID: &str = "0a1a1a1a-0000-4000-8000-000000000001";
 const A2_UID: &str = "0a2a2a2a-0000-4000-8000-000000000002";
@@ -39,9 +39,12 @@ fn registry(holder: &str) -> String {
 /// Fields drop in order: the agent, the servers, then the topology.
 struct Setup {
     agent: Agent,
-    _servers: (Peer, Peer),
+    _servers: (Peer, Peer, Dnsmasq),
     topo: Topology,
 }
+
+/// What the real resolver says `api.example.com` is (team-a's entry says 203.0.113.10).
+const REAL_ANSWER: &str = "192.0.2.80";
 
 fn setup() -> Result<Setup> {
     let mut topo = Topology::new()?;
@@ -50,20 +53,44 @@ fn setup() -> Result<Setup> {
     topo.add_kube_pod("team-a/a2", "10.244.1.12".parse()?, A2_UID)?;
     // Not laid out by kubelet: its cgroup names no pod, so there is nothing to check against.
     topo.add_pod("team-a/c1", "10.244.1.13".parse()?)?;
-    let servers = fixtures::start_api_servers(&topo)?;
+    let (endpoint, real) = fixtures::start_api_servers(&topo)?;
+    let dnsmasq = topo.start_dnsmasq(
+        RESOLVER_IP,
+        DnsRecords::new().host("api.example.com", REAL_ANSWER.parse()?),
+    )?;
     let config = topo.scratch_path("config");
     std::fs::create_dir_all(&config)?;
     let stale = fixtures::pod("team-a/a1", A1_UID, "10.244.1.10", "{}");
     replace_file(&config, "registry.yaml", &registry(&stale))?;
+    let upstream = format!("{RESOLVER_IP}:53");
     let agent = Agent::start(
         &topo,
-        &[NO_FAST_PATH, "--config", &config.to_string_lossy()],
+        &[
+            NO_FAST_PATH,
+            "--config",
+            &config.to_string_lossy(),
+            "--dns-upstream",
+            &upstream,
+        ],
     )?;
     Ok(Setup {
         agent,
-        _servers: servers,
+        _servers: (endpoint, real, dnsmasq),
         topo,
     })
+}
+
+/// `dig api.example.com` from `pod`, over TCP or UDP.
+fn dig_api(s: &Setup, pod: &str, tcp: bool) -> Result<Vec<String>> {
+    let transport = if tcp { "+tcp" } else { "+notcp" };
+    let reply = dig::run(s.topo.pod(pod).cmd("dig").args([
+        "+tries=1",
+        "+time=2",
+        transport,
+        &format!("@{RESOLVER_IP}"),
+        "api.example.com",
+    ]))?;
+    Ok(reply.a_records().iter().map(|a| a.to_string()).collect())
 }
 
 fn curl_api(s: &Setup, pod: &str) -> Result<String> {
@@ -153,5 +180,35 @@ fn a_pod_on_a_recycled_ip_is_not_served_as_the_namespace_the_registry_still_give
     let after = s.agent.metrics()?;
     assert_eq!(delta(&before, &after, MISMATCHES), 0.0, "{after:#?}");
     assert_eq!(delta(&before, &after, PASSTHROUGH), 1.0, "{after:#?}");
+    Ok(())
+}
+
+/// The DNS proxy establishes its clients as the proxy does wherever the kernel can tell: over TCP,
+/// the asking process's cgroup is held against the registry, so b1 on a1's recycled address does
+/// not get team-a's answer. Over UDP the kernel files nothing per query, and the address decides
+/// (`docs/data-plane.md#client-identity-check` says so).
+#[test]
+fn a_dns_query_over_tcp_from_a_recycled_ip_is_answered_as_an_unknown_clients() -> Result<()> {
+    let s = setup()?;
+    assert_eq!(
+        dig_api(&s, "team-a/a2", true)?,
+        ["203.0.113.10"],
+        "team-a's own pod, over TCP"
+    );
+
+    let before = s.agent.metrics()?;
+    assert_eq!(
+        dig_api(&s, "team-b/b1", true)?,
+        [REAL_ANSWER],
+        "b1 in team-b's cgroup on the address the registry gives a1: the real resolver answers"
+    );
+    let after = s.agent.metrics()?;
+    assert_eq!(delta(&before, &after, MISMATCHES), 1.0, "{after:#?}");
+
+    assert_eq!(
+        dig_api(&s, "team-b/b1", false)?,
+        ["203.0.113.10"],
+        "over UDP the address is all there is to go by"
+    );
     Ok(())
 }

@@ -130,10 +130,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
 
     // Bind before attaching: from the moment the programs are attached, a steered connection or
     // query must find someone listening. One listener per gateway address (per family).
-    let visible_names = Arc::new(VisibleNames {
-        live: live.clone(),
-        metrics: metrics.clone(),
-    });
+    let visible_names = Arc::new(VisibleNames::new(live.clone(), metrics.clone()));
     // A predecessor still serving hands over its very sockets: nothing waiting in a queue is lost.
     let identity = handover::Identity::current(&config.cgroup)
         .with_context(|| format!("reading the identity of {}", config.cgroup.display()))?;
@@ -252,8 +249,10 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // Pods that opted out are left alone before the agent calls itself ready.
     let mut opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
     opt_out.sync().await;
+    visible_names.use_kernel(redirector.maps(), cgroups.clone());
     let proxy_context = Arc::new(ProxyContext {
-        redirect_maps: redirector.maps(),
+        flows: redirector.maps(),
+        sockets: Arc::new(crate::net::MarkedSockets),
         live: live.clone(),
         metrics: metrics.clone(),
         endpoint_hosts,

@@ -16,7 +16,7 @@ pub use cache::AnswerCache;
 pub use resolve::{HostCache, ResolveError, Resolved, resolve_host};
 pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};
-pub use visible::{VisibleNames, client_namespace};
+pub use visible::VisibleNames;
 
 /// TTL of the records the agent answers itself (`docs/dns.md#authoritative-answers`).
 pub const ANSWER_TTL: u32 = 30;

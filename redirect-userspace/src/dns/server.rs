@@ -1,7 +1,9 @@
 //! The DNS proxy's listeners (UDP and TCP at gateway:15053) and the per-query decision.
 use std::{
+    future::Future,
     io,
     net::{IpAddr, SocketAddr},
+    pin::Pin,
     sync::Arc,
     time::Duration,
 };
@@ -28,6 +30,7 @@ use super::{
 };
 use crate::{
     budget::{Budgets, Permit},
+    identity::KernelView,
     metrics::{DnsOutcome, Metrics, Refusal},
 };
 
@@ -39,6 +42,8 @@ const TCP_IDLE: Duration = Duration::from_secs(10);
 pub struct DnsQuery<'a> {
     /// The pod that asked (its namespace decides what it may see).
     pub client: IpAddr,
+    /// What the kernel said of the process behind a TCP connection; nothing over UDP.
+    pub kernel: KernelView,
     pub name: &'a Name,
     pub qtype: RecordType,
 }
@@ -63,6 +68,15 @@ pub trait Decide: Send + Sync + 'static {
     /// Whether `client` is an address a workload holds (a known client).
     fn known(&self, _client: IpAddr) -> bool {
         true
+    }
+
+    /// What the kernel says of the process behind the TCP connection from `client`, read once
+    /// when it is accepted; by default nothing.
+    fn kernel_view(
+        &self,
+        _client: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = KernelView> + Send + '_>> {
+        Box::pin(std::future::ready(KernelView::Unknown))
     }
 }
 
@@ -270,7 +284,13 @@ async fn serve_udp(queue: Arc<Queue>) {
             };
         let raw = &mut buf[..n];
         // Local answers are a parse and an encode, forwards a send: both done here, no task per query.
-        match local_reply(raw, client.ip(), Transport::Udp, shared) {
+        match local_reply(
+            raw,
+            client.ip(),
+            KernelView::Unknown,
+            Transport::Udp,
+            shared,
+        ) {
             Local::Reply(reply) => queue.send(&reply, client).await,
             Local::Forward(question, key) => {
                 if let Some(reply) = shared.cached(key.as_ref(), raw) {
@@ -379,6 +399,7 @@ async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
 
 /// Length-prefixed queries, one after another, until the client closes or idles.
 async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc<Shared>) {
+    let kernel = shared.decide.kernel_view(client).await;
     loop {
         let read = async {
             let len = stream.read_u16().await?;
@@ -390,7 +411,7 @@ async fn serve_tcp_client(mut stream: TcpStream, client: SocketAddr, shared: Arc
             Ok(Ok(query)) => query,
             _ => return, // closed, broken or idle
         };
-        let reply = match local_reply(&query, client.ip(), Transport::Tcp, &shared) {
+        let reply = match local_reply(&query, client.ip(), kernel, Transport::Tcp, &shared) {
             Local::Reply(reply) => Some(reply),
             Local::Forward(question, _) if is_transfer_question(&question) => {
                 let qtype = question[0].query_type();
@@ -491,7 +512,13 @@ enum Local {
 /// Decides whether the agent answers `raw` itself. A query it does not answer goes upstream
 /// unchanged: the upstream is the authority on everything the mesh does not claim. Bytes that are
 /// not a DNS message at all are dropped (and counted): forwarding junk only costs sockets.
-fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared) -> Local {
+fn local_reply(
+    raw: &[u8],
+    client: IpAddr,
+    kernel: KernelView,
+    transport: Transport,
+    shared: &Shared,
+) -> Local {
     let Ok(mut query) = Message::from_vec(raw) else {
         shared.metrics.dns(DnsOutcome::Malformed);
         return Local::Drop;
@@ -520,6 +547,7 @@ fn local_reply(raw: &[u8], client: IpAddr, transport: Transport, shared: &Shared
     }
     let decision = shared.decide.decide(&DnsQuery {
         client,
+        kernel,
         name: question.name(),
         qtype,
     });

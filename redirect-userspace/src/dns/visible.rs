@@ -1,26 +1,81 @@
-//! The DNS decision made against the state in force: what the asking pod's namespace may see.
-use std::{net::IpAddr, sync::Arc};
+//! The DNS decision made against the state in force: what the asking pod's namespace may see. The
+//! client is established as the proxy establishes its clients ([`Client`]): over TCP the kernel's
+//! word on the asking process is held against the registry's; over UDP the address decides.
+use std::{
+    future::Future,
+    net::{IpAddr, SocketAddr},
+    pin::Pin,
+    sync::{Arc, OnceLock},
+};
 
 use hickory_proto::rr::Name;
 use tracing::debug;
 
 use super::{Decide, Decision, DnsQuery, LocalAnswer};
 use crate::{
+    identity::{CgroupPods, Client, KernelView},
     live::LiveState,
     metrics::{Lookup, Metrics},
+    redirect::Flows,
     state::DnsDecision,
 };
 
 /// Answers from the live snapshot; counts and logs every service hidden from the client.
 pub struct VisibleNames {
-    pub live: Arc<LiveState>,
-    pub metrics: Arc<Metrics>,
+    live: Arc<LiveState>,
+    metrics: Arc<Metrics>,
+    /// What the kernel filed for steered TCP connections and the pods' cgroups, once the programs
+    /// are attached (the DNS proxy binds before).
+    kernel: OnceLock<KernelSource>,
+}
+
+struct KernelSource {
+    flows: Arc<dyn Flows>,
+    cgroups: Arc<CgroupPods>,
+}
+
+impl VisibleNames {
+    pub fn new(live: Arc<LiveState>, metrics: Arc<Metrics>) -> Self {
+        VisibleNames {
+            live,
+            metrics,
+            kernel: OnceLock::new(),
+        }
+    }
+
+    /// From now on, a TCP client's connection is held against the kernel's word on its process.
+    pub fn use_kernel(&self, flows: Arc<dyn Flows>, cgroups: Arc<CgroupPods>) {
+        let _ = self.kernel.set(KernelSource { flows, cgroups });
+    }
+
+    /// The entry the kernel filed for the connection from `client` (taken: it is read once, and
+    /// left in the map it would wait there for the next connection from that address and port).
+    async fn read_kernel(&self, client: SocketAddr) -> KernelView {
+        let Some(source) = self.kernel.get() else {
+            return KernelView::Unknown;
+        };
+        let client = SocketAddr::new(client.ip().to_canonical(), client.port());
+        let cgroup_id = match source.flows.take(client) {
+            Ok(Some(orig)) => orig.cgroup_id,
+            Ok(None) => return KernelView::Unknown,
+            Err(e) => {
+                debug!(%client, error = %e, "reading a DNS TCP client's flow entry failed");
+                return KernelView::Unknown;
+            }
+        };
+        let snapshot = self.live.snapshot_arc();
+        KernelView::read(&snapshot, &source.cgroups, client.ip(), cgroup_id).await
+    }
 }
 
 impl Decide for VisibleNames {
     fn decide(&self, query: &DnsQuery<'_>) -> Decision {
         let snapshot = self.live.snapshot();
-        let client_ns = client_namespace(&snapshot, query.client);
+        let client = Client::identify(&snapshot, query.client, query.kernel);
+        if let Some(source) = self.kernel.get() {
+            client.report_mismatch(&source.cgroups, &self.metrics, "DNS query over TCP");
+        }
+        let client_ns = client.namespace();
         let qname = query.name.to_ascii();
         let decision = snapshot.decide_dns(client_ns, &qname);
         if let Some(hidden) = decision.hidden() {
@@ -79,11 +134,145 @@ impl Decide for VisibleNames {
             .workload_by_ip(client.to_canonical())
             .is_some()
     }
+
+    fn kernel_view(
+        &self,
+        client: SocketAddr,
+    ) -> Pin<Box<dyn Future<Output = KernelView> + Send + '_>> {
+        Box::pin(self.read_kernel(client))
+    }
 }
 
-/// The namespace of the pod with this IP; `None` (PUBLIC only) for anything else.
-pub fn client_namespace(snapshot: &crate::state::Snapshot, ip: IpAddr) -> Option<&str> {
-    snapshot
-        .workload_by_ip(ip)
-        .map(|w| w.meta.namespace.as_str())
+#[cfg(test)]
+mod tests {
+    use std::{collections::HashMap, os::unix::fs::MetadataExt, sync::Mutex};
+
+    use aya::maps::MapError;
+    use hickory_proto::rr::RecordType;
+    use redirect_common::{OrigDst, SockAddr};
+
+    use super::*;
+    use crate::{config::load_sources, state::Snapshot};
+
+    const UID_A: &str = "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1";
+    const UID_B: &str = "3f1c2a9e-7b4d-4c1a-9e2f-b2b2b2b2b2b2";
+
+    #[derive(Debug, Default)]
+    struct FiledFlows(Mutex<HashMap<SocketAddr, OrigDst>>);
+
+    impl Flows for FiledFlows {
+        fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
+            Ok(self.0.lock().unwrap().remove(&client))
+        }
+        fn forget(&self, client: SocketAddr) {
+            self.0.lock().unwrap().remove(&client);
+        }
+    }
+
+    /// A kubelet-style cgroup tree with one directory per pod; removed when dropped.
+    struct Tree(std::path::PathBuf);
+
+    impl Tree {
+        fn new(pods: &[&str]) -> Tree {
+            let root = std::env::temp_dir().join(format!(
+                "redirect-dns-identity-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            for uid in pods {
+                std::fs::create_dir_all(root.join(format!("kubepods/pod{uid}"))).unwrap();
+            }
+            Tree(root)
+        }
+
+        /// The cgroup id (inode) of pod `uid`'s cgroup.
+        fn cgroup(&self, uid: &str) -> u64 {
+            std::fs::metadata(self.0.join(format!("kubepods/pod{uid}")))
+                .unwrap()
+                .ino()
+        }
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// team-a's pod at 10.244.1.20 and a NAMESPACE entry only team-a sees.
+    fn names() -> VisibleNames {
+        let yaml = format!(
+            "kind: MeshConfig\nserviceEntryVisibility: {{defaultVisibility: NAMESPACE}}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: team-a, uid: {UID_A}}}\nstatus: {{podIP: 10.244.1.20}}\n---\n\
+             apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: api, namespace: team-a}}\n\
+             spec: {{hosts: [api.example.com], addresses: [203.0.113.10], resolution: STATIC,\n\
+             ports: [{{number: 80, name: http}}], endpoints: [{{address: 198.51.100.20}}]}}\n"
+        );
+        let model = match load_sources([("case.yaml", yaml.as_str())]) {
+            Ok(model) => model,
+            Err(e) => panic!("fixture does not load:\n{e}"),
+        };
+        let live = LiveState::new(None);
+        live.apply(Snapshot::from_model(&model), Vec::new(), Vec::new());
+        VisibleNames::new(live, Arc::new(Metrics::default()))
+    }
+
+    fn answered(names: &VisibleNames, client: SocketAddr, kernel: KernelView) -> bool {
+        let name = Name::from_ascii("api.example.com.").unwrap();
+        let query = DnsQuery {
+            client: client.ip(),
+            kernel,
+            name: &name,
+            qtype: RecordType::A,
+        };
+        matches!(names.decide(&query), Decision::Answer(_))
+    }
+
+    fn file(flows: &FiledFlows, client: SocketAddr, cgroup_id: u64) {
+        let orig = OrigDst {
+            dst: SockAddr::from_socket_addr("10.96.0.10:53".parse().unwrap()),
+            protocol: 6,
+            cgroup_id,
+            netns_cookie: 0,
+        };
+        flows.0.lock().unwrap().insert(client, orig);
+    }
+
+    /// Over TCP the DNS proxy holds the registry against the kernel as the proxy does: a process in
+    /// another pod's cgroup asking from team-a's address is an unknown client.
+    #[tokio::test]
+    async fn a_tcp_query_from_another_pods_cgroup_gets_the_unknown_clients_view() {
+        let tree = Tree::new(&[UID_A, UID_B]);
+        let names = names();
+        let flows = Arc::new(FiledFlows::default());
+        names.use_kernel(flows.clone(), Arc::new(CgroupPods::new(tree.0.clone())));
+        let client: SocketAddr = "10.244.1.20:40000".parse().unwrap();
+
+        assert!(
+            answered(&names, client, KernelView::Unknown),
+            "UDP: the address decides"
+        );
+
+        file(&flows, client, tree.cgroup(UID_A));
+        let own = names.read_kernel(client).await;
+        assert!(answered(&names, client, own), "the pod's own cgroup");
+        assert_eq!(
+            names.read_kernel(client).await,
+            KernelView::Unknown,
+            "an entry is read once"
+        );
+
+        file(&flows, client, tree.cgroup(UID_B));
+        let other = names.read_kernel(client).await;
+        assert!(
+            matches!(other, KernelView::Cgroup { pod: Some(_), .. }),
+            "{other:?}"
+        );
+        assert!(!answered(&names, client, other), "another pod's cgroup");
+        let text = crate::metrics::encode(&names.metrics.registry(None)).unwrap();
+        assert!(
+            text.contains("redirect_client_identity_mismatches_total 1"),
+            "{text}"
+        );
+    }
 }

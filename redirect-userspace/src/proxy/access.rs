@@ -1,4 +1,5 @@
-//! The access log: one line per proxied connection when it ends, as Envoy's and ztunnel's operators
+//! The record of each proxied connection: its outcome counted once, and the access log: one line per
+//! proxied connection when it ends, as Envoy's and ztunnel's operators
 //! expect (client workload and namespace, original destination, outcome, service, endpoint, bytes each
 //! way, duration, how it ended). At info, off with `--no-access-log`, and at most [`PER_SECOND`] lines
 //! a second with bursts of as many: a flood of connections cannot fill a disk, and the lines it cost
@@ -14,7 +15,7 @@ use std::{
 
 use tracing::info;
 
-use crate::state::OutboundOutcome;
+use crate::{metrics::Metrics, state::OutboundOutcome};
 
 /// Lines a second, at most (and the burst allowed).
 pub const PER_SECOND: u32 = 100;
@@ -61,17 +62,21 @@ impl AccessLog {
     }
 }
 
-/// One proxied connection, filled in as it is decided and carried; written when dropped, so every
-/// way out of the proxy writes exactly one line.
-pub struct Access<'a> {
+/// One proxied connection's record, filled in as it is decided and carried. Its outcome is counted
+/// once: when the proxy knows it ([`ConnectionResult::decided`]), or else as an error when the record
+/// is dropped; the access-log line is written when it is dropped. So every way out of the proxy,
+/// including one the code forgot, counts and logs exactly once.
+pub struct ConnectionResult<'a> {
+    metrics: &'a Metrics,
     log: &'a AccessLog,
     started: Instant,
+    counted: bool,
     pub client: SocketAddr,
     /// `namespace/name` of the workload the agent took the client for.
     pub workload: Option<String>,
     pub namespace: Option<String>,
     pub orig_dst: Option<SocketAddr>,
-    pub outcome: OutboundOutcome,
+    outcome: OutboundOutcome,
     /// `namespace/name`.
     pub service: Option<String>,
     pub endpoint: Option<SocketAddr>,
@@ -81,11 +86,13 @@ pub struct Access<'a> {
     pub end: &'static str,
 }
 
-impl<'a> Access<'a> {
-    pub fn start(log: &'a AccessLog, client: SocketAddr) -> Self {
-        Access {
+impl<'a> ConnectionResult<'a> {
+    pub fn start(metrics: &'a Metrics, log: &'a AccessLog, client: SocketAddr) -> Self {
+        ConnectionResult {
+            metrics,
             log,
             started: Instant::now(),
+            counted: false,
             client,
             workload: None,
             namespace: None,
@@ -98,10 +105,32 @@ impl<'a> Access<'a> {
             end: "reset",
         }
     }
+
+    /// The connection's outcome, counted now (a long connection is counted when it starts, not when
+    /// it ends). Only the first call counts.
+    pub fn decided(&mut self, outcome: OutboundOutcome) {
+        if self.counted {
+            return;
+        }
+        self.counted = true;
+        self.outcome = outcome;
+        self.metrics.outbound(outcome);
+    }
+
+    /// Refused before any byte moved: `outcome` (an error unless said otherwise), ended for `why`.
+    pub fn refused(&mut self, outcome: OutboundOutcome, why: &'static str) {
+        self.decided(outcome);
+        self.end = why;
+    }
+
+    pub fn outcome(&self) -> OutboundOutcome {
+        self.outcome
+    }
 }
 
-impl Drop for Access<'_> {
+impl Drop for ConnectionResult<'_> {
     fn drop(&mut self) {
+        self.decided(OutboundOutcome::Error);
         if !self.log.enabled {
             return;
         }

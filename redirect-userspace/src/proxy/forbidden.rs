@@ -96,6 +96,9 @@ pub struct DialGuard {
     node: Mutex<NodeAddresses>,
     /// Destinations already warned about (a bounded set: a scan must not grow it, nor the log).
     warned: Mutex<HashSet<IpAddr>>,
+    /// The in-process tests' upstreams listen on loopback, the one network they have without root.
+    #[cfg(test)]
+    loopback_allowed: bool,
 }
 
 /// Destinations warned about at most; past it refusals are logged at debug level only.
@@ -116,6 +119,17 @@ impl DialGuard {
                 addresses: Arc::default(),
             }),
             warned: Mutex::new(HashSet::new()),
+            #[cfg(test)]
+            loopback_allowed: false,
+        }
+    }
+
+    /// A guard that lets loopback through, for tests that run the proxy in-process.
+    #[cfg(test)]
+    pub(crate) fn allowing_loopback(denied: Vec<IpNet>) -> Self {
+        DialGuard {
+            loopback_allowed: true,
+            ..DialGuard::new(denied)
         }
     }
 
@@ -128,15 +142,24 @@ impl DialGuard {
     /// Why the proxy must not dial `ip` for a pod, if it must not.
     pub fn check(&self, ip: IpAddr) -> Option<Forbidden> {
         let ip = ip.to_canonical();
-        if let Some(reason) = by_address(ip) {
+        if let Some(reason) = by_address(ip).filter(|_| !self.test_loopback(ip)) {
             return Some(reason);
         }
         if self.denied.iter().any(|net| net.contains(&ip)) {
             return Some(Forbidden::Denied);
         }
-        self.node_addresses()
-            .contains(&ip)
-            .then_some(Forbidden::Node)
+        (self.node_addresses().contains(&ip) && !self.test_loopback(ip)).then_some(Forbidden::Node)
+    }
+
+    /// Whether `ip` is loopback let through for an in-process test (never in the agent).
+    fn test_loopback(&self, ip: IpAddr) -> bool {
+        #[cfg(test)]
+        return self.loopback_allowed && ip.is_loopback();
+        #[cfg(not(test))]
+        {
+            let _ = ip;
+            false
+        }
     }
 
     fn node_addresses(&self) -> Arc<HashSet<IpAddr>> {

@@ -5,6 +5,8 @@ mod forbidden;
 mod outbound;
 mod relay;
 mod splice;
+#[cfg(test)]
+mod tests;
 
 pub use forbidden::{DialGuard, Forbidden};
 pub use outbound::{OutboundProxy, ProxyContext, listen};

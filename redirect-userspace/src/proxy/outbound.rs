@@ -8,18 +8,17 @@ use tracing::{debug, warn};
 
 use super::{
     DialGuard, Pipes, RelayError, RelayMode, Timeouts,
-    access::{Access, AccessLog},
+    access::{AccessLog, ConnectionResult},
     relay, splice_relay,
 };
 use crate::{
     budget::{Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit},
-    config::{Workload, WorkloadKind},
     dns::HostCache,
-    identity::{CgroupPods, Check},
+    identity::{CgroupPods, Client, KernelView},
     live::LiveState,
     metrics::{BudgetKind, Direction, Lookup, Metrics, Refusal, Timeout},
-    net::{CONNECT_TIMEOUT, connect_marked_buffered},
-    redirect::RedirectMaps,
+    net::{CONNECT_TIMEOUT, SocketFactory},
+    redirect::Flows,
     state::{OutboundOutcome, Snapshot, Target},
 };
 
@@ -29,7 +28,10 @@ const BACKLOG: u32 = 4096;
 /// What every connection task needs.
 #[derive(Debug)]
 pub struct ProxyContext {
-    pub redirect_maps: Arc<RedirectMaps>,
+    /// Where each client meant to go, as the kernel filed it.
+    pub flows: Arc<dyn Flows>,
+    /// Where the upstream sockets come from (the agent's carry its mark).
+    pub sockets: Arc<dyn SocketFactory>,
     pub live: Arc<LiveState>,
     pub metrics: Arc<Metrics>,
     /// Endpoints given by host name (resolution DNS), resolved through the upstream and kept for their TTL.
@@ -109,7 +111,7 @@ impl OutboundProxy {
                         None => {
                             // Its flow entry is never read: it must not wait for the next
                             // connection from this address and port.
-                            self.context.redirect_maps.forget_flow(peer);
+                            self.context.flows.forget(peer);
                             debug!(client = %peer, "over budget; connection reset");
                         }
                     },
@@ -178,44 +180,63 @@ async fn handle(
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let _active = context.metrics.track_active();
-    let mut access = Access::start(&context.access_log, peer);
-    let (orig, cgroup_id) = match context.redirect_maps.take_original_destination(peer) {
+    let mut result = ConnectionResult::start(&context.metrics, &context.access_log, peer);
+    // Every refusal returns here and drops the client, which resets it: accepted sockets have the
+    // listener's linger 0, kept until a relay ends cleanly.
+    if let Err(refused) = proxy(&context, &client, peer, &mut result).await {
+        result.refused(refused.outcome, refused.why);
+    }
+}
+
+/// Why a connection was refused before any byte moved.
+struct Refused {
+    outcome: OutboundOutcome,
+    why: &'static str,
+}
+
+impl Refused {
+    fn error(why: &'static str) -> Refused {
+        Refused {
+            outcome: OutboundOutcome::Error,
+            why,
+        }
+    }
+}
+
+/// Finds where `client` meant to go, decides, connects and relays, filling in `result` on the way.
+async fn proxy(
+    context: &ProxyContext,
+    client: &TcpStream,
+    peer: SocketAddr,
+    result: &mut ConnectionResult<'_>,
+) -> Result<(), Refused> {
+    let (orig, cgroup_id) = match context.flows.take(peer) {
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
             debug!(client = %peer, "no original destination recorded for this connection (not a steered connect); resetting it");
             context.metrics.flow_unclaimed();
-            context.metrics.outbound(OutboundOutcome::Error);
-            access.end = "no original destination";
-            reset(client);
-            return;
+            return Err(Refused::error("no original destination"));
         }
         Err(e) => {
             warn!(client = %peer, error = %e, "reading the original destination failed; closing the connection");
-            context.metrics.outbound(OutboundOutcome::Error);
-            access.end = "original destination unreadable";
-            reset(client);
-            return;
+            return Err(Refused::error("original destination unreadable"));
         }
     };
-    access.orig_dst = Some(orig);
+    result.orig_dst = Some(orig);
 
     let snapshot = context.live.snapshot_arc();
-    // The registry's word for who the client is, held against the kernel's.
-    let registered = snapshot.workload_by_ip(peer.ip());
-    let check = check_client(&context, registered, peer, cgroup_id).await;
-    let client_ns = registered
-        .filter(|_| check.trusted())
-        .map(|w| w.meta.namespace.as_str());
-    access.workload = registered.map(|w| format!("{}/{}", w.meta.namespace, w.meta.name));
-    access.namespace = client_ns.map(str::to_string);
-    let Some(plan) = decide(&context, &snapshot, peer, client_ns, orig) else {
-        context.metrics.outbound(OutboundOutcome::NoHealthyUpstream);
-        access.outcome = OutboundOutcome::NoHealthyUpstream;
-        access.end = "no healthy upstream";
-        reset(client);
-        return;
+    let kernel = KernelView::read(&snapshot, &context.cgroups, peer.ip(), cgroup_id).await;
+    let who = Client::identify(&snapshot, peer.ip(), kernel);
+    who.report_mismatch(&context.cgroups, &context.metrics, "outbound connection");
+    result.workload = who.workload_name();
+    result.namespace = who.namespace().map(str::to_string);
+    let Some(plan) = decide(context, &snapshot, &who, peer.port(), orig) else {
+        return Err(Refused {
+            outcome: OutboundOutcome::NoHealthyUpstream,
+            why: "no healthy upstream",
+        });
     };
-    access.service = plan.service.clone();
+    result.service = plan.service;
     let (first, fallback) = match plan.target {
         Dst::Addr(addr) => (addr, None),
         Dst::Host { name, port } => match context.endpoint_hosts.pick(&name).await {
@@ -225,44 +246,32 @@ async fn handle(
             ),
             Err(e) => {
                 debug!(client = %peer, orig_dst = %orig, endpoint = %name, error = %e, "endpoint host name did not resolve");
-                context.metrics.outbound(OutboundOutcome::Error);
-                access.end = "endpoint host name did not resolve";
-                reset(client);
-                return;
+                return Err(Refused::error("endpoint host name did not resolve"));
             }
         },
     };
     // Never dial, for a pod, what the pod could not reach itself: the node's loopback, its link,
     // its own addresses, or what the operator denies.
-    let (first, fallback) = match allowed(&context, peer, orig, first, fallback) {
-        Some(allowed) => allowed,
-        None => {
-            context.metrics.outbound(OutboundOutcome::Error);
-            access.end = "destination refused";
-            reset(client);
-            return;
-        }
-    };
+    let (first, fallback) = allowed(context, peer, orig, first, fallback)
+        .ok_or(Refused::error("destination refused"))?;
     // Bounded kernel buffers on both legs: a peer that never reads holds at most this much.
     if let Some(bytes) = context.buffer {
-        let socket = socket2::SockRef::from(&client);
+        let socket = socket2::SockRef::from(client);
         let _ = socket.set_send_buffer_size(bytes);
         let _ = socket.set_recv_buffer_size(bytes);
     }
-    let (upstream, dst) = match connect_upstream(first, fallback, context.buffer).await {
+    let (upstream, dst) = match connect_upstream(&*context.sockets, first, fallback, context.buffer)
+        .await
+    {
         Ok(connected) => connected,
         Err((dst, e)) => {
             debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
-            context.metrics.outbound(OutboundOutcome::Error);
-            access.endpoint = Some(dst);
-            access.end = "upstream connect failed";
-            reset(client);
-            return;
+            result.endpoint = Some(dst);
+            return Err(Refused::error("upstream connect failed"));
         }
     };
-    context.metrics.outbound(plan.outcome);
-    access.outcome = plan.outcome;
-    access.endpoint = Some(dst);
+    result.decided(plan.outcome);
+    result.endpoint = Some(dst);
     // The client socket has linger 0 from the listener; the upstream gets it too.
     let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
     let pipes = match context.relay {
@@ -273,21 +282,21 @@ async fn handle(
         RelayMode::Copy => None,
     };
     let carried = match pipes {
-        Some(pipes) => splice_relay(&client, &upstream, pipes, context.timeouts).await,
-        None => relay(&client, &upstream, context.timeouts).await,
+        Some(pipes) => splice_relay(client, &upstream, pipes, context.timeouts).await,
+        None => relay(client, &upstream, context.timeouts).await,
     };
     match carried {
         Ok(carried) => {
             context.metrics.bytes(Direction::Sent, carried.sent);
             context.metrics.bytes(Direction::Received, carried.received);
-            (access.sent, access.received, access.end) = (carried.sent, carried.received, "closed");
+            (result.sent, result.received, result.end) = (carried.sent, carried.received, "closed");
             // Both sides ended cleanly: close gracefully, so data still in flight is delivered.
-            for socket in [&client, &upstream] {
+            for socket in [client, &upstream] {
                 let _ = socket2::SockRef::from(socket).set_linger(None);
             }
         }
         Err(e) => {
-            access.end = match e {
+            result.end = match e {
                 RelayError::Idle(_) => {
                     context.metrics.timed_out(Timeout::Idle);
                     "idle timeout"
@@ -302,6 +311,7 @@ async fn handle(
             debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error; resetting both sides");
         }
     }
+    Ok(())
 }
 
 /// The addresses of `first` and `fallback` the proxy may dial for this client, first first; `None`
@@ -334,12 +344,13 @@ fn allowed(
 /// connect wins (`docs/data-plane.md#connect-failures`). Each has the connect deadline. The address
 /// connected to, or the last one tried and its error.
 async fn connect_upstream(
+    sockets: &dyn SocketFactory,
     first: SocketAddr,
     fallback: Option<SocketAddr>,
     buffer: Option<usize>,
 ) -> Result<(TcpStream, SocketAddr), (SocketAddr, io::Error)> {
     let attempt = |addr: SocketAddr| async move {
-        connect_marked_buffered(addr, CONNECT_TIMEOUT, buffer)
+        crate::net::connect(sockets, addr, CONNECT_TIMEOUT, buffer)
             .await
             .map(|stream| (stream, addr))
             .map_err(|e| (addr, e))
@@ -391,50 +402,19 @@ struct Plan {
     service: Option<String>,
 }
 
-/// Compares the pod the registry gives `peer`'s address to with the pod whose cgroup connected.
-/// The cgroup tree is read only when the registry names a pod uid, so without uids nothing is walked.
-async fn check_client(
-    context: &ProxyContext,
-    registered: Option<&Workload>,
-    peer: SocketAddr,
-    cgroup_id: u64,
-) -> Check {
-    // Only a Pod has a cgroup on this node; a WorkloadEntry's uid names no cgroup.
-    let Some(registry) = registered
-        .filter(|w| w.kind == WorkloadKind::Pod)
-        .and_then(|w| w.meta.uid)
-    else {
-        return Check::Unchecked;
-    };
-    let check = Check::compare(Some(registry), context.cgroups.pod_uid(cgroup_id).await);
-    if let Check::Mismatch { registry, kernel } = check {
-        context.metrics.identity_mismatch();
-        if !context.cgroups.first_mismatch(cgroup_id) {
-            debug!(client = %peer, registry_pod = %registry, kernel_pod = %kernel, cgroup_id, "client identity mismatch (warned before for this cgroup)");
-            return check;
-        }
-        warn!(
-            client = %peer,
-            registry_pod = %registry,
-            kernel_pod = %kernel,
-            cgroup_id,
-            "the connecting process is not in the cgroup of the pod that holds its address; serving it as an unknown client (PUBLIC services only)"
-        );
-    }
-    check
-}
-
 /// The decision for this connection (`docs/data-plane.md#destination-ip-lookup`),
 /// made with `state::Snapshot::decide_outbound` under one snapshot.
 /// `None`: no healthy upstream, reset the client.
-/// `client_ns`: the client's namespace, `None` for an unknown client (PUBLIC services only).
+/// An unknown client (no namespace) sees PUBLIC services only.
 fn decide(
     context: &ProxyContext,
     snapshot: &Snapshot,
-    peer: SocketAddr,
-    client_ns: Option<&str>,
+    who: &Client<'_>,
+    port: u16,
     orig: SocketAddr,
 ) -> Option<Plan> {
+    let peer = SocketAddr::new(who.addr, port);
+    let client_ns = who.namespace();
     let decision = snapshot.decide_outbound(client_ns, orig.ip(), orig.port());
     let outcome = decision.outcome();
     if let Some(hidden) = decision.hidden {
@@ -475,17 +455,10 @@ fn decide(
     })
 }
 
-/// Closes with RST rather than FIN, so the client sees a failure at once instead of an empty reply.
-fn reset(stream: TcpStream) {
-    if let Ok(std) = stream.into_std() {
-        let socket = socket2::Socket::from(std);
-        let _ = socket.set_linger(Some(Duration::ZERO));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::PlainSockets;
 
     /// The listener's TCP_NODELAY, keepalive and linger 0 are what every accepted client socket
     /// gets, with no system call per connection: Linux clones them from the listener.
@@ -535,7 +508,9 @@ mod tests {
         let (silent, _queued, _listener) = black_hole();
         let (v6, _v6_listener) = listener6().await;
         let started = std::time::Instant::now();
-        let (_, connected) = connect_upstream(silent, Some(v6), None).await.unwrap();
+        let (_, connected) = connect_upstream(&PlainSockets, silent, Some(v6), None)
+            .await
+            .unwrap();
         assert_eq!(connected, v6);
         let took = started.elapsed();
         assert!(
@@ -552,7 +527,9 @@ mod tests {
         };
         let (v6, _v6_listener) = listener6().await;
         let started = std::time::Instant::now();
-        let (_, connected) = connect_upstream(refused, Some(v6), None).await.unwrap();
+        let (_, connected) = connect_upstream(&PlainSockets, refused, Some(v6), None)
+            .await
+            .unwrap();
         assert_eq!(connected, v6);
         assert!(
             started.elapsed() < FALLBACK_DELAY,
@@ -561,9 +538,13 @@ mod tests {
 
         let v4 = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let v4_addr = v4.local_addr().unwrap();
-        let (_, connected) = connect_upstream(v4_addr, Some(v6), None).await.unwrap();
+        let (_, connected) = connect_upstream(&PlainSockets, v4_addr, Some(v6), None)
+            .await
+            .unwrap();
         assert_eq!(connected, v4_addr, "IPv4 first when it works");
-        let (failed, _) = connect_upstream(refused, None, None).await.unwrap_err();
+        let (failed, _) = connect_upstream(&PlainSockets, refused, None, None)
+            .await
+            .unwrap_err();
         assert_eq!(failed, refused);
     }
 }

@@ -642,6 +642,26 @@ impl_cgroup_program!(
     SockOps => SockOpsLinkId,
 );
 
+/// Where each steered connection meant to go, as the kernel filed it under the client's address and
+/// port: the agent's maps, or a table a test fills.
+pub trait Flows: Send + Sync + std::fmt::Debug {
+    /// The entry for the connection from `client`, taken out (read once; see
+    /// [`RedirectMaps::take_original_destination`]).
+    fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError>;
+    /// Drops the entry of a connection refused before it was read.
+    fn forget(&self, client: SocketAddr);
+}
+
+impl Flows for RedirectMaps {
+    fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
+        self.take_original_destination(client)
+    }
+
+    fn forget(&self, client: SocketAddr) {
+        self.forget_flow(client);
+    }
+}
+
 impl RedirectMaps {
     /// Where the client at `client` (the peer of an accepted connection) meant to go, taken out of
     /// the map: an entry belongs to the one connection that filed it and is read once.

@@ -1,0 +1,363 @@
+//! The proxy in-process, without root or a kernel: flows filed by the test instead of the eBPF
+//! programs, plain sockets instead of marked ones, and every peer on loopback (the one network a
+//! test has without root). Each outcome is seen as a client sees it (bytes or a reset) and as an
+//! operator does (the metric).
+use std::{
+    collections::HashMap,
+    net::{IpAddr, Ipv4Addr, SocketAddr},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use aya::maps::MapError;
+use redirect_common::{OrigDst, SockAddr};
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::{TcpListener, TcpSocket, TcpStream},
+    sync::watch,
+};
+
+use super::{
+    DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts, access::AccessLog, listen,
+};
+use crate::{
+    budget::{BudgetArgs, Budgets, Limits},
+    config::{WorkloadAddress, load_sources},
+    dns::{HostCache, Upstream},
+    identity::CgroupPods,
+    live::LiveState,
+    metrics::{Metrics, encode},
+    net::PlainSockets,
+    redirect::Flows,
+    state::Snapshot,
+};
+
+/// Flows as a test files them: what sock_ops would have filed for a connection from this port.
+#[derive(Debug, Default)]
+struct FiledFlows(Mutex<HashMap<SocketAddr, OrigDst>>);
+
+impl Flows for FiledFlows {
+    fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
+        Ok(self.0.lock().unwrap().remove(&client))
+    }
+
+    fn forget(&self, client: SocketAddr) {
+        self.0.lock().unwrap().remove(&client);
+    }
+}
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+/// The address the test entries claim, and the endpoint address the loader accepts before the test
+/// moves it to loopback (the loader refuses loopback endpoints: the agent dials from the node).
+const VIP: &str = "203.0.113.10";
+const ENDPOINT: &str = "198.51.100.20";
+
+struct Proxy {
+    addr: SocketAddr,
+    flows: Arc<FiledFlows>,
+    metrics: Arc<Metrics>,
+    _stop: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct Setup {
+    /// Service entries (YAML), endpoints at [`ENDPOINT`] moved to loopback.
+    config: String,
+    timeouts: Timeouts,
+    per_client: Option<usize>,
+    denied: Vec<ipnet::IpNet>,
+}
+
+/// A PUBLIC entry for `api.example.com` at [`VIP`] port 80, its one endpoint on loopback port `port`.
+fn public_entry(port: u16) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: api, namespace: team-a}}\n\
+         spec: {{hosts: [api.example.com], addresses: [{VIP}], exportTo: ['*'], resolution: STATIC,\n\
+         ports: [{{number: 80, name: http, protocol: TCP}}], endpoints: [{{address: {ENDPOINT}, ports: {{http: {port}}}}}]}}\n"
+    )
+}
+
+fn snapshot(config: &str) -> Snapshot {
+    let mut model = if config.is_empty() {
+        load_sources(std::iter::empty()).unwrap()
+    } else {
+        match load_sources([("proxy-test.yaml", config)]) {
+            Ok(model) => model,
+            Err(e) => panic!("fixture does not load:\n{e}"),
+        }
+    };
+    let endpoint: IpAddr = ENDPOINT.parse().unwrap();
+    for entry in &mut model.service_entries {
+        let entry = Arc::make_mut(entry);
+        for e in &mut entry.endpoints {
+            if e.address == WorkloadAddress::Ip(endpoint) {
+                e.address = WorkloadAddress::Ip(LOOPBACK);
+            }
+        }
+    }
+    Snapshot::from_model(&model)
+}
+
+async fn start(setup: Setup) -> Proxy {
+    let metrics = Arc::new(Metrics::default());
+    let live = LiveState::new(None);
+    live.apply(snapshot(&setup.config), Vec::new(), Vec::new());
+    let args = BudgetArgs {
+        max_connections_per_client: setup.per_client,
+        ..BudgetArgs::default()
+    };
+    let flows = Arc::new(FiledFlows::default());
+    let context = Arc::new(ProxyContext {
+        flows: flows.clone(),
+        sockets: Arc::new(PlainSockets),
+        live,
+        metrics: metrics.clone(),
+        endpoint_hosts: Arc::new(HostCache::new(Arc::new(Upstream::new(
+            "127.0.0.1:9".parse().unwrap(),
+        )))),
+        relay: RelayMode::Splice,
+        // No cgroup tree: no client is a pod with a uid, so none is held against the kernel.
+        cgroups: Arc::new(CgroupPods::new("/nonexistent/cgroup".into())),
+        budgets: Arc::new(Budgets::new(Limits::size(4096, &args), &metrics)),
+        timeouts: setup.timeouts,
+        guard: Arc::new(DialGuard::allowing_loopback(setup.denied)),
+        buffer: Some(64 * 1024),
+        access_log: AccessLog::new(false),
+    });
+    let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+    let proxy = OutboundProxy::new(listener, context);
+    let addr = proxy.local_addr().unwrap();
+    let (stop, stopped) = watch::channel(false);
+    tokio::spawn(proxy.serve(stopped));
+    Proxy {
+        addr,
+        flows,
+        metrics,
+        _stop: stop,
+    }
+}
+
+impl Proxy {
+    /// A client connection that meant to go to `orig`, steered to the proxy as the kernel would:
+    /// its original destination filed under its address and port before it connects.
+    async fn connect(&self, orig: SocketAddr) -> TcpStream {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let local = socket.local_addr().unwrap();
+        let filed = OrigDst {
+            dst: SockAddr::from_socket_addr(orig),
+            protocol: 6,
+            cgroup_id: 0,
+            netns_cookie: 0,
+        };
+        self.flows.0.lock().unwrap().insert(local, filed);
+        socket.connect(self.addr).await.unwrap()
+    }
+
+    /// `redirect_<family>_total{...="<label>"}`, 0 when the series does not exist yet.
+    fn count(&self, family: &str, label: &str) -> u64 {
+        let text = encode(&self.metrics.registry(None)).unwrap();
+        let prefix = format!("redirect_{family}_total{{");
+        text.lines()
+            .find(|l| l.starts_with(&prefix) && l.contains(&format!("\"{label}\"")))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Waits for the connection to be counted under `outcome` (the proxy counts it when decided).
+    async fn counted(&self, outcome: &str, want: u64) {
+        for _ in 0..200 {
+            if self.count("outbound_connections", outcome) >= want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "{outcome} never counted {want}: {}",
+            encode(&self.metrics.registry(None)).unwrap()
+        );
+    }
+}
+
+/// An upstream that greets every connection with `name` and then echoes.
+async fn upstream(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                conn.write_all(format!("{name}\n").as_bytes()).await?;
+                let (mut r, mut w) = conn.split();
+                tokio::io::copy(&mut r, &mut w).await
+            });
+        }
+    });
+    addr
+}
+
+/// Reads the greeting line.
+async fn greeting(conn: &mut TcpStream) -> String {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while conn.read(&mut byte).await.unwrap() == 1 && byte[0] != b'\n' {
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).unwrap()
+}
+
+/// Whether the proxy resets the connection (rather than serving or closing it).
+async fn is_reset(conn: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 16];
+    match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
+        Ok(Err(e)) => e.kind() == std::io::ErrorKind::ConnectionReset,
+        _ => false,
+    }
+}
+
+#[tokio::test]
+async fn a_visible_service_is_dialled_at_its_endpoint_and_carried_both_ways() {
+    let endpoint = upstream("endpoint").await;
+    let proxy = start(Setup {
+        config: public_entry(endpoint.port()),
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(format!("{VIP}:80").parse().unwrap()).await;
+    assert_eq!(greeting(&mut conn).await, "endpoint");
+    conn.write_all(b"ping\n").await.unwrap();
+    assert_eq!(greeting(&mut conn).await, "ping");
+    proxy.counted("service", 1).await;
+}
+
+#[tokio::test]
+async fn an_address_no_service_claims_passes_through_to_where_it_was_going() {
+    let real = upstream("the real destination").await;
+    let proxy = start(Setup::default()).await;
+    let mut conn = proxy.connect(real).await;
+    assert_eq!(greeting(&mut conn).await, "the real destination");
+    proxy.counted("passthrough", 1).await;
+}
+
+#[tokio::test]
+async fn an_undeclared_port_of_a_service_is_reset_as_no_healthy_upstream() {
+    let endpoint = upstream("endpoint").await;
+    let proxy = start(Setup {
+        config: public_entry(endpoint.port()),
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(format!("{VIP}:81").parse().unwrap()).await;
+    assert!(is_reset(&mut conn).await);
+    proxy.counted("no_healthy_upstream", 1).await;
+}
+
+#[tokio::test]
+async fn an_endpoint_that_refuses_is_a_reset_and_an_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let proxy = start(Setup {
+        config: public_entry(closed.port()),
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(format!("{VIP}:80").parse().unwrap()).await;
+    assert!(is_reset(&mut conn).await);
+    proxy.counted("error", 1).await;
+    assert_eq!(proxy.count("outbound_connections", "service"), 0);
+}
+
+#[tokio::test]
+async fn a_connection_nobody_filed_is_reset_and_counted_unclaimed() {
+    let proxy = start(Setup::default()).await;
+    let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
+    assert!(is_reset(&mut conn).await);
+    proxy.counted("error", 1).await;
+    let text = encode(&proxy.metrics.registry(None)).unwrap();
+    assert!(
+        text.contains("redirect_outbound_unclaimed_total 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_denied_destination_is_never_dialled() {
+    let real = upstream("must not be reached").await;
+    let proxy = start(Setup {
+        denied: vec!["127.0.0.1/32".parse().unwrap()],
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(real).await;
+    assert!(is_reset(&mut conn).await);
+    proxy.counted("error", 1).await;
+    assert_eq!(proxy.count("outbound_refused_destinations", "denied"), 1);
+}
+
+#[tokio::test]
+async fn a_client_past_its_share_is_reset_and_its_held_connection_kept() {
+    let real = upstream("real").await;
+    let proxy = start(Setup {
+        per_client: Some(1),
+        ..Setup::default()
+    })
+    .await;
+    let mut held = proxy.connect(real).await;
+    assert_eq!(greeting(&mut held).await, "real");
+    let mut refused = proxy.connect(real).await;
+    assert!(is_reset(&mut refused).await);
+    assert_eq!(proxy.count("budget_refusals", "connections"), 1);
+    held.write_all(b"still here\n").await.unwrap();
+    assert_eq!(greeting(&mut held).await, "still here");
+}
+
+#[tokio::test]
+async fn a_connection_with_no_byte_either_way_ends_at_the_idle_timeout() {
+    let real = upstream("real").await;
+    let proxy = start(Setup {
+        timeouts: Timeouts {
+            idle: Duration::from_millis(300),
+            write: Duration::from_secs(30),
+        },
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(real).await;
+    assert_eq!(greeting(&mut conn).await, "real");
+    assert!(is_reset(&mut conn).await);
+    assert_eq!(proxy.count("outbound_timeouts", "idle"), 1);
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_after_closing_ends_at_the_write_timeout() {
+    // An upstream that, once the client's request is in (and its side closed), sends more than
+    // every buffer on the way holds.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let real = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let mut request = Vec::new();
+        conn.read_to_end(&mut request).await.unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        while conn.write_all(&chunk).await.is_ok() {}
+    });
+    let proxy = start(Setup {
+        timeouts: Timeouts {
+            idle: Duration::from_secs(30),
+            write: Duration::from_millis(300),
+        },
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(real).await;
+    conn.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+    conn.shutdown().await.unwrap();
+    for _ in 0..500 {
+        if proxy.count("outbound_timeouts", "write") == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no write timeout counted");
+}
