@@ -6,7 +6,7 @@
 //! (link destinations, ATX and setext headings, fenced code, code spans, HTML comments) is a narrow,
 //! stable part of CommonMark.
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 /// The most lines README.md may have: what it is, the two commands, the demo, how it works, the code
 /// map and where to read on. Everything else belongs in docs/ or BENCHMARKS.md.
@@ -39,7 +39,11 @@ fn broken_links(root: &Path, files: &[PathBuf]) -> Vec<String> {
     let mut anchors_by_file: HashMap<PathBuf, HashSet<String>> = HashMap::new();
     let mut problems = Vec::new();
     for file in files {
-        let shown = file.strip_prefix(root).unwrap_or(file).display().to_string();
+        let shown = file
+            .strip_prefix(root)
+            .unwrap_or(file)
+            .display()
+            .to_string();
         let text = match std::fs::read_to_string(file) {
             Ok(text) => text,
             Err(err) => {
@@ -73,9 +77,9 @@ fn check_link(
     let resolved = if path.is_empty() {
         from.to_path_buf()
     } else if let Some(from_root) = path.strip_prefix('/') {
-        root.join(from_root)
+        normalize(&root.join(from_root))
     } else {
-        from.parent().unwrap_or(root).join(path)
+        normalize(&from.parent().unwrap_or(root).join(path))
     };
     if !resolved.exists() {
         return Err(format!("no such file ({})", resolved.display()));
@@ -91,7 +95,7 @@ fn check_link(
             Err("an anchor into a file that is not Markdown".to_string())
         };
     }
-    let key = resolved.canonicalize().unwrap_or(resolved.clone());
+    let key = resolved.clone();
     if !anchors_by_file.contains_key(&key) {
         let text = if path.is_empty() {
             from_text.to_string()
@@ -101,11 +105,82 @@ fn check_link(
         };
         anchors_by_file.insert(key.clone(), anchors(&text));
     }
-    if anchors_by_file.get(&key).is_some_and(|known| known.contains(anchor)) {
+    if anchors_by_file
+        .get(&key)
+        .is_some_and(|known| known.contains(anchor))
+    {
         Ok(())
     } else {
-        Err(format!("no heading with the anchor #{anchor} in {}", resolved.display()))
+        Err(format!(
+            "no heading with the anchor #{anchor} in {}",
+            resolved.display()
+        ))
     }
+}
+
+/// `path` with its `.` and `..` components folded away, without touching the file system.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir if out.file_name().is_some() => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+/// Where the workspace's Rust sources cite a section of docs/ (`docs/<page>.md#<section>`): file, line
+/// and the citation. Code comments cite the rules they carry out; the section must exist.
+fn code_citations(root: &Path) -> std::io::Result<Vec<(PathBuf, usize, String)>> {
+    let mut sources = Vec::new();
+    rust_sources(root, &mut sources)?;
+    sources.sort();
+    let mut found = Vec::new();
+    for file in sources {
+        let text = std::fs::read_to_string(&file)?;
+        for (number, line) in text.lines().enumerate() {
+            let mut rest = line;
+            while let Some(at) = rest.find("docs/") {
+                let candidate = &rest[at..];
+                let len = candidate
+                    .find(|c: char| {
+                        !(c.is_ascii_alphanumeric() || matches!(c, '/' | '.' | '#' | '-' | '_'))
+                    })
+                    .unwrap_or(candidate.len());
+                let cited = candidate[..len].trim_end_matches('.');
+                if let Some((page, section)) = cited.split_once('#')
+                    && page.ends_with(".md")
+                    && !section.is_empty()
+                {
+                    found.push((file.clone(), number + 1, cited.to_string()));
+                }
+                rest = &candidate["docs/".len()..];
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Every `.rs` file under `dir`, build output and hidden folders left out.
+fn rust_sources(dir: &Path, into: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if entry.file_type()?.is_dir() {
+            if name != "target" && !name.starts_with('.') {
+                rust_sources(&path, into)?;
+            }
+        } else if name.ends_with(".rs") {
+            into.push(path);
+        }
+    }
+    Ok(())
 }
 
 fn is_external(target: &str) -> bool {
@@ -113,7 +188,10 @@ fn is_external(target: &str) -> bool {
 }
 
 fn is_line_anchor(anchor: &str) -> bool {
-    let line = |s: &str| s.strip_prefix('L').is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    let line = |s: &str| {
+        s.strip_prefix('L')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
     match anchor.split_once('-') {
         Some((first, last)) => line(first) && line(last),
         None => line(anchor),
@@ -130,7 +208,9 @@ fn prose(text: &str) -> String {
         match (fence, marker) {
             (None, Some(open)) => fence = Some(open),
             (Some((ch, len)), Some((close_ch, close_len)))
-                if close_ch == ch && close_len >= len && line.trim_start().trim_start_matches(ch).trim().is_empty() =>
+                if close_ch == ch
+                    && close_len >= len
+                    && line.trim_start().trim_start_matches(ch).trim().is_empty() =>
             {
                 fence = None;
             }
@@ -156,7 +236,9 @@ fn fence_marker(line: &str) -> Option<(char, usize)> {
 
 /// `s` with every character but newlines replaced by a space.
 fn blank(s: &str) -> String {
-    s.chars().map(|c| if c == '\n' { '\n' } else { ' ' }).collect()
+    s.chars()
+        .map(|c| if c == '\n' { '\n' } else { ' ' })
+        .collect()
 }
 
 /// `text` with everything from each `open` to the next `close` (both included) blanked.
@@ -166,7 +248,9 @@ fn blank_between(text: &str, open: &str, close: &str) -> String {
     while let Some(start) = rest.find(open) {
         out.push_str(&rest[..start]);
         let after_open = &rest[start + open.len()..];
-        let end = after_open.find(close).map_or(rest.len(), |at| start + open.len() + at + close.len());
+        let end = after_open
+            .find(close)
+            .map_or(rest.len(), |at| start + open.len() + at + close.len());
         out.push_str(&blank(&rest[start..end]));
         rest = &rest[end..];
     }
@@ -229,7 +313,10 @@ fn links(text: &str) -> Vec<Link> {
                 if let Some(close) = closing_bracket(&chars, i)
                     && let Some(target) = destination(&chars, close + 1)
                 {
-                    found.push(Link { line: line_of[i], target });
+                    found.push(Link {
+                        line: line_of[i],
+                        target,
+                    });
                 }
                 i += 1;
             }
@@ -238,7 +325,10 @@ fn links(text: &str) -> Vec<Link> {
     }
     for (number, text) in prose.lines().enumerate() {
         if let Some(target) = reference_definition(text) {
-            found.push(Link { line: number + 1, target });
+            found.push(Link {
+                line: number + 1,
+                target,
+            });
         }
     }
     found.sort_by_key(|link| link.line);
@@ -304,20 +394,29 @@ fn destination(chars: &[char], at: usize) -> Option<String> {
 /// `[label]: dest` at the start of a line (up to three spaces in).
 fn reference_definition(line: &str) -> Option<String> {
     let indent = line.len() - line.trim_start_matches(' ').len();
-    let rest = line.trim_start_matches(' ').strip_prefix('[').filter(|_| indent <= 3)?;
+    let rest = line
+        .trim_start_matches(' ')
+        .strip_prefix('[')
+        .filter(|_| indent <= 3)?;
     let (label, after) = rest.split_once("]:")?;
     if label.is_empty() || label.contains('[') {
         return None;
     }
     let dest = after.split_whitespace().next()?;
-    let dest = dest.strip_prefix('<').and_then(|d| d.strip_suffix('>')).unwrap_or(dest);
+    let dest = dest
+        .strip_prefix('<')
+        .and_then(|d| d.strip_suffix('>'))
+        .unwrap_or(dest);
     Some(dest.to_string())
 }
 
 /// The anchors GitHub gives the document's headings.
 fn anchors(text: &str) -> HashSet<String> {
     let mut slugger = Slugger::default();
-    headings(text).iter().map(|heading| slugger.slug(heading)).collect()
+    headings(text)
+        .iter()
+        .map(|heading| slugger.slug(heading))
+        .collect()
 }
 
 /// The text of each heading, in order: ATX (`## Title ##`) and setext (`Title` over `===` or `---`),
@@ -386,7 +485,9 @@ fn atx_heading(line: &str) -> Option<String> {
 fn is_paragraph_line(line: &str) -> bool {
     let trimmed = line.trim_start();
     let list_item = trimmed.starts_with(['-', '*', '+'])
-        || trimmed.split_once(['.', ')']).is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        || trimmed
+            .split_once(['.', ')'])
+            .is_some_and(|(n, _)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
     line.len() - trimmed.len() <= 3 && !list_item && !trimmed.starts_with(['>', '|', '<'])
 }
 
@@ -424,8 +525,12 @@ fn render_inline(markdown: &str) -> String {
             '!' if chars.get(i + 1) == Some(&'[') => i += 1,
             '[' => match closing_bracket(&chars, i) {
                 Some(close) if chars.get(close + 1) == Some(&'(') => {
-                    let end = (close + 1..chars.len()).find(|&j| chars[j] == ')').unwrap_or(chars.len() - 1);
-                    out.push_str(&render_inline(&chars[i + 1..close].iter().collect::<String>()));
+                    let end = (close + 1..chars.len())
+                        .find(|&j| chars[j] == ')')
+                        .unwrap_or(chars.len() - 1);
+                    out.push_str(&render_inline(
+                        &chars[i + 1..close].iter().collect::<String>(),
+                    ));
                     i = end + 1;
                 }
                 _ => {
@@ -487,12 +592,50 @@ mod tests {
         let root = workspace_root();
         let files = checked_files(&root).expect("docs/ can be listed");
         let problems = broken_links(&root, &files);
-        assert!(problems.is_empty(), "broken links:\n{}", problems.join("\n"));
+        assert!(
+            problems.is_empty(),
+            "broken links:\n{}",
+            problems.join("\n")
+        );
+    }
+
+    #[test]
+    fn every_docs_section_cited_by_the_code_exists() {
+        let root = workspace_root();
+        let citations = code_citations(&root).expect("the sources can be read");
+        // This file's own examples are not citations.
+        let this_file = root.join(file!());
+        let mut anchors_by_file = HashMap::new();
+        let problems: Vec<String> = citations
+            .iter()
+            .filter(|(file, _, _)| *file != this_file)
+            .filter_map(|(file, line, cited)| {
+                // Citations are written from the workspace root.
+                let from_root = root.join("Cargo.toml");
+                check_link(&root, &from_root, "", cited, &mut anchors_by_file)
+                    .err()
+                    .map(|why| {
+                        let shown = file.strip_prefix(&root).unwrap_or(file).display();
+                        format!("{shown}:{line}: {cited}: {why}")
+                    })
+            })
+            .collect();
+        assert!(
+            citations.len() > 10,
+            "the scan found only {} citations",
+            citations.len()
+        );
+        assert!(
+            problems.is_empty(),
+            "sections cited by the code that do not exist:\n{}",
+            problems.join("\n")
+        );
     }
 
     #[test]
     fn readme_fits_on_a_screen() {
-        let text = std::fs::read_to_string(workspace_root().join("README.md")).expect("README.md is readable");
+        let text = std::fs::read_to_string(workspace_root().join("README.md"))
+            .expect("README.md is readable");
         let lines = text.lines().count();
         assert!(
             lines <= README_MAX_LINES,
@@ -512,7 +655,10 @@ mod tests {
             slugger.slug("4. DNS (dnsperf, UDP): queries/s with 64 outstanding; mean latency with 1 outstanding, µs"),
             "4-dns-dnsperf-udp-queriess-with-64-outstanding-mean-latency-with-1-outstanding-µs"
         );
-        assert_eq!(slugger.slug("Headline: ratio to direct (min–max, 0.9×)"), "headline-ratio-to-direct-minmax-09");
+        assert_eq!(
+            slugger.slug("Headline: ratio to direct (min–max, 0.9×)"),
+            "headline-ratio-to-direct-minmax-09"
+        );
         assert_eq!(slugger.slug("snake_case and CAPS"), "snake_case-and-caps");
         // Repeats are numbered, and a numbered anchor already taken is skipped.
         assert_eq!(slugger.slug("Kernels"), "kernels");
@@ -527,7 +673,11 @@ mod tests {
         assert_eq!(headings(text), ["Title", "A link and code_span", "Setext"]);
         assert_eq!(
             anchors(text),
-            HashSet::from(["title".to_string(), "a-link-and-code_span".to_string(), "setext".to_string()])
+            HashSet::from([
+                "title".to_string(),
+                "a-link-and-code_span".to_string(),
+                "setext".to_string()
+            ])
         );
     }
 
@@ -539,7 +689,10 @@ mod tests {
                     [nested [brackets]](<with space.md>) [web](https://example.com) \\[escaped](no.md)\n\
                     [a link\nover two lines](two.md#part) [not a link] (gap.md)\n\
                     [ref]: docs/ref.md\n";
-        let targets: Vec<(usize, String)> = links(text).into_iter().map(|l| (l.line, l.target)).collect();
+        let targets: Vec<(usize, String)> = links(text)
+            .into_iter()
+            .map(|l| (l.line, l.target))
+            .collect();
         assert_eq!(
             targets,
             [
@@ -568,8 +721,20 @@ mod tests {
         let problems = broken_links(&dir, &[dir.join("README.md")]);
         std::fs::remove_dir_all(&dir).expect("clean up");
         assert_eq!(problems.len(), 3, "{problems:#?}");
-        assert!(problems[0].starts_with("README.md:3: docs/missing.md: no such file"), "{}", problems[0]);
-        assert!(problems[1].starts_with("README.md:4: docs/a.md#no-such-part: no heading"), "{}", problems[1]);
-        assert!(problems[2].starts_with("README.md:5: #elsewhere: no heading"), "{}", problems[2]);
+        assert!(
+            problems[0].starts_with("README.md:3: docs/missing.md: no such file"),
+            "{}",
+            problems[0]
+        );
+        assert!(
+            problems[1].starts_with("README.md:4: docs/a.md#no-such-part: no heading"),
+            "{}",
+            problems[1]
+        );
+        assert!(
+            problems[2].starts_with("README.md:5: #elsewhere: no heading"),
+            "{}",
+            problems[2]
+        );
     }
 }
