@@ -1,6 +1,7 @@
-//! The repository's Markdown must hold together: every relative link in README.md, BENCHMARKS.md and
-//! docs/*.md names a file that exists and, with `#anchor`, a heading of that file as GitHub names it;
-//! and README.md fits on a screen or two. Checked by `cargo test` (so by `cargo xtask test`).
+//! The repository's Markdown must hold together: every relative link in README.md, BENCHMARKS.md,
+//! docs/*.md and the READMEs of examples/ and deploy/ names a file that exists and, with `#anchor`, a
+//! heading of that file as GitHub names it; every docs/ section the code cites exists; and README.md
+//! fits on a screen or two. Checked by `cargo test` (so by `cargo xtask test`).
 //!
 //! A small scanner rather than a Markdown crate: none is in the dependency tree, and what is checked
 //! (link destinations, ATX and setext headings, fenced code, code spans, HTML comments) is a narrow,
@@ -12,9 +13,15 @@ use std::path::{Component, Path, PathBuf};
 /// map and where to read on. Everything else belongs in docs/ or BENCHMARKS.md.
 const README_MAX_LINES: usize = 250;
 
-/// The Markdown files whose links are checked, relative to the workspace root.
+/// The Markdown files whose links are checked: the README, BENCHMARKS.md, every page of docs/, and the
+/// READMEs of examples/ and deploy/.
 fn checked_files(root: &Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut files = vec![root.join("README.md"), root.join("BENCHMARKS.md")];
+    let mut files = vec![
+        root.join("README.md"),
+        root.join("BENCHMARKS.md"),
+        root.join("examples/README.md"),
+        root.join("deploy/README.md"),
+    ];
     let mut docs = Vec::new();
     for entry in std::fs::read_dir(root.join("docs"))? {
         let path = entry?.path();
@@ -588,7 +595,7 @@ mod tests {
     use crate::cmd::workspace_root;
 
     #[test]
-    fn every_link_in_readme_benchmarks_and_docs_resolves() {
+    fn every_link_in_the_readmes_benchmarks_and_docs_resolves() {
         let root = workspace_root();
         let files = checked_files(&root).expect("docs/ can be listed");
         let problems = broken_links(&root, &files);
