@@ -7,7 +7,7 @@
 //! no address (allocated).
 //! Each namespace has one client pod.
 
-/// The scale the performance targets are stated at (README, "Performance").
+/// The scale the performance targets are stated at (BENCHMARKS.md, "Targets").
 pub const NAMESPACES: usize = 1_000;
 pub const ENTRIES: usize = 10_000;
 

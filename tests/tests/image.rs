@@ -187,7 +187,7 @@ fn the_image_run_as_the_daemonset_runs_it_serves_each_namespace_its_view_and_rol
     );
     // Each view still holds. (Reached only: after a hand-over between containers the successor's
     // kernel counters do not follow the connections its programs rewrite, so the counter checks of
-    // `check_host` are left out here; see the README's known limits.)
+    // `check_host` are left out here; see docs/known-gaps.md.)
     assert_eq!(
         w.curl("team-a", "http://api.example.com/")?,
         Reach::server("api-endpoint")

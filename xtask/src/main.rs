@@ -7,6 +7,8 @@ mod bench;
 mod build;
 mod cmd;
 mod demo;
+#[cfg(test)]
+mod doc_links;
 mod image;
 mod setup;
 mod test;
