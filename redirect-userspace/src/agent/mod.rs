@@ -1,13 +1,13 @@
 //! The node agent: wires the eBPF redirect, the outbound proxy, the DNS proxy, the configuration
 //! reload and the admin server together, and takes them down in the right order; hands its sockets and
 //! programs over to a successor (`handover`) and drains.
+mod bind;
 mod fast_path;
 pub mod handover;
 mod reload;
 
 use std::{
     net::SocketAddr,
-    os::fd::{AsFd, OwnedFd},
     path::PathBuf,
     sync::{
         Arc,
@@ -25,15 +25,14 @@ pub use reload::{Loaded, Reloader};
 use crate::{
     admin::{self, AdminState},
     budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
-    dns::{AnswerCache, DnsProxy, HostCache, Upstream, VisibleNames, ahead::Ahead},
+    dns::{AnswerCache, HostCache, Upstream, VisibleNames, ahead::Ahead},
     identity::{CgroupPods, OptOutSync},
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{self, DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts, access::AccessLog},
+    proxy::{DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts, access::AccessLog},
     redirect::{Gateways, RedirectConfig, Redirector, Release},
 };
-use handover::Kind;
 
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -93,8 +92,27 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     // Before anything is attached: a SIGTERM during start-up waits for the start to complete, then
     // takes the ordinary way out (programs detached), instead of killing the process half-way.
     let mut signals = Signals::install()?;
-    let metrics = Arc::new(Metrics::default());
-    let budgets = Arc::new(Budgets::new(limits, &metrics));
+    let running = start(&config, limits, log_level).await?;
+    let signal = tokio::select! {
+        signal = signals.recv() => Some(signal),
+        () = running.handed_over.notified() => None,
+    };
+    match signal {
+        Some(signal) => running.shut_down(signal).await,
+        None => running.drain(config.drain_timeout, &mut signals).await,
+    }
+    Ok(())
+}
+
+/// What the configuration comes from, started: the snapshot in force and the tasks that keep it so.
+struct Inputs {
+    live: Arc<LiveState>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The configuration first: when the programs attach, the first answers are already right. A
+/// refused first configuration leaves the agent running but not ready, waiting for a fix.
+async fn start_inputs(config: &AgentConfig, metrics: &Arc<Metrics>) -> anyhow::Result<Inputs> {
     let kube = match &config.kube {
         Some(source) => Some(crate::cluster::client_config(source).await?),
         None => None,
@@ -104,107 +122,67 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         .map(|k| PathBuf::from(crate::cluster::source_name(k)))
         .or_else(|| config.config_dir.clone());
     let live = LiveState::new(source);
-    let attached = Arc::new(AtomicBool::new(false));
-    // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
-    let upstream = Arc::new(Upstream::new(config.dns_upstream));
-    // One cache for every listener: a family's answers serve the other's askers too.
-    let dns_cache = config
-        .dns_cache
-        .map(|entries| Arc::new(AnswerCache::new(entries, metrics.dns_cache_entries())));
-
-    // The configuration first: when the programs attach, the first answers are already right.
-    // A refused first configuration leaves the agent running but not ready, waiting for a fix.
-    let reload_task = match config.config_dir.clone() {
-        Some(dir) => Some(reload::start(dir, config.limits, live.clone(), metrics.clone()).await),
-        None => None,
-    };
-    let kube_task = match (kube, config.kube.clone()) {
-        (Some(client), Some(source)) => Some(crate::cluster::start(
+    let mut tasks = Vec::new();
+    if let Some(dir) = config.config_dir.clone() {
+        tasks.push(reload::start(dir, config.limits, live.clone(), metrics.clone()).await);
+    }
+    if let (Some(client), Some(source)) = (kube, config.kube.clone()) {
+        tasks.push(crate::cluster::start(
             client,
             source,
             live.clone(),
             metrics.clone(),
-        )?),
-        _ => None,
-    };
+        )?);
+    }
+    Ok(Inputs { live, tasks })
+}
 
-    // Bind before attaching: from the moment the programs are attached, a steered connection or
-    // query must find someone listening. One listener per gateway address (per family).
+/// The agent serving: the owner of its running parts, until it shuts down or drains.
+struct Running {
+    redirector: Redirector,
+    /// The proxies' and the DNS proxies' accept loops.
+    serving: Vec<tokio::task::JoinHandle<()>>,
+    inputs: Inputs,
+    stop: Arc<watch::Sender<bool>>,
+    handover_server: Option<handover::Server>,
+    attached: Arc<AtomicBool>,
+    budgets: Arc<Budgets>,
+    /// Notified when a successor has taken over.
+    handed_over: Arc<Notify>,
+}
+
+/// Starts everything in order: inputs, listeners, the programs, the servers; returns once the
+/// agent serves (and, after a hand-over, serves alone).
+async fn start(
+    config: &AgentConfig,
+    limits: Limits,
+    log_level: LogLevel,
+) -> anyhow::Result<Running> {
+    let metrics = Arc::new(Metrics::default());
+    let budgets = Arc::new(Budgets::new(limits, &metrics));
+    let inputs = start_inputs(config, &metrics).await?;
+    let live = inputs.live.clone();
+    let attached = Arc::new(AtomicBool::new(false));
+    // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
+    let upstream = Arc::new(Upstream::new(config.dns_upstream));
     let visible_names = Arc::new(VisibleNames::new(live.clone(), metrics.clone()));
+
     // A predecessor still serving hands over its very sockets: nothing waiting in a queue is lost.
     let identity = handover::Identity::current(&config.cgroup)
         .with_context(|| format!("reading the identity of {}", config.cgroup.display()))?;
-    let (predecessor, mut inherited) = match &config.handover_socket {
-        Some(path) => match handover::take_over(path, identity) {
-            Ok(Some((predecessor, sockets))) => {
-                info!(path = %path.display(), sockets = sockets.len(), "took the listening sockets of the agent in service");
-                (Some(predecessor), sockets)
-            }
-            Ok(None) => (None, Vec::new()),
-            Err(e) => {
-                warn!(path = %path.display(), error = %e, "asking for a predecessor's sockets failed; binding anew");
-                (None, Vec::new())
-            }
-        },
-        None => (None, Vec::new()),
+    let (predecessor, inherited) = bind::inherit(config, identity);
+    let dns_parts = bind::DnsParts {
+        upstream: upstream.clone(),
+        decide: visible_names.clone(),
+        // One cache for every listener: a family's answers serve the other's askers too.
+        cache: config
+            .dns_cache
+            .map(|entries| Arc::new(AnswerCache::new(entries, metrics.dns_cache_entries()))),
+        budgets: budgets.clone(),
+        metrics: metrics.clone(),
     };
-    let mut offer = Vec::new();
-    let mut listeners = Vec::new();
-    let mut dns_proxies = Vec::new();
-    for gateway in config.gateway.addrs() {
-        let addr = SocketAddr::new(gateway, config.proxy_port);
-        let listener = match take(&mut inherited, Kind::Proxy, addr).pop() {
-            Some(fd) => {
-                let std = std::net::TcpListener::from(fd);
-                std.set_nonblocking(true)?;
-                tokio::net::TcpListener::from_std(std)?
-            }
-            None => proxy::listen(addr)?,
-        };
-        offer.push(offered(Kind::Proxy, addr, &listener)?);
-        listeners.push(listener);
-        if let Some(port) = config.dns_proxy_port {
-            let addr = SocketAddr::new(gateway, port);
-            let decide = visible_names.clone();
-            let udp = take(&mut inherited, Kind::DnsUdp, addr);
-            let mut tcp = take(&mut inherited, Kind::DnsTcp, addr);
-            let dns = match tcp.pop() {
-                Some(tcp) if !udp.is_empty() => DnsProxy::from_sockets(
-                    udp.into_iter().map(std::net::UdpSocket::from).collect(),
-                    std::net::TcpListener::from(tcp),
-                    upstream.clone(),
-                    decide,
-                    metrics.clone(),
-                )?,
-                _ => DnsProxy::bind(addr, upstream.clone(), decide, metrics.clone()).await?,
-            };
-            let (udp, tcp) = dns.socket_fds()?;
-            offer.extend(udp.into_iter().map(|fd| handover::Socket {
-                kind: Kind::DnsUdp,
-                addr,
-                fd,
-            }));
-            offer.push(handover::Socket {
-                kind: Kind::DnsTcp,
-                addr,
-                fd: tcp,
-            });
-            let dns = match &dns_cache {
-                Some(cache) => dns.with_cache(cache.clone()),
-                None => dns,
-            };
-            dns_proxies.push(dns.with_budgets(budgets.clone()));
-        }
-    }
-    let admin_listener = match take(&mut inherited, Kind::Admin, config.admin).pop() {
-        Some(fd) => std::net::TcpListener::from(fd),
-        None => admin::bind(config.admin, config.admin_allow_non_loopback)?,
-    };
-    offer.push(offered(Kind::Admin, config.admin, &admin_listener)?);
-    for unused in &inherited {
-        info!(kind = ?unused.kind, addr = %unused.addr, "a predecessor's socket this configuration does not use; closing our copy");
-    }
-    drop(inherited);
+    let bound = bind::bind(config, inherited, &dns_parts).await?;
+
     // Which pod each cgroup is, read before attaching: the first connections find it ready.
     let cgroup_root = config.cgroup.clone();
     let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
@@ -257,7 +235,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
         metrics: metrics.clone(),
         endpoint_hosts,
         relay: config.relay,
-        cgroups,
+        cgroups: cgroups.clone(),
         budgets: budgets.clone(),
         timeouts: Timeouts {
             idle: config.budget.idle_timeout,
@@ -269,30 +247,13 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
             .then_some(config.budget.connection_buffer / 2),
         access_log: AccessLog::new(config.access_log),
     });
-    let proxies: Vec<OutboundProxy> = listeners
-        .into_iter()
-        .map(|listener| OutboundProxy::new(listener, proxy_context.clone()))
-        .collect();
-
-    let mut registry = metrics.registry(Some(redirector.maps()));
-    let handover_available = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-    handover_available.set(i64::from(config.handover.available));
-    registry.register(
-        "handover_available",
-        "1 when a successor can take over (pinned on a bpf filesystem); 0: a restart or rollout drops connections",
-        handover_available,
-    );
-    if let Some(fast) = &fast_path {
-        registry.register_collector(fast.collector());
-    }
-    let fast_path_dump = fast_path
-        .clone()
-        .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>);
     let admin_state = AdminState {
-        cgroups: Some(proxy_context.cgroups.clone()),
+        cgroups: Some(cgroups),
         handover: Some(config.handover.clone()),
-        fast_path: fast_path_dump,
-        registry,
+        fast_path: fast_path
+            .clone()
+            .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>),
+        registry: registry(config, &metrics, redirector, fast_path.as_ref()),
         attached: attached.clone(),
         live: live.clone(),
         log_level: Some(log_level),
@@ -312,60 +273,48 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
             "configuration in force; serving beside the agent in service"
         );
     }
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let proxy_tasks: Vec<_> = proxies
+    let (stop, stopped) = watch::channel(false);
+    let mut serving: Vec<_> = bound
+        .proxy
         .into_iter()
-        .map(|proxy| tokio::spawn(proxy.serve(stop_rx.clone())))
+        .map(|listener| {
+            let proxy = OutboundProxy::new(listener, proxy_context.clone());
+            tokio::spawn(proxy.serve(stopped.clone()))
+        })
         .collect();
-    tokio::spawn(opt_out.run(stop_rx.clone()));
+    serving.extend(
+        bound
+            .dns
+            .into_iter()
+            .map(|dns| tokio::spawn(dns.serve(stopped.clone()))),
+    );
+    tokio::spawn(opt_out.run(stopped.clone()));
     if let Some(fast) = fast_path {
-        tokio::spawn(fast.run(stop_rx.clone()));
+        tokio::spawn(fast.run(stopped.clone()));
     }
-    let dns_tasks: Vec<_> = dns_proxies
-        .into_iter()
-        .map(|dns| tokio::spawn(dns.serve(stop_rx.clone())))
-        .collect();
 
     // Offer our sockets to the next agent; when it is ready, stop serving (it serves on them).
-    let stop_tx = Arc::new(stop_tx);
+    let stop = Arc::new(stop);
     let (admin_stop, admin_stopped) = watch::channel(false);
     let handed_over = Arc::new(Notify::new());
     let handover_server = match &config.handover_socket {
-        Some(path) => {
-            let (stop_tx, attached, handed_over) =
-                (stop_tx.clone(), attached.clone(), handed_over.clone());
-            let held = redirector.held_links();
-            let on_failed = move || {
-                // The successor may have put its programs in our links before it died.
-                if let Some(held) = &held {
-                    let retaken = held.retake();
-                    if retaken > 0 {
-                        warn!(
-                            links = retaken,
-                            "the successor died after it took over the links; put our programs back in them"
-                        );
-                    }
-                }
-            };
-            let server = handover::Server::start(
-                path,
-                identity,
-                offer,
+        Some(path) => Some(offer_to_successor(
+            path,
+            identity,
+            bound.offer,
+            redirector.held_links(),
+            {
+                let (stop, attached, handed_over) =
+                    (stop.clone(), attached.clone(), handed_over.clone());
                 move || {
                     attached.store(false, Ordering::Release);
-                    let _ = stop_tx.send(true);
+                    let _ = stop.send(true);
                     let _ = admin_stop.send(true);
                     handed_over.notify_one();
-                },
-                on_failed,
-            )
-            .with_context(|| format!("listening for a successor at {}", path.display()))?;
-            Some(server)
-        }
-        None => {
-            drop(offer);
-            None
-        }
+                }
+            },
+        )?),
+        None => None,
     };
     if let Some(predecessor) = predecessor {
         let took = Instant::now();
@@ -378,77 +327,131 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
             "the agent in service stopped accepting; serving alone"
         );
     }
-    admin::spawn_on(admin_listener, admin_state, admin_stopped)
+    admin::spawn_on(bound.admin, admin_state, admin_stopped)
         .context("starting the admin server")?;
     let redirector = starting.done()?;
     if let Some(held) = redirector.held_links() {
-        tokio::spawn(watch_pins(held, stop_rx.clone()));
+        tokio::spawn(watch_pins(held, stopped.clone()));
     }
     attached.store(true, Ordering::Release);
     info!(gateway = %config.gateway, proxy_port = config.proxy_port, dns_upstream = %config.dns_upstream, start = ?redirector.start(), "agent running");
+    Ok(Running {
+        redirector,
+        serving,
+        inputs,
+        stop,
+        handover_server,
+        attached,
+        budgets,
+        handed_over,
+    })
+}
 
-    let signal = tokio::select! {
-        signal = signals.recv() => Some(signal),
-        () = handed_over.notified() => None,
+/// The metrics registry: the agent's families, the kernel's counters, the hand-over gauge and the
+/// fast path's collector.
+fn registry(
+    config: &AgentConfig,
+    metrics: &Arc<Metrics>,
+    redirector: &Redirector,
+    fast_path: Option<&Arc<fast_path::FastPath>>,
+) -> prometheus_client::registry::Registry {
+    let mut registry = metrics.registry(Some(redirector.maps()));
+    let handover_available = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+    handover_available.set(i64::from(config.handover.available));
+    registry.register(
+        "handover_available",
+        "1 when a successor can take over (pinned on a bpf filesystem); 0: a restart or rollout drops connections",
+        handover_available,
+    );
+    if let Some(fast) = fast_path {
+        registry.register_collector(fast.collector());
+    }
+    registry
+}
+
+/// Listens for a successor at `path`; `on_ready` runs once one has taken over. If a successor
+/// dies after putting its programs in our links, ours go back in.
+fn offer_to_successor(
+    path: &std::path::Path,
+    identity: handover::Identity,
+    offer: Vec<handover::Socket>,
+    held: Option<Arc<crate::redirect::HeldLinks>>,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> anyhow::Result<handover::Server> {
+    let on_failed = move || {
+        let Some(held) = &held else { return };
+        let retaken = held.retake();
+        if retaken > 0 {
+            warn!(
+                links = retaken,
+                "the successor died after it took over the links; put our programs back in them"
+            );
+        }
     };
-    if let Some(signal) = signal {
+    handover::Server::start(path, identity, offer, on_ready, on_failed)
+        .with_context(|| format!("listening for a successor at {}", path.display()))
+}
+
+impl Running {
+    /// A signal: detach first, so no new connection is steered to a proxy that is going away; then
+    /// stop accepting and wait for the accept loops.
+    async fn shut_down(self, signal: &'static str) {
         info!(signal, "shutting down");
-        attached.store(false, Ordering::Release);
-        if let Some(server) = handover_server {
+        self.attached.store(false, Ordering::Release);
+        if let Some(server) = self.handover_server {
             server.close();
         }
-        // Detach first so no new connection is steered to a proxy that is going away.
-        match redirector.release() {
+        match self.redirector.release() {
             Ok(Release::Detached) => info!("eBPF programs detached"),
             Ok(Release::Superseded) => info!("a successor's programs are attached; left them"),
             Err(e) => warn!(error = %e, "detaching the eBPF programs failed"),
         }
-        let _ = stop_tx.send(true);
-        for task in proxy_tasks.into_iter().chain(dns_tasks) {
+        let _ = self.stop.send(true);
+        for task in self.serving {
             let _ = task.await;
         }
-        for task in reload_task.into_iter().chain(kube_task) {
+        for task in self.inputs.tasks {
             task.abort();
         }
         info!("agent stopped");
-        return Ok(());
     }
 
-    // Handed over: the successor serves and its programs are attached. Ours drain until their end
-    // or the deadline; the process leaves when told to (a DaemonSet would restart a container that
-    // exits on its own, and the restarted one would take over again).
-    let handed_at = Instant::now();
-    info!(
-        drain_timeout_s = config.drain_timeout.as_secs(),
-        "handed over to a successor; draining"
-    );
-    for task in proxy_tasks.into_iter().chain(dns_tasks) {
-        let _ = task.await;
-    }
-    let deadline = handed_at + config.drain_timeout;
-    let (signal, left) = tokio::join!(signals.recv(), drain(&budgets, deadline));
-    info!(signal, "shutting down after the hand-over");
-    if left > 0 {
-        warn!(
-            connections = left,
-            "drain deadline passed; resetting what is left"
-        );
-    } else {
+    /// Handed over: the successor serves and its programs are attached. Ours drain until their end
+    /// or the deadline; the process leaves when told to (a DaemonSet would restart a container that
+    /// exits on its own, and the restarted one would take over again).
+    async fn drain(self, timeout: Duration, signals: &mut Signals) {
+        let handed_at = Instant::now();
         info!(
-            drained_ms = handed_at.elapsed().as_millis() as u64,
-            "every connection ended"
+            drain_timeout_s = timeout.as_secs(),
+            "handed over to a successor; draining"
         );
+        for task in self.serving {
+            let _ = task.await;
+        }
+        let (signal, left) =
+            tokio::join!(signals.recv(), drain(&self.budgets, handed_at + timeout));
+        info!(signal, "shutting down after the hand-over");
+        if left > 0 {
+            warn!(
+                connections = left,
+                "drain deadline passed; resetting what is left"
+            );
+        } else {
+            info!(
+                drained_ms = handed_at.elapsed().as_millis() as u64,
+                "every connection ended"
+            );
+        }
+        match self.redirector.release() {
+            Ok(Release::Superseded) => {}
+            Ok(Release::Detached) => warn!("no successor's programs were attached; detached ours"),
+            Err(e) => warn!(error = %e, "checking the pinned programs failed"),
+        }
+        for task in self.inputs.tasks {
+            task.abort();
+        }
+        // Connections still open are dropped with the runtime: reset (linger 0), never a silent FIN.
     }
-    match redirector.release() {
-        Ok(Release::Superseded) => {}
-        Ok(Release::Detached) => warn!("no successor's programs were attached; detached ours"),
-        Err(e) => warn!(error = %e, "checking the pinned programs failed"),
-    }
-    for task in reload_task.into_iter().chain(kube_task) {
-        task.abort();
-    }
-    // Connections still open are dropped with the runtime: reset (linger 0), never a silent FIN.
-    Ok(())
 }
 
 /// The programs attached and the agent not yet running: dropped before [`Starting::done`] (a
@@ -517,26 +520,6 @@ async fn drain(budgets: &Budgets, deadline: Instant) -> usize {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Takes the handed-over sockets of `kind` bound to `addr`.
-fn take(inherited: &mut Vec<handover::Socket>, kind: Kind, addr: SocketAddr) -> Vec<OwnedFd> {
-    let (matching, rest): (Vec<_>, Vec<_>) = std::mem::take(inherited)
-        .into_iter()
-        .partition(|s| s.kind == kind && s.addr == addr);
-    *inherited = rest;
-    matching.into_iter().map(|s| s.fd).collect()
-}
-
-fn offered(kind: Kind, addr: SocketAddr, socket: &impl AsFd) -> anyhow::Result<handover::Socket> {
-    Ok(handover::Socket {
-        kind,
-        addr,
-        fd: socket
-            .as_fd()
-            .try_clone_to_owned()
-            .context("duplicating a listening socket for the hand-over")?,
-    })
 }
 
 struct Signals {
