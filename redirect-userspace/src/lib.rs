@@ -22,4 +22,3 @@ pub mod redirect;
 pub mod state;
 pub mod status;
 pub mod visibility;
-pub mod watch;

@@ -194,8 +194,13 @@ macro_rules! label_value_as_str {
         }
     )*};
 }
+impl EncodeLabelValue for OutboundOutcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), fmt::Error> {
+        fmt::Write::write_str(encoder, self.metric_label())
+    }
+}
+
 label_value_as_str!(
-    OutboundOutcome,
     Direction,
     DnsOutcome,
     ReloadResult,

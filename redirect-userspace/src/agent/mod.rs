@@ -2,8 +2,10 @@
 //! reload and the admin server together, and takes them down in the right order; hands its sockets and
 //! programs over to a successor (`handover`) and drains.
 mod bind;
+mod dir_watch;
 mod fast_path;
 pub mod handover;
+mod opt_out;
 mod reload;
 
 use std::{
@@ -22,11 +24,12 @@ use tracing::{info, warn};
 
 pub use reload::{Loaded, Reloader};
 
+use self::opt_out::OptOutSync;
 use crate::{
     admin::{self, AdminState},
     budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
     dns::{AnswerCache, HostCache, Upstream, VisibleNames, ahead::Ahead},
-    identity::{CgroupPods, OptOutSync},
+    identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,

@@ -11,8 +11,9 @@ use crate::{
     metrics::{Metrics, ReloadResult},
     state::Snapshot,
     visibility,
-    watch::DirWatch,
 };
+
+use super::dir_watch::DirWatch;
 
 /// Loads a directory again and again, remembering the last version in force of every object.
 pub struct Reloader {

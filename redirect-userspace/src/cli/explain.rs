@@ -102,7 +102,7 @@ pub(crate) fn ip_table(e: &IpExplanation) -> String {
     let o = &e.outbound;
     let rows = [
         ("client", client(&e.client)),
-        ("action", o.action.name().to_string()),
+        ("action", o.action.json_name().to_string()),
         ("service", or_dash(&o.service)),
         ("workload", or_dash(&o.workload)),
         ("endpoint", or_dash(&o.endpoint)),

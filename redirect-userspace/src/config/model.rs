@@ -309,6 +309,22 @@ pub struct Workload {
     pub other_address: Option<WorkloadAddress>,
 }
 
+/// Istio's label for a pod the data plane must not capture; `none` opts out.
+pub const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
+
+impl Workload {
+    /// Whether this is a Pod labelled `istio.io/dataplane-mode: none`: the programs leave its
+    /// processes alone.
+    pub fn opts_out_of_capture(&self) -> bool {
+        self.kind == WorkloadKind::Pod
+            && self
+                .meta
+                .labels
+                .get(DATAPLANE_MODE_LABEL)
+                .is_some_and(|mode| mode == "none")
+    }
+}
+
 /// An EndpointSlice (`discovery.k8s.io/v1`), cut to what a Service's endpoints need. Only the
 /// Kubernetes API gives them: a directory's Services take their endpoints from their selector.
 #[derive(Debug, Clone, PartialEq, Eq)]

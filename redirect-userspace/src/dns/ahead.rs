@@ -20,7 +20,7 @@ use std::{
 use tokio::{sync::Notify, task::JoinSet};
 use tracing::debug;
 
-use super::{HostCache, ResolveError, Resolved, Upstream, resolve_host};
+use super::{HostAnswer, HostCache, ResolveError, Upstream, resolve_host};
 use crate::{config::EndpointAddress, fastpath::HostAddresses, state::Snapshot};
 
 /// An answer is kept at least this long, whatever its TTL (a TTL of 0 or 1 would otherwise have
@@ -140,7 +140,7 @@ impl AheadSet {
     pub fn record(
         &mut self,
         name: &str,
-        outcome: &Result<Resolved, ResolveError>,
+        outcome: &Result<HostAnswer, ResolveError>,
         now: Instant,
     ) -> (Recorded, Option<Duration>) {
         let Some(state) = self.names.get_mut(name) else {
@@ -315,7 +315,10 @@ impl Ahead {
         }
     }
 
-    fn finish_in_background(&self, mut asking: JoinSet<(String, Result<Resolved, ResolveError>)>) {
+    fn finish_in_background(
+        &self,
+        mut asking: JoinSet<(String, Result<HostAnswer, ResolveError>)>,
+    ) {
         // The answers still on their way are abandoned: their names are due again, for `run`.
         asking.abort_all();
         let mut set = self.set();
@@ -330,7 +333,7 @@ impl Ahead {
     }
 
     /// Records an answer; true when the fresh addresses changed.
-    fn record(&self, name: &str, outcome: Result<Resolved, ResolveError>) -> bool {
+    fn record(&self, name: &str, outcome: Result<HostAnswer, ResolveError>) -> bool {
         let now = Instant::now();
         let (recorded, kept) = self.set().record(name, &outcome, now);
         match (&outcome, kept) {
@@ -338,7 +341,7 @@ impl Ahead {
                 self.stats.resolved.fetch_add(1, Ordering::Relaxed);
                 debug!(endpoint = name, addresses = ?resolved.addresses, ttl = ?resolved.ttl, kept = ?keep, "endpoint host name resolved ahead");
                 // The proxy uses the same answer for as long.
-                let kept = Resolved {
+                let kept = HostAnswer {
                     addresses: resolved.addresses.clone(),
                     ttl: keep,
                 };
@@ -413,14 +416,14 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
-    fn answer(ips: &[&str], ttl: u64) -> Result<Resolved, ResolveError> {
-        Ok(Resolved {
+    fn answer(ips: &[&str], ttl: u64) -> Result<HostAnswer, ResolveError> {
+        Ok(HostAnswer {
             addresses: ips.iter().map(|s| s.parse().unwrap()).collect(),
             ttl: Duration::from_secs(ttl),
         })
     }
 
-    fn nxdomain() -> Result<Resolved, ResolveError> {
+    fn nxdomain() -> Result<HostAnswer, ResolveError> {
         Err(ResolveError::NoAddress {
             name: "a.example.org".into(),
             code: ResponseCode::NXDomain,

@@ -13,7 +13,7 @@ mod visible;
 
 pub use answer::{LocalAnswer, authoritative_reply, servfail_reply};
 pub use cache::AnswerCache;
-pub use resolve::{HostCache, ResolveError, Resolved, resolve_host};
+pub use resolve::{HostAnswer, HostCache, ResolveError, resolve_host};
 pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};
 pub use visible::VisibleNames;

@@ -35,7 +35,7 @@ pub enum ResolveError {
 /// What the upstream said about a host: its addresses, the IPv4 ones first, each family in the
 /// upstream's order, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Resolved {
+pub struct HostAnswer {
     pub addresses: Vec<IpAddr>,
     /// The smallest TTL of the answers that gave addresses, each answer's being the smallest on its
     /// chain (CNAMEs included): when any of them may change.
@@ -53,7 +53,7 @@ struct FamilyAnswer {
 /// The addresses of `host` in both families: `A` and `AAAA` asked at once, the answers merged
 /// (`docs/dns.md#endpoint-host-resolution`). One family failing is logged and the other's addresses
 /// used; an error only when neither gives an address.
-pub async fn resolve_host(upstream: &Upstream, host: &str) -> Result<Resolved, ResolveError> {
+pub async fn resolve_host(upstream: &Upstream, host: &str) -> Result<HostAnswer, ResolveError> {
     let mut name = Name::from_ascii(host).map_err(|_| ResolveError::BadName(host.to_string()))?;
     name.set_fqdn(true);
     let (a, aaaa) = tokio::join!(
@@ -103,7 +103,7 @@ fn merge(
     host: &str,
     a: Result<FamilyAnswer, ResolveError>,
     aaaa: Result<FamilyAnswer, ResolveError>,
-) -> Result<Resolved, ResolveError> {
+) -> Result<HostAnswer, ResolveError> {
     let with_addresses = || {
         [&a, &aaaa]
             .into_iter()
@@ -138,7 +138,7 @@ fn merge(
             debug!(endpoint = host, %record_type, error = %e, "one address family of an endpoint host name failed; using the other's addresses");
         }
     }
-    Ok(Resolved {
+    Ok(HostAnswer {
         addresses,
         ttl: Duration::from_secs(u64::from(ttl)),
     })
@@ -209,7 +209,7 @@ impl HostCache {
 
     /// Keeps `resolved` for its TTL, as if a connection had asked (the agent's resolution ahead
     /// hands every answer here, so the proxy uses the addresses the kernel rewrites to).
-    pub fn store(&self, host: &str, resolved: Resolved, now: Instant) {
+    pub fn store(&self, host: &str, resolved: HostAnswer, now: Instant) {
         self.insert(host, resolved, now);
     }
 
@@ -230,7 +230,7 @@ impl HostCache {
 
     /// Keeps `resolved` (unless its TTL is 0) and takes the first pick from it; `None` if it holds
     /// no address.
-    fn insert(&self, host: &str, resolved: Resolved, now: Instant) -> Option<Pick> {
+    fn insert(&self, host: &str, resolved: HostAnswer, now: Instant) -> Option<Pick> {
         let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) =
             resolved.addresses.iter().partition(|ip| ip.is_ipv4());
         let mut entry = Entry {
@@ -299,8 +299,8 @@ mod tests {
         HostCache::new(Arc::new(Upstream::new("192.0.2.53:53".parse().unwrap())))
     }
 
-    fn resolved(ips: &[&str], ttl: u64) -> Resolved {
-        Resolved {
+    fn resolved(ips: &[&str], ttl: u64) -> HostAnswer {
+        HostAnswer {
             addresses: ips.iter().map(|ip| ip.parse().unwrap()).collect(),
             ttl: Duration::from_secs(ttl),
         }
@@ -462,7 +462,7 @@ mod tests {
         (upstream, asked)
     }
 
-    async fn resolve(a: Says, aaaa: Says) -> (Result<Resolved, ResolveError>, Vec<RecordType>) {
+    async fn resolve(a: Says, aaaa: Says) -> (Result<HostAnswer, ResolveError>, Vec<RecordType>) {
         let (upstream, asked) = fake_upstream(a, aaaa).await;
         let result = resolve_host(&upstream, "db.example.org").await;
         let mut asked = asked.lock().unwrap().clone();

@@ -5,13 +5,11 @@
 //! is served as an unknown client: PUBLIC services only, never the namespace the IP claims.
 mod cgroups;
 mod client;
-mod opt_out;
 
 use uuid::Uuid;
 
 pub use cgroups::{CgroupPods, pod_uid_in_path};
 pub use client::{Client, KernelView};
-pub use opt_out::{DATAPLANE_MODE_LABEL, OptOutSync, OptedOut, SYNC_EVERY, opted_out, opts_out};
 
 /// The outcome of comparing the registry with the kernel for one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

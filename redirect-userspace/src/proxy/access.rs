@@ -144,7 +144,7 @@ impl Drop for ConnectionResult<'_> {
             workload = %or_dash(&self.workload),
             namespace = %or_dash(&self.namespace),
             orig_dst = %self.orig_dst.map_or("-".to_string(), |d| d.to_string()),
-            outcome = self.outcome.as_str(),
+            outcome = self.outcome.metric_label(),
             service = %or_dash(&self.service),
             endpoint = %self.endpoint.map_or("-".to_string(), |e| e.to_string()),
             bytes_sent = self.sent,

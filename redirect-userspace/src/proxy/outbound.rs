@@ -424,7 +424,7 @@ fn decide(
             client_namespace = client_ns.unwrap_or("<unknown>"),
             service = %format_args!("{}/{}", hidden.namespace, hidden.name),
             orig_dst = %orig,
-            instead = outcome.as_str(),
+            instead = outcome.metric_label(),
             "service hidden from client"
         );
     }
@@ -436,7 +436,7 @@ fn decide(
         client = %peer,
         client_namespace = client_ns.unwrap_or("<unknown>"),
         orig_dst = %orig,
-        action = outcome.as_str(),
+        action = outcome.metric_label(),
         service = service.as_deref().unwrap_or("-"),
         endpoint = %target.map(|t| t.to_string()).unwrap_or_else(|| "-".into()),
         "outbound connection"

@@ -144,7 +144,7 @@ impl Snapshot {
                     ips: w.ips.clone(),
                     node: w.node_name.clone(),
                     uid: w.meta.uid.map(|uid| uid.to_string()),
-                    opted_out: crate::identity::opts_out(w),
+                    opted_out: w.opts_out_of_capture(),
                     cgroup: None,
                 })
                 .collect(),

@@ -20,8 +20,8 @@ pub enum Pick {
 }
 
 /// How an outbound connection was handled, one type everywhere: `explain`'s `action` (its serde
-/// name, camelCase, [`Self::name`]) and the `outcome` label of `redirect_outbound_connections_total`
-/// ([`Self::as_str`], snake_case). `Error` is the proxy's alone: a decision never fails, carrying it out may.
+/// name, camelCase, [`Self::json_name`]) and the `outcome` label of `redirect_outbound_connections_total`
+/// ([`Self::metric_label`], snake_case). `Error` is the proxy's alone: a decision never fails, carrying it out may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub enum OutboundOutcome {
@@ -39,7 +39,7 @@ pub enum OutboundOutcome {
 
 impl OutboundOutcome {
     /// Its serde name: `explain`'s `action`, in JSON and in the table.
-    pub const fn name(self) -> &'static str {
+    pub const fn json_name(self) -> &'static str {
         match self {
             Self::Service => "service",
             Self::Workload => "workload",
@@ -50,7 +50,7 @@ impl OutboundOutcome {
     }
 
     /// The metric label (`docs/observability.md#metrics`).
-    pub const fn as_str(self) -> &'static str {
+    pub const fn metric_label(self) -> &'static str {
         match self {
             Self::Service => "service",
             Self::Workload => "workload",
@@ -235,12 +235,12 @@ mod tests {
     fn outcome_name_is_its_serde_name() {
         for outcome in [Service, Workload, Passthrough, NoHealthyUpstream, Error] {
             let json = serde_json::to_value(outcome).unwrap();
-            assert_eq!(json, outcome.name());
+            assert_eq!(json, outcome.json_name());
             assert_eq!(
                 serde_json::from_value::<OutboundOutcome>(json).unwrap(),
                 outcome
             );
         }
-        assert_eq!(NoHealthyUpstream.as_str(), "no_healthy_upstream");
+        assert_eq!(NoHealthyUpstream.metric_label(), "no_healthy_upstream");
     }
 }

@@ -518,7 +518,7 @@ fn resolved_ahead(verdict: &OutboundVerdict, connect_to: SocketAddr) -> bool {
         .as_deref()
         .and_then(|e| e.rsplit_once(':'))
         .map(|(host, _)| host);
-    verdict.action.as_str() == "service"
+    verdict.action.metric_label() == "service"
         && connect_to.ip().to_canonical().is_ipv4()
         && host.is_some_and(|h| super::PUBLIC_DNS.iter().any(|(name, _)| *name == h))
 }

@@ -149,7 +149,7 @@ pub mod key {
     /// `redirect_fast_path_connections_total{outcome=...}` for the kernel's counterpart of an
     /// explain action: `service` is a rewrite, `passthrough` and `workload` are themselves.
     pub fn fast_path(outcome: &crate::explain::OutboundOutcome) -> String {
-        let outcome = match outcome.as_str() {
+        let outcome = match outcome.metric_label() {
             "service" => "rewritten",
             other => other,
         };
@@ -158,7 +158,7 @@ pub mod key {
 
     /// `redirect_outbound_connections_total{outcome=...}` for an explain action or outcome.
     pub fn outbound(outcome: &crate::explain::OutboundOutcome) -> String {
-        let outcome = outcome.as_str();
+        let outcome = outcome.metric_label();
         format!(r#"redirect_outbound_connections_total{{outcome="{outcome}"}}"#)
     }
 }

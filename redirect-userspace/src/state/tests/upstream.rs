@@ -26,7 +26,7 @@ fn outbound(
     let ip: IpAddr = dst.parse().unwrap();
     let (action, service, endpoint, _) =
         outbound_summary(&s.decide_outbound_with(Some(client), ip, port, Pick::Peek));
-    (action.name().to_string(), service, endpoint)
+    (action.json_name().to_string(), service, endpoint)
 }
 
 fn dns_service(s: &Snapshot, client: &str, name: &str) -> Option<String> {

@@ -15,16 +15,10 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use super::CgroupPods;
 use crate::{
-    config::{Workload, WorkloadKind},
-    live::LiveState,
-    redirect::RedirectMaps,
+    config::DATAPLANE_MODE_LABEL, identity::CgroupPods, live::LiveState, redirect::RedirectMaps,
     state::Snapshot,
 };
-
-/// Istio's label for a pod the data plane must not capture; `none` opts out.
-pub const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
 
 /// How soon a labelled pod (or a pod whose cgroup appeared) is left alone, and a relabelled one
 /// captured again.
@@ -38,23 +32,13 @@ pub struct OptedOut {
     pub pod: String,
 }
 
-/// Whether `workload` is a Pod labelled `istio.io/dataplane-mode: none`.
-pub fn opts_out(workload: &Workload) -> bool {
-    workload.kind == WorkloadKind::Pod
-        && workload
-            .meta
-            .labels
-            .get(DATAPLANE_MODE_LABEL)
-            .is_some_and(|mode| mode == "none")
-}
-
 /// The Pods of `snapshot` labelled `istio.io/dataplane-mode: none`. A Pod without `metadata.uid`
 /// cannot be tied to its cgroup and is left out (the caller says so once).
 pub fn opted_out(snapshot: &Snapshot) -> (Vec<OptedOut>, Vec<String>) {
     let mut found = Vec::new();
     let mut without_uid = Vec::new();
     for w in snapshot.workloads() {
-        if !opts_out(w) {
+        if !w.opts_out_of_capture() {
             continue;
         }
         let pod = format!("{}/{}", w.meta.namespace, w.meta.name);
