@@ -186,70 +186,26 @@ async fn start(
     };
     let bound = bind::bind(config, inherited, &dns_parts).await?;
 
-    // Which pod each cgroup is, read before attaching: the first connections find it ready.
-    let cgroup_root = config.cgroup.clone();
-    let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
-        .await
-        .context("reading the pods' cgroups")?;
-    let cgroups = Arc::new(cgroups);
-    // One cache of endpoint host names: what the agent resolves ahead for the kernel, the proxy
-    // uses too.
-    let endpoint_hosts = Arc::new(HostCache::new(upstream.clone()));
-    // The kernel's first tables before the programs attach (or replace a predecessor's): its
-    // first answers are the fast ones.
-    let (fast_path, fast_tables) = match config.fast_path {
-        true => {
-            let ahead = Arc::new(Ahead::new(upstream.clone(), endpoint_hosts.clone()));
-            let (fast, tables) =
-                fast_path::FastPath::prepare(live.clone(), cgroups.clone(), ahead, metrics.clone())
-                    .await;
-            (Some(fast), Some(tables))
-        }
-        false => (None, None),
-    };
-    let redirector = Redirector::attach(&RedirectConfig {
-        cgroup: config.cgroup.clone(),
-        gateway: config.gateway,
-        proxy_port: config.proxy_port,
-        dns_proxy_port: config.dns_proxy_port,
-        pin_dir: config.pin_dir.clone(),
-        fast_tables,
-    })
-    .context("attaching the eBPF programs")?;
-    // A start-up error from here on must not leave the programs attached with nobody serving:
-    // every steered connection would be refused until a good agent starts. They are detached on
-    // the way out, unless a predecessor that still serves owns them (it takes its links back).
-    let starting = Starting {
-        redirector: Some(redirector),
-        detach: predecessor.is_none(),
-    };
+    let Attached {
+        starting,
+        cgroups,
+        endpoint_hosts,
+        fast_path,
+        mut opt_out,
+    } = attach(config, &live, &upstream, &metrics, predecessor.is_some()).await?;
     let redirector = starting.redirector()?;
-    if let Some(fast) = &fast_path {
-        fast.start(redirector.fast_maps());
-    }
     // Pods that opted out are left alone before the agent calls itself ready.
-    let mut opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
     opt_out.sync().await;
     visible_names.use_kernel(redirector.maps(), cgroups.clone());
-    let proxy_context = Arc::new(ProxyContext {
-        flows: redirector.maps(),
-        sockets: Arc::new(crate::net::MarkedSockets),
-        live: live.clone(),
-        metrics: metrics.clone(),
+    let proxy_context = Arc::new(proxy_context(
+        config,
+        redirector,
+        &live,
+        &metrics,
         endpoint_hosts,
-        relay: config.relay,
-        cgroups: cgroups.clone(),
-        budgets: budgets.clone(),
-        timeouts: Timeouts {
-            idle: config.budget.idle_timeout,
-            write: config.budget.write_timeout,
-        },
-        guard: Arc::new(DialGuard::new(config.deny_destinations.clone())),
-        // SO_SNDBUF and SO_RCVBUF are doubled by the kernel (its bookkeeping): ask for half.
-        buffer: (config.budget.connection_buffer > 0)
-            .then_some(config.budget.connection_buffer / 2),
-        access_log: AccessLog::new(config.access_log),
-    });
+        cgroups.clone(),
+        &budgets,
+    ));
     let admin_state = AdminState {
         cgroups: Some(cgroups),
         handover: Some(config.handover.clone()),
@@ -348,6 +304,103 @@ async fn start(
         budgets,
         handed_over,
     })
+}
+
+/// The programs attached, and what had to be ready before they were.
+struct Attached {
+    /// Detaches them again if start-up fails from here on.
+    starting: Starting,
+    cgroups: Arc<CgroupPods>,
+    /// Endpoint host names: what the agent resolves ahead for the kernel, the proxy uses too.
+    endpoint_hosts: Arc<HostCache>,
+    fast_path: Option<Arc<fast_path::FastPath>>,
+    opt_out: OptOutSync,
+}
+
+/// Reads the pods' cgroups and compiles the kernel's first tables, then attaches the programs (or
+/// puts them in a predecessor's links): the first connections find both ready.
+async fn attach(
+    config: &AgentConfig,
+    live: &Arc<LiveState>,
+    upstream: &Arc<Upstream>,
+    metrics: &Arc<Metrics>,
+    has_predecessor: bool,
+) -> anyhow::Result<Attached> {
+    let cgroup_root = config.cgroup.clone();
+    let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
+        .await
+        .context("reading the pods' cgroups")?;
+    let cgroups = Arc::new(cgroups);
+    let endpoint_hosts = Arc::new(HostCache::new(upstream.clone()));
+    let (fast_path, fast_tables) = match config.fast_path {
+        true => {
+            let ahead = Arc::new(Ahead::new(upstream.clone(), endpoint_hosts.clone()));
+            let (fast, tables) =
+                fast_path::FastPath::prepare(live.clone(), cgroups.clone(), ahead, metrics.clone())
+                    .await;
+            (Some(fast), Some(tables))
+        }
+        false => (None, None),
+    };
+    let redirector = Redirector::attach(&RedirectConfig {
+        cgroup: config.cgroup.clone(),
+        gateway: config.gateway,
+        proxy_port: config.proxy_port,
+        dns_proxy_port: config.dns_proxy_port,
+        pin_dir: config.pin_dir.clone(),
+        fast_tables,
+    })
+    .context("attaching the eBPF programs")?;
+    // A start-up error from here on must not leave the programs attached with nobody serving:
+    // every steered connection would be refused until a good agent starts. They are detached on
+    // the way out, unless a predecessor that still serves owns them (it takes its links back).
+    let starting = Starting {
+        redirector: Some(redirector),
+        detach: !has_predecessor,
+    };
+    let redirector = starting.redirector()?;
+    if let Some(fast) = &fast_path {
+        fast.start(redirector.fast_maps());
+    }
+    let opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
+    Ok(Attached {
+        starting,
+        cgroups,
+        endpoint_hosts,
+        fast_path,
+        opt_out,
+    })
+}
+
+/// What every proxied connection needs, from the agent's configuration and its running parts.
+fn proxy_context(
+    config: &AgentConfig,
+    redirector: &Redirector,
+    live: &Arc<LiveState>,
+    metrics: &Arc<Metrics>,
+    endpoint_hosts: Arc<HostCache>,
+    cgroups: Arc<CgroupPods>,
+    budgets: &Arc<Budgets>,
+) -> ProxyContext {
+    ProxyContext {
+        flows: redirector.maps(),
+        sockets: Arc::new(crate::net::MarkedSockets),
+        live: live.clone(),
+        metrics: metrics.clone(),
+        endpoint_hosts,
+        relay: config.relay,
+        cgroups,
+        budgets: budgets.clone(),
+        timeouts: Timeouts {
+            idle: config.budget.idle_timeout,
+            write: config.budget.write_timeout,
+        },
+        guard: Arc::new(DialGuard::new(config.deny_destinations.clone())),
+        // SO_SNDBUF and SO_RCVBUF are doubled by the kernel (its bookkeeping): ask for half.
+        buffer: (config.budget.connection_buffer > 0)
+            .then_some(config.budget.connection_buffer / 2),
+        access_log: AccessLog::new(config.access_log),
+    }
 }
 
 /// The metrics registry: the agent's families, the kernel's counters, the hand-over gauge and the
