@@ -213,7 +213,9 @@ impl FastPath {
             }
             let (hidden, _) = lock().hidden_counts();
             if hidden > counted {
-                self.metrics.hidden_by(Lookup::Outbound, hidden - counted);
+                self.metrics
+                    .clients
+                    .hidden_by(Lookup::Outbound, hidden - counted);
                 counted = hidden;
             }
             let Some(events) = &mut events else { continue };

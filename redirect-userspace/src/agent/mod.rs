@@ -180,7 +180,7 @@ async fn start(
         // One cache for every listener: a family's answers serve the other's askers too.
         cache: config
             .dns_cache
-            .map(|entries| Arc::new(AnswerCache::new(entries, metrics.dns_cache_entries()))),
+            .map(|entries| Arc::new(AnswerCache::new(entries, metrics.dns.cache_entries()))),
         budgets: budgets.clone(),
         metrics: metrics.clone(),
     };
@@ -411,7 +411,8 @@ fn registry(
     redirector: &Redirector,
     fast_path: Option<&Arc<fast_path::FastPath>>,
 ) -> prometheus_client::registry::Registry {
-    let mut registry = metrics.registry(Some(redirector.maps()));
+    let mut registry = metrics.registry();
+    registry.register_collector(crate::redirect::counters::collector(redirector.maps()));
     let handover_available = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     handover_available.set(i64::from(config.handover.available));
     registry.register(

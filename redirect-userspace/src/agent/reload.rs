@@ -80,7 +80,7 @@ pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &
             // The reloader went down with the panic; the next change starts from what runs now
             // (objects in error then have no last good version to fall back on).
             error!(dir = %shown, error = %join, "loading the configuration panicked; the configuration in force stays");
-            metrics.reload(ReloadResult::Failed);
+            metrics.config.reload(ReloadResult::Failed);
             return false;
         }
     };
@@ -90,7 +90,9 @@ pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &
             let services = loaded.snapshot.services().count();
             let workloads = loaded.snapshot.workloads().len();
             log_errors(&loaded.errors);
-            metrics.rejected(loaded.rejected.iter().map(|r| r.kind));
+            metrics
+                .config
+                .rejected(loaded.rejected.iter().map(|r| r.kind));
             let result = if loaded.errors.is_empty() {
                 info!(dir = %shown, services, workloads, "configuration applied");
                 ReloadResult::Ok
@@ -112,7 +114,7 @@ pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &
                 ReloadResult::Partial
             };
             live.apply(loaded.snapshot, loaded.errors, loaded.rejected);
-            metrics.reload(result);
+            metrics.config.reload(result);
             let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
             true
         }
@@ -120,7 +122,7 @@ pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &
             log_errors(&errors);
             warn!(dir = %shown, "configuration not readable; the configuration in force stays");
             live.refuse(errors);
-            metrics.reload(ReloadResult::Failed);
+            metrics.config.reload(ReloadResult::Failed);
             false
         }
     }

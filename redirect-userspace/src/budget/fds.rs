@@ -5,7 +5,10 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
-use crate::metrics::{BudgetKind, Metrics, Refusal};
+use crate::{
+    budget::{BudgetKind, Refusal},
+    metrics::Metrics,
+};
 
 /// How full the ledger may get for a charge: splice pipes only while there is room to spare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,7 +29,7 @@ pub struct FdLedger {
 
 impl FdLedger {
     pub fn new(limit: usize, splice_below: usize, metrics: Arc<Metrics>) -> Arc<FdLedger> {
-        metrics.budget_limits(BudgetKind::Fds, limit, None);
+        metrics.budgets.limits(BudgetKind::Fds, limit, None);
         Arc::new(FdLedger {
             limit,
             splice_below: splice_below.min(limit),
@@ -49,7 +52,7 @@ impl FdLedger {
             });
         match charged {
             Ok(before) => {
-                self.metrics.budget_used(BudgetKind::Fds, before + n);
+                self.metrics.budgets.used(BudgetKind::Fds, before + n);
                 Some(FdCharge {
                     ledger: self.clone(),
                     n,
@@ -57,7 +60,7 @@ impl FdLedger {
             }
             Err(_) => {
                 if ceiling == Ceiling::Limit {
-                    self.metrics.budget_refused(BudgetKind::Fds, Refusal::Fds);
+                    self.metrics.budgets.refused(BudgetKind::Fds, Refusal::Fds);
                 }
                 None
             }
@@ -83,7 +86,7 @@ pub struct FdCharge {
 impl Drop for FdCharge {
     fn drop(&mut self) {
         let after = self.ledger.used.fetch_sub(self.n, Ordering::AcqRel) - self.n;
-        self.ledger.metrics.budget_used(BudgetKind::Fds, after);
+        self.ledger.metrics.budgets.used(BudgetKind::Fds, after);
     }
 }
 

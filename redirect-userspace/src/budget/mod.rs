@@ -8,15 +8,17 @@
 //! everyone's accepts.
 mod fds;
 mod limits;
+mod metrics;
 mod share;
 
 use std::sync::Arc;
 
 pub use fds::{Ceiling, FdCharge, FdLedger, raise_fd_limit};
 pub use limits::{BudgetArgs, Cap, FDS_PER_CONNECTION, FDS_PER_SPLICE, Limits, RESERVED_FDS};
+pub use metrics::{BudgetKind, BudgetMetrics, Refusal, Scope};
 pub use share::{Permit, Share};
 
-use crate::metrics::{BudgetKind, Metrics};
+use crate::metrics::Metrics;
 
 /// Every budget of one agent.
 #[derive(Debug)]

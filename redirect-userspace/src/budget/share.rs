@@ -5,7 +5,10 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use crate::metrics::{BudgetKind, Metrics, Refusal};
+use crate::{
+    budget::{BudgetKind, Refusal},
+    metrics::Metrics,
+};
 
 /// One budget: at most `node` held in all, at most `client` by any one client (a pod, by the key
 /// `Snapshot::budget_key` gives its addresses). With `client` below `node`, a pod that uses its
@@ -29,7 +32,7 @@ struct Held {
 impl Share {
     pub fn new(kind: BudgetKind, node: usize, client: usize, metrics: Arc<Metrics>) -> Arc<Share> {
         let client = client.min(node);
-        metrics.budget_limits(kind, node, Some(client));
+        metrics.budgets.limits(kind, node, Some(client));
         Arc::new(Share {
             kind,
             node,
@@ -58,12 +61,12 @@ impl Share {
         };
         if let Some(refusal) = refusal {
             drop(held);
-            self.metrics.budget_refused(self.kind, refusal);
+            self.metrics.budgets.refused(self.kind, refusal);
             return Err(refusal);
         }
         *held.by_client.entry(client).or_default() += 1;
         held.total += 1;
-        self.metrics.budget_used(self.kind, held.total);
+        self.metrics.budgets.used(self.kind, held.total);
         Ok(Permit {
             share: self.clone(),
             client,
@@ -88,7 +91,7 @@ impl Share {
             }
         }
         held.total = held.total.saturating_sub(1);
-        self.metrics.budget_used(self.kind, held.total);
+        self.metrics.budgets.used(self.kind, held.total);
     }
 }
 
@@ -136,7 +139,7 @@ mod tests {
             share.held().by_client.is_empty(),
             "no entry outlives its permits"
         );
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         for line in [
             r#"redirect_budget_refusals_total{budget="connections",reason="client_share"} 1"#,
             r#"redirect_budget_refusals_total{budget="connections",reason="node_limit"} 1"#,

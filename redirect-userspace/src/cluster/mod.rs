@@ -218,7 +218,7 @@ async fn rebuild(
         Ok(built) => built,
         Err(join) => {
             error!(error = %join, "building the snapshot panicked; the configuration in force stays");
-            metrics.reload(ReloadResult::Failed);
+            metrics.config.reload(ReloadResult::Failed);
             return None;
         }
     };
@@ -230,7 +230,7 @@ async fn rebuild(
             e.message
         );
     }
-    metrics.rejected(rejected.iter().map(|r| r.kind));
+    metrics.config.rejected(rejected.iter().map(|r| r.kind));
     let services = snapshot.services().count();
     let workloads = snapshot.workloads().len();
     let result = if errors.is_empty() {
@@ -247,7 +247,7 @@ async fn rebuild(
         ReloadResult::Partial
     };
     live.apply(snapshot, errors, rejected);
-    metrics.reload(result);
+    metrics.config.reload(result);
     let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
     Some(desired)
 }

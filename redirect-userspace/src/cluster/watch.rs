@@ -251,7 +251,7 @@ impl Reporter {
     }
 
     async fn failed(&self, failure: &Failure) {
-        self.metrics.kube_watch_error(self.kind.name());
+        self.metrics.kube.watch_error(self.kind.name());
         if failure.forbidden {
             error!(kind = self.kind.name(), "{}", failure.message);
         } else if failure.expired {

@@ -3,6 +3,7 @@
 pub mod ahead;
 mod answer;
 mod cache;
+mod metrics;
 mod pending;
 mod queues;
 mod resolve;
@@ -13,6 +14,7 @@ mod visible;
 
 pub use answer::{LocalAnswer, authoritative_reply, servfail_reply};
 pub use cache::AnswerCache;
+pub use metrics::{DnsMetrics, DnsOutcome};
 pub use resolve::{HostAnswer, HostCache, ResolveError, resolve_host};
 pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};

@@ -20,7 +20,7 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::{
-    LocalAnswer,
+    DnsOutcome, LocalAnswer,
     answer::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
@@ -29,9 +29,9 @@ use super::{
     upstream::{ReplyTo, Upstream},
 };
 use crate::{
-    budget::{Budgets, Permit},
+    budget::{Budgets, Permit, Refusal},
     identity::KernelView,
-    metrics::{DnsOutcome, Metrics, Refusal},
+    metrics::Metrics,
 };
 
 /// A TCP client that sends nothing for this long is dropped (its fd is worth more than its idleness).
@@ -294,13 +294,13 @@ async fn serve_udp(queue: Arc<Queue>) {
             Local::Reply(reply) => queue.send(&reply, client).await,
             Local::Forward(question, key) => {
                 if let Some(reply) = shared.cached(key.as_ref(), raw) {
-                    shared.metrics.dns(DnsOutcome::Cached);
+                    shared.metrics.dns.query(DnsOutcome::Cached);
                     queue.send(&reply, client).await;
                     continue;
                 }
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
                 let Ok(permit) = shared.forward_slot_from(client.ip(), interface) else {
-                    shared.metrics.dns(DnsOutcome::Servfail);
+                    shared.metrics.dns.query(DnsOutcome::Servfail);
                     if let Some(reply) = servfail_for(raw) {
                         queue.send(&reply, client).await;
                     }
@@ -354,7 +354,7 @@ impl PodReply {
     /// The upstream's reply, under the client's id.
     pub fn answered(self, reply: &[u8]) {
         let shared = &self.queue.shared;
-        shared.metrics.dns(DnsOutcome::Forwarded);
+        shared.metrics.dns.query(DnsOutcome::Forwarded);
         // Kept before the client has it: its next ask finds it.
         if let (Some(cache), Some(key)) = (&shared.cache, self.cache_key) {
             cache.store(key, reply);
@@ -365,7 +365,7 @@ impl PodReply {
     /// SERVFAIL for `query` (under the client's id).
     pub fn failed(self, query: &[u8], error: super::UpstreamError) {
         debug!(client = %self.client, %error, "DNS forward failed; answering SERVFAIL");
-        self.queue.shared.metrics.dns(DnsOutcome::Servfail);
+        self.queue.shared.metrics.dns.query(DnsOutcome::Servfail);
         if let Some(reply) = servfail_for(query) {
             self.queue.send_now(&reply, self.client);
         }
@@ -479,7 +479,7 @@ async fn relay_transfer(
         match transfer.next().await {
             Ok(Some(message)) => {
                 if sent == 0 {
-                    shared.metrics.dns(DnsOutcome::Forwarded);
+                    shared.metrics.dns.query(DnsOutcome::Forwarded);
                 }
                 sent += 1;
                 if !send_framed(stream, &message).await {
@@ -520,7 +520,7 @@ fn local_reply(
     shared: &Shared,
 ) -> Local {
     let Ok(mut query) = Message::from_vec(raw) else {
-        shared.metrics.dns(DnsOutcome::Malformed);
+        shared.metrics.dns.query(DnsOutcome::Malformed);
         return Local::Drop;
     };
     if query.metadata.message_type != MessageType::Query {
@@ -560,12 +560,12 @@ fn local_reply(
     });
     match encoded {
         Ok(bytes) => {
-            shared.metrics.dns(DnsOutcome::Answered);
+            shared.metrics.dns.query(DnsOutcome::Answered);
             Local::Reply(bytes)
         }
         Err(e) => {
             warn!(%client, name = %question.name(), error = %e, "encoding a local DNS answer failed");
-            shared.metrics.dns(DnsOutcome::Servfail);
+            shared.metrics.dns.query(DnsOutcome::Servfail);
             servfail_reply(&query)
                 .to_vec()
                 .map_or(Local::Drop, Local::Reply)
@@ -590,12 +590,12 @@ fn finish_forward(
 ) -> Option<Vec<u8>> {
     match result {
         Ok(reply) => {
-            shared.metrics.dns(DnsOutcome::Forwarded);
+            shared.metrics.dns.query(DnsOutcome::Forwarded);
             Some(reply)
         }
         Err(e) => {
             debug!(%client, error = %e, "DNS forward failed; answering SERVFAIL");
-            shared.metrics.dns(DnsOutcome::Servfail);
+            shared.metrics.dns.query(DnsOutcome::Servfail);
             servfail_for(query)
         }
     }
@@ -728,7 +728,7 @@ mod tests {
         let reply = read_tcp(&mut tcp).await;
         assert!(reply.metadata.authoritative);
         assert_eq!(reply.answers.len(), 1);
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="answered"} 2"#),
             "{text}"
@@ -763,7 +763,7 @@ mod tests {
         assert_eq!(mx.metadata.response_code, ResponseCode::NXDomain);
         let seen = server.await.unwrap();
         assert_eq!(seen[1].query_type(), RecordType::MX);
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 2"#),
             "{text}"
@@ -784,7 +784,7 @@ mod tests {
         .unwrap()
         .with_cache(Arc::new(AnswerCache::new(
             std::num::NonZeroUsize::new(8).unwrap(),
-            metrics.dns_cache_entries(),
+            metrics.dns.cache_entries(),
         )));
         let addr = proxy.local_addr().unwrap();
         let (_stop, stop_rx) = watch::channel(false);
@@ -824,7 +824,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
         assert_eq!(count(), 2, "past its TTL the question goes upstream again");
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="cached"} 2"#),
             "{text}"
@@ -844,7 +844,7 @@ mod tests {
         assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
         assert_eq!(reply.metadata.id, 77);
         assert!(started.elapsed() < Duration::from_secs(1));
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="servfail"} 1"#),
             "{text}"
@@ -872,7 +872,7 @@ mod tests {
             .unwrap();
         let forwarded = Message::from_vec(&buf[..n]).unwrap();
         assert_eq!(forwarded.queries[0].name().to_ascii(), "other.example.com.");
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="malformed"} 3"#),
             "{text}"
@@ -904,7 +904,7 @@ mod tests {
         // `ask_udp` binds a fresh socket on 127.0.0.1: the same client address.
         assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
         assert!(started.elapsed() < Duration::from_millis(250));
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(
                 r#"redirect_budget_refusals_total{budget="dns_forwards",reason="client_share"} 1"#
@@ -978,7 +978,7 @@ mod tests {
             servfails, 2,
             "four strangers on one interface: one share of two"
         );
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(
                 r#"redirect_budget_refusals_total{budget="dns_forwards",reason="client_share"} 2"#
@@ -1026,7 +1026,7 @@ mod tests {
         // The same connection answers the next query.
         send_tcp(&mut tcp, &query("api.example.com.", RecordType::A)).await;
         assert_eq!(read_tcp(&mut tcp).await.answers.len(), 1);
-        let text = crate::metrics::encode(&metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 1"#),
             "{text}"

@@ -79,7 +79,7 @@ impl Decide for VisibleNames {
         let qname = query.name.to_ascii();
         let decision = snapshot.decide_dns(client_ns, &qname);
         if let Some(hidden) = decision.hidden() {
-            self.metrics.hidden(Lookup::Dns);
+            self.metrics.clients.hidden(Lookup::Dns);
             debug!(
                 client = %query.client,
                 client_namespace = client_ns.unwrap_or("<unknown>"),
@@ -269,7 +269,7 @@ mod tests {
             "{other:?}"
         );
         assert!(!answered(&names, client, other), "another pod's cgroup");
-        let text = crate::metrics::encode(&names.metrics.registry(None)).unwrap();
+        let text = crate::metrics::encode(&names.metrics.registry()).unwrap();
         assert!(
             text.contains("redirect_client_identity_mismatches_total 1"),
             "{text}"

@@ -94,7 +94,7 @@ impl<'s> Client<'s> {
         else {
             return;
         };
-        metrics.identity_mismatch();
+        metrics.clients.identity_mismatch();
         if !cgroups.first_mismatch(cgroup_id) {
             debug!(client = %self.addr, registry_pod = %registry, kernel_pod = %kernel, cgroup_id, what, "client identity mismatch (warned before for this cgroup)");
             return;

@@ -114,7 +114,7 @@ impl<'a> ConnectionResult<'a> {
         }
         self.counted = true;
         self.outcome = outcome;
-        self.metrics.outbound(outcome);
+        self.metrics.proxy.outbound(outcome);
     }
 
     /// Refused before any byte moved: `outcome` (an error unless said otherwise), ended for `why`.

@@ -2,6 +2,7 @@
 //! each client meant to go, and carries the bytes there.
 pub mod access;
 mod forbidden;
+mod metrics;
 mod outbound;
 mod relay;
 mod splice;
@@ -9,6 +10,7 @@ mod splice;
 mod tests;
 
 pub use forbidden::{DialGuard, Forbidden};
+pub use metrics::{ActiveGuard, Direction, ProxyMetrics, Timeout};
 pub use outbound::{OutboundProxy, ProxyContext, listen};
 pub use relay::{Carried, RelayError, Timeouts, relay};
 pub use splice::{Pipes, splice_relay};

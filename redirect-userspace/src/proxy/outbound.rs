@@ -7,16 +7,16 @@ use tokio::{
 use tracing::{debug, warn};
 
 use super::{
-    DialGuard, Pipes, RelayError, RelayMode, Timeouts,
+    DialGuard, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
     access::{AccessLog, ConnectionResult},
     relay, splice_relay,
 };
 use crate::{
-    budget::{Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit},
+    budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
     dns::HostCache,
     identity::{CgroupPods, Client, KernelView},
     live::LiveState,
-    metrics::{BudgetKind, Direction, Lookup, Metrics, Refusal, Timeout},
+    metrics::{Lookup, Metrics},
     net::{CONNECT_TIMEOUT, SocketFactory},
     redirect::Flows,
     state::{OutboundOutcome, Snapshot, Target},
@@ -131,7 +131,8 @@ impl OutboundProxy {
         warn!("outbound accept: out of file descriptors; resetting a waiting client");
         self.context
             .metrics
-            .budget_refused(BudgetKind::Fds, Refusal::Fds);
+            .budgets
+            .refused(BudgetKind::Fds, Refusal::Fds);
         self.spare = None;
         let _ = tokio::time::timeout(Duration::from_millis(1), self.listener.accept()).await;
         self.spare = spare_fd();
@@ -179,7 +180,7 @@ async fn handle(
 ) {
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-    let _active = context.metrics.track_active();
+    let _active = context.metrics.proxy.track_active();
     let mut result = ConnectionResult::start(&context.metrics, &context.access_log, peer);
     // Every refusal returns here and drops the client, which resets it: accepted sockets have the
     // listener's linger 0, kept until a relay ends cleanly.
@@ -214,7 +215,7 @@ async fn proxy(
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
             debug!(client = %peer, "no original destination recorded for this connection (not a steered connect); resetting it");
-            context.metrics.flow_unclaimed();
+            context.metrics.proxy.flow_unclaimed();
             return Err(Refused::error("no original destination"));
         }
         Err(e) => {
@@ -276,7 +277,7 @@ async fn proxy(
     let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
     let pipes = match context.relay {
         RelayMode::Splice => Pipes::lease(&context.budgets.fds).or_else(|| {
-            context.metrics.splice_fallback();
+            context.metrics.proxy.splice_fallback();
             None
         }),
         RelayMode::Copy => None,
@@ -287,8 +288,11 @@ async fn proxy(
     };
     match carried {
         Ok(carried) => {
-            context.metrics.bytes(Direction::Sent, carried.sent);
-            context.metrics.bytes(Direction::Received, carried.received);
+            context.metrics.proxy.bytes(Direction::Sent, carried.sent);
+            context
+                .metrics
+                .proxy
+                .bytes(Direction::Received, carried.received);
             (result.sent, result.received, result.end) = (carried.sent, carried.received, "closed");
             // Both sides ended cleanly: close gracefully, so data still in flight is delivered.
             for socket in [client, &upstream] {
@@ -298,11 +302,11 @@ async fn proxy(
         Err(e) => {
             result.end = match e {
                 RelayError::Idle(_) => {
-                    context.metrics.timed_out(Timeout::Idle);
+                    context.metrics.proxy.timed_out(Timeout::Idle);
                     "idle timeout"
                 }
                 RelayError::Write(_) => {
-                    context.metrics.timed_out(Timeout::Write);
+                    context.metrics.proxy.timed_out(Timeout::Write);
                     "write timeout"
                 }
                 RelayError::Io(_) => "reset",
@@ -327,7 +331,7 @@ fn allowed(
         let Some(reason) = context.guard.check(dst.ip()) else {
             return true;
         };
-        context.metrics.refused_destination(reason);
+        context.metrics.proxy.refused_destination(reason);
         if context.guard.first_refusal(dst.ip()) {
             warn!(client = %peer, orig_dst = %orig, upstream = %dst, reason = reason.as_str(), "refusing to dial {} for a pod; resetting the connection", reason.describe());
         } else {
@@ -418,7 +422,7 @@ fn decide(
     let decision = snapshot.decide_outbound(client_ns, orig.ip(), orig.port());
     let outcome = decision.outcome();
     if let Some(hidden) = decision.hidden {
-        context.metrics.hidden(Lookup::Outbound);
+        context.metrics.clients.hidden(Lookup::Outbound);
         debug!(
             client = %peer,
             client_namespace = client_ns.unwrap_or("<unknown>"),

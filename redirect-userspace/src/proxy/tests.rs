@@ -156,7 +156,7 @@ impl Proxy {
 
     /// `redirect_<family>_total{...="<label>"}`, 0 when the series does not exist yet.
     fn count(&self, family: &str, label: &str) -> u64 {
-        let text = encode(&self.metrics.registry(None)).unwrap();
+        let text = encode(&self.metrics.registry()).unwrap();
         let prefix = format!("redirect_{family}_total{{");
         text.lines()
             .find(|l| l.starts_with(&prefix) && l.contains(&format!("\"{label}\"")))
@@ -174,7 +174,7 @@ impl Proxy {
         }
         panic!(
             "{outcome} never counted {want}: {}",
-            encode(&self.metrics.registry(None)).unwrap()
+            encode(&self.metrics.registry()).unwrap()
         );
     }
 }
@@ -274,7 +274,7 @@ async fn a_connection_nobody_filed_is_reset_and_counted_unclaimed() {
     let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
     assert!(is_reset(&mut conn).await);
     proxy.counted("error", 1).await;
-    let text = encode(&proxy.metrics.registry(None)).unwrap();
+    let text = encode(&proxy.metrics.registry()).unwrap();
     assert!(
         text.contains("redirect_outbound_unclaimed_total 1"),
         "{text}"

@@ -6,6 +6,7 @@
 //! [`Redirector::release`] by the last agent detaches them.
 pub mod bpffs;
 mod cgroup;
+pub mod counters;
 mod fast;
 pub mod features;
 mod gateway;

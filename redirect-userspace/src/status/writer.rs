@@ -128,7 +128,7 @@ pub async fn run(
                     "error"
                 }
             };
-            metrics.status_write(outcome);
+            metrics.kube.status_write(outcome);
             if let Ok(mut r) = report.lock() {
                 r.count(outcome);
             }
