@@ -150,6 +150,98 @@ pub struct Config {
     pub _pad: u8,
 }
 
+/// What the agent needs to build the tables and to read them back (`explain`, its model of the
+/// lookup); the programs read the fields.
+#[cfg(feature = "user")]
+mod user {
+    use core::net::{IpAddr, SocketAddr};
+
+    use super::*;
+
+    impl IpKey {
+        /// The key of `ip`: a v4-mapped IPv6 address is its IPv4 address, as in every lookup of
+        /// the data plane.
+        pub fn new(ip: IpAddr) -> IpKey {
+            let mut addr = [0; 16];
+            match ip.to_canonical() {
+                IpAddr::V4(ip) => {
+                    addr[..4].copy_from_slice(&ip.octets());
+                    IpKey {
+                        family: FAMILY_V4,
+                        addr,
+                    }
+                }
+                IpAddr::V6(ip) => IpKey {
+                    family: FAMILY_V6,
+                    addr: ip.octets(),
+                },
+            }
+        }
+
+        pub fn ip(&self) -> IpAddr {
+            if self.family == FAMILY_V6 {
+                IpAddr::from(self.addr)
+            } else {
+                IpAddr::from([self.addr[0], self.addr[1], self.addr[2], self.addr[3]])
+            }
+        }
+
+        /// Address bits in the key: what a CIDR prefix length counts.
+        pub fn bits(&self) -> u32 {
+            if self.family == FAMILY_V6 { 128 } else { 32 }
+        }
+    }
+
+    impl Claim {
+        /// A claim with one of the `ACTION_*` constants, hiding nothing.
+        pub fn new(action: u32, service: u32) -> Claim {
+            Claim {
+                action,
+                service,
+                hidden: NOT_HIDDEN,
+            }
+        }
+
+        /// This claim, reporting `hidden` as the service skipped.
+        pub fn hiding(self, hidden: Option<u32>) -> Claim {
+            Claim {
+                hidden: hidden.unwrap_or(NOT_HIDDEN),
+                ..self
+            }
+        }
+
+        /// The service skipped as hidden, if any.
+        pub fn hidden(&self) -> Option<u32> {
+            (self.hidden != NOT_HIDDEN).then_some(self.hidden)
+        }
+    }
+
+    impl PortKey {
+        pub fn new(service: u32, port: u16) -> PortKey {
+            PortKey {
+                service,
+                port,
+                _pad: 0,
+            }
+        }
+    }
+
+    impl Backends {
+        /// The endpoints in order, as socket addresses.
+        pub fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+            let count = (self.count as usize).min(MAX_ENDPOINTS);
+            self.endpoints[..count].iter().map(|b| {
+                let ip = IpKey {
+                    family: self.family,
+                    addr: b.addr,
+                }
+                .ip();
+                SocketAddr::new(ip, b.port)
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
