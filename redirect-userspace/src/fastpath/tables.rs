@@ -15,7 +15,9 @@
 //! generation in force read first), never edited in place.
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use redirect_common::fastpath::{AddrKey, Backends, Claim, Config, IpKey, LpmBytes, NS_UNKNOWN, PortKey};
+use redirect_common::fastpath::{
+    AddrKey, Backends, Claim, Config, IpKey, LpmBytes, NS_UNKNOWN, PortKey,
+};
 
 use super::lpm::LpmTrie;
 

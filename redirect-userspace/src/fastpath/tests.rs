@@ -2,7 +2,7 @@
 //! random worlds. Every check goes through [`agrees`]: a kernel answer must be the proxy's.
 use std::net::{IpAddr, SocketAddr};
 
-use redirect_common::fastpath::{AddrKey, IpKey, NS_PROXY, NS_UNKNOWN};
+use redirect_common::fastpath::{AddrKey, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN};
 
 use super::*;
 use crate::{
