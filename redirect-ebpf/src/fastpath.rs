@@ -143,8 +143,8 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, F
 fn claim<T: FastTables>(ns: u32, ip: IpKey, seen: &mut Seen) -> Option<Claim> {
     let own = AddrKey { ns, ip };
     let shared = AddrKey { ns: NS_UNKNOWN, ip };
-    // SAFETY (both lookups): the value is copied at once; the agent writes only the generation
-    // not in force, so nothing changes the entry while it is read.
+    // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
+    // nothing changes the entry while it is read.
     let mut exact = unsafe { T::exact().get(&own) }.copied();
     if exact.is_none() {
         // SAFETY: as above.
