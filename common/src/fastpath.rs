@@ -271,4 +271,58 @@ mod tests {
         assert_eq!(&b[..8], &[1, 2, 3, 4, 0, 0, 0, 4]);
         assert_eq!(&b[8..12], &[10, 0, 0, 1]);
     }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn a_claim_hides_nothing_until_told_and_crosses_as_the_sentinel() {
+        let claim = Claim::new(ACTION_PORTS, 7);
+        assert_eq!(claim.hidden, NOT_HIDDEN);
+        assert_eq!(claim.hidden(), None);
+        assert_eq!(claim.hiding(Some(3)).hidden(), Some(3));
+        assert_eq!(claim.hiding(Some(3)).hidden, 3);
+        assert_eq!(claim.hiding(None).hidden, NOT_HIDDEN);
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn a_v4_mapped_address_is_its_ipv4_key_and_reads_back_as_ipv4() {
+        use core::net::IpAddr;
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let key = IpKey::new(mapped);
+        assert_eq!(key, IpKey::new(v4));
+        assert_eq!(key.family, FAMILY_V4);
+        assert_eq!(key.ip(), v4);
+        assert_eq!(key.bits(), 32);
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(IpKey::new(v6).ip(), v6);
+        assert_eq!(IpKey::new(v6).bits(), 128);
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn backends_list_only_their_count_of_endpoints() {
+        let mut backends = Backends {
+            family: FAMILY_V4,
+            count: 2,
+            endpoints: [Backend::default(); MAX_ENDPOINTS],
+        };
+        backends.endpoints[0].addr[..4].copy_from_slice(&[10, 0, 0, 1]);
+        backends.endpoints[0].port = 80;
+        backends.endpoints[1].addr[..4].copy_from_slice(&[10, 0, 0, 2]);
+        backends.endpoints[1].port = 8080;
+        let addrs: [core::net::SocketAddr; 2] = [
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.2:8080".parse().unwrap(),
+        ];
+        assert!(backends.addrs().eq(addrs));
+        assert_eq!(
+            PortKey::new(7, 80),
+            PortKey {
+                service: 7,
+                port: 80,
+                _pad: 0
+            }
+        );
+    }
 }

@@ -35,7 +35,13 @@ pub fn ebpf_cargo(subcommand: &str) -> Command {
     let mut cargo = Command::new("cargo");
     cargo
         .current_dir(cmd::workspace_root())
-        .args(["+nightly", subcommand, "--package", "redirect-ebpf", "--release"])
+        .args([
+            "+nightly",
+            subcommand,
+            "--package",
+            "redirect-ebpf",
+            "--release",
+        ])
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
         // The stable cargo running xtask must not leak its toolchain into the nightly build.
         .env_remove("RUSTC")
