@@ -150,6 +150,98 @@ pub struct Config {
     pub _pad: u8,
 }
 
+/// What the agent needs to build the tables and to read them back (`explain`, its model of the
+/// lookup); the programs read the fields.
+#[cfg(feature = "user")]
+mod user {
+    use core::net::{IpAddr, SocketAddr};
+
+    use super::*;
+
+    impl IpKey {
+        /// The key of `ip`: a v4-mapped IPv6 address is its IPv4 address, as in every lookup of
+        /// the data plane.
+        pub fn new(ip: IpAddr) -> IpKey {
+            let mut addr = [0; 16];
+            match ip.to_canonical() {
+                IpAddr::V4(ip) => {
+                    addr[..4].copy_from_slice(&ip.octets());
+                    IpKey {
+                        family: FAMILY_V4,
+                        addr,
+                    }
+                }
+                IpAddr::V6(ip) => IpKey {
+                    family: FAMILY_V6,
+                    addr: ip.octets(),
+                },
+            }
+        }
+
+        pub fn ip(&self) -> IpAddr {
+            if self.family == FAMILY_V6 {
+                IpAddr::from(self.addr)
+            } else {
+                IpAddr::from([self.addr[0], self.addr[1], self.addr[2], self.addr[3]])
+            }
+        }
+
+        /// Address bits in the key: what a CIDR prefix length counts.
+        pub fn bits(&self) -> u32 {
+            if self.family == FAMILY_V6 { 128 } else { 32 }
+        }
+    }
+
+    impl Claim {
+        /// A claim with one of the `ACTION_*` constants, hiding nothing.
+        pub fn new(action: u32, service: u32) -> Claim {
+            Claim {
+                action,
+                service,
+                hidden: NOT_HIDDEN,
+            }
+        }
+
+        /// This claim, reporting `hidden` as the service skipped.
+        pub fn hiding(self, hidden: Option<u32>) -> Claim {
+            Claim {
+                hidden: hidden.unwrap_or(NOT_HIDDEN),
+                ..self
+            }
+        }
+
+        /// The service skipped as hidden, if any.
+        pub fn hidden(&self) -> Option<u32> {
+            (self.hidden != NOT_HIDDEN).then_some(self.hidden)
+        }
+    }
+
+    impl PortKey {
+        pub fn new(service: u32, port: u16) -> PortKey {
+            PortKey {
+                service,
+                port,
+                _pad: 0,
+            }
+        }
+    }
+
+    impl Backends {
+        /// The endpoints in order, as socket addresses.
+        pub fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+            let count = (self.count as usize).min(MAX_ENDPOINTS);
+            self.endpoints[..count].iter().map(|b| {
+                let ip = IpKey {
+                    family: self.family,
+                    addr: b.addr,
+                }
+                .ip();
+                SocketAddr::new(ip, b.port)
+            })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +270,59 @@ mod tests {
         let b = key.lpm_bytes();
         assert_eq!(&b[..8], &[1, 2, 3, 4, 0, 0, 0, 4]);
         assert_eq!(&b[8..12], &[10, 0, 0, 1]);
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn a_claim_hides_nothing_until_told_and_crosses_as_the_sentinel() {
+        let claim = Claim::new(ACTION_PORTS, 7);
+        assert_eq!(claim.hidden, NOT_HIDDEN);
+        assert_eq!(claim.hidden(), None);
+        assert_eq!(claim.hiding(Some(3)).hidden(), Some(3));
+        assert_eq!(claim.hiding(Some(3)).hidden, 3);
+        assert_eq!(claim.hiding(None).hidden, NOT_HIDDEN);
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn a_v4_mapped_address_is_its_ipv4_key_and_reads_back_as_ipv4() {
+        use core::net::IpAddr;
+        let v4: IpAddr = "10.0.0.1".parse().unwrap();
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let key = IpKey::new(mapped);
+        assert_eq!(key, IpKey::new(v4));
+        assert_eq!(key.family, FAMILY_V4);
+        assert_eq!(key.ip(), v4);
+        assert_eq!(key.bits(), 32);
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(IpKey::new(v6).ip(), v6);
+        assert_eq!(IpKey::new(v6).bits(), 128);
+    }
+
+    #[cfg(feature = "user")]
+    #[test]
+    fn backends_list_only_their_count_of_endpoints() {
+        let mut backends = Backends {
+            family: FAMILY_V4,
+            count: 2,
+            endpoints: [Backend::default(); MAX_ENDPOINTS],
+        };
+        backends.endpoints[0].addr[..4].copy_from_slice(&[10, 0, 0, 1]);
+        backends.endpoints[0].port = 80;
+        backends.endpoints[1].addr[..4].copy_from_slice(&[10, 0, 0, 2]);
+        backends.endpoints[1].port = 8080;
+        let addrs: [core::net::SocketAddr; 2] = [
+            "10.0.0.1:80".parse().unwrap(),
+            "10.0.0.2:8080".parse().unwrap(),
+        ];
+        assert!(backends.addrs().eq(addrs));
+        assert_eq!(
+            PortKey::new(7, 80),
+            PortKey {
+                service: 7,
+                port: 80,
+                _pad: 0
+            }
+        );
     }
 }

@@ -358,12 +358,20 @@ mod user {
     unsafe impl aya::Pod for super::SockAddr {}
     // SAFETY: as above; `protocol` fills the hole before the u64s.
     unsafe impl aya::Pod for super::OrigDst {}
-    // SAFETY: the fast path's keys and values: `#[repr(C)]`, every byte a named field.
+    // The fast path's keys and values: `#[repr(C)]` integers and byte arrays, any bit pattern valid;
+    // `fastpath`'s layout test holds each to the size of its fields (no hidden padding byte).
+    // SAFETY: a u32 and 16 bytes: 20 bytes, no padding.
     unsafe impl aya::Pod for super::fastpath::IpKey {}
+    // SAFETY: a u32 and an `IpKey`, both 4-aligned: 24 bytes, no padding.
     unsafe impl aya::Pod for super::fastpath::AddrKey {}
+    // SAFETY: three u32s: 12 bytes, no padding.
     unsafe impl aya::Pod for super::fastpath::Claim {}
+    // SAFETY: a u32, a u16 and the explicit `_pad` u16: 8 bytes, no padding.
     unsafe impl aya::Pod for super::fastpath::PortKey {}
+    // SAFETY: two u32s and `Backend`s of 16 bytes, a u16 and the explicit `_pad` u16: 328 bytes,
+    // no padding.
     unsafe impl aya::Pod for super::fastpath::Backends {}
+    // SAFETY: four u8s, the last the explicit `_pad`: 4 bytes, no padding.
     unsafe impl aya::Pod for super::fastpath::Config {}
 }
 

@@ -1,3 +1,7 @@
+//! `connect()` on an IPv4 socket: the hook that steers a pod's TCP connections to the outbound
+//! proxy (or, with the fast path, leaves them alone or rewrites them to an endpoint in the kernel)
+//! and its connected DNS sockets to the DNS proxy. It runs before the kernel picks a route, so the
+//! pod's connection is to the agent from its first packet, with nothing to undo later.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use redirect_common::v4_mapped_words;
 
@@ -7,6 +11,8 @@ use crate::steer::{Dest, Hook, steer};
 /// port 53 go to the DNS proxy (glibc and dig connect their UDP socket before sending).
 #[cgroup_sock_addr(connect4)]
 pub fn connect4(ctx: SockAddrContext) -> i32 {
+    // SAFETY: `sock_addr` is the context the kernel passed this program: valid for the whole call,
+    // and the only reference to it; the verifier allows writing `user_ip4` and `user_port`.
     let sa = unsafe { &mut *ctx.sock_addr };
     let dst = Dest {
         ip: v4_mapped_words(sa.user_ip4),

@@ -1,3 +1,6 @@
+//! `connect()` on an IPv6 socket: `connect4`'s steering for IPv6 sockets, including those a
+//! dual-stack application opens to a v4-mapped address, which must be decided exactly as the IPv4
+//! destination they stand for so both families see the same services.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::{

@@ -86,7 +86,10 @@ struct Seen {
 #[inline(always)]
 fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastStat) {
     // A cgroup the agent has not named could be any pod's: only the proxy knows its namespace.
+    // SAFETY: the helper takes no argument and only reads the current task's cgroup.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
+    // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
+    // nothing changes the entry while it is read.
     let Some(ns) = (unsafe { T::clients().get(&cgroup) }).copied() else {
         return (Fast::Proxy, FastStat::ProxyUnknownClient);
     };
@@ -103,6 +106,7 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, F
     let claim = match found {
         Some(c) if c.action != ACTION_NONE => c,
         _ => {
+            // SAFETY: only the presence of the entry is read, never the value behind the reference.
             if unsafe { T::workloads().get(&ip) }.is_some() {
                 return (Fast::Leave, FastStat::Workload);
             }
@@ -139,8 +143,11 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, F
 fn claim<T: FastTables>(ns: u32, ip: IpKey, seen: &mut Seen) -> Option<Claim> {
     let own = AddrKey { ns, ip };
     let shared = AddrKey { ns: NS_UNKNOWN, ip };
+    // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
+    // nothing changes the entry while it is read.
     let mut exact = unsafe { T::exact().get(&own) }.copied();
     if exact.is_none() {
+        // SAFETY: as above.
         exact = unsafe { T::exact().get(&shared) }.copied();
     }
     if let Some(c) = exact {
@@ -167,6 +174,8 @@ fn claim<T: FastTables>(ns: u32, ip: IpKey, seen: &mut Seen) -> Option<Claim> {
 /// untouched) when the port has no rewrite for a socket of this family (the proxy serves it).
 #[inline(always)]
 fn pick<T: FastTables>(port: &PortKey, family: u32, to: &mut Dest) -> bool {
+    // SAFETY: the reference lives only within this call, and the agent writes only the generation
+    // not in force, so nothing changes the entry while it is read.
     let Some(backends) = (unsafe { T::ports().get(port) }) else {
         return false;
     };
@@ -174,6 +183,7 @@ fn pick<T: FastTables>(port: &PortKey, family: u32, to: &mut Dest) -> bool {
     if backends.family != family || count == 0 {
         return false;
     }
+    // SAFETY: the helper takes no argument and has no precondition.
     let i = (unsafe { bpf_get_prandom_u32() } % count) as usize;
     // Bounds the index for the verifier as well as for Rust.
     if i >= MAX_ENDPOINTS {

@@ -1,3 +1,6 @@
+//! `getpeername()` on an IPv4 socket: the hook that shows the application the peer it connected
+//! to rather than the agent's gateway (or the endpoint the fast path picked). Applications log,
+//! check and reconnect by that address; steering must not change what they see.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use redirect_common::v4_mapped_words;
 
@@ -7,6 +10,8 @@ use crate::steer::original_peer;
 /// gateway; on one the fast path rewrote, not the endpoint.
 #[cgroup_sock_addr(getpeername4)]
 pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+    // SAFETY: `sock_addr` is the context the kernel passed this program: valid for the whole call,
+    // and the only reference to it; the verifier allows writing `user_ip4` and `user_port`.
     let sa = unsafe { &mut *ctx.sock_addr };
     if let Some(orig) = original_peer(&ctx, &v4_mapped_words(sa.user_ip4)) {
         sa.user_ip4 = orig.ip[3];

@@ -1,3 +1,5 @@
+//! `getpeername()` on an IPv6 socket: `getpeername4`'s restoring of the original peer for IPv6
+//! sockets, v4-mapped when the application connected that way.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::{inet6, steer::original_peer};

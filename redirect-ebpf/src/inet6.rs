@@ -8,7 +8,10 @@ use crate::steer::Dest;
 
 #[inline(always)]
 pub fn read(ctx: &SockAddrContext) -> Dest {
+    // SAFETY: `sock_addr` is the context the kernel passed the program: valid for the whole call.
     let sa = unsafe { &*ctx.sock_addr };
+    // SAFETY: each pointer is to a word of that context, aligned and initialised; volatile so that
+    // each stays its own 4-byte load.
     let ip = [
         unsafe { core::ptr::read_volatile(&sa.user_ip6[0]) },
         unsafe { core::ptr::read_volatile(&sa.user_ip6[1]) },
@@ -23,8 +26,12 @@ pub fn read(ctx: &SockAddrContext) -> Dest {
 
 #[inline(always)]
 pub fn write(ctx: &SockAddrContext, to: Dest) {
+    // SAFETY: `sock_addr` is the context the kernel passed the program: valid for the whole call and
+    // the only reference to it; the verifier allows writing `user_ip6` and `user_port` in the inet6
+    // hooks, the only callers.
     let sa = unsafe { &mut *ctx.sock_addr };
     for (i, word) in to.ip.iter().enumerate() {
+        // SAFETY: a word of that context, aligned; volatile so that each stays its own 4-byte store.
         unsafe { core::ptr::write_volatile(&mut sa.user_ip6[i], *word) };
     }
     sa.user_port = u32::from(to.port.to_be());

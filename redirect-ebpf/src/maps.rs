@@ -151,7 +151,8 @@ pub fn count_fast(stat: FastStat) {
 #[inline(always)]
 pub fn count_fast_slot(index: u32) {
     if let Some(slot) = FAST_STATS.get_ptr_mut(index) {
-        // Per-CPU slot: no other writer while this program runs on this CPU.
+        // SAFETY: `get_ptr_mut` gave this CPU's slot, aligned and valid while the program runs; a
+        // per-CPU slot has no other writer while this program runs on this CPU.
         unsafe { *slot += 1 }
     }
 }
@@ -172,34 +173,40 @@ static NODE_NETNS_COOKIE: u64 = 0;
 #[inline(always)]
 pub fn gateway_v4() -> u32 {
     // Volatile: the value is patched into .rodata at load time, the compiler must not fold the zero.
+    // SAFETY: a reference to a static: aligned and initialised; nothing writes it after load.
     unsafe { core::ptr::read_volatile(&GATEWAY_V4) }
 }
 
 /// Gateway IPv6 in the kernel's `user_ip6` form (network-order words); all zero when not configured.
 #[inline(always)]
 pub fn gateway_v6() -> [u32; 4] {
+    // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&GATEWAY_V6) }
 }
 
 #[inline(always)]
 pub fn proxy_port() -> u16 {
+    // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&PROXY_PORT) }
 }
 
 #[inline(always)]
 pub fn dns_proxy_port() -> u16 {
+    // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&DNS_PROXY_PORT) }
 }
 
 #[inline(always)]
 pub fn node_netns_cookie() -> u64 {
+    // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&NODE_NETNS_COOKIE) }
 }
 
 #[inline(always)]
 pub fn count(stat: Stat) {
     if let Some(slot) = STATS.get_ptr_mut(stat as u32) {
-        // Per-CPU slot: no other writer while this program runs on this CPU.
+        // SAFETY: `get_ptr_mut` gave this CPU's slot, aligned and valid while the program runs; a
+        // per-CPU slot has no other writer while this program runs on this CPU.
         unsafe { *slot += 1 }
     }
 }

@@ -11,9 +11,12 @@ use crate::maps::NETNS_PROBE;
 
 #[cgroup_sock(sock_create)]
 pub fn netns_probe(ctx: SockContext) -> i32 {
+    // SAFETY: the helper reads the socket of the context the kernel passed this program, which
+    // is what it takes in a cgroup/sock_create program.
     let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     if let Some(slot) = NETNS_PROBE.get_ptr_mut(0) {
-        // One writer: the probe's single socket.
+        // SAFETY: `get_ptr_mut` gave a pointer to the array's one slot, aligned and valid while
+        // the program runs; one writer: the probe's single socket.
         unsafe { *slot = cookie }
     }
     1 // allow the socket

@@ -1,3 +1,5 @@
+//! `recvmsg()` on an IPv6 UDP socket: `recvmsg4`'s restoring of the reply's source for IPv6
+//! sockets, v4-mapped when the resolver was addressed that way.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 use redirect_common::Stat;
 

@@ -1,3 +1,5 @@
+//! `sendmsg()` on an unconnected IPv6 UDP socket: `sendmsg4`'s steering of DNS queries for IPv6
+//! sockets, so a pod's resolver reaches the DNS proxy whichever family it queries over.
 use aya_ebpf::{macros::cgroup_sock_addr, programs::SockAddrContext};
 
 use crate::{

@@ -1,3 +1,7 @@
+//! TCP socket events (`sock_ops`): the hook that files a steered connection's original destination
+//! under the client's address and port at the moment the SYN is about to leave. The agent's proxy
+//! only learns the peer address on `accept()`, and this is the key it looks the destination up by;
+//! filed before the handshake, the entry is always there when the proxy asks.
 use aya_ebpf::{
     bindings::BPF_SOCK_OPS_TCP_CONNECT_CB, helpers::bpf_get_socket_cookie, macros::sock_ops,
     programs::SockOpsContext,
@@ -37,7 +41,11 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     } else {
         SockAddr::from_ip6_words(v6, port)
     };
+    // SAFETY: `ops` is the context the kernel passed this program, what the helper takes in a
+    // sock_ops program.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
+    // SAFETY: the value is copied at once, plain integers in which any bit pattern is valid; only
+    // this socket's own hooks write the entry under its cookie.
     let steered = (unsafe { SOCKET_ORIG_DST.get(&cookie) })
         .copied()
         .filter(|orig| orig.protocol & ORIG_REWRITTEN == 0); // rewritten: the agent never sees it

@@ -83,6 +83,7 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
     if is_local(&dst.ip) || same_ip(&dst.ip, &gateway) {
         return None;
     }
+    // SAFETY: `sock_addr` is the context the kernel passed the program: valid for the whole call.
     let sa = unsafe { &*ctx.sock_addr };
     let protocol = sa.protocol;
     let dns_port = dns_proxy_port();
@@ -98,8 +99,10 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
     if target_port == 0 {
         return None;
     }
-    // The verifier types ctx->sk as a valid socket pointer in sock_addr programs.
+    // SAFETY: `sk` is the one member of the union the kernel fills in a sock_addr context.
     let sk = unsafe { sa.__bindgen_anon_1.sk };
+    // SAFETY: the verifier types ctx->sk as a valid socket pointer in sock_addr programs; it is
+    // checked non-null before `mark` is read.
     if !sk.is_null() && unsafe { (*sk).mark } == AGENT_SOCKET_MARK {
         count(Stat::SkippedAgentMark);
         return None;
@@ -107,6 +110,8 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
 
     // A hostNetwork pod sits in the pods' cgroup tree but shares the node's netns: it is the node
     // talking, not a mesh workload, so it goes where it was going.
+    // SAFETY: the helper reads the socket of the context the kernel passed the program, what it
+    // takes in a sock_addr program.
     let netns_cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };
     let node_netns = node_netns_cookie();
     if node_netns != 0 && netns_cookie == node_netns {
@@ -133,10 +138,13 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
         }
     }
 
+    // SAFETY: the helper reads the socket of the context the kernel passed the program, what it
+    // takes in a sock_addr program.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let orig = OrigDst {
         dst: SockAddr::from_ip6_words(dst.ip, dst.port),
         protocol: protocol | rewritten,
+        // SAFETY: the helper takes no argument and only reads the current task's cgroup.
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         netns_cookie,
     };
@@ -159,10 +167,12 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
 #[inline(always)]
 fn pod_opted_out() -> bool {
     for level in 1..=MAX_CGROUP_DEPTH {
+        // SAFETY: the helper takes a level and answers 0 past the task's own cgroup.
         let id = unsafe { bpf_get_current_ancestor_cgroup_id(level) };
         if id == 0 {
             return false; // above the process's own cgroup: nothing deeper to look at
         }
+        // SAFETY: only the presence of the entry is read, never the value behind the reference.
         if unsafe { OPTED_OUT_CGROUPS.get(&id) }.is_some() {
             return true;
         }
@@ -189,7 +199,11 @@ pub fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
 /// The original destination remembered for this socket, if we steered it.
 #[inline(always)]
 pub fn orig_dst_of(ctx: &SockAddrContext) -> Option<OrigDst> {
+    // SAFETY: the helper reads the socket of the context the kernel passed the program, what it
+    // takes in a sock_addr program.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    // SAFETY: the value is copied at once, plain integers in which any bit pattern is valid; only
+    // this socket's own hooks write the entry under its cookie.
     unsafe { SOCKET_ORIG_DST.get(&cookie) }.copied()
 }
 

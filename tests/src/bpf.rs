@@ -155,9 +155,9 @@ pub fn attach_connect4_verdict(cgroup: &Path, allow: bool) -> Result<Link> {
     };
     let link = bpf(BPF_LINK_CREATE, &mut link)
         .with_context(|| format!("BPF_LINK_CREATE on {}", cgroup.display()))?;
-    // SAFETY: as above.
     Ok(Link {
         _prog: prog,
+        // SAFETY: BPF_LINK_CREATE returned a new fd that nothing else owns.
         _link: unsafe { OwnedFd::from_raw_fd(link) },
     })
 }

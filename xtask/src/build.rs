@@ -13,23 +13,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
     let path =
         std::env::join_paths(std::iter::once(linker_bin).chain(std::env::split_paths(&path)))
             .context("building PATH")?;
-    cmd::run(
-        Command::new("cargo")
-            .current_dir(&root)
-            .args([
-                "+nightly",
-                "build",
-                "--package",
-                "redirect-ebpf",
-                "--release",
-            ])
-            .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
-            .env("PATH", &path)
-            // The stable cargo running xtask must not leak its toolchain into the nightly build.
-            .env_remove("RUSTC")
-            .env_remove("RUSTUP_TOOLCHAIN")
-            .env_remove("CARGO"),
-    )?;
+    cmd::run(ebpf_cargo("build").env("PATH", &path))?;
     let object = target_dir().join("bpfel-unknown-none/release/redirect");
     cmd::run(
         cmd::cargo()
@@ -43,6 +27,27 @@ pub fn build() -> anyhow::Result<PathBuf> {
         agent.display()
     );
     Ok(agent)
+}
+
+/// `cargo +nightly <subcommand>` on the eBPF crate, for the target it is built for (`build`, or
+/// `clippy`, which needs no linker).
+pub fn ebpf_cargo(subcommand: &str) -> Command {
+    let mut cargo = Command::new("cargo");
+    cargo
+        .current_dir(cmd::workspace_root())
+        .args([
+            "+nightly",
+            subcommand,
+            "--package",
+            "redirect-ebpf",
+            "--release",
+        ])
+        .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        // The stable cargo running xtask must not leak its toolchain into the nightly build.
+        .env_remove("RUSTC")
+        .env_remove("RUSTUP_TOOLCHAIN")
+        .env_remove("CARGO");
+    cargo
 }
 
 /// Builds the harness's helper server (`rdt-peer`: identity web servers and echo) for the demo and

@@ -81,6 +81,9 @@ pub fn test(args: TestArgs) -> anyhow::Result<()> {
         "-D",
         "warnings",
     ]))?;
+    // The eBPF crate is no default member (it builds only with nightly, for bpfel): the same
+    // workspace lints, checked where it builds.
+    cmd::run(build::ebpf_cargo("clippy").args(["--", "-D", "warnings"]))?;
     cmd::run(cmd::cargo().current_dir(&root).args([
         "test",
         "--workspace",

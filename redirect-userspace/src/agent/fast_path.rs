@@ -16,7 +16,7 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
-use redirect_common::{FastStat, fastpath as wire};
+use redirect_common::{FastStat, fastpath::HiddenEvent};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
@@ -24,7 +24,7 @@ use uuid::Uuid;
 use crate::{
     config::WorkloadKind,
     dns::ahead::Ahead,
-    fastpath::{self, Dump, Fallback, HostAddresses, Limits, Stats, Tables, Wire, fallback_name},
+    fastpath::{self, Dump, Fallback, HostAddresses, Limits, Stats, Tables, fallback_name},
     identity::CgroupPods,
     live::LiveState,
     metrics::{Lookup, Metrics},
@@ -75,7 +75,7 @@ impl FastPath {
         cgroups: Arc<CgroupPods>,
         ahead: Arc<Ahead>,
         metrics: Arc<Metrics>,
-    ) -> (Arc<FastPath>, Wire) {
+    ) -> (Arc<FastPath>, Tables) {
         let pods = cgroups.rescan().await;
         ahead.follow(&live.snapshot_arc());
         ahead.resolve_due(FIRST_RESOLUTION).await;
@@ -114,7 +114,7 @@ impl FastPath {
     /// Compiles the snapshot in force if it or the fresh host addresses are new, and installs the
     /// tables when they or the pods' cgroups (`pods`, when rescanned) changed. Before the maps
     /// exist, returns the tables instead.
-    fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) -> Option<Wire> {
+    fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) -> Option<Tables> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Read under the lock: of two racing callers, the last to lock installs the latest.
         let snapshot = self.live.snapshot_arc();
@@ -137,22 +137,21 @@ impl FastPath {
             return None;
         };
         let (tables, left_out) = with_clients(snapshot, tables, &state.pods);
-        let wire = tables.wire();
         let Some(maps) = self.maps.get() else {
             state.clients_left_out = left_out;
-            return Some(wire);
+            return Some(tables);
         };
         let installed = maps
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .install(&wire);
+            .install(&tables);
         match installed {
             Ok(()) => info!(
-                exact = wire.exact.len(),
-                cidrs = wire.cidrs.len(),
-                ports = wire.ports.len(),
-                workloads = wire.workloads.len(),
-                clients = wire.clients.len(),
+                exact = tables.exact().len(),
+                cidrs = tables.cidrs().count(),
+                ports = tables.ports().len(),
+                workloads = tables.workloads().len(),
+                clients = tables.clients().len(),
                 fallbacks = ?stats.fallbacks,
                 "fast path: new tables in force"
             ),
@@ -244,7 +243,7 @@ impl FastPath {
     }
 
     /// One hide the kernel reported, as the proxy logs it (the client by its pod's address).
-    fn log_hide(&self, event: &wire::HiddenEvent) {
+    fn log_hide(&self, event: &HiddenEvent) {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let Some((snapshot, ..)) = &state.compiled else {
             return;
@@ -267,14 +266,6 @@ impl FastPath {
         let Some(hidden) = snapshot.services().nth(event.hidden as usize) else {
             return;
         };
-        let dst = fastpath::IpKey {
-            family: if event.dst.family == wire::FAMILY_V6 {
-                fastpath::Family::V6
-            } else {
-                fastpath::Family::V4
-            },
-            addr: event.dst.addr,
-        };
         let instead = match FastStat::ALL.get(usize::from(event.outcome)) {
             Some(FastStat::Rewritten) => "service",
             Some(stat) => stat.outcome(),
@@ -284,7 +275,7 @@ impl FastPath {
             client = %client,
             client_namespace = client_ns,
             service = %format_args!("{}/{}", hidden.namespace, hidden.name),
-            orig_dst = %SocketAddr::new(dst.ip(), event.port),
+            orig_dst = %SocketAddr::new(event.dst.ip(), event.port),
             instead,
             decided_by = "kernel",
             "service hidden from client"
@@ -301,7 +292,7 @@ impl FastPath {
         let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (snapshot, tables, stats) = state.compiled.as_ref()?;
         let maps = self.maps.get()?.lock().unwrap_or_else(|p| p.into_inner());
-        Some(Dump::new(snapshot, tables, stats, maps.in_force()))
+        Some(Dump::new(snapshot, tables, stats, maps.sizes_in_force()))
     }
 
     fn fallbacks(&self) -> BTreeMap<Fallback, usize> {

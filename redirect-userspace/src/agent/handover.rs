@@ -416,10 +416,10 @@ fn send_with_fds(fd: &OwnedFd, data: &[u8], fds: &[RawFd]) -> io::Result<()> {
         )));
     }
     let fd_bytes = std::mem::size_of_val(fds) as u32;
-    // SAFETY: CMSG_SPACE is a pure computation.
     let space = if fds.is_empty() {
         0
     } else {
+        // SAFETY: CMSG_SPACE is a pure computation on a length; it reads no memory.
         unsafe { libc::CMSG_SPACE(fd_bytes) as usize }
     };
     let mut control = vec![0u8; space];

@@ -152,8 +152,8 @@ mod tests {
             rlim_cur: 0,
             rlim_max: 0,
         };
-        // SAFETY: getrlimit on a valid struct.
         assert_eq!(
+            // SAFETY: getrlimit writes into a valid, exclusively borrowed struct.
             unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
             0
         );

@@ -68,8 +68,10 @@ pub struct Cli {
     pub command: Command,
 }
 
-// Parsed once per process: the size of the `run` variant costs nothing.
-#[allow(clippy::large_enum_variant)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per process: the size of the `run` variant costs nothing"
+)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the node agent: load the eBPF programs, proxy outbound connections.

@@ -8,10 +8,13 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::tables::{
-    AddrKey, Backend, Backends, Claim, ClaimAction, Config, Family, IpKey, MAX_ENDPOINTS, NS_PROXY,
-    NS_UNKNOWN, NsId, PortKey, Tables,
+use redirect_common::fastpath::{
+    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Backends, Claim,
+    Config, FAMILY_V4, FAMILY_V6, IpKey, MAX_CIDRS, MAX_CLIENTS, MAX_ENDPOINTS, MAX_EXACT,
+    MAX_NAMESPACES, MAX_PORTS, MAX_WORKLOADS, NS_PROXY, NS_UNKNOWN, PortKey,
 };
+
+use super::tables::{NsId, Tables};
 use crate::{
     config::{EndpointAddress, Resolution},
     state::{Port, Service, ServiceVisibility, Snapshot},
@@ -27,6 +30,20 @@ pub struct Limits {
     pub cidrs: usize,
     pub ports: usize,
     pub workloads: usize,
+}
+
+impl Limits {
+    /// The room the eBPF maps have.
+    pub fn kernel() -> Limits {
+        Limits {
+            namespaces: MAX_NAMESPACES as usize,
+            clients: MAX_CLIENTS as usize,
+            exact: MAX_EXACT as usize,
+            cidrs: MAX_CIDRS as usize,
+            ports: MAX_PORTS as usize,
+            workloads: MAX_WORKLOADS as usize,
+        }
+    }
 }
 
 impl Default for Limits {
@@ -146,14 +163,10 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         let hidden = scoped(members);
         let claim = match public(members) {
             Some(w) => compiler.claim(w),
-            None if hidden.is_some() => Claim {
-                action: ClaimAction::None,
-                service: 0,
-                hidden: None,
-            },
+            None if hidden.is_some() => Claim::new(ACTION_NONE, 0),
             None => continue,
         };
-        shared.exact.push((*key, Claim { hidden, ..claim }));
+        shared.exact.push((*key, claim.hiding(hidden)));
     }
     for ((key, len), members) in &cidrs {
         let walk = std::iter::once(members.as_slice())
@@ -163,13 +176,9 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         let hidden = walk.iter().find_map(|m| scoped(m));
         let claim = match winner {
             Some(w) => compiler.claim(w),
-            None => Claim {
-                action: ClaimAction::None,
-                service: 0,
-                hidden: None,
-            },
+            None => Claim::new(ACTION_NONE, 0),
         };
-        shared.cidrs.push((*key, *len, Claim { hidden, ..claim }));
+        shared.cidrs.push((*key, *len, claim.hiding(hidden)));
     }
     if !compiler.fits(&shared) {
         compiler.stats.fell_back(Fallback::SharedFull, 1);
@@ -177,7 +186,7 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         let tables = Tables {
             max_clients: limits.clients,
             config: Config {
-                proxy_everything: true,
+                proxy_everything: 1,
                 ..Config::default()
             },
             ..Tables::default()
@@ -264,11 +273,11 @@ fn network_key(net: &IpNet) -> (IpKey, u32) {
     let family = match net.trunc() {
         IpNet::V4(n) => {
             addr[..4].copy_from_slice(&n.network().octets());
-            Family::V4
+            FAMILY_V4
         }
         IpNet::V6(n) => {
             addr = n.network().octets();
-            Family::V6
+            FAMILY_V6
         }
     };
     (IpKey { family, addr }, u32::from(net.prefix_len()))
@@ -295,7 +304,7 @@ impl Compiler<'_> {
     fn workloads(&mut self, snapshot: &Snapshot) {
         let ips: BTreeSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
         if ips.len() > self.limits.workloads {
-            self.tables.config.workloads_incomplete = true;
+            self.tables.config.workloads_incomplete = 1;
             self.stats.fell_back(Fallback::WorkloadsFull, ips.len());
         } else {
             self.stats.workloads = ips.len();
@@ -352,11 +361,11 @@ impl Compiler<'_> {
         }
         let svc = self.services[id as usize];
         let mut action = if svc.resolution == Resolution::None {
-            ClaimAction::Passthrough
+            ACTION_PASSTHROUGH
         } else {
-            ClaimAction::Proxy
+            ACTION_PROXY
         };
-        if action == ClaimAction::Proxy {
+        if action == ACTION_PROXY {
             let mut seen = BTreeSet::new();
             // The first port of a number is the one the proxy serves.
             for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
@@ -374,17 +383,13 @@ impl Compiler<'_> {
                 match self.tables.ports.entry(PortKey::new(id, port.port)) {
                     Entry::Vacant(slot) => {
                         slot.insert(backends);
-                        action = ClaimAction::Ports;
+                        action = ACTION_PORTS;
                     }
                     Entry::Occupied(_) => {}
                 }
             }
         }
-        let claim = Claim {
-            action,
-            service: id,
-            hidden: None,
-        };
+        let claim = Claim::new(action, id);
         self.claims.insert(id, claim);
         claim
     }
@@ -419,15 +424,10 @@ fn backends(port: &Port, hosts: &HostAddresses) -> Result<Backends, Fallback> {
     if addresses.is_empty() {
         return Err(Fallback::HostNameEndpoint);
     }
-    let empty = Backend {
-        addr: [0; 16],
-        port: 0,
-        _pad: 0,
-    };
     let mut out = Backends {
-        family: Family::V4,
+        family: FAMILY_V4,
         count: 0,
-        endpoints: [empty; MAX_ENDPOINTS],
+        endpoints: [Backend::default(); MAX_ENDPOINTS],
     };
     for (i, (ip, port)) in addresses.into_iter().enumerate() {
         if i == 0 {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{DecidedBy, Fallback, Stats, Tables, Wire, decided_by};
+use super::{DecidedBy, Fallback, Stats, Tables, decided_by};
 use crate::state::Snapshot;
 
 #[derive(Debug, Clone, Serialize)]
@@ -30,7 +30,13 @@ pub struct ServiceDecision {
 }
 
 impl Dump {
-    pub fn new(snapshot: &Snapshot, tables: &Tables, stats: &Stats, wire: Option<&Wire>) -> Dump {
+    /// `in_force`: the entries of each table in the kernel's maps, if any are in force.
+    pub fn new(
+        snapshot: &Snapshot,
+        tables: &Tables,
+        stats: &Stats,
+        in_force: Option<BTreeMap<&'static str, usize>>,
+    ) -> Dump {
         let mut services = Vec::new();
         for svc in snapshot.services() {
             let addresses = svc.vips().chain(svc.cidrs.iter().map(|net| net.network()));
@@ -45,18 +51,8 @@ impl Dump {
                 }
             }
         }
-        let tables = match wire {
-            Some(w) => BTreeMap::from([
-                ("clients", w.clients.len()),
-                ("exact", w.exact.len()),
-                ("cidrs", w.cidrs.len()),
-                ("ports", w.ports.len()),
-                ("workloads", w.workloads.len()),
-            ]),
-            None => BTreeMap::new(),
-        };
         Dump {
-            tables,
+            tables: in_force.unwrap_or_default(),
             fallbacks: stats
                 .fallbacks
                 .iter()

@@ -2,9 +2,12 @@
 //! eBPF half is written from this, and a property test holds it to `Snapshot::decide_outbound`.
 use std::net::IpAddr;
 
-use super::tables::{
-    AddrKey, Backends, Claim, ClaimAction, IpKey, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
+use redirect_common::fastpath::{
+    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Backends, Claim, IpKey, NS_PROXY,
+    NS_UNKNOWN, PortKey,
 };
+
+use super::tables::{NsId, Tables};
 
 /// What the kernel does with a `connect()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +53,7 @@ pub fn decide_hidden(
     ip: IpAddr,
     port: u16,
 ) -> (FastDecision<'_>, Option<u32>) {
-    if tables.config.proxy_everything || ns == NS_PROXY {
+    if tables.config.proxy_everything != 0 || ns == NS_PROXY {
         return (FastDecision::Proxy, None);
     }
     let ip = IpKey::new(ip);
@@ -59,16 +62,16 @@ pub fn decide_hidden(
     // Exact addresses before networks; in each, the client's own entry before the shared one. An
     // exact entry without a visible claimant only says what it hid: the networks come next.
     let exact = tables.exact.get(&own).or_else(|| tables.exact.get(&shared));
-    let mut hidden = exact.and_then(|c| c.hidden);
+    let mut hidden = exact.and_then(Claim::hidden);
     let claim = match exact {
-        Some(c) if c.action != ClaimAction::None => Some(c),
+        Some(c) if c.action != ACTION_NONE => Some(c),
         _ => {
             let network = tables
                 .cidrs
                 .lookup(own)
                 .or_else(|| tables.cidrs.lookup(shared));
-            hidden = hidden.or(network.and_then(|c| c.hidden));
-            network.filter(|c| c.action != ClaimAction::None)
+            hidden = hidden.or(network.and_then(Claim::hidden));
+            network.filter(|c| c.action != ACTION_NONE)
         }
     };
     let fast = decide_claim(tables, claim, ip, port);
@@ -87,20 +90,21 @@ fn decide_claim<'t>(
     let Some(claim) = claim else {
         return if tables.workloads.contains(&ip) {
             FastDecision::Workload
-        } else if tables.config.workloads_incomplete {
+        } else if tables.config.workloads_incomplete != 0 {
             FastDecision::Proxy
         } else {
             FastDecision::Passthrough
         };
     };
+    // Any other action (`ACTION_PROXY`, or one this model does not know) is the proxy's.
     match claim.action {
-        ClaimAction::Proxy | ClaimAction::None => FastDecision::Proxy,
-        ClaimAction::Passthrough => FastDecision::Passthrough,
-        ClaimAction::Ports => match tables.ports.get(&PortKey::new(claim.service, port)) {
+        ACTION_PASSTHROUGH => FastDecision::Passthrough,
+        ACTION_PORTS => match tables.ports.get(&PortKey::new(claim.service, port)) {
             // A socket is rewritten within its own family.
             Some(backends) if backends.family == ip.family => FastDecision::Rewrite(backends),
             _ => FastDecision::Proxy,
         },
+        _ => FastDecision::Proxy,
     }
 }
 

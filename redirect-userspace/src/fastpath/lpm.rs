@@ -2,12 +2,12 @@
 //! returns the value of the longest stored prefix containing the key.
 use std::collections::{BTreeMap, HashMap};
 
-use super::tables::AddrKey;
+use redirect_common::fastpath::{AddrKey, LpmBytes};
 
 #[derive(Debug, Clone)]
 pub(super) struct LpmTrie<V> {
     /// Prefix length -> masked key -> value.
-    by_len: BTreeMap<u32, HashMap<[u8; 24], V>>,
+    by_len: BTreeMap<u32, HashMap<LpmBytes, V>>,
     len: usize,
 }
 
@@ -20,7 +20,7 @@ impl<V> Default for LpmTrie<V> {
     }
 }
 
-fn mask(bytes: [u8; 24], prefix_len: u32) -> [u8; 24] {
+fn mask(bytes: LpmBytes, prefix_len: u32) -> LpmBytes {
     let mut out = [0; 24];
     for (i, b) in bytes.iter().enumerate() {
         let bits = prefix_len.saturating_sub(i as u32 * 8).min(8);
@@ -54,7 +54,7 @@ impl<V> LpmTrie<V> {
     }
 
     /// Every stored prefix: (prefix length, masked key bytes, value).
-    pub fn iter(&self) -> impl Iterator<Item = (u32, &[u8; 24], &V)> {
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &LpmBytes, &V)> {
         self.by_len
             .iter()
             .flat_map(|(len, bucket)| bucket.iter().map(move |(key, v)| (*len, key, v)))

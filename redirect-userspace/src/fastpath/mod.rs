@@ -6,23 +6,19 @@
 //! destination to one of a service port's endpoints: plain IPs, or host names the agent resolved
 //! ahead (`dns::ahead`) while their answer is fresh. Everything else (a host name without a fresh
 //! answer, no healthy upstream, a table that ran out of room) is handed to the proxy.
-//! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. [`Wire`] is the tables in the
-//! maps' byte layout; the loader (`redirect::fast`) writes them, one generation at a time.
+//! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. The tables' keys and values are
+//! `redirect_common::fastpath`'s, the entries the programs read; the loader (`redirect::fast`)
+//! writes them, one generation at a time.
 mod compile;
 mod dump;
 mod kernel;
 mod lpm;
 mod tables;
-mod wire;
 
 pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with};
 pub use dump::{Dump, ServiceDecision, fallback_name};
 pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decide_hidden, decided_by};
-pub use tables::{
-    AddrKey, Backend, Backends, Claim, ClaimAction, ClientsFull, Config, Family, IpKey,
-    MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, NsId, PortKey, Tables,
-};
-pub use wire::Wire;
+pub use tables::{ClientsFull, NsId, Tables};
 
 #[cfg(test)]
 mod tests;

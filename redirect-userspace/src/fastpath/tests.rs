@@ -2,6 +2,8 @@
 //! random worlds. Every check goes through [`agrees`]: a kernel answer must be the proxy's.
 use std::net::{IpAddr, SocketAddr};
 
+use redirect_common::fastpath::{AddrKey, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN};
+
 use super::*;
 use crate::{
     config::load_sources,
@@ -712,19 +714,6 @@ fn lpm_trie_returns_the_longest_prefix() {
         None
     );
     assert_eq!(trie.len(), 2);
-}
-
-#[test]
-fn entries_have_the_sizes_the_bpf_maps_are_declared_with() {
-    use std::mem::size_of;
-    assert_eq!(size_of::<IpKey>(), 20);
-    assert_eq!(size_of::<AddrKey>(), 24);
-    // Its `hidden` crosses as a sentinel, not an `Option`.
-    assert_eq!(size_of::<redirect_common::fastpath::Claim>(), 12);
-    assert_eq!(size_of::<PortKey>(), 8);
-    assert_eq!(size_of::<Backend>(), 20);
-    assert_eq!(size_of::<Backends>(), 8 + MAX_ENDPOINTS * 20);
-    assert_eq!(size_of::<Config>(), 3);
 }
 
 /// A service hidden from the client is counted where the kernel decides, as the proxy counts it:

@@ -194,6 +194,8 @@ fn interface_addresses() -> std::io::Result<HashSet<IpAddr>> {
         // SAFETY: `cursor` is a node of the list getifaddrs returned, not yet freed.
         let entry = unsafe { &*cursor };
         let up = entry.ifa_flags & libc::IFF_UP as libc::c_uint != 0;
+        // SAFETY: getifaddrs sets `ifa_addr` null or to a sockaddr of the family it names, alive
+        // until freeifaddrs below.
         if up && let Some(ip) = unsafe { sockaddr_ip(entry.ifa_addr) } {
             addresses.insert(ip.to_canonical());
         }

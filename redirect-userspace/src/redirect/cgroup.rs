@@ -42,8 +42,10 @@ pub fn check_attachable(path: &Path) -> Result<File, CgroupError> {
     // SAFETY: fstatfs returned 0, so the struct is initialised.
     let fs_type = unsafe { fs.assume_init() }.f_type;
     let mounts = cgroup2_mount_points().unwrap_or_default();
-    // f_type's width differs across architectures; i64 on this one.
-    #[allow(clippy::useless_conversion)]
+    #[expect(
+        clippy::useless_conversion,
+        reason = "`f_type` is an i64 on 64-bit Linux, narrower on 32-bit"
+    )]
     let fs_type = i64::from(fs_type);
     if fs_type != CGROUP2_SUPER_MAGIC {
         return Err(CgroupError::NotCgroup2 {

@@ -7,7 +7,7 @@
 //! programs are swapped in (`RedirectConfig::fast_tables`). The counters are: they go on across
 //! hand-overs.
 use std::{
-    collections::HashMap as StdHashMap,
+    collections::{BTreeMap, HashMap as StdHashMap},
     hash::Hash,
     time::{Duration, Instant},
 };
@@ -26,7 +26,7 @@ use redirect_common::{
 };
 
 use super::{RedirectError, per_cpu_totals, take_map};
-use crate::fastpath::Wire;
+use crate::fastpath::Tables;
 
 /// A generation just left is not rewritten before this: a program that read the selector just
 /// before the flip finishes its few lookups long before.
@@ -40,7 +40,29 @@ struct Generation {
     ports: HashMap<MapData, PortKey, Backends>,
     workloads: HashMap<MapData, IpKey, u8>,
     config: Array<MapData, Config>,
-    held: Wire,
+    held: Held,
+}
+
+/// What one generation's maps hold, entry for entry, as last written.
+#[derive(Default)]
+struct Held {
+    clients: StdHashMap<u64, u32>,
+    exact: StdHashMap<AddrKey, Claim>,
+    cidrs: StdHashMap<(u32, LpmBytes), Claim>,
+    ports: StdHashMap<PortKey, Backends>,
+    workloads: StdHashMap<IpKey, u8>,
+}
+
+impl Held {
+    fn sizes(&self) -> BTreeMap<&'static str, usize> {
+        BTreeMap::from([
+            ("clients", self.clients.len()),
+            ("exact", self.exact.len()),
+            ("cidrs", self.cidrs.len()),
+            ("ports", self.ports.len()),
+            ("workloads", self.workloads.len()),
+        ])
+    }
 }
 
 /// The fast path's maps, owned by the agent that loaded them.
@@ -83,7 +105,7 @@ impl FastMaps {
                 ports: take_map(ebpf, maps::FAST_PORTS[i], HashMap::try_from)?,
                 workloads: take_map(ebpf, maps::FAST_WORKLOADS[i], HashMap::try_from)?,
                 config: take_map(ebpf, maps::FAST_CONFIG[i], Array::try_from)?,
-                held: Wire::default(),
+                held: Held::default(),
             })
         };
         let generations = [generation(0)?, generation(1)?];
@@ -98,7 +120,7 @@ impl FastMaps {
     }
 
     /// Puts `tables` in force, whole. On an error the generation in force stays as it was.
-    pub fn install(&mut self, tables: &Wire) -> Result<(), MapError> {
+    pub fn install(&mut self, tables: &Tables) -> Result<(), MapError> {
         let idle = self.in_force.map_or(0, |i| 1 - i);
         if let Some(at) = self.flipped_at {
             // Blocking, but short and only on back-to-back updates.
@@ -120,9 +142,9 @@ impl FastMaps {
         Ok(())
     }
 
-    /// The tables in force, if any.
-    pub fn in_force(&self) -> Option<&Wire> {
-        self.in_force.map(|i| &self.generations[i].held)
+    /// Entries of each table in force, if any are.
+    pub fn sizes_in_force(&self) -> Option<BTreeMap<&'static str, usize>> {
+        self.in_force.map(|i| self.generations[i].held.sizes())
     }
 
     /// Totals of the programs' per-CPU fast-path counters.
@@ -149,21 +171,25 @@ impl FastMaps {
 impl Generation {
     /// Brings this (idle) generation to `want`, writing only what differs. `held` follows every
     /// successful write, so after an error the next call finishes the job.
-    fn write(&mut self, want: &Wire) -> Result<(), MapError> {
+    fn write(&mut self, want: &Tables) -> Result<(), MapError> {
         let held = &mut self.held;
-        sync_hash(&mut self.clients, &mut held.clients, &want.clients)?;
-        sync_hash(&mut self.exact, &mut held.exact, &want.exact)?;
+        sync_hash(&mut self.clients, &mut held.clients, want.clients())?;
+        sync_hash(&mut self.exact, &mut held.exact, want.exact())?;
+        let cidrs = want
+            .cidrs()
+            .map(|(len, bytes, claim)| ((len, *bytes), *claim))
+            .collect();
         sync(
             &mut self.cidrs,
             &mut held.cidrs,
-            &want.cidrs,
+            &cidrs,
             |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
             |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), v, 0),
         )?;
-        sync_hash(&mut self.ports, &mut held.ports, &want.ports)?;
-        sync_hash(&mut self.workloads, &mut held.workloads, &want.workloads)?;
-        self.config.set(0, want.config, 0)?;
-        held.config = want.config;
+        sync_hash(&mut self.ports, &mut held.ports, want.ports())?;
+        let workloads = want.workloads().iter().map(|ip| (*ip, 1)).collect();
+        sync_hash(&mut self.workloads, &mut held.workloads, &workloads)?;
+        self.config.set(0, want.config(), 0)?;
         Ok(())
     }
 }

@@ -345,8 +345,11 @@ fn is_bpffs(path: &Path) -> io::Result<bool> {
     if unsafe { libc::statfs(c.as_ptr(), fs.as_mut_ptr()) } != 0 {
         return Err(io::Error::last_os_error());
     }
+    #[expect(
+        clippy::useless_conversion,
+        reason = "`f_type` is an i64 on 64-bit Linux, narrower on 32-bit"
+    )]
     // SAFETY: statfs returned 0, so the struct is initialised.
-    #[allow(clippy::useless_conversion)]
     let fs_type = i64::from(unsafe { fs.assume_init() }.f_type);
     Ok(fs_type == BPF_FS_MAGIC)
 }

@@ -2,13 +2,13 @@
 use std::net::IpAddr;
 
 use proptest::prelude::*;
+use redirect_common::fastpath::MAX_ENDPOINTS;
 
 use super::{HEADER, agrees, ip};
 use crate::{
     config::load_sources,
     fastpath::{
-        DecidedBy, FastDecision, Limits, MAX_ENDPOINTS, compile, decide, decide_for, decide_hidden,
-        decided_by,
+        DecidedBy, FastDecision, Limits, compile, decide, decide_for, decide_hidden, decided_by,
     },
     state::{Outbound, Pick, Snapshot, Target},
 };

@@ -257,8 +257,11 @@ pub fn fetch(addr: SocketAddr, from_port: u16) -> Result<()> {
         SocketAddr::V4(_) => (std::net::Ipv4Addr::UNSPECIFIED, from_port).into(),
         SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, from_port).into(),
     };
+    // SAFETY: `fd` is a valid socket, and `sockaddr_call` passes a sockaddr of `len` bytes that
+    // lives for the call.
     sockaddr_call(&local, |sa, len| unsafe { libc::bind(fd, sa, len) })
         .with_context(|| format!("binding port {from_port}"))?;
+    // SAFETY: as for `bind` above.
     sockaddr_call(&addr, |sa, len| unsafe { libc::connect(fd, sa, len) })
         .with_context(|| format!("connecting to {addr} from port {from_port}"))?;
     let linger = libc::linger {
