@@ -524,13 +524,22 @@ mod tests {
         }
         let ports: std::collections::HashSet<_> =
             arrived.iter().map(|(_, from)| from.port()).collect();
-        let ids: std::collections::HashSet<_> = arrived.iter().map(|(q, _)| id(q)).collect();
+        // Ids are drawn per socket: two sockets may well use the same one (a reply is matched on
+        // the socket it came back to), but no two queries in flight on one socket may.
+        let ids: std::collections::HashSet<_> = arrived
+            .iter()
+            .map(|(q, from)| (from.port(), id(q)))
+            .collect();
         assert!(
             ports.len() <= upstream.lanes.len(),
             "{} sockets for 32 queries",
             ports.len()
         );
-        assert_eq!(ids.len(), 32, "every query in flight has its own id");
+        assert_eq!(
+            ids.len(),
+            32,
+            "every query in flight on a socket has its own id"
+        );
         for (got, from) in arrived.iter().rev() {
             let name = Message::from_vec(got).unwrap().queries[0].name().to_ascii();
             let n: u8 = name
