@@ -3,7 +3,7 @@
 //! programs over to a successor (`handover`) and drains.
 mod bind;
 mod dir_watch;
-mod fast_path;
+
 pub mod handover;
 mod opt_out;
 mod reload;
@@ -29,6 +29,7 @@ use crate::{
     admin::{self, AdminState},
     budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
     dns::{AnswerCache, HostCache, Upstream, VisibleNames, ahead::Ahead},
+    fastpath::FastPath,
     identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
@@ -313,7 +314,7 @@ struct Attached {
     cgroups: Arc<CgroupPods>,
     /// Endpoint host names: what the agent resolves ahead for the kernel, the proxy uses too.
     endpoint_hosts: Arc<HostCache>,
-    fast_path: Option<Arc<fast_path::FastPath>>,
+    fast_path: Option<Arc<FastPath>>,
     opt_out: OptOutSync,
 }
 
@@ -336,8 +337,7 @@ async fn attach(
         true => {
             let ahead = Arc::new(Ahead::new(upstream.clone(), endpoint_hosts.clone()));
             let (fast, tables) =
-                fast_path::FastPath::prepare(live.clone(), cgroups.clone(), ahead, metrics.clone())
-                    .await;
+                FastPath::prepare(live.clone(), cgroups.clone(), ahead, metrics.clone()).await;
             (Some(fast), Some(tables))
         }
         false => (None, None),
@@ -409,7 +409,7 @@ fn registry(
     config: &AgentConfig,
     metrics: &Arc<Metrics>,
     redirector: &Redirector,
-    fast_path: Option<&Arc<fast_path::FastPath>>,
+    fast_path: Option<&Arc<FastPath>>,
 ) -> prometheus_client::registry::Registry {
     let mut registry = metrics.registry();
     registry.register_collector(crate::redirect::counters::collector(redirector.maps()));

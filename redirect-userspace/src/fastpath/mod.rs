@@ -14,11 +14,13 @@ mod dump;
 mod kernel;
 mod lpm;
 mod tables;
+mod upkeep;
 
 pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with};
 pub use dump::{Dump, ServiceDecision, fallback_name};
 pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decide_hidden, decided_by};
 pub use tables::{ClientsFull, NsId, Tables};
+pub use upkeep::FastPath;
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@
 pub mod bpffs;
 mod cgroup;
 pub mod counters;
-mod fast;
+mod fast_maps;
 pub mod features;
 mod gateway;
 mod netns;
@@ -35,7 +35,7 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
-pub use fast::{FastMaps, HiddenEvents};
+pub use fast_maps::{FastMaps, HiddenEvents};
 pub use features::MissingFeatures;
 pub use gateway::{GatewayError, Gateways};
 pub use netns::NetnsError;
@@ -245,7 +245,7 @@ impl Redirector {
             }
         }
         let mut ebpf = loader.load(EBPF_OBJECT)?;
-        let mut fast = fast::FastMaps::take(&mut ebpf)?;
+        let mut fast = fast_maps::FastMaps::take(&mut ebpf)?;
         if let Some(tables) = &config.fast_tables {
             match fast.install(tables) {
                 Ok(()) => {
