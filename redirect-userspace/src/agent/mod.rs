@@ -148,6 +148,8 @@ struct Running {
     serving: Vec<tokio::task::JoinHandle<()>>,
     inputs: Inputs,
     stop: Arc<watch::Sender<bool>>,
+    /// Stops the admin server when dropped.
+    _admin_stop: Arc<watch::Sender<bool>>,
     handover_server: Option<handover::Server>,
     attached: Arc<AtomicBool>,
     budgets: Arc<Budgets>,
@@ -255,7 +257,9 @@ async fn start(
 
     // Offer our sockets to the next agent; when it is ready, stop serving (it serves on them).
     let stop = Arc::new(stop);
+    // Held by the running agent: the admin server answers until the agent is done (or handed over).
     let (admin_stop, admin_stopped) = watch::channel(false);
+    let admin_stop = Arc::new(admin_stop);
     let handed_over = Arc::new(Notify::new());
     let handover_server = match &config.handover_socket {
         Some(path) => Some(offer_to_successor(
@@ -264,8 +268,12 @@ async fn start(
             bound.offer,
             redirector.held_links(),
             {
-                let (stop, attached, handed_over) =
-                    (stop.clone(), attached.clone(), handed_over.clone());
+                let (stop, admin_stop, attached, handed_over) = (
+                    stop.clone(),
+                    admin_stop.clone(),
+                    attached.clone(),
+                    handed_over.clone(),
+                );
                 move || {
                     attached.store(false, Ordering::Release);
                     let _ = stop.send(true);
@@ -300,6 +308,7 @@ async fn start(
         serving,
         inputs,
         stop,
+        _admin_stop: admin_stop,
         handover_server,
         attached,
         budgets,
