@@ -20,6 +20,7 @@ mod getpeername6;
 mod inet6;
 mod maps;
 mod netns_probe;
+mod origin;
 mod recvmsg4;
 mod recvmsg6;
 mod sendmsg4;

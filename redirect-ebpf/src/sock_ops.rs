@@ -1,11 +1,9 @@
-use aya_ebpf::{
-    bindings::BPF_SOCK_OPS_TCP_CONNECT_CB, helpers::bpf_get_socket_cookie, macros::sock_ops,
-    programs::SockOpsContext,
-};
+use aya_ebpf::{bindings::BPF_SOCK_OPS_TCP_CONNECT_CB, macros::sock_ops, programs::SockOpsContext};
 use redirect_common::{ORIG_REWRITTEN, SockAddr, Stat, v4_mapped_words};
 
 use crate::{
-    maps::{FLOW_ORIG_DST, SOCKET_ORIG_DST, count, proxy_port},
+    maps::{FLOW_ORIG_DST, count, proxy_port},
+    origin,
     steer::{gateway_for, same_ip},
 };
 
@@ -37,10 +35,9 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     } else {
         SockAddr::from_ip6_words(v6, port)
     };
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    let steered = (unsafe { SOCKET_ORIG_DST.get(&cookie) })
-        .copied()
-        .filter(|orig| orig.protocol & ORIG_REWRITTEN == 0); // rewritten: the agent never sees it
+    // SAFETY: `ops` is the program's context; `sk` is read in place (null-checked in `recall_sock`).
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    let steered = origin::recall_sock(sk).filter(|orig| orig.protocol & ORIG_REWRITTEN == 0); // rewritten: the agent never sees it
     let Some(orig) = steered else {
         // A pod connecting to the proxy's port itself: an entry filed under its address and port
         // by an earlier connection (of a pod that had this address before) is not its own. The

@@ -8,7 +8,6 @@ use aya_ebpf::{
     EbpfContext,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_netns_cookie,
-        bpf_get_socket_cookie,
     },
     programs::SockAddrContext,
 };
@@ -20,9 +19,10 @@ use redirect_common::{
 use crate::{
     fastpath::{self, Fast},
     maps::{
-        OPTED_OUT_CGROUPS, SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, gateway_v6,
-        node_netns_cookie, proxy_port,
+        OPTED_OUT_CGROUPS, count, dns_proxy_port, gateway_v4, gateway_v6, node_netns_cookie,
+        proxy_port,
     },
+    origin,
 };
 
 pub const IPPROTO_TCP: u32 = 6;
@@ -133,14 +133,13 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
         }
     }
 
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let orig = OrigDst {
         dst: SockAddr::from_ip6_words(dst.ip, dst.port),
         protocol: protocol | rewritten,
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         netns_cookie,
     };
-    if SOCKET_ORIG_DST.insert(&cookie, &orig, 0).is_err() {
+    if !origin::remember(ctx, &orig) {
         count(Stat::MapUpdateFailed);
         // Without the origin the agent could not forward it: leave the socket alone. A rewrite
         // still reaches its endpoint; only getpeername() shows the endpoint.
@@ -189,8 +188,7 @@ pub fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
 /// The original destination remembered for this socket, if we steered it.
 #[inline(always)]
 pub fn orig_dst_of(ctx: &SockAddrContext) -> Option<OrigDst> {
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    unsafe { SOCKET_ORIG_DST.get(&cookie) }.copied()
+    origin::recall(ctx)
 }
 
 /// The original destination to show in place of `seen` (a reply's source, or getpeername's peer):

@@ -255,6 +255,80 @@ fn getpeername_in_the_pod_returns_the_original_destination() -> Result<()> {
     Ok(())
 }
 
+/// More steered sockets than the programs' old per-socket map held (an LRU of 65,536 keyed by
+/// socket cookie), all open at once.
+const UDP_SOCKETS: usize = 70_000;
+const UDP_PROCESSES: usize = 5;
+const DNS_REDIRECTED: &str = r#"redirect_ebpf_events_total{event="dns_redirected"}"#;
+
+/// What `rdt-peer peer-watch` printed, in order.
+fn peers_seen(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| l.strip_prefix("peer "))
+        .map(|p| p.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn another_pods_many_udp_sockets_leave_a_connections_original_destination_alone() -> Result<()> {
+    let s = setup(&[A1, B1])?;
+    let mut watch = peer::cmd(s.topo.pod("team-a/a1").place())?
+        .args(["peer-watch", EXT_ECHO])
+        .spawn()?;
+    watch.wait_for_log("peer ", Duration::from_secs(10))?;
+    assert_eq!(peers_seen(&watch.log()), [EXT_ECHO], "before anything else");
+    let before = s.agent.metrics()?;
+    // Connected UDP sockets to a resolver: each connect() is steered and files its destination.
+    // Several processes: one may hold fewer descriptors than that.
+    let mut floods = Vec::new();
+    for _ in 0..UDP_PROCESSES {
+        floods.push(
+            peer::cmd(s.topo.pod("team-b/b1").place())?
+                .args([
+                    "udp-connected",
+                    "10.96.0.10:53",
+                    "--count",
+                    &(UDP_SOCKETS / UDP_PROCESSES).to_string(),
+                ])
+                .spawn()?,
+        );
+    }
+    let mut original = 0;
+    for flood in &mut floods {
+        flood.wait_for_log("open ", Duration::from_secs(120))?;
+        original += flood
+            .log()
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("original="))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+    }
+    // Each of them, read back at once, showed where it was connected.
+    assert_eq!(original, UDP_SOCKETS, "sockets that showed their resolver");
+    let after = s.agent.metrics()?;
+    ensure!(
+        delta(&before, &after, DNS_REDIRECTED) >= UDP_SOCKETS as f64,
+        "every socket steered: {}",
+        delta(&before, &after, DNS_REDIRECTED)
+    );
+    // The same connection of the other pod still shows where it went, not the gateway.
+    watch.write_stdin(b"again\n")?;
+    watch.close_stdin();
+    watch.wait(Duration::from_secs(10))?;
+    let seen = peers_seen(&watch.log());
+    assert_eq!(
+        seen,
+        [EXT_ECHO, EXT_ECHO],
+        "getpeername() after {UDP_SOCKETS} sockets of another pod (the gateway is {})",
+        integration::GATEWAY
+    );
+    for mut flood in floods {
+        flood.close_stdin();
+        flood.wait(Duration::from_secs(30))?;
+    }
+    Ok(())
+}
+
 #[test]
 fn the_node_and_the_agent_itself_are_not_redirected() -> Result<()> {
     let s = setup(&[A1])?;

@@ -24,6 +24,11 @@ pub fn build() -> anyhow::Result<PathBuf> {
                 "--release",
             ])
             .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+            // BTF in the object: socket local storage maps cannot be created without it.
+            .args([
+                "--config",
+                r#"target.bpfel-unknown-none.rustflags = ["-C", "link-arg=--btf"]"#,
+            ])
             .env("PATH", &path)
             // The stable cargo running xtask must not leak its toolchain into the nightly build.
             .env_remove("RUSTC")

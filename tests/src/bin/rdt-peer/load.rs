@@ -72,6 +72,50 @@ pub fn hold_idle(addr: SocketAddr, conns: usize) -> Result<()> {
     Ok(())
 }
 
+/// Opens `count` UDP sockets connected to `server` (nothing is sent), reads each one's peer back,
+/// prints `open N original=M` (M: how many showed `server`) and holds them until stdin closes or a
+/// line arrives.
+pub fn udp_connected(server: SocketAddr, count: usize) -> Result<()> {
+    // Local ports shared (SO_REUSEADDR): a pod has fewer ephemeral ports than sockets wanted. A few
+    // dozen sockets a port, not all on one: bind() checks every socket already on its port.
+    const PORTS: std::ops::Range<u16> = 20_000..22_048;
+    let domain = match server {
+        SocketAddr::V4(_) => socket2::Domain::IPV4,
+        SocketAddr::V6(_) => socket2::Domain::IPV6,
+    };
+    let mut sockets = Vec::with_capacity(count);
+    let mut original = 0;
+    for i in 0..count {
+        let port = PORTS.start + (i % PORTS.len()) as u16;
+        let local = SocketAddr::new(
+            match server {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+            },
+            port,
+        );
+        let socket = socket2::Socket::new(domain, socket2::Type::DGRAM, None)
+            .with_context(|| format!("socket {i}"))?;
+        socket.set_reuse_address(true)?;
+        socket
+            .bind(&local.into())
+            .with_context(|| format!("binding socket {i} to {local}"))?;
+        socket
+            .connect(&server.into())
+            .with_context(|| format!("connecting socket {i}"))?;
+        // As resolvers do: read the peer back (the kernel looks up the original destination).
+        let peer = socket.peer_addr().context("getpeername")?.as_socket();
+        if peer == Some(server) {
+            original += 1;
+        }
+        sockets.push(socket);
+    }
+    println!("open {} original={original}", sockets.len());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ending {
     /// The echo came back: the connection works.

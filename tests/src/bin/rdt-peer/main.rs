@@ -46,6 +46,17 @@ enum Command {
     },
     /// Connect and print what getpeername() returns.
     Getpeername { addr: SocketAddr },
+    /// Connect, print `peer ADDR` (what getpeername() returns), then again for every line on stdin,
+    /// on the same connection, until stdin closes.
+    PeerWatch { addr: SocketAddr },
+    /// Open `--count` UDP sockets connected to `server`, each read back with getpeername(), and
+    /// hold them: print `open N original=M` (M showed `server`), then wait for a line (or EOF) on
+    /// stdin (the open-files limit bounds `--count`).
+    UdpConnected {
+        server: SocketAddr,
+        #[arg(long)]
+        count: usize,
+    },
     /// Send N pattern bytes to an echo server while reading the echo; print both checksums.
     Echo {
         addr: SocketAddr,
@@ -170,6 +181,8 @@ fn main() -> ExitCode {
             sink,
         } => serve::serve(&name, &http, &echo, &source, &sink),
         Command::Getpeername { addr } => client::getpeername(addr),
+        Command::PeerWatch { addr } => client::peer_watch(addr),
+        Command::UdpConnected { server, count } => load::udp_connected(server, count),
         Command::Echo {
             addr,
             bytes,
