@@ -116,6 +116,45 @@ pub fn udp_connected(server: SocketAddr, count: usize) -> Result<()> {
     Ok(())
 }
 
+/// Short connections in a row: send a line, read its echo, close first. A connection that fails
+/// counts as reset (reset by the far end, at connect or after) or failed (anything else).
+pub fn churn(addr: SocketAddr, conns: usize) -> Result<()> {
+    let started = Instant::now();
+    let (mut ok, mut reset, mut failed) = (0u64, 0u64, 0u64);
+    let mut first_errors = std::collections::BTreeMap::new();
+    for _ in 0..conns {
+        let attempt = || -> std::io::Result<()> {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"ping\n")?;
+            let mut echo = [0u8; 5];
+            s.read_exact(&mut echo)?;
+            Ok(()) // dropped here: this side closes first
+        };
+        match attempt() {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                let kind = if e.kind() == ErrorKind::ConnectionReset {
+                    reset += 1;
+                    "reset"
+                } else {
+                    failed += 1;
+                    "failed"
+                };
+                first_errors.entry(kind).or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    for (kind, error) in &first_errors {
+        println!("first {kind}: {error}");
+    }
+    println!(
+        "ok={ok} reset={reset} failed={failed} ms={}",
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ending {
     /// The echo came back: the connection works.

@@ -57,6 +57,14 @@ enum Command {
         #[arg(long)]
         count: usize,
     },
+    /// `--conns` short connections to an echo server, one after the other: each sends a line, reads
+    /// the echo and closes first (as a client that ends its request does). Prints
+    /// the first error of each kind, then `ok=N reset=N failed=N ms=N`.
+    Churn {
+        addr: SocketAddr,
+        #[arg(long)]
+        conns: usize,
+    },
     /// Send N pattern bytes to an echo server while reading the echo; print both checksums.
     Echo {
         addr: SocketAddr,
@@ -183,6 +191,7 @@ fn main() -> ExitCode {
         Command::Getpeername { addr } => client::getpeername(addr),
         Command::PeerWatch { addr } => client::peer_watch(addr),
         Command::UdpConnected { server, count } => load::udp_connected(server, count),
+        Command::Churn { addr, conns } => load::churn(addr, conns),
         Command::Echo {
             addr,
             bytes,
