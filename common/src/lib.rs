@@ -19,8 +19,9 @@ pub mod maps {
     /// connect4/sendmsg4, read by sock_ops, getpeername4 and recvmsg4 on the same socket, gone
     /// with the socket.
     pub const SOCKET_ORIG_DST: &str = "SOCKET_ORIG_DST";
-    /// client address ([`super::SockAddr`]) -> [`super::OrigDst`]: filed by sock_ops before the SYN
-    /// leaves, read by the agent after `accept()` using the peer address.
+    /// client address ([`super::SockAddr`]) -> [`super::OrigDst`]: filed by sock_ops when the client
+    /// gets the agent's SYN-ACK (before its last ACK), taken by the agent after `accept()` using the
+    /// peer address.
     pub const FLOW_ORIG_DST: &str = "FLOW_ORIG_DST";
     /// Per-CPU counters indexed by [`super::Stat`].
     pub const STATS: &str = "STATS";
@@ -78,8 +79,8 @@ pub mod globals {
     pub const NODE_NETNS_COOKIE: &str = "NODE_NETNS_COOKIE";
 }
 
-/// Size of the flow map (LRU: the oldest go first). An entry lives from the client's connect() to
-/// the agent's accept(), which takes it out.
+/// Size of the flow map (LRU: the oldest go first). An entry lives from the end of the client's
+/// handshake to the agent's accept(), which takes it out.
 pub const FLOW_MAP_ENTRIES: u32 = 65_536;
 /// Pods on one node that opted out of capture, at most.
 pub const OPTED_OUT_MAP_ENTRIES: u32 = 4096;

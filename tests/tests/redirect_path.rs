@@ -329,6 +329,58 @@ fn another_pods_many_udp_sockets_leave_a_connections_original_destination_alone(
     Ok(())
 }
 
+/// Entries in the programs' flow map (client address -> original destination), read from its pin.
+fn flow_entries(topo: &Topology) -> Result<usize> {
+    let path = topo.pin_dir().join("maps/FLOW_ORIG_DST");
+    let out = topo
+        .node_cmd("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&path)
+        .ok()?
+        .stdout_str();
+    let entries: serde_json::Value = serde_json::from_str(&out)?;
+    Ok(entries.as_array().map_or(0, Vec::len))
+}
+
+/// A connect() abandoned before its handshake never reaches the agent, so it must file nothing in
+/// the flow map: otherwise one pod's abandoned attempts pile up there (an LRU map) and crowd out
+/// the entries of other pods' connections waiting to be accepted.
+#[test]
+fn connections_abandoned_before_the_handshake_leave_nothing_in_the_flow_map() -> Result<()> {
+    const ATTEMPTS: usize = 5_000;
+    let s = setup(&[A1, B1])?;
+    // The pod never hears the agent's SYN-ACK (its own netns drops it): every attempt is abandoned
+    // before its handshake, however fast the agent answers.
+    s.topo
+        .pod("team-b/b1")
+        .cmd("iptables")
+        .args(["-A", "INPUT", "-p", "tcp", "--sport", "15001"])
+        .args(["--tcp-flags", "SYN,ACK", "SYN,ACK", "-j", "DROP"])
+        .ok()?;
+    peer::cmd(s.topo.pod("team-b/b1").place())?
+        .args(["abandon", EXT_HTTP, "--count", &ATTEMPTS.to_string()])
+        .ok()?;
+    // Connections that did complete are accepted (and their entries taken) as the agent gets to
+    // them; what is left after that stays for good.
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(10));
+    let mut left = flow_entries(&s.topo)?;
+    while left > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        left = flow_entries(&s.topo)?;
+    }
+    // And the other pod is served as ever.
+    let body = curl(s.topo.pod("team-a/a1").cmd("curl"), "http://203.0.113.10/")
+        .ok()?
+        .stdout_str();
+    assert_eq!(body, format!("{EXT_NAME}\n"));
+    eprintln!("{ATTEMPTS} abandoned connects: {left} flow entries left");
+    ensure!(
+        left == 0,
+        "{left} entries of {ATTEMPTS} abandoned connects left in the flow map"
+    );
+    Ok(())
+}
+
 #[test]
 fn the_node_and_the_agent_itself_are_not_redirected() -> Result<()> {
     let s = setup(&[A1])?;

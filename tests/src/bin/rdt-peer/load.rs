@@ -116,6 +116,27 @@ pub fn udp_connected(server: SocketAddr, count: usize) -> Result<()> {
     Ok(())
 }
 
+/// Non-blocking connects, each closed before its handshake completes.
+pub fn abandon(addr: SocketAddr, count: usize) -> Result<()> {
+    let domain = match addr {
+        SocketAddr::V4(_) => socket2::Domain::IPV4,
+        SocketAddr::V6(_) => socket2::Domain::IPV6,
+    };
+    for i in 0..count {
+        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)
+            .with_context(|| format!("socket {i}"))?;
+        socket.set_nonblocking(true)?;
+        match socket.connect(&addr.into()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e).with_context(|| format!("connect {i}")),
+        }
+        drop(socket); // in SYN_SENT: gone, no FIN; the SYN-ACK that comes back is answered by RST
+    }
+    println!("abandoned {count}");
+    Ok(())
+}
+
 /// Short connections in a row: send a line, read its echo, close first. A connection that fails
 /// counts as reset (reset by the far end, at connect or after) or failed (anything else).
 pub fn churn(addr: SocketAddr, conns: usize) -> Result<()> {

@@ -65,6 +65,13 @@ enum Command {
         #[arg(long)]
         conns: usize,
     },
+    /// Start `--count` connections to `addr` and close each at once, before its handshake can
+    /// complete (a non-blocking connect() closed in SYN_SENT); print `abandoned N`.
+    Abandon {
+        addr: SocketAddr,
+        #[arg(long)]
+        count: usize,
+    },
     /// Send N pattern bytes to an echo server while reading the echo; print both checksums.
     Echo {
         addr: SocketAddr,
@@ -192,6 +199,7 @@ fn main() -> ExitCode {
         Command::PeerWatch { addr } => client::peer_watch(addr),
         Command::UdpConnected { server, count } => load::udp_connected(server, count),
         Command::Churn { addr, conns } => load::churn(addr, conns),
+        Command::Abandon { addr, count } => load::abandon(addr, count),
         Command::Echo {
             addr,
             bytes,
