@@ -258,7 +258,21 @@ fn getpeername_in_the_pod_returns_the_original_destination() -> Result<()> {
 /// More steered sockets than the programs' old per-socket map held (an LRU of 65,536 keyed by
 /// socket cookie), all open at once.
 const UDP_SOCKETS: usize = 70_000;
-const UDP_PROCESSES: usize = 5;
+
+/// Descriptors one process of this run may hold, less a few for its own use.
+fn sockets_per_process() -> Result<usize> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit on a valid struct.
+    ensure!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0,
+        "getrlimit(RLIMIT_NOFILE): {}",
+        std::io::Error::last_os_error()
+    );
+    Ok((limit.rlim_max as usize).saturating_sub(64).max(1))
+}
 const DNS_REDIRECTED: &str = r#"redirect_ebpf_events_total{event="dns_redirected"}"#;
 
 /// What `rdt-peer peer-watch` printed, in order.
@@ -279,23 +293,23 @@ fn another_pods_many_udp_sockets_leave_a_connections_original_destination_alone(
     assert_eq!(peers_seen(&watch.log()), [EXT_ECHO], "before anything else");
     let before = s.agent.metrics()?;
     // Connected UDP sockets to a resolver: each connect() is steered and files its destination.
-    // Several processes: one may hold fewer descriptors than that.
+    // As many processes as the open-files limit needs to hold them all at once.
+    let per_process = sockets_per_process()?;
     let mut floods = Vec::new();
-    for _ in 0..UDP_PROCESSES {
+    let mut asked = 0;
+    while asked < UDP_SOCKETS {
+        let count = per_process.min(UDP_SOCKETS - asked);
+        asked += count;
         floods.push(
             peer::cmd(s.topo.pod("team-b/b1").place())?
-                .args([
-                    "udp-connected",
-                    "10.96.0.10:53",
-                    "--count",
-                    &(UDP_SOCKETS / UDP_PROCESSES).to_string(),
-                ])
+                .args(["udp-connected", "10.96.0.10:53", "--count"])
+                .arg(count.to_string())
                 .spawn()?,
         );
     }
     let mut original = 0;
     for flood in &mut floods {
-        flood.wait_for_log("open ", Duration::from_secs(120))?;
+        flood.wait_for_log(" original=", Duration::from_secs(120))?;
         original += flood
             .log()
             .split_whitespace()
