@@ -15,11 +15,13 @@ pub const AGENT_SOCKET_MARK: u32 = 0x0001_5001;
 
 /// Names of the maps in the eBPF object.
 pub mod maps {
-    /// socket cookie -> [`super::OrigDst`]: written by connect4/sendmsg4, read by sock_ops,
-    /// getpeername4 and recvmsg4 on the same socket.
+    /// Socket local storage holding a [`super::OrigDst`] in each steered socket: written by
+    /// connect4/sendmsg4, read by sock_ops, getpeername4 and recvmsg4 on the same socket, gone
+    /// with the socket.
     pub const SOCKET_ORIG_DST: &str = "SOCKET_ORIG_DST";
-    /// client address ([`super::SockAddr`]) -> [`super::OrigDst`]: filed by sock_ops before the SYN
-    /// leaves, read by the agent after `accept()` using the peer address.
+    /// client address ([`super::SockAddr`]) -> [`super::OrigDst`]: filed by sock_ops when the client
+    /// gets the agent's SYN-ACK (before its last ACK), taken by the agent after `accept()` using the
+    /// peer address.
     pub const FLOW_ORIG_DST: &str = "FLOW_ORIG_DST";
     /// Per-CPU counters indexed by [`super::Stat`].
     pub const STATS: &str = "STATS";
@@ -77,8 +79,8 @@ pub mod globals {
     pub const NODE_NETNS_COOKIE: &str = "NODE_NETNS_COOKIE";
 }
 
-/// Sizes of the maps. LRU maps: an entry lives while its socket may still be looked up; the oldest go first.
-pub const SOCKET_MAP_ENTRIES: u32 = 65_536;
+/// Size of the flow map (LRU: the oldest go first). An entry lives from the end of the client's
+/// handshake to the agent's accept(), which takes it out.
 pub const FLOW_MAP_ENTRIES: u32 = 65_536;
 /// Pods on one node that opted out of capture, at most.
 pub const OPTED_OUT_MAP_ENTRIES: u32 = 4096;

@@ -14,7 +14,7 @@ use redirect_common::{
         GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_PROXY, NS_UNKNOWN,
         PortKey,
     },
-    ip6_bytes, ip6_words, is_v4_mapped, v4_mapped_words,
+    ip6_words, is_v4_mapped, v4_mapped_words,
 };
 
 use crate::{
@@ -207,20 +207,22 @@ fn pick<T: FastTables>(port: &PortKey, family: u32, to: &mut Dest) -> bool {
 /// bytes, IPv6 in all sixteen.
 #[inline(always)]
 fn ip_key(ip: &[u32; 4]) -> IpKey {
-    if is_v4_mapped(ip) {
-        let v4 = ip[3].to_ne_bytes();
-        let mut addr = [0u8; 16];
-        addr[0] = v4[0];
-        addr[1] = v4[1];
-        addr[2] = v4[2];
-        addr[3] = v4[3];
-        return IpKey {
-            family: FAMILY_V4,
-            addr,
-        };
-    }
-    IpKey {
-        family: FAMILY_V6,
-        addr: ip6_bytes(*ip),
+    let (family, words) = if is_v4_mapped(ip) {
+        (FAMILY_V4, [ip[3], 0, 0, 0])
+    } else {
+        (FAMILY_V6, *ip)
+    };
+    // Written word by word: LLVM turns zeroed bytes of a key built in place into a memset call,
+    // which the kernel refuses in an object with BTF (memset has no BTF of its own).
+    let mut key = core::mem::MaybeUninit::<IpKey>::uninit();
+    let at = key.as_mut_ptr().cast::<u32>();
+    // SAFETY: IpKey is five u32-aligned words (family, then the sixteen address bytes), all
+    // written here before it is read.
+    unsafe {
+        core::ptr::write_volatile(at, family);
+        for (i, word) in words.iter().enumerate() {
+            core::ptr::write_volatile(at.add(1 + i), *word);
+        }
+        key.assume_init()
     }
 }

@@ -1,22 +1,23 @@
 //! Maps and load-time globals shared by the programs. Names and layouts come from `redirect-common`.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    macros::map,
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use redirect_common::{
-    FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst,
-    SOCKET_MAP_ENTRIES, SockAddr, Stat,
+    FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst, SockAddr, Stat,
     fastpath::{
         AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, MAX_CIDRS,
         MAX_CLIENTS, MAX_EXACT, MAX_PORTS, MAX_WORKLOADS, PortKey,
     },
 };
 
-/// socket cookie -> where the application meant to go.
-#[map]
-pub static SOCKET_ORIG_DST: LruHashMap<u64, OrigDst> =
-    LruHashMap::with_max_entries(SOCKET_MAP_ENTRIES, 0);
+/// Where the application meant to go, kept in the socket itself (socket local storage): it lives
+/// and dies with its socket, and no other socket, of this pod or another, can push it out (an LRU
+/// map keyed by cookie dropped a long-lived connection's entry once enough others were made).
+#[btf_map]
+pub static SOCKET_ORIG_DST: SkStorage<OrigDst> = SkStorage::new();
 
 /// client ip:port -> where the application meant to go; read by the agent after accept().
 #[map]

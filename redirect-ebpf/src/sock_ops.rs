@@ -3,25 +3,35 @@
 //! only learns the peer address on `accept()`, and this is the key it looks the destination up by;
 //! filed before the handshake, the entry is always there when the proxy asks.
 use aya_ebpf::{
-    bindings::BPF_SOCK_OPS_TCP_CONNECT_CB, helpers::bpf_get_socket_cookie, macros::sock_ops,
+    bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_CONNECT_CB},
+    macros::sock_ops,
     programs::SockOpsContext,
 };
 use redirect_common::{ORIG_REWRITTEN, SockAddr, Stat, v4_mapped_words};
 
 use crate::{
-    maps::{FLOW_ORIG_DST, SOCKET_ORIG_DST, count, proxy_port},
+    maps::{FLOW_ORIG_DST, count, proxy_port},
+    origin,
     steer::{gateway_for, same_ip},
 };
 
 const AF_INET: u32 = 2;
 const AF_INET6: u32 = 10;
 
-/// At TCP_CONNECT_CB the local port is bound and the SYN has not left yet: file the original
-/// destination under the client ip:port, which is what the agent sees as the peer after accept().
-/// Filing it here, before the handshake, means the agent can never read the map too early.
+/// At ACTIVE_ESTABLISHED_CB the client has the agent's SYN-ACK and has not yet sent the ACK that
+/// puts the connection in the agent's accept queue: file the original destination under the client
+/// ip:port, which is what the agent sees as the peer after accept(). The agent can never read the
+/// map too early, and only handshakes the agent answered file anything: a connect() abandoned
+/// before its handshake (any number of them, from any pod) leaves no entry to crowd out another
+/// pod's. The agent takes each entry out on accept, so the map holds only connections waiting in
+/// its accept queue.
+///
+/// At TCP_CONNECT_CB (the SYN has not left) a socket connecting to the proxy's port by itself
+/// drops what an earlier connection with its address and port filed.
 #[sock_ops]
 pub fn sock_ops(ctx: SockOpsContext) -> u32 {
-    if ctx.op() != BPF_SOCK_OPS_TCP_CONNECT_CB {
+    let op = ctx.op();
+    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB {
         return 1;
     }
     let family = ctx.family();
@@ -41,23 +51,21 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     } else {
         SockAddr::from_ip6_words(v6, port)
     };
-    // SAFETY: `ops` is the context the kernel passed this program, what the helper takes in a
-    // sock_ops program.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.ops.cast()) };
-    // SAFETY: the value is copied at once, plain integers in which any bit pattern is valid; only
-    // this socket's own hooks write the entry under its cookie.
-    let steered = (unsafe { SOCKET_ORIG_DST.get(&cookie) })
-        .copied()
-        .filter(|orig| orig.protocol & ORIG_REWRITTEN == 0); // rewritten: the agent never sees it
+    // SAFETY: `ops` is the program's context; `sk` is read in place (null-checked in `recall_sock`).
+    let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    let steered = origin::recall_sock(sk).filter(|orig| orig.protocol & ORIG_REWRITTEN == 0); // rewritten: the agent never sees it
     let Some(orig) = steered else {
         // A pod connecting to the proxy's port itself: an entry filed under its address and port
         // by an earlier connection (of a pod that had this address before) is not its own. The
         // two share the 4-tuple, so the earlier one is over: drop its entry before the SYN leaves.
-        if connects_to_proxy(&ctx, family) {
+        if op == BPF_SOCK_OPS_TCP_CONNECT_CB && connects_to_proxy(&ctx, family) {
             let _ = FLOW_ORIG_DST.remove(&client);
         }
         return 1;
     };
+    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
+        return 1;
+    }
     if FLOW_ORIG_DST.insert(&client, &orig, 0).is_ok() {
         count(Stat::FlowFiled);
     } else {

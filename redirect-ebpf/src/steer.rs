@@ -8,7 +8,6 @@ use aya_ebpf::{
     EbpfContext,
     helpers::{
         bpf_get_current_ancestor_cgroup_id, bpf_get_current_cgroup_id, bpf_get_netns_cookie,
-        bpf_get_socket_cookie,
     },
     programs::SockAddrContext,
 };
@@ -20,9 +19,10 @@ use redirect_common::{
 use crate::{
     fastpath::{self, Fast},
     maps::{
-        OPTED_OUT_CGROUPS, SOCKET_ORIG_DST, count, dns_proxy_port, gateway_v4, gateway_v6,
-        node_netns_cookie, proxy_port,
+        OPTED_OUT_CGROUPS, count, dns_proxy_port, gateway_v4, gateway_v6, node_netns_cookie,
+        proxy_port,
     },
+    origin,
 };
 
 pub const IPPROTO_TCP: u32 = 6;
@@ -138,9 +138,6 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
         }
     }
 
-    // SAFETY: the helper reads the socket of the context the kernel passed the program, what it
-    // takes in a sock_addr program.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     let orig = OrigDst {
         dst: SockAddr::from_ip6_words(dst.ip, dst.port),
         protocol: protocol | rewritten,
@@ -148,7 +145,7 @@ pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
         cgroup_id: unsafe { bpf_get_current_cgroup_id() },
         netns_cookie,
     };
-    if SOCKET_ORIG_DST.insert(&cookie, &orig, 0).is_err() {
+    if !origin::remember(ctx, &orig) {
         count(Stat::MapUpdateFailed);
         // Without the origin the agent could not forward it: leave the socket alone. A rewrite
         // still reaches its endpoint; only getpeername() shows the endpoint.
@@ -199,12 +196,7 @@ pub fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
 /// The original destination remembered for this socket, if we steered it.
 #[inline(always)]
 pub fn orig_dst_of(ctx: &SockAddrContext) -> Option<OrigDst> {
-    // SAFETY: the helper reads the socket of the context the kernel passed the program, what it
-    // takes in a sock_addr program.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    // SAFETY: the value is copied at once, plain integers in which any bit pattern is valid; only
-    // this socket's own hooks write the entry under its cookie.
-    unsafe { SOCKET_ORIG_DST.get(&cookie) }.copied()
+    origin::recall(ctx)
 }
 
 /// The original destination to show in place of `seen` (a reply's source, or getpeername's peer):

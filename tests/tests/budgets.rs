@@ -685,3 +685,90 @@ fn forged_dns_sources_from_one_pod_take_one_share_not_the_nodes_budget() -> Resu
     );
     s.agent.stop()
 }
+
+/// Short connections from one pod to one endpoint, each closed by the pod first: the proxy closes
+/// toward the endpoint first too, so each leaves a node port in TIME_WAIT toward that address. On a
+/// node with 1,000 ephemeral ports, 2,000 of them in a row take one pod's share of the ports toward
+/// the endpoint and are then refused (reset at once), while another pod still connects to the same
+/// endpoint and gets DNS answers. Without the budget the range runs out and every pod's connections
+/// there fail.
+#[test]
+fn one_pods_short_connections_leave_other_pods_ports_toward_the_same_endpoint() -> Result<()> {
+    const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+    const CONNS: usize = 2_000;
+    let topo = Topology::with_pods(&[A1, B1])?;
+    // The node's own netns (the test's): a small range, read by the agent at start.
+    topo.node_cmd("sysctl")
+        .args(["-q", "-w", "net.ipv4.ip_local_port_range=40000 40999"])
+        .ok()?;
+    let ext = topo.start_ext_peer("ext", &[EXT_HTTP.parse()?], &[EXT_ECHO.parse()?])?;
+    let dns = topo.start_dnsmasq(RESOLVER_IP, DnsRecords::new().host(NAME, NAME_IP.parse()?))?;
+    let agent = Agent::start(&topo, &["--dns-upstream", RESOLVER, NO_FAST_PATH])?;
+    let s = Setup {
+        agent,
+        _ext: ext,
+        _dns: dns,
+        topo,
+    };
+    let m = s.agent.metrics()?;
+    let share = m.get_or_zero(&limit("upstream_ports", "client")) as u64;
+    let node = m.get_or_zero(&limit("upstream_ports", "node")) as u64;
+    ensure!(
+        (share, node) == (187, 750),
+        "sized from the range: {share} of {node}"
+    );
+
+    let churn = peer::cmd(s.topo.pod("team-a/a1").place())?
+        .args(["churn", EXT_ECHO, "--conns", &CONNS.to_string()])
+        .timeout(Duration::from_secs(300))
+        .ok()?
+        .stdout_str();
+    let report = counts(&churn, "ok")?;
+    let time_wait = s
+        .topo
+        .node_cmd("ss")
+        .args(["-tnH", "state", "time-wait", "dst", EXT_ECHO])
+        .ok()?
+        .stdout_str()
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count();
+    // The other pod, to the same endpoint and for a name, while those ports are still held.
+    let started = Instant::now();
+    let echo = peer::cmd(s.topo.pod("team-b/b1").place())?
+        .args(["echo", EXT_ECHO, "--bytes", "1000"])
+        .output()?;
+    let connect_took = started.elapsed();
+    let reply = dig::run(
+        s.topo
+            .pod("team-b/b1")
+            .cmd("dig")
+            .args(["+tries=1", "+time=2", NAME]),
+    )?;
+    eprintln!(
+        "{CONNS} short connections from one pod: {report:?}, {time_wait} node ports in TIME_WAIT toward {EXT_ECHO}; the other pod's echo there {} in {connect_took:?}, its DNS {} in {:?}",
+        if echo.success() { "worked" } else { "failed" },
+        reply.status,
+        reply.elapsed
+    );
+    ensure!(
+        echo.success(),
+        "the other pod's connection to the same endpoint failed: {}{}",
+        echo.stdout_str(),
+        echo.stderr_str()
+    );
+    ensure!(
+        reply.status == "NOERROR" && !reply.answer.is_empty(),
+        "{reply:#?}"
+    );
+    ensure!(
+        report["ok"] >= share && report["reset"] > 0 && report["failed"] == 0,
+        "the pod gets its share, then is reset at once: {report:?}"
+    );
+    let m = s.agent.metrics()?;
+    ensure!(
+        m.get_or_zero(&refusals("upstream_ports", "client_share")) as u64 == report["reset"],
+        "each refusal counted: {m:#?}"
+    );
+    s.agent.stop()
+}

@@ -255,6 +255,147 @@ fn getpeername_in_the_pod_returns_the_original_destination() -> Result<()> {
     Ok(())
 }
 
+/// More steered sockets than the programs' old per-socket map held (an LRU of 65,536 keyed by
+/// socket cookie), all open at once.
+const UDP_SOCKETS: usize = 70_000;
+
+/// Descriptors one process of this run may hold, less a few for its own use.
+fn sockets_per_process() -> Result<usize> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit, and `limit` is a valid, exclusively borrowed one.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    ensure!(
+        read == 0,
+        "getrlimit(RLIMIT_NOFILE): {}",
+        std::io::Error::last_os_error()
+    );
+    Ok((limit.rlim_max as usize).saturating_sub(64).max(1))
+}
+const DNS_REDIRECTED: &str = r#"redirect_ebpf_events_total{event="dns_redirected"}"#;
+
+/// What `rdt-peer peer-watch` printed, in order.
+fn peers_seen(log: &str) -> Vec<String> {
+    log.lines()
+        .filter_map(|l| l.strip_prefix("peer "))
+        .map(|p| p.trim().to_string())
+        .collect()
+}
+
+#[test]
+fn another_pods_many_udp_sockets_leave_a_connections_original_destination_alone() -> Result<()> {
+    let s = setup(&[A1, B1])?;
+    let mut watch = peer::cmd(s.topo.pod("team-a/a1").place())?
+        .args(["peer-watch", EXT_ECHO])
+        .spawn()?;
+    watch.wait_for_log("peer ", Duration::from_secs(10))?;
+    assert_eq!(peers_seen(&watch.log()), [EXT_ECHO], "before anything else");
+    let before = s.agent.metrics()?;
+    // Connected UDP sockets to a resolver: each connect() is steered and files its destination.
+    // As many processes as the open-files limit needs to hold them all at once.
+    let per_process = sockets_per_process()?;
+    let mut floods = Vec::new();
+    let mut asked = 0;
+    while asked < UDP_SOCKETS {
+        let count = per_process.min(UDP_SOCKETS - asked);
+        asked += count;
+        floods.push(
+            peer::cmd(s.topo.pod("team-b/b1").place())?
+                .args(["udp-connected", "10.96.0.10:53", "--count"])
+                .arg(count.to_string())
+                .spawn()?,
+        );
+    }
+    let mut original = 0;
+    for flood in &mut floods {
+        flood.wait_for_log(" original=", Duration::from_secs(120))?;
+        original += flood
+            .log()
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("original="))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+    }
+    // Each of them, read back at once, showed where it was connected.
+    assert_eq!(original, UDP_SOCKETS, "sockets that showed their resolver");
+    let after = s.agent.metrics()?;
+    ensure!(
+        delta(&before, &after, DNS_REDIRECTED) >= UDP_SOCKETS as f64,
+        "every socket steered: {}",
+        delta(&before, &after, DNS_REDIRECTED)
+    );
+    // The same connection of the other pod still shows where it went, not the gateway.
+    watch.write_stdin(b"again\n")?;
+    watch.close_stdin();
+    watch.wait(Duration::from_secs(10))?;
+    let seen = peers_seen(&watch.log());
+    assert_eq!(
+        seen,
+        [EXT_ECHO, EXT_ECHO],
+        "getpeername() after {UDP_SOCKETS} sockets of another pod (the gateway is {})",
+        integration::GATEWAY
+    );
+    for mut flood in floods {
+        flood.close_stdin();
+        flood.wait(Duration::from_secs(30))?;
+    }
+    Ok(())
+}
+
+/// Entries in the programs' flow map (client address -> original destination), read from its pin.
+fn flow_entries(topo: &Topology) -> Result<usize> {
+    let path = topo.pin_dir().join("maps/FLOW_ORIG_DST");
+    let out = topo
+        .node_cmd("bpftool")
+        .args(["-j", "map", "dump", "pinned"])
+        .arg(&path)
+        .ok()?
+        .stdout_str();
+    let entries: serde_json::Value = serde_json::from_str(&out)?;
+    Ok(entries.as_array().map_or(0, Vec::len))
+}
+
+/// A connect() abandoned before its handshake never reaches the agent, so it must file nothing in
+/// the flow map: otherwise one pod's abandoned attempts pile up there (an LRU map) and crowd out
+/// the entries of other pods' connections waiting to be accepted.
+#[test]
+fn connections_abandoned_before_the_handshake_leave_nothing_in_the_flow_map() -> Result<()> {
+    const ATTEMPTS: usize = 5_000;
+    let s = setup(&[A1, B1])?;
+    // The pod never hears the agent's SYN-ACK (its own netns drops it): every attempt is abandoned
+    // before its handshake, however fast the agent answers.
+    s.topo
+        .pod("team-b/b1")
+        .cmd("iptables")
+        .args(["-A", "INPUT", "-p", "tcp", "--sport", "15001"])
+        .args(["--tcp-flags", "SYN,ACK", "SYN,ACK", "-j", "DROP"])
+        .ok()?;
+    peer::cmd(s.topo.pod("team-b/b1").place())?
+        .args(["abandon", EXT_HTTP, "--count", &ATTEMPTS.to_string()])
+        .ok()?;
+    // Connections that did complete are accepted (and their entries taken) as the agent gets to
+    // them; what is left after that stays for good.
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(10));
+    let mut left = flow_entries(&s.topo)?;
+    while left > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        left = flow_entries(&s.topo)?;
+    }
+    // And the other pod is served as ever.
+    let body = curl(s.topo.pod("team-a/a1").cmd("curl"), "http://203.0.113.10/")
+        .ok()?
+        .stdout_str();
+    assert_eq!(body, format!("{EXT_NAME}\n"));
+    eprintln!("{ATTEMPTS} abandoned connects: {left} flow entries left");
+    ensure!(
+        left == 0,
+        "{left} entries of {ATTEMPTS} abandoned connects left in the flow map"
+    );
+    Ok(())
+}
+
 #[test]
 fn the_node_and_the_agent_itself_are_not_redirected() -> Result<()> {
     let s = setup(&[A1])?;

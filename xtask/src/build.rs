@@ -43,6 +43,11 @@ pub fn ebpf_cargo(subcommand: &str) -> Command {
             "--release",
         ])
         .args(["--target", "bpfel-unknown-none", "-Z", "build-std=core"])
+        // BTF in the object: socket local storage maps cannot be created without it.
+        .args([
+            "--config",
+            r#"target.bpfel-unknown-none.rustflags = ["-C", "link-arg=--btf"]"#,
+        ])
         // The stable cargo running xtask must not leak its toolchain into the nightly build.
         .env_remove("RUSTC")
         .env_remove("RUSTUP_TOOLCHAIN")

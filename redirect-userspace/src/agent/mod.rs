@@ -79,7 +79,11 @@ pub struct AgentConfig {
 /// Runs until SIGINT or SIGTERM.
 pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
     let fd_limit = raise_fd_limit();
-    let limits = Limits::size(fd_limit, &config.budget);
+    let ephemeral_ports = crate::budget::ports::ephemeral_ports().unwrap_or_else(|e| {
+        tracing::warn!(error = %e, assumed = crate::budget::ports::DEFAULT_EPHEMERAL_PORTS, "reading the node's ephemeral port range");
+        crate::budget::ports::DEFAULT_EPHEMERAL_PORTS
+    });
+    let limits = Limits::size(fd_limit, ephemeral_ports, &config.budget);
     info!(?limits, "resource budgets");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -38,6 +38,13 @@ pub struct BudgetArgs {
     /// DNS-over-TCP connections one client may hold [default: a quarter of the node's].
     #[arg(long, value_name = "N")]
     pub max_dns_tcp_clients_per_client: Option<usize>,
+    /// Local ports the proxy may hold toward any one upstream address, open or in TIME_WAIT after
+    /// a close it made first [default: three quarters of the node's ephemeral range].
+    #[arg(long, value_name = "N")]
+    pub max_upstream_ports: Option<usize>,
+    /// Of those, what one client (pod) may hold [default: a quarter of the node's].
+    #[arg(long, value_name = "N")]
+    pub max_upstream_ports_per_client: Option<usize>,
     /// A proxied connection that moves no byte either way for this long is reset.
     #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
@@ -82,13 +89,17 @@ pub struct Limits {
     pub connections: Cap,
     pub dns_forwards: Cap,
     pub dns_tcp_clients: Cap,
+    /// Ports toward one upstream address, open or in TIME_WAIT.
+    pub upstream_ports: Cap,
 }
 
 impl Limits {
     /// DNS over TCP first (small and bounded), the outbound proxy gets the rest: so no sum of
     /// budgets can reach `fd_limit`. UDP forwards hold no descriptor (they share the upstream
-    /// sockets, which are in the reserve): their cap does not depend on the limit.
-    pub fn size(fd_limit: usize, args: &BudgetArgs) -> Limits {
+    /// sockets, which are in the reserve): their cap does not depend on the limit. Ports toward an
+    /// upstream are sized from the node's ephemeral range (`ephemeral_ports`): a quarter of it is
+    /// always left to the node's own connections.
+    pub fn size(fd_limit: usize, ephemeral_ports: usize, args: &BudgetArgs) -> Limits {
         let spare = fd_limit.saturating_sub(RESERVED_FDS);
         let dns_cap = spare / 8;
         let forwards = args.max_dns_forwards.unwrap_or(DEFAULT_DNS_FORWARDS);
@@ -108,6 +119,11 @@ impl Limits {
             connections: Cap::new(connections, args.max_connections_per_client),
             dns_forwards: Cap::new(forwards, args.max_dns_forwards_per_client),
             dns_tcp_clients: Cap::new(tcp, args.max_dns_tcp_clients_per_client),
+            upstream_ports: Cap::new(
+                args.max_upstream_ports
+                    .unwrap_or(ephemeral_ports - ephemeral_ports / 4),
+                args.max_upstream_ports_per_client,
+            ),
         }
     }
 }
@@ -115,6 +131,12 @@ impl Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Linux's default range (28,232 ports): three quarters for the proxy, a quarter of that each.
+    const DEFAULT_PORTS: Cap = Cap {
+        node: 21_174,
+        client: 5_293,
+    };
 
     #[test]
     fn budgets_are_sized_from_the_fd_limit_and_never_sum_past_it() {
@@ -145,6 +167,7 @@ mod tests {
                         node: 1024,
                         client: 256,
                     },
+                    upstream_ports: DEFAULT_PORTS,
                 },
             },
             Case {
@@ -167,6 +190,7 @@ mod tests {
                         node: 128,
                         client: 32,
                     },
+                    upstream_ports: DEFAULT_PORTS,
                 },
             },
             Case {
@@ -195,6 +219,7 @@ mod tests {
                         node: 128,
                         client: 32,
                     },
+                    upstream_ports: DEFAULT_PORTS,
                 },
             },
             Case {
@@ -211,11 +236,12 @@ mod tests {
                         client: 256,
                     },
                     dns_tcp_clients: Cap { node: 0, client: 0 },
+                    upstream_ports: DEFAULT_PORTS,
                 },
             },
         ];
         for case in cases {
-            let got = Limits::size(case.fd_limit, &case.args);
+            let got = Limits::size(case.fd_limit, 28_232, &case.args);
             assert_eq!(got, case.expect, "{}", case.name);
             let worst =
                 RESERVED_FDS + got.dns_tcp_clients.node * FDS_PER_DNS_TCP_CLIENT + got.proxy_fds;

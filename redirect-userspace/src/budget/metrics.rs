@@ -15,6 +15,8 @@ pub enum BudgetKind {
     Connections,
     DnsForwards,
     DnsTcpClients,
+    /// Ephemeral ports of the node toward one upstream address (open, or in TIME_WAIT).
+    UpstreamPorts,
 }
 
 impl BudgetKind {
@@ -24,6 +26,7 @@ impl BudgetKind {
             Self::Connections => "connections",
             Self::DnsForwards => "dns_forwards",
             Self::DnsTcpClients => "dns_tcp_clients",
+            Self::UpstreamPorts => "upstream_ports",
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The resources the agent lets its clients make it hold, each capped for the node and shared out per
 //! client (a workload, by any of its addresses: `Snapshot::budget_key`): proxied connections and
-//! their file descriptors, DNS queries in flight upstream, DNS-over-TCP connections. A pod at its
-//! share is refused; the others go on.
+//! their file descriptors, DNS queries in flight upstream, DNS-over-TCP connections, the node's
+//! ephemeral ports toward each upstream address. A pod at its share is refused; the others go on.
 //!
 //! Sizes come from the open-files limit (see [`Limits::size`]), so the agent refuses early, with a
 //! reset or SERVFAIL the client sees at once, instead of running out of descriptors and hanging
@@ -9,6 +9,7 @@
 mod fds;
 mod limits;
 mod metrics;
+pub mod ports;
 mod share;
 
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use std::sync::Arc;
 pub use fds::{Ceiling, FdCharge, FdLedger, raise_fd_limit};
 pub use limits::{BudgetArgs, Cap, FDS_PER_CONNECTION, FDS_PER_SPLICE, Limits, RESERVED_FDS};
 pub use metrics::{BudgetKind, BudgetMetrics, Refusal, Scope};
+pub use ports::{PortPermit, UpstreamPorts};
 pub use share::{Permit, Share};
 
 use crate::metrics::Metrics;
@@ -28,6 +30,7 @@ pub struct Budgets {
     pub connections: Arc<Share>,
     pub dns_forwards: Arc<Share>,
     pub dns_tcp_clients: Arc<Share>,
+    pub upstream_ports: Arc<UpstreamPorts>,
 }
 
 impl Budgets {
@@ -39,6 +42,11 @@ impl Budgets {
             connections: share(BudgetKind::Connections, limits.connections),
             dns_forwards: share(BudgetKind::DnsForwards, limits.dns_forwards),
             dns_tcp_clients: share(BudgetKind::DnsTcpClients, limits.dns_tcp_clients),
+            upstream_ports: UpstreamPorts::new(
+                limits.upstream_ports.node,
+                limits.upstream_ports.client,
+                metrics.clone(),
+            ),
         }
     }
 

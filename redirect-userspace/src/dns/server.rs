@@ -674,7 +674,11 @@ mod tests {
                     max_dns_tcp_clients_per_client: Some(tcp),
                     ..Default::default()
                 };
-                let limits = crate::budget::Limits::size(1 << 16, &args);
+                let limits = crate::budget::Limits::size(
+                    1 << 16,
+                    crate::budget::ports::DEFAULT_EPHEMERAL_PORTS,
+                    &args,
+                );
                 proxy.with_budgets(Arc::new(Budgets::new(limits, &metrics)))
             }
             None => proxy,

@@ -255,6 +255,13 @@ async fn proxy(
     // its own addresses, or what the operator denies.
     let (first, fallback) = allowed(context, peer, orig, first, fallback)
         .ok_or(Refused::error("destination refused"))?;
+    // A port toward the upstream, open and then in TIME_WAIT: one pod's short connections must
+    // not take the node's whole range toward an endpoint (`budget::ports`).
+    let mut port = context
+        .budgets
+        .upstream_ports
+        .take(snapshot.budget_key(peer.ip()), first)
+        .map_err(|_| Refused::error("over budget: ports toward the upstream"))?;
     // Bounded kernel buffers on both legs: a peer that never reads holds at most this much.
     if let Some(bytes) = context.buffer {
         let socket = socket2::SockRef::from(client);
@@ -288,6 +295,7 @@ async fn proxy(
     };
     match carried {
         Ok(carried) => {
+            port.closed_first(carried.upstream_closed_first);
             context.metrics.proxy.bytes(Direction::Sent, carried.sent);
             context
                 .metrics

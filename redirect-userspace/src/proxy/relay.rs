@@ -22,6 +22,9 @@ pub struct Carried {
     pub sent: u64,
     /// upstream -> client
     pub received: u64,
+    /// The client's end of stream came first, so the proxy closed toward the upstream first: the
+    /// upstream socket is left in TIME_WAIT, holding its local port for a while.
+    pub upstream_closed_first: bool,
 }
 
 /// How long a connection may go without progress.
@@ -141,8 +144,8 @@ pub(super) async fn carry(
     let both = async { tokio::try_join!(sending.run(to_upstream), receiving.run(to_client)) };
     tokio::select! {
         carried = both => {
-            let (sent, received) = carried?;
-            Ok(Carried { sent, received })
+            let ((sent, sent_first), (received, _)) = carried?;
+            Ok(Carried { sent, received, upstream_closed_first: sent_first })
         }
         timeout = activity.idle_for(timeouts.idle) => Err(timeout),
     }
@@ -190,8 +193,9 @@ struct Direction<'a> {
 }
 
 impl Direction<'_> {
-    /// Moves `from`'s bytes to `to` until `from` reaches EOF, then half-closes `to`.
-    async fn run(&self, mut buffer: impl Buffer) -> Result<u64, RelayError> {
+    /// Moves `from`'s bytes to `to` until `from` reaches EOF, then half-closes `to`. Returns the
+    /// bytes moved, and whether this direction ended before the other one.
+    async fn run(&self, mut buffer: impl Buffer) -> Result<(u64, bool), RelayError> {
         let mut total = 0u64;
         loop {
             let filled = self
@@ -200,10 +204,11 @@ impl Direction<'_> {
                 .await?;
             if filled == 0 {
                 // EOF: pass the half-close on; the other direction may still be talking.
+                let first = !self.other_done.load(Ordering::Acquire);
                 shutdown_write(self.to)?;
                 buffer.emptied();
                 self.done.store(true, Ordering::Release);
-                return Ok(total);
+                return Ok((total, first));
             }
             self.activity.progress();
             let mut left = filled;
@@ -322,7 +327,9 @@ mod tests {
             carried,
             Carried {
                 sent: 7,
-                received: 17
+                received: 17,
+                // The client half-closed first: the relay closed toward the server first.
+                upstream_closed_first: true,
             }
         );
     }

@@ -118,7 +118,10 @@ async fn start(setup: Setup) -> Proxy {
         relay: RelayMode::Splice,
         // No cgroup tree: no client is a pod with a uid, so none is held against the kernel.
         cgroups: Arc::new(CgroupPods::new("/nonexistent/cgroup".into())),
-        budgets: Arc::new(Budgets::new(Limits::size(4096, &args), &metrics)),
+        budgets: Arc::new(Budgets::new(
+            Limits::size(4096, crate::budget::ports::DEFAULT_EPHEMERAL_PORTS, &args),
+            &metrics,
+        )),
         timeouts: setup.timeouts,
         guard: Arc::new(DialGuard::allowing_loopback(setup.denied)),
         buffer: Some(64 * 1024),

@@ -96,6 +96,21 @@ pub const NEEDS: &[Need] = &[
         probe: Probe::Release,
     },
     Need {
+        what: "socket local storage maps (each steered socket's original destination)",
+        since: (5, 2),
+        probe: Probe::Map(MapType::SkStorage),
+    },
+    Need {
+        what: "bpf_sk_storage_get() in sock_addr programs",
+        since: (5, 3),
+        probe: Probe::Helper(CgroupSockAddr, BpfHelper::BPF_FUNC_sk_storage_get),
+    },
+    Need {
+        what: "bpf_sk_storage_get() in sock_ops programs",
+        since: (5, 3),
+        probe: Probe::Helper(SockOps, BpfHelper::BPF_FUNC_sk_storage_get),
+    },
+    Need {
         what: "LRU hash maps",
         since: (4, 10),
         probe: Probe::Map(MapType::LruHash),

@@ -667,7 +667,8 @@ impl RedirectMaps {
     /// Where the client at `client` (the peer of an accepted connection) meant to go, taken out of
     /// the map: an entry belongs to the one connection that filed it and is read once.
     ///
-    /// sock_ops filed it before the client's SYN left, so it is there by the time accept() returns.
+    /// sock_ops filed it before the client's last ACK left, so it is there by the time accept()
+    /// returns.
     /// Left in the map, it would be there for whoever comes next from the same ip:port without a
     /// steered connect() of its own: a pod on a recycled address, connecting to the proxy's port
     /// itself from the port an earlier pod used, would be served that pod's destination. An IPv4

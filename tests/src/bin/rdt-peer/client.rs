@@ -21,6 +21,18 @@ pub fn getpeername(addr: SocketAddr) -> Result<()> {
     Ok(())
 }
 
+pub fn peer_watch(addr: SocketAddr) -> Result<()> {
+    let s = connect(addr)?;
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        println!("peer {}", s.peer_addr().context("getpeername")?);
+        match lines.next() {
+            Some(line) => drop(line.context("reading stdin")?),
+            None => return Ok(()),
+        }
+    }
+}
+
 /// Writes `n` pattern bytes and half-closes; returns the hex sha256 of what it wrote.
 fn send_pattern(mut s: TcpStream, n: u64, rate_mib: u64) -> Result<String> {
     let started = std::time::Instant::now();

@@ -72,6 +72,110 @@ pub fn hold_idle(addr: SocketAddr, conns: usize) -> Result<()> {
     Ok(())
 }
 
+/// Opens `count` UDP sockets connected to `server` (nothing is sent), reads each one's peer back,
+/// prints `open N original=M` (M: how many showed `server`) and holds them until stdin closes or a
+/// line arrives.
+pub fn udp_connected(server: SocketAddr, count: usize) -> Result<()> {
+    // Local ports shared (SO_REUSEADDR): a pod has fewer ephemeral ports than sockets wanted. A few
+    // dozen sockets a port, not all on one: bind() checks every socket already on its port.
+    const PORTS: std::ops::Range<u16> = 20_000..22_048;
+    let domain = match server {
+        SocketAddr::V4(_) => socket2::Domain::IPV4,
+        SocketAddr::V6(_) => socket2::Domain::IPV6,
+    };
+    let mut sockets = Vec::with_capacity(count);
+    let mut original = 0;
+    for i in 0..count {
+        let port = PORTS.start + (i % PORTS.len()) as u16;
+        let local = SocketAddr::new(
+            match server {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::UNSPECIFIED.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::UNSPECIFIED.into(),
+            },
+            port,
+        );
+        let socket = socket2::Socket::new(domain, socket2::Type::DGRAM, None)
+            .with_context(|| format!("socket {i}"))?;
+        socket.set_reuse_address(true)?;
+        socket
+            .bind(&local.into())
+            .with_context(|| format!("binding socket {i} to {local}"))?;
+        socket
+            .connect(&server.into())
+            .with_context(|| format!("connecting socket {i}"))?;
+        // As resolvers do: read the peer back (the kernel looks up the original destination).
+        let peer = socket.peer_addr().context("getpeername")?.as_socket();
+        if peer == Some(server) {
+            original += 1;
+        }
+        sockets.push(socket);
+    }
+    println!("open {} original={original}", sockets.len());
+    let mut line = String::new();
+    let _ = std::io::stdin().read_line(&mut line);
+    Ok(())
+}
+
+/// Non-blocking connects, each closed before its handshake completes.
+pub fn abandon(addr: SocketAddr, count: usize) -> Result<()> {
+    let domain = match addr {
+        SocketAddr::V4(_) => socket2::Domain::IPV4,
+        SocketAddr::V6(_) => socket2::Domain::IPV6,
+    };
+    for i in 0..count {
+        let socket = socket2::Socket::new(domain, socket2::Type::STREAM, None)
+            .with_context(|| format!("socket {i}"))?;
+        socket.set_nonblocking(true)?;
+        match socket.connect(&addr.into()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e).with_context(|| format!("connect {i}")),
+        }
+        drop(socket); // in SYN_SENT: gone, no FIN; the SYN-ACK that comes back is answered by RST
+    }
+    println!("abandoned {count}");
+    Ok(())
+}
+
+/// Short connections in a row: send a line, read its echo, close first. A connection that fails
+/// counts as reset (reset by the far end, at connect or after) or failed (anything else).
+pub fn churn(addr: SocketAddr, conns: usize) -> Result<()> {
+    let started = Instant::now();
+    let (mut ok, mut reset, mut failed) = (0u64, 0u64, 0u64);
+    let mut first_errors = std::collections::BTreeMap::new();
+    for _ in 0..conns {
+        let attempt = || -> std::io::Result<()> {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(b"ping\n")?;
+            let mut echo = [0u8; 5];
+            s.read_exact(&mut echo)?;
+            Ok(()) // dropped here: this side closes first
+        };
+        match attempt() {
+            Ok(()) => ok += 1,
+            Err(e) => {
+                let kind = if e.kind() == ErrorKind::ConnectionReset {
+                    reset += 1;
+                    "reset"
+                } else {
+                    failed += 1;
+                    "failed"
+                };
+                first_errors.entry(kind).or_insert_with(|| e.to_string());
+            }
+        }
+    }
+    for (kind, error) in &first_errors {
+        println!("first {kind}: {error}");
+    }
+    println!(
+        "ok={ok} reset={reset} failed={failed} ms={}",
+        started.elapsed().as_millis()
+    );
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ending {
     /// The echo came back: the connection works.

@@ -46,6 +46,32 @@ enum Command {
     },
     /// Connect and print what getpeername() returns.
     Getpeername { addr: SocketAddr },
+    /// Connect, print `peer ADDR` (what getpeername() returns), then again for every line on stdin,
+    /// on the same connection, until stdin closes.
+    PeerWatch { addr: SocketAddr },
+    /// Open `--count` UDP sockets connected to `server`, each read back with getpeername(), and
+    /// hold them: print `open N original=M` (M showed `server`), then wait for a line (or EOF) on
+    /// stdin (the open-files limit bounds `--count`).
+    UdpConnected {
+        server: SocketAddr,
+        #[arg(long)]
+        count: usize,
+    },
+    /// `--conns` short connections to an echo server, one after the other: each sends a line, reads
+    /// the echo and closes first (as a client that ends its request does). Prints
+    /// the first error of each kind, then `ok=N reset=N failed=N ms=N`.
+    Churn {
+        addr: SocketAddr,
+        #[arg(long)]
+        conns: usize,
+    },
+    /// Start `--count` connections to `addr` and close each at once, before its handshake can
+    /// complete (a non-blocking connect() closed in SYN_SENT); print `abandoned N`.
+    Abandon {
+        addr: SocketAddr,
+        #[arg(long)]
+        count: usize,
+    },
     /// Send N pattern bytes to an echo server while reading the echo; print both checksums.
     Echo {
         addr: SocketAddr,
@@ -170,6 +196,10 @@ fn main() -> ExitCode {
             sink,
         } => serve::serve(&name, &http, &echo, &source, &sink),
         Command::Getpeername { addr } => client::getpeername(addr),
+        Command::PeerWatch { addr } => client::peer_watch(addr),
+        Command::UdpConnected { server, count } => load::udp_connected(server, count),
+        Command::Churn { addr, conns } => load::churn(addr, conns),
+        Command::Abandon { addr, count } => load::abandon(addr, count),
         Command::Echo {
             addr,
             bytes,

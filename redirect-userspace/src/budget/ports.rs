@@ -1,0 +1,317 @@
+//! Ephemeral ports toward one upstream address. Each upstream connection holds a local port of the
+//! node for as long as its four-tuple is in use: while open, and for TIME_WAIT (60 s on Linux) after
+//! a close the proxy made first (it passes a client's close on to the upstream as its own). The
+//! kernel has only the ephemeral range (28,232 ports by default) for each destination, so one pod
+//! making short connections to one endpoint could take them all: then every pod's connection there
+//! fails, each failed `connect()` after a scan of the whole range. Counted here per upstream address
+//! and per client, a pod at its share is refused at once while the others go on.
+use std::{
+    collections::{HashMap, VecDeque},
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, Instant},
+};
+
+use super::{BudgetKind, Refusal};
+use crate::metrics::Metrics;
+
+/// How long Linux keeps a connection the node closed first in TIME_WAIT (`TCP_TIMEWAIT_LEN`, fixed).
+pub const TIME_WAIT: Duration = Duration::from_secs(60);
+
+/// The node's ephemeral range when it cannot be read (Linux's default, 32768-60999).
+pub const DEFAULT_EPHEMERAL_PORTS: usize = 28_232;
+
+/// How many ports the kernel's ephemeral range holds in this network namespace.
+pub fn ephemeral_ports() -> std::io::Result<usize> {
+    let path = "/proc/sys/net/ipv4/ip_local_port_range";
+    let text = std::fs::read_to_string(path)?;
+    parse_range(&text).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{path}: expected two port numbers, got {text:?}"),
+        )
+    })
+}
+
+fn parse_range(text: &str) -> Option<usize> {
+    let mut ports = text.split_whitespace().map(str::parse::<u16>);
+    let (low, high) = (ports.next()?.ok()?, ports.next()?.ok()?);
+    (ports.next().is_none() && low <= high).then(|| usize::from(high - low) + 1)
+}
+
+/// Ports each upstream address may hold for the proxy (`node`), and for any one client of it.
+#[derive(Debug)]
+pub struct UpstreamPorts {
+    node: usize,
+    client: usize,
+    held: Mutex<Held>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug)]
+struct Held {
+    by_upstream: HashMap<SocketAddr, Upstream>,
+    /// Every port held, all upstreams together (the gauge).
+    total: usize,
+    /// When upstreams with nothing left were last dropped.
+    swept: Instant,
+}
+
+/// What one upstream address holds: only upstreams holding something have an entry.
+#[derive(Debug, Default)]
+struct Upstream {
+    total: usize,
+    by_client: HashMap<IpAddr, usize>,
+    /// Closed connections still in TIME_WAIT, oldest first: when each ends, and whose it was.
+    cooling: VecDeque<(Instant, IpAddr)>,
+}
+
+impl Upstream {
+    fn release(&mut self, client: IpAddr) {
+        if let Some(n) = self.by_client.get_mut(&client) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_client.remove(&client);
+            }
+        }
+        self.total = self.total.saturating_sub(1);
+    }
+
+    /// Gives back the ports whose TIME_WAIT is over; returns how many.
+    fn expire(&mut self, now: Instant) -> usize {
+        let mut freed = 0;
+        while let Some(&(ends, client)) = self.cooling.front() {
+            if ends > now {
+                break;
+            }
+            self.cooling.pop_front();
+            self.release(client);
+            freed += 1;
+        }
+        freed
+    }
+}
+
+impl UpstreamPorts {
+    pub fn new(node: usize, client: usize, metrics: Arc<Metrics>) -> Arc<UpstreamPorts> {
+        let client = client.min(node);
+        metrics
+            .budgets
+            .limits(BudgetKind::UpstreamPorts, node, Some(client));
+        Arc::new(UpstreamPorts {
+            node,
+            client,
+            held: Mutex::new(Held {
+                by_upstream: HashMap::new(),
+                total: 0,
+                swept: Instant::now(),
+            }),
+            metrics,
+        })
+    }
+
+    fn held(&self) -> MutexGuard<'_, Held> {
+        // Plain counters: still consistent after a panic elsewhere.
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A port toward `upstream` for `client`, or the reason it may not have one (counted).
+    pub fn take(
+        self: &Arc<Self>,
+        client: IpAddr,
+        upstream: SocketAddr,
+    ) -> Result<PortPermit, Refusal> {
+        self.take_at(client, upstream, Instant::now())
+    }
+
+    fn take_at(
+        self: &Arc<Self>,
+        client: IpAddr,
+        upstream: SocketAddr,
+        now: Instant,
+    ) -> Result<PortPermit, Refusal> {
+        let mut held = self.held();
+        let held = &mut *held;
+        // Now and then, upstreams whose every port came back are dropped: the map holds only what
+        // is held.
+        if now.duration_since(held.swept) >= Duration::from_secs(1) {
+            held.swept = now;
+            let mut freed = 0;
+            held.by_upstream.retain(|_, u| {
+                freed += u.expire(now);
+                u.total > 0
+            });
+            held.total = held.total.saturating_sub(freed);
+        }
+        let entry = held.by_upstream.entry(upstream).or_default();
+        held.total = held.total.saturating_sub(entry.expire(now));
+        let refusal = if entry.by_client.get(&client).copied().unwrap_or(0) >= self.client {
+            Some(Refusal::ClientShare)
+        } else if entry.total >= self.node {
+            Some(Refusal::NodeLimit)
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            if entry.total == 0 {
+                held.by_upstream.remove(&upstream);
+            }
+            self.metrics
+                .budgets
+                .used(BudgetKind::UpstreamPorts, held.total);
+            self.metrics
+                .budgets
+                .refused(BudgetKind::UpstreamPorts, refusal);
+            return Err(refusal);
+        }
+        *entry.by_client.entry(client).or_default() += 1;
+        entry.total += 1;
+        held.total += 1;
+        self.metrics
+            .budgets
+            .used(BudgetKind::UpstreamPorts, held.total);
+        Ok(PortPermit {
+            ports: self.clone(),
+            client,
+            upstream,
+            closed_first: false,
+        })
+    }
+
+    fn give_back(&self, client: IpAddr, upstream: SocketAddr, closed_first: bool, now: Instant) {
+        let mut held = self.held();
+        let Some(entry) = held.by_upstream.get_mut(&upstream) else {
+            return;
+        };
+        if closed_first {
+            // The port stays taken until the kernel lets its four-tuple go.
+            entry.cooling.push_back((now + TIME_WAIT, client));
+            return;
+        }
+        entry.release(client);
+        if entry.total == 0 {
+            held.by_upstream.remove(&upstream);
+        }
+        held.total = held.total.saturating_sub(1);
+        self.metrics
+            .budgets
+            .used(BudgetKind::UpstreamPorts, held.total);
+    }
+}
+
+/// One port toward an upstream, given back when dropped: at once, or after TIME_WAIT when the
+/// proxy closed the connection first ([`PortPermit::closed_first`]).
+#[derive(Debug)]
+pub struct PortPermit {
+    ports: Arc<UpstreamPorts>,
+    client: IpAddr,
+    upstream: SocketAddr,
+    closed_first: bool,
+}
+
+impl PortPermit {
+    /// The proxy sent the first FIN toward the upstream: its port goes to TIME_WAIT on close.
+    pub fn closed_first(&mut self, closed_first: bool) {
+        self.closed_first = closed_first;
+    }
+}
+
+impl Drop for PortPermit {
+    fn drop(&mut self) {
+        self.ports.give_back(
+            self.client,
+            self.upstream,
+            self.closed_first,
+            Instant::now(),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_range_is_read_as_the_kernel_writes_it() {
+        assert_eq!(parse_range("32768\t60999\n"), Some(28_232));
+        assert_eq!(parse_range("40000 40999"), Some(1000));
+        for bad in ["", "1", "60999 32768", "1 2 3", "a b", "1 70000"] {
+            assert_eq!(parse_range(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_client_at_its_share_toward_one_upstream_leaves_that_upstream_to_others() {
+        let metrics = Arc::new(Metrics::default());
+        let ports = UpstreamPorts::new(3, 2, metrics.clone());
+        let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
+        let up = addr("198.51.100.1:80");
+        let held: Vec<_> = (0..2).map(|_| ports.take(a, up).unwrap()).collect();
+        assert_eq!(ports.take(a, up).unwrap_err(), Refusal::ClientShare);
+        // Another upstream is another range of four-tuples.
+        let _other = ports.take(a, addr("198.51.100.2:80")).unwrap();
+        let _b = ports.take(b, up).unwrap();
+        assert_eq!(ports.take(c, up).unwrap_err(), Refusal::NodeLimit);
+        drop(held);
+        let _c = ports.take(c, up).unwrap();
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        for line in [
+            r#"redirect_budget_refusals_total{budget="upstream_ports",reason="client_share"} 1"#,
+            r#"redirect_budget_refusals_total{budget="upstream_ports",reason="node_limit"} 1"#,
+            r#"redirect_budget_limit{budget="upstream_ports",scope="client"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_port_closed_first_is_held_for_time_wait_then_given_back() {
+        let ports = UpstreamPorts::new(10, 1, Arc::new(Metrics::default()));
+        let (a, up) = (ip("10.0.0.1"), addr("198.51.100.1:80"));
+        let start = Instant::now();
+        let mut permit = ports.take_at(a, up, start).unwrap();
+        permit.closed_first(true);
+        drop(permit);
+        let later = start + TIME_WAIT - Duration::from_secs(1);
+        assert_eq!(
+            ports.take_at(a, up, later).unwrap_err(),
+            Refusal::ClientShare,
+            "still in TIME_WAIT"
+        );
+        let after = start + TIME_WAIT + Duration::from_secs(1);
+        let permit = ports.take_at(a, up, after).unwrap();
+        // Closed by the upstream first (or reset): no TIME_WAIT on the node, back at once.
+        drop(permit);
+        let again = ports.take_at(a, up, after).unwrap();
+        drop(again);
+        let held = ports.held();
+        assert!(held.by_upstream.is_empty() && held.total == 0, "{held:?}");
+    }
+
+    #[test]
+    fn upstreams_with_nothing_left_are_dropped() {
+        let ports = UpstreamPorts::new(10, 5, Arc::new(Metrics::default()));
+        let start = Instant::now();
+        for i in 0..100 {
+            let mut p = ports
+                .take_at(ip("10.0.0.1"), addr(&format!("198.51.100.{i}:80")), start)
+                .unwrap();
+            p.closed_first(true);
+        }
+        assert_eq!(ports.held().by_upstream.len(), 100);
+        let after = start + TIME_WAIT + Duration::from_secs(2);
+        let _p = ports
+            .take_at(ip("10.0.0.2"), addr("203.0.113.1:80"), after)
+            .unwrap();
+        let held = ports.held();
+        assert_eq!((held.by_upstream.len(), held.total), (1, 1), "{held:?}");
+    }
+}
