@@ -34,6 +34,8 @@ pub fn remember(ctx: &SockAddrContext, orig: &OrigDst) -> bool {
 pub fn recall(ctx: &SockAddrContext) -> Option<OrigDst> {
     // SAFETY: as in `remember`; a null result means nothing was filed.
     let slot = unsafe { SOCKET_ORIG_DST.get_ptr_mut(ctx) };
+    // SAFETY: a non-null slot is this socket's storage holding one OrigDst (plain integers, any
+    // bit pattern valid), copied out at once.
     unsafe { slot.as_ref() }.copied()
 }
 
@@ -47,5 +49,6 @@ pub fn recall_sock(sk: *mut aya_ebpf::bindings::bpf_sock) -> Option<OrigDst> {
     // SAFETY: `sk` is the non-null socket the kernel handed this sock_ops call; flags 0 never
     // creates, so a null result means nothing was filed.
     let slot = unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) };
+    // SAFETY: as in `recall`: a non-null slot holds one OrigDst, copied out at once.
     unsafe { slot.cast::<OrigDst>().as_ref() }.copied()
 }
