@@ -3,11 +3,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use redirect_userspace::{
-    config::{Host, read_sources},
-    state::Snapshot,
-    visibility,
-};
+use redirect_userspace::model::{self, Host, Snapshot, read_sources};
 
 const HOSTS: usize = 100_000;
 const PORTS: u16 = 65_535;
@@ -17,7 +13,7 @@ const ALLOCATED: usize = 100_000;
 /// Loads one file as a reload does and builds the state; returns how many errors it had.
 fn load(text: &str) -> usize {
     let loaded = read_sources([("bench.yaml", text)]);
-    let resolution = visibility::resolve(&loaded.model);
+    let resolution = model::resolve(&loaded.model);
     let snapshot = Snapshot::build(&loaded.model, &resolution);
     black_box(snapshot.services().count());
     loaded.errors.len()
@@ -84,7 +80,7 @@ fn benches(c: &mut Criterion) {
         })
         .collect();
     group.bench_function("allocate_100k_hosts", |b| {
-        b.iter(|| visibility::allocate(black_box(&model), &visibility::Discovery::of(&model)).len())
+        b.iter(|| model::allocate(black_box(&model), &model::Discovery::of(&model)).len())
     });
     group.finish();
 }

@@ -4,10 +4,7 @@ use std::{hint::black_box, net::IpAddr};
 
 use bench::synthetic;
 use criterion::{Criterion, criterion_group, criterion_main};
-use redirect_userspace::{
-    config::{Model, load_sources},
-    state::{Pick, Snapshot},
-};
+use redirect_userspace::model::{Model, Pick, Snapshot, load_sources};
 
 /// The synthetic mesh at the targets' scale (the same one `cargo xtask bench` measures the agent's RSS with).
 fn model() -> Model {

@@ -327,9 +327,9 @@ pub fn dns_vip() -> Ipv4Addr {
     static VIP: std::sync::OnceLock<Ipv4Addr> = std::sync::OnceLock::new();
     *VIP.get_or_init(|| {
         let config = bench_config();
-        let model = redirect_userspace::config::load_sources([("bench.yaml", config.as_str())])
+        let model = redirect_userspace::model::load_sources([("bench.yaml", config.as_str())])
             .unwrap_or_else(|e| panic!("the bench's own configuration does not load: {e}"));
-        let snapshot = redirect_userspace::state::Snapshot::from_model(&model);
+        let snapshot = redirect_userspace::model::Snapshot::from_model(&model);
         snapshot
             .services()
             .find(|s| s.name == RESOLVED_ENTRY)

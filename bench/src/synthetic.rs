@@ -63,7 +63,7 @@ pub fn large_mesh_yaml(namespaces: usize, entries: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use redirect_userspace::config::load_sources;
+    use redirect_userspace::model::load_sources;
 
     #[test]
     fn a_small_one_loads_with_every_object() {
@@ -77,7 +77,7 @@ mod tests {
         // agent holds one service for each, which the bench checks.
         let yaml = large_mesh_yaml(20, 400);
         let model = load_sources([("synthetic.yaml", yaml.as_str())]).expect("loads");
-        let snapshot = redirect_userspace::state::Snapshot::from_model(&model);
+        let snapshot = redirect_userspace::model::Snapshot::from_model(&model);
         assert_eq!(snapshot.services().count(), 400);
     }
 }

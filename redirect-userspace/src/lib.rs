@@ -1,24 +1,65 @@
 //! The node agent and its offline tools.
 //!
-//! Data flows one way: files -> [`config`] (typed, validated resources) -> [`visibility`] (the control
-//! plane's resolution) -> [`state`] (the per-node snapshot, swapped whole on reload) -> [`proxy`], `dns`
-//! and [`admin`] read it. [`redirect`] loads the eBPF programs that bring pod traffic to the proxy.
-pub mod admin;
-pub mod agent;
-pub mod budget;
-pub mod cli;
+//! Data flows one way: files -> `config` (typed, validated resources) -> `visibility` (the control
+//! plane's resolution) -> `state` (the per-node snapshot, swapped whole on reload) -> `proxy`, `dns`
+//! and `admin` read it. `redirect` loads the eBPF programs that bring pod traffic to the proxy.
+//!
+//! Every module is private to the crate, so the compiler sees what nothing uses. What other crates
+//! need is re-exported below, by purpose: the `redirect` binary's entry point, and the narrow surface
+//! the bench, the integration suite, the conformance cases and xtask drive.
+mod admin;
+mod agent;
+mod budget;
+mod cli;
 pub mod cluster;
-pub mod config;
-pub mod dns;
-pub mod explain;
-pub mod fastpath;
-pub mod identity;
-pub mod live;
-pub mod logging;
-pub mod metrics;
-pub mod net;
-pub mod proxy;
-pub mod redirect;
-pub mod state;
-pub mod status;
-pub mod visibility;
+mod config;
+mod dns;
+mod explain;
+mod fastpath;
+mod identity;
+mod live;
+mod logging;
+mod metrics;
+mod net;
+mod proxy;
+mod redirect;
+mod state;
+mod status;
+mod visibility;
+
+/// The `redirect` command line.
+pub use cli::main;
+
+/// Manifests in, decisions out, offline: load a configuration, resolve visibility, build the
+/// per-node snapshot and ask it what a client gets (the bench and the conformance cases).
+pub mod model {
+    pub use crate::{
+        config::{ConfigErrors, Host, Model, load_sources, read_sources},
+        state::{OutboundOutcome, Pick, Snapshot},
+        visibility::{Discovery, allocate, resolve},
+    };
+}
+
+/// What `redirect explain` and `redirect resolve` report, built from a snapshot or read back from a
+/// running agent (the integration suite checks every outcome against it).
+pub mod report {
+    pub use crate::{
+        cli::{
+            explain::{
+                Destination, DnsAction, HostExplanation, IpExplanation, explain_host, explain_ip,
+            },
+            resolve::report as resolve_report,
+        },
+        fastpath::DecidedBy,
+    };
+}
+
+/// Talking to a running agent's admin server.
+pub mod admin_client {
+    pub use crate::admin::client::*;
+}
+
+/// What the node must offer: the cgroup v2 mounts, the oldest kernel the agent runs on.
+pub mod node {
+    pub use crate::redirect::{cgroup2_mount_points, features::OLDEST_SUPPORTED};
+}

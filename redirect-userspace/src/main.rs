@@ -1,5 +1,5 @@
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    redirect_userspace::cli::main()
+    redirect_userspace::main()
 }

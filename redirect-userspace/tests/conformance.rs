@@ -22,9 +22,8 @@ use std::{
 };
 
 use redirect_userspace::{
-    cli::{explain, resolve},
-    config,
-    state::Snapshot,
+    model::{self, Snapshot},
+    report::{self, Destination},
 };
 use serde_json::Value;
 
@@ -63,13 +62,13 @@ fn differences(path: &str, expected: &Value, actual: &Value, out: &mut Vec<Strin
     }
 }
 
-fn destination(text: &str) -> explain::Destination {
+fn destination(text: &str) -> Destination {
     match text.parse::<SocketAddr>() {
-        Ok(addr) => explain::Destination {
+        Ok(addr) => Destination {
             ip: addr.ip(),
             port: Some(addr.port()),
         },
-        Err(_) => explain::Destination {
+        Err(_) => Destination {
             ip: text
                 .parse::<IpAddr>()
                 .unwrap_or_else(|_| panic!("{text:?} is not IP or IP:PORT")),
@@ -91,7 +90,7 @@ fn run(dir: &Path) -> Vec<String> {
     );
     let sources = manifests(dir);
     let mut failures = Vec::new();
-    let model = match config::load_sources(sources.iter().map(|(f, t)| (f.as_str(), t.as_str()))) {
+    let model = match model::load_sources(sources.iter().map(|(f, t)| (f.as_str(), t.as_str()))) {
         Ok(model) => {
             if expect.get("errors").is_some() {
                 failures.push("loaded, expected errors".to_string());
@@ -128,8 +127,9 @@ fn run(dir: &Path) -> Vec<String> {
         }
     };
 
-    let resolution = redirect_userspace::visibility::resolve(&model);
-    let report = serde_json::to_value(resolve::report(&model, resolution)).unwrap_or_default();
+    let resolution = model::resolve(&model);
+    let report =
+        serde_json::to_value(report::resolve_report(&model, resolution)).unwrap_or_default();
     if let Some(entries) = expect.get("resolve").and_then(Value::as_object) {
         for (key, want) in entries {
             let got = report["serviceEntries"]
@@ -162,14 +162,14 @@ fn run(dir: &Path) -> Vec<String> {
             .as_str()
             .unwrap_or_else(|| panic!("{}: explain[{i}] has no from", dir.display()));
         let (label, got, key) = if let Some(ip) = ask["ip"].as_str() {
-            let got = explain::explain_ip(&snapshot, from, destination(ip));
+            let got = report::explain_ip(&snapshot, from, destination(ip));
             (
                 format!("explain[{i}] --from {from} --ip {ip}"),
                 serde_json::to_value(got).unwrap_or_default(),
                 "outbound",
             )
         } else if let Some(host) = ask["host"].as_str() {
-            let got = explain::explain_host(&snapshot, from, host);
+            let got = report::explain_host(&snapshot, from, host);
             (
                 format!("explain[{i}] --from {from} --host {host}"),
                 serde_json::to_value(got).unwrap_or_default(),

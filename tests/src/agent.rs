@@ -12,7 +12,7 @@ use crate::metrics::Metrics;
 use crate::proc::Proc;
 use crate::topology::Topology;
 use crate::{ADMIN_ADDR, GATEWAY, GATEWAY6, netns, procfs};
-use redirect_userspace::admin::client::{self, Response};
+use redirect_userspace::admin_client::{self as client, Response};
 
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 /// The cgroup v2 mount point (`/sys/fs/cgroup/unified` on a hybrid host, `/sys/fs/cgroup` on a unified
 /// one), found the way the agent finds it.
 pub fn cgroup2_mount() -> Result<PathBuf> {
-    redirect_userspace::redirect::cgroup2_mount_points()
+    redirect_userspace::node::cgroup2_mount_points()
         .context("reading /proc/self/mountinfo")?
         .into_iter()
         .next()

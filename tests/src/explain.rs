@@ -6,10 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
-pub use redirect_userspace::cli::explain::DnsAction;
-use redirect_userspace::cli::explain::{HostExplanation, IpExplanation};
-pub use redirect_userspace::fastpath::DecidedBy;
-pub use redirect_userspace::state::OutboundOutcome;
+pub use redirect_userspace::model::OutboundOutcome;
+pub use redirect_userspace::report::{DecidedBy, DnsAction};
+use redirect_userspace::report::{HostExplanation, IpExplanation};
 use serde_json::Value;
 
 use crate::Agent;

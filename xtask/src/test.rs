@@ -31,7 +31,7 @@ pub struct TestArgs {
 
 /// The oldest kernel the agent supports (it refuses older ones): CI's VM smoke runs there.
 fn smoke_kernel() -> String {
-    let (major, minor) = redirect_userspace::redirect::features::OLDEST_SUPPORTED;
+    let (major, minor) = redirect_userspace::node::OLDEST_SUPPORTED;
     format!("{major}.{minor}")
 }
 

@@ -107,19 +107,6 @@ pub enum AdminError {
     },
 }
 
-/// Binds now (so a taken port fails the agent's start) and serves on a thread of its own.
-pub fn spawn(
-    addr: SocketAddr,
-    allow_non_loopback: bool,
-    state: AdminState,
-) -> Result<SocketAddr, AdminError> {
-    let listener = bind(addr, allow_non_loopback)?;
-    let (keep_running, stopped) = tokio::sync::watch::channel(false);
-    // Never sent: this server runs as long as the process.
-    std::mem::forget(keep_running);
-    spawn_on(listener, state, stopped).map_err(|source| AdminError::Bind { addr, source })
-}
-
 /// Binds the admin address (loopback only unless allowed).
 pub fn bind(
     addr: SocketAddr,

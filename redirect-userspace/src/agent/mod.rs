@@ -22,8 +22,6 @@ use anyhow::Context;
 use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
-pub use reload::{Loaded, Reloader};
-
 use self::opt_out::OptOutSync;
 use crate::{
     admin::{self, AdminState},

@@ -8,7 +8,6 @@ pub const RESERVED_FDS: usize = 256;
 const FDS_PER_DNS_TCP_CLIENT: usize = 2;
 /// A proxied connection holds two sockets; relayed by splice, two pipes more.
 pub const FDS_PER_CONNECTION: usize = 2;
-pub const FDS_PER_SPLICE: usize = 4;
 
 const DEFAULT_DNS_FORWARDS: usize = 1024;
 const DEFAULT_DNS_TCP_CLIENTS: usize = 1024;

@@ -15,9 +15,9 @@ mod share;
 use std::sync::Arc;
 
 pub use fds::{Ceiling, FdCharge, FdLedger, raise_fd_limit};
-pub use limits::{BudgetArgs, Cap, FDS_PER_CONNECTION, FDS_PER_SPLICE, Limits, RESERVED_FDS};
-pub use metrics::{BudgetKind, BudgetMetrics, Refusal, Scope};
-pub use ports::{PortPermit, UpstreamPorts};
+pub use limits::{BudgetArgs, Cap, FDS_PER_CONNECTION, Limits};
+pub use metrics::{BudgetKind, BudgetMetrics, Refusal};
+pub use ports::UpstreamPorts;
 pub use share::{Permit, Share};
 
 use crate::metrics::Metrics;
@@ -25,7 +25,6 @@ use crate::metrics::Metrics;
 /// Every budget of one agent.
 #[derive(Debug)]
 pub struct Budgets {
-    pub limits: Limits,
     pub fds: Arc<FdLedger>,
     pub connections: Arc<Share>,
     pub dns_forwards: Arc<Share>,
@@ -37,7 +36,6 @@ impl Budgets {
     pub fn new(limits: Limits, metrics: &Arc<Metrics>) -> Budgets {
         let share = |kind, cap: Cap| Share::new(kind, cap.node, cap.client, metrics.clone());
         Budgets {
-            limits,
             fds: FdLedger::new(limits.proxy_fds, limits.splice_below, metrics.clone()),
             connections: share(BudgetKind::Connections, limits.connections),
             dns_forwards: share(BudgetKind::DnsForwards, limits.dns_forwards),

@@ -109,6 +109,7 @@ pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
 }
 
 /// [`read_dir`] with the default limits, accepting only a load without any error.
+#[cfg(test)]
 pub fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
     read_dir(path, &Limits::default()).into_result()
 }

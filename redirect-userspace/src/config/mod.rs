@@ -18,22 +18,24 @@ mod source;
 mod yaml;
 
 pub use endpoint_slice::SERVICE_NAME_LABEL;
-pub use error::{ConfigError, ConfigErrors, MAX_MESSAGE, MAX_QUOTED, bounded};
-pub use inputs::{STDIN, read_inputs};
+#[cfg(test)]
+pub use error::MAX_MESSAGE;
+pub use error::{ConfigError, ConfigErrors};
+pub use inputs::read_inputs;
 /// `metadata.creationTimestamp`: only its order matters (the ranking rule).
 pub use jiff::Timestamp;
-pub use labels::{LabelSelector, Labels, Operator, Requirement, selects};
+pub use labels::{LabelSelector, Labels, selects};
 pub use last_good::keep_last_good;
 pub(crate) use loader::complete;
-pub use loader::{
-    Loaded, Rejected, load_dir, load_sources, read_api_object, read_dir, read_sources,
-};
+#[cfg(test)]
+pub use loader::load_dir;
+pub use loader::{Rejected, load_sources, read_api_object, read_dir, read_sources};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
-pub use service_entry::{USE_WAYPOINT_LABEL, USE_WAYPOINT_NAMESPACE_LABEL, use_waypoint};
+pub use service_entry::use_waypoint;
 #[cfg(test)]
 pub(crate) use source::tests as source_tests;
-pub use source::{FileStat, Limits, is_manifest_name, list as list_files, read as read_file};
+pub use source::{FileStat, Limits, list as list_files, read as read_file};
 
 #[cfg(test)]
 mod istio_tests;

@@ -12,7 +12,7 @@ mod transfer;
 mod upstream;
 mod visible;
 
-pub use answer::{LocalAnswer, authoritative_reply, servfail_reply};
+pub use answer::LocalAnswer;
 pub use cache::AnswerCache;
 pub use metrics::{DnsMetrics, DnsOutcome};
 pub use resolve::{HostAnswer, HostCache, ResolveError, resolve_host};

@@ -45,7 +45,6 @@ pub struct DnsQuery<'a> {
     /// What the kernel said of the process behind a TCP connection; nothing over UDP.
     pub kernel: KernelView,
     pub name: &'a Name,
-    pub qtype: RecordType,
 }
 
 /// The agent answers itself, or the upstream does.
@@ -236,6 +235,7 @@ impl DnsProxy {
         self
     }
 
+    #[cfg(test)]
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.tcp.local_addr()
     }
@@ -549,7 +549,6 @@ fn local_reply(
         client,
         kernel,
         name: question.name(),
-        qtype,
     });
     let Decision::Answer(answer) = decision else {
         return forward(&mut query);

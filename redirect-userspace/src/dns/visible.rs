@@ -148,7 +148,6 @@ mod tests {
     use std::{collections::HashMap, os::unix::fs::MetadataExt, sync::Mutex};
 
     use aya::maps::MapError;
-    use hickory_proto::rr::RecordType;
     use redirect_common::{OrigDst, SockAddr};
 
     use super::*;
@@ -223,7 +222,6 @@ mod tests {
             client: client.ip(),
             kernel,
             name: &name,
-            qtype: RecordType::A,
         };
         matches!(names.decide(&query), Decision::Answer(_))
     }

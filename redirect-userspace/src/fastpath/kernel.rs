@@ -31,6 +31,7 @@ pub enum DecidedBy {
 }
 
 /// The program for a socket of the process in cgroup `cgroup`.
+#[cfg(test)]
 pub fn decide(tables: &Tables, cgroup: u64, ip: IpAddr, port: u16) -> FastDecision<'_> {
     // A cgroup the agent has not named (a pod started since, one that did not fit, a process
     // outside any pod's cgroup) could be anyone's: only the proxy knows its namespace.

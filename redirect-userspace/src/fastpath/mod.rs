@@ -17,9 +17,13 @@ mod tables;
 mod upkeep;
 
 pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with};
-pub use dump::{Dump, ServiceDecision, fallback_name};
-pub use kernel::{DecidedBy, FastDecision, decide, decide_for, decide_hidden, decided_by};
-pub use tables::{ClientsFull, NsId, Tables};
+pub use dump::{Dump, fallback_name};
+pub use kernel::{DecidedBy, decided_by};
+#[cfg(test)]
+pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
+#[cfg(test)]
+pub use tables::ClientsFull;
+pub use tables::Tables;
 pub use upkeep::FastPath;
 
 #[cfg(test)]

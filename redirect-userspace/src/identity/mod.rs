@@ -8,7 +8,7 @@ mod client;
 
 use uuid::Uuid;
 
-pub use cgroups::{CgroupPods, pod_uid_in_path};
+pub use cgroups::CgroupPods;
 pub use client::{Client, KernelView};
 
 /// The outcome of comparing the registry with the kernel for one connection.

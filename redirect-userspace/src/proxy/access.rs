@@ -122,10 +122,6 @@ impl<'a> ConnectionResult<'a> {
         self.decided(outcome);
         self.end = why;
     }
-
-    pub fn outcome(&self) -> OutboundOutcome {
-        self.outcome
-    }
 }
 
 impl Drop for ConnectionResult<'_> {

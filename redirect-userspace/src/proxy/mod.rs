@@ -10,9 +10,9 @@ mod splice;
 mod tests;
 
 pub use forbidden::{DialGuard, Forbidden};
-pub use metrics::{ActiveGuard, Direction, ProxyMetrics, Timeout};
+pub use metrics::{Direction, ProxyMetrics, Timeout};
 pub use outbound::{OutboundProxy, ProxyContext, listen};
-pub use relay::{Carried, RelayError, Timeouts, relay};
+pub use relay::{RelayError, Timeouts, relay};
 pub use splice::{Pipes, splice_relay};
 
 /// How the proxy moves bytes between the client and the upstream.

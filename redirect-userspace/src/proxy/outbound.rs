@@ -91,6 +91,7 @@ impl OutboundProxy {
         }
     }
 
+    #[cfg(test)]
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
     }

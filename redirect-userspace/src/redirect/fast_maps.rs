@@ -19,8 +19,7 @@ use aya::{
 use redirect_common::{
     FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
     fastpath::{
-        AddrKey, Backends, Claim, Config, GEN_A, GEN_B, GEN_OFF, HiddenEvent, IpKey, LpmBytes,
-        PortKey,
+        AddrKey, Backends, Claim, Config, GEN_A, GEN_B, HiddenEvent, IpKey, LpmBytes, PortKey,
     },
     maps,
 };
@@ -130,14 +129,6 @@ impl FastMaps {
         let selector = if idle == 0 { GEN_A } else { GEN_B };
         self.selector.set(0, selector, 0)?;
         self.in_force = Some(idle);
-        self.flipped_at = Some(Instant::now());
-        Ok(())
-    }
-
-    /// Turns the fast path off: every connection goes to the proxy again.
-    pub fn disable(&mut self) -> Result<(), MapError> {
-        self.selector.set(0, GEN_OFF, 0)?;
-        self.in_force = None;
         self.flipped_at = Some(Instant::now());
         Ok(())
     }

@@ -35,9 +35,9 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
-pub use fast_maps::{FastMaps, HiddenEvents};
+pub use fast_maps::FastMaps;
 pub use features::MissingFeatures;
-pub use gateway::{GatewayError, Gateways};
+pub use gateway::Gateways;
 pub use netns::NetnsError;
 pub use pins::{Found, PinError};
 

@@ -85,10 +85,12 @@ impl Bucket {
                         hidden: None,
                     };
                 }
-                match svc.visibility {
-                    ServiceVisibility::Public => choice.service.get_or_insert(svc),
-                    ServiceVisibility::Namespace => choice.hidden.get_or_insert(svc),
-                };
+                // Not the client's own: visible only if PUBLIC (the one rule, `Service::visible_to`).
+                if svc.visible_to(client_ns) {
+                    choice.service.get_or_insert(svc);
+                } else {
+                    choice.hidden.get_or_insert(svc);
+                }
             }
             return choice;
         };

@@ -14,12 +14,16 @@ mod workload;
 
 use std::net::IpAddr;
 
-pub use dns::{DnsAnswer, DnsDecision, NDOTS, SearchDomains};
-pub use dump::{ConfigDump, EndpointDump, ServiceDump, VisibilityDump, WorkloadDump};
+pub use dns::DnsDecision;
+#[cfg(test)]
+pub use dns::SearchDomains;
+pub use dump::ConfigDump;
 pub use outbound::{
     NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason, Pick,
 };
-pub use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Target};
+#[cfg(test)]
+pub use service::ServiceKind;
+pub use service::{Port, Service, ServiceVisibility, Target};
 
 use crate::{
     config::{DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, VisibilityConfig, Workload},

@@ -14,8 +14,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 pub use lease::LeaseConfig;
-pub use observed::{FIELD_MANAGER, Observed, observe};
-pub use writer::WRITES_PER_SECOND;
+pub use observed::{Observed, observe};
 
 use crate::{metrics::Metrics, visibility::Condition};
 

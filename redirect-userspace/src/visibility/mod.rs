@@ -8,18 +8,17 @@ mod export_to;
 mod policy;
 mod publish;
 
-pub use alloc::{
-    ADDRESS_ALLOCATED, ADDRESS_POOL_EXHAUSTED, AUTOALLOCATE_LABEL, Allocation, V4_RANGE, V6_RANGE,
-    allocate, needs_allocation,
-};
+#[cfg(test)]
+pub use alloc::V6_RANGE;
+pub use alloc::{ADDRESS_ALLOCATED, ADDRESS_POOL_EXHAUSTED, Allocation, V4_RANGE, allocate};
+#[cfg(test)]
+pub use conditions::{CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, WAYPOINT_ACCEPTED};
 pub use conditions::{
-    CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, Condition, ConditionStatus,
-    NO_WAYPOINT_FOR_WILDCARD_SERVICE, VISIBILITY_APPLIED, WAYPOINT_ACCEPTED, WAYPOINT_BOUND,
-    WAYPOINT_MISSING, conditions, requested_waypoint,
+    Condition, ConditionStatus, VISIBILITY_APPLIED, WAYPOINT_BOUND, WAYPOINT_MISSING, conditions,
 };
 pub use discovery::Discovery;
 pub use export_to::sidecar_export_to;
-pub use policy::{policy_matches, visibility_for};
+pub use policy::visibility_for;
 pub use publish::Shadowed;
 
 pub use crate::config::Visibility;
