@@ -17,6 +17,7 @@ pub mod live;
 pub mod logging;
 pub mod metrics;
 pub mod net;
+pub mod pipeline;
 pub mod proxy;
 pub mod redirect;
 pub mod state;
