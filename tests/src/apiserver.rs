@@ -774,7 +774,10 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         // Pages of `limit` items; `continue` is `<list version>/<namespace>/<name>` of the last
         // item given, and every page carries the version of the first, as one consistent list
         // does. A page starts where the last ended: a list costs its items, not items x pages.
-        let (rv, after) = match query.get("continue").map(|c| c.splitn(3, '/').collect::<Vec<_>>()) {
+        let (rv, after) = match query
+            .get("continue")
+            .map(|c| c.splitn(3, '/').collect::<Vec<_>>())
+        {
             Some(parts) => match parts.as_slice() {
                 [rv, ns, name] => match rv.parse() {
                     Ok(rv) => (rv, Some((ns.to_string(), name.to_string()))),

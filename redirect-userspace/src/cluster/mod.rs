@@ -2,8 +2,10 @@
 //!
 //! One watch per kind ([`watch`]) reads objects through the same loader as the files do
 //! ([`kinds`]); the [`store`] holds them as the model holds them, each at its last good version.
-//! A burst of changes becomes one new snapshot (after at most [`COALESCE`]), built off the async
-//! workers and swapped whole, exactly as a reload of a directory is. While the API server is away
+//! A burst of changes becomes one new snapshot (once the changes pause for [`QUIET`], after at most
+//! [`COALESCE`]), built off the async workers and swapped whole, exactly as a reload of a directory
+//! is. With a node name, Pods are watched as this node's (clients) and the other nodes' (endpoints
+//! and workload addresses only): see `docs/inputs.md#watched-per-node`. While the API server is away
 //! nothing changes: the state in force stays, and each watch retries on its own.
 pub mod kinds;
 pub mod store;
@@ -27,12 +29,16 @@ use crate::{
     config::{ConfigError, Model, Rejected},
     live::{LiveState, now_rfc3339},
     metrics::{Metrics, ReloadResult},
+    pipeline,
     state::Snapshot,
-    status, visibility,
+    status,
 };
 
 /// The longest a change waits for the ones after it before the snapshot is rebuilt.
 pub const COALESCE: Duration = Duration::from_millis(100);
+/// A pause this long between changes ends a burst: one change alone is in force within
+/// milliseconds, a stream of them still makes one snapshot per [`COALESCE`].
+pub const QUIET: Duration = Duration::from_millis(5);
 /// How often an agent that is not ready says what it is waiting for.
 const NOT_READY_LOG: Duration = Duration::from_secs(10);
 
@@ -60,6 +66,8 @@ pub struct Source {
     pub mesh: MeshConfigMap,
     /// With `--write-status`: the lease that elects the cluster's one status writer.
     pub status_lease: Option<status::LeaseConfig>,
+    /// The node this agent serves (`--node-name`): only its Pods are clients, held whole.
+    pub node_name: Option<String>,
 }
 
 /// The client configuration as kubectl finds it: the kubeconfig given, else the pod's service
@@ -98,15 +106,24 @@ pub fn start(
     let mesh = source.mesh;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("making a Kubernetes API client")?;
-    info!(%server, "learning the cluster from the Kubernetes API");
+    match &source.node_name {
+        Some(node) => {
+            info!(%server, %node, "learning the cluster from the Kubernetes API; clients: the Pods of this node")
+        }
+        None => {
+            info!(%server, "learning the cluster from the Kubernetes API; no node name (--node-name, NODE_NAME): every Pod of the cluster is held as a client")
+        }
+    }
     // Bounded: a flood of events waits for the store instead of piling up in memory.
     let (tx, rx) = mpsc::channel(4096);
+    let kinds = Kind::watched(source.node_name.is_some());
     let mut watches = Vec::new();
-    for kind in Kind::ALL {
+    for &kind in &kinds {
         watches.push(tokio::spawn(watch::run(
             client.clone(),
             kind,
             mesh.clone(),
+            source.node_name.clone(),
             tx.clone(),
             metrics.clone(),
         )));
@@ -119,7 +136,7 @@ pub fn start(
         inputs_tx
     });
     Ok(tokio::spawn(async move {
-        follow(rx, live, metrics, status).await;
+        follow(rx, Store::new(&kinds), live, metrics, status).await;
         for w in watches {
             w.abort();
         }
@@ -131,11 +148,11 @@ pub fn start(
 /// tells it the latest resolution and the status the API holds.
 async fn follow(
     mut rx: mpsc::Receiver<Change>,
+    mut store: Store,
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
     status: Option<latest::Sender<status::Inputs>>,
 ) {
-    let mut store = Store::default();
     let mut dirty = false;
     let mut desired = Arc::new(Vec::new());
     // The status changes the writer was last told of.
@@ -157,10 +174,14 @@ async fn follow(
         };
         let Some(first) = first else { return };
         dirty |= store.apply(first, &now_rfc3339());
-        // The rest of the burst, for at most COALESCE.
+        // The rest of the burst: until the changes pause, for at most COALESCE.
         let deadline = Instant::now() + COALESCE;
-        while let Ok(Some(change)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            dirty |= store.apply(change, &now_rfc3339());
+        loop {
+            let pause = (Instant::now() + QUIET).min(deadline);
+            match tokio::time::timeout_at(pause, rx.recv()).await {
+                Ok(Some(change)) => dirty |= store.apply(change, &now_rfc3339()),
+                Ok(None) | Err(_) => break,
+            }
         }
         live.set_watches(store.statuses());
         let mut rebuilt = false;
@@ -213,8 +234,8 @@ async fn rebuild(
     live: &LiveState,
     metrics: &Metrics,
 ) -> Option<Vec<status::Desired>> {
-    let built = tokio::task::spawn_blocking(move || build_with_status(&model, errors)).await;
-    let (snapshot, errors, desired) = match built {
+    let built = tokio::task::spawn_blocking(move || pipeline::build(&model, errors)).await;
+    let built = match built {
         Ok(built) => built,
         Err(join) => {
             error!(error = %join, "building the snapshot panicked; the configuration in force stays");
@@ -222,51 +243,8 @@ async fn rebuild(
             return None;
         }
     };
-    for e in &errors {
-        error!(
-            object = e.object.as_deref().unwrap_or("-"),
-            field = e.field.as_deref().unwrap_or("-"),
-            "{}",
-            e.message
-        );
-    }
-    metrics.rejected(rejected.iter().map(|r| r.kind));
-    let services = snapshot.services().count();
-    let workloads = snapshot.workloads().len();
-    let result = if errors.is_empty() {
-        info!(services, workloads, "configuration applied");
-        ReloadResult::Ok
-    } else {
-        warn!(
-            services,
-            workloads,
-            errors = errors.len(),
-            rejected = rejected.len(),
-            "configuration applied without the objects in error; their last good versions stay in force"
-        );
-        ReloadResult::Partial
-    };
-    live.apply(snapshot, errors, rejected);
-    metrics.reload(result);
-    let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
-    Some(desired)
-}
-
-/// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
-pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
-    let (snapshot, errors, _) = build_with_status(model, errors);
-    (snapshot, errors)
-}
-
-/// [`build`], and the conditions the resolution gives each ServiceEntry.
-fn build_with_status(
-    model: &Model,
-    mut errors: Vec<ConfigError>,
-) -> (Snapshot, Vec<ConfigError>, Vec<status::Desired>) {
-    let resolution = visibility::resolve(model);
-    errors.extend(visibility::allocation_errors(model, &resolution));
-    let snapshot = Snapshot::build(model, &resolution);
-    let desired = resolution
+    let desired = built
+        .resolution
         .entries
         .into_iter()
         .map(|e| status::Desired {
@@ -275,7 +253,22 @@ fn build_with_status(
             conditions: e.conditions,
         })
         .collect();
-    (snapshot, errors, desired)
+    pipeline::put_in_force(
+        live,
+        metrics,
+        "kubernetes API",
+        built.snapshot,
+        built.errors,
+        rejected,
+    )
+    .await;
+    Some(desired)
+}
+
+/// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
+pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
+    let built = pipeline::build(model, errors);
+    (built.snapshot, built.errors)
 }
 
 #[cfg(test)]
@@ -306,7 +299,7 @@ mod tests {
         let live = LiveState::new(Some("kubernetes API".into()));
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(4096);
-        let task = tokio::spawn(follow(rx, live.clone(), metrics, None));
+        let task = tokio::spawn(follow(rx, Store::default(), live.clone(), metrics, None));
         for kind in Kind::ALL {
             tx.send(Change::Relist(kind)).await.unwrap();
         }

@@ -20,6 +20,7 @@ pub use outbound::{
     NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason, Pick,
 };
 pub use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Target};
+pub use workload::WorkloadName;
 
 use crate::{
     config::{DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, VisibilityConfig, Workload},
@@ -62,7 +63,11 @@ impl Snapshot {
     pub fn build(model: &Model, resolution: &Resolved) -> Self {
         Snapshot {
             services: ServiceStore::new(build::services(model, resolution)),
-            workloads: WorkloadStore::new(model.workloads.clone(), &resolution.discovery),
+            workloads: WorkloadStore::new(
+                model.workloads.clone(),
+                model.pods_elsewhere.clone(),
+                &resolution.discovery,
+            ),
             cluster_domain: model.cluster_domain.clone(),
             visibility: model.mesh.service_entry_visibility.clone(),
             discovery_selectors: model.mesh.discovery_selectors.clone(),

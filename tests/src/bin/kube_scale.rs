@@ -163,10 +163,15 @@ fn mesh() -> Value {
            "data": {"mesh": "serviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n  policies:\n  - visibility: PUBLIC\n    matchingRules:\n    - namespaceSelector:\n        matchLabels: {trusted: \"true\"}\n"}})
 }
 
+/// Every object, with the watch that reports it to an agent on `node-0`.
 fn objects(c: &Cluster) -> impl Iterator<Item = (Kind, Value)> + '_ {
+    let pod_kind = |i: usize| match c.cluster_wide || i < c.node_pods {
+        true => Kind::Pod,
+        false => Kind::PodElsewhere,
+    };
     std::iter::once((Kind::MeshConfig, mesh()))
         .chain((0..c.namespaces).map(|i| (Kind::Namespace, namespace(i))))
-        .chain((0..c.pods).map(|i| (Kind::Pod, pod(c, i, 0))))
+        .chain((0..c.pods).map(move |i| (pod_kind(i), pod(c, i, 0))))
         .chain((0..c.entries).map(|i| (Kind::ServiceEntry, entry(c, i, 0))))
 }
 
@@ -196,9 +201,10 @@ struct Rebuild {
 /// One snapshot rebuild over the whole model, in this process: the store's model, visibility,
 /// the snapshot. The median of a few.
 fn rebuild_time(c: &Cluster) -> Result<Rebuild> {
-    let mut store = Store::default();
+    let kinds = Kind::watched(!c.cluster_wide);
+    let mut store = Store::new(&kinds);
     let now = "2026-01-01T00:00:00Z";
-    for kind in Kind::ALL {
+    for &kind in &kinds {
         store.apply(Change::Relist(kind), now);
     }
     for (kind, object) in objects(c) {
@@ -217,7 +223,7 @@ fn rebuild_time(c: &Cluster) -> Result<Rebuild> {
         ensure!(converted.errors.is_empty(), "{:?}", converted.errors);
         store.apply(Change::Upsert(kind, key, Box::new(converted)), now);
     }
-    for kind in Kind::ALL {
+    for &kind in &kinds {
         store.apply(Change::Listed(kind), now);
     }
     let mut times = Vec::new();
@@ -251,7 +257,11 @@ fn rebuild_time(c: &Cluster) -> Result<Rebuild> {
 }
 
 /// Polls the agent's metrics, often (a change is in force within milliseconds), until `done`.
-fn wait_for(agent: &Agent, what: &str, done: impl Fn(&integration::metrics::Metrics) -> bool) -> Result<()> {
+fn wait_for(
+    agent: &Agent,
+    what: &str,
+    done: impl Fn(&integration::metrics::Metrics) -> bool,
+) -> Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if done(&agent.metrics()?) {
