@@ -133,7 +133,7 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
             Ok(Event::Init) => Change::Relist(kind),
             Ok(Event::InitApply(object) | Event::Apply(object)) => {
                 let key = key(&object);
-                let converted = match serde_json::to_value(&object) {
+                let converted = match as_json(kind, object) {
                     Ok(json) => kinds::convert(kind, api_version, json),
                     Err(e) => {
                         warn!(kind = kind.label(), error = %e, "an object the API sent could not be read; skipped");
@@ -190,6 +190,25 @@ fn field_selector(kind: Kind, node: Option<&str>) -> Option<String> {
         Kind::PodElsewhere => Some(format!("spec.nodeName!={node}")),
         _ => None,
     }
+}
+
+/// The object as JSON for [`kinds::convert`], moved rather than copied, and without the metadata
+/// nothing reads (a Pod's managed fields and annotations are often most of it); a ServiceEntry's
+/// managed fields say who writes its status, so they stay.
+fn as_json(kind: Kind, object: DynamicObject) -> serde_json::Result<serde_json::Value> {
+    let DynamicObject {
+        mut metadata, data, ..
+    } = object;
+    if kind != Kind::ServiceEntry {
+        metadata.managed_fields = None;
+        metadata.annotations = None;
+    }
+    let mut json = match data {
+        serde_json::Value::Object(fields) => fields,
+        _ => serde_json::Map::new(),
+    };
+    json.insert("metadata".into(), serde_json::to_value(metadata)?);
+    Ok(serde_json::Value::Object(json))
 }
 
 fn key(object: &DynamicObject) -> Key {
@@ -429,6 +448,29 @@ mod tests {
         assert!(f.expired && !f.forbidden && !f.not_found);
         let f = Failure::from_status(Kind::WorkloadEntry, &mesh(), "list", 404, "not found");
         assert!(f.not_found);
+    }
+
+    #[test]
+    fn an_object_reaches_the_loader_whole_but_for_metadata_nothing_reads() {
+        let object = |kind: &str| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": kind,
+                "metadata": {"name": "a", "namespace": "team-a", "labels": {"app": "x"},
+                             "annotations": {"big": "x"}, "managedFields": [{"manager": "m"}]},
+                "spec": {"nodeName": "n"}, "status": {"podIP": "10.0.0.1"}
+            }))
+            .unwrap()
+        };
+        let pod = as_json(Kind::Pod, object("Pod")).unwrap();
+        assert_eq!(
+            pod,
+            serde_json::json!({
+                "metadata": {"name": "a", "namespace": "team-a", "labels": {"app": "x"}},
+                "spec": {"nodeName": "n"}, "status": {"podIP": "10.0.0.1"}
+            })
+        );
+        let se = as_json(Kind::ServiceEntry, object("ServiceEntry")).unwrap();
+        assert_eq!(se["metadata"]["managedFields"][0]["manager"], "m");
     }
 
     #[test]

@@ -50,6 +50,9 @@ struct Cluster {
     /// Run the agent without `--node-name`: it holds every pod of the cluster as a client.
     #[arg(long)]
     cluster_wide: bool,
+    /// One more argument for the agent (repeatable), e.g. `--agent-arg=--no-fast-path`.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    agent_arg: Vec<String>,
     /// Also write the figures to this file, as JSON.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -338,6 +341,7 @@ fn main() -> Result<()> {
     if !c.cluster_wide {
         args.extend(["--node-name", NODE]);
     }
+    args.extend(c.agent_arg.iter().map(String::as_str));
     let started = Instant::now();
     let agent = Agent::start(&topo, &args)?;
     let ready_after = started.elapsed();
