@@ -336,7 +336,7 @@ impl Store {
         let mut rejected = Vec::new();
         // A Pod seen by both Pod watches for a moment (bound to this node as the other watch
         // lets it go) is this node's.
-        let here: std::collections::HashSet<(&str, &str)> = self
+        let here: HashSet<(&str, &str)> = self
             .kinds
             .get(&Kind::Pod)
             .filter(|_| self.kinds.contains_key(&Kind::PodElsewhere))
@@ -344,13 +344,26 @@ impl Store {
             .flat_map(|w| w.objects.keys())
             .map(|(ns, name)| (ns.as_str(), name.as_str()))
             .collect();
+        let here_namespaces: HashSet<&str> = here.iter().map(|(ns, _)| *ns).collect();
         let selecting = self.selecting_namespaces();
+        // The Pods elsewhere come grouped by namespace: its two questions are asked once a run.
+        let mut run: Option<(&str, bool, bool)> = None;
         for (kind, w) in &self.kinds {
             for ((namespace, name), slot) in &w.objects {
-                if *kind == Kind::PodElsewhere
-                    && here.contains(&(namespace.as_str(), name.as_str()))
-                {
-                    continue;
+                let mut selected = false;
+                if *kind == Kind::PodElsewhere {
+                    let (has_here, picks) = match run {
+                        Some((ns, has_here, picks)) if ns == namespace => (has_here, picks),
+                        _ => (
+                            here_namespaces.contains(namespace.as_str()),
+                            selecting.contains(namespace.as_str()),
+                        ),
+                    };
+                    run = Some((namespace, has_here, picks));
+                    if has_here && here.contains(&(namespace.as_str(), name.as_str())) {
+                        continue;
+                    }
+                    selected = picks;
                 }
                 if !slot.errors.is_empty() {
                     errors.extend(slot.errors.iter().cloned());
@@ -373,7 +386,7 @@ impl Store {
                     Some(Object::Mesh(mesh)) => model.mesh = (**mesh).clone(),
                     Some(Object::EndpointSlice(slice)) => model.endpoint_slices.push(slice.clone()),
                     // A selector of its namespace may pick it: a workload like any other.
-                    Some(Object::PodElsewhere(pod)) if selecting.contains(&*pod.namespace) => {
+                    Some(Object::PodElsewhere(pod)) if selected => {
                         model.workloads.push(Arc::new(pod.workload(SOURCE)));
                     }
                     Some(Object::PodElsewhere(pod)) => model.pods_elsewhere.push(pod.clone()),

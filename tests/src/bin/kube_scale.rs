@@ -229,6 +229,7 @@ fn rebuild_time(c: &Cluster) -> Result<Rebuild> {
     for &kind in &kinds {
         store.apply(Change::Listed(kind), now);
     }
+    let held = rss_mib()?;
     let mut times = Vec::new();
     let mut cpu = Vec::new();
     let mut modelling = Vec::new();
@@ -247,6 +248,16 @@ fn rebuild_time(c: &Cluster) -> Result<Rebuild> {
         ensure!(errors.is_empty(), "{errors:?}");
         services = snapshot.services().count();
     }
+    if c.rebuild_only {
+        let (model, errors, _) = store.model();
+        let (snapshot, _) = cluster::build(&model, errors);
+        let with_snapshot = rss_mib()?;
+        drop(model);
+        println!(
+            "this process's RSS: {held:.1} MiB with the store filled, {with_snapshot:.1} MiB with a model and a snapshot ({} services) besides",
+            snapshot.services().count()
+        );
+    }
     let median = |mut v: Vec<Duration>| {
         v.sort();
         v[v.len() / 2]
@@ -257,6 +268,11 @@ fn rebuild_time(c: &Cluster) -> Result<Rebuild> {
         model: median(modelling),
         services,
     })
+}
+
+/// This process's resident memory.
+fn rss_mib() -> Result<f64> {
+    Ok(integration::procfs::rss_kib(std::process::id())? as f64 / 1024.0)
 }
 
 /// Polls the agent's metrics, often (a change is in force within milliseconds), until `done`.
