@@ -75,7 +75,7 @@ impl WorkloadStore {
             }
             for ip in pod.ips.iter() {
                 let ip = ip.to_canonical();
-                if !by_ip.get(&ip).is_some_and(|s| s.reachable.is_some()) {
+                if by_ip.get(&ip).is_none_or(|s| s.reachable.is_none()) {
                     elsewhere_by_ip.entry(ip).or_insert(i as u32);
                 }
             }
