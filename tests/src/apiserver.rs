@@ -1162,3 +1162,69 @@ fn as_served(object: Value) -> Result<Value> {
     }
     Ok(object)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(node: &str) -> Value {
+        json!({"metadata": {"name": "p", "namespace": "a"}, "spec": {"nodeName": node}})
+    }
+
+    fn watch(selector: &str) -> Watch {
+        Watch {
+            group: String::new(),
+            plural: "pods".into(),
+            namespace: None,
+            fields: FieldSelector::parse(selector).unwrap(),
+            bookmarks: false,
+            tx: mpsc::unbounded_channel().0,
+        }
+    }
+
+    fn moved(before: Option<Value>, after: Value) -> Event {
+        Event {
+            rv: 1,
+            group: String::new(),
+            plural: "pods".into(),
+            kind: if before.is_some() {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            },
+            before,
+            object: after,
+        }
+    }
+
+    #[test]
+    fn field_selectors_match_as_the_api_server_does() {
+        let f = FieldSelector::parse("spec.nodeName!=n1,metadata.namespace=a").unwrap();
+        assert!(f.matches(&pod("n2")));
+        assert!(!f.matches(&pod("n1")));
+        // A Pod not yet scheduled has no node: it matches `!=` and not `=`.
+        let unscheduled = json!({"metadata": {"name": "p", "namespace": "a"}});
+        assert!(f.matches(&unscheduled));
+        assert!(
+            !FieldSelector::parse("spec.nodeName==n1")
+                .unwrap()
+                .matches(&unscheduled)
+        );
+        assert!(FieldSelector::parse("status.phase=Running").is_none());
+    }
+
+    #[test]
+    fn an_object_entering_or_leaving_a_watchs_selection_is_added_or_deleted_there() {
+        let here = watch("spec.nodeName=n1");
+        let elsewhere = watch("spec.nodeName!=n1");
+        // Bound to n1 after waiting unscheduled.
+        let bound = moved(Some(pod("")), pod("n1"));
+        assert_eq!(here.sees(&bound), Some("ADDED"));
+        assert_eq!(elsewhere.sees(&bound), Some("DELETED"));
+        let relabelled = moved(Some(pod("n1")), pod("n1"));
+        assert_eq!(here.sees(&relabelled), Some("MODIFIED"));
+        assert_eq!(elsewhere.sees(&relabelled), None);
+        assert_eq!(here.sees(&moved(None, pod("n2"))), None);
+        assert_eq!(elsewhere.sees(&moved(None, pod("n2"))), Some("ADDED"));
+    }
+}
