@@ -22,7 +22,7 @@ use tokio::{
 use tracing::{error, info, warn};
 
 pub use kinds::{Kind, Object};
-pub use store::{Change, Store};
+pub use store::{Change, Changes, Store};
 pub use watch::RetryBackoff;
 
 use crate::{
@@ -153,8 +153,10 @@ async fn follow(
     metrics: Arc<Metrics>,
     status: Option<latest::Sender<status::Inputs>>,
 ) {
-    let mut dirty = false;
     let mut desired = Arc::new(Vec::new());
+    // The allocation's errors of the last snapshot built whole, which a patch keeps; `None` until
+    // one is in force (the first is always built whole).
+    let mut allocation: Option<Vec<ConfigError>> = None;
     // The status changes the writer was last told of.
     let mut told: Option<u64> = None;
     let mut next_not_ready_log = Instant::now() + NOT_READY_LOG;
@@ -173,24 +175,44 @@ async fn follow(
             }
         };
         let Some(first) = first else { return };
-        dirty |= store.apply(first, &now_rfc3339());
+        store.apply(first, &now_rfc3339());
         // The rest of the burst: until the changes pause, for at most COALESCE.
         let deadline = Instant::now() + COALESCE;
         loop {
             let pause = (Instant::now() + QUIET).min(deadline);
             match tokio::time::timeout_at(pause, rx.recv()).await {
-                Ok(Some(change)) => dirty |= store.apply(change, &now_rfc3339()),
+                Ok(Some(change)) => {
+                    store.apply(change, &now_rfc3339());
+                }
                 Ok(None) | Err(_) => break,
             }
         }
         live.set_watches(store.statuses());
         let mut rebuilt = false;
-        if dirty && store.ready() {
-            dirty = false;
+        let changes = match store.ready() {
+            true => store.take_changes(),
+            false => Changes::default(),
+        };
+        if changes.any() {
             let (model, errors, rejected) = store.model();
-            if let Some(built) = rebuild(model, errors, rejected, &live, &metrics).await {
-                desired = Arc::new(built);
-                rebuilt = true;
+            match &allocation {
+                // Only Pods of other nodes that no selector picks: the services stay as they are.
+                Some(kept) if changes.only_pods_elsewhere(&store.selecting_namespaces()) => {
+                    let previous = live.snapshot_arc();
+                    let mut errors = errors;
+                    errors.extend(kept.iter().cloned());
+                    patch(previous, model, errors, rejected, &live, &metrics).await;
+                }
+                _ => {
+                    allocation = None;
+                    if let Some((conditions, errors)) =
+                        rebuild(model, errors, rejected, &live, &metrics).await
+                    {
+                        desired = Arc::new(conditions);
+                        allocation = Some(errors);
+                        rebuilt = true;
+                    }
+                }
             }
         }
         if let Some(status) = &status
@@ -226,14 +248,16 @@ fn log_not_ready(store: &Store) {
 }
 
 /// visibility -> snapshot, off the async workers, then swapped in whole. Returns the conditions
-/// the resolution gives each ServiceEntry (for the status writer); `None` when nothing was built.
+/// the resolution gives each ServiceEntry (for the status writer) and the allocation's errors;
+/// `None` when nothing was built.
 async fn rebuild(
     model: Model,
     errors: Vec<ConfigError>,
     rejected: Vec<Rejected>,
     live: &LiveState,
     metrics: &Metrics,
-) -> Option<Vec<status::Desired>> {
+) -> Option<(Vec<status::Desired>, Vec<ConfigError>)> {
+    let loaded = errors.len();
     let built = tokio::task::spawn_blocking(move || pipeline::build(&model, errors)).await;
     let built = match built {
         Ok(built) => built,
@@ -253,6 +277,7 @@ async fn rebuild(
             conditions: e.conditions,
         })
         .collect();
+    let allocation = built.errors.get(loaded..).unwrap_or_default().to_vec();
     pipeline::put_in_force(
         live,
         metrics,
@@ -262,7 +287,30 @@ async fn rebuild(
         rejected,
     )
     .await;
-    Some(desired)
+    Some((desired, allocation))
+}
+
+/// The snapshot in force with the Pods of other nodes of `model`, off the async workers, then
+/// swapped in whole: no visibility, no services to build again.
+async fn patch(
+    previous: Arc<Snapshot>,
+    model: Model,
+    errors: Vec<ConfigError>,
+    rejected: Vec<Rejected>,
+    live: &LiveState,
+    metrics: &Metrics,
+) {
+    let built = tokio::task::spawn_blocking(move || previous.with_pods_elsewhere(&model)).await;
+    match built {
+        Ok(snapshot) => {
+            pipeline::put_in_force(live, metrics, "kubernetes API", snapshot, errors, rejected)
+                .await
+        }
+        Err(join) => {
+            error!(error = %join, "building the snapshot panicked; the configuration in force stays");
+            metrics.reload(ReloadResult::Failed);
+        }
+    }
 }
 
 /// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
@@ -273,7 +321,7 @@ pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigEr
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -292,6 +340,147 @@ mod tests {
 
     async fn settle() {
         tokio::time::sleep(COALESCE * 3).await;
+    }
+
+    /// One change the property test makes.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A Pod of another node added or changed: namespace, name, address, label.
+        Elsewhere(usize, usize, u8, usize),
+        GoneElsewhere(usize, usize),
+        /// A Pod of this node: name, address.
+        Here(usize, u8),
+        /// The entry picking `app: l0` Pods of `a` added (or deleted).
+        Selector(bool),
+    }
+
+    const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0..3usize, 0..5usize, 0..8u8, 0..3usize).prop_map(|(n, p, ip, l)| Op::Elsewhere(n, p, ip, l)),
+            2 => (0..3usize, 0..5usize).prop_map(|(n, p)| Op::GoneElsewhere(n, p)),
+            1 => (0..3usize, 0..8u8).prop_map(|(p, ip)| Op::Here(p, ip)),
+            1 => any::<bool>().prop_map(Op::Selector),
+        ]
+    }
+
+    fn change(op: &Op) -> Change {
+        let pod = |ns: &str, name: String, ip: u8, node: &str, labels: Value| {
+            json!({"metadata": {"name": name, "namespace": ns, "labels": labels,
+                                "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1"},
+                   "spec": {"nodeName": node, "containers": [{"ports": [{"name": "http", "containerPort": 8080}]}]},
+                   "status": {"podIP": format!("10.0.0.{ip}")}})
+        };
+        match op {
+            Op::Elsewhere(n, p, ip, l) => {
+                let ns = NAMESPACES[*n];
+                let object = pod(
+                    ns,
+                    format!("p{p}"),
+                    *ip,
+                    "n2",
+                    json!({"app": format!("l{l}")}),
+                );
+                let converted = kinds::convert(Kind::PodElsewhere, "v1", object);
+                Change::Upsert(
+                    Kind::PodElsewhere,
+                    (ns.into(), format!("p{p}")),
+                    Box::new(converted),
+                )
+            }
+            Op::GoneElsewhere(n, p) => {
+                Change::Deleted(Kind::PodElsewhere, (NAMESPACES[*n].into(), format!("p{p}")))
+            }
+            Op::Here(p, ip) => {
+                let object = pod("b", format!("h{p}"), *ip, "n1", json!({"app": "l0"}));
+                let converted = kinds::convert(Kind::Pod, "v1", object);
+                Change::Upsert(
+                    Kind::Pod,
+                    ("b".into(), format!("h{p}")),
+                    Box::new(converted),
+                )
+            }
+            Op::Selector(false) => Change::Deleted(Kind::ServiceEntry, ("a".into(), "sel".into())),
+            Op::Selector(true) => {
+                let object = json!({"metadata": {"name": "sel", "namespace": "a"},
+                    "spec": {"hosts": ["sel.example.com"], "addresses": ["203.0.113.9"],
+                             "ports": [{"number": 80, "name": "http", "protocol": "HTTP", "targetPort": 8080}],
+                             "resolution": "STATIC", "workloadSelector": {"labels": {"app": "l0"}}}});
+                let converted =
+                    kinds::convert(Kind::ServiceEntry, "networking.istio.io/v1", object);
+                Change::Upsert(
+                    Kind::ServiceEntry,
+                    ("a".into(), "sel".into()),
+                    Box::new(converted),
+                )
+            }
+        }
+    }
+
+    /// What a snapshot says: its dump, the addresses reached directly, and the decision for every
+    /// address the test uses, from every namespace and from none.
+    fn said(s: &Snapshot) -> (Value, Vec<std::net::IpAddr>, Vec<String>) {
+        let mut destinations: Vec<std::net::IpAddr> = s.workload_destinations().collect();
+        destinations.sort();
+        let mut decisions = Vec::new();
+        for to in (0..8)
+            .map(|i| format!("10.0.0.{i}"))
+            .chain(["203.0.113.9".to_string()])
+        {
+            for from in [None, Some("a"), Some("b")] {
+                let d =
+                    s.decide_outbound_with(from, to.parse().unwrap(), 80, crate::state::Pick::Peek);
+                let who = match d.action {
+                    crate::state::Outbound::Workload { workload, .. } => {
+                        format!("{}/{}", workload.namespace, workload.name)
+                    }
+                    _ => String::new(),
+                };
+                decisions.push(format!(
+                    "{to} {from:?} {:?} {who} {:?}",
+                    d.outcome(),
+                    d.target()
+                ));
+            }
+        }
+        let dump = serde_json::to_value(s.config_dump()).unwrap();
+        (dump, destinations, decisions)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn a_snapshot_patched_for_pods_elsewhere_says_what_one_built_whole_says(
+            ops in proptest::collection::vec(op(), 1..40)
+        ) {
+            let kinds = Kind::watched(true);
+            let mut store = Store::new(&kinds);
+            for &kind in &kinds {
+                store.apply(Change::Relist(kind), "t");
+                store.apply(Change::Listed(kind), "t");
+            }
+            store.take_changes();
+            let mut previous: Option<Snapshot> = None;
+            for op in &ops {
+                store.apply(change(op), "t");
+                let changes = store.take_changes();
+                if !changes.any() {
+                    continue;
+                }
+                let (model, errors, _) = store.model();
+                let whole = pipeline::build(&model, errors).snapshot;
+                let next = match previous {
+                    Some(p) if changes.only_pods_elsewhere(&store.selecting_namespaces()) => {
+                        p.with_pods_elsewhere(&model)
+                    }
+                    _ => pipeline::build(&model, Vec::new()).snapshot,
+                };
+                proptest::prop_assert_eq!(said(&next), said(&whole), "after {:?}", op);
+                previous = Some(next);
+            }
+        }
     }
 
     #[tokio::test]

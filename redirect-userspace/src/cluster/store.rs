@@ -76,6 +76,33 @@ pub struct Store {
     /// Counts changes to `observed`, so a reader knows when to look again.
     observed_changes: u64,
     shared: Shared,
+    changes: Changes,
+}
+
+/// What changed in what is served, since [`Store::take_changes`] last said.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Anything but Pods of other nodes added, changed or deleted one by one.
+    pub others: bool,
+    /// The namespaces of the Pods of other nodes added, changed or deleted.
+    pub elsewhere: std::collections::BTreeSet<String>,
+}
+
+impl Changes {
+    pub fn any(&self) -> bool {
+        self.others || !self.elsewhere.is_empty()
+    }
+
+    /// Whether these changes leave every service and client as they were: only Pods of other
+    /// nodes changed, none in a namespace where a selector picks Pods (`selecting`). Then the
+    /// snapshot's services can be kept and only its workload addresses built again.
+    pub fn only_pods_elsewhere(&self, selecting: &HashSet<&str>) -> bool {
+        !self.others
+            && !self
+                .elsewhere
+                .iter()
+                .any(|ns| selecting.contains(ns.as_str()))
+    }
 }
 
 /// One copy of each namespace name, label set and port set the Pods of other nodes have: a
@@ -158,11 +185,35 @@ impl Store {
             observed: BTreeMap::new(),
             observed_changes: 0,
             shared: Shared::default(),
+            changes: Changes::default(),
         }
     }
 
     /// Takes in one change at time `now` (RFC 3339). Returns whether what is served changed.
     pub fn apply(&mut self, change: Change, now: &str) -> bool {
+        let elsewhere = match &change {
+            Change::Upsert(Kind::PodElsewhere, (namespace, _), _)
+            | Change::Deleted(Kind::PodElsewhere, (namespace, _)) => Some(namespace.clone()),
+            _ => None,
+        };
+        let changed = self.take_in(change, now);
+        if changed {
+            match elsewhere {
+                Some(namespace) => {
+                    self.changes.elsewhere.insert(namespace);
+                }
+                None => self.changes.others = true,
+            }
+        }
+        changed
+    }
+
+    /// What changed since the last call.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    fn take_in(&mut self, change: Change, now: &str) -> bool {
         let Some(w) = self.kinds.get_mut(&change.kind()) else {
             return false;
         };
@@ -268,7 +319,7 @@ impl Store {
 
     /// The namespaces where a selector picks Pods as endpoints: a ServiceEntry's
     /// `workloadSelector`, or a Service's selector while no EndpointSlice names the Service.
-    fn selecting_namespaces(&self) -> HashSet<&str> {
+    pub fn selecting_namespaces(&self) -> HashSet<&str> {
         let objects = |kind: Kind| {
             self.kinds
                 .get(&kind)
