@@ -5,7 +5,9 @@
 //! A burst of changes becomes one new snapshot (once the changes pause for [`QUIET`], after at most
 //! [`COALESCE`]), built off the async workers and swapped whole, exactly as a reload of a directory
 //! is. With a node name, Pods are watched as this node's (clients) and the other nodes' (endpoints
-//! and workload addresses only): see `docs/inputs.md#watched-per-node`. While the API server is away
+//! and workload addresses only): see `docs/inputs.md#watched-per-node`. A burst that changed only
+//! Pods of other nodes that no selector picks (the bulk of a big cluster's churn) changes no
+//! service: the snapshot keeps its services and builds only its workload addresses again. While the API server is away
 //! nothing changes: the state in force stays, and each watch retries on its own.
 pub mod kinds;
 pub mod store;
