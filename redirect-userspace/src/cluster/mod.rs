@@ -6,9 +6,10 @@
 //! [`COALESCE`]), built off the async workers and swapped whole, exactly as a reload of a directory
 //! is. With a node name, Pods are watched as this node's (clients) and the other nodes' (endpoints
 //! and workload addresses only): see `docs/inputs.md#watched-per-node`. A burst that changed only
-//! Pods of other nodes that no selector picks (the bulk of a big cluster's churn) changes no
-//! service: the snapshot keeps its services and builds only its workload addresses again. While the API server is away
-//! nothing changes: the state in force stays, and each watch retries on its own.
+//! Pods that no selector picks (those of other nodes are the bulk of a big cluster's churn)
+//! changes no service: the snapshot keeps its services and builds only its workloads again. While
+//! the API server is away nothing changes: the state in force stays, and each watch retries on its
+//! own.
 pub mod kinds;
 pub mod store;
 mod watch;
@@ -198,8 +199,8 @@ async fn follow(
         if changes.any() {
             let (model, errors, rejected) = store.model();
             match &allocation {
-                // Only Pods of other nodes that no selector picks: the services stay as they are.
-                Some(kept) if changes.only_pods_elsewhere(&store.selecting_namespaces()) => {
+                // Only Pods that no selector picks: the services stay as they are.
+                Some(kept) if changes.only_pods(&store.selecting_namespaces()) => {
                     let previous = live.snapshot_arc();
                     let mut errors = errors;
                     errors.extend(kept.iter().cloned());
@@ -292,8 +293,8 @@ async fn rebuild(
     Some((desired, allocation))
 }
 
-/// The snapshot in force with the Pods of other nodes of `model`, off the async workers, then
-/// swapped in whole: no visibility, no services to build again.
+/// The snapshot in force with the Pods of `model`, off the async workers, then swapped in whole:
+/// no visibility, no services to build again.
 async fn patch(
     previous: Arc<Snapshot>,
     model: Model,
@@ -302,7 +303,7 @@ async fn patch(
     live: &LiveState,
     metrics: &Metrics,
 ) {
-    let built = tokio::task::spawn_blocking(move || previous.with_pods_elsewhere(&model)).await;
+    let built = tokio::task::spawn_blocking(move || previous.with_pods(&model)).await;
     match built {
         Ok(snapshot) => {
             pipeline::put_in_force(live, metrics, "kubernetes API", snapshot, errors, rejected)
@@ -350,8 +351,8 @@ mod tests {
         /// A Pod of another node added or changed: namespace, name, address, label.
         Elsewhere(usize, usize, u8, usize),
         GoneElsewhere(usize, usize),
-        /// A Pod of this node: name, address.
-        Here(usize, u8),
+        /// A Pod of this node: namespace, name, address, label.
+        Here(usize, usize, u8, usize),
         /// The entry picking `app: l0` Pods of `a` added (or deleted).
         Selector(bool),
     }
@@ -363,7 +364,7 @@ mod tests {
         prop_oneof![
             6 => (0..3usize, 0..5usize, 0..8u8, 0..3usize).prop_map(|(n, p, ip, l)| Op::Elsewhere(n, p, ip, l)),
             2 => (0..3usize, 0..5usize).prop_map(|(n, p)| Op::GoneElsewhere(n, p)),
-            1 => (0..3usize, 0..8u8).prop_map(|(p, ip)| Op::Here(p, ip)),
+            2 => (0..3usize, 0..3usize, 0..8u8, 0..3usize).prop_map(|(n, p, ip, l)| Op::Here(n, p, ip, l)),
             1 => any::<bool>().prop_map(Op::Selector),
         ]
     }
@@ -395,14 +396,17 @@ mod tests {
             Op::GoneElsewhere(n, p) => {
                 Change::Deleted(Kind::PodElsewhere, (NAMESPACES[*n].into(), format!("p{p}")))
             }
-            Op::Here(p, ip) => {
-                let object = pod("b", format!("h{p}"), *ip, "n1", json!({"app": "l0"}));
+            Op::Here(n, p, ip, l) => {
+                let ns = NAMESPACES[*n];
+                let object = pod(
+                    ns,
+                    format!("h{p}"),
+                    *ip,
+                    "n1",
+                    json!({"app": format!("l{l}")}),
+                );
                 let converted = kinds::convert(Kind::Pod, "v1", object);
-                Change::Upsert(
-                    Kind::Pod,
-                    ("b".into(), format!("h{p}")),
-                    Box::new(converted),
-                )
+                Change::Upsert(Kind::Pod, (ns.into(), format!("h{p}")), Box::new(converted))
             }
             Op::Selector(false) => Change::Deleted(Kind::ServiceEntry, ("a".into(), "sel".into())),
             Op::Selector(true) => {
@@ -454,7 +458,7 @@ mod tests {
     proptest::proptest! {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
         #[test]
-        fn a_snapshot_patched_for_pods_elsewhere_says_what_one_built_whole_says(
+        fn a_snapshot_patched_for_pods_says_what_one_built_whole_says(
             ops in proptest::collection::vec(op(), 1..40)
         ) {
             let kinds = Kind::watched(true);
@@ -474,8 +478,8 @@ mod tests {
                 let (model, errors, _) = store.model();
                 let whole = pipeline::build(&model, errors).snapshot;
                 let next = match previous {
-                    Some(p) if changes.only_pods_elsewhere(&store.selecting_namespaces()) => {
-                        p.with_pods_elsewhere(&model)
+                    Some(p) if changes.only_pods(&store.selecting_namespaces()) => {
+                        p.with_pods(&model)
                     }
                     _ => pipeline::build(&model, Vec::new()).snapshot,
                 };

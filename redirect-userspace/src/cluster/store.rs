@@ -82,26 +82,22 @@ pub struct Store {
 /// What changed in what is served, since [`Store::take_changes`] last said.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Changes {
-    /// Anything but Pods of other nodes added, changed or deleted one by one.
+    /// Anything but Pods added, changed or deleted one by one.
     pub others: bool,
-    /// The namespaces of the Pods of other nodes added, changed or deleted.
-    pub elsewhere: std::collections::BTreeSet<String>,
+    /// The namespaces of the Pods (of this node or another) added, changed or deleted.
+    pub pods: std::collections::BTreeSet<String>,
 }
 
 impl Changes {
     pub fn any(&self) -> bool {
-        self.others || !self.elsewhere.is_empty()
+        self.others || !self.pods.is_empty()
     }
 
-    /// Whether these changes leave every service and client as they were: only Pods of other
-    /// nodes changed, none in a namespace where a selector picks Pods (`selecting`). Then the
-    /// snapshot's services can be kept and only its workload addresses built again.
-    pub fn only_pods_elsewhere(&self, selecting: &HashSet<&str>) -> bool {
-        !self.others
-            && !self
-                .elsewhere
-                .iter()
-                .any(|ns| selecting.contains(ns.as_str()))
+    /// Whether these changes leave every service as it was: only Pods changed, none in a
+    /// namespace where a selector picks Pods (`selecting`). Then the snapshot's services can be
+    /// kept and only its clients and workload addresses built again.
+    pub fn only_pods(&self, selecting: &HashSet<&str>) -> bool {
+        !self.others && !self.pods.iter().any(|ns| selecting.contains(ns.as_str()))
     }
 }
 
@@ -191,16 +187,18 @@ impl Store {
 
     /// Takes in one change at time `now` (RFC 3339). Returns whether what is served changed.
     pub fn apply(&mut self, change: Change, now: &str) -> bool {
-        let elsewhere = match &change {
-            Change::Upsert(Kind::PodElsewhere, (namespace, _), _)
-            | Change::Deleted(Kind::PodElsewhere, (namespace, _)) => Some(namespace.clone()),
+        let pod = match &change {
+            Change::Upsert(Kind::Pod | Kind::PodElsewhere, (namespace, _), _)
+            | Change::Deleted(Kind::Pod | Kind::PodElsewhere, (namespace, _)) => {
+                Some(namespace.clone())
+            }
             _ => None,
         };
         let changed = self.take_in(change, now);
         if changed {
-            match elsewhere {
+            match pod {
                 Some(namespace) => {
-                    self.changes.elsewhere.insert(namespace);
+                    self.changes.pods.insert(namespace);
                 }
                 None => self.changes.others = true,
             }

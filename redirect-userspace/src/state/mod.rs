@@ -31,7 +31,7 @@ use workload::WorkloadStore;
 
 #[derive(Debug)]
 pub struct Snapshot {
-    /// Shared with the snapshot a change to Pods alone was built from (see [`Snapshot::with_pods_elsewhere`]).
+    /// Shared with the snapshot a change to Pods alone was built from (see [`Snapshot::with_pods`]).
     services: Arc<ServiceStore>,
     workloads: WorkloadStore,
     cluster_domain: String,
@@ -75,10 +75,10 @@ impl Snapshot {
         }
     }
 
-    /// This snapshot's services with the Pods of other nodes `model` holds: for a change to those
-    /// Pods alone, when none is in a namespace a selector picks Pods in (no service changes then,
-    /// and no client). Everything else is `model`'s, as [`Snapshot::build`] would make it.
-    pub fn with_pods_elsewhere(&self, model: &Model) -> Self {
+    /// This snapshot's services with the workloads `model` holds: for a change to Pods alone, none
+    /// in a namespace a selector picks Pods in (no service changes then). Everything else is
+    /// `model`'s, as [`Snapshot::build`] would make it.
+    pub fn with_pods(&self, model: &Model) -> Self {
         let discovery = visibility::Discovery::of(model);
         Snapshot {
             services: self.services.clone(),
