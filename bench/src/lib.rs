@@ -177,7 +177,7 @@ fn kube_phase(built: &Built) -> anyhow::Result<()> {
     let figures = kube::measure(built)?;
     let date = cmd::output(std::process::Command::new("date").args(["-u", "+%Y-%m-%d %H:%M UTC"]))
         .unwrap_or_default();
-    let section = figures.section(date.trim(), &load);
+    let section = kube::section(&figures, date.trim(), &load);
     println!("\n{section}");
     let md = built.workspace.join("BENCHMARKS.md");
     let existing = std::fs::read_to_string(&md).unwrap_or_default();

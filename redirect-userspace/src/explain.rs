@@ -225,10 +225,7 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
                 .collect(),
         ),
         Outbound::Workload { workload, .. } => (
-            Some(format!(
-                "{}/{}",
-                workload.meta.namespace, workload.meta.name
-            )),
+            Some(format!("{}/{}", workload.namespace, workload.name)),
             Vec::new(),
         ),
         Outbound::Passthrough { .. } | Outbound::NoHealthyUpstream { .. } => (None, Vec::new()),
@@ -277,7 +274,7 @@ fn why(d: &OutboundDecision<'_>, namespace: &str, ip: IpAddr, port: Option<u16>)
         ),
         Outbound::Workload { workload, .. } => format!(
             "no visible service claims {ip}; workload {}/{} has it: connect to it directly",
-            workload.meta.namespace, workload.meta.name
+            workload.namespace, workload.name
         ),
         Outbound::Passthrough {
             reason: PassthroughReason::Unknown,

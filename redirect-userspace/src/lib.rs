@@ -11,7 +11,7 @@ mod admin;
 mod agent;
 mod budget;
 mod cli;
-pub mod cluster;
+mod cluster;
 mod config;
 mod dns;
 mod explain;
@@ -21,6 +21,7 @@ mod live;
 mod logging;
 mod metrics;
 mod net;
+mod pipeline;
 mod proxy;
 mod redirect;
 mod state;
@@ -57,6 +58,12 @@ pub mod report {
 /// Talking to a running agent's admin server.
 pub mod admin_client {
     pub use crate::admin::client::*;
+}
+
+/// The Kubernetes API source's store, driven without an API server (the scale bench feeds it a
+/// cluster's objects as the watches would).
+pub mod kube {
+    pub use crate::cluster::{Change, Kind, Store, build, kinds::convert};
 }
 
 /// What the node must offer: the cgroup v2 mounts, the oldest kernel the agent runs on.

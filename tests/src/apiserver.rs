@@ -2,7 +2,10 @@
 //! HTTP, with the protocol the real one speaks to a watching client.
 //!
 //! - `GET` of a collection: a JSON list with `metadata.resourceVersion`; `fieldSelector` on
-//!   `metadata.name`; pages of `limit` items linked by `continue`.
+//!   `metadata.name`, `metadata.namespace` and `spec.nodeName` (`=`, `==`, `!=`, terms joined by
+//!   `,`); pages of `limit` items linked by `continue`.
+//! - A watch with a `fieldSelector` sees an object that comes to match it as `ADDED` and one that
+//!   stops matching as `DELETED`, as the API server's watch cache tells them.
 //! - `?watch=true|1`: a stream of `ADDED`/`MODIFIED`/`DELETED` events after the `resourceVersion`
 //!   asked, a `BOOKMARK` when the client allows them, and an `ERROR` with code 410 for a version
 //!   older than the server keeps ([`ApiServer::expire_watches`] forgets them all).
@@ -67,7 +70,7 @@ struct State {
     /// Objects by kind (`group`, `plural`: stored once whatever version is asked), then key.
     objects: BTreeMap<(String, String), BTreeMap<Key, Value>>,
     /// Every change, for watches that resume: (rv, group, plural, type, object).
-    history: Vec<(u64, String, String, &'static str, Value)>,
+    history: Vec<Event>,
     /// Watches asking for a version older than this get 410 Gone.
     oldest: u64,
     watches: Vec<Watch>,
@@ -79,11 +82,64 @@ struct State {
     requests: Vec<String>,
 }
 
+/// One change as the watches are told it: the object before (for an update), and after.
+struct Event {
+    rv: u64,
+    group: String,
+    plural: String,
+    kind: &'static str,
+    before: Option<Value>,
+    object: Value,
+}
+
+/// A `fieldSelector`: every term must hold.
+#[derive(Debug, Clone, Default)]
+struct FieldSelector {
+    /// (JSON pointer, must equal (else must differ), value).
+    terms: Vec<(&'static str, bool, String)>,
+}
+
+impl FieldSelector {
+    /// `None`: a field the server does not filter on (the API answers 400).
+    fn parse(text: &str) -> Option<FieldSelector> {
+        let mut terms = Vec::new();
+        for term in text.split(',').filter(|t| !t.is_empty()) {
+            let (field, equal, value) = if let Some((f, v)) = term.split_once("!=") {
+                (f, false, v)
+            } else if let Some((f, v)) = term.split_once("==") {
+                (f, true, v)
+            } else {
+                let (f, v) = term.split_once('=')?;
+                (f, true, v)
+            };
+            let pointer = match field {
+                "metadata.name" => "/metadata/name",
+                "metadata.namespace" => "/metadata/namespace",
+                "spec.nodeName" => "/spec/nodeName",
+                _ => return None,
+            };
+            terms.push((pointer, equal, value.to_string()));
+        }
+        Some(FieldSelector { terms })
+    }
+
+    /// A field the object does not have reads as empty, as the API's field sets do.
+    fn matches(&self, object: &Value) -> bool {
+        self.terms.iter().all(|(pointer, equal, value)| {
+            let got = object
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            (got == value) == *equal
+        })
+    }
+}
+
 struct Watch {
     group: String,
     plural: String,
     namespace: Option<String>,
-    name: Option<String>,
+    fields: FieldSelector,
     bookmarks: bool,
     tx: mpsc::UnboundedSender<Bytes>,
 }
@@ -96,10 +152,25 @@ impl Watch {
                 .namespace
                 .as_deref()
                 .is_none_or(|ns| object["metadata"]["namespace"] == ns)
-            && self
-                .name
-                .as_deref()
-                .is_none_or(|n| object["metadata"]["name"] == n)
+            && self.fields.matches(object)
+    }
+
+    /// What this watch is told of `event`, if anything: an update that brings the object into
+    /// its selection is an addition, one that takes it out a deletion.
+    fn sees(&self, event: &Event) -> Option<&'static str> {
+        let now = self.wants(&event.group, &event.plural, &event.object);
+        let was = event
+            .before
+            .as_ref()
+            .is_some_and(|b| self.wants(&event.group, &event.plural, b));
+        match (event.kind, was, now) {
+            ("MODIFIED", true, true) => Some("MODIFIED"),
+            ("MODIFIED", false, true) => Some("ADDED"),
+            ("MODIFIED", true, false) => Some("DELETED"),
+            ("MODIFIED", false, false) => None,
+            (kind, _, true) => Some(kind),
+            _ => None,
+        }
     }
 }
 
@@ -264,7 +335,7 @@ impl ApiServer {
         state.rv += 1;
         let rv = state.rv;
         object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
-        state.publish(rv, group, plural, "DELETED", object);
+        state.publish(rv, group, plural, "DELETED", None, object);
         Ok(true)
     }
 
@@ -419,20 +490,37 @@ impl State {
             Write::Status(manager) => set_status_manager(&mut object, manager),
         }
         object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
-        let event = match objects.insert(key, object.clone()) {
+        let before = objects.insert(key, object.clone());
+        let event = match before {
             Some(_) => "MODIFIED",
             None => "ADDED",
         };
-        self.publish(rv, group, plural, event, object.clone());
+        self.publish(rv, group, plural, event, before, object.clone());
         object
     }
 
-    fn publish(&mut self, rv: u64, group: &str, plural: &str, event: &'static str, object: Value) {
-        self.watches.retain(|w| {
-            !w.wants(group, plural, &object) || w.tx.send(event_line(event, &object)).is_ok()
+    fn publish(
+        &mut self,
+        rv: u64,
+        group: &str,
+        plural: &str,
+        kind: &'static str,
+        before: Option<Value>,
+        object: Value,
+    ) {
+        let event = Event {
+            rv,
+            group: group.to_string(),
+            plural: plural.to_string(),
+            kind,
+            before,
+            object,
+        };
+        self.watches.retain(|w| match w.sees(&event) {
+            Some(kind) => w.tx.send(event_line(kind, &event.object)).is_ok(),
+            None => true,
         });
-        self.history
-            .push((rv, group.to_string(), plural.to_string(), event, object));
+        self.history.push(event);
     }
 }
 
@@ -656,17 +744,25 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
             ),
         );
     }
-    let name = query
-        .get("fieldSelector")
-        .and_then(|f| f.strip_prefix("metadata.name="))
-        .map(str::to_string);
+    let fields = match query.get("fieldSelector").map(|f| FieldSelector::parse(f)) {
+        None => FieldSelector::default(),
+        Some(Some(fields)) => fields,
+        Some(None) => {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                format!(
+                    "field label not supported: {}",
+                    query.get("fieldSelector").map_or("", String::as_str)
+                ),
+            );
+        }
+    };
     let selects = |object: &Value| {
         namespace
             .as_deref()
             .is_none_or(|ns| object["metadata"]["namespace"] == ns)
-            && name
-                .as_deref()
-                .is_none_or(|n| object["metadata"]["name"] == n)
+            && fields.matches(object)
     };
     // Objects are stored once; each is served at the version asked.
     let at_version = |mut object: Value| {
@@ -675,34 +771,49 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
     };
     if !watching {
         let st = lock(state);
-        // Pages of `limit` items; `continue` is `<list version>-<offset>`, and every page carries
-        // the version of the first, as one consistent list does.
-        let (rv, offset) = query
+        // Pages of `limit` items; `continue` is `<list version>/<namespace>/<name>` of the last
+        // item given, and every page carries the version of the first, as one consistent list
+        // does. A page starts where the last ended: a list costs its items, not items x pages.
+        let (rv, after) = match query
             .get("continue")
-            .and_then(|c| c.split_once('-'))
-            .and_then(|(rv, at)| Some((rv.parse().ok()?, at.parse().ok()?)))
-            .unwrap_or((st.rv, 0usize));
+            .map(|c| c.splitn(3, '/').collect::<Vec<_>>())
+        {
+            Some(parts) => match parts.as_slice() {
+                [rv, ns, name] => match rv.parse() {
+                    Ok(rv) => (rv, Some((ns.to_string(), name.to_string()))),
+                    Err(_) => (st.rv, None),
+                },
+                _ => (st.rv, None),
+            },
+            None => (st.rv, None),
+        };
         let limit = query
             .get("limit")
             .and_then(|l| l.parse().ok())
             .filter(|l| *l > 0)
             .unwrap_or(usize::MAX);
-        let selected: Vec<&Value> = st
+        let empty = BTreeMap::new();
+        let all = st
             .objects
             .get(&(group.to_string(), plural.to_string()))
-            .map(|o| o.values().filter(|o| selects(o)).collect())
-            .unwrap_or_default();
-        let end = offset.saturating_add(limit).min(selected.len());
-        let items: Vec<Value> = selected
-            .get(offset..end)
-            .unwrap_or_default()
-            .iter()
-            .map(|o| at_version((*o).clone()))
-            .collect();
+            .unwrap_or(&empty);
+        let start = match &after {
+            Some(key) => std::ops::Bound::Excluded(key),
+            None => std::ops::Bound::Unbounded,
+        };
+        let mut page = all
+            .range::<Key, _>((start, std::ops::Bound::Unbounded))
+            .filter(|(_, o)| selects(o));
+        let chosen: Vec<(&Key, &Value)> = page.by_ref().take(limit).collect();
+        let more = page.next().is_some();
         let mut metadata = json!({"resourceVersion": rv.to_string()});
-        if end < selected.len() {
-            metadata["continue"] = Value::from(format!("{rv}-{end}"));
+        if more && let Some(((ns, name), _)) = chosen.last() {
+            metadata["continue"] = Value::from(format!("{rv}/{ns}/{name}"));
         }
+        let items: Vec<Value> = chosen
+            .into_iter()
+            .map(|(_, o)| at_version(o.clone()))
+            .collect();
         let kind = KINDS
             .iter()
             .find(|k| k.0 == group && k.2 == plural)
@@ -727,22 +838,25 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         if from != 0 && from < st.oldest {
             let _ = tx.send(gone());
         } else {
-            for (rv, g, p, event, object) in &st.history {
-                if *rv > from && g == group && p == plural && selects(object) {
-                    let _ = tx.send(event_line(event, &at_version(object.clone())));
-                }
-            }
-            if bookmarks {
-                let _ = tx.send(bookmark(group, plural, st.rv));
-            }
-            st.watches.push(Watch {
+            let watch = Watch {
                 group: group.to_string(),
                 plural: plural.to_string(),
                 namespace: namespace.clone(),
-                name: name.clone(),
+                fields: fields.clone(),
                 bookmarks,
                 tx,
-            });
+            };
+            for event in st.history.iter().filter(|e| e.rv > from) {
+                if let Some(kind) = watch.sees(event) {
+                    let _ = watch
+                        .tx
+                        .send(event_line(kind, &at_version(event.object.clone())));
+                }
+            }
+            if bookmarks {
+                let _ = watch.tx.send(bookmark(group, plural, st.rv));
+            }
+            st.watches.push(watch);
         }
     }
     let (mut sender, body) = Channel::<Bytes, Infallible>::new(16);
@@ -1047,4 +1161,70 @@ fn as_served(object: Value) -> Result<Value> {
         }));
     }
     Ok(object)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(node: &str) -> Value {
+        json!({"metadata": {"name": "p", "namespace": "a"}, "spec": {"nodeName": node}})
+    }
+
+    fn watch(selector: &str) -> Watch {
+        Watch {
+            group: String::new(),
+            plural: "pods".into(),
+            namespace: None,
+            fields: FieldSelector::parse(selector).unwrap(),
+            bookmarks: false,
+            tx: mpsc::unbounded_channel().0,
+        }
+    }
+
+    fn moved(before: Option<Value>, after: Value) -> Event {
+        Event {
+            rv: 1,
+            group: String::new(),
+            plural: "pods".into(),
+            kind: if before.is_some() {
+                "MODIFIED"
+            } else {
+                "ADDED"
+            },
+            before,
+            object: after,
+        }
+    }
+
+    #[test]
+    fn field_selectors_match_as_the_api_server_does() {
+        let f = FieldSelector::parse("spec.nodeName!=n1,metadata.namespace=a").unwrap();
+        assert!(f.matches(&pod("n2")));
+        assert!(!f.matches(&pod("n1")));
+        // A Pod not yet scheduled has no node: it matches `!=` and not `=`.
+        let unscheduled = json!({"metadata": {"name": "p", "namespace": "a"}});
+        assert!(f.matches(&unscheduled));
+        assert!(
+            !FieldSelector::parse("spec.nodeName==n1")
+                .unwrap()
+                .matches(&unscheduled)
+        );
+        assert!(FieldSelector::parse("status.phase=Running").is_none());
+    }
+
+    #[test]
+    fn an_object_entering_or_leaving_a_watchs_selection_is_added_or_deleted_there() {
+        let here = watch("spec.nodeName=n1");
+        let elsewhere = watch("spec.nodeName!=n1");
+        // Bound to n1 after waiting unscheduled.
+        let bound = moved(Some(pod("")), pod("n1"));
+        assert_eq!(here.sees(&bound), Some("ADDED"));
+        assert_eq!(elsewhere.sees(&bound), Some("DELETED"));
+        let relabelled = moved(Some(pod("n1")), pod("n1"));
+        assert_eq!(here.sees(&relabelled), Some("MODIFIED"));
+        assert_eq!(elsewhere.sees(&relabelled), None);
+        assert_eq!(here.sees(&moved(None, pod("n2"))), None);
+        assert_eq!(elsewhere.sees(&moved(None, pod("n2"))), Some("ADDED"));
+    }
 }

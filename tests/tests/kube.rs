@@ -132,6 +132,90 @@ fn the_visibility_scenarios_hold_with_the_cluster_as_source() -> Result<()> {
     Ok(())
 }
 
+/// `requests` with their query decoded as far as field selectors need.
+fn decoded(requests: &[String]) -> Vec<String> {
+    requests
+        .iter()
+        .map(|r| {
+            r.replace("%3D", "=")
+                .replace("%3d", "=")
+                .replace("%21", "!")
+        })
+        .collect()
+}
+
+#[test]
+fn an_agent_given_its_node_holds_its_pods_as_clients_and_gives_the_same_answers() -> Result<()> {
+    // web-1, the pod behind Service web (by its selector and a named port), runs on another node.
+    let w = World::start_kube_args(
+        |dir| {
+            let path = dir.join("10-workloads.yaml");
+            let text = std::fs::read_to_string(&path)?;
+            ensure!(
+                text.matches("\n  nodeName: node-1\n").count() == 1,
+                "{text}"
+            );
+            std::fs::write(
+                &path,
+                text.replace("\n  nodeName: node-1\n", "\n  nodeName: node-2\n"),
+            )?;
+            Ok(())
+        },
+        &["--node-name", "node-1"],
+    )?;
+    let watches = watch_states(&w)?;
+    for kind in ["Pod", "Pod (other nodes)"] {
+        let watch = watch_of(&watches, kind)?;
+        ensure!(watch["synced"] == true, "{watch}");
+    }
+    // Each Pod watch asks the API server for its side of the node, in pages.
+    let requests = decoded(&w.api().requests());
+    for selector in [
+        "fieldSelector=spec.nodeName=node-1",
+        "fieldSelector=spec.nodeName!=node-1",
+    ] {
+        ensure!(
+            requests.iter().any(|r| r.starts_with("GET /api/v1/pods?")
+                && r.contains(selector)
+                && r.contains("limit=")),
+            "no paged list of pods with {selector}: {requests:#?}"
+        );
+    }
+    // The same answers as explain over the directory, from every namespace.
+    for ns in EVERYONE {
+        for name in [
+            "api.example.com",
+            "shared.example.com",
+            "web.team-a.svc.cluster.local",
+            "legacy.example.internal",
+        ] {
+            w.check_dig(ns, name)?;
+        }
+        w.check_host(ns, "api.example.com", 80)?;
+    }
+    // The pod on the other node is still the Service's endpoint, through its named port.
+    ensure!(w.curl("team-a", "http://web.team-a.svc.cluster.local/")? == Reach::server("web-1"));
+    // Of a pod elsewhere the agent keeps no uid and no node; its own clients are whole.
+    let dump = w.config_dump()?;
+    let workloads = dump["config"]["workloads"]
+        .as_array()
+        .or_else(|| dump["workloads"].as_array())
+        .with_context(|| format!("no workloads in /config_dump: {dump:#}"))?;
+    let named = |name: &str| {
+        workloads
+            .iter()
+            .find(|w| w["name"] == name)
+            .with_context(|| format!("no workload {name} in {workloads:#?}"))
+    };
+    let web = named("web-1")?;
+    ensure!(web["uid"].is_null() && web["node"].is_null(), "{web}");
+    let a1 = named("a1")?;
+    ensure!(a1["node"] == "node-1" && a1["uid"].is_string(), "{a1}");
+    let m = w.agent.metrics()?;
+    assert_eq!(m.get_or_zero(key::IDENTITY_MISMATCHES), 0.0);
+    Ok(())
+}
+
 #[test]
 fn a_service_entry_a_namespace_label_and_a_pod_changed_through_the_api_apply_within_a_second()
 -> Result<()> {

@@ -3,14 +3,14 @@
 //! at its last good version, and reported until fixed.
 use std::{path::PathBuf, sync::Arc};
 
-use tracing::{error, info, warn};
+use tracing::{error, warn};
 
 use crate::{
     config::{self, ConfigError, Limits, Model, Rejected},
     live::LiveState,
     metrics::{Metrics, ReloadResult},
+    pipeline,
     state::Snapshot,
-    visibility,
 };
 
 use super::dir_watch::DirWatch;
@@ -49,14 +49,11 @@ impl Reloader {
         if let Some(previous) = &self.in_force {
             config::keep_last_good(&mut loaded, previous);
         }
-        let resolution = visibility::resolve(&loaded.model);
-        let mut errors = loaded.errors;
-        errors.extend(visibility::allocation_errors(&loaded.model, &resolution));
-        let snapshot = Snapshot::build(&loaded.model, &resolution);
+        let built = pipeline::build(&loaded.model, loaded.errors);
         self.in_force = Some(loaded.model);
         Ok(Loaded {
-            snapshot,
-            errors,
+            snapshot: built.snapshot,
+            errors: built.errors,
             rejected: loaded.rejected,
         })
     }
@@ -87,57 +84,24 @@ pub async fn apply(reloader: &mut Option<Reloader>, live: &LiveState, metrics: &
     *reloader = Some(owned);
     match result {
         Ok(loaded) => {
-            let services = loaded.snapshot.services().count();
-            let workloads = loaded.snapshot.workloads().len();
-            log_errors(&loaded.errors);
-            metrics
-                .config
-                .rejected(loaded.rejected.iter().map(|r| r.kind));
-            let result = if loaded.errors.is_empty() {
-                info!(dir = %shown, services, workloads, "configuration applied");
-                ReloadResult::Ok
-            } else {
-                let kept = loaded
-                    .rejected
-                    .iter()
-                    .filter(|r| r.last_good_in_force)
-                    .count();
-                warn!(
-                    dir = %shown,
-                    services,
-                    workloads,
-                    errors = loaded.errors.len(),
-                    rejected = loaded.rejected.len(),
-                    kept_last_good = kept,
-                    "configuration applied without the objects in error; their last good versions stay in force"
-                );
-                ReloadResult::Partial
-            };
-            live.apply(loaded.snapshot, loaded.errors, loaded.rejected);
-            metrics.config.reload(result);
-            let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
+            pipeline::put_in_force(
+                live,
+                metrics,
+                &shown,
+                loaded.snapshot,
+                loaded.errors,
+                loaded.rejected,
+            )
+            .await;
             true
         }
         Err(errors) => {
-            log_errors(&errors);
+            pipeline::log_errors(&errors);
             warn!(dir = %shown, "configuration not readable; the configuration in force stays");
             live.refuse(errors);
             metrics.config.reload(ReloadResult::Failed);
             false
         }
-    }
-}
-
-/// One line per error, naming file, object and field (each already bounded in length).
-fn log_errors(errors: &[ConfigError]) {
-    for e in errors {
-        error!(
-            file = %e.file,
-            object = e.object.as_deref().unwrap_or("-"),
-            field = e.field.as_deref().unwrap_or("-"),
-            "{}",
-            e.message
-        );
     }
 }
 

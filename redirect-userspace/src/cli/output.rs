@@ -5,7 +5,7 @@ use serde_yaml_ng::Value;
 
 use crate::{
     config::{self, ConfigError, Model},
-    visibility::{self, Resolved},
+    visibility::Resolved,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -74,9 +74,7 @@ pub fn invalid_input(errors: &[ConfigError]) -> ExitCode {
 /// all, reported before any output.
 pub fn load(input: &super::InputArgs) -> Result<(Model, Resolved, Vec<ConfigError>), ConfigError> {
     let loaded = config::read_inputs(&input.paths, input.recursive, &input.limits.limits())?;
-    let resolution = visibility::resolve(&loaded.model);
-    let mut errors = loaded.errors;
-    errors.extend(visibility::allocation_errors(&loaded.model, &resolution));
+    let (resolution, errors) = crate::pipeline::resolve(&loaded.model, loaded.errors);
     Ok((loaded.model, resolution, errors))
 }
 

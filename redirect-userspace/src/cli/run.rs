@@ -26,6 +26,11 @@ pub struct KubeArgs {
     /// With `--kube`: this kubeconfig instead of the usual search.
     #[arg(long, value_name = "FILE", requires = "kube")]
     pub kubeconfig: Option<PathBuf>,
+    /// With `--kube`: the node this agent serves (the DaemonSet passes `spec.nodeName` in
+    /// `NODE_NAME`). Only this node's Pods are held as clients; the other nodes' Pods are held as
+    /// endpoints and workload addresses only. Without it, every Pod of the cluster is a client.
+    #[arg(long, value_name = "NODE", env = "NODE_NAME")]
+    pub node_name: Option<String>,
     /// With `--kube`: the ConfigMap whose key `mesh` holds the mesh config.
     #[arg(
         long,
@@ -205,6 +210,7 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             Some(crate::cluster::Source {
                 status_lease: kube_args.status_lease()?,
                 kubeconfig: kube_args.kubeconfig,
+                node_name: kube_args.node_name.filter(|n| !n.is_empty()),
                 mesh: crate::cluster::MeshConfigMap {
                     namespace: namespace.to_string(),
                     name: name.to_string(),

@@ -5,19 +5,25 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 use crate::config::{
-    self, ConfigError, EndpointSlice, KubeService, MeshConfig, Namespace, ServiceEntry, Workload,
+    self, ConfigError, EndpointSlice, KubeService, MeshConfig, Namespace, PodElsewhere,
+    ServiceEntry, Workload,
 };
 
-/// What the agent watches. The mesh config is one ConfigMap, watched by name.
+/// What the agent watches. The mesh config is one ConfigMap, watched by name. With a node name,
+/// Pods are two watches: this node's (its clients, whole) and the other nodes' ([`Kind::PodElsewhere`],
+/// only what an endpoint or a workload address needs); see `docs/inputs.md#watched-per-node`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Namespace,
+    /// Every Pod, or with a node name the Pods of this node.
     Pod,
     Service,
     ServiceEntry,
     WorkloadEntry,
     MeshConfig,
     EndpointSlice,
+    /// With a node name: the Pods of every other node.
+    PodElsewhere,
 }
 
 /// The group of the Istio kinds.
@@ -26,6 +32,7 @@ pub const ISTIO_GROUP: &str = "networking.istio.io";
 pub const DISCOVERY_GROUP: &str = "discovery.k8s.io";
 
 impl Kind {
+    /// What an agent without a node name watches: every Pod of the cluster as a client.
     pub const ALL: [Kind; 7] = [
         Kind::Namespace,
         Kind::Pod,
@@ -36,11 +43,28 @@ impl Kind {
         Kind::EndpointSlice,
     ];
 
+    /// What an agent watches: [`Kind::ALL`], and with a node name the other nodes' Pods apart.
+    pub fn watched(node_scoped: bool) -> Vec<Kind> {
+        let mut kinds = Kind::ALL.to_vec();
+        if node_scoped {
+            kinds.push(Kind::PodElsewhere);
+        }
+        kinds
+    }
+
+    /// The watch's name in `/config_dump` and the metrics: the kind, but for the other nodes' Pods.
+    pub fn label(self) -> &'static str {
+        match self {
+            Kind::PodElsewhere => "Pod (other nodes)",
+            other => other.name(),
+        }
+    }
+
     /// The API's `kind`.
     pub fn name(self) -> &'static str {
         match self {
             Kind::Namespace => "Namespace",
-            Kind::Pod => "Pod",
+            Kind::Pod | Kind::PodElsewhere => "Pod",
             Kind::Service => "Service",
             Kind::ServiceEntry => "ServiceEntry",
             Kind::WorkloadEntry => "WorkloadEntry",
@@ -53,7 +77,7 @@ impl Kind {
     pub fn plural(self) -> &'static str {
         match self {
             Kind::Namespace => "namespaces",
-            Kind::Pod => "pods",
+            Kind::Pod | Kind::PodElsewhere => "pods",
             Kind::Service => "services",
             Kind::ServiceEntry => "serviceentries",
             Kind::WorkloadEntry => "workloadentries",
@@ -113,6 +137,8 @@ pub enum Object {
     Workload(Arc<Workload>),
     Mesh(Box<MeshConfig>),
     EndpointSlice(Arc<EndpointSlice>),
+    /// A Pod of another node.
+    PodElsewhere(Arc<PodElsewhere>),
 }
 
 /// One object read: the object when valid, and every problem found in it.
@@ -158,6 +184,10 @@ pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
         Kind::ServiceEntry => model.service_entries.pop().map(Object::ServiceEntry),
         Kind::Service => model.services.pop().map(Object::Service),
         Kind::Pod | Kind::WorkloadEntry => model.workloads.pop().map(Object::Workload),
+        Kind::PodElsewhere => model
+            .workloads
+            .pop()
+            .map(|pod| Object::PodElsewhere(Arc::new(PodElsewhere::new(&pod)))),
         Kind::MeshConfig => Some(Object::Mesh(Box::new(model.mesh))),
         Kind::EndpointSlice => model.endpoint_slices.pop().map(Object::EndpointSlice),
     };
@@ -175,22 +205,26 @@ pub fn strip(kind: Kind, object: Value) -> Map<String, Value> {
         return Map::new();
     };
     let mut slim = Map::new();
+    // A Pod of another node is an endpoint or a workload address, never a client here: its uid
+    // (which ties a client to its cgroup), node and age are not kept.
+    let meta_fields: &[&str] = match kind {
+        Kind::PodElsewhere => &["name", "namespace", "labels"],
+        _ => &["name", "namespace", "labels", "creationTimestamp", "uid"],
+    };
     if let Some(Value::Object(meta)) = object.remove("metadata") {
-        slim.insert(
-            "metadata".into(),
-            Value::Object(keep(
-                meta,
-                &["name", "namespace", "labels", "creationTimestamp", "uid"],
-            )),
-        );
+        slim.insert("metadata".into(), Value::Object(keep(meta, meta_fields)));
     }
     let spec = object.remove("spec");
     match kind {
         Kind::Namespace => {}
-        Kind::Pod => {
+        Kind::Pod | Kind::PodElsewhere => {
             if let Some(Value::Object(mut spec)) = spec {
                 let containers = spec.remove("containers");
-                let mut kept = keep(spec, &["nodeName"]);
+                let node_fields: &[&str] = match kind {
+                    Kind::Pod => &["nodeName"],
+                    _ => &[],
+                };
+                let mut kept = keep(spec, node_fields);
                 if let Some(Value::Array(containers)) = containers {
                     let containers = containers
                         .into_iter()
@@ -347,6 +381,35 @@ mod tests {
         .unwrap();
         assert_eq!(w, file.workloads[0]);
         assert_eq!(w.kind, WorkloadKind::Pod);
+    }
+
+    #[test]
+    fn a_pod_of_another_node_keeps_what_an_endpoint_needs_and_no_identity() {
+        let slim = Value::Object(strip(Kind::PodElsewhere, pod()));
+        assert_eq!(
+            slim,
+            json!({
+                "metadata": {"name": "web-1", "namespace": "team-a", "labels": {"app": "web"}},
+                "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 8080}]}]},
+                "status": {"podIP": "10.244.1.20", "podIPs": [{"ip": "10.244.1.20"}]}
+            })
+        );
+        let Some(Object::PodElsewhere(p)) = convert(Kind::PodElsewhere, "v1", pod()).object else {
+            panic!()
+        };
+        let w = p.workload(SOURCE);
+        assert_eq!(w.kind, WorkloadKind::Pod);
+        assert_eq!((w.meta.uid, w.node_name.as_deref()), (None, None));
+        assert_eq!(w.ports.get("http"), Some(&8080));
+        assert_eq!(w.meta.labels["app"], "web");
+        assert_eq!(w.ips, ["10.244.1.20".parse::<std::net::IpAddr>().unwrap()]);
+        // Refused as this node's Pods are, with the field named.
+        let mut bad = pod();
+        bad["status"]["podIP"] = json!("10.999.0.1");
+        let got = convert(Kind::PodElsewhere, "v1", bad);
+        assert!(got.object.is_none());
+        assert_eq!(got.errors[0].object.as_deref(), Some("Pod team-a/web-1"));
+        assert_eq!(got.errors[0].field.as_deref(), Some("status.podIP"));
     }
 
     #[test]

@@ -2,9 +2,14 @@
 //!
 //! One watch per kind ([`watch`]) reads objects through the same loader as the files do
 //! ([`kinds`]); the [`store`] holds them as the model holds them, each at its last good version.
-//! A burst of changes becomes one new snapshot (after at most [`COALESCE`]), built off the async
-//! workers and swapped whole, exactly as a reload of a directory is. While the API server is away
-//! nothing changes: the state in force stays, and each watch retries on its own.
+//! A burst of changes becomes one new snapshot (once the changes pause for [`QUIET`], after at most
+//! [`COALESCE`]), built off the async workers and swapped whole, exactly as a reload of a directory
+//! is. With a node name, Pods are watched as this node's (clients) and the other nodes' (endpoints
+//! and workload addresses only): see `docs/inputs.md#watched-per-node`. A burst that changed only
+//! Pods that no selector picks (those of other nodes are the bulk of a big cluster's churn)
+//! changes no service: the snapshot keeps its services and builds only its workloads again. While
+//! the API server is away nothing changes: the state in force stays, and each watch retries on its
+//! own.
 pub mod kinds;
 pub mod store;
 mod watch;
@@ -19,20 +24,23 @@ use tokio::{
 };
 use tracing::{error, info, warn};
 
-pub use kinds::{Kind, Object};
-pub use store::{Change, Store};
-pub use watch::RetryBackoff;
+pub use kinds::Kind;
+pub use store::{Change, Changes, Store};
 
 use crate::{
     config::{ConfigError, Model, Rejected},
     live::{LiveState, now_rfc3339},
     metrics::{Metrics, ReloadResult},
+    pipeline,
     state::Snapshot,
-    status, visibility,
+    status,
 };
 
 /// The longest a change waits for the ones after it before the snapshot is rebuilt.
 pub const COALESCE: Duration = Duration::from_millis(100);
+/// A pause this long between changes ends a burst: one change alone is in force within
+/// milliseconds, a stream of them still makes one snapshot per [`COALESCE`].
+pub const QUIET: Duration = Duration::from_millis(5);
 /// How often an agent that is not ready says what it is waiting for.
 const NOT_READY_LOG: Duration = Duration::from_secs(10);
 
@@ -60,6 +68,8 @@ pub struct Source {
     pub mesh: MeshConfigMap,
     /// With `--write-status`: the lease that elects the cluster's one status writer.
     pub status_lease: Option<status::LeaseConfig>,
+    /// The node this agent serves (`--node-name`): only its Pods are clients, held whole.
+    pub node_name: Option<String>,
 }
 
 /// The client configuration as kubectl finds it: the kubeconfig given, else the pod's service
@@ -98,15 +108,24 @@ pub fn start(
     let mesh = source.mesh;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("making a Kubernetes API client")?;
-    info!(%server, "learning the cluster from the Kubernetes API");
+    match &source.node_name {
+        Some(node) => {
+            info!(%server, %node, "learning the cluster from the Kubernetes API; clients: the Pods of this node")
+        }
+        None => {
+            info!(%server, "learning the cluster from the Kubernetes API; no node name (--node-name, NODE_NAME): every Pod of the cluster is held as a client")
+        }
+    }
     // Bounded: a flood of events waits for the store instead of piling up in memory.
     let (tx, rx) = mpsc::channel(4096);
+    let kinds = Kind::watched(source.node_name.is_some());
     let mut watches = Vec::new();
-    for kind in Kind::ALL {
+    for &kind in &kinds {
         watches.push(tokio::spawn(watch::run(
             client.clone(),
             kind,
             mesh.clone(),
+            source.node_name.clone(),
             tx.clone(),
             metrics.clone(),
         )));
@@ -119,7 +138,7 @@ pub fn start(
         inputs_tx
     });
     Ok(tokio::spawn(async move {
-        follow(rx, live, metrics, status).await;
+        follow(rx, Store::new(&kinds), live, metrics, status).await;
         for w in watches {
             w.abort();
         }
@@ -131,13 +150,15 @@ pub fn start(
 /// tells it the latest resolution and the status the API holds.
 async fn follow(
     mut rx: mpsc::Receiver<Change>,
+    mut store: Store,
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
     status: Option<latest::Sender<status::Inputs>>,
 ) {
-    let mut store = Store::default();
-    let mut dirty = false;
     let mut desired = Arc::new(Vec::new());
+    // The allocation's errors of the last snapshot built whole, which a patch keeps; `None` until
+    // one is in force (the first is always built whole).
+    let mut allocation: Option<Vec<ConfigError>> = None;
     // The status changes the writer was last told of.
     let mut told: Option<u64> = None;
     let mut next_not_ready_log = Instant::now() + NOT_READY_LOG;
@@ -156,20 +177,44 @@ async fn follow(
             }
         };
         let Some(first) = first else { return };
-        dirty |= store.apply(first, &now_rfc3339());
-        // The rest of the burst, for at most COALESCE.
+        store.apply(first, &now_rfc3339());
+        // The rest of the burst: until the changes pause, for at most COALESCE.
         let deadline = Instant::now() + COALESCE;
-        while let Ok(Some(change)) = tokio::time::timeout_at(deadline, rx.recv()).await {
-            dirty |= store.apply(change, &now_rfc3339());
+        loop {
+            let pause = (Instant::now() + QUIET).min(deadline);
+            match tokio::time::timeout_at(pause, rx.recv()).await {
+                Ok(Some(change)) => {
+                    store.apply(change, &now_rfc3339());
+                }
+                Ok(None) | Err(_) => break,
+            }
         }
         live.set_watches(store.statuses());
         let mut rebuilt = false;
-        if dirty && store.ready() {
-            dirty = false;
+        let changes = match store.ready() {
+            true => store.take_changes(),
+            false => Changes::default(),
+        };
+        if changes.any() {
             let (model, errors, rejected) = store.model();
-            if let Some(built) = rebuild(model, errors, rejected, &live, &metrics).await {
-                desired = Arc::new(built);
-                rebuilt = true;
+            match &allocation {
+                // Only Pods that no selector picks: the services stay as they are.
+                Some(kept) if changes.only_pods(&store.selecting_namespaces()) => {
+                    let previous = live.snapshot_arc();
+                    let mut errors = errors;
+                    errors.extend(kept.iter().cloned());
+                    patch(previous, model, errors, rejected, &live, &metrics).await;
+                }
+                _ => {
+                    allocation = None;
+                    if let Some((conditions, errors)) =
+                        rebuild(model, errors, rejected, &live, &metrics).await
+                    {
+                        desired = Arc::new(conditions);
+                        allocation = Some(errors);
+                        rebuilt = true;
+                    }
+                }
             }
         }
         if let Some(status) = &status
@@ -205,16 +250,18 @@ fn log_not_ready(store: &Store) {
 }
 
 /// visibility -> snapshot, off the async workers, then swapped in whole. Returns the conditions
-/// the resolution gives each ServiceEntry (for the status writer); `None` when nothing was built.
+/// the resolution gives each ServiceEntry (for the status writer) and the allocation's errors;
+/// `None` when nothing was built.
 async fn rebuild(
     model: Model,
     errors: Vec<ConfigError>,
     rejected: Vec<Rejected>,
     live: &LiveState,
     metrics: &Metrics,
-) -> Option<Vec<status::Desired>> {
-    let built = tokio::task::spawn_blocking(move || build_with_status(&model, errors)).await;
-    let (snapshot, errors, desired) = match built {
+) -> Option<(Vec<status::Desired>, Vec<ConfigError>)> {
+    let loaded = errors.len();
+    let built = tokio::task::spawn_blocking(move || pipeline::build(&model, errors)).await;
+    let built = match built {
         Ok(built) => built,
         Err(join) => {
             error!(error = %join, "building the snapshot panicked; the configuration in force stays");
@@ -222,51 +269,8 @@ async fn rebuild(
             return None;
         }
     };
-    for e in &errors {
-        error!(
-            object = e.object.as_deref().unwrap_or("-"),
-            field = e.field.as_deref().unwrap_or("-"),
-            "{}",
-            e.message
-        );
-    }
-    metrics.config.rejected(rejected.iter().map(|r| r.kind));
-    let services = snapshot.services().count();
-    let workloads = snapshot.workloads().len();
-    let result = if errors.is_empty() {
-        info!(services, workloads, "configuration applied");
-        ReloadResult::Ok
-    } else {
-        warn!(
-            services,
-            workloads,
-            errors = errors.len(),
-            rejected = rejected.len(),
-            "configuration applied without the objects in error; their last good versions stay in force"
-        );
-        ReloadResult::Partial
-    };
-    live.apply(snapshot, errors, rejected);
-    metrics.config.reload(result);
-    let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
-    Some(desired)
-}
-
-/// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
-pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
-    let (snapshot, errors, _) = build_with_status(model, errors);
-    (snapshot, errors)
-}
-
-/// [`build`], and the conditions the resolution gives each ServiceEntry.
-fn build_with_status(
-    model: &Model,
-    mut errors: Vec<ConfigError>,
-) -> (Snapshot, Vec<ConfigError>, Vec<status::Desired>) {
-    let resolution = visibility::resolve(model);
-    errors.extend(visibility::allocation_errors(model, &resolution));
-    let snapshot = Snapshot::build(model, &resolution);
-    let desired = resolution
+    let desired = built
+        .resolution
         .entries
         .into_iter()
         .map(|e| status::Desired {
@@ -275,12 +279,51 @@ fn build_with_status(
             conditions: e.conditions,
         })
         .collect();
-    (snapshot, errors, desired)
+    let allocation = built.errors.get(loaded..).unwrap_or_default().to_vec();
+    pipeline::put_in_force(
+        live,
+        metrics,
+        "kubernetes API",
+        built.snapshot,
+        built.errors,
+        rejected,
+    )
+    .await;
+    Some((desired, allocation))
+}
+
+/// The snapshot in force with the Pods of `model`, off the async workers, then swapped in whole:
+/// no visibility, no services to build again.
+async fn patch(
+    previous: Arc<Snapshot>,
+    model: Model,
+    errors: Vec<ConfigError>,
+    rejected: Vec<Rejected>,
+    live: &LiveState,
+    metrics: &Metrics,
+) {
+    let built = tokio::task::spawn_blocking(move || previous.with_pods(&model)).await;
+    match built {
+        Ok(snapshot) => {
+            pipeline::put_in_force(live, metrics, "kubernetes API", snapshot, errors, rejected)
+                .await
+        }
+        Err(join) => {
+            error!(error = %join, "building the snapshot panicked; the configuration in force stays");
+            metrics.config.reload(ReloadResult::Failed);
+        }
+    }
+}
+
+/// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
+pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
+    let built = pipeline::build(model, errors);
+    (built.snapshot, built.errors)
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
 
@@ -301,12 +344,156 @@ mod tests {
         tokio::time::sleep(COALESCE * 3).await;
     }
 
+    /// One change the property test makes.
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A Pod of another node added or changed: namespace, name, address, label.
+        Elsewhere(usize, usize, u8, usize),
+        GoneElsewhere(usize, usize),
+        /// A Pod of this node: namespace, name, address, label.
+        Here(usize, usize, u8, usize),
+        /// The entry picking `app: l0` Pods of `a` added (or deleted).
+        Selector(bool),
+    }
+
+    const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0..3usize, 0..5usize, 0..8u8, 0..3usize).prop_map(|(n, p, ip, l)| Op::Elsewhere(n, p, ip, l)),
+            2 => (0..3usize, 0..5usize).prop_map(|(n, p)| Op::GoneElsewhere(n, p)),
+            2 => (0..3usize, 0..3usize, 0..8u8, 0..3usize).prop_map(|(n, p, ip, l)| Op::Here(n, p, ip, l)),
+            1 => any::<bool>().prop_map(Op::Selector),
+        ]
+    }
+
+    fn change(op: &Op) -> Change {
+        let pod = |ns: &str, name: String, ip: u8, node: &str, labels: Value| {
+            json!({"metadata": {"name": name, "namespace": ns, "labels": labels,
+                                "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1"},
+                   "spec": {"nodeName": node, "containers": [{"ports": [{"name": "http", "containerPort": 8080}]}]},
+                   "status": {"podIP": format!("10.0.0.{ip}")}})
+        };
+        match op {
+            Op::Elsewhere(n, p, ip, l) => {
+                let ns = NAMESPACES[*n];
+                let object = pod(
+                    ns,
+                    format!("p{p}"),
+                    *ip,
+                    "n2",
+                    json!({"app": format!("l{l}")}),
+                );
+                let converted = kinds::convert(Kind::PodElsewhere, "v1", object);
+                Change::Upsert(
+                    Kind::PodElsewhere,
+                    (ns.into(), format!("p{p}")),
+                    Box::new(converted),
+                )
+            }
+            Op::GoneElsewhere(n, p) => {
+                Change::Deleted(Kind::PodElsewhere, (NAMESPACES[*n].into(), format!("p{p}")))
+            }
+            Op::Here(n, p, ip, l) => {
+                let ns = NAMESPACES[*n];
+                let object = pod(
+                    ns,
+                    format!("h{p}"),
+                    *ip,
+                    "n1",
+                    json!({"app": format!("l{l}")}),
+                );
+                let converted = kinds::convert(Kind::Pod, "v1", object);
+                Change::Upsert(Kind::Pod, (ns.into(), format!("h{p}")), Box::new(converted))
+            }
+            Op::Selector(false) => Change::Deleted(Kind::ServiceEntry, ("a".into(), "sel".into())),
+            Op::Selector(true) => {
+                let object = json!({"metadata": {"name": "sel", "namespace": "a"},
+                    "spec": {"hosts": ["sel.example.com"], "addresses": ["203.0.113.9"],
+                             "ports": [{"number": 80, "name": "http", "protocol": "HTTP", "targetPort": 8080}],
+                             "resolution": "STATIC", "workloadSelector": {"labels": {"app": "l0"}}}});
+                let converted =
+                    kinds::convert(Kind::ServiceEntry, "networking.istio.io/v1", object);
+                Change::Upsert(
+                    Kind::ServiceEntry,
+                    ("a".into(), "sel".into()),
+                    Box::new(converted),
+                )
+            }
+        }
+    }
+
+    /// What a snapshot says: its dump, the addresses reached directly, and the decision for every
+    /// address the test uses, from every namespace and from none.
+    fn said(s: &Snapshot) -> (Value, Vec<std::net::IpAddr>, Vec<String>) {
+        let mut destinations: Vec<std::net::IpAddr> = s.workload_destinations().collect();
+        destinations.sort();
+        let mut decisions = Vec::new();
+        for to in (0..8)
+            .map(|i| format!("10.0.0.{i}"))
+            .chain(["203.0.113.9".to_string()])
+        {
+            for from in [None, Some("a"), Some("b")] {
+                let d =
+                    s.decide_outbound_with(from, to.parse().unwrap(), 80, crate::state::Pick::Peek);
+                let who = match d.action {
+                    crate::state::Outbound::Workload { workload, .. } => {
+                        format!("{}/{}", workload.namespace, workload.name)
+                    }
+                    _ => String::new(),
+                };
+                decisions.push(format!(
+                    "{to} {from:?} {:?} {who} {:?}",
+                    d.outcome(),
+                    d.target()
+                ));
+            }
+        }
+        let dump = serde_json::to_value(s.config_dump()).unwrap();
+        (dump, destinations, decisions)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #[test]
+        fn a_snapshot_patched_for_pods_says_what_one_built_whole_says(
+            ops in proptest::collection::vec(op(), 1..40)
+        ) {
+            let kinds = Kind::watched(true);
+            let mut store = Store::new(&kinds);
+            for &kind in &kinds {
+                store.apply(Change::Relist(kind), "t");
+                store.apply(Change::Listed(kind), "t");
+            }
+            store.take_changes();
+            let mut previous: Option<Snapshot> = None;
+            for op in &ops {
+                store.apply(change(op), "t");
+                let changes = store.take_changes();
+                if !changes.any() {
+                    continue;
+                }
+                let (model, errors, _) = store.model();
+                let whole = pipeline::build(&model, errors).snapshot;
+                let next = match previous {
+                    Some(p) if changes.only_pods(&store.selecting_namespaces()) => {
+                        p.with_pods(&model)
+                    }
+                    _ => pipeline::build(&model, Vec::new()).snapshot,
+                };
+                proptest::prop_assert_eq!(said(&next), said(&whole), "after {:?}", op);
+                previous = Some(next);
+            }
+        }
+    }
+
     #[tokio::test]
     async fn nothing_is_applied_before_every_watch_has_listed_and_a_burst_is_one_snapshot() {
         let live = LiveState::new(Some("kubernetes API".into()));
         let metrics = Arc::new(Metrics::default());
         let (tx, rx) = mpsc::channel(4096);
-        let task = tokio::spawn(follow(rx, live.clone(), metrics, None));
+        let task = tokio::spawn(follow(rx, Store::default(), live.clone(), metrics, None));
         for kind in Kind::ALL {
             tx.send(Change::Relist(kind)).await.unwrap();
         }

@@ -4,11 +4,15 @@
 //! refuses leaves the previous version in force and is reported until fixed. A watch that starts
 //! over (its first list, or a list after its history expired) gathers the new list beside what is
 //! served and swaps it in whole once complete, so nothing is ever served half-listed.
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashSet},
+    hash::Hash,
+    sync::Arc,
+};
 
 use super::kinds::{Converted, Kind, Object, SOURCE};
 use crate::{
-    config::{self, ConfigError, Model, Rejected},
+    config::{self, ConfigError, Labels, Model, PodElsewhere, Rejected},
     live::WatchStatus,
     status::Observed,
 };
@@ -71,15 +75,95 @@ pub struct Store {
     observed: BTreeMap<Key, Arc<Observed>>,
     /// Counts changes to `observed`, so a reader knows when to look again.
     observed_changes: u64,
+    shared: Shared,
+    changes: Changes,
+}
+
+/// What changed in what is served, since [`Store::take_changes`] last said.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Anything but Pods added, changed or deleted one by one.
+    pub others: bool,
+    /// The namespaces of the Pods (of this node or another) added, changed or deleted.
+    pub pods: std::collections::BTreeSet<String>,
+}
+
+impl Changes {
+    pub fn any(&self) -> bool {
+        self.others || !self.pods.is_empty()
+    }
+
+    /// Whether these changes leave every service as it was: only Pods changed, none in a
+    /// namespace where a selector picks Pods (`selecting`). Then the snapshot's services can be
+    /// kept and only its clients and workload addresses built again.
+    pub fn only_pods(&self, selecting: &HashSet<&str>) -> bool {
+        !self.others && !self.pods.iter().any(|ns| selecting.contains(ns.as_str()))
+    }
+}
+
+/// One copy of each namespace name, label set and port set the Pods of other nodes have: a
+/// Deployment's Pods all carry the same, and 100,000 Pods hold a few thousand of each.
+#[derive(Debug, Default)]
+struct Shared {
+    namespaces: HashSet<Arc<str>>,
+    labels: HashSet<Arc<Labels>>,
+    ports: HashSet<Arc<BTreeMap<String, u16>>>,
+    /// Pods taken in since the sets were last cleared of what nobody holds any more.
+    since_pruned: usize,
+}
+
+/// Pods between two prunings of [`Shared`]: a pruning walks every set once.
+const PRUNE_EVERY: usize = 16_384;
+
+fn share<T: Eq + Hash + ?Sized>(set: &mut HashSet<Arc<T>>, value: &Arc<T>) -> Arc<T> {
+    match set.get(&**value) {
+        Some(held) => held.clone(),
+        None => {
+            set.insert(value.clone());
+            value.clone()
+        }
+    }
+}
+
+impl Shared {
+    fn pod(&mut self, pod: &PodElsewhere) -> PodElsewhere {
+        self.since_pruned += 1;
+        if self.since_pruned >= PRUNE_EVERY {
+            self.prune();
+        }
+        PodElsewhere {
+            namespace: share(&mut self.namespaces, &pod.namespace),
+            name: pod.name.clone(),
+            ips: pod.ips.clone(),
+            labels: share(&mut self.labels, &pod.labels),
+            ports: share(&mut self.ports, &pod.ports),
+        }
+    }
+
+    /// Forgets what only the sets still hold.
+    fn prune(&mut self) {
+        self.since_pruned = 0;
+        self.namespaces.retain(|v| Arc::strong_count(v) > 1);
+        self.labels.retain(|v| Arc::strong_count(v) > 1);
+        self.ports.retain(|v| Arc::strong_count(v) > 1);
+    }
 }
 
 impl Default for Store {
+    /// The store of an agent without a node name.
     fn default() -> Self {
-        let kinds = Kind::ALL
-            .into_iter()
-            .map(|kind| {
+        Store::new(&Kind::ALL)
+    }
+}
+
+impl Store {
+    /// A store for these watches; it is ready once each has listed.
+    pub fn new(watched: &[Kind]) -> Self {
+        let kinds = watched
+            .iter()
+            .map(|&kind| {
                 let status = WatchStatus {
-                    kind: kind.name(),
+                    kind: kind.label(),
                     installed: true,
                     ..WatchStatus::default()
                 };
@@ -96,13 +180,38 @@ impl Default for Store {
             kinds,
             observed: BTreeMap::new(),
             observed_changes: 0,
+            shared: Shared::default(),
+            changes: Changes::default(),
         }
     }
-}
 
-impl Store {
     /// Takes in one change at time `now` (RFC 3339). Returns whether what is served changed.
     pub fn apply(&mut self, change: Change, now: &str) -> bool {
+        let pod = match &change {
+            Change::Upsert(Kind::Pod | Kind::PodElsewhere, (namespace, _), _)
+            | Change::Deleted(Kind::Pod | Kind::PodElsewhere, (namespace, _)) => {
+                Some(namespace.clone())
+            }
+            _ => None,
+        };
+        let changed = self.take_in(change, now);
+        if changed {
+            match pod {
+                Some(namespace) => {
+                    self.changes.pods.insert(namespace);
+                }
+                None => self.changes.others = true,
+            }
+        }
+        changed
+    }
+
+    /// What changed since the last call.
+    pub fn take_changes(&mut self) -> Changes {
+        std::mem::take(&mut self.changes)
+    }
+
+    fn take_in(&mut self, change: Change, now: &str) -> bool {
         let Some(w) = self.kinds.get_mut(&change.kind()) else {
             return false;
         };
@@ -129,6 +238,12 @@ impl Store {
                     errors,
                     observed,
                 } = *converted;
+                let object = match object {
+                    Some(Object::PodElsewhere(pod)) => {
+                        Some(Object::PodElsewhere(Arc::new(self.shared.pod(&pod))))
+                    }
+                    other => other,
+                };
                 if let Some(observed) = observed
                     && self.observed.get(&key) != Some(&observed)
                 {
@@ -200,6 +315,43 @@ impl Store {
         }
     }
 
+    /// The namespaces where a selector picks Pods as endpoints: a ServiceEntry's
+    /// `workloadSelector`, or a Service's selector while no EndpointSlice names the Service.
+    pub fn selecting_namespaces(&self) -> HashSet<&str> {
+        let objects = |kind: Kind| {
+            self.kinds
+                .get(&kind)
+                .into_iter()
+                .flat_map(|w| w.objects.values())
+                .filter_map(|slot| slot.good.as_ref())
+        };
+        let sliced: HashSet<(&str, &str)> = objects(Kind::EndpointSlice)
+            .filter_map(|o| match o {
+                Object::EndpointSlice(s) => Some((s.namespace.as_str(), s.service.as_str())),
+                _ => None,
+            })
+            .collect();
+        let mut selecting = HashSet::new();
+        for object in objects(Kind::ServiceEntry).chain(objects(Kind::Service)) {
+            match object {
+                Object::ServiceEntry(se)
+                    if se.workload_selector.as_ref().is_some_and(|s| !s.is_empty()) =>
+                {
+                    selecting.insert(se.meta.namespace.as_str());
+                }
+                Object::Service(svc)
+                    if svc.selector.as_ref().is_some_and(|s| !s.is_empty())
+                        && !sliced
+                            .contains(&(svc.meta.namespace.as_str(), svc.meta.name.as_str())) =>
+                {
+                    selecting.insert(svc.meta.namespace.as_str());
+                }
+                _ => {}
+            }
+        }
+        selecting
+    }
+
     /// Each ServiceEntry's status as the API holds it, and how many changes it has seen.
     pub fn observed(&self) -> (&BTreeMap<Key, Arc<Observed>>, u64) {
         (&self.observed, self.observed_changes)
@@ -231,8 +383,37 @@ impl Store {
         let mut model = Model::default();
         let mut errors = Vec::new();
         let mut rejected = Vec::new();
+        // A Pod seen by both Pod watches for a moment (bound to this node as the other watch
+        // lets it go) is this node's.
+        let here: HashSet<(&str, &str)> = self
+            .kinds
+            .get(&Kind::Pod)
+            .filter(|_| self.kinds.contains_key(&Kind::PodElsewhere))
+            .into_iter()
+            .flat_map(|w| w.objects.keys())
+            .map(|(ns, name)| (ns.as_str(), name.as_str()))
+            .collect();
+        let here_namespaces: HashSet<&str> = here.iter().map(|(ns, _)| *ns).collect();
+        let selecting = self.selecting_namespaces();
+        // The Pods elsewhere come grouped by namespace: its two questions are asked once a run.
+        let mut run: Option<(&str, bool, bool)> = None;
         for (kind, w) in &self.kinds {
             for ((namespace, name), slot) in &w.objects {
+                let mut selected = false;
+                if *kind == Kind::PodElsewhere {
+                    let (has_here, picks) = match run {
+                        Some((ns, has_here, picks)) if ns == namespace => (has_here, picks),
+                        _ => (
+                            here_namespaces.contains(namespace.as_str()),
+                            selecting.contains(namespace.as_str()),
+                        ),
+                    };
+                    run = Some((namespace, has_here, picks));
+                    if has_here && here.contains(&(namespace.as_str(), name.as_str())) {
+                        continue;
+                    }
+                    selected = picks;
+                }
                 if !slot.errors.is_empty() {
                     errors.extend(slot.errors.iter().cloned());
                     rejected.push(Rejected {
@@ -253,6 +434,11 @@ impl Store {
                     Some(Object::Workload(w)) => model.workloads.push(w.clone()),
                     Some(Object::Mesh(mesh)) => model.mesh = (**mesh).clone(),
                     Some(Object::EndpointSlice(slice)) => model.endpoint_slices.push(slice.clone()),
+                    // A selector of its namespace may pick it: a workload like any other.
+                    Some(Object::PodElsewhere(pod)) if selected => {
+                        model.workloads.push(Arc::new(pod.workload(SOURCE)));
+                    }
+                    Some(Object::PodElsewhere(pod)) => model.pods_elsewhere.push(pod.clone()),
                     None => {}
                 }
             }
@@ -396,6 +582,88 @@ mod tests {
         assert!(store.apply(Change::Upsert(Kind::Pod, key, p), NOW));
         let (key, p) = upsert(Kind::Pod, pod("Running"));
         assert!(!store.apply(Change::Upsert(Kind::Pod, key, p), NOW));
+    }
+
+    #[test]
+    fn a_pod_both_pod_watches_hold_for_a_moment_is_this_nodes() {
+        let mut store = Store::new(&Kind::watched(true));
+        for kind in Kind::watched(true) {
+            store.apply(Change::Relist(kind), NOW);
+            store.apply(Change::Listed(kind), NOW);
+        }
+        let labels: Vec<&str> = store.statuses().iter().map(|s| s.kind).collect();
+        assert!(labels.contains(&"Pod (other nodes)"), "{labels:?}");
+        let pod = |node: &str| {
+            json!({
+                "metadata": {"name": "p", "namespace": "team-a", "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1"},
+                "spec": {"nodeName": node},
+                "status": {"podIP": "10.0.0.1"}
+            })
+        };
+        let key: Key = ("team-a".into(), "p".into());
+        let there = Box::new(convert(Kind::PodElsewhere, "v1", pod("node-2")));
+        store.apply(Change::Upsert(Kind::PodElsewhere, key.clone(), there), NOW);
+        let model = store.model().0;
+        assert_eq!((model.workloads.len(), model.pods_elsewhere.len()), (0, 1));
+        let here = Box::new(convert(Kind::Pod, "v1", pod("node-1")));
+        store.apply(Change::Upsert(Kind::Pod, key, here), NOW);
+        let model = store.model().0;
+        assert_eq!((model.workloads.len(), model.pods_elsewhere.len()), (1, 0));
+        assert_eq!(model.workloads[0].node_name.as_deref(), Some("node-1"));
+    }
+
+    #[test]
+    fn a_pod_elsewhere_is_a_workload_only_while_a_selector_of_its_namespace_can_pick_it() {
+        let mut store = Store::new(&Kind::watched(true));
+        for kind in Kind::watched(true) {
+            store.apply(Change::Relist(kind), NOW);
+            store.apply(Change::Listed(kind), NOW);
+        }
+        for (i, ns) in ["team-a", "team-a", "team-b"].iter().enumerate() {
+            let pod = json!({
+                "metadata": {"name": format!("web-{i}"), "namespace": ns, "labels": {"app": "web"}},
+                "spec": {"nodeName": "node-2"},
+                "status": {"podIP": format!("10.0.0.{i}")}
+            });
+            let key: Key = (ns.to_string(), format!("web-{i}"));
+            let converted = Box::new(convert(Kind::PodElsewhere, "v1", pod));
+            store.apply(Change::Upsert(Kind::PodElsewhere, key, converted), NOW);
+        }
+        let model = store.model().0;
+        assert_eq!((model.workloads.len(), model.pods_elsewhere.len()), (0, 3));
+        // One copy of the label set for the three pods.
+        assert!(Arc::ptr_eq(
+            &model.pods_elsewhere[0].labels,
+            &model.pods_elsewhere[2].labels
+        ));
+        // A Service with a selector in team-a, without slices: team-a's pods are workloads.
+        let service = json!({
+            "metadata": {"name": "web", "namespace": "team-a"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}
+        });
+        let key: Key = ("team-a".into(), "web".into());
+        let converted = Box::new(convert(Kind::Service, "v1", service));
+        assert!(converted.errors.is_empty(), "{:?}", converted.errors);
+        store.apply(Change::Upsert(Kind::Service, key, converted), NOW);
+        let model = store.model().0;
+        let names: Vec<&str> = model
+            .workloads
+            .iter()
+            .map(|w| w.meta.name.as_str())
+            .collect();
+        assert_eq!(names, ["web-0", "web-1"]);
+        assert_eq!(model.pods_elsewhere.len(), 1);
+        // Its EndpointSlice says its endpoints: the selector picks nothing any more.
+        let slice = json!({
+            "metadata": {"name": "web-x", "namespace": "team-a", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4", "endpoints": [{"addresses": ["10.0.0.0"]}], "ports": [{"port": 80}]
+        });
+        let key: Key = ("team-a".into(), "web-x".into());
+        let converted = Box::new(convert(Kind::EndpointSlice, "discovery.k8s.io/v1", slice));
+        assert!(converted.errors.is_empty(), "{:?}", converted.errors);
+        store.apply(Change::Upsert(Kind::EndpointSlice, key, converted), NOW);
+        let model = store.model().0;
+        assert_eq!((model.workloads.len(), model.pods_elsewhere.len()), (0, 3));
     }
 
     #[test]

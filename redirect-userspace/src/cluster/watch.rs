@@ -57,16 +57,19 @@ impl Backoff for RetryBackoff {
     }
 }
 
-/// Watches `kind` for as long as the agent runs, reporting to `changes`.
+/// Watches `kind` for as long as the agent runs, reporting to `changes`. `node`: the node whose
+/// Pods are [`Kind::Pod`] (the others being [`Kind::PodElsewhere`]); `None`, every Pod is.
 pub async fn run(
     client: Client,
     kind: Kind,
     mesh: MeshConfigMap,
+    node: Option<String>,
     changes: mpsc::Sender<Change>,
     metrics: std::sync::Arc<Metrics>,
 ) {
     let report = Reporter {
         kind,
+        node,
         mesh: mesh.clone(),
         changes: changes.clone(),
         metrics,
@@ -112,7 +115,11 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
         &GroupVersionKind::gvk(group, version, kind.name()),
         kind.plural(),
     );
-    let mut config = watcher::Config::default();
+    // The first list comes in pages, each taken in as it arrives (kube's default page is 500).
+    let mut config = watcher::Config::default().page_size(LIST_PAGE);
+    if let Some(fields) = field_selector(kind, report.node.as_deref()) {
+        config = config.fields(&fields);
+    }
     let api: Api<DynamicObject> = if kind == Kind::MeshConfig {
         config = config.fields(&format!("metadata.name={}", report.mesh.name));
         Api::namespaced_with(client, &report.mesh.namespace, &resource)
@@ -126,10 +133,10 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
             Ok(Event::Init) => Change::Relist(kind),
             Ok(Event::InitApply(object) | Event::Apply(object)) => {
                 let key = key(&object);
-                let converted = match serde_json::to_value(&object) {
+                let converted = match as_json(kind, object) {
                     Ok(json) => kinds::convert(kind, api_version, json),
                     Err(e) => {
-                        warn!(kind = kind.name(), error = %e, "an object the API sent could not be read; skipped");
+                        warn!(kind = kind.label(), error = %e, "an object the API sent could not be read; skipped");
                         continue;
                     }
                 };
@@ -139,7 +146,7 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
             Ok(Event::InitDone) => {
                 if failing {
                     info!(
-                        kind = kind.name(),
+                        kind = kind.label(),
                         "listed again: watching the Kubernetes API"
                     );
                     failing = false;
@@ -169,6 +176,39 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
         }
     }
     Ended::Stopping
+}
+
+/// Objects per page of a first list: big enough that a page costs little more than its objects,
+/// small enough that the page being read is a small part of what the agent holds.
+const LIST_PAGE: u32 = 500;
+
+/// The server-side filter of a Pod watch scoped to a node: this node's Pods, or every other's.
+fn field_selector(kind: Kind, node: Option<&str>) -> Option<String> {
+    let node = node?;
+    match kind {
+        Kind::Pod => Some(format!("spec.nodeName={node}")),
+        Kind::PodElsewhere => Some(format!("spec.nodeName!={node}")),
+        _ => None,
+    }
+}
+
+/// The object as JSON for [`kinds::convert`], moved rather than copied, and without the metadata
+/// nothing reads (a Pod's managed fields and annotations are often most of it); a ServiceEntry's
+/// managed fields say who writes its status, so they stay.
+fn as_json(kind: Kind, object: DynamicObject) -> serde_json::Result<serde_json::Value> {
+    let DynamicObject {
+        mut metadata, data, ..
+    } = object;
+    if kind != Kind::ServiceEntry {
+        metadata.managed_fields = None;
+        metadata.annotations = None;
+    }
+    let mut json = match data {
+        serde_json::Value::Object(fields) => fields,
+        _ => serde_json::Map::new(),
+    };
+    json.insert("metadata".into(), serde_json::to_value(metadata)?);
+    Ok(serde_json::Value::Object(json))
 }
 
 fn key(object: &DynamicObject) -> Key {
@@ -239,6 +279,7 @@ async fn served_version(client: &Client, kind: Kind) -> Result<Option<String>, k
 
 struct Reporter {
     kind: Kind,
+    node: Option<String>,
     mesh: MeshConfigMap,
     changes: mpsc::Sender<Change>,
     metrics: std::sync::Arc<Metrics>,
@@ -251,13 +292,14 @@ impl Reporter {
     }
 
     async fn failed(&self, failure: &Failure) {
-        self.metrics.kube.watch_error(self.kind.name());
+        let kind = self.kind.label();
+        self.metrics.kube.watch_error(kind);
         if failure.forbidden {
-            error!(kind = self.kind.name(), "{}", failure.message);
+            error!(kind, "{}", failure.message);
         } else if failure.expired {
-            info!(kind = self.kind.name(), "{}", failure.message);
+            info!(kind, "{}", failure.message);
         } else {
-            warn!(kind = self.kind.name(), "{}", failure.message);
+            warn!(kind, "{}", failure.message);
         }
         self.send(Change::Failed(self.kind, failure.message.clone()))
             .await;
@@ -406,6 +448,45 @@ mod tests {
         assert!(f.expired && !f.forbidden && !f.not_found);
         let f = Failure::from_status(Kind::WorkloadEntry, &mesh(), "list", 404, "not found");
         assert!(f.not_found);
+    }
+
+    #[test]
+    fn an_object_reaches_the_loader_whole_but_for_metadata_nothing_reads() {
+        let object = |kind: &str| -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": kind,
+                "metadata": {"name": "a", "namespace": "team-a", "labels": {"app": "x"},
+                             "annotations": {"big": "x"}, "managedFields": [{"manager": "m"}]},
+                "spec": {"nodeName": "n"}, "status": {"podIP": "10.0.0.1"}
+            }))
+            .unwrap()
+        };
+        let pod = as_json(Kind::Pod, object("Pod")).unwrap();
+        assert_eq!(
+            pod,
+            serde_json::json!({
+                "metadata": {"name": "a", "namespace": "team-a", "labels": {"app": "x"}},
+                "spec": {"nodeName": "n"}, "status": {"podIP": "10.0.0.1"}
+            })
+        );
+        let se = as_json(Kind::ServiceEntry, object("ServiceEntry")).unwrap();
+        assert_eq!(se["metadata"]["managedFields"][0]["manager"], "m");
+    }
+
+    #[test]
+    fn pods_are_split_by_node_only_when_a_node_is_named() {
+        assert_eq!(
+            field_selector(Kind::Pod, Some("node-1")).as_deref(),
+            Some("spec.nodeName=node-1")
+        );
+        assert_eq!(
+            field_selector(Kind::PodElsewhere, Some("node-1")).as_deref(),
+            Some("spec.nodeName!=node-1")
+        );
+        assert_eq!(field_selector(Kind::Pod, None), None);
+        assert_eq!(field_selector(Kind::Service, Some("node-1")), None);
+        assert_eq!(Kind::watched(false), Kind::ALL.to_vec());
+        assert_eq!(Kind::watched(true).last(), Some(&Kind::PodElsewhere));
     }
 
     #[test]

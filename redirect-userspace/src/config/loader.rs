@@ -511,9 +511,11 @@ pub(crate) fn complete(model: &mut Model) {
         .map(|s| &s.meta.namespace)
         .chain(model.services.iter().map(|s| &s.meta.namespace))
         .chain(model.workloads.iter().map(|w| &w.meta.namespace))
+        .map(String::as_str)
+        .chain(model.pods_elsewhere.iter().map(|p| &*p.namespace))
     {
-        if previous != Some(ns.as_str()) && !model.namespaces.contains_key(ns) {
-            missing.insert(ns.clone());
+        if previous != Some(ns) && !model.namespaces.contains_key(ns) {
+            missing.insert(ns.to_string());
         }
         previous = Some(ns);
     }

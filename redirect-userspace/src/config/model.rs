@@ -25,6 +25,9 @@ pub struct Model {
     pub workloads: Vec<Arc<Workload>>,
     /// EndpointSlices, sorted by `namespace/name`; only the Kubernetes API gives them.
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// Pods of other nodes that no selector of their namespace can pick (only an agent given its
+    /// node has them): addresses a connection may reach a workload at, not clients, not endpoints.
+    pub pods_elsewhere: Vec<Arc<PodElsewhere>>,
     pub mesh: MeshConfig,
     pub cluster_domain: String,
 }
@@ -322,6 +325,50 @@ impl Workload {
                 .labels
                 .get(DATAPLANE_MODE_LABEL)
                 .is_some_and(|mode| mode == "none")
+    }
+}
+
+/// A Pod of another node as an agent given its node holds it: what the workload lookup and a
+/// selector need, without its uid, node or age. Labels and named ports are shared by every Pod that
+/// has the same (a Deployment's Pods all do), so each Pod costs little more than its name and
+/// address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodElsewhere {
+    pub namespace: Arc<str>,
+    pub name: Box<str>,
+    pub ips: Box<[IpAddr]>,
+    pub labels: Arc<Labels>,
+    pub ports: Arc<BTreeMap<String, u16>>,
+}
+
+impl PodElsewhere {
+    pub fn new(pod: &Workload) -> Self {
+        PodElsewhere {
+            namespace: pod.meta.namespace.as_str().into(),
+            name: pod.meta.name.as_str().into(),
+            ips: pod.ips.iter().copied().collect(),
+            labels: Arc::new(pod.meta.labels.clone()),
+            ports: Arc::new(pod.ports.clone()),
+        }
+    }
+
+    /// The Pod as a workload, for a selector to pick; `file` as its errors name the source.
+    pub fn workload(&self, file: &str) -> Workload {
+        Workload {
+            kind: WorkloadKind::Pod,
+            meta: ObjectMeta {
+                name: self.name.to_string(),
+                namespace: self.namespace.to_string(),
+                labels: (*self.labels).clone(),
+                creation_timestamp: None,
+                uid: None,
+                file: file.to_string(),
+            },
+            ips: self.ips.to_vec(),
+            node_name: None,
+            ports: (*self.ports).clone(),
+            other_address: None,
+        }
     }
 }
 

@@ -12,7 +12,7 @@ mod service;
 mod store;
 mod workload;
 
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 pub use dns::DnsDecision;
 #[cfg(test)]
@@ -24,6 +24,7 @@ pub use outbound::{
 #[cfg(test)]
 pub use service::ServiceKind;
 pub use service::{Port, Service, ServiceVisibility, Target};
+pub use workload::WorkloadName;
 
 use crate::{
     config::{DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, VisibilityConfig, Workload},
@@ -34,7 +35,8 @@ use workload::WorkloadStore;
 
 #[derive(Debug)]
 pub struct Snapshot {
-    services: ServiceStore,
+    /// Shared with the snapshot a change to Pods alone was built from (see [`Snapshot::with_pods`]).
+    services: Arc<ServiceStore>,
     workloads: WorkloadStore,
     cluster_domain: String,
     /// The visibility configuration in force, for dumps.
@@ -47,7 +49,7 @@ impl Default for Snapshot {
     /// An empty state: every connection passes through, every query is forwarded.
     fn default() -> Self {
         Snapshot {
-            services: ServiceStore::default(),
+            services: Arc::default(),
             workloads: WorkloadStore::default(),
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_string(),
             visibility: None,
@@ -65,8 +67,30 @@ impl Snapshot {
     /// Builds the state from a model and its resolution (`visibility::resolve(model)`).
     pub fn build(model: &Model, resolution: &Resolved) -> Self {
         Snapshot {
-            services: ServiceStore::new(build::services(model, resolution)),
-            workloads: WorkloadStore::new(model.workloads.clone(), &resolution.discovery),
+            services: Arc::new(ServiceStore::new(build::services(model, resolution))),
+            workloads: WorkloadStore::new(
+                model.workloads.clone(),
+                model.pods_elsewhere.clone(),
+                &resolution.discovery,
+            ),
+            cluster_domain: model.cluster_domain.clone(),
+            visibility: model.mesh.service_entry_visibility.clone(),
+            discovery_selectors: model.mesh.discovery_selectors.clone(),
+        }
+    }
+
+    /// This snapshot's services with the workloads `model` holds: for a change to Pods alone, none
+    /// in a namespace a selector picks Pods in (no service changes then). Everything else is
+    /// `model`'s, as [`Snapshot::build`] would make it.
+    pub fn with_pods(&self, model: &Model) -> Self {
+        let discovery = visibility::Discovery::of(model);
+        Snapshot {
+            services: self.services.clone(),
+            workloads: WorkloadStore::new(
+                model.workloads.clone(),
+                model.pods_elsewhere.clone(),
+                &discovery,
+            ),
             cluster_domain: model.cluster_domain.clone(),
             visibility: model.mesh.service_entry_visibility.clone(),
             discovery_selectors: model.mesh.discovery_selectors.clone(),

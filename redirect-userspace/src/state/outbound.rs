@@ -8,7 +8,7 @@ use super::{
     Snapshot,
     service::{Endpoint, Port, Service, Target},
 };
-use crate::config::{Resolution, Workload};
+use crate::config::Resolution;
 
 /// How to pick among a port's endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,7 +80,7 @@ pub enum Outbound<'a> {
     },
     /// No service claims the address, but a workload has it: connect to it directly.
     Workload {
-        workload: &'a Workload,
+        workload: super::WorkloadName<'a>,
         addr: SocketAddr,
     },
     /// Connect to the original destination unchanged.

@@ -234,10 +234,9 @@ pub(super) fn outbound_summary(
 ) {
     let action = d.outcome();
     let service = match d.action {
-        Outbound::Workload { workload, .. } => Some(format!(
-            "{}/{}",
-            workload.meta.namespace, workload.meta.name
-        )),
+        Outbound::Workload { workload, .. } => {
+            Some(format!("{}/{}", workload.namespace, workload.name))
+        }
         _ => d.service().map(|s| s.to_string()),
     };
     (
@@ -620,6 +619,34 @@ fn workload_by_ip_names_the_client() {
         ),
         "but it is still a workload to reach"
     );
+}
+
+#[test]
+fn a_pod_of_another_node_is_reached_as_the_workload_it_was_but_is_no_client() {
+    let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: x, namespace: a, labels: {app: x}}\nstatus: {podIP: 10.0.0.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: y, namespace: b}\nstatus: {podIPs: [{ip: 10.0.0.2}, {ip: 'fd00::2'}]}\n";
+    let whole = load_sources([("p.yaml", pods)]).unwrap();
+    let mut scoped = whole.clone();
+    scoped.pods_elsewhere = scoped
+        .workloads
+        .drain(..)
+        .map(|w| std::sync::Arc::new(crate::config::PodElsewhere::new(&w)))
+        .collect();
+    let (whole, scoped) = (Snapshot::from_model(&whole), Snapshot::from_model(&scoped));
+    for to in ["10.0.0.1", "10.0.0.2", "fd00::2", "10.0.0.3"] {
+        assert_eq!(
+            outbound_summary(&whole.decide_outbound(None, ip(to), 80)),
+            outbound_summary(&scoped.decide_outbound(None, ip(to), 80)),
+            "{to}"
+        );
+    }
+    let destinations = |s: &Snapshot| {
+        let mut d: Vec<IpAddr> = s.workload_destinations().collect();
+        d.sort();
+        d
+    };
+    assert_eq!(destinations(&whole), destinations(&scoped));
+    assert!(whole.workload_by_ip(ip("10.0.0.1")).is_some());
+    assert!(scoped.workload_by_ip(ip("10.0.0.1")).is_none());
 }
 
 #[test]

@@ -1,9 +1,20 @@
 //! The workload store: pods and WorkloadEntries by IP, to name a connection's client namespace
 //! and to reach a workload addressed directly. A pod of a namespace the control plane does not
-//! discover is still a client (its namespace is known on the node), but no destination.
+//! discover is still a client (its namespace is known on the node), but no destination. Pods of
+//! other nodes that no selector needs are destinations only.
 use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
-use crate::{config::Workload, visibility::Discovery};
+use crate::{
+    config::{PodElsewhere, Workload},
+    visibility::Discovery,
+};
+
+/// The workload a connection reaches directly, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkloadName<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct WorkloadStore {
@@ -12,6 +23,10 @@ pub(crate) struct WorkloadStore {
     /// Every workload IP -> the first workload (kind, namespace/name order) with it, and whether
     /// another workload shares it (host-network pods do).
     by_ip: HashMap<IpAddr, Slot>,
+    /// Shared with the model too.
+    elsewhere: Vec<Arc<PodElsewhere>>,
+    /// The address of each Pod elsewhere in a discovered namespace that no workload has.
+    elsewhere_by_ip: HashMap<IpAddr, u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -23,7 +38,11 @@ struct Slot {
 }
 
 impl WorkloadStore {
-    pub fn new(workloads: Vec<Arc<Workload>>, discovery: &Discovery) -> Self {
+    pub fn new(
+        workloads: Vec<Arc<Workload>>,
+        elsewhere: Vec<Arc<PodElsewhere>>,
+        discovery: &Discovery,
+    ) -> Self {
         // Sized once: a model of 10,000 pods is not rehashed on the way.
         let mut by_ip: HashMap<IpAddr, Slot> = HashMap::with_capacity(workloads.len());
         for (i, w) in workloads.iter().enumerate() {
@@ -42,14 +61,48 @@ impl WorkloadStore {
                     });
             }
         }
-        WorkloadStore { workloads, by_ip }
+        let mut elsewhere_by_ip = HashMap::with_capacity(elsewhere.len());
+        let mut namespace: Option<(&str, bool)> = None;
+        for (i, pod) in elsewhere.iter().enumerate() {
+            // Pods come grouped by namespace: one discovery check per namespace.
+            let sees = match namespace {
+                Some((ns, sees)) if ns == &*pod.namespace => sees,
+                _ => discovery.sees(&pod.namespace),
+            };
+            namespace = Some((&pod.namespace, sees));
+            if !sees {
+                continue;
+            }
+            for ip in pod.ips.iter() {
+                let ip = ip.to_canonical();
+                if by_ip.get(&ip).is_none_or(|s| s.reachable.is_none()) {
+                    elsewhere_by_ip.entry(ip).or_insert(i as u32);
+                }
+            }
+        }
+        WorkloadStore {
+            workloads,
+            by_ip,
+            elsewhere,
+            elsewhere_by_ip,
+        }
     }
 
     /// A discovered workload with this IP (any, when several share it): the connection goes to the
     /// same place.
-    pub fn by_ip(&self, ip: IpAddr) -> Option<&Workload> {
-        let slot = self.by_ip.get(&ip)?;
-        Some(&*self.workloads[slot.reachable? as usize])
+    pub fn by_ip(&self, ip: IpAddr) -> Option<WorkloadName<'_>> {
+        if let Some(i) = self.by_ip.get(&ip).and_then(|slot| slot.reachable) {
+            let w = &self.workloads[i as usize];
+            return Some(WorkloadName {
+                namespace: &w.meta.namespace,
+                name: &w.meta.name,
+            });
+        }
+        let pod = &self.elsewhere[*self.elsewhere_by_ip.get(&ip)? as usize];
+        Some(WorkloadName {
+            namespace: &pod.namespace,
+            name: &pod.name,
+        })
     }
 
     /// Every address a connection reaches a workload at.
@@ -58,6 +111,7 @@ impl WorkloadStore {
             .iter()
             .filter(|(_, slot)| slot.reachable.is_some())
             .map(|(ip, _)| *ip)
+            .chain(self.elsewhere_by_ip.keys().copied())
     }
 
     /// The client behind a peer IP. An IP several workloads share names no single namespace, so the
