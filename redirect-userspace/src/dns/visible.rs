@@ -145,28 +145,15 @@ impl Decide for VisibleNames {
 
 #[cfg(test)]
 mod tests {
-    use std::{collections::HashMap, os::unix::fs::MetadataExt, sync::Mutex};
+    use std::os::unix::fs::MetadataExt;
 
-    use aya::maps::MapError;
     use redirect_common::{OrigDst, SockAddr};
 
     use super::*;
-    use crate::{config::load_sources, state::Snapshot};
+    use crate::{config::load_sources, redirect::FiledFlows, state::Snapshot};
 
     const UID_A: &str = "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1";
     const UID_B: &str = "3f1c2a9e-7b4d-4c1a-9e2f-b2b2b2b2b2b2";
-
-    #[derive(Debug, Default)]
-    struct FiledFlows(Mutex<HashMap<SocketAddr, OrigDst>>);
-
-    impl Flows for FiledFlows {
-        fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
-            Ok(self.0.lock().unwrap().remove(&client))
-        }
-        fn forget(&self, client: SocketAddr) {
-            self.0.lock().unwrap().remove(&client);
-        }
-    }
 
     /// A kubelet-style cgroup tree with one directory per pod; removed when dropped.
     struct Tree(std::path::PathBuf);
@@ -233,7 +220,7 @@ mod tests {
             cgroup_id,
             netns_cookie: 0,
         };
-        flows.0.lock().unwrap().insert(client, orig);
+        flows.file(client, orig);
     }
 
     /// Over TCP the DNS proxy holds the registry against the kernel as the proxy does: a process in

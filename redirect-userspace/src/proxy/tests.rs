@@ -3,13 +3,11 @@
 //! test has without root). Each outcome is seen as a client sees it (bytes or a reset) and as an
 //! operator does (the metric).
 use std::{
-    collections::HashMap,
     net::{IpAddr, Ipv4Addr, SocketAddr},
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::Duration,
 };
 
-use aya::maps::MapError;
 use redirect_common::{OrigDst, SockAddr};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
@@ -28,23 +26,9 @@ use crate::{
     live::LiveState,
     metrics::{Metrics, encode},
     net::PlainSockets,
-    redirect::Flows,
+    redirect::FiledFlows,
     state::Snapshot,
 };
-
-/// Flows as a test files them: what sock_ops would have filed for a connection from this port.
-#[derive(Debug, Default)]
-struct FiledFlows(Mutex<HashMap<SocketAddr, OrigDst>>);
-
-impl Flows for FiledFlows {
-    fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
-        Ok(self.0.lock().unwrap().remove(&client))
-    }
-
-    fn forget(&self, client: SocketAddr) {
-        self.0.lock().unwrap().remove(&client);
-    }
-}
 
 const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// The address the test entries claim, and the endpoint address the loader accepts before the test
@@ -153,7 +137,7 @@ impl Proxy {
             cgroup_id: 0,
             netns_cookie: 0,
         };
-        self.flows.0.lock().unwrap().insert(local, filed);
+        self.flows.file(local, filed);
         socket.connect(self.addr).await.unwrap()
     }
 

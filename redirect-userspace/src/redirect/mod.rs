@@ -653,6 +653,33 @@ pub trait Flows: Send + Sync + std::fmt::Debug {
     fn forget(&self, client: SocketAddr);
 }
 
+/// Flows as a test files them: what sock_ops would have filed for a connection from an address.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub struct FiledFlows(Mutex<std::collections::HashMap<SocketAddr, OrigDst>>);
+
+#[cfg(test)]
+impl FiledFlows {
+    /// Files `orig` for the connection from `client`, as the programs would.
+    pub fn file(&self, client: SocketAddr, orig: OrigDst) {
+        let mut flows = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        flows.insert(client, orig);
+    }
+}
+
+#[cfg(test)]
+impl Flows for FiledFlows {
+    fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
+        let mut flows = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(flows.remove(&client))
+    }
+
+    fn forget(&self, client: SocketAddr) {
+        let mut flows = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        flows.remove(&client);
+    }
+}
+
 impl Flows for RedirectMaps {
     fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
         self.take_original_destination(client)
