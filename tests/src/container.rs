@@ -51,6 +51,10 @@ pub fn require_image(image: &str) -> Result<()> {
     Ok(())
 }
 
+/// The node's name as the Pods of `examples/` say they run on it: what a container run as the
+/// DaemonSet runs it is told its node is (`NODE_NAME`).
+pub const NODE_NAME: &str = "node-1";
+
 /// The agent's container of the DaemonSet, as written in the manifest.
 #[derive(Clone, Debug)]
 pub struct DaemonSetContainer {
@@ -63,9 +67,9 @@ pub struct DaemonSetContainer {
     pub run_as_user: Option<i64>,
     /// (volume's host path, mount path in the container, read-only, propagation).
     pub mounts: Vec<Mount>,
-    /// The container's environment variables with plain values, and the names of those taken from
-    /// the pod's own fields (`POD_NAME`).
-    pub env_from_pod: Vec<String>,
+    /// The container's environment variables taken from the pod's own fields, with the field's path
+    /// (`POD_NAME` from `metadata.name`, `NODE_NAME` from `spec.nodeName`).
+    pub env_from_pod: Vec<(String, String)>,
     pub termination_grace_secs: u64,
 }
 
@@ -135,8 +139,10 @@ impl DaemonSetContainer {
             .as_sequence()
             .into_iter()
             .flatten()
-            .filter(|e| !e["valueFrom"]["fieldRef"].is_null())
-            .filter_map(|e| e["name"].as_str().map(str::to_string))
+            .filter_map(|e| {
+                let field = e["valueFrom"]["fieldRef"]["fieldPath"].as_str()?;
+                Some((e["name"].as_str()?.to_string(), field.to_string()))
+            })
             .collect();
         Ok(DaemonSetContainer {
             args,
@@ -352,9 +358,17 @@ pub fn podman_run(
     if let Some(uid) = ds.run_as_user {
         push(&["--user", &uid.to_string()]);
     }
-    for var in &ds.env_from_pod {
-        // POD_NAME: the pod's own name; here the container's.
-        push(&["--env", &format!("{var}={name}")]);
+    for (var, field) in &ds.env_from_pod {
+        let value = match field.as_str() {
+            // The pod's own name; here the container's.
+            "metadata.name" => name,
+            // The node the pod runs on: the one the examples' Pods are on, as this run's node.
+            "spec.nodeName" => NODE_NAME,
+            other => bail!(
+                "the DaemonSet passes the pod field {other} in {var}, which this test does not map yet"
+            ),
+        };
+        push(&["--env", &format!("{var}={value}")]);
     }
     for m in &ds.mounts {
         let host: PathBuf = match m.host_path.as_str() {
@@ -473,7 +487,18 @@ mod tests {
         assert!(ds.args.iter().any(|a| a == "--kube"), "{ds:?}");
         let paths: Vec<&str> = ds.mounts.iter().map(|m| m.host_path.as_str()).collect();
         assert_eq!(paths, ["/sys/fs/cgroup", "/sys/fs/bpf", "/run/redirect"]);
-        assert_eq!(ds.env_from_pod, ["POD_NAME"]);
+        let env: Vec<(&str, &str)> = ds
+            .env_from_pod
+            .iter()
+            .map(|(var, field)| (var.as_str(), field.as_str()))
+            .collect();
+        assert_eq!(
+            env,
+            [
+                ("NODE_NAME", "spec.nodeName"),
+                ("POD_NAME", "metadata.name")
+            ]
+        );
     }
 
     #[test]
