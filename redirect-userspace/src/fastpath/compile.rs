@@ -230,14 +230,50 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         compiler.stats.namespaces += 1;
     }
 
-    compiler.workloads(snapshot);
     let Compiler {
-        tables, mut stats, ..
+        mut tables,
+        mut stats,
+        ..
     } = compiler;
+    add_workloads(&mut tables, &mut stats, snapshot, limits);
     stats.exact = tables.exact.len();
     stats.cidrs = tables.cidrs.len();
     stats.ports = tables.ports.len();
     (tables, stats)
+}
+
+/// The tables [`compile_with`] gives `snapshot`, from `tables` and `stats`: what it gave a snapshot with the
+/// same services (shared, [`Snapshot::same_services`]), host addresses and limits. Only the
+/// workload addresses are taken again: a change to Pods alone compiles no service.
+pub fn with_workloads(
+    tables: &Tables,
+    stats: &Stats,
+    snapshot: &Snapshot,
+    limits: Limits,
+) -> (Tables, Stats) {
+    let (mut tables, mut stats) = (tables.clone(), stats.clone());
+    if tables.config.proxy_everything != 0 {
+        // The shared entries did not fit: no table holds anything, workloads included.
+        return (tables, stats);
+    }
+    tables.workloads.clear();
+    tables.config.workloads_incomplete = 0;
+    stats.workloads = 0;
+    stats.fallbacks.remove(&Fallback::WorkloadsFull);
+    add_workloads(&mut tables, &mut stats, snapshot, limits);
+    (tables, stats)
+}
+
+/// Every address a workload is reached at, or none and a flag when they do not all fit.
+fn add_workloads(tables: &mut Tables, stats: &mut Stats, snapshot: &Snapshot, limits: Limits) {
+    let ips: BTreeSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
+    if ips.len() > limits.workloads {
+        tables.config.workloads_incomplete = 1;
+        stats.fell_back(Fallback::WorkloadsFull, ips.len());
+    } else {
+        stats.workloads = ips.len();
+        tables.workloads = ips.into_iter().collect();
+    }
 }
 
 /// One key a namespace claims, and its best ranked claimant of that namespace.
@@ -317,18 +353,6 @@ struct Compiler<'s> {
 }
 
 impl Compiler<'_> {
-    /// Every address a workload is reached at, or none and a flag when they do not all fit.
-    fn workloads(&mut self, snapshot: &Snapshot) {
-        let ips: BTreeSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
-        if ips.len() > self.limits.workloads {
-            self.tables.config.workloads_incomplete = 1;
-            self.stats.fell_back(Fallback::WorkloadsFull, ips.len());
-        } else {
-            self.stats.workloads = ips.len();
-            self.tables.workloads = ips.into_iter().collect();
-        }
-    }
-
     /// A namespace's view: its own claimant of each key it claims (key order, as [`own_claims`]
     /// gives them).
     fn own_view(&mut self, exact: &[OwnClaim], cidrs: &[OwnClaim]) -> View {
