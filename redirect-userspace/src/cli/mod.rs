@@ -87,6 +87,21 @@ pub enum Command {
     MountBpffs(run::MountBpffsArgs),
 }
 
+/// Arenas glibc's malloc may keep for the agent, unless `MALLOC_ARENA_MAX` says otherwise. By
+/// default it keeps up to eight per core, one per thread that allocates at once (the async workers,
+/// the blocking pool building snapshots), and each holds on to what it once held: with tens of
+/// thousands of objects that is megabytes per arena that a node pays for nothing.
+#[cfg(target_env = "gnu")]
+const MALLOC_ARENAS: libc::c_int = 2;
+
+fn limit_malloc_arenas() {
+    #[cfg(target_env = "gnu")]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: sets a tunable of the allocator before any other thread exists; takes no pointer.
+        unsafe { libc::mallopt(libc::M_ARENA_MAX, MALLOC_ARENAS) };
+    }
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     if !matches!(cli.command, Command::Run(_)) {
@@ -94,6 +109,8 @@ pub fn main() -> ExitCode {
         // Unix tool. The agent keeps SIGPIPE ignored: a closed socket must be an error, not a death.
         // SAFETY: setting a signal disposition before any thread exists.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    } else {
+        limit_malloc_arenas();
     }
     let log_level = crate::logging::init(cli.verbose, cli.log_format);
     let result = match cli.command {

@@ -119,6 +119,8 @@ pub fn start(
     // Bounded: a flood of events waits for the store instead of piling up in memory.
     let (tx, rx) = mpsc::channel(4096);
     let kinds = Kind::watched(source.node_name.is_some());
+    // The status the API holds is read only for the status writer.
+    let observe_status = source.status_lease.is_some();
     let mut watches = Vec::new();
     for &kind in &kinds {
         watches.push(tokio::spawn(watch::run(
@@ -126,6 +128,7 @@ pub fn start(
             kind,
             mesh.clone(),
             source.node_name.clone(),
+            observe_status,
             tx.clone(),
             metrics.clone(),
         )));

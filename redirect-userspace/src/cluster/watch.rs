@@ -59,17 +59,21 @@ impl Backoff for RetryBackoff {
 
 /// Watches `kind` for as long as the agent runs, reporting to `changes`. `node`: the node whose
 /// Pods are [`Kind::Pod`] (the others being [`Kind::PodElsewhere`]); `None`, every Pod is.
+/// `observe_status`: a ServiceEntry's status and managed fields are read (for the status writer);
+/// without it they are dropped as they arrive.
 pub async fn run(
     client: Client,
     kind: Kind,
     mesh: MeshConfigMap,
     node: Option<String>,
+    observe_status: bool,
     changes: mpsc::Sender<Change>,
     metrics: std::sync::Arc<Metrics>,
 ) {
     let report = Reporter {
         kind,
         node,
+        observe_status,
         mesh: mesh.clone(),
         changes: changes.clone(),
         metrics,
@@ -133,8 +137,8 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
             Ok(Event::Init) => Change::Relist(kind),
             Ok(Event::InitApply(object) | Event::Apply(object)) => {
                 let key = key(&object);
-                let converted = match as_json(kind, object) {
-                    Ok(json) => kinds::convert(kind, api_version, json),
+                let converted = match read(kind, api_version, object, report.observe_status) {
+                    Ok(converted) => converted,
                     Err(e) => {
                         warn!(kind = kind.label(), error = %e, "an object the API sent could not be read; skipped");
                         continue;
@@ -192,14 +196,32 @@ fn field_selector(kind: Kind, node: Option<&str>) -> Option<String> {
     }
 }
 
+/// One object the API sent, converted; a ServiceEntry's status kept only when `observe_status`.
+fn read(
+    kind: Kind,
+    api_version: &str,
+    object: DynamicObject,
+    observe_status: bool,
+) -> serde_json::Result<kinds::Converted> {
+    let mut converted = kinds::convert(kind, api_version, as_json(kind, object, observe_status)?);
+    if !observe_status {
+        converted.observed = None;
+    }
+    Ok(converted)
+}
+
 /// The object as JSON for [`kinds::convert`], moved rather than copied, and without the metadata
 /// nothing reads (a Pod's managed fields and annotations are often most of it); a ServiceEntry's
-/// managed fields say who writes its status, so they stay.
-fn as_json(kind: Kind, object: DynamicObject) -> serde_json::Result<serde_json::Value> {
+/// managed fields say who writes its status, so they stay when the status is `observed`.
+fn as_json(
+    kind: Kind,
+    object: DynamicObject,
+    observed: bool,
+) -> serde_json::Result<serde_json::Value> {
     let DynamicObject {
         mut metadata, data, ..
     } = object;
-    if kind != Kind::ServiceEntry {
+    if kind != Kind::ServiceEntry || !observed {
         metadata.managed_fields = None;
         metadata.annotations = None;
     }
@@ -280,6 +302,8 @@ async fn served_version(client: &Client, kind: Kind) -> Result<Option<String>, k
 struct Reporter {
     kind: Kind,
     node: Option<String>,
+    /// Whether a ServiceEntry's status is kept (only the status writer reads it).
+    observe_status: bool,
     mesh: MeshConfigMap,
     changes: mpsc::Sender<Change>,
     metrics: std::sync::Arc<Metrics>,
@@ -461,7 +485,7 @@ mod tests {
             }))
             .unwrap()
         };
-        let pod = as_json(Kind::Pod, object("Pod")).unwrap();
+        let pod = as_json(Kind::Pod, object("Pod"), true).unwrap();
         assert_eq!(
             pod,
             serde_json::json!({
@@ -469,8 +493,29 @@ mod tests {
                 "spec": {"nodeName": "n"}, "status": {"podIP": "10.0.0.1"}
             })
         );
-        let se = as_json(Kind::ServiceEntry, object("ServiceEntry")).unwrap();
+        let se = as_json(Kind::ServiceEntry, object("ServiceEntry"), true).unwrap();
         assert_eq!(se["metadata"]["managedFields"][0]["manager"], "m");
+        let se = as_json(Kind::ServiceEntry, object("ServiceEntry"), false).unwrap();
+        assert!(se["metadata"].get("managedFields").is_none());
+    }
+
+    #[test]
+    fn an_entry_status_is_kept_only_for_the_status_writer() {
+        let entry = || -> DynamicObject {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+                "metadata": {"name": "api", "namespace": "team-a", "resourceVersion": "7"},
+                "spec": {"hosts": ["api.example.com"], "ports": [{"number": 443, "name": "https"}],
+                         "resolution": "DNS", "location": "MESH_EXTERNAL"}
+            }))
+            .unwrap()
+        };
+        let api_version = "networking.istio.io/v1";
+        let kept = read(Kind::ServiceEntry, api_version, entry(), true).unwrap();
+        assert_eq!(kept.observed.unwrap().resource_version, "7");
+        let dropped = read(Kind::ServiceEntry, api_version, entry(), false).unwrap();
+        assert!(dropped.observed.is_none());
+        assert!(dropped.object.is_some(), "{:?}", dropped.errors);
     }
 
     #[test]

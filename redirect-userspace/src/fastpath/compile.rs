@@ -196,23 +196,17 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
     compiler.insert(NS_UNKNOWN, shared);
 
     // A namespace owning a claimant of a key sees its own best claimant there, whatever the
-    // visibility; everywhere else it sees what an unknown client sees, so it needs no entry.
-    let owners: BTreeSet<&str> = exact
-        .values()
-        .chain(cidrs.values())
-        .flatten()
-        .map(|&m| services[m as usize].namespace.as_str())
-        .collect();
+    // visibility; everywhere else it sees what an unknown client sees, so it needs no entry. Each
+    // namespace's keys are gathered in one pass over the claims, not by a pass per namespace.
+    let own_exact = own_claims(&exact, &services);
+    let own_cidrs = own_claims(&cidrs, &services);
+    let owners: BTreeSet<&str> = own_exact.keys().chain(own_cidrs.keys()).copied().collect();
     for ns in owners {
         let next_id = compiler.stats.namespaces as NsId + 1;
-        // Its own claimant wins, and nothing is hidden from it there.
-        let own = |members: &[u32]| {
-            members
-                .iter()
-                .copied()
-                .find(|&m| services[m as usize].namespace == ns)
-        };
-        let mut entries = compiler.view(&exact, &cidrs, own);
+        let mut entries = compiler.own_view(
+            own_exact.get(ns).map_or(&[], Vec::as_slice),
+            own_cidrs.get(ns).map_or(&[], Vec::as_slice),
+        );
         // An exact entry equal to the shared one is redundant: the lookup falls back to it. (A
         // network's is not: without it, a shorter prefix of the namespace's own would win.)
         entries.exact.retain(|(ip, claim)| {
@@ -236,14 +230,73 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         compiler.stats.namespaces += 1;
     }
 
-    compiler.workloads(snapshot);
     let Compiler {
-        tables, mut stats, ..
+        mut tables,
+        mut stats,
+        ..
     } = compiler;
+    add_workloads(&mut tables, &mut stats, snapshot, limits);
     stats.exact = tables.exact.len();
     stats.cidrs = tables.cidrs.len();
     stats.ports = tables.ports.len();
     (tables, stats)
+}
+
+/// The tables [`compile_with`] gives `snapshot`, from `tables` and `stats`: what it gave a snapshot with the
+/// same services (shared, [`Snapshot::same_services`]), host addresses and limits. Only the
+/// workload addresses are taken again: a change to Pods alone compiles no service.
+pub fn with_workloads(
+    tables: &Tables,
+    stats: &Stats,
+    snapshot: &Snapshot,
+    limits: Limits,
+) -> (Tables, Stats) {
+    let (mut tables, mut stats) = (tables.clone(), stats.clone());
+    if tables.config.proxy_everything != 0 {
+        // The shared entries did not fit: no table holds anything, workloads included.
+        return (tables, stats);
+    }
+    tables.workloads.clear();
+    tables.config.workloads_incomplete = 0;
+    stats.workloads = 0;
+    stats.fallbacks.remove(&Fallback::WorkloadsFull);
+    add_workloads(&mut tables, &mut stats, snapshot, limits);
+    (tables, stats)
+}
+
+/// Every address a workload is reached at, or none and a flag when they do not all fit.
+fn add_workloads(tables: &mut Tables, stats: &mut Stats, snapshot: &Snapshot, limits: Limits) {
+    let ips: BTreeSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
+    if ips.len() > limits.workloads {
+        tables.config.workloads_incomplete = 1;
+        stats.fell_back(Fallback::WorkloadsFull, ips.len());
+    } else {
+        stats.workloads = ips.len();
+        tables.workloads = ips.into_iter().collect();
+    }
+}
+
+/// One key a namespace claims, and its best ranked claimant of that namespace.
+type OwnClaim = ((IpKey, u32), u32);
+
+/// For each namespace owning a claimant: the keys it claims, in key order, each with the first
+/// (best ranked) of its own claimants there.
+fn own_claims<'s>(
+    claimants: &Claimants,
+    services: &[&'s Service],
+) -> HashMap<&'s str, Vec<OwnClaim>> {
+    let mut by_namespace: HashMap<&str, Vec<OwnClaim>> = HashMap::new();
+    for (key, members) in claimants {
+        for &id in members {
+            let own = by_namespace
+                .entry(services[id as usize].namespace.as_str())
+                .or_default();
+            if own.last().is_none_or(|(k, _)| k != key) {
+                own.push((*key, id));
+            }
+        }
+    }
+    by_namespace
 }
 
 /// The claimed networks holding the network `key/len`, longest first.
@@ -300,40 +353,19 @@ struct Compiler<'s> {
 }
 
 impl Compiler<'_> {
-    /// Every address a workload is reached at, or none and a flag when they do not all fit.
-    fn workloads(&mut self, snapshot: &Snapshot) {
-        let ips: BTreeSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
-        if ips.len() > self.limits.workloads {
-            self.tables.config.workloads_incomplete = 1;
-            self.stats.fell_back(Fallback::WorkloadsFull, ips.len());
-        } else {
-            self.stats.workloads = ips.len();
-            self.tables.workloads = ips.into_iter().collect();
+    /// A namespace's view: its own claimant of each key it claims (key order, as [`own_claims`]
+    /// gives them).
+    fn own_view(&mut self, exact: &[OwnClaim], cidrs: &[OwnClaim]) -> View {
+        View {
+            exact: exact
+                .iter()
+                .map(|&((key, _), id)| (key, self.claim(id)))
+                .collect(),
+            cidrs: cidrs
+                .iter()
+                .map(|&((key, len), id)| (key, len, self.claim(id)))
+                .collect(),
         }
-    }
-
-    /// The entries of the view whose winner among a key's claimants `winner` picks.
-    fn view(
-        &mut self,
-        exact: &Claimants,
-        cidrs: &Claimants,
-        winner: impl Fn(&[u32]) -> Option<u32>,
-    ) -> View {
-        let mut view = View {
-            exact: Vec::new(),
-            cidrs: Vec::new(),
-        };
-        for ((key, _), members) in exact {
-            if let Some(w) = winner(members) {
-                view.exact.push((*key, self.claim(w)));
-            }
-        }
-        for ((key, len), members) in cidrs {
-            if let Some(w) = winner(members) {
-                view.cidrs.push((*key, *len, self.claim(w)));
-            }
-        }
-        view
     }
 
     fn fits(&self, view: &View) -> bool {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use redirect_common::fastpath::{AddrKey, LpmBytes};
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct LpmTrie<V> {
     /// Prefix length -> masked key -> value.
     by_len: BTreeMap<u32, HashMap<LpmBytes, V>>,

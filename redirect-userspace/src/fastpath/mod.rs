@@ -16,7 +16,7 @@ mod lpm;
 mod tables;
 mod upkeep;
 
-pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with};
+pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with, with_workloads};
 pub use dump::{Dump, fallback_name};
 pub use kernel::{DecidedBy, decided_by};
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub type NsId = u32;
 pub struct ClientsFull(pub usize);
 
 /// One snapshot's tables. Swapped whole, like the snapshot they come from.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tables {
     /// BPF hash `cgroup id (u64) -> NsId`: filled by the agent from its identity walk; a missing
     /// cgroup could be any pod's, so its connections go to the proxy.

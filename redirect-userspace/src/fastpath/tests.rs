@@ -637,6 +637,42 @@ fn full_workload_table_sends_unclaimed_addresses_to_the_proxy() {
     assert_eq!(stats.fallbacks.get(&Fallback::WorkloadsFull), Some(&1));
 }
 
+/// A change to Pods alone (the services shared) takes only the workload addresses again, and
+/// gives what compiling the new snapshot whole gives, with room for the workloads or without.
+#[test]
+fn a_change_to_pods_alone_gives_the_tables_compiled_whole() {
+    let pod = |ip: &str| {
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p, namespace: ns-d}}\nstatus: {{podIP: {ip}}}\n"
+        )
+    };
+    let entries = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")
+        + &static_entry("b", "ns-c", "203.0.113.10", "{address: 198.51.100.2}");
+    let before = snapshot(&(entries.clone() + &pod("10.244.0.5")));
+    let moved = load_sources([(
+        "w.yaml",
+        format!("{HEADER}---\n{entries}{}", pod("10.244.0.6")).as_str(),
+    )])
+    .unwrap();
+    let after = before.with_pods(&moved);
+    assert!(after.same_services(&before));
+    for workloads in [0, 1, 65_536] {
+        let limits = Limits {
+            workloads,
+            ..Limits::default()
+        };
+        let (tables, stats) = compile(&before, limits);
+        let patched = with_workloads(&tables, &stats, &after, limits);
+        assert_eq!(patched, compile(&after, limits), "workloads {workloads}");
+        if workloads > 0 {
+            assert_ne!(
+                patched.0, tables,
+                "workloads {workloads}: the new address is in"
+            );
+        }
+    }
+}
+
 #[test]
 fn full_port_table_sends_the_ports_left_out_to_the_proxy() {
     let objects = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")

@@ -1,6 +1,8 @@
 //! The fast path (the agent's default; off with `run --no-fast-path`): keeps the kernel's tables
 //! equal to the snapshot in force, the endpoint host names resolved ahead and the pods' cgroups on
-//! the node. A snapshot is compiled again when it or the fresh host addresses change; the client
+//! the node. A snapshot is compiled again when it or the fresh host addresses change (one that
+//! changed only Pods, its services shared, keeps the services' entries: only its workload addresses
+//! are taken again); the client
 //! table (cgroup -> namespace) is redone whenever the cgroups change. Every change goes in as a
 //! whole new generation.
 use std::{
@@ -129,7 +131,13 @@ impl FastPath {
             state.pods = pods;
         }
         if new_snapshot || new_hosts {
-            let (tables, stats) = fastpath::compile_with(&snapshot, Limits::kernel(), &hosts);
+            let (tables, stats) = match &state.compiled {
+                // Only Pods changed: the services' entries stay, the workload addresses are new.
+                Some((before, tables, stats)) if !new_hosts && before.same_services(&snapshot) => {
+                    fastpath::with_workloads(tables, stats, &snapshot, Limits::kernel())
+                }
+                _ => fastpath::compile_with(&snapshot, Limits::kernel(), &hosts),
+            };
             state.compiled = Some((snapshot.clone(), tables, stats));
             state.hosts = hosts;
         }

@@ -97,6 +97,11 @@ impl Snapshot {
         }
     }
 
+    /// Whether `other` holds these very services (shared, as [`Snapshot::with_pods`] leaves them).
+    pub fn same_services(&self, other: &Snapshot) -> bool {
+        Arc::ptr_eq(&self.services, &other.services)
+    }
+
     /// The client behind a connection's peer IP; `None` (unknown: PUBLIC services only) when no
     /// workload, or more than one, has that IP.
     pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Workload> {

@@ -59,6 +59,9 @@ struct Cluster {
     /// Time the rebuild alone, in this process (no agent, no root).
     #[arg(long)]
     rebuild_only: bool,
+    /// Also write the agent's log (timestamped: where a change's time went) to this file.
+    #[arg(long, value_name = "FILE")]
+    agent_log: Option<PathBuf>,
 }
 
 impl Cluster {
@@ -394,6 +397,9 @@ fn main() -> Result<()> {
         m.get_or_zero(rejected) == 1.0
     })?;
     let rss_after_mib = agent.rss_kib()? as f64 / 1024.0;
+    if let Some(path) = &c.agent_log {
+        std::fs::write(path, agent.log()).with_context(|| format!("writing {}", path.display()))?;
+    }
     agent.stop()?;
     let rss_target_mib = c.rss_target_mib();
     if let Some(path) = &c.json {
