@@ -35,7 +35,17 @@ impl KernelView {
         addr: IpAddr,
         cgroup_id: u64,
     ) -> KernelView {
-        if registry_pod(snapshot.workload_by_ip(addr.to_canonical())).is_none() {
+        let workload = snapshot.workload_by_ip(addr.to_canonical());
+        KernelView::read_for(workload, cgroups, cgroup_id).await
+    }
+
+    /// [`KernelView::read`] for the workload the registry gives the address to.
+    async fn read_for(
+        workload: Option<&Workload>,
+        cgroups: &CgroupPods,
+        cgroup_id: u64,
+    ) -> KernelView {
+        if registry_pod(workload).is_none() {
             return KernelView::Unknown;
         }
         KernelView::Cgroup {
@@ -60,7 +70,24 @@ impl<'s> Client<'s> {
     /// The rule: the registry's workload for `addr`, trusted unless the kernel names another pod.
     pub fn identify(snapshot: &'s Snapshot, addr: IpAddr, kernel: KernelView) -> Client<'s> {
         let addr = addr.to_canonical();
+        Client::of(addr, snapshot.workload_by_ip(addr), kernel)
+    }
+
+    /// The client of a steered connection from `addr`, whose process ran in cgroup `cgroup_id`:
+    /// [`KernelView::read`] and [`Client::identify`] with one look-up of the address.
+    pub async fn of_connection(
+        snapshot: &'s Snapshot,
+        cgroups: &CgroupPods,
+        addr: IpAddr,
+        cgroup_id: u64,
+    ) -> Client<'s> {
+        let addr = addr.to_canonical();
         let workload = snapshot.workload_by_ip(addr);
+        let kernel = KernelView::read_for(workload, cgroups, cgroup_id).await;
+        Client::of(addr, workload, kernel)
+    }
+
+    fn of(addr: IpAddr, workload: Option<&'s Workload>, kernel: KernelView) -> Client<'s> {
         let (check, cgroup) = match kernel {
             KernelView::Unknown => (Check::Unchecked, None),
             KernelView::Cgroup { id, pod } => {

@@ -1,4 +1,9 @@
-use std::{io, net::SocketAddr, sync::Arc, time::Duration};
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::{
     net::{TcpListener, TcpSocket, TcpStream},
@@ -14,7 +19,7 @@ use super::{
 use crate::{
     budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
     dns::HostCache,
-    identity::{CgroupPods, Client, KernelView},
+    identity::{CgroupPods, Client},
     live::LiveState,
     metrics::{Lookup, Metrics},
     net::{CONNECT_TIMEOUT, SocketFactory},
@@ -154,6 +159,8 @@ fn out_of_fds(e: &io::Error) -> bool {
 /// What an admitted connection holds until it ends: its place in the client's share and the
 /// descriptors of its two sockets.
 struct Admitted {
+    /// Whose share the connection took: the ports toward its upstream come from the same one.
+    share: IpAddr,
     _permit: Permit,
     _fds: FdCharge,
 }
@@ -161,13 +168,14 @@ struct Admitted {
 /// Whether `peer` may have one more connection: within its workload's share, the node's limit, and
 /// the descriptor budget (each refusal counted by reason).
 fn admit(context: &ProxyContext, peer: SocketAddr) -> Option<Admitted> {
-    let client = context.live.snapshot().budget_key(peer.ip());
-    let permit = context.budgets.connections.take(client).ok()?;
+    let share = context.live.snapshot().budget_key(peer.ip());
+    let permit = context.budgets.connections.take(share).ok()?;
     let fds = context
         .budgets
         .fds
         .charge(FDS_PER_CONNECTION, Ceiling::Limit)?;
     Some(Admitted {
+        share,
         _permit: permit,
         _fds: fds,
     })
@@ -176,7 +184,7 @@ fn admit(context: &ProxyContext, peer: SocketAddr) -> Option<Admitted> {
 async fn handle(
     client: TcpStream,
     peer: SocketAddr,
-    _admitted: Admitted,
+    admitted: Admitted,
     context: Arc<ProxyContext>,
 ) {
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
@@ -185,7 +193,7 @@ async fn handle(
     let mut result = ConnectionResult::start(&context.metrics, &context.access_log, peer);
     // Every refusal returns here and drops the client, which resets it: accepted sockets have the
     // listener's linger 0, kept until a relay ends cleanly.
-    if let Err(refused) = proxy(&context, &client, peer, &mut result).await {
+    if let Err(refused) = proxy(&context, &client, peer, admitted.share, &mut result).await {
         result.refused(refused.outcome, refused.why);
     }
 }
@@ -210,6 +218,7 @@ async fn proxy(
     context: &ProxyContext,
     client: &TcpStream,
     peer: SocketAddr,
+    share: IpAddr,
     result: &mut ConnectionResult<'_>,
 ) -> Result<(), Refused> {
     let (orig, cgroup_id) = match context.flows.take(peer) {
@@ -227,12 +236,11 @@ async fn proxy(
     result.orig_dst = Some(orig);
 
     let snapshot = context.live.snapshot_arc();
-    let kernel = KernelView::read(&snapshot, &context.cgroups, peer.ip(), cgroup_id).await;
-    let who = Client::identify(&snapshot, peer.ip(), kernel);
+    let who = Client::of_connection(&snapshot, &context.cgroups, peer.ip(), cgroup_id).await;
     who.report_mismatch(&context.cgroups, &context.metrics, "outbound connection");
     result.workload = who.workload_name();
     result.namespace = who.namespace().map(str::to_string);
-    let Some(plan) = decide(context, &snapshot, &who, peer.port(), orig) else {
+    let Some(plan) = decide(context, &snapshot, peer, &who, orig) else {
         return Err(Refused {
             outcome: OutboundOutcome::NoHealthyUpstream,
             why: "no healthy upstream",
@@ -261,7 +269,7 @@ async fn proxy(
     let mut port = context
         .budgets
         .upstream_ports
-        .take(snapshot.budget_key(peer.ip()), first)
+        .take(share, first)
         .map_err(|_| Refused::error("over budget: ports toward the upstream"))?;
     // Bounded kernel buffers on both legs: a peer that never reads holds at most this much.
     if let Some(bytes) = context.buffer {
@@ -422,11 +430,10 @@ struct Plan {
 fn decide(
     context: &ProxyContext,
     snapshot: &Snapshot,
+    peer: SocketAddr,
     who: &Client<'_>,
-    port: u16,
     orig: SocketAddr,
 ) -> Option<Plan> {
-    let peer = SocketAddr::new(who.addr, port);
     let client_ns = who.namespace();
     let decision = snapshot.decide_outbound(client_ns, orig.ip(), orig.port());
     let outcome = decision.outcome();
