@@ -12,7 +12,7 @@ use std::{
 
 use super::kinds::{Converted, Kind, Object, SOURCE};
 use crate::{
-    config::{self, ConfigError, Labels, Model, PodElsewhere, Rejected},
+    config::{self, ConfigError, Labels, Model, PodElsewhere, PodsElsewhere, Rejected},
     live::WatchStatus,
     status::Observed,
 };
@@ -76,7 +76,41 @@ pub struct Store {
     /// Counts changes to `observed`, so a reader knows when to look again.
     observed_changes: u64,
     shared: Shared,
+    /// The Pods of other nodes, held apart and compactly: they are most of a big cluster.
+    elsewhere: Elsewhere,
     changes: Changes,
+}
+
+/// What the watch of other nodes' Pods has told, as [`Watched`] holds the other kinds (each Pod at
+/// its last good version; a relist gathered beside what is served), but in shared groups.
+#[derive(Debug, Default)]
+struct Elsewhere {
+    served: PodsElsewhere,
+    /// The Pods whose latest version was refused, with why; the last good version of each, if it
+    /// had one, stays in `served`.
+    refused: BTreeMap<Key, Vec<ConfigError>>,
+    /// The list being gathered, between [`Change::Relist`] and [`Change::Listed`].
+    relist: Option<(PodsElsewhere, BTreeMap<Key, Vec<ConfigError>>)>,
+}
+
+impl Elsewhere {
+    /// Where a change goes: the list being gathered, else what is served.
+    fn gathering(&mut self) -> (&mut PodsElsewhere, &mut BTreeMap<Key, Vec<ConfigError>>) {
+        match &mut self.relist {
+            Some((pods, refused)) => (pods, refused),
+            None => (&mut self.served, &mut self.refused),
+        }
+    }
+
+    /// Pods held, refused ones that never had a good version included (as a watch's objects).
+    fn objects(&self) -> usize {
+        let never_good = self
+            .refused
+            .keys()
+            .filter(|(ns, name)| self.served.get(ns, name).is_none())
+            .count();
+        self.served.len() + never_good
+    }
 }
 
 /// What changed in what is served, since [`Store::take_changes`] last said.
@@ -126,15 +160,15 @@ fn share<T: Eq + Hash + ?Sized>(set: &mut HashSet<Arc<T>>, value: &Arc<T>) -> Ar
 }
 
 impl Shared {
-    fn pod(&mut self, pod: &PodElsewhere) -> PodElsewhere {
+    fn pod(&mut self, pod: PodElsewhere) -> PodElsewhere {
         self.since_pruned += 1;
         if self.since_pruned >= PRUNE_EVERY {
             self.prune();
         }
         PodElsewhere {
             namespace: share(&mut self.namespaces, &pod.namespace),
-            name: pod.name.clone(),
-            ips: pod.ips.clone(),
+            name: pod.name,
+            ips: pod.ips,
             labels: share(&mut self.labels, &pod.labels),
             ports: share(&mut self.ports, &pod.ports),
         }
@@ -181,6 +215,7 @@ impl Store {
             observed: BTreeMap::new(),
             observed_changes: 0,
             shared: Shared::default(),
+            elsewhere: Elsewhere::default(),
             changes: Changes::default(),
         }
     }
@@ -215,6 +250,11 @@ impl Store {
         let Some(w) = self.kinds.get_mut(&change.kind()) else {
             return false;
         };
+        if change.kind() == Kind::PodElsewhere
+            && !matches!(change, Change::Watching(..) | Change::Failed(..))
+        {
+            return take_in_elsewhere(&mut self.elsewhere, &mut self.shared, w, change, now);
+        }
         match change {
             Change::Watching(_, api_version) => {
                 w.status.api_version = Some(api_version);
@@ -238,12 +278,6 @@ impl Store {
                     errors,
                     observed,
                 } = *converted;
-                let object = match object {
-                    Some(Object::PodElsewhere(pod)) => {
-                        Some(Object::PodElsewhere(Arc::new(self.shared.pod(&pod))))
-                    }
-                    other => other,
-                };
                 if let Some(observed) = observed
                     && self.observed.get(&key) != Some(&observed)
                 {
@@ -369,9 +403,12 @@ impl Store {
 
     pub fn statuses(&self) -> Vec<WatchStatus> {
         self.kinds
-            .values()
-            .map(|w| WatchStatus {
-                objects: w.objects.len(),
+            .iter()
+            .map(|(kind, w)| WatchStatus {
+                objects: match kind {
+                    Kind::PodElsewhere => self.elsewhere.objects(),
+                    _ => w.objects.len(),
+                },
                 ..w.status.clone()
             })
             .collect()
@@ -393,27 +430,9 @@ impl Store {
             .flat_map(|w| w.objects.keys())
             .map(|(ns, name)| (ns.as_str(), name.as_str()))
             .collect();
-        let here_namespaces: HashSet<&str> = here.iter().map(|(ns, _)| *ns).collect();
         let selecting = self.selecting_namespaces();
-        // The Pods elsewhere come grouped by namespace: its two questions are asked once a run.
-        let mut run: Option<(&str, bool, bool)> = None;
         for (kind, w) in &self.kinds {
             for ((namespace, name), slot) in &w.objects {
-                let mut selected = false;
-                if *kind == Kind::PodElsewhere {
-                    let (has_here, picks) = match run {
-                        Some((ns, has_here, picks)) if ns == namespace => (has_here, picks),
-                        _ => (
-                            here_namespaces.contains(namespace.as_str()),
-                            selecting.contains(namespace.as_str()),
-                        ),
-                    };
-                    run = Some((namespace, has_here, picks));
-                    if has_here && here.contains(&(namespace.as_str(), name.as_str())) {
-                        continue;
-                    }
-                    selected = picks;
-                }
                 if !slot.errors.is_empty() {
                     errors.extend(slot.errors.iter().cloned());
                     rejected.push(Rejected {
@@ -434,17 +453,126 @@ impl Store {
                     Some(Object::Workload(w)) => model.workloads.push(w.clone()),
                     Some(Object::Mesh(mesh)) => model.mesh = (**mesh).clone(),
                     Some(Object::EndpointSlice(slice)) => model.endpoint_slices.push(slice.clone()),
-                    // A selector of its namespace may pick it: a workload like any other.
-                    Some(Object::PodElsewhere(pod)) if selected => {
-                        model.workloads.push(Arc::new(pod.workload(SOURCE)));
+                    Some(Object::PodElsewhere(pod)) => {
+                        model.pods_elsewhere.upsert((**pod).clone());
                     }
-                    Some(Object::PodElsewhere(pod)) => model.pods_elsewhere.push(pod.clone()),
                     None => {}
                 }
             }
         }
+        self.model_elsewhere(&mut model, &mut errors, &mut rejected, &here, &selecting);
         config::complete(&mut model);
         (model, errors, rejected)
+    }
+
+    /// The Pods of other nodes into `model` (but those `here` holds): those a selector of their
+    /// namespace can pick as workloads like any other, the rest shared whole, one pointer per
+    /// namespace (a rebuild does not walk them).
+    fn model_elsewhere(
+        &self,
+        model: &mut Model,
+        errors: &mut Vec<ConfigError>,
+        rejected: &mut Vec<Rejected>,
+        here: &HashSet<(&str, &str)>,
+        selecting: &HashSet<&str>,
+    ) {
+        let held = &self.elsewhere;
+        let is_here = |namespace: &str, name: &str| here.contains(&(namespace, name));
+        for ((namespace, name), refused) in &held.refused {
+            if is_here(namespace, name) {
+                continue;
+            }
+            errors.extend(refused.iter().cloned());
+            rejected.push(Rejected {
+                kind: Kind::PodElsewhere.name(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                file: SOURCE.to_string(),
+                last_good_in_force: held.served.get(namespace, name).is_some(),
+            });
+        }
+        for namespace in selecting {
+            for pod in held.served.in_namespace(namespace) {
+                if !is_here(namespace, &pod.name) {
+                    model.workloads.push(Arc::new(pod.workload(SOURCE)));
+                }
+            }
+        }
+        model.pods_elsewhere = held
+            .served
+            .without(|namespace| selecting.contains(namespace), is_here);
+    }
+}
+
+/// [`Store::take_in`] for the Pods of other nodes: the same rules, on [`Elsewhere`].
+fn take_in_elsewhere(
+    held: &mut Elsewhere,
+    shared: &mut Shared,
+    w: &mut Watched,
+    change: Change,
+    now: &str,
+) -> bool {
+    match change {
+        Change::Relist(_) => {
+            held.relist = Some(Default::default());
+            false
+        }
+        Change::Upsert(_, key, converted) => {
+            w.status.last_event_at = Some(now.to_string());
+            let relisting = held.relist.is_some();
+            let Converted { object, errors, .. } = *converted;
+            let changed = match object {
+                Some(Object::PodElsewhere(pod)) => {
+                    let pod = shared.pod(Arc::unwrap_or_clone(pod));
+                    let (pods, refused) = held.gathering();
+                    let was_refused = refused.remove(&key).is_some();
+                    pods.upsert(pod) | was_refused
+                }
+                _ => {
+                    // Refused: the last good version stays (carried into a list being gathered).
+                    let carried = match &held.relist {
+                        Some((pods, _)) if pods.get(&key.0, &key.1).is_none() => {
+                            held.served.get(&key.0, &key.1).cloned()
+                        }
+                        _ => None,
+                    };
+                    let (pods, refused) = held.gathering();
+                    if let Some(good) = carried {
+                        pods.upsert(good);
+                    }
+                    refused.insert(key, errors.clone()) != Some(errors)
+                }
+            };
+            changed && !relisting
+        }
+        Change::Deleted(_, key) => {
+            w.status.last_event_at = Some(now.to_string());
+            let relisting = held.relist.is_some();
+            let (pods, refused) = held.gathering();
+            let was_refused = refused.remove(&key).is_some();
+            let removed = pods.remove(&key.0, &key.1).is_some();
+            (removed || was_refused) && !relisting
+        }
+        Change::Listed(_) => {
+            let (pods, refused) = held.relist.take().unwrap_or_default();
+            let changed = pods != held.served || refused != held.refused || !w.status.synced;
+            held.served = pods;
+            held.refused = refused;
+            w.status.synced = true;
+            w.status.installed = true;
+            w.status.last_error = None;
+            w.status.last_error_at = None;
+            changed
+        }
+        Change::NotInstalled(_) => {
+            let changed = !held.served.is_empty() || !held.refused.is_empty() || !w.status.synced;
+            *held = Elsewhere::default();
+            w.status.installed = false;
+            w.status.synced = true;
+            w.status.api_version = None;
+            changed
+        }
+        Change::Watching(..) | Change::Failed(..) => false,
     }
 }
 
@@ -632,10 +760,8 @@ mod tests {
         let model = store.model().0;
         assert_eq!((model.workloads.len(), model.pods_elsewhere.len()), (0, 3));
         // One copy of the label set for the three pods.
-        assert!(Arc::ptr_eq(
-            &model.pods_elsewhere[0].labels,
-            &model.pods_elsewhere[2].labels
-        ));
+        let pods: Vec<&PodElsewhere> = model.pods_elsewhere.iter().collect();
+        assert!(Arc::ptr_eq(&pods[0].labels, &pods[2].labels));
         // A Service with a selector in team-a, without slices: team-a's pods are workloads.
         let service = json!({
             "metadata": {"name": "web", "namespace": "team-a"},
@@ -664,6 +790,73 @@ mod tests {
         store.apply(Change::Upsert(Kind::EndpointSlice, key, converted), NOW);
         let model = store.model().0;
         assert_eq!((model.workloads.len(), model.pods_elsewhere.len()), (0, 3));
+    }
+
+    #[test]
+    fn a_pod_elsewhere_keeps_its_last_good_version_and_a_relist_replaces_them_whole() {
+        let mut store = Store::new(&Kind::watched(true));
+        for kind in Kind::watched(true) {
+            store.apply(Change::Relist(kind), NOW);
+            store.apply(Change::Listed(kind), NOW);
+        }
+        let pod = |name: &str, ip: &str| {
+            let object = json!({
+                "metadata": {"name": name, "namespace": "team-a"},
+                "spec": {"nodeName": "node-2"},
+                "status": {"podIP": ip}
+            });
+            let key: Key = ("team-a".into(), name.into());
+            Change::Upsert(
+                Kind::PodElsewhere,
+                key,
+                Box::new(convert(Kind::PodElsewhere, "v1", object)),
+            )
+        };
+        let ips = |store: &Store| -> Vec<String> {
+            let model = store.model().0;
+            model
+                .pods_elsewhere
+                .iter()
+                .map(|p| format!("{}={}", p.name, p.ips[0]))
+                .collect()
+        };
+        assert!(store.apply(pod("a", "10.0.0.1"), NOW));
+        assert!(!store.apply(pod("a", "10.0.0.1"), NOW), "the same again");
+        // A refused update: the last good version stays, the error is reported.
+        assert!(store.apply(pod("a", "10.999.0.1"), NOW));
+        assert!(store.apply(pod("b", "nope"), NOW));
+        assert_eq!(ips(&store), ["a=10.0.0.1"]);
+        let (_, errors, rejected) = store.model();
+        assert_eq!(errors.len(), 2);
+        let kept: Vec<(&str, bool)> = rejected
+            .iter()
+            .map(|r| (r.name.as_str(), r.last_good_in_force))
+            .collect();
+        assert_eq!(kept, [("a", true), ("b", false)]);
+        let objects = |store: &Store| {
+            let statuses = store.statuses();
+            statuses
+                .iter()
+                .find(|s| s.kind == "Pod (other nodes)")
+                .unwrap()
+                .objects
+        };
+        assert_eq!(objects(&store), 2);
+        // A relist: served only once complete; `a` still refused keeps its last good version.
+        store.apply(Change::Relist(Kind::PodElsewhere), NOW);
+        assert!(!store.apply(pod("a", "10.999.0.1"), NOW));
+        assert!(!store.apply(pod("c", "10.0.0.3"), NOW));
+        assert_eq!(ips(&store), ["a=10.0.0.1"], "served until complete");
+        assert!(store.apply(Change::Listed(Kind::PodElsewhere), NOW));
+        assert_eq!(ips(&store), ["a=10.0.0.1", "c=10.0.0.3"]);
+        assert_eq!(store.model().2.len(), 1, "b is gone, a still refused");
+        // Fixed, then deleted.
+        assert!(store.apply(pod("a", "10.0.0.9"), NOW));
+        assert!(store.model().2.is_empty());
+        let key: Key = ("team-a".into(), "a".into());
+        assert!(store.apply(Change::Deleted(Kind::PodElsewhere, key), NOW));
+        assert_eq!(ips(&store), ["c=10.0.0.3"]);
+        assert_eq!(objects(&store), 1);
     }
 
     #[test]

@@ -512,7 +512,7 @@ pub(crate) fn complete(model: &mut Model) {
         .chain(model.services.iter().map(|s| &s.meta.namespace))
         .chain(model.workloads.iter().map(|w| &w.meta.namespace))
         .map(String::as_str)
-        .chain(model.pods_elsewhere.iter().map(|p| &*p.namespace))
+        .chain(model.pods_elsewhere.namespaces())
     {
         if previous != Some(ns) && !model.namespaces.contains_key(ns) {
             missing.insert(ns.to_string());

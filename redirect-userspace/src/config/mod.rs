@@ -4,6 +4,7 @@
 //! is one object: an invalid object is left out and reported, every valid one loads ([`Loaded`]);
 //! a running agent puts back the last good version of what was left out ([`keep_last_good`]).
 mod convert;
+mod elsewhere;
 mod endpoint_slice;
 mod error;
 mod inputs;
@@ -17,6 +18,7 @@ mod service_entry;
 mod source;
 mod yaml;
 
+pub use elsewhere::PodsElsewhere;
 pub use endpoint_slice::SERVICE_NAME_LABEL;
 #[cfg(test)]
 pub use error::MAX_MESSAGE;

@@ -27,7 +27,7 @@ pub struct Model {
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Pods of other nodes that no selector of their namespace can pick (only an agent given its
     /// node has them): addresses a connection may reach a workload at, not clients, not endpoints.
-    pub pods_elsewhere: Vec<Arc<PodElsewhere>>,
+    pub pods_elsewhere: super::PodsElsewhere,
     pub mesh: MeshConfig,
     pub cluster_domain: String,
 }
@@ -335,7 +335,8 @@ impl Workload {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodElsewhere {
     pub namespace: Arc<str>,
-    pub name: Box<str>,
+    /// Shared by the copies a change to its namespace's group makes (see [`super::PodsElsewhere`]).
+    pub name: Arc<str>,
     pub ips: Box<[IpAddr]>,
     pub labels: Arc<Labels>,
     pub ports: Arc<BTreeMap<String, u16>>,

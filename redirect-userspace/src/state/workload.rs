@@ -5,7 +5,7 @@
 use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
 use crate::{
-    config::{PodElsewhere, Workload},
+    config::{PodElsewhere, PodsElsewhere, Workload},
     visibility::Discovery,
 };
 
@@ -23,10 +23,11 @@ pub(crate) struct WorkloadStore {
     /// Every workload IP -> the first workload (kind, namespace/name order) with it, and whether
     /// another workload shares it (host-network pods do).
     by_ip: HashMap<IpAddr, Slot>,
-    /// Shared with the model too.
-    elsewhere: Vec<Arc<PodElsewhere>>,
-    /// The address of each Pod elsewhere in a discovered namespace that no workload has.
-    elsewhere_by_ip: HashMap<IpAddr, u32>,
+    /// The Pods elsewhere of each discovered namespace, the groups shared with the model.
+    elsewhere: Vec<Arc<Vec<PodElsewhere>>>,
+    /// The address of each Pod elsewhere in a discovered namespace that no workload has: its
+    /// group in `elsewhere`, and its place there.
+    elsewhere_by_ip: HashMap<IpAddr, (u32, u32)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -40,7 +41,7 @@ struct Slot {
 impl WorkloadStore {
     pub fn new(
         workloads: Vec<Arc<Workload>>,
-        elsewhere: Vec<Arc<PodElsewhere>>,
+        elsewhere: PodsElsewhere,
         discovery: &Discovery,
     ) -> Self {
         // Sized once: a model of 10,000 pods is not rehashed on the way.
@@ -62,28 +63,26 @@ impl WorkloadStore {
             }
         }
         let mut elsewhere_by_ip = HashMap::with_capacity(elsewhere.len());
-        let mut namespace: Option<(&str, bool)> = None;
-        for (i, pod) in elsewhere.iter().enumerate() {
-            // Pods come grouped by namespace: one discovery check per namespace.
-            let sees = match namespace {
-                Some((ns, sees)) if ns == &*pod.namespace => sees,
-                _ => discovery.sees(&pod.namespace),
-            };
-            namespace = Some((&pod.namespace, sees));
-            if !sees {
+        let mut groups = Vec::new();
+        for group in elsewhere.groups() {
+            if !group.first().is_some_and(|p| discovery.sees(&p.namespace)) {
                 continue;
             }
-            for ip in pod.ips.iter() {
-                let ip = ip.to_canonical();
-                if by_ip.get(&ip).is_none_or(|s| s.reachable.is_none()) {
-                    elsewhere_by_ip.entry(ip).or_insert(i as u32);
+            let g = groups.len() as u32;
+            for (i, pod) in group.iter().enumerate() {
+                for ip in pod.ips.iter() {
+                    let ip = ip.to_canonical();
+                    if by_ip.get(&ip).is_none_or(|s| s.reachable.is_none()) {
+                        elsewhere_by_ip.entry(ip).or_insert((g, i as u32));
+                    }
                 }
             }
+            groups.push(group.clone());
         }
         WorkloadStore {
             workloads,
             by_ip,
-            elsewhere,
+            elsewhere: groups,
             elsewhere_by_ip,
         }
     }
@@ -98,7 +97,8 @@ impl WorkloadStore {
                 name: &w.meta.name,
             });
         }
-        let pod = &self.elsewhere[*self.elsewhere_by_ip.get(&ip)? as usize];
+        let (group, i) = *self.elsewhere_by_ip.get(&ip)?;
+        let pod = &self.elsewhere[group as usize][i as usize];
         Some(WorkloadName {
             namespace: &pod.namespace,
             name: &pod.name,
