@@ -124,7 +124,7 @@ impl FromIterator<PodElsewhere> for PodsElsewhere {
 
 impl FromIterator<Arc<PodElsewhere>> for PodsElsewhere {
     fn from_iter<I: IntoIterator<Item = Arc<PodElsewhere>>>(pods: I) -> Self {
-        pods.into_iter().map(|p| Arc::unwrap_or_clone(p)).collect()
+        pods.into_iter().map(Arc::unwrap_or_clone).collect()
     }
 }
 
