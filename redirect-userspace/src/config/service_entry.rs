@@ -373,20 +373,27 @@ impl RawServiceEntry {
             })
             .collect();
 
+        // Held for as long as the entry is in force: each list at its length, not at the capacity
+        // it grew to (four slots at the first push; an endpoint is 80 bytes).
         (ctx.error_count() == before).then_some(ServiceEntry {
             meta,
-            hosts,
-            addresses,
-            ports,
+            hosts: exact(hosts),
+            addresses: exact(addresses),
+            ports: exact(ports),
             location,
             resolution,
-            endpoints,
+            endpoints: exact(endpoints),
             workload_selector,
-            export_to: spec.export_to,
+            export_to: spec.export_to.map(exact),
             use_waypoint,
             status_addresses,
         })
     }
+}
+
+fn exact<T>(mut list: Vec<T>) -> Vec<T> {
+    list.shrink_to_fit();
+    list
 }
 
 /// Port protocols a dynamic forward proxy takes the host name from (compared case-insensitively).
