@@ -5,7 +5,7 @@
 //! over (its first list, or a list after its history expired) gathers the new list beside what is
 //! served and swaps it in whole once complete, so nothing is ever served half-listed.
 use std::{
-    collections::{BTreeMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     hash::Hash,
     sync::Arc,
 };
@@ -478,6 +478,10 @@ impl Store {
     ) {
         let held = &self.elsewhere;
         let is_here = |namespace: &str, name: &str| here.contains(&(namespace, name));
+        let mut here_by_namespace: HashMap<&str, HashSet<&str>> = HashMap::new();
+        for (namespace, name) in here {
+            here_by_namespace.entry(namespace).or_default().insert(name);
+        }
         for ((namespace, name), refused) in &held.refused {
             if is_here(namespace, name) {
                 continue;
@@ -500,7 +504,7 @@ impl Store {
         }
         model.pods_elsewhere = held
             .served
-            .without(|namespace| selecting.contains(namespace), is_here);
+            .without(|namespace| selecting.contains(namespace), &here_by_namespace);
     }
 }
 

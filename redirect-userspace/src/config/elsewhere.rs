@@ -2,7 +2,10 @@
 //! held compactly and shared. They are grouped by namespace, each namespace's Pods one sorted
 //! vector behind an `Arc`: the watch's store, every model built from it and every snapshot share
 //! the groups, and a change copies only its own namespace's group (copy on write).
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
 
 use super::PodElsewhere;
 
@@ -77,27 +80,27 @@ impl PodsElsewhere {
         self.namespaces.values().flat_map(|g| g.iter())
     }
 
-    /// These Pods without the namespaces `drop_namespace` names and without the Pods `drop_pod`
-    /// names; the groups left whole stay shared.
+    /// These Pods without the namespaces `drop_namespace` names and without the Pods `drop_pods`
+    /// names (namespace -> names); the groups left whole stay shared.
     pub fn without(
         &self,
         drop_namespace: impl Fn(&str) -> bool,
-        drop_pod: impl Fn(&str, &str) -> bool,
+        drop_pods: &HashMap<&str, HashSet<&str>>,
     ) -> PodsElsewhere {
         let mut kept = PodsElsewhere::default();
         for (namespace, group) in &self.namespaces {
             if drop_namespace(namespace) {
                 continue;
             }
-            let group = match group.iter().any(|p| drop_pod(namespace, &p.name)) {
-                false => group.clone(),
-                true => Arc::new(
+            let group = match drop_pods.get(&**namespace) {
+                Some(names) if group.iter().any(|p| names.contains(&*p.name)) => Arc::new(
                     group
                         .iter()
-                        .filter(|p| !drop_pod(namespace, &p.name))
+                        .filter(|p| !names.contains(&*p.name))
                         .cloned()
                         .collect(),
                 ),
+                _ => group.clone(),
             };
             if !group.is_empty() {
                 kept.len += group.len();
@@ -195,7 +198,8 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let kept = held.without(|ns| ns == "a", |ns, name| (ns, name) == ("b", "q"));
+        let drop = HashMap::from([("b", HashSet::from(["q"]))]);
+        let kept = held.without(|ns| ns == "a", &drop);
         assert_eq!(names(&kept), ["b/r", "c/s"]);
         assert_eq!(kept.len(), 2);
         let c = |h: &PodsElsewhere| h.groups().last().cloned().unwrap();
