@@ -90,9 +90,12 @@ pub enum Command {
 /// Arenas glibc's malloc may keep for the agent, unless `MALLOC_ARENA_MAX` says otherwise. By
 /// default it keeps up to eight per core, one per thread that allocates at once (the async workers,
 /// the blocking pool building snapshots), and each holds on to what it once held: with tens of
-/// thousands of objects that is megabytes per arena that a node pays for nothing.
+/// thousands of objects that is megabytes per arena that a node pays for nothing. One arena: the
+/// snapshot built on a blocking thread and the state the workers hold then share their free space
+/// (10,000 ServiceEntries: 66 MiB against 73 MiB with two), and each thread's cache of small
+/// blocks keeps the data path off the arena's lock.
 #[cfg(target_env = "gnu")]
-const MALLOC_ARENAS: libc::c_int = 2;
+const MALLOC_ARENAS: libc::c_int = 1;
 
 fn limit_malloc_arenas() {
     #[cfg(target_env = "gnu")]

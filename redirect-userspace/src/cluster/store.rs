@@ -502,9 +502,10 @@ impl Store {
                 }
             }
         }
-        model.pods_elsewhere = held
-            .served
-            .without(|namespace| selecting.contains(namespace), &here_by_namespace);
+        model.pods_elsewhere = held.served.without(
+            |namespace| selecting.contains(namespace),
+            &here_by_namespace,
+        );
     }
 }
 
