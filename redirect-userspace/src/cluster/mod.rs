@@ -7,14 +7,21 @@
 //! is. With a node name, Pods are watched as this node's (clients) and the other nodes' (endpoints
 //! and workload addresses only): see `docs/inputs.md#watched-per-node`. A burst that changed only
 //! Pods that no selector picks (those of other nodes are the bulk of a big cluster's churn)
-//! changes no service: the snapshot keeps its services and builds only its workloads again. While
-//! the API server is away nothing changes: the state in force stays, and each watch retries on its
-//! own.
+//! changes no service: the snapshot keeps its services and builds only its workloads again. A
+//! burst that touched none of what the workloads read (no Pod, WorkloadEntry, Namespace or mesh
+//! config, and the same namespaces where a selector picks Pods) keeps the workloads and builds the
+//! services again; when it changed only a few ServiceEntries, each resolving on its own, only their
+//! services are built and resolved again ([`Reuse`]). While the API server is away nothing changes:
+//! the state in force stays, and each watch retries on its own.
 pub mod kinds;
 pub mod store;
 mod watch;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    collections::{BTreeSet, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use anyhow::Context;
 use tokio::{
@@ -22,18 +29,19 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use kinds::Kind;
 pub use store::{Change, Changes, Store};
 
 use crate::{
-    config::{ConfigError, Model, Rejected},
+    config::{ConfigError, Model, ServiceEntry},
     live::{LiveState, now_rfc3339},
     metrics::{Metrics, ReloadResult},
     pipeline,
     state::Snapshot,
     status,
+    visibility::ResolvedEntry,
 };
 
 /// The longest a change waits for the ones after it before the snapshot is rebuilt.
@@ -158,10 +166,11 @@ async fn follow(
     metrics: Arc<Metrics>,
     status: Option<latest::Sender<status::Inputs>>,
 ) {
+    // Each entry's conditions, kept only for a status writer.
     let mut desired = Arc::new(Vec::new());
-    // The allocation's errors of the last snapshot built whole, which a patch keeps; `None` until
-    // one is in force (the first is always built whole).
-    let mut allocation: Option<Vec<ConfigError>> = None;
+    // What the snapshot in force was built from; `None` until one is in force (the first is always
+    // built whole) and after a build that failed.
+    let mut in_force: Option<InForce> = None;
     // The status changes the writer was last told of.
     let mut told: Option<u64> = None;
     let mut next_not_ready_log = Instant::now() + NOT_READY_LOG;
@@ -199,26 +208,60 @@ async fn follow(
             false => Changes::default(),
         };
         if changes.any() {
+            let started = std::time::Instant::now();
+            let selecting = store.selecting_namespaces();
+            let reuse = Reuse::of(changes, &selecting, in_force.as_ref());
+            let selecting = selecting.into_iter().map(str::to_string).collect();
             let (model, errors, rejected) = store.model();
-            match &allocation {
-                // Only Pods that no selector picks: the services stay as they are.
-                Some(kept) if changes.only_pods(&store.selecting_namespaces()) => {
-                    let previous = live.snapshot_arc();
-                    let mut errors = errors;
-                    errors.extend(kept.iter().cloned());
-                    patch(previous, model, errors, rejected, &live, &metrics).await;
+            let modelled = started.elapsed();
+            let previous = live.snapshot_arc();
+            let before = in_force.take();
+            let built = tokio::task::spawn_blocking(move || {
+                let next = Next::build(reuse, &previous, before, &model, errors);
+                (next, model)
+            })
+            .await;
+            let (next, model) = match built {
+                Ok(built) => built,
+                Err(join) => {
+                    error!(error = %join, "building the snapshot panicked; the configuration in force stays");
+                    metrics.config.reload(ReloadResult::Failed);
+                    continue;
                 }
-                _ => {
-                    allocation = None;
-                    if let Some((conditions, errors)) =
-                        rebuild(model, errors, rejected, &live, &metrics).await
-                    {
-                        desired = Arc::new(conditions);
-                        allocation = Some(errors);
-                        rebuilt = true;
-                    }
-                }
+            };
+            debug!(
+                kept = next.kept,
+                model_ms = modelled.as_secs_f64() * 1e3,
+                build_ms = (started.elapsed() - modelled).as_secs_f64() * 1e3,
+                "snapshot built"
+            );
+            let Next {
+                snapshot,
+                errors,
+                allocation,
+                resolved,
+                ..
+            } = next;
+            pipeline::put_in_force(
+                &live,
+                &metrics,
+                "kubernetes API",
+                snapshot,
+                errors,
+                rejected,
+            )
+            .await;
+            rebuilt = resolved.changes_status();
+            if status.is_some() {
+                desired = resolved.desired(&desired);
             }
+            in_force = Some(InForce {
+                entries: model.service_entries.clone(),
+                selecting,
+                allocation,
+            });
+            // A model holds a pointer per Pod: freed off the async workers, after the change is in force.
+            drop(tokio::task::spawn_blocking(move || drop(model)));
         }
         if let Some(status) = &status
             && store.ready()
@@ -231,6 +274,178 @@ async fn follow(
                     desired: desired.clone(),
                     observed: Arc::new(observed.clone()),
                 });
+            }
+        }
+    }
+}
+
+/// What the snapshot in force was built from, for the next burst to build on.
+#[derive(Debug)]
+struct InForce {
+    /// Its model's ServiceEntries: the versions a change replaces.
+    entries: Vec<Arc<ServiceEntry>>,
+    /// The namespaces where a selector picked Pods: which Pods of other nodes are workloads.
+    selecting: HashSet<String>,
+    /// The allocation's errors of the last whole resolution, which the snapshots built on it keep.
+    allocation: Vec<ConfigError>,
+}
+
+/// What a burst's snapshot keeps of the one in force, from what changed (see `state`'s module
+/// docs for what each half of a snapshot reads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Reuse {
+    /// Nothing: resolved and built whole.
+    Nothing,
+    /// The services: only Pods changed, none in a namespace where a selector picks Pods.
+    Services,
+    /// The workloads: nothing they read changed (no Pod, WorkloadEntry, Namespace or mesh config,
+    /// and the same namespaces where a selector picks Pods). The services are built whole.
+    Workloads,
+    /// The workloads, and the services of every ServiceEntry but these, the only objects changed
+    /// (when each stands alone, else as [`Reuse::Workloads`]).
+    Entries(BTreeSet<store::Key>),
+}
+
+impl Reuse {
+    fn of(changes: Changes, selecting: &HashSet<&str>, in_force: Option<&InForce>) -> Reuse {
+        let Some(in_force) = in_force else {
+            return Reuse::Nothing;
+        };
+        if changes.only_pods(selecting) {
+            return Reuse::Services;
+        }
+        let same_selecting = in_force.selecting.len() == selecting.len()
+            && selecting.iter().all(|ns| in_force.selecting.contains(*ns));
+        if !changes.keeps_workloads() || !same_selecting {
+            return Reuse::Nothing;
+        }
+        match changes.only_entries() {
+            Some(_) => Reuse::Entries(changes.entries),
+            None => Reuse::Workloads,
+        }
+    }
+}
+
+/// A burst's snapshot, and what the next one and the status writer need of it.
+struct Next {
+    snapshot: Snapshot,
+    /// What [`Reuse`] it was built with, in the end (for the log).
+    kept: &'static str,
+    /// Every error to report: the loader's, then the allocation's.
+    errors: Vec<ConfigError>,
+    /// The allocation's errors.
+    allocation: Vec<ConfigError>,
+    resolved: Resolution,
+}
+
+/// The resolution a snapshot was built with, as far as it was worked out again.
+enum Resolution {
+    /// Every entry of the model, in its order.
+    Whole(Vec<ResolvedEntry>),
+    /// These entries alone (the changed ones the model holds, in key order); every other is as
+    /// before.
+    Entries(BTreeSet<store::Key>, Vec<ResolvedEntry>),
+    /// None: no entry's resolution changed.
+    Unchanged,
+}
+
+impl Next {
+    /// The snapshot for `model` built on `previous`, the one in force, keeping what `reuse` says
+    /// (`before`: what `previous` was built from). `errors` are the loader's.
+    fn build(
+        reuse: Reuse,
+        previous: &Snapshot,
+        before: Option<InForce>,
+        model: &Model,
+        errors: Vec<ConfigError>,
+    ) -> Next {
+        let loaded = errors.len();
+        let kept = |errors: Vec<ConfigError>, before: &InForce| {
+            let mut errors = errors;
+            errors.extend(before.allocation.iter().cloned());
+            errors
+        };
+        let built = match (&reuse, &before) {
+            (Reuse::Services, Some(before)) => {
+                return Next {
+                    snapshot: previous.with_pods(model),
+                    kept: "services",
+                    errors: kept(errors, before),
+                    allocation: before.allocation.clone(),
+                    resolved: Resolution::Unchanged,
+                };
+            }
+            (Reuse::Entries(changed), Some(before)) => {
+                match pipeline::with_entries(previous, &before.entries, model, changed) {
+                    Some((snapshot, resolved)) => {
+                        return Next {
+                            snapshot,
+                            kept: "workloads and other entries' services",
+                            errors: kept(errors, before),
+                            allocation: before.allocation.clone(),
+                            resolved: Resolution::Entries(changed.clone(), resolved),
+                        };
+                    }
+                    None => (
+                        pipeline::with_services(previous, model, errors),
+                        "workloads",
+                    ),
+                }
+            }
+            (Reuse::Workloads, Some(_)) => (
+                pipeline::with_services(previous, model, errors),
+                "workloads",
+            ),
+            _ => (pipeline::build(model, errors), "nothing"),
+        };
+        let (built, kept) = built;
+        Next {
+            snapshot: built.snapshot,
+            kept,
+            allocation: built.errors.get(loaded..).unwrap_or_default().to_vec(),
+            errors: built.errors,
+            resolved: Resolution::Whole(built.resolution.entries),
+        }
+    }
+}
+
+impl Resolution {
+    /// Whether an entry's status conditions may have changed.
+    fn changes_status(&self) -> bool {
+        !matches!(self, Resolution::Unchanged)
+    }
+
+    /// Each entry's conditions, from those told before (`desired`, in the model's order).
+    fn desired(self, desired: &Arc<Vec<status::Desired>>) -> Arc<Vec<status::Desired>> {
+        let one = |e: ResolvedEntry| status::Desired {
+            namespace: e.namespace,
+            name: e.name,
+            conditions: e.conditions,
+        };
+        match self {
+            Resolution::Whole(entries) => Arc::new(entries.into_iter().map(one).collect()),
+            Resolution::Unchanged => desired.clone(),
+            Resolution::Entries(changed, resolved) => {
+                let changed: HashSet<(&str, &str)> = changed
+                    .iter()
+                    .map(|(ns, name)| (ns.as_str(), name.as_str()))
+                    .collect();
+                // Both in `namespace/name` order: the changed ones merged in.
+                let mut fresh = resolved.into_iter().map(one).peekable();
+                let mut out = Vec::with_capacity(desired.len() + changed.len());
+                let unchanged = desired
+                    .iter()
+                    .filter(|d| !changed.contains(&(d.namespace.as_str(), d.name.as_str())));
+                for d in unchanged {
+                    while let Some(f) =
+                        fresh.next_if(|f| (&f.namespace, &f.name) < (&d.namespace, &d.name))
+                    {
+                        out.push(f);
+                    }
+                    out.push(d.clone());
+                }
+                out.extend(fresh);
+                Arc::new(out)
             }
         }
     }
@@ -250,72 +465,6 @@ fn log_not_ready(store: &Store) {
         "not ready: nothing is in force until every watch has listed once; waiting for {}",
         waiting.join(", ")
     );
-}
-
-/// visibility -> snapshot, off the async workers, then swapped in whole. Returns the conditions
-/// the resolution gives each ServiceEntry (for the status writer) and the allocation's errors;
-/// `None` when nothing was built.
-async fn rebuild(
-    model: Model,
-    errors: Vec<ConfigError>,
-    rejected: Vec<Rejected>,
-    live: &LiveState,
-    metrics: &Metrics,
-) -> Option<(Vec<status::Desired>, Vec<ConfigError>)> {
-    let loaded = errors.len();
-    let built = tokio::task::spawn_blocking(move || pipeline::build(&model, errors)).await;
-    let built = match built {
-        Ok(built) => built,
-        Err(join) => {
-            error!(error = %join, "building the snapshot panicked; the configuration in force stays");
-            metrics.config.reload(ReloadResult::Failed);
-            return None;
-        }
-    };
-    let desired = built
-        .resolution
-        .entries
-        .into_iter()
-        .map(|e| status::Desired {
-            namespace: e.namespace,
-            name: e.name,
-            conditions: e.conditions,
-        })
-        .collect();
-    let allocation = built.errors.get(loaded..).unwrap_or_default().to_vec();
-    pipeline::put_in_force(
-        live,
-        metrics,
-        "kubernetes API",
-        built.snapshot,
-        built.errors,
-        rejected,
-    )
-    .await;
-    Some((desired, allocation))
-}
-
-/// The snapshot in force with the Pods of `model`, off the async workers, then swapped in whole:
-/// no visibility, no services to build again.
-async fn patch(
-    previous: Arc<Snapshot>,
-    model: Model,
-    errors: Vec<ConfigError>,
-    rejected: Vec<Rejected>,
-    live: &LiveState,
-    metrics: &Metrics,
-) {
-    let built = tokio::task::spawn_blocking(move || previous.with_pods(&model)).await;
-    match built {
-        Ok(snapshot) => {
-            pipeline::put_in_force(live, metrics, "kubernetes API", snapshot, errors, rejected)
-                .await
-        }
-        Err(join) => {
-            error!(error = %join, "building the snapshot panicked; the configuration in force stays");
-            metrics.config.reload(ReloadResult::Failed);
-        }
-    }
 }
 
 /// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
