@@ -2,15 +2,29 @@
 //! Kubernetes API, the offline commands): resolve visibility, add what the address pool could not
 //! serve to the errors, build the snapshot; then put it in force, log it, count it and give the
 //! memory the old one held back to the system.
+//!
+//! A source that knows what changed (the Kubernetes API) may instead build the new snapshot from
+//! the one in force, keeping what the change cannot touch: [`with_services`] keeps the workloads,
+//! [`with_entries`] the workloads and every other entry's services (see `state`'s module docs for
+//! what each half reads).
+use std::{
+    collections::{BTreeSet, HashSet},
+    sync::Arc,
+};
+
 use tracing::{error, info, warn};
 
 use crate::{
-    config::{ConfigError, Model, Rejected},
+    config::{ConfigError, Model, Rejected, ServiceEntry},
     live::LiveState,
     metrics::{Metrics, ReloadResult},
     state::Snapshot,
-    visibility::{self, Resolved},
+    visibility::{self, Resolved, ResolvedEntry},
 };
+
+/// Above this many ServiceEntries changed at once, [`with_entries`] does not try: checking each
+/// one against its namespace would cost more than resolving every entry again.
+pub const MAX_ENTRIES_ALONE: usize = 64;
 
 /// A model resolved: each entry's visibility and addresses, and every error (the loader's, then
 /// the allocation's).
@@ -35,6 +49,58 @@ pub fn build(model: &Model, errors: Vec<ConfigError>) -> Built {
         resolution,
         errors,
     }
+}
+
+/// [`build`], the workloads kept from `previous`: for a change that touches none of what they read
+/// (see [`Snapshot::with_services`]).
+pub fn with_services(previous: &Snapshot, model: &Model, errors: Vec<ConfigError>) -> Built {
+    let (resolution, errors) = resolve(model, errors);
+    Built {
+        snapshot: previous.with_services(model, &resolution),
+        resolution,
+        errors,
+    }
+}
+
+/// `previous` with the services of the ServiceEntries `changed` (`(namespace, name)`) built again
+/// from `model`, and the resolution of those `model` holds (in `changed`'s order; a deleted entry
+/// has none). `before` is the entries `previous` was built from (sorted, as a model's are). `None`
+/// when an entry, in its version before or after, does not stand alone
+/// ([`visibility::stands_alone`]): then other entries' resolutions may change too and only a whole
+/// resolution tells. The workloads are kept: as for [`with_services`], the change must touch none
+/// of what they read.
+pub fn with_entries(
+    previous: &Snapshot,
+    before: &[Arc<ServiceEntry>],
+    model: &Model,
+    changed: &BTreeSet<(String, String)>,
+) -> Option<(Snapshot, Vec<ResolvedEntry>)> {
+    if changed.len() > MAX_ENTRIES_ALONE {
+        return None;
+    }
+    let find = |entries: &[Arc<ServiceEntry>], (ns, name): &(String, String)| {
+        let found =
+            entries.binary_search_by(|e| (&e.meta.namespace, &e.meta.name).cmp(&(ns, name)));
+        found.ok().map(|i| entries[i].clone())
+    };
+    let mut after = Vec::with_capacity(changed.len());
+    for key in changed {
+        let old = find(before, key);
+        let new = find(&model.service_entries, key);
+        let versions = old.iter().chain(new.iter());
+        if !versions.clone().all(|e| visibility::stands_alone(model, e)) {
+            return None;
+        }
+        after.extend(new);
+    }
+    let after: Vec<&ServiceEntry> = after.iter().map(|e| &**e).collect();
+    let resolved = visibility::resolve_alone(model, &visibility::Discovery::of(model), &after);
+    let keys: HashSet<(&str, &str)> = changed
+        .iter()
+        .map(|(ns, name)| (ns.as_str(), name.as_str()))
+        .collect();
+    let snapshot = previous.with_entries(model, &keys, &after, &resolved);
+    Some((snapshot, resolved))
 }
 
 /// Puts `snapshot` in force (swapped whole), with one log line per error and one for the load,
@@ -67,9 +133,16 @@ pub async fn put_in_force(
         );
         ReloadResult::Partial
     };
+    // Held until the new one counts as in force: the last holder lets go of it off the async
+    // workers (what it does not share with the new one may take milliseconds to free).
+    let replaced = live.snapshot_arc();
     live.apply(snapshot, errors, rejected);
     metrics.config.reload(result);
-    let _ = tokio::task::spawn_blocking(crate::live::release_free_memory).await;
+    let _ = tokio::task::spawn_blocking(move || {
+        drop(replaced);
+        crate::live::release_free_memory();
+    })
+    .await;
 }
 
 /// One line per error, naming file, object and field (each already bounded in length).

@@ -7,10 +7,14 @@
 //! is. With a node name, Pods are watched as this node's (clients) and the other nodes' (endpoints
 //! and workload addresses only): see `docs/inputs.md#watched-per-node`. A burst that changed only
 //! Pods that no selector picks (those of other nodes are the bulk of a big cluster's churn)
-//! changes no service: the snapshot keeps its services and builds only its workloads again. While
-//! the API server is away nothing changes: the state in force stays, and each watch retries on its
-//! own.
+//! changes no service: the snapshot keeps its services and builds only its workloads again. A
+//! burst that touched none of what the workloads read (no Pod, WorkloadEntry, Namespace or mesh
+//! config, and the same namespaces where a selector picks Pods) keeps the workloads and builds the
+//! services again; when it changed only a few ServiceEntries, each resolving on its own, only their
+//! services are built and resolved again ([`Reuse`]). While the API server is away nothing changes:
+//! the state in force stays, and each watch retries on its own.
 pub mod kinds;
+mod reuse;
 pub mod store;
 mod watch;
 
@@ -22,13 +26,14 @@ use tokio::{
     task::JoinHandle,
     time::Instant,
 };
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use kinds::Kind;
+use reuse::{InForce, Next, Reuse};
 pub use store::{Change, Changes, Store};
 
 use crate::{
-    config::{ConfigError, Model, Rejected},
+    config::{ConfigError, Model},
     live::{LiveState, now_rfc3339},
     metrics::{Metrics, ReloadResult},
     pipeline,
@@ -158,10 +163,11 @@ async fn follow(
     metrics: Arc<Metrics>,
     status: Option<latest::Sender<status::Inputs>>,
 ) {
+    // Each entry's conditions, kept only for a status writer.
     let mut desired = Arc::new(Vec::new());
-    // The allocation's errors of the last snapshot built whole, which a patch keeps; `None` until
-    // one is in force (the first is always built whole).
-    let mut allocation: Option<Vec<ConfigError>> = None;
+    // What the snapshot in force was built from; `None` until one is in force (the first is always
+    // built whole) and after a build that failed.
+    let mut in_force: Option<InForce> = None;
     // The status changes the writer was last told of.
     let mut told: Option<u64> = None;
     let mut next_not_ready_log = Instant::now() + NOT_READY_LOG;
@@ -199,26 +205,60 @@ async fn follow(
             false => Changes::default(),
         };
         if changes.any() {
+            let started = std::time::Instant::now();
+            let selecting = store.selecting_namespaces();
+            let reuse = Reuse::of(changes, &selecting, in_force.as_ref());
+            let selecting = selecting.into_iter().map(str::to_string).collect();
             let (model, errors, rejected) = store.model();
-            match &allocation {
-                // Only Pods that no selector picks: the services stay as they are.
-                Some(kept) if changes.only_pods(&store.selecting_namespaces()) => {
-                    let previous = live.snapshot_arc();
-                    let mut errors = errors;
-                    errors.extend(kept.iter().cloned());
-                    patch(previous, model, errors, rejected, &live, &metrics).await;
+            let modelled = started.elapsed();
+            let previous = live.snapshot_arc();
+            let before = in_force.take();
+            let built = tokio::task::spawn_blocking(move || {
+                let next = Next::build(reuse, &previous, before, &model, errors);
+                (next, model)
+            })
+            .await;
+            let (next, model) = match built {
+                Ok(built) => built,
+                Err(join) => {
+                    error!(error = %join, "building the snapshot panicked; the configuration in force stays");
+                    metrics.config.reload(ReloadResult::Failed);
+                    continue;
                 }
-                _ => {
-                    allocation = None;
-                    if let Some((conditions, errors)) =
-                        rebuild(model, errors, rejected, &live, &metrics).await
-                    {
-                        desired = Arc::new(conditions);
-                        allocation = Some(errors);
-                        rebuilt = true;
-                    }
-                }
+            };
+            debug!(
+                kept = next.kept,
+                model_ms = modelled.as_secs_f64() * 1e3,
+                build_ms = (started.elapsed() - modelled).as_secs_f64() * 1e3,
+                "snapshot built"
+            );
+            let Next {
+                snapshot,
+                errors,
+                allocation,
+                resolved,
+                ..
+            } = next;
+            pipeline::put_in_force(
+                &live,
+                &metrics,
+                "kubernetes API",
+                snapshot,
+                errors,
+                rejected,
+            )
+            .await;
+            rebuilt = resolved.changes_status();
+            if status.is_some() {
+                desired = resolved.desired(&desired);
             }
+            in_force = Some(InForce {
+                entries: model.service_entries.clone(),
+                selecting,
+                allocation,
+            });
+            // A model holds a pointer per Pod: freed off the async workers, after the change is in force.
+            drop(tokio::task::spawn_blocking(move || drop(model)));
         }
         if let Some(status) = &status
             && store.ready()
@@ -252,72 +292,6 @@ fn log_not_ready(store: &Store) {
     );
 }
 
-/// visibility -> snapshot, off the async workers, then swapped in whole. Returns the conditions
-/// the resolution gives each ServiceEntry (for the status writer) and the allocation's errors;
-/// `None` when nothing was built.
-async fn rebuild(
-    model: Model,
-    errors: Vec<ConfigError>,
-    rejected: Vec<Rejected>,
-    live: &LiveState,
-    metrics: &Metrics,
-) -> Option<(Vec<status::Desired>, Vec<ConfigError>)> {
-    let loaded = errors.len();
-    let built = tokio::task::spawn_blocking(move || pipeline::build(&model, errors)).await;
-    let built = match built {
-        Ok(built) => built,
-        Err(join) => {
-            error!(error = %join, "building the snapshot panicked; the configuration in force stays");
-            metrics.config.reload(ReloadResult::Failed);
-            return None;
-        }
-    };
-    let desired = built
-        .resolution
-        .entries
-        .into_iter()
-        .map(|e| status::Desired {
-            namespace: e.namespace,
-            name: e.name,
-            conditions: e.conditions,
-        })
-        .collect();
-    let allocation = built.errors.get(loaded..).unwrap_or_default().to_vec();
-    pipeline::put_in_force(
-        live,
-        metrics,
-        "kubernetes API",
-        built.snapshot,
-        built.errors,
-        rejected,
-    )
-    .await;
-    Some((desired, allocation))
-}
-
-/// The snapshot in force with the Pods of `model`, off the async workers, then swapped in whole:
-/// no visibility, no services to build again.
-async fn patch(
-    previous: Arc<Snapshot>,
-    model: Model,
-    errors: Vec<ConfigError>,
-    rejected: Vec<Rejected>,
-    live: &LiveState,
-    metrics: &Metrics,
-) {
-    let built = tokio::task::spawn_blocking(move || previous.with_pods(&model)).await;
-    match built {
-        Ok(snapshot) => {
-            pipeline::put_in_force(live, metrics, "kubernetes API", snapshot, errors, rejected)
-                .await
-        }
-        Err(join) => {
-            error!(error = %join, "building the snapshot panicked; the configuration in force stays");
-            metrics.config.reload(ReloadResult::Failed);
-        }
-    }
-}
-
 /// The same path a reload of files takes: resolve visibility, allocate, build the snapshot.
 pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigError>) {
     let built = pipeline::build(model, errors);
@@ -325,218 +299,4 @@ pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigEr
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::{Value, json};
-
-    use super::*;
-
-    fn entry(i: usize) -> Change {
-        let object = json!({
-            "metadata": {"name": format!("e{i}"), "namespace": "team-a"},
-            "spec": {"hosts": [format!("e{i}.example.com")], "addresses": [format!("203.0.113.{i}")]}
-        });
-        let converted = kinds::convert(Kind::ServiceEntry, "networking.istio.io/v1", object);
-        Change::Upsert(
-            Kind::ServiceEntry,
-            ("team-a".into(), format!("e{i}")),
-            Box::new(converted),
-        )
-    }
-
-    async fn settle() {
-        tokio::time::sleep(COALESCE * 3).await;
-    }
-
-    /// One change the property test makes.
-    #[derive(Debug, Clone)]
-    enum Op {
-        /// A Pod of another node added or changed: namespace, name, address, label.
-        Elsewhere(usize, usize, u8, usize),
-        GoneElsewhere(usize, usize),
-        /// A Pod of this node: namespace, name, address, label.
-        Here(usize, usize, u8, usize),
-        /// The entry picking `app: l0` Pods of `a` added (or deleted).
-        Selector(bool),
-    }
-
-    const NAMESPACES: [&str; 3] = ["a", "b", "c"];
-
-    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
-        use proptest::prelude::*;
-        prop_oneof![
-            6 => (0..3usize, 0..5usize, 0..8u8, 0..3usize).prop_map(|(n, p, ip, l)| Op::Elsewhere(n, p, ip, l)),
-            2 => (0..3usize, 0..5usize).prop_map(|(n, p)| Op::GoneElsewhere(n, p)),
-            2 => (0..3usize, 0..3usize, 0..8u8, 0..3usize).prop_map(|(n, p, ip, l)| Op::Here(n, p, ip, l)),
-            1 => any::<bool>().prop_map(Op::Selector),
-        ]
-    }
-
-    fn change(op: &Op) -> Change {
-        let pod = |ns: &str, name: String, ip: u8, node: &str, labels: Value| {
-            json!({"metadata": {"name": name, "namespace": ns, "labels": labels,
-                                "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1"},
-                   "spec": {"nodeName": node, "containers": [{"ports": [{"name": "http", "containerPort": 8080}]}]},
-                   "status": {"podIP": format!("10.0.0.{ip}")}})
-        };
-        match op {
-            Op::Elsewhere(n, p, ip, l) => {
-                let ns = NAMESPACES[*n];
-                let object = pod(
-                    ns,
-                    format!("p{p}"),
-                    *ip,
-                    "n2",
-                    json!({"app": format!("l{l}")}),
-                );
-                let converted = kinds::convert(Kind::PodElsewhere, "v1", object);
-                Change::Upsert(
-                    Kind::PodElsewhere,
-                    (ns.into(), format!("p{p}")),
-                    Box::new(converted),
-                )
-            }
-            Op::GoneElsewhere(n, p) => {
-                Change::Deleted(Kind::PodElsewhere, (NAMESPACES[*n].into(), format!("p{p}")))
-            }
-            Op::Here(n, p, ip, l) => {
-                let ns = NAMESPACES[*n];
-                let object = pod(
-                    ns,
-                    format!("h{p}"),
-                    *ip,
-                    "n1",
-                    json!({"app": format!("l{l}")}),
-                );
-                let converted = kinds::convert(Kind::Pod, "v1", object);
-                Change::Upsert(Kind::Pod, (ns.into(), format!("h{p}")), Box::new(converted))
-            }
-            Op::Selector(false) => Change::Deleted(Kind::ServiceEntry, ("a".into(), "sel".into())),
-            Op::Selector(true) => {
-                let object = json!({"metadata": {"name": "sel", "namespace": "a"},
-                    "spec": {"hosts": ["sel.example.com"], "addresses": ["203.0.113.9"],
-                             "ports": [{"number": 80, "name": "http", "protocol": "HTTP", "targetPort": 8080}],
-                             "resolution": "STATIC", "workloadSelector": {"labels": {"app": "l0"}}}});
-                let converted =
-                    kinds::convert(Kind::ServiceEntry, "networking.istio.io/v1", object);
-                Change::Upsert(
-                    Kind::ServiceEntry,
-                    ("a".into(), "sel".into()),
-                    Box::new(converted),
-                )
-            }
-        }
-    }
-
-    /// What a snapshot says: its dump, the addresses reached directly, and the decision for every
-    /// address the test uses, from every namespace and from none.
-    fn said(s: &Snapshot) -> (Value, Vec<std::net::IpAddr>, Vec<String>) {
-        let mut destinations: Vec<std::net::IpAddr> = s.workload_destinations().collect();
-        destinations.sort();
-        let mut decisions = Vec::new();
-        for to in (0..8)
-            .map(|i| format!("10.0.0.{i}"))
-            .chain(["203.0.113.9".to_string()])
-        {
-            for from in [None, Some("a"), Some("b")] {
-                let d =
-                    s.decide_outbound_with(from, to.parse().unwrap(), 80, crate::state::Pick::Peek);
-                let who = match d.action {
-                    crate::state::Outbound::Workload { workload, .. } => {
-                        format!("{}/{}", workload.namespace, workload.name)
-                    }
-                    _ => String::new(),
-                };
-                decisions.push(format!(
-                    "{to} {from:?} {:?} {who} {:?}",
-                    d.outcome(),
-                    d.target()
-                ));
-            }
-        }
-        let dump = serde_json::to_value(s.config_dump()).unwrap();
-        (dump, destinations, decisions)
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
-        #[test]
-        fn a_snapshot_patched_for_pods_says_what_one_built_whole_says(
-            ops in proptest::collection::vec(op(), 1..40)
-        ) {
-            let kinds = Kind::watched(true);
-            let mut store = Store::new(&kinds);
-            for &kind in &kinds {
-                store.apply(Change::Relist(kind), "t");
-                store.apply(Change::Listed(kind), "t");
-            }
-            store.take_changes();
-            let mut previous: Option<Snapshot> = None;
-            for op in &ops {
-                store.apply(change(op), "t");
-                let changes = store.take_changes();
-                if !changes.any() {
-                    continue;
-                }
-                let (model, errors, _) = store.model();
-                let whole = pipeline::build(&model, errors).snapshot;
-                let next = match previous {
-                    Some(p) if changes.only_pods(&store.selecting_namespaces()) => {
-                        p.with_pods(&model)
-                    }
-                    _ => pipeline::build(&model, Vec::new()).snapshot,
-                };
-                proptest::prop_assert_eq!(said(&next), said(&whole), "after {:?}", op);
-                previous = Some(next);
-            }
-        }
-    }
-
-    #[tokio::test]
-    async fn nothing_is_applied_before_every_watch_has_listed_and_a_burst_is_one_snapshot() {
-        let live = LiveState::new(Some("kubernetes API".into()));
-        let metrics = Arc::new(Metrics::default());
-        let (tx, rx) = mpsc::channel(4096);
-        let task = tokio::spawn(follow(rx, Store::default(), live.clone(), metrics, None));
-        for kind in Kind::ALL {
-            tx.send(Change::Relist(kind)).await.unwrap();
-        }
-        for i in 1..=10 {
-            tx.send(entry(i)).await.unwrap();
-        }
-        for kind in Kind::ALL.iter().filter(|k| **k != Kind::MeshConfig) {
-            tx.send(Change::Listed(*kind)).await.unwrap();
-        }
-        settle().await;
-        assert_eq!(
-            live.status_report().generation,
-            0,
-            "one watch has not listed"
-        );
-        assert!(!live.has_config());
-        tx.send(Change::Listed(Kind::MeshConfig)).await.unwrap();
-        settle().await;
-        assert_eq!(live.status_report().generation, 1);
-        assert_eq!(live.snapshot().services().count(), 10);
-
-        // Fifty changes at once: one more snapshot, holding all of them.
-        for i in 11..=60 {
-            tx.send(entry(i)).await.unwrap();
-        }
-        settle().await;
-        let status = live.status_report();
-        assert_eq!(status.generation, 2);
-        assert_eq!(live.snapshot().services().count(), 60);
-        assert_eq!(status.watches.len(), Kind::ALL.len());
-        // A failure changes no snapshot; it shows in the watch's state.
-        tx.send(Change::Failed(Kind::Pod, "connection refused".into()))
-            .await
-            .unwrap();
-        settle().await;
-        let status = live.status_report();
-        assert_eq!(status.generation, 2);
-        let pods = status.watches.iter().find(|w| w.kind == "Pod").unwrap();
-        assert_eq!(pods.last_error.as_deref(), Some("connection refused"));
-        drop(tx);
-        task.await.unwrap();
-    }
-}
+mod tests;

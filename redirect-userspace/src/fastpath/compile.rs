@@ -2,7 +2,7 @@
 //! service store, the winner for an unknown client and for each namespace owning a claimant, and
 //! writes an entry only where the kernel's answer would be exactly the proxy's.
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, hash_map::Entry},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, hash_map::Entry},
     net::IpAddr,
 };
 
@@ -117,6 +117,54 @@ pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
 /// Compiles `snapshot` into tables of at most `limits` entries; an endpoint host name with
 /// addresses in `hosts` is rewritten to them like an endpoint given by address.
 pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) -> (Tables, Stats) {
+    compile_reusing(snapshot, limits, hosts, None)
+}
+
+/// What [`compile_with`] gives `snapshot`, from what it gave the snapshot before (`compiled`, with
+/// the same limits, and the same host addresses when `same_hosts`): a snapshot that shares its
+/// services with that one ([`Snapshot::same_services`], a change to Pods alone) takes only its
+/// workload addresses again; one that shares its workloads ([`Snapshot::same_workloads`], a
+/// change to services alone) compiles only the services' entries.
+pub fn compile_after(
+    compiled: Option<(&Snapshot, &Tables, &Stats)>,
+    same_hosts: bool,
+    snapshot: &Snapshot,
+    limits: Limits,
+    hosts: &HostAddresses,
+) -> (Tables, Stats) {
+    match compiled {
+        Some((before, tables, stats)) if same_hosts && before.same_services(snapshot) => {
+            with_workloads(tables, stats, snapshot, limits)
+        }
+        Some((before, tables, stats)) if before.same_workloads(snapshot) => {
+            let workloads = Workloads::in_tables(tables, stats);
+            compile_reusing(snapshot, limits, hosts, workloads)
+        }
+        _ => compile_with(snapshot, limits, hosts),
+    }
+}
+
+/// [`compile_with`], the workload addresses taken from `workloads` when given: what the tables of a
+/// snapshot with the same workloads ([`Snapshot::same_workloads`]) and limits hold
+/// ([`Workloads::in_tables`]).
+fn compile_reusing(
+    snapshot: &Snapshot,
+    limits: Limits,
+    hosts: &HostAddresses,
+    workloads: Option<Workloads>,
+) -> (Tables, Stats) {
+    let (mut tables, mut stats) = compile_services(snapshot, limits, hosts);
+    if tables.config.proxy_everything == 0 {
+        workloads
+            .unwrap_or_else(|| Workloads::of(snapshot, limits))
+            .add_to(&mut tables, &mut stats);
+    }
+    (tables, stats)
+}
+
+/// The tables but for the workload addresses: the services' entries, from the snapshot's services
+/// alone (and the host addresses).
+fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) -> (Tables, Stats) {
     let services: Vec<&Service> = snapshot.services().collect();
     let mut exact = Claimants::new();
     let mut cidrs = Claimants::new();
@@ -231,11 +279,8 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
     }
 
     let Compiler {
-        mut tables,
-        mut stats,
-        ..
+        tables, mut stats, ..
     } = compiler;
-    add_workloads(&mut tables, &mut stats, snapshot, limits);
     stats.exact = tables.exact.len();
     stats.cidrs = tables.cidrs.len();
     stats.ports = tables.ports.len();
@@ -260,19 +305,57 @@ pub fn with_workloads(
     tables.config.workloads_incomplete = 0;
     stats.workloads = 0;
     stats.fallbacks.remove(&Fallback::WorkloadsFull);
-    add_workloads(&mut tables, &mut stats, snapshot, limits);
+    Workloads::of(snapshot, limits).add_to(&mut tables, &mut stats);
     (tables, stats)
 }
 
-/// Every address a workload is reached at, or none and a flag when they do not all fit.
-fn add_workloads(tables: &mut Tables, stats: &mut Stats, snapshot: &Snapshot, limits: Limits) {
-    let ips: BTreeSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
-    if ips.len() > limits.workloads {
-        tables.config.workloads_incomplete = 1;
-        stats.fell_back(Fallback::WorkloadsFull, ips.len());
-    } else {
-        stats.workloads = ips.len();
-        tables.workloads = ips.into_iter().collect();
+/// The workload addresses' entries of the tables. They read the snapshot's workloads alone (and
+/// the limit), nothing of its services.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Workloads {
+    /// Every address a workload is reached at; none when they do not all fit.
+    addresses: HashSet<IpKey>,
+    /// How many were left out (all of them) for want of room.
+    left_out: usize,
+}
+
+impl Workloads {
+    /// Every address a workload of `snapshot` is reached at, or none when they do not all fit.
+    fn of(snapshot: &Snapshot, limits: Limits) -> Self {
+        let ips: HashSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
+        match ips.len() > limits.workloads {
+            true => Workloads {
+                addresses: HashSet::new(),
+                left_out: ips.len(),
+            },
+            false => Workloads {
+                addresses: ips,
+                left_out: 0,
+            },
+        }
+    }
+
+    /// What compiled tables hold of the workloads; `None` when they hold no entry at all (the
+    /// shared entries did not fit), so none was worked out.
+    fn in_tables(tables: &Tables, stats: &Stats) -> Option<Self> {
+        (tables.config.proxy_everything == 0).then(|| Workloads {
+            addresses: tables.workloads.clone(),
+            left_out: stats
+                .fallbacks
+                .get(&Fallback::WorkloadsFull)
+                .copied()
+                .unwrap_or(0),
+        })
+    }
+
+    /// Into tables that hold no workload address yet.
+    fn add_to(self, tables: &mut Tables, stats: &mut Stats) {
+        if self.left_out > 0 {
+            tables.config.workloads_incomplete = 1;
+            stats.fell_back(Fallback::WorkloadsFull, self.left_out);
+        }
+        stats.workloads = self.addresses.len();
+        tables.workloads = self.addresses;
     }
 }
 

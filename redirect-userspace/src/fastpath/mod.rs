@@ -16,7 +16,9 @@ mod lpm;
 mod tables;
 mod upkeep;
 
-pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_with, with_workloads};
+pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_after};
+#[cfg(test)]
+pub use compile::{compile_with, with_workloads};
 pub use dump::{Dump, fallback_name};
 pub use kernel::{DecidedBy, decided_by};
 #[cfg(test)]

@@ -673,6 +673,46 @@ fn a_change_to_pods_alone_gives_the_tables_compiled_whole() {
     }
 }
 
+/// A change to services alone (the workloads shared) compiles the services' entries and keeps the
+/// workload addresses, and gives what compiling the new snapshot whole gives: with room for the
+/// workloads or without, with room for the shared entries or without (then the tables before
+/// worked out no workload address and the new ones must).
+#[test]
+fn a_change_to_services_alone_gives_the_tables_compiled_whole() {
+    let pods = "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ns-d}\nstatus: {podIP: 10.244.0.5}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: q, namespace: ns-d}\nstatus: {podIP: 10.244.0.6}\n";
+    let a = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}");
+    let b = static_entry("b", "ns-c", "203.0.113.11", "{address: 198.51.100.2}");
+    let c = static_entry("c", "pub-b", "203.0.113.12", "{address: 198.51.100.3}");
+    let load =
+        |yaml: String| load_sources([("w.yaml", format!("{HEADER}---\n{yaml}").as_str())]).unwrap();
+    let before = Snapshot::from_model(&load(a.clone() + pods));
+    let changed = load(a + &b + &c + pods);
+    let after = before.with_services(&changed, &crate::visibility::resolve(&changed));
+    assert!(after.same_workloads(&before) && !after.same_services(&before));
+    // The same workloads, no entry at all.
+    let back = after.with_services(
+        &load(String::new() + pods),
+        &crate::visibility::resolve(&load(String::new() + pods)),
+    );
+    for (exact, workloads) in [(65_536, 65_536), (65_536, 1), (1, 65_536), (2, 65_536)] {
+        let limits = Limits {
+            exact,
+            workloads,
+            ..Limits::default()
+        };
+        let none = HostAddresses::new();
+        // More entries, then none: the shared entries stop fitting, then fit again.
+        for (from, to) in [(&before, &after), (&after, &back)] {
+            let (tables, stats) = compile(from, limits);
+            let patched = compile_after(Some((from, &tables, &stats)), true, to, limits, &none);
+            let whole = compile(to, limits);
+            assert_eq!(patched, whole, "exact {exact}, workloads {workloads}");
+            let fits = to.services().count() <= exact && workloads >= 2;
+            assert_eq!(whole.0.workloads().len(), if fits { 2 } else { 0 });
+        }
+    }
+}
+
 #[test]
 fn full_port_table_sends_the_ports_left_out_to_the_proxy() {
     let objects = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")

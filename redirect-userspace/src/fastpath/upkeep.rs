@@ -1,10 +1,10 @@
 //! The fast path (the agent's default; off with `run --no-fast-path`): keeps the kernel's tables
 //! equal to the snapshot in force, the endpoint host names resolved ahead and the pods' cgroups on
-//! the node. A snapshot is compiled again when it or the fresh host addresses change (one that
-//! changed only Pods, its services shared, keeps the services' entries: only its workload addresses
-//! are taken again); the client
-//! table (cgroup -> namespace) is redone whenever the cgroups change. Every change goes in as a
-//! whole new generation.
+//! the node. A snapshot is compiled again when it or the fresh host addresses change: one that
+//! changed only Pods (its services shared) keeps the services' entries and takes only its workload
+//! addresses again; one that changed only services (its workloads shared) keeps the workload
+//! addresses. The client table (cgroup -> namespace) is redone whenever the cgroups change. Every
+//! change goes in as a whole new generation.
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
@@ -131,13 +131,9 @@ impl FastPath {
             state.pods = pods;
         }
         if new_snapshot || new_hosts {
-            let (tables, stats) = match &state.compiled {
-                // Only Pods changed: the services' entries stay, the workload addresses are new.
-                Some((before, tables, stats)) if !new_hosts && before.same_services(&snapshot) => {
-                    fastpath::with_workloads(tables, stats, &snapshot, Limits::kernel())
-                }
-                _ => fastpath::compile_with(&snapshot, Limits::kernel(), &hosts),
-            };
+            let compiled = state.compiled.as_ref().map(|(s, t, st)| (&**s, t, st));
+            let (tables, stats) =
+                fastpath::compile_after(compiled, !new_hosts, &snapshot, Limits::kernel(), &hosts);
             state.compiled = Some((snapshot.clone(), tables, stats));
             state.hosts = hosts;
         }

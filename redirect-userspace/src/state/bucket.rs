@@ -1,4 +1,6 @@
 //! The claimants of one key (an address, a CIDR, a host name) and the ranking rule over them.
+use std::sync::Arc;
+
 use super::service::{Service, ServiceVisibility};
 
 /// Buckets up to this size are scanned; larger ones (a host name many namespaces define for
@@ -36,7 +38,7 @@ impl Bucket {
         self.members.push(service);
     }
 
-    pub fn seal(&mut self, services: &[Service]) {
+    pub fn seal(&mut self, services: &[Arc<Service>]) {
         if self.members.len() <= SCAN {
             return;
         }
@@ -74,11 +76,11 @@ impl Bucket {
     /// The ranking rule: a claimant in the client's own namespace first, then the best-ranked
     /// PUBLIC one (a Kubernetes Service, then the oldest, then `namespace/name`); NAMESPACE
     /// claimants of other namespaces are skipped, as if they did not exist.
-    pub fn choose<'a>(&self, services: &'a [Service], client_ns: Option<&str>) -> Choice<'a> {
+    pub fn choose<'a>(&self, services: &'a [Arc<Service>], client_ns: Option<&str>) -> Choice<'a> {
         let Some(index) = &self.index else {
             let mut choice = Choice::default();
             for &i in &self.members {
-                let svc = &services[i as usize];
+                let svc = &*services[i as usize];
                 if client_ns == Some(svc.namespace.as_str()) {
                     return Choice {
                         service: Some(svc),
@@ -98,17 +100,17 @@ impl Bucket {
             && let Ok(p) = index.by_namespace.binary_search_by(|(k, _)| (**k).cmp(ns))
         {
             return Choice {
-                service: Some(&services[index.by_namespace[p].1 as usize]),
+                service: Some(&*services[index.by_namespace[p].1 as usize]),
                 hidden: None,
             };
         }
         Choice {
-            service: index.first_public.map(|i| &services[i as usize]),
+            service: index.first_public.map(|i| &*services[i as usize]),
             hidden: index
                 .first_scoped
                 .iter()
                 .flatten()
-                .map(|&i| &services[i as usize])
+                .map(|&i| &*services[i as usize])
                 .find(|s| client_ns != Some(s.namespace.as_str())),
         }
     }
@@ -149,7 +151,7 @@ mod tests {
         /// A large bucket's index gives exactly what scanning it gives, for every client.
         #[test]
         fn index_agrees_with_scan(members in proptest::collection::vec((0..6usize, any::<bool>()), 0..30)) {
-            let services: Vec<Service> = members.iter().enumerate().map(|(i, (ns, p))| service(i, *ns, *p)).collect();
+            let services: Vec<Arc<Service>> = members.iter().enumerate().map(|(i, (ns, p))| Arc::new(service(i, *ns, *p))).collect();
             let mut scanned = Bucket::default();
             let mut indexed = Bucket::default();
             for i in 0..services.len() as u32 {

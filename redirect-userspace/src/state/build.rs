@@ -3,7 +3,7 @@
 use std::{
     collections::{HashMap, HashSet},
     net::IpAddr,
-    sync::atomic::AtomicUsize,
+    sync::{Arc, atomic::AtomicUsize},
 };
 
 use super::service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility};
@@ -12,12 +12,33 @@ use crate::{
         Address, EndpointAddress, EndpointSlice, Host, Model, Resolution, ServiceEntry,
         ServiceEntryPort, ServicePort, TargetPort, Visibility, Workload, selects,
     },
-    visibility::ResolvedEntry,
+    visibility::{Discovery, ResolvedEntry},
 };
 
-pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) -> Vec<Service> {
-    let mut out = Vec::with_capacity(model.service_entries.len() + model.services.len());
-    for (entry, resolved) in model.service_entries.iter().zip(&resolution.entries) {
+/// Every service of `model`, in rank order.
+pub(crate) fn services(
+    model: &Model,
+    resolution: &crate::visibility::Resolved,
+) -> Vec<Arc<Service>> {
+    let entries = model.service_entries.iter().map(|e| &**e);
+    let mut out = entry_services(model, entries.zip(&resolution.entries));
+    out.extend(kube_services(model, &resolution.discovery));
+    sort(&mut out);
+    out
+}
+
+/// Services in rank order.
+pub(crate) fn sort(services: &mut [Arc<Service>]) {
+    services.sort_by(|a, b| a.rank_key().cmp(&b.rank_key()));
+}
+
+/// The services of these ServiceEntries, each with its resolution: one per published host.
+pub(crate) fn entry_services<'a>(
+    model: &Model,
+    entries: impl IntoIterator<Item = (&'a ServiceEntry, &'a ResolvedEntry)>,
+) -> Vec<Arc<Service>> {
+    let mut out = Vec::new();
+    for (entry, resolved) in entries {
         let visibility = match resolved.visibility {
             Visibility::None => continue,
             Visibility::Public => ServiceVisibility::Public,
@@ -26,12 +47,18 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
         for host in &entry.hosts {
             let hostname = host.to_string();
             if resolved.publishes(&hostname) {
-                out.push(from_service_entry(
+                out.push(Arc::new(from_service_entry(
                     model, entry, resolved, host, hostname, visibility,
-                ));
+                )));
             }
         }
     }
+    out
+}
+
+/// The services of the Kubernetes Services of the namespaces `discovery` sees.
+pub(crate) fn kube_services(model: &Model, discovery: &Discovery) -> Vec<Arc<Service>> {
+    let mut out = Vec::with_capacity(model.services.len());
     // The EndpointSlices of each Service: when it has any, they say its endpoints, not its selector.
     let mut slices: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
     for slice in &model.endpoint_slices {
@@ -42,7 +69,6 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
                 .push(slice);
         }
     }
-    let discovery = &resolution.discovery;
     for svc in model
         .services
         .iter()
@@ -89,7 +115,7 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
             })
             .collect();
         let (vips_v4, vips_v6) = split_ips(svc.cluster_ips.iter().copied());
-        out.push(Service {
+        out.push(Arc::new(Service {
             name: svc.meta.name.clone(),
             namespace: svc.meta.namespace.clone(),
             hostname: svc.hostname(&model.cluster_domain),
@@ -103,9 +129,8 @@ pub(crate) fn services(model: &Model, resolution: &crate::visibility::Resolved) 
             waypoint: None,
             created: svc.meta.creation_timestamp,
             next_endpoint: AtomicUsize::new(0),
-        });
+        }));
     }
-    out.sort_by(|a, b| a.rank_key().cmp(&b.rank_key()));
     out
 }
 

@@ -3,6 +3,23 @@
 //!
 //! A [`Snapshot`] is built once per configuration and never changes (but for round-robin counters);
 //! hold it in an `Arc` and swap the whole `Arc` on reload. NONE entries never enter it.
+//!
+//! A snapshot has two halves that read different parts of the model, so a change to one part
+//! builds one half again and shares the other with the snapshot before (`Arc`):
+//! - **the workloads** (clients by IP, workload addresses): the Pods of this node, the
+//!   WorkloadEntries, the other nodes' Pods (those a selector of their namespace may pick held as
+//!   workloads, the rest as addresses only), and which namespaces are discovered (the Namespaces'
+//!   labels, the mesh config's `discoverySelectors`). Nothing of a ServiceEntry, Service or
+//!   EndpointSlice, but through the namespaces where a selector picks Pods;
+//! - **the services**: the ServiceEntries and their resolution (visibility, addresses, shadowing),
+//!   the Services and EndpointSlices, and the workloads a selector picks as endpoints.
+//!
+//! [`Snapshot::with_pods`] keeps the services (a change to Pods no selector picks);
+//! [`Snapshot::with_services`] keeps the workloads (a change that touches none of what they read);
+//! [`Snapshot::with_entries`] keeps the workloads and every service but those of a few
+//! ServiceEntries, each resolved on its own (`visibility::stands_alone`). Each gives what
+//! [`Snapshot::build`] gives the same model; the property test of `cluster` holds them to it. A
+//! service kept is the same object, its round-robin position included.
 mod bucket;
 mod build;
 mod dns;
@@ -12,7 +29,7 @@ mod service;
 mod store;
 mod workload;
 
-use std::{net::IpAddr, sync::Arc};
+use std::{collections::HashSet, net::IpAddr, sync::Arc};
 
 pub use dns::DnsDecision;
 #[cfg(test)]
@@ -21,23 +38,30 @@ pub use dump::ConfigDump;
 pub use outbound::{
     NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason, Pick,
 };
-#[cfg(test)]
-pub use service::ServiceKind;
-pub use service::{Port, Service, ServiceVisibility, Target};
+pub use service::{Port, Service, ServiceKind, ServiceVisibility, Target};
 pub use workload::WorkloadName;
 
 use crate::{
-    config::{DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, VisibilityConfig, Workload},
-    visibility::{self, Resolved},
+    config::{
+        DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, ServiceEntry, VisibilityConfig, Workload,
+    },
+    visibility::{self, Resolved, ResolvedEntry},
 };
 use store::ServiceStore;
 use workload::WorkloadStore;
+
+/// Every service of `model`, indexed.
+fn services(model: &Model, resolution: &Resolved) -> Arc<ServiceStore> {
+    Arc::new(ServiceStore::new(build::services(model, resolution)))
+}
 
 #[derive(Debug)]
 pub struct Snapshot {
     /// Shared with the snapshot a change to Pods alone was built from (see [`Snapshot::with_pods`]).
     services: Arc<ServiceStore>,
-    workloads: WorkloadStore,
+    /// Shared with the snapshot a change to services alone was built from (see
+    /// [`Snapshot::with_services`]).
+    workloads: Arc<WorkloadStore>,
     cluster_domain: String,
     /// The visibility configuration in force, for dumps.
     visibility: Option<VisibilityConfig>,
@@ -50,7 +74,7 @@ impl Default for Snapshot {
     fn default() -> Self {
         Snapshot {
             services: Arc::default(),
-            workloads: WorkloadStore::default(),
+            workloads: Arc::default(),
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_string(),
             visibility: None,
             discovery_selectors: Vec::new(),
@@ -66,17 +90,12 @@ impl Snapshot {
 
     /// Builds the state from a model and its resolution (`visibility::resolve(model)`).
     pub fn build(model: &Model, resolution: &Resolved) -> Self {
-        Snapshot {
-            services: Arc::new(ServiceStore::new(build::services(model, resolution))),
-            workloads: WorkloadStore::new(
-                model.workloads.clone(),
-                model.pods_elsewhere.clone(),
-                &resolution.discovery,
-            ),
-            cluster_domain: model.cluster_domain.clone(),
-            visibility: model.mesh.service_entry_visibility.clone(),
-            discovery_selectors: model.mesh.discovery_selectors.clone(),
-        }
+        let workloads = WorkloadStore::new(
+            model.workloads.clone(),
+            model.pods_elsewhere.clone(),
+            &resolution.discovery,
+        );
+        Self::of(model, services(model, resolution), Arc::new(workloads))
     }
 
     /// This snapshot's services with the workloads `model` holds: for a change to Pods alone, none
@@ -84,13 +103,61 @@ impl Snapshot {
     /// `model`'s, as [`Snapshot::build`] would make it.
     pub fn with_pods(&self, model: &Model) -> Self {
         let discovery = visibility::Discovery::of(model);
+        let workloads = WorkloadStore::new(
+            model.workloads.clone(),
+            model.pods_elsewhere.clone(),
+            &discovery,
+        );
+        Self::of(model, self.services.clone(), Arc::new(workloads))
+    }
+
+    /// This snapshot's workloads with the services of `model` and its resolution: for a change that
+    /// touches no Pod, WorkloadEntry, Namespace or mesh config and leaves the namespaces where a
+    /// selector picks Pods as they were (the workloads read nothing else, see the module docs).
+    pub fn with_services(&self, model: &Model, resolution: &Resolved) -> Self {
+        Self::of(model, services(model, resolution), self.workloads.clone())
+    }
+
+    /// This snapshot's workloads, and its services but those of the ServiceEntries `changed`
+    /// (`(namespace, name)`): theirs are built from `entries`, the versions of `model` (a deleted one
+    /// is missing), each with its resolution in `resolved`. For a change to these entries alone,
+    /// each of them standing alone in both versions (`visibility::stands_alone`): then no other
+    /// entry's resolution, so no other service, changes. As [`Snapshot::with_services`], the
+    /// workloads must read nothing that changed.
+    pub fn with_entries(
+        &self,
+        model: &Model,
+        changed: &HashSet<(&str, &str)>,
+        entries: &[&ServiceEntry],
+        resolved: &[ResolvedEntry],
+    ) -> Self {
+        let mut fresh = build::entry_services(model, entries.iter().copied().zip(resolved));
+        build::sort(&mut fresh);
+        let kept = self.services.services.iter().filter(|s| {
+            s.kind != ServiceKind::ServiceEntry
+                || !changed.contains(&(s.namespace.as_str(), s.name.as_str()))
+        });
+        // Both in rank order: merged, not sorted again.
+        let mut merged = Vec::with_capacity(self.services.services.len() + fresh.len());
+        let mut fresh = fresh.into_iter().peekable();
+        for kept in kept {
+            while let Some(next) = fresh.next_if(|f| f.rank_key() < kept.rank_key()) {
+                merged.push(next);
+            }
+            merged.push(kept.clone());
+        }
+        merged.extend(fresh);
+        Self::of(
+            model,
+            Arc::new(ServiceStore::new(merged)),
+            self.workloads.clone(),
+        )
+    }
+
+    fn of(model: &Model, services: Arc<ServiceStore>, workloads: Arc<WorkloadStore>) -> Self {
         Snapshot {
-            services: self.services.clone(),
-            workloads: WorkloadStore::new(
-                model.workloads.clone(),
-                model.pods_elsewhere.clone(),
-                &discovery,
-            ),
+            services,
+            workloads,
             cluster_domain: model.cluster_domain.clone(),
             visibility: model.mesh.service_entry_visibility.clone(),
             discovery_selectors: model.mesh.discovery_selectors.clone(),
@@ -100,6 +167,12 @@ impl Snapshot {
     /// Whether `other` holds these very services (shared, as [`Snapshot::with_pods`] leaves them).
     pub fn same_services(&self, other: &Snapshot) -> bool {
         Arc::ptr_eq(&self.services, &other.services)
+    }
+
+    /// Whether `other` holds these very workloads (shared, as [`Snapshot::with_services`] and
+    /// [`Snapshot::with_entries`] leave them).
+    pub fn same_workloads(&self, other: &Snapshot) -> bool {
+        Arc::ptr_eq(&self.workloads, &other.workloads)
     }
 
     /// The client behind a connection's peer IP; `None` (unknown: PUBLIC services only) when no
@@ -120,7 +193,7 @@ impl Snapshot {
 
     /// Every service in rank order.
     pub fn services(&self) -> impl Iterator<Item = &Service> {
-        self.services.services.iter()
+        self.services.services.iter().map(|s| &**s)
     }
 
     /// Every workload, clients of undiscovered namespaces included.

@@ -1,5 +1,5 @@
 //! The service store: services in rank order, and the indexes lookups use.
-use std::{collections::HashMap, net::IpAddr};
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 
@@ -10,8 +10,9 @@ use super::{
 
 #[derive(Debug, Default)]
 pub(crate) struct ServiceStore {
-    /// Sorted by [`Service::rank_key`].
-    pub services: Vec<Service>,
+    /// Sorted by [`Service::rank_key`]; each shared with the snapshots that kept it (see
+    /// `Snapshot::with_entries`).
+    pub services: Vec<Arc<Service>>,
     /// Exact addresses (VIPs, declared or allocated): the first step of an outbound lookup.
     by_vip: HashMap<IpAddr, Bucket>,
     /// CIDR addresses: the second step, longest prefix first.
@@ -56,7 +57,7 @@ fn mask_v6(ip: u128, len: u8) -> u128 {
 }
 
 impl ServiceStore {
-    pub fn new(services: Vec<Service>) -> Self {
+    pub fn new(services: Vec<Arc<Service>>) -> Self {
         // Sized once (about one address and one name per service): no rehash on the way.
         let mut store = ServiceStore {
             by_vip: HashMap::with_capacity(services.len()),

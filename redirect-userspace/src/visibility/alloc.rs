@@ -176,15 +176,12 @@ impl Taken {
             v4: FreeSlots::new(),
             v6: HashSet::new(),
         };
-        for ip in ips {
+        for ip in ips.into_iter().filter(|ip| in_pool(*ip)) {
             match ip {
-                IpAddr::V4(ip) if V4_RANGE.contains(&ip) => {
-                    taken.v4.take(v4_offset(ip));
-                }
-                IpAddr::V6(ip) if V6_RANGE.contains(&ip) => {
+                IpAddr::V4(ip) => taken.v4.take(v4_offset(ip)),
+                IpAddr::V6(ip) => {
                     taken.v6.insert(ip);
                 }
-                _ => {}
             }
         }
         taken
@@ -205,6 +202,27 @@ impl Taken {
             .map(|offset| Ipv6Addr::from(base | offset))
             .find(|&ip| self.v6.insert(ip))
     }
+}
+
+/// Whether a declared (or Istio-allocated) address takes a slot of the pools.
+fn in_pool(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(ip) => V4_RANGE.contains(&ip),
+        IpAddr::V6(ip) => V6_RANGE.contains(&ip),
+    }
+}
+
+/// Whether the pools' allocations, every entry's, owe nothing to `entry`: it needs no address of
+/// its own and takes no slot from the pools (no declared address nor `status.addresses` in them).
+/// A change to such an entry alone moves no other entry's allocated address.
+pub(super) fn outside_pools(entry: &ServiceEntry) -> bool {
+    let declared = entry.addresses.iter().filter_map(|a| match a {
+        Address::Ip(ip) => Some(*ip),
+        // A declared CIDR takes nothing from the pool (see the module comment).
+        Address::Cidr(_) => None,
+    });
+    let given = entry.status_addresses.iter().map(|a| a.ip);
+    !needs_allocation(entry) && !declared.chain(given).any(in_pool)
 }
 
 fn v4_offset(ip: Ipv4Addr) -> usize {

@@ -22,7 +22,7 @@ pub use policy::visibility_for;
 pub use publish::Shadowed;
 
 pub use crate::config::Visibility;
-use crate::config::{Address, ConfigError, Model, WaypointRef};
+use crate::config::{Address, ConfigError, Model, ServiceEntry, WaypointRef};
 
 /// What [`resolve`] gives: the visibility of every ServiceEntry of a model (not to be confused with
 /// a ServiceEntry's `resolution`, [`crate::config::Resolution`]), indexed like `model.service_entries`.
@@ -77,9 +77,7 @@ impl ResolvedEntry {
 
 /// Resolves every ServiceEntry of `model`, NONE ones included.
 pub fn resolve(model: &Model) -> Resolved {
-    let config = model.mesh.service_entry_visibility.as_ref();
-    let cap = config.is_some_and(|c| c.apply_to_sidecars);
-    let discovery = Discovery::of(model);
+    let settings = Settings::of(model);
     // Entries are sorted by namespace: the policies are matched once per namespace.
     let mut current: Option<(&str, Visibility, Option<usize>)> = None;
     let policies: Vec<(Visibility, Option<usize>)> = model
@@ -90,7 +88,7 @@ pub fn resolve(model: &Model) -> Resolved {
             match current {
                 Some((name, visibility, matched)) if name == ns => (visibility, matched),
                 _ => {
-                    let (visibility, matched) = visibility_for(config, &model.namespace_labels(ns));
+                    let (visibility, matched) = settings.policy(model, ns);
                     current = Some((ns, visibility, matched));
                     (visibility, matched)
                 }
@@ -98,63 +96,137 @@ pub fn resolve(model: &Model) -> Resolved {
         })
         .collect();
     let visibilities: Vec<Visibility> = policies.iter().map(|(v, _)| *v).collect();
-    let mut shadowed = publish::shadowed(model, &visibilities, &discovery).into_iter();
-    let mut allocations = allocate(model, &discovery).into_iter();
+    let mut shadowed = publish::shadowed(model, &visibilities, &settings.discovery).into_iter();
+    let mut allocations = allocate(model, &settings.discovery).into_iter();
     let entries = model
         .service_entries
         .iter()
         .zip(policies)
-        .map(|(entry, (visibility, matched_policy))| {
-            let ns = &entry.meta.namespace;
-            let discovered = discovery.sees(ns);
+        .map(|(entry, policy)| {
             let shadowed = shadowed.next().unwrap_or_default();
             let allocated = allocations.next().unwrap_or_default();
-            // Delivered to no proxy: NONE, not discovered, or every host held by another definition.
-            let published =
-                discovered && visibility != Visibility::None && shadowed.len() < entry.hosts.len();
-            let (mut conditions, waypoint) = if published {
-                let labels = model.namespace_labels(ns);
-                conditions(entry, &labels, visibility, config.is_some())
-            } else {
-                (Vec::new(), None)
-            };
-            if let Some(missing) = allocated.iter().find(|a| a.v4.is_none())
-                && published
-            {
-                conditions.push(Condition {
-                    type_: ADDRESS_ALLOCATED,
-                    status: ConditionStatus::False,
-                    reason: ADDRESS_POOL_EXHAUSTED,
-                    message: format!(
-                        "no IPv4 address left in {V4_RANGE} for {}; declare spec.addresses",
-                        missing.host
-                    ),
-                });
-            }
-            ResolvedEntry {
-                namespace: ns.clone(),
-                name: entry.meta.name.clone(),
-                visibility,
-                matched_policy,
-                conditions,
-                sidecar_export_to: sidecar_export_to(
-                    entry.export_to.as_deref(),
-                    model.mesh.default_service_export_to.as_deref(),
-                    ns,
-                    visibility,
-                    cap,
-                ),
-                allocated,
-                waypoint,
-                discovered,
-                shadowed,
-            }
+            settings.entry(model, entry, policy, shadowed, allocated)
         })
         .collect();
     Resolved {
         entries,
-        configured: config.is_some(),
-        discovery,
+        configured: settings.config.is_some(),
+        discovery: settings.discovery,
+    }
+}
+
+/// Whether `entry` resolves on its own: nothing of its resolution comes from another entry of
+/// `model`, and nothing of another's from it. Two things tie entries together, and such an entry
+/// has neither: the address pools (it needs no allocated address and takes no slot from them) and
+/// "one namespace, one host" (no host of its is declared twice in its namespace). Asked of both
+/// versions of a changed entry (the one `model` holds under its name is skipped), a yes says the
+/// change leaves every other entry's resolution as it was.
+pub fn stands_alone(model: &Model, entry: &ServiceEntry) -> bool {
+    alloc::outside_pools(entry) && publish::alone_in_namespace(model, entry)
+}
+
+/// What [`resolve`] gives `entries` of `model`, each of which [`stands_alone`] (so none is
+/// shadowed, none has an allocation); `discovery` is the model's.
+pub fn resolve_alone(
+    model: &Model,
+    discovery: &Discovery,
+    entries: &[&ServiceEntry],
+) -> Vec<ResolvedEntry> {
+    let settings = Settings {
+        discovery: discovery.clone(),
+        ..Settings::of_mesh(model)
+    };
+    entries
+        .iter()
+        .map(|entry| {
+            let policy = settings.policy(model, &entry.meta.namespace);
+            settings.entry(model, entry, policy, Vec::new(), Vec::new())
+        })
+        .collect()
+}
+
+/// What every entry's resolution reads of the mesh.
+struct Settings<'m> {
+    config: Option<&'m crate::config::VisibilityConfig>,
+    /// Whether the visibility caps the sidecars' `exportTo`.
+    cap: bool,
+    discovery: Discovery,
+}
+
+impl<'m> Settings<'m> {
+    fn of(model: &'m Model) -> Self {
+        Settings {
+            discovery: Discovery::of(model),
+            ..Settings::of_mesh(model)
+        }
+    }
+
+    fn of_mesh(model: &'m Model) -> Self {
+        let config = model.mesh.service_entry_visibility.as_ref();
+        Settings {
+            config,
+            cap: config.is_some_and(|c| c.apply_to_sidecars),
+            discovery: Discovery::default(),
+        }
+    }
+
+    /// The visibility of a namespace's entries, and the policy that gave it.
+    fn policy(&self, model: &Model, ns: &str) -> (Visibility, Option<usize>) {
+        visibility_for(self.config, &model.namespace_labels(ns))
+    }
+
+    /// One entry's resolution, given its namespace's policy, its hosts another definition holds and
+    /// its allocations.
+    fn entry(
+        &self,
+        model: &Model,
+        entry: &ServiceEntry,
+        (visibility, matched_policy): (Visibility, Option<usize>),
+        shadowed: Vec<Shadowed>,
+        allocated: Vec<Allocation>,
+    ) -> ResolvedEntry {
+        let ns = &entry.meta.namespace;
+        let discovered = self.discovery.sees(ns);
+        // Delivered to no proxy: NONE, not discovered, or every host held by another definition.
+        let published =
+            discovered && visibility != Visibility::None && shadowed.len() < entry.hosts.len();
+        let (mut conditions, waypoint) = if published {
+            let labels = model.namespace_labels(ns);
+            conditions(entry, &labels, visibility, self.config.is_some())
+        } else {
+            (Vec::new(), None)
+        };
+        if let Some(missing) = allocated.iter().find(|a| a.v4.is_none())
+            && published
+        {
+            conditions.push(Condition {
+                type_: ADDRESS_ALLOCATED,
+                status: ConditionStatus::False,
+                reason: ADDRESS_POOL_EXHAUSTED,
+                message: format!(
+                    "no IPv4 address left in {V4_RANGE} for {}; declare spec.addresses",
+                    missing.host
+                ),
+            });
+        }
+        ResolvedEntry {
+            namespace: ns.clone(),
+            name: entry.meta.name.clone(),
+            visibility,
+            matched_policy,
+            conditions,
+            sidecar_export_to: sidecar_export_to(
+                entry.export_to.as_deref(),
+                model.mesh.default_service_export_to.as_deref(),
+                ns,
+                visibility,
+                self.cap,
+            ),
+            allocated,
+            waypoint,
+            discovered,
+            shadowed,
+        }
     }
 }
 
