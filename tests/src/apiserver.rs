@@ -68,7 +68,7 @@ struct State {
     /// The last resourceVersion given out.
     rv: u64,
     /// Objects by kind (`group`, `plural`: stored once whatever version is asked), then key.
-    objects: BTreeMap<(String, String), BTreeMap<Key, Value>>,
+    objects: BTreeMap<(String, String), BTreeMap<Key, Arc<Stored>>>,
     /// Every change, for watches that resume: (rv, group, plural, type, object).
     history: Vec<Event>,
     /// Watches asking for a version older than this get 410 Gone.
@@ -88,15 +88,110 @@ struct Event {
     group: String,
     plural: String,
     kind: &'static str,
-    before: Option<Value>,
-    object: Value,
+    before: Option<Arc<Stored>>,
+    object: Arc<Stored>,
+}
+
+/// An object as stored: its JSON, its text as served (written once, as the API server's watch
+/// cache keeps it: a list or a watch event copies bytes instead of writing the object again) and
+/// the fields a selection reads.
+struct Stored {
+    value: Value,
+    /// The object's JSON text without `apiVersion`, which is the version asked ([`Stored::at`]).
+    text: Bytes,
+    fields: Fields,
+}
+
+/// What a field selector or a namespace reads of an object: a field it does not have (or that
+/// is not a string) is `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Fields {
+    name: Option<String>,
+    namespace: Option<String>,
+    node_name: Option<String>,
+}
+
+impl Fields {
+    fn of(object: &Value) -> Fields {
+        let text = |value: &Value| value.as_str().map(str::to_string);
+        Fields {
+            name: text(&object["metadata"]["name"]),
+            namespace: text(&object["metadata"]["namespace"]),
+            node_name: text(&object["spec"]["nodeName"]),
+        }
+    }
+
+    fn get(&self, field: Field) -> Option<&str> {
+        match field {
+            Field::Name => self.name.as_deref(),
+            Field::Namespace => self.namespace.as_deref(),
+            Field::NodeName => self.node_name.as_deref(),
+        }
+    }
+}
+
+impl Stored {
+    fn new(value: Value) -> Stored {
+        let text = match &value {
+            Value::Object(fields) => serde_json::to_vec(&WithoutApiVersion(fields)),
+            other => serde_json::to_vec(other),
+        };
+        Stored {
+            // Writing a JSON value to memory does not fail (its keys are strings).
+            text: Bytes::from(text.unwrap_or_default()),
+            fields: Fields::of(&value),
+            value,
+        }
+    }
+
+    /// The object's text as served at `api_version`: `apiVersion` first, then the stored text.
+    fn at(&self, api_version: &str, out: &mut Vec<u8>) {
+        let Some(rest) = self.text.strip_prefix(b"{") else {
+            out.extend_from_slice(&self.text);
+            return;
+        };
+        out.extend_from_slice(b"{\"apiVersion\":");
+        out.extend_from_slice(Value::from(api_version).to_string().as_bytes());
+        if rest != b"}" {
+            out.push(b',');
+        }
+        out.extend_from_slice(rest);
+    }
+
+    fn served(&self, api_version: &str) -> Bytes {
+        let mut out = Vec::with_capacity(self.text.len() + 64);
+        self.at(api_version, &mut out);
+        Bytes::from(out)
+    }
+}
+
+/// An object's fields but `apiVersion`, written as the object itself would be.
+struct WithoutApiVersion<'a>(&'a serde_json::Map<String, Value>);
+
+impl serde::Serialize for WithoutApiVersion<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(None)?;
+        for (key, value) in self.0.iter().filter(|(k, _)| *k != "apiVersion") {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
 }
 
 /// A `fieldSelector`: every term must hold.
 #[derive(Debug, Clone, Default)]
 struct FieldSelector {
-    /// (JSON pointer, must equal (else must differ), value).
-    terms: Vec<(&'static str, bool, String)>,
+    /// (field, must equal (else must differ), value).
+    terms: Vec<(Field, bool, String)>,
+}
+
+/// A field a selector may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Name,
+    Namespace,
+    NodeName,
 }
 
 impl FieldSelector {
@@ -112,24 +207,21 @@ impl FieldSelector {
                 let (f, v) = term.split_once('=')?;
                 (f, true, v)
             };
-            let pointer = match field {
-                "metadata.name" => "/metadata/name",
-                "metadata.namespace" => "/metadata/namespace",
-                "spec.nodeName" => "/spec/nodeName",
+            let field = match field {
+                "metadata.name" => Field::Name,
+                "metadata.namespace" => Field::Namespace,
+                "spec.nodeName" => Field::NodeName,
                 _ => return None,
             };
-            terms.push((pointer, equal, value.to_string()));
+            terms.push((field, equal, value.to_string()));
         }
         Some(FieldSelector { terms })
     }
 
     /// A field the object does not have reads as empty, as the API's field sets do.
-    fn matches(&self, object: &Value) -> bool {
-        self.terms.iter().all(|(pointer, equal, value)| {
-            let got = object
-                .pointer(pointer)
-                .and_then(Value::as_str)
-                .unwrap_or("");
+    fn matches(&self, object: &Fields) -> bool {
+        self.terms.iter().all(|(field, equal, value)| {
+            let got = object.get(*field).unwrap_or("");
             (got == value) == *equal
         })
     }
@@ -141,28 +233,38 @@ struct Watch {
     namespace: Option<String>,
     fields: FieldSelector,
     bookmarks: bool,
-    tx: mpsc::UnboundedSender<Bytes>,
+    tx: mpsc::UnboundedSender<Line>,
+}
+
+/// What a watch sends, written out at the version the watch asked for.
+enum Line {
+    /// An event of this type about this object.
+    Event(&'static str, Arc<Stored>),
+    /// A `BOOKMARK` at this version.
+    Bookmark(u64),
+    /// Sent as it is (an `ERROR`).
+    Raw(Bytes),
 }
 
 impl Watch {
-    fn wants(&self, group: &str, plural: &str, object: &Value) -> bool {
+    fn wants(&self, group: &str, plural: &str, object: &Fields) -> bool {
         self.group == group
             && self.plural == plural
             && self
                 .namespace
                 .as_deref()
-                .is_none_or(|ns| object["metadata"]["namespace"] == ns)
+                .is_none_or(|ns| object.namespace.as_deref() == Some(ns))
             && self.fields.matches(object)
     }
 
     /// What this watch is told of `event`, if anything: an update that brings the object into
     /// its selection is an addition, one that takes it out a deletion.
     fn sees(&self, event: &Event) -> Option<&'static str> {
-        let now = self.wants(&event.group, &event.plural, &event.object);
+        let now = self.wants(&event.group, &event.plural, &event.object.fields);
         let was = event
             .before
             .as_ref()
-            .is_some_and(|b| self.wants(&event.group, &event.plural, b));
+            .is_some_and(|b| self.wants(&event.group, &event.plural, &b.fields));
         match (event.kind, was, now) {
             ("MODIFIED", true, true) => Some("MODIFIED"),
             ("MODIFIED", false, true) => Some("ADDED"),
@@ -304,7 +406,7 @@ impl ApiServer {
             .objects
             .get(&(group.to_string(), plural.to_string()))
             .and_then(|o| o.get(&key))
-            .cloned()
+            .map(|stored| stored.value.clone())
             .with_context(|| format!("no {kind} {namespace}/{name}"))?;
         object["status"] = status;
         state.store(
@@ -329,13 +431,21 @@ impl ApiServer {
             .objects
             .get_mut(&(group.to_string(), plural.to_string()))
             .and_then(|o| o.remove(&(ns.to_string(), name.to_string())));
-        let Some(mut object) = removed else {
+        let Some(removed) = removed else {
             return Ok(false);
         };
         state.rv += 1;
         let rv = state.rv;
+        let mut object = removed.value.clone();
         object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
-        state.publish(rv, group, plural, "DELETED", None, object);
+        state.publish(
+            rv,
+            group,
+            plural,
+            "DELETED",
+            None,
+            Arc::new(Stored::new(object)),
+        );
         Ok(true)
     }
 
@@ -347,7 +457,7 @@ impl ApiServer {
             .objects
             .get(&(group.to_string(), plural.to_string()))?
             .get(&(ns.to_string(), name.to_string()))
-            .cloned()
+            .map(|stored| stored.value.clone())
     }
 
     /// Makes the server forget its history, as etcd compaction does: every open watch gets an
@@ -358,7 +468,7 @@ impl ApiServer {
         state.oldest = state.rv;
         state.history.clear();
         for w in state.watches.drain(..) {
-            let _ = w.tx.send(gone());
+            let _ = w.tx.send(Line::Raw(gone()));
         }
     }
 
@@ -368,7 +478,7 @@ impl ApiServer {
         let rv = state.rv;
         for w in &state.watches {
             if w.bookmarks {
-                let _ = w.tx.send(bookmark(&w.group, &w.plural, rv));
+                let _ = w.tx.send(Line::Bookmark(rv));
             }
         }
     }
@@ -464,7 +574,14 @@ enum Write {
 
 impl State {
     /// Stores `object` under `key` at a new version and tells the watches; returns what is stored.
-    fn store(&mut self, group: &str, plural: &str, key: Key, object: Value, write: Write) -> Value {
+    fn store(
+        &mut self,
+        group: &str,
+        plural: &str,
+        key: Key,
+        object: Value,
+        write: Write,
+    ) -> Arc<Stored> {
         let mut object = object;
         self.rv += 1;
         let rv = self.rv;
@@ -472,7 +589,7 @@ impl State {
             .objects
             .entry((group.to_string(), plural.to_string()))
             .or_default();
-        let before = objects.get(&key);
+        let before = objects.get(&key).map(|b| &b.value);
         let generation = before.and_then(|b| b["metadata"]["generation"].as_i64());
         match &write {
             Write::Object => {
@@ -490,13 +607,14 @@ impl State {
             Write::Status(manager) => set_status_manager(&mut object, manager),
         }
         object["metadata"]["resourceVersion"] = Value::from(rv.to_string());
-        let before = objects.insert(key, object.clone());
+        let stored = Arc::new(Stored::new(object));
+        let before = objects.insert(key, stored.clone());
         let event = match before {
             Some(_) => "MODIFIED",
             None => "ADDED",
         };
-        self.publish(rv, group, plural, event, before, object.clone());
-        object
+        self.publish(rv, group, plural, event, before, stored.clone());
+        stored
     }
 
     fn publish(
@@ -505,8 +623,8 @@ impl State {
         group: &str,
         plural: &str,
         kind: &'static str,
-        before: Option<Value>,
-        object: Value,
+        before: Option<Arc<Stored>>,
+        object: Arc<Stored>,
     ) {
         let event = Event {
             rv,
@@ -517,7 +635,7 @@ impl State {
             object,
         };
         self.watches.retain(|w| match w.sees(&event) {
-            Some(kind) => w.tx.send(event_line(kind, &event.object)).is_ok(),
+            Some(kind) => w.tx.send(Line::Event(kind, event.object.clone())).is_ok(),
             None => true,
         });
         self.history.push(event);
@@ -578,45 +696,53 @@ fn kind_of(object: &Value) -> Result<(String, String, bool)> {
     }
 }
 
-fn event_line(event: &str, object: &Value) -> Bytes {
-    let mut line = json!({"type": event, "object": object}).to_string();
-    line.push('\n');
+/// One line of a watch: `type` first, as the API server writes it (a client reads the object
+/// knowing its type).
+fn event_line(event: &str, object: &[u8]) -> Bytes {
+    let mut line = Vec::with_capacity(object.len() + 32);
+    line.extend_from_slice(b"{\"type\":");
+    line.extend_from_slice(Value::from(event).to_string().as_bytes());
+    line.extend_from_slice(b",\"object\":");
+    line.extend_from_slice(object);
+    line.extend_from_slice(b"}\n");
     Bytes::from(line)
 }
 
 fn gone() -> Bytes {
-    event_line(
-        "ERROR",
-        &json!({
-            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-            "message": "too old resource version", "reason": "Expired", "code": 410
-        }),
-    )
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "too old resource version", "reason": "Expired", "code": 410
+    });
+    event_line("ERROR", status.to_string().as_bytes())
 }
 
-fn bookmark(group: &str, plural: &str, rv: u64) -> Bytes {
-    let (api_version, kind) = KINDS
-        .iter()
-        .find(|k| k.0 == group && k.2 == plural)
-        .map(|k| (api_version_of(k.0), k.1))
-        .unwrap_or_default();
-    event_line(
-        "BOOKMARK",
-        &json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": rv.to_string()}}),
-    )
+/// A `BOOKMARK` of `kind` at version `rv`, served at `api_version`.
+fn bookmark(api_version: &str, kind: &str, rv: u64) -> Bytes {
+    let object = json!({"apiVersion": api_version, "kind": kind, "metadata": {"resourceVersion": rv.to_string()}});
+    event_line("BOOKMARK", object.to_string().as_bytes())
 }
 
-fn api_version_of(group: &str) -> String {
-    match group {
-        "" => "v1".into(),
-        g => format!("{g}/v1"),
+/// A watch's line as served at `api_version`.
+fn written(line: Line, api_version: &str, kind: &str) -> Bytes {
+    match line {
+        Line::Event(event, object) => {
+            let mut text = Vec::with_capacity(object.text.len() + 64);
+            object.at(api_version, &mut text);
+            event_line(event, &text)
+        }
+        Line::Bookmark(rv) => bookmark(api_version, kind, rv),
+        Line::Raw(line) => line,
     }
 }
 
 type Body = BoxBody<Bytes, Infallible>;
 
 fn full(status: StatusCode, body: Value) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+    full_text(status, Bytes::from(body.to_string()))
+}
+
+fn full_text(status: StatusCode, body: Bytes) -> Response<Body> {
+    let mut r = Response::new(Full::new(body).boxed());
     *r.status_mut() = status;
     r.headers_mut().insert(
         "content-type",
@@ -758,17 +884,16 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
             );
         }
     };
-    let selects = |object: &Value| {
+    let selects = |object: &Fields| {
         namespace
             .as_deref()
-            .is_none_or(|ns| object["metadata"]["namespace"] == ns)
+            .is_none_or(|ns| object.namespace.as_deref() == Some(ns))
             && fields.matches(object)
     };
-    // Objects are stored once; each is served at the version asked.
-    let at_version = |mut object: Value| {
-        object["apiVersion"] = Value::from(api_version.clone());
-        object
-    };
+    let kind = KINDS
+        .iter()
+        .find(|k| k.0 == group && k.2 == plural)
+        .map_or("", |k| k.1);
     if !watching {
         let st = lock(state);
         // Pages of `limit` items; `continue` is `<list version>/<namespace>/<name>` of the last
@@ -803,25 +928,17 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         };
         let mut page = all
             .range::<Key, _>((start, std::ops::Bound::Unbounded))
-            .filter(|(_, o)| selects(o));
-        let chosen: Vec<(&Key, &Value)> = page.by_ref().take(limit).collect();
+            .filter(|(_, o)| selects(&o.fields));
+        let chosen: Vec<(&Key, &Arc<Stored>)> = page.by_ref().take(limit).collect();
         let more = page.next().is_some();
         let mut metadata = json!({"resourceVersion": rv.to_string()});
         if more && let Some(((ns, name), _)) = chosen.last() {
             metadata["continue"] = Value::from(format!("{rv}/{ns}/{name}"));
         }
-        let items: Vec<Value> = chosen
-            .into_iter()
-            .map(|(_, o)| at_version(o.clone()))
-            .collect();
-        let kind = KINDS
-            .iter()
-            .find(|k| k.0 == group && k.2 == plural)
-            .map_or("", |k| k.1);
-        return full(
+        let items: Vec<&Stored> = chosen.into_iter().map(|(_, o)| &**o).collect();
+        return full_text(
             StatusCode::OK,
-            json!({"apiVersion": api_version, "kind": format!("{kind}List"),
-                   "metadata": metadata, "items": items}),
+            list_text(&api_version, kind, &metadata, &items),
         );
     }
 
@@ -836,7 +953,7 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
     {
         let mut st = lock(state);
         if from != 0 && from < st.oldest {
-            let _ = tx.send(gone());
+            let _ = tx.send(Line::Raw(gone()));
         } else {
             let watch = Watch {
                 group: group.to_string(),
@@ -848,32 +965,24 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
             };
             for event in st.history.iter().filter(|e| e.rv > from) {
                 if let Some(kind) = watch.sees(event) {
-                    let _ = watch
-                        .tx
-                        .send(event_line(kind, &at_version(event.object.clone())));
+                    let _ = watch.tx.send(Line::Event(kind, event.object.clone()));
                 }
             }
             if bookmarks {
-                let _ = watch.tx.send(bookmark(group, plural, st.rv));
+                let _ = watch.tx.send(Line::Bookmark(st.rv));
             }
             st.watches.push(watch);
         }
     }
     let (mut sender, body) = Channel::<Bytes, Infallible>::new(16);
-    let version_of = api_version.clone();
     tokio::spawn(async move {
         while let Some(line) = rx.recv().await {
-            // Events are stored at one version; rewrite apiVersion for the one asked.
-            let line = match serde_json::from_slice::<Value>(&line) {
-                Ok(mut e) if e["object"]["kind"] != "Status" => {
-                    e["object"]["apiVersion"] = Value::from(version_of.clone());
-                    let mut text = e.to_string();
-                    text.push('\n');
-                    Bytes::from(text)
-                }
-                _ => line,
-            };
-            if sender.send_data(line).await.is_err() {
+            // Objects are stored at one version; each line is written at the one asked.
+            if sender
+                .send_data(written(line, &api_version, kind))
+                .await
+                .is_err()
+            {
                 break;
             }
         }
@@ -884,6 +993,26 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         hyper::header::HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// A list of `kind` at `api_version`: the items' stored text, each at that version, one after the
+/// other; no object is written again.
+fn list_text(api_version: &str, kind: &str, metadata: &Value, items: &[&Stored]) -> Bytes {
+    let head =
+        json!({"apiVersion": api_version, "kind": format!("{kind}List"), "metadata": metadata})
+            .to_string();
+    let size: usize = items.iter().map(|o| o.text.len() + 64).sum();
+    let mut body = Vec::with_capacity(head.len() + size + 16);
+    body.extend_from_slice(head.strip_suffix('}').unwrap_or(&head).as_bytes());
+    body.extend_from_slice(b",\"items\":[");
+    for (i, object) in items.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        object.at(api_version, &mut body);
+    }
+    body.extend_from_slice(b"]}");
+    Bytes::from(body)
 }
 
 /// Where a request goes: the kind's group and plural, the version asked, the namespace (empty for
@@ -938,17 +1067,14 @@ fn one_object(
     let Some(current) = st.objects.get(&kind).and_then(|o| o.get(&key)).cloned() else {
         return not_found(target, name);
     };
-    let at_version = |mut object: Value| {
-        object["apiVersion"] = Value::from(target.api_version);
-        object
-    };
+    let at_version = |object: &Stored| full_text(StatusCode::OK, object.served(target.api_version));
     let stale = |sent: &Value| {
         sent["metadata"]["resourceVersion"]
             .as_str()
-            .is_some_and(|rv| current["metadata"]["resourceVersion"] != rv)
+            .is_some_and(|rv| current.value["metadata"]["resourceVersion"] != rv)
     };
     match (method, sub) {
-        (&hyper::Method::GET, None | Some("status")) => full(StatusCode::OK, at_version(current)),
+        (&hyper::Method::GET, None | Some("status")) => at_version(&current),
         (&hyper::Method::PUT, None) => {
             let sent: Value = match serde_json::from_slice(body) {
                 Ok(sent) => sent,
@@ -958,7 +1084,7 @@ fn one_object(
                 return conflict(target, name);
             }
             let stored = st.store(target.group, target.plural, key, sent, Write::Object);
-            full(StatusCode::OK, at_version(stored))
+            at_version(&stored)
         }
         (&hyper::Method::PATCH, Some("status")) => {
             let patch: Value = match serde_json::from_slice(body) {
@@ -968,7 +1094,7 @@ fn one_object(
             if stale(&patch) {
                 return conflict(target, name);
             }
-            let mut object = current;
+            let mut object = current.value.clone();
             merge_patch(&mut object["status"], &patch["status"]);
             let manager = query
                 .get("fieldManager")
@@ -981,7 +1107,7 @@ fn one_object(
                 object,
                 Write::Status(manager),
             );
-            full(StatusCode::OK, at_version(stored))
+            at_version(&stored)
         }
         _ => status(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -1017,9 +1143,8 @@ fn create(state: &Mutex<State>, target: &Target<'_>, body: &Bytes) -> Response<B
             format!("{} \"{name}\" already exists", target.plural),
         );
     }
-    let mut stored = st.store(target.group, target.plural, key, object, Write::Object);
-    stored["apiVersion"] = Value::from(target.api_version);
-    full(StatusCode::CREATED, stored)
+    let stored = st.store(target.group, target.plural, key, object, Write::Object);
+    full_text(StatusCode::CREATED, stored.served(target.api_version))
 }
 
 /// The versions of a group served: the Istio group's as the test says, every other group's `v1`.
@@ -1171,6 +1296,10 @@ mod tests {
         json!({"metadata": {"name": "p", "namespace": "a"}, "spec": {"nodeName": node}})
     }
 
+    fn stored(object: Value) -> Arc<Stored> {
+        Arc::new(Stored::new(object))
+    }
+
     fn watch(selector: &str) -> Watch {
         Watch {
             group: String::new(),
@@ -1183,6 +1312,7 @@ mod tests {
     }
 
     fn moved(before: Option<Value>, after: Value) -> Event {
+        let (before, after) = (before.map(stored), stored(after));
         Event {
             rv: 1,
             group: String::new(),
@@ -1198,12 +1328,67 @@ mod tests {
     }
 
     #[test]
+    fn a_list_is_its_items_stored_text_at_the_version_asked() {
+        let entry = json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+                           "metadata": {"name": "e", "namespace": "a", "resourceVersion": "7"},
+                           "spec": {"hosts": ["e.example.com"], "ports": [{"number": 443}]}});
+        let bare = json!({"apiVersion": "networking.istio.io/v1"});
+        let (one, two) = (Stored::new(entry.clone()), Stored::new(bare));
+        let metadata = json!({"resourceVersion": "9", "continue": "9/a/e"});
+        let text = list_text(
+            "networking.istio.io/v1beta1",
+            "ServiceEntry",
+            &metadata,
+            &[&one, &two],
+        );
+        let list: Value = serde_json::from_slice(&text).unwrap();
+        let mut served = entry;
+        served["apiVersion"] = json!("networking.istio.io/v1beta1");
+        assert_eq!(
+            list,
+            json!({"apiVersion": "networking.istio.io/v1beta1", "kind": "ServiceEntryList",
+                   "metadata": metadata,
+                   "items": [served, {"apiVersion": "networking.istio.io/v1beta1"}]})
+        );
+        let empty = list_text("v1", "Pod", &metadata, &[]);
+        let empty: Value = serde_json::from_slice(&empty).unwrap();
+        assert_eq!(empty["items"], json!([]));
+        assert_eq!(empty["kind"], "PodList");
+    }
+
+    #[test]
+    fn a_watch_line_gives_its_type_first_and_the_object_at_the_version_asked() {
+        let object = stored(json!({"apiVersion": "v1", "kind": "Pod",
+                                   "metadata": {"name": "p", "namespace": "a"}}));
+        let line = written(Line::Event("ADDED", object), "v2", "Pod");
+        let text = std::str::from_utf8(&line).unwrap();
+        assert!(
+            text.starts_with("{\"type\":\"ADDED\",\"object\":"),
+            "{text}"
+        );
+        assert!(text.ends_with('\n'));
+        let event: Value = serde_json::from_str(text).unwrap();
+        assert_eq!(
+            event["object"],
+            json!({"apiVersion": "v2", "kind": "Pod", "metadata": {"name": "p", "namespace": "a"}})
+        );
+        let event: Value =
+            serde_json::from_slice(&written(Line::Bookmark(5), "v2", "Pod")).unwrap();
+        assert_eq!(
+            event,
+            json!({"type": "BOOKMARK", "object": {"apiVersion": "v2", "kind": "Pod",
+                                                  "metadata": {"resourceVersion": "5"}}})
+        );
+    }
+
+    #[test]
     fn field_selectors_match_as_the_api_server_does() {
         let f = FieldSelector::parse("spec.nodeName!=n1,metadata.namespace=a").unwrap();
-        assert!(f.matches(&pod("n2")));
-        assert!(!f.matches(&pod("n1")));
+        assert!(f.matches(&Fields::of(&pod("n2"))));
+        assert!(!f.matches(&Fields::of(&pod("n1"))));
         // A Pod not yet scheduled has no node: it matches `!=` and not `=`.
         let unscheduled = json!({"metadata": {"name": "p", "namespace": "a"}});
+        let unscheduled = Fields::of(&unscheduled);
         assert!(f.matches(&unscheduled));
         assert!(
             !FieldSelector::parse("spec.nodeName==n1")

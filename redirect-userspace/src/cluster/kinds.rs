@@ -1,8 +1,13 @@
 //! The kinds the agent watches, and each object's way from the API's JSON to the model: first cut
-//! down to the fields the model reads, then read by the same loader that reads files.
+//! down to the fields the model reads, then read by the same loader that reads files. Pods, by
+//! far the most numerous, are cut down as they are parsed ([`ApiPod`]).
+mod pod;
+
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
+
+pub use pod::ApiPod;
 
 use crate::config::{
     self, ConfigError, EndpointSlice, KubeService, MeshConfig, Namespace, PodElsewhere,
@@ -200,6 +205,7 @@ pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
 
 /// The object cut down to the fields the model reads: no managed fields, annotations, container
 /// specs or status beyond the pod's addresses. What the API adds later is ignored the same way.
+/// A Pod's fields kept here are the ones [`pod::POD`] reads.
 pub fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     let Value::Object(mut object) = object else {
         return Map::new();

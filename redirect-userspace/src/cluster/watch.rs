@@ -1,11 +1,11 @@
 //! One watch per kind through kube-rs: discovery of the Istio kinds' version, the watcher's
 //! list-then-watch (which lists again by itself when its history expires), and every failure put
 //! in words an operator can act on.
-use std::time::Duration;
+use std::{fmt::Debug, time::Duration};
 
 use futures::StreamExt;
 use kube::{
-    Api, Client,
+    Api, Client, Resource,
     api::{ApiResource, DynamicObject, GroupVersionKind},
     runtime::{
         WatchStreamExt,
@@ -13,12 +13,13 @@ use kube::{
         watcher::{self, Event},
     },
 };
+use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use super::{
     MeshConfigMap,
-    kinds::{self, Kind},
+    kinds::{self, ApiPod, Kind},
     store::{Change, Key},
 };
 use crate::metrics::Metrics;
@@ -94,7 +95,13 @@ pub async fn run(
         {
             return;
         }
-        match follow(client.clone(), &api_version, &report).await {
+        let ended = match kind {
+            Kind::Pod | Kind::PodElsewhere => {
+                follow::<ApiPod>(client.clone(), &api_version, &report).await
+            }
+            _ => follow::<DynamicObject>(client.clone(), &api_version, &report).await,
+        };
+        match ended {
             Ended::NotServed => continue,
             Ended::Stopping => return,
         }
@@ -108,8 +115,45 @@ enum Ended {
     Stopping,
 }
 
+/// An object as a watch reads it from the API.
+trait Watched:
+    Resource<DynamicType = ApiResource, Scope = kube::core::DynamicResourceScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + 'static
+{
+    /// The object converted; a ServiceEntry's status kept only when `observe_status`.
+    fn read(
+        self,
+        kind: Kind,
+        api_version: &str,
+        observe_status: bool,
+    ) -> serde_json::Result<kinds::Converted>;
+}
+
+/// Any kind, read whole and then cut down.
+impl Watched for DynamicObject {
+    fn read(
+        self,
+        kind: Kind,
+        api_version: &str,
+        observe_status: bool,
+    ) -> serde_json::Result<kinds::Converted> {
+        read(kind, api_version, self, observe_status)
+    }
+}
+
+/// A Pod, cut down as it was parsed.
+impl Watched for ApiPod {
+    fn read(self, kind: Kind, api_version: &str, _: bool) -> serde_json::Result<kinds::Converted> {
+        Ok(self.convert(kind, api_version))
+    }
+}
+
 /// Lists, then watches, `report.kind` at `api_version`, reporting every change.
-async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
+async fn follow<K: Watched>(client: Client, api_version: &str, report: &Reporter) -> Ended {
     let kind = report.kind;
     let (group, version) = match api_version.rsplit_once('/') {
         Some((group, version)) => (group, version),
@@ -124,7 +168,7 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
     if let Some(fields) = field_selector(kind, report.node.as_deref()) {
         config = config.fields(&fields);
     }
-    let api: Api<DynamicObject> = if kind == Kind::MeshConfig {
+    let api: Api<K> = if kind == Kind::MeshConfig {
         config = config.fields(&format!("metadata.name={}", report.mesh.name));
         Api::namespaced_with(client, &report.mesh.namespace, &resource)
     } else {
@@ -137,7 +181,7 @@ async fn follow(client: Client, api_version: &str, report: &Reporter) -> Ended {
             Ok(Event::Init) => Change::Relist(kind),
             Ok(Event::InitApply(object) | Event::Apply(object)) => {
                 let key = key(&object);
-                let converted = match read(kind, api_version, object, report.observe_status) {
+                let converted = match object.read(kind, api_version, report.observe_status) {
                     Ok(converted) => converted,
                     Err(e) => {
                         warn!(kind = kind.label(), error = %e, "an object the API sent could not be read; skipped");
@@ -213,7 +257,7 @@ fn read(
 /// The object as JSON for [`kinds::convert`], moved rather than copied, and without the metadata
 /// nothing reads (a Pod's managed fields and annotations are often most of it); a ServiceEntry's
 /// managed fields say who writes its status, so they stay when the status is `observed`.
-fn as_json(
+pub(super) fn as_json(
     kind: Kind,
     object: DynamicObject,
     observed: bool,
@@ -233,10 +277,11 @@ fn as_json(
     Ok(serde_json::Value::Object(json))
 }
 
-fn key(object: &DynamicObject) -> Key {
+fn key(object: &impl Resource) -> Key {
+    let meta = object.meta();
     (
-        object.metadata.namespace.clone().unwrap_or_default(),
-        object.metadata.name.clone().unwrap_or_default(),
+        meta.namespace.clone().unwrap_or_default(),
+        meta.name.clone().unwrap_or_default(),
     )
 }
 
