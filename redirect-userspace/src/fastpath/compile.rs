@@ -9,12 +9,12 @@ use std::{
 use ipnet::IpNet;
 
 use redirect_common::fastpath::{
-    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Backends, Claim,
-    Config, FAMILY_V4, FAMILY_V6, IpKey, MAX_CIDRS, MAX_CLIENTS, MAX_ENDPOINTS, MAX_EXACT,
-    MAX_NAMESPACES, MAX_PORTS, MAX_WORKLOADS, NS_PROXY, NS_UNKNOWN, PortKey,
+    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Claim, Config,
+    FAMILY_V4, FAMILY_V6, IpKey, MAX_CIDRS, MAX_CLIENTS, MAX_ENDPOINTS, MAX_EXACT, MAX_NAMESPACES,
+    MAX_PORTS, MAX_WORKLOADS, NS_PROXY, NS_UNKNOWN, PortKey,
 };
 
-use super::tables::{NsId, Tables};
+use super::tables::{NsId, PortEndpoints, Tables};
 use crate::{
     config::{EndpointAddress, Resolution},
     state::{Port, Service, ServiceVisibility, Snapshot},
@@ -513,7 +513,7 @@ impl Compiler<'_> {
 /// A port's endpoints as one rewrite, when they are all plain IPs, or host names resolved ahead,
 /// of one family. A host name stands for its IPv4 addresses, or its IPv6 ones when it has no IPv4
 /// address: the address family the proxy connects to first.
-fn backends(port: &Port, hosts: &HostAddresses) -> Result<Backends, Fallback> {
+fn backends(port: &Port, hosts: &HostAddresses) -> Result<PortEndpoints, Fallback> {
     if port.endpoints.is_empty() {
         return Err(Fallback::NoEndpoints);
     }
@@ -539,23 +539,19 @@ fn backends(port: &Port, hosts: &HostAddresses) -> Result<Backends, Fallback> {
     if addresses.is_empty() {
         return Err(Fallback::HostNameEndpoint);
     }
-    let mut out = Backends {
-        family: FAMILY_V4,
-        count: 0,
-        endpoints: [Backend::default(); MAX_ENDPOINTS],
-    };
-    for (i, (ip, port)) in addresses.into_iter().enumerate() {
-        if i == 0 {
-            out.family = ip.family;
-        } else if ip.family != out.family {
-            return Err(Fallback::MixedFamilies);
-        }
-        out.endpoints[i] = Backend {
-            addr: ip.addr,
-            port,
-            _pad: 0,
-        };
-        out.count += 1;
+    let family = addresses[0].0.family;
+    if addresses.iter().any(|(ip, _)| ip.family != family) {
+        return Err(Fallback::MixedFamilies);
     }
-    Ok(out)
+    Ok(PortEndpoints {
+        family,
+        endpoints: addresses
+            .into_iter()
+            .map(|(ip, port)| Backend {
+                addr: ip.addr,
+                port,
+                _pad: 0,
+            })
+            .collect(),
+    })
 }

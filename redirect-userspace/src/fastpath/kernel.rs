@@ -3,11 +3,11 @@
 use std::net::IpAddr;
 
 use redirect_common::fastpath::{
-    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Backends, Claim, IpKey, NS_PROXY,
-    NS_UNKNOWN, PortKey,
+    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, IpKey, NS_PROXY, NS_UNKNOWN,
+    PortKey,
 };
 
-use super::tables::{NsId, Tables};
+use super::tables::{NsId, PortEndpoints, Tables};
 
 /// What the kernel does with a `connect()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,7 +17,7 @@ pub enum FastDecision<'t> {
     /// Leave the socket alone: the address is a workload's and no visible service claims it.
     Workload,
     /// Rewrite the destination to one of these endpoints, spread evenly.
-    Rewrite(&'t Backends),
+    Rewrite(&'t PortEndpoints),
     /// Steer the socket to the proxy, as without the fast path.
     Proxy,
 }

@@ -25,7 +25,7 @@ pub use kernel::{DecidedBy, decided_by};
 pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
 #[cfg(test)]
 pub use tables::ClientsFull;
-pub use tables::Tables;
+pub use tables::{PortEndpoints, Tables};
 pub use upkeep::FastPath;
 
 #[cfg(test)]

@@ -7,16 +7,21 @@
 //! | clients | hash | cgroup id, `u64` | [`NsId`], `u32` |
 //! | exact | hash | [`AddrKey`], 24 B | [`Claim`], 12 B |
 //! | cidrs | LPM trie | `u32` prefix length + [`AddrKey::lpm_bytes`], 4 + 24 B | [`Claim`], 12 B |
-//! | ports | hash | [`PortKey`], 8 B | [`Backends`], 328 B |
+//! | ports | hash | [`PortKey`], 8 B | [`Backends`], 328 B (held as [`PortEndpoints`]) |
 //! | workloads | hash | [`IpKey`], 20 B | `u8` (present) |
 //! | config | array, 1 entry | `u32` 0 | [`Config`], three `u8` flags |
 //!
 //! A snapshot's tables are swapped whole (the eBPF half: one set of maps per generation, the
 //! generation in force read first), never edited in place.
-use std::collections::{BTreeMap, HashMap, HashSet};
+#[cfg(test)]
+use std::net::SocketAddr;
+use std::{
+    collections::{BTreeMap, HashMap, HashSet},
+    sync::Arc,
+};
 
 use redirect_common::fastpath::{
-    AddrKey, Backends, Claim, Config, IpKey, LpmBytes, NS_UNKNOWN, PortKey,
+    AddrKey, Backend, Backends, Claim, Config, IpKey, LpmBytes, MAX_ENDPOINTS, NS_UNKNOWN, PortKey,
 };
 
 use super::lpm::LpmTrie;
@@ -30,6 +35,44 @@ pub type NsId = u32;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the fast path's client table is full ({0} entries)")]
 pub struct ClientsFull(pub usize);
+
+/// A port's endpoints as the agent holds them: only the slots in use (most ports have one or two of
+/// the kernel value's 16), shared between the tables and what each map generation last wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEndpoints {
+    /// Every endpoint's (one of the `FAMILY_*` constants).
+    pub family: u32,
+    /// `1..=MAX_ENDPOINTS` of them.
+    pub endpoints: Arc<[Backend]>,
+}
+
+impl PortEndpoints {
+    /// The value the BPF map holds.
+    pub fn kernel(&self) -> Backends {
+        let mut value = Backends {
+            family: self.family,
+            count: 0,
+            endpoints: [Backend::default(); MAX_ENDPOINTS],
+        };
+        for (slot, endpoint) in value.endpoints.iter_mut().zip(self.endpoints.iter()) {
+            *slot = *endpoint;
+            value.count += 1;
+        }
+        value
+    }
+
+    /// The endpoints in order, as socket addresses.
+    #[cfg(test)]
+    pub fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        self.endpoints.iter().map(|b| {
+            let ip = IpKey {
+                family: self.family,
+                addr: b.addr,
+            };
+            SocketAddr::new(ip.ip(), b.port)
+        })
+    }
+}
 
 /// One snapshot's tables. Swapped whole, like the snapshot they come from.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -45,7 +88,7 @@ pub struct Tables {
     /// BPF LPM trie `AddrKey/(64 + len) -> Claim`: CIDR addresses.
     pub(super) cidrs: LpmTrie<Claim>,
     /// BPF hash `PortKey -> Backends`: the ports whose endpoints are plain IPs.
-    pub(super) ports: HashMap<PortKey, Backends>,
+    pub(super) ports: HashMap<PortKey, PortEndpoints>,
     /// BPF hash `IpKey -> u8`: workload addresses, only to count their connections apart.
     pub(super) workloads: HashSet<IpKey>,
     /// BPF array of one entry.
@@ -90,8 +133,8 @@ impl Tables {
         self.cidrs.iter()
     }
 
-    /// BPF hash `PortKey -> Backends`.
-    pub fn ports(&self) -> &HashMap<PortKey, Backends> {
+    /// BPF hash `PortKey -> Backends` (each made by [`PortEndpoints::kernel`]).
+    pub fn ports(&self) -> &HashMap<PortKey, PortEndpoints> {
         &self.ports
     }
 
@@ -103,5 +146,38 @@ impl Tables {
     /// The one entry of the BPF array.
     pub fn config(&self) -> Config {
         self.config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use redirect_common::fastpath::FAMILY_V4;
+
+    use super::*;
+
+    #[test]
+    fn a_ports_endpoints_become_the_kernels_value_with_the_slots_past_them_empty() {
+        let endpoint = |port| Backend {
+            addr: [10, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            port,
+            _pad: 0,
+        };
+        let held = PortEndpoints {
+            family: FAMILY_V4,
+            endpoints: [endpoint(80), endpoint(81)].into(),
+        };
+        let value = held.kernel();
+        assert_eq!((value.family, value.count), (FAMILY_V4, 2));
+        assert_eq!(value.endpoints[..2], [endpoint(80), endpoint(81)]);
+        assert!(
+            value.endpoints[2..]
+                .iter()
+                .all(|b| *b == Backend::default())
+        );
+        let addrs: Vec<String> = held.addrs().map(|a| a.to_string()).collect();
+        assert_eq!(
+            addrs,
+            value.addrs().map(|a| a.to_string()).collect::<Vec<_>>()
+        );
     }
 }

@@ -19,14 +19,13 @@ use aya::{
 use redirect_common::{
     FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
     fastpath::{
-        AddrKey, Backend, Backends, Claim, Config, GEN_A, GEN_B, HiddenEvent, IpKey, LpmBytes,
-        MAX_ENDPOINTS, PortKey,
+        AddrKey, Backends, Claim, Config, GEN_A, GEN_B, HiddenEvent, IpKey, LpmBytes, PortKey,
     },
     maps,
 };
 
 use super::{RedirectError, per_cpu_totals, take_map};
-use crate::fastpath::Tables;
+use crate::fastpath::{PortEndpoints, Tables};
 
 /// A generation just left is not rewritten before this: a program that read the selector just
 /// before the flip finishes its few lookups long before.
@@ -49,53 +48,9 @@ struct Held {
     clients: StdHashMap<u64, u32>,
     exact: StdHashMap<AddrKey, Claim>,
     cidrs: StdHashMap<(u32, LpmBytes), Claim>,
-    ports: StdHashMap<PortKey, InUse>,
+    /// Shared with the tables written (the endpoints in use, not the kernel's 16 slots).
+    ports: StdHashMap<PortKey, PortEndpoints>,
     workloads: StdHashMap<IpKey, u8>,
-}
-
-/// What a generation keeps of a value it wrote, to tell whether the next tables change it.
-trait Kept<V> {
-    fn keep(value: &V) -> Self;
-    fn same(&self, value: &V) -> bool;
-}
-
-/// Small values are kept whole.
-impl<V: Copy + PartialEq> Kept<V> for V {
-    fn keep(value: &V) -> Self {
-        *value
-    }
-
-    fn same(&self, value: &V) -> bool {
-        self == value
-    }
-}
-
-/// A port's endpoints as written, but only the slots in use: a [`Backends`] has room for
-/// [`MAX_ENDPOINTS`] (328 bytes) and most ports have one or two, and the program never reads past
-/// `count`. Two generations of 8,192 ports kept whole cost 5 MiB.
-#[derive(Debug, PartialEq)]
-struct InUse {
-    family: u32,
-    endpoints: Box<[Backend]>,
-}
-
-impl InUse {
-    fn slots(value: &Backends) -> &[Backend] {
-        &value.endpoints[..(value.count as usize).min(MAX_ENDPOINTS)]
-    }
-}
-
-impl Kept<Backends> for InUse {
-    fn keep(value: &Backends) -> Self {
-        InUse {
-            family: value.family,
-            endpoints: Self::slots(value).into(),
-        }
-    }
-
-    fn same(&self, value: &Backends) -> bool {
-        self.family == value.family && *self.endpoints == *Self::slots(value)
-    }
 }
 
 impl Held {
@@ -210,8 +165,8 @@ impl Generation {
     /// successful write, so after an error the next call finishes the job.
     fn write(&mut self, want: &Tables) -> Result<(), MapError> {
         let held = &mut self.held;
-        sync_hash(&mut self.clients, &mut held.clients, want.clients())?;
-        sync_hash(&mut self.exact, &mut held.exact, want.exact())?;
+        sync_hash(&mut self.clients, &mut held.clients, want.clients(), |v| *v)?;
+        sync_hash(&mut self.exact, &mut held.exact, want.exact(), |v| *v)?;
         let cidrs = want
             .cidrs()
             .map(|(len, bytes, claim)| ((len, *bytes), *claim))
@@ -221,11 +176,16 @@ impl Generation {
             &mut held.cidrs,
             &cidrs,
             |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
-            |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), v, 0),
+            |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), *v, 0),
         )?;
-        sync_hash(&mut self.ports, &mut held.ports, want.ports())?;
+        sync_hash(
+            &mut self.ports,
+            &mut held.ports,
+            want.ports(),
+            PortEndpoints::kernel,
+        )?;
         let workloads = want.workloads().iter().map(|ip| (*ip, 1)).collect();
-        sync_hash(&mut self.workloads, &mut held.workloads, &workloads)?;
+        sync_hash(&mut self.workloads, &mut held.workloads, &workloads, |v| *v)?;
         self.config.set(0, want.config(), 0)?;
         Ok(())
     }
@@ -233,12 +193,12 @@ impl Generation {
 
 /// Makes a map equal to `want`, knowing it holds `held`: removes what is gone, then writes what is
 /// new or changed (removals first, so a full map makes room).
-fn sync<M, K: Eq + Hash + Copy, V: Copy, H: Kept<V>>(
+fn sync<M, K: Eq + Hash + Copy, V: Clone + PartialEq>(
     map: &mut M,
-    held: &mut StdHashMap<K, H>,
+    held: &mut StdHashMap<K, V>,
     want: &StdHashMap<K, V>,
     remove: impl Fn(&mut M, &K) -> Result<(), MapError>,
-    insert: impl Fn(&mut M, &K, V) -> Result<(), MapError>,
+    insert: impl Fn(&mut M, &K, &V) -> Result<(), MapError>,
 ) -> Result<(), MapError> {
     let gone: Vec<K> = held
         .keys()
@@ -253,26 +213,27 @@ fn sync<M, K: Eq + Hash + Copy, V: Copy, H: Kept<V>>(
         held.remove(&k);
     }
     for (k, v) in want {
-        if !held.get(k).is_some_and(|h| h.same(v)) {
-            insert(map, k, *v)?;
-            held.insert(*k, H::keep(v));
+        if held.get(k) != Some(v) {
+            insert(map, k, v)?;
+            held.insert(*k, v.clone());
         }
     }
     Ok(())
 }
 
-/// [`sync`] for an aya hash map, whose keys are the table's own.
-fn sync_hash<K: Pod + Eq + Hash, V: Pod, H: Kept<V>>(
-    map: &mut HashMap<MapData, K, V>,
-    held: &mut StdHashMap<K, H>,
+/// [`sync`] for an aya hash map, whose keys are the table's own; `kernel` makes the value it holds.
+fn sync_hash<K: Pod + Eq + Hash, V: Clone + PartialEq, W: Pod>(
+    map: &mut HashMap<MapData, K, W>,
+    held: &mut StdHashMap<K, V>,
     want: &StdHashMap<K, V>,
+    kernel: impl Fn(&V) -> W,
 ) -> Result<(), MapError> {
     sync(
         map,
         held,
         want,
         |m, k| m.remove(k),
-        |m, k, v| m.insert(k, v, 0),
+        |m, k, v| m.insert(k, kernel(v), 0),
     )
 }
 
@@ -298,7 +259,7 @@ mod tests {
             },
             |r, k, v| {
                 r.writes.push(format!("+{k}={v}"));
-                r.map.insert(*k, v);
+                r.map.insert(*k, *v);
                 Ok(())
             },
         )
@@ -322,52 +283,5 @@ mod tests {
         rec.writes.sort();
         // Key 1 is unchanged: not written. Removals come first (room in a full map).
         assert_eq!(rec.writes, ["+2=21", "+4=40", "-3"]);
-    }
-
-    fn backends(ports: &[u16]) -> Backends {
-        let mut b = Backends {
-            family: 2,
-            count: ports.len() as u32,
-            endpoints: [Backend::default(); MAX_ENDPOINTS],
-        };
-        for (slot, port) in b.endpoints.iter_mut().zip(ports) {
-            slot.port = *port;
-        }
-        b
-    }
-
-    #[test]
-    fn a_ports_endpoints_are_kept_by_the_slots_in_use_and_rewritten_when_those_change() {
-        let mut written: Vec<(u32, u32)> = Vec::new();
-        let mut held: StdHashMap<u32, InUse> = StdHashMap::new();
-        let mut write = |held: &mut StdHashMap<u32, InUse>, want: &StdHashMap<u32, Backends>| {
-            sync(
-                &mut written,
-                held,
-                want,
-                |_, _| Ok(()),
-                |w, k, v| {
-                    w.push((*k, v.count));
-                    Ok(())
-                },
-            )
-            .unwrap();
-        };
-        let first = StdHashMap::from([(1, backends(&[80])), (2, backends(&[80, 81]))]);
-        write(&mut held, &first);
-        assert_eq!(
-            held[&2].endpoints.len(),
-            2,
-            "only the slots in use are kept"
-        );
-        // A slot past `count` differs: nothing the program reads changed, nothing is written.
-        let mut stale = backends(&[80]);
-        stale.endpoints[5].port = 9;
-        let second = StdHashMap::from([(1, stale), (2, backends(&[80, 82]))]);
-        write(&mut held, &second);
-        // Port 2's second endpoint moved: only it is written again.
-        assert_eq!(written.len(), 3, "{written:?}");
-        assert_eq!(written[2], (2, 2));
-        assert!(held[&2].same(&backends(&[80, 82])));
     }
 }
