@@ -187,7 +187,12 @@ fn from_service_entry(
             name: p.name.clone(),
             protocol: p.protocol.clone(),
             target_port: p.target_port.unwrap_or(p.number),
-            endpoints: se_endpoints(entry, host, p, &selected),
+            // Held for the snapshot's life: at its length, not the four slots the first push made.
+            endpoints: {
+                let mut endpoints = se_endpoints(entry, host, p, &selected);
+                endpoints.shrink_to_fit();
+                endpoints
+            },
         })
         .collect();
     let (vips_v4, vips_v6) = split_ips(ips.into_iter());
