@@ -300,14 +300,10 @@ pub fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     slim
 }
 
+/// `map` with only `fields`, cut in place.
 fn keep(mut map: Map<String, Value>, fields: &[&str]) -> Map<String, Value> {
-    let mut kept = Map::new();
-    for field in fields {
-        if let Some(value) = map.remove(*field) {
-            kept.insert((*field).to_string(), value);
-        }
-    }
-    kept
+    map.retain(|field, _| fields.contains(&field.as_str()));
+    map
 }
 
 #[cfg(test)]

@@ -98,6 +98,11 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
 /// one document of a file is read: the same checks and the same errors, `source` standing in for
 /// the file name. The model holds that object alone (plus its implicit namespace).
 pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
+    read_api_pod(source, object).unwrap_or_else(|| read_api_document(source, object))
+}
+
+/// [`read_api_object`] for any object: as YAML, the form the loader reads.
+fn read_api_document(source: &str, object: &serde_json::Value) -> Loaded {
     let limits = Limits::default();
     let mut loader = Loader::new(&limits);
     loader.from_api = true;
@@ -106,6 +111,49 @@ pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
         Err(e) => loader.file_error(source, format!("not a Kubernetes object: {e}")),
     }
     loader.finish()
+}
+
+/// [`read_api_object`] for a `v1` Pod, read from its JSON without YAML in between: most of the
+/// cost of a Pod, of which the API lists a cluster's worth. The same checks on the same values;
+/// `None` (read as YAML then) when the JSON might read otherwise than its YAML does: a field of a
+/// type the Pod does not take (the YAML read names it in its words) or a list where one of its
+/// parts goes (which JSON would read field by field, and YAML refuses).
+fn read_api_pod(source: &str, object: &serde_json::Value) -> Option<Loaded> {
+    let api_version = object.get("apiVersion").and_then(serde_json::Value::as_str);
+    let kind = object.get("kind").and_then(serde_json::Value::as_str)?;
+    if classify(api_version, kind) != Some("Pod") || !reads_as_its_yaml(object) {
+        return None;
+    }
+    let raw = RawPod::deserialize(object).ok()?;
+    let text = |path: &[&str]| path.iter().try_fold(object, |v, key| v.get(*key))?.as_str();
+    let id = identity("Pod", text);
+    let limits = Limits::default();
+    let mut loader = Loader::new(&limits);
+    loader.from_api = true;
+    loader.add_pod(source, &id, raw, String::new());
+    loader.rejected_if_refused(source, id, 0);
+    Some(loader.finish())
+}
+
+/// Whether a Pod's JSON reads as its YAML does wherever it reads at all: no list stands where a
+/// part of the Pod goes (`metadata`, `spec`, `status`, a container, a port, an address).
+fn reads_as_its_yaml(pod: &serde_json::Value) -> bool {
+    use serde_json::Value as Json;
+    let part = |v: Option<&Json>| !matches!(v, Some(Json::Array(_)));
+    let items = |v: Option<&Json>| match v {
+        Some(Json::Array(items)) => items.iter().all(Json::is_object),
+        _ => true,
+    };
+    let spec = pod.get("spec");
+    let containers = spec.and_then(|s| s.get("containers"));
+    ["metadata", "spec", "status"]
+        .iter()
+        .all(|field| part(pod.get(*field)))
+        && items(containers)
+        && items(pod.get("status").and_then(|s| s.get("podIPs")))
+        && containers
+            .and_then(Json::as_array)
+            .is_none_or(|cs| cs.iter().all(|c| items(c.get("ports"))))
 }
 
 /// [`read_dir`] with the default limits, accepting only a load without any error.
@@ -192,8 +240,9 @@ fn describe(id: &Identity) -> String {
     }
 }
 
-fn identity(kind: &'static str, value: &Value) -> Identity {
-    let text = |path: &[&str]| str_at(value, path).map(|s| bounded(s, MAX_QUOTED).into_owned());
+/// Who an object says it is; `text` reads the string at a path of it.
+fn identity<'v>(kind: &'static str, text: impl Fn(&[&str]) -> Option<&'v str>) -> Identity {
+    let text = |path: &[&str]| text(path).map(|s| bounded(s, MAX_QUOTED).into_owned());
     let name = text(&["metadata", "name"]).unwrap_or_default();
     let namespace = match kind {
         "Namespace" => String::new(),
@@ -331,9 +380,14 @@ impl Loader {
             }
             return;
         }
-        let id = identity(kind, &value);
+        let id = identity(kind, |path| str_at(&value, path));
         let before = self.errors.len();
         self.add_object(file, &id, value, prefix);
+        self.rejected_if_refused(file, id, before);
+    }
+
+    /// Records the object `id` as left out when errors came after the first `before`.
+    fn rejected_if_refused(&mut self, file: &str, id: Identity, before: usize) {
         if self.errors.len() > before {
             self.rejected.push(Rejected {
                 kind: id.kind,
@@ -342,6 +396,21 @@ impl Loader {
                 file: file.to_string(),
                 last_good_in_force: false,
             });
+        }
+    }
+
+    /// Checks a Pod read into its raw shape and adds it if valid.
+    fn add_pod(&mut self, file: &str, id: &Identity, raw: RawPod, prefix: String) {
+        let mut ctx = Ctx {
+            file,
+            object: describe(id),
+            prefix,
+            errors: &mut self.errors,
+        };
+        if let Some(pod) = raw.convert(&mut ctx)
+            && self.first("Pod", &pod.meta.namespace, &pod.meta.name, file)
+        {
+            self.model.workloads.push(Arc::new(pod));
         }
     }
 
@@ -379,11 +448,9 @@ impl Loader {
                 }
             }
             "Pod" => {
-                if let Some(pod) =
-                    typed::<RawPod>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
-                    && self.first("Pod", &pod.meta.namespace, &pod.meta.name, file)
-                {
-                    self.model.workloads.push(Arc::new(pod));
+                let prefix = ctx.prefix.clone();
+                if let Some(raw) = typed::<RawPod>(&mut ctx, value) {
+                    self.add_pod(file, id, raw, prefix);
                 }
             }
             "WorkloadEntry" => {
@@ -615,6 +682,151 @@ mod tests {
         assert_eq!(loaded.errors.len(), 2, "{:?}", loaded.errors);
         assert_eq!(loaded.errors[0].field.as_deref(), Some("spec.addresses[0]"));
         assert!(loaded.into_result().is_err(), "a strict load still refuses");
+    }
+
+    /// What a Pod's JSON can hold where the model reads it: anything, small.
+    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::{Value as Json, json};
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::from),
+            any::<i64>().prop_map(Json::from),
+            any::<u64>().prop_map(Json::from),
+            (0u32..70_000).prop_map(Json::from),
+            (-1e5f64..1e5).prop_map(Json::from),
+            "[a-z0-9.:-]{0,10}".prop_map(Json::from),
+            Just(json!("10.1.2.3")),
+            Just(json!("2024-05-01T12:00:00Z")),
+            Just(json!("3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1")),
+        ];
+        leaf.prop_recursive(3, 12, 3, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Json::from),
+                prop::collection::btree_map(
+                    "ip|name|ports|containerPort|containers|podIP|podIPs|nodeName|app",
+                    inner,
+                    0..3
+                )
+                .prop_map(|m| Json::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A Pod whose parts are each valid, missing or anything else.
+    fn any_pod() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::{Value as Json, json};
+        let or_any = |valid: Json| prop_oneof![3 => Just(Some(valid)), 1 => Just(None), 1 => any_json().prop_map(Some)];
+        let port = (or_any(json!("http")), or_any(json!(8080))).prop_map(|(name, number)| {
+            let mut port = serde_json::Map::new();
+            port.extend(name.map(|n| ("name".to_string(), n)));
+            port.extend(number.map(|n| ("containerPort".to_string(), n)));
+            Json::Object(port)
+        });
+        let container = prop::collection::vec(prop_oneof![4 => port, 1 => any_json()], 0..3)
+            .prop_map(|ports| json!({"name": "c", "ports": ports}));
+        let containers = prop::collection::vec(prop_oneof![4 => container, 1 => any_json()], 0..3);
+        (
+            or_any(json!("web-1")),
+            or_any(json!("team-a")),
+            or_any(json!({"app": "web"})),
+            or_any(json!("3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1")),
+            or_any(json!("node-1")),
+            prop_oneof![4 => containers.prop_map(|c| Some(Json::from(c))), 1 => any_json().prop_map(Some), 1 => Just(None)],
+            or_any(json!("10.244.1.20")),
+            or_any(json!([{"ip": "10.244.1.20"}, {"ip": "fd00::1"}])),
+            or_any(json!("2024-05-01T12:00:00Z")),
+        )
+            .prop_map(|(name, ns, labels, uid, node, containers, ip, ips, created)| {
+                let fields = |pairs: Vec<(&str, Option<Json>)>| {
+                    Json::Object(
+                        pairs
+                            .into_iter()
+                            .filter_map(|(k, v)| Some((k.to_string(), v?)))
+                            .collect(),
+                    )
+                };
+                let mut pod = fields(vec![
+                    (
+                        "metadata",
+                        Some(fields(vec![
+                            ("name", name),
+                            ("namespace", ns),
+                            ("labels", labels),
+                            ("uid", uid),
+                            ("creationTimestamp", created),
+                        ])),
+                    ),
+                    ("spec", Some(fields(vec![("nodeName", node), ("containers", containers)]))),
+                    ("status", Some(fields(vec![("podIP", ip), ("podIPs", ips)]))),
+                ]);
+                pod["apiVersion"] = json!("v1");
+                pod["kind"] = json!("Pod");
+                pod
+            })
+    }
+
+    fn same_load(a: &Loaded, b: &Loaded) -> Result<(), proptest::test_runner::TestCaseError> {
+        proptest::prop_assert_eq!(&a.errors, &b.errors);
+        proptest::prop_assert_eq!(&a.rejected, &b.rejected);
+        proptest::prop_assert_eq!(&a.model.workloads, &b.model.workloads);
+        proptest::prop_assert_eq!(&a.model.namespaces, &b.model.namespaces);
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
+        /// A Pod read from its JSON is what its YAML gives: the same workload or the same errors.
+        #[test]
+        fn a_pod_read_from_json_is_what_its_yaml_gives(pod in any_pod()) {
+            same_load(&read_api_object("kubernetes API", &pod), &read_api_document("kubernetes API", &pod))?;
+        }
+
+        /// Whatever a part of a Pod holds.
+        #[test]
+        fn any_part_of_a_pod_reads_as_its_yaml_does(
+            part in 0..3usize, field in "[a-z]{0,3}|ip|ports|containers|podIPs", value in any_json()
+        ) {
+            let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web-1", "namespace": "team-a"},
+                "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 80}]}]},
+                "status": {"podIP": "10.0.0.1"}});
+            let part = ["metadata", "spec", "status"][part];
+            if field.is_empty() {
+                pod[part] = value;
+            } else {
+                pod[part][field.as_str()] = value;
+            }
+            same_load(&read_api_object("kubernetes API", &pod), &read_api_document("kubernetes API", &pod))?;
+        }
+    }
+
+    #[test]
+    fn a_plain_pod_is_read_without_yaml_and_an_odd_one_with_it() {
+        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "web-1", "namespace": "team-a"},
+            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 80}]}]},
+            "status": {"podIP": "10.0.0.1"}});
+        assert!(read_api_pod("kubernetes API", &pod).is_some());
+        let mut odd = pod.clone();
+        odd["spec"]["containers"][0]["ports"][0] = serde_json::json!(["http", 80]);
+        assert!(read_api_pod("kubernetes API", &odd).is_none());
+        let mut odd = pod.clone();
+        odd["status"]["podIP"] = serde_json::json!(10);
+        assert!(read_api_pod("kubernetes API", &odd).is_none());
+        let loaded = read_api_object("kubernetes API", &odd);
+        assert_eq!(loaded.errors[0].field.as_deref(), Some("status.podIP"));
+        let entry = serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+            "metadata": {"name": "e", "namespace": "team-a"}, "spec": {"hosts": ["e.example.com"]}});
+        assert!(read_api_pod("kubernetes API", &entry).is_none());
+        assert_eq!(
+            read_api_object("kubernetes API", &entry)
+                .model
+                .service_entries
+                .len(),
+            1
+        );
     }
 
     #[test]
