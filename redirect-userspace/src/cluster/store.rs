@@ -12,7 +12,7 @@ use std::{
 
 use super::kinds::{Converted, Kind, Object, SOURCE};
 use crate::{
-    config::{self, ConfigError, Labels, Model, PodElsewhere, PodsElsewhere, Rejected},
+    config::{self, ConfigError, Labels, Model, PodElsewhere, PodRef, PodsElsewhere, Rejected},
     live::WatchStatus,
     status::Observed,
 };
@@ -534,7 +534,7 @@ impl Store {
         }
         for namespace in selecting {
             for pod in held.served.in_namespace(namespace) {
-                if !is_here(namespace, &pod.name) {
+                if !is_here(namespace, pod.name) {
                     model.workloads.push(Arc::new(pod.workload(SOURCE)));
                 }
             }
@@ -574,7 +574,7 @@ fn take_in_elsewhere(
                     // Refused: the last good version stays (carried into a list being gathered).
                     let carried = match &held.relist {
                         Some((pods, _)) if pods.get(&key.0, &key.1).is_none() => {
-                            held.served.get(&key.0, &key.1).cloned()
+                            held.served.get(&key.0, &key.1).map(PodRef::to_owned)
                         }
                         _ => None,
                     };
@@ -802,8 +802,8 @@ mod tests {
         let model = store.model().0;
         assert_eq!((model.workloads.len(), model.pods_elsewhere.len()), (0, 3));
         // One copy of the label set for the three pods.
-        let pods: Vec<&PodElsewhere> = model.pods_elsewhere.iter().collect();
-        assert!(Arc::ptr_eq(&pods[0].labels, &pods[2].labels));
+        let pods: Vec<PodRef> = model.pods_elsewhere.iter().collect();
+        assert!(Arc::ptr_eq(pods[0].labels, pods[2].labels));
         // A Service with a selector in team-a, without slices: team-a's pods are workloads.
         let service = json!({
             "metadata": {"name": "web", "namespace": "team-a"},

@@ -18,7 +18,7 @@ mod service_entry;
 mod source;
 mod yaml;
 
-pub use elsewhere::PodsElsewhere;
+pub use elsewhere::{PodGroup, PodRef, PodsElsewhere};
 pub use endpoint_slice::SERVICE_NAME_LABEL;
 #[cfg(test)]
 pub use error::MAX_MESSAGE;

@@ -352,25 +352,6 @@ impl PodElsewhere {
             ports: Arc::new(pod.ports.clone()),
         }
     }
-
-    /// The Pod as a workload, for a selector to pick; `file` as its errors name the source.
-    pub fn workload(&self, file: &str) -> Workload {
-        Workload {
-            kind: WorkloadKind::Pod,
-            meta: ObjectMeta {
-                name: self.name.to_string(),
-                namespace: self.namespace.to_string(),
-                labels: (*self.labels).clone(),
-                creation_timestamp: None,
-                uid: None,
-                file: file.to_string(),
-            },
-            ips: self.ips.to_vec(),
-            node_name: None,
-            ports: (*self.ports).clone(),
-            other_address: None,
-        }
-    }
 }
 
 /// An EndpointSlice (`discovery.k8s.io/v1`), cut to what a Service's endpoints need. Only the

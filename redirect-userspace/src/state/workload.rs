@@ -5,7 +5,7 @@
 use std::{collections::HashMap, net::IpAddr, sync::Arc};
 
 use crate::{
-    config::{PodElsewhere, PodsElsewhere, Workload},
+    config::{PodGroup, PodsElsewhere, Workload},
     visibility::Discovery,
 };
 
@@ -24,7 +24,7 @@ pub(crate) struct WorkloadStore {
     /// another workload shares it (host-network pods do).
     by_ip: HashMap<IpAddr, Slot>,
     /// The Pods elsewhere of each discovered namespace, the groups shared with the model.
-    elsewhere: Vec<Arc<Vec<PodElsewhere>>>,
+    elsewhere: Vec<Arc<PodGroup>>,
     /// The address of each Pod elsewhere in a discovered namespace that no workload has: its
     /// group in `elsewhere`, and its place there.
     elsewhere_by_ip: HashMap<IpAddr, (u32, u32)>,
@@ -65,12 +65,12 @@ impl WorkloadStore {
         let mut elsewhere_by_ip = HashMap::with_capacity(elsewhere.len());
         let mut groups = Vec::new();
         for group in elsewhere.groups() {
-            if !group.first().is_some_and(|p| discovery.sees(&p.namespace)) {
+            if !discovery.sees(group.namespace()) {
                 continue;
             }
             let g = groups.len() as u32;
             for (i, pod) in group.iter().enumerate() {
-                for ip in pod.ips.iter() {
+                for ip in pod.ips {
                     let ip = ip.to_canonical();
                     if by_ip.get(&ip).is_none_or(|s| s.reachable.is_none()) {
                         elsewhere_by_ip.entry(ip).or_insert((g, i as u32));
@@ -98,10 +98,10 @@ impl WorkloadStore {
             });
         }
         let (group, i) = *self.elsewhere_by_ip.get(&ip)?;
-        let pod = &self.elsewhere[group as usize][i as usize];
+        let pod = self.elsewhere[group as usize].get(i as usize)?;
         Some(WorkloadName {
-            namespace: &pod.namespace,
-            name: &pod.name,
+            namespace: pod.namespace,
+            name: pod.name,
         })
     }
 
