@@ -30,7 +30,7 @@ use crate::{
     identity::CgroupPods,
     live::LiveState,
     metrics::{Lookup, Metrics},
-    redirect::FastMaps,
+    redirect::{FastMaps, FastStats},
     state::Snapshot,
 };
 
@@ -41,10 +41,20 @@ pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// How long the agent waits for its first answers about endpoint host names before its first
 /// tables (names still unanswered go to the proxy until they resolve).
 pub const FIRST_RESOLUTION: Duration = Duration::from_secs(1);
+/// How long after a flip the idle generation is brought up to date (past the quiet time the
+/// programs need to finish with it).
+const CATCH_UP_AFTER: Duration = Duration::from_millis(25);
 /// How often the kernel's count of hides joins the proxy's, and its reports are logged.
 const HIDES_EVERY: Duration = Duration::from_millis(100);
 /// Hides logged a second at most (the rest are summed up in one line).
 const HIDES_LOGGED_PER_SECOND: u32 = 50;
+
+/// What the metrics read of the last compilation.
+#[derive(Default)]
+struct Published {
+    fallbacks: BTreeMap<Fallback, usize>,
+    fresh_hosts: usize,
+}
 
 /// The compiled snapshot in force and the cgroups its client table was filled from.
 #[derive(Default)]
@@ -62,6 +72,11 @@ pub struct FastPath {
     cgroups: Arc<CgroupPods>,
     /// Set once the programs are loaded ([`FastPath::start`]).
     maps: OnceLock<Arc<Mutex<FastMaps>>>,
+    /// The programs' counters, read without the maps' lock.
+    stats: OnceLock<Arc<FastStats>>,
+    /// What the metrics say of the tables in force, kept apart from `state`, which a compilation
+    /// holds for as long as it runs.
+    published: Mutex<Published>,
     /// Endpoint host names resolved ahead.
     ahead: Arc<Ahead>,
     metrics: Arc<Metrics>,
@@ -85,6 +100,8 @@ impl FastPath {
             live,
             cgroups,
             maps: OnceLock::new(),
+            stats: OnceLock::new(),
+            published: Mutex::default(),
             ahead,
             metrics,
             state: Mutex::new(State {
@@ -99,6 +116,8 @@ impl FastPath {
     /// With the programs loaded (and the first tables in force): installs every later snapshot as
     /// it is applied.
     pub fn start(self: &Arc<Self>, maps: Arc<Mutex<FastMaps>>) {
+        let stats = maps.lock().unwrap_or_else(|p| p.into_inner()).stats();
+        let _ = self.stats.set(stats);
         let _ = self.maps.set(maps);
         let fast = self;
         let live = &self.live;
@@ -134,6 +153,10 @@ impl FastPath {
             let compiled = state.compiled.as_ref().map(|(s, t, st)| (&**s, t, st));
             let (tables, stats) =
                 fastpath::compile_after(compiled, !new_hosts, &snapshot, Limits::kernel(), &hosts);
+            *self.published.lock().unwrap_or_else(|p| p.into_inner()) = Published {
+                fallbacks: stats.fallbacks.clone(),
+                fresh_hosts: hosts.len(),
+            };
             state.compiled = Some((snapshot.clone(), tables, stats));
             state.hosts = hosts;
         }
@@ -150,15 +173,18 @@ impl FastPath {
             .unwrap_or_else(|p| p.into_inner())
             .install(&tables);
         match installed {
-            Ok(()) => info!(
-                exact = tables.exact().len(),
-                cidrs = tables.cidrs().count(),
-                ports = tables.ports().len(),
-                workloads = tables.workloads().len(),
-                clients = tables.clients().len(),
-                fallbacks = ?stats.fallbacks,
-                "fast path: new tables in force"
-            ),
+            Ok(()) => {
+                info!(
+                    exact = tables.exact().len(),
+                    cidrs = tables.cidrs().count(),
+                    ports = tables.ports().len(),
+                    workloads = tables.workloads().len(),
+                    clients = tables.clients().len(),
+                    fallbacks = ?stats.fallbacks,
+                    "fast path: new tables in force"
+                );
+                catch_up_later(maps.clone());
+            }
             Err(e) => {
                 warn!(error = %e, "fast path: writing the tables failed; the previous ones stay in force")
             }
@@ -204,8 +230,10 @@ impl FastPath {
         let Some(maps) = self.maps.get() else {
             return;
         };
-        let lock = || maps.lock().unwrap_or_else(|p| p.into_inner());
-        let mut events = lock().take_events();
+        let Some(stats) = self.stats.get() else {
+            return;
+        };
+        let mut events = maps.lock().unwrap_or_else(|p| p.into_inner()).take_events();
         let mut counted = 0;
         let (mut window, mut logged, mut suppressed) = (Instant::now(), 0u32, 0u64);
         let mut tick = tokio::time::interval(HIDES_EVERY);
@@ -214,7 +242,7 @@ impl FastPath {
                 _ = shutdown.changed() => return,
                 _ = tick.tick() => {}
             }
-            let (hidden, _) = lock().hidden_counts();
+            let (hidden, _) = stats.hidden_counts();
             if hidden > counted {
                 self.metrics
                     .clients
@@ -300,12 +328,8 @@ impl FastPath {
     }
 
     fn fallbacks(&self) -> BTreeMap<Fallback, usize> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        state
-            .compiled
-            .as_ref()
-            .map(|(_, _, stats)| stats.fallbacks.clone())
-            .unwrap_or_default()
+        let published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        published.fallbacks.clone()
     }
 }
 
@@ -360,10 +384,37 @@ struct FallbackLabels {
     reason: String,
 }
 
+/// Brings the generation just left to the tables in force once programs are done with it, off any
+/// update's path (see [`FastMaps::catch_up`]); a later update does it itself if it comes first.
+fn catch_up_later(maps: Arc<Mutex<FastMaps>>) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(CATCH_UP_AFTER).await;
+            let maps = maps.clone();
+            let done = tokio::task::spawn_blocking(move || {
+                maps.lock().unwrap_or_else(|p| p.into_inner()).catch_up()
+            })
+            .await;
+            match done {
+                Ok(Ok(false)) => continue,
+                Ok(Ok(true)) => return,
+                Ok(Err(e)) => {
+                    debug!(error = %e, "fast path: bringing the idle tables up to date failed; the next update writes what is left");
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    });
+}
+
 impl Collector for FastPathMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let counts = match self.0.maps.get() {
-            Some(maps) => maps.lock().unwrap_or_else(|p| p.into_inner()).counts(),
+        let counts = match self.0.stats.get() {
+            Some(stats) => stats.counts(),
             None => Vec::new(),
         };
         let mut family = encoder.encode_descriptor(
@@ -400,11 +451,10 @@ impl Collector for FastPathMetrics {
         )?;
         let fresh = self
             .0
-            .state
+            .published
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .hosts
-            .len();
+            .fresh_hosts;
         for (state, n) in [
             ("wanted", ahead.names()),
             ("fresh", fresh),

@@ -9,6 +9,7 @@
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
     hash::Hash,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -51,6 +52,30 @@ struct Held {
     /// Shared with the tables written (the endpoints in use, not the kernel's 16 slots).
     ports: StdHashMap<PortKey, PortEndpoints>,
     workloads: StdHashMap<IpKey, u8>,
+    config: Config,
+}
+
+/// What a generation is to hold: the tables to install, or the other generation's content.
+struct Want<'a> {
+    clients: &'a StdHashMap<u64, u32>,
+    exact: &'a StdHashMap<AddrKey, Claim>,
+    cidrs: &'a StdHashMap<(u32, LpmBytes), Claim>,
+    ports: &'a StdHashMap<PortKey, PortEndpoints>,
+    workloads: &'a StdHashMap<IpKey, u8>,
+    config: Config,
+}
+
+impl Held {
+    fn wanted(&self) -> Want<'_> {
+        Want {
+            clients: &self.clients,
+            exact: &self.exact,
+            cidrs: &self.cidrs,
+            ports: &self.ports,
+            workloads: &self.workloads,
+            config: self.config,
+        }
+    }
 }
 
 impl Held {
@@ -72,9 +97,32 @@ pub struct FastMaps {
     /// Index into `generations` of the one in force, if any.
     in_force: Option<usize>,
     flipped_at: Option<Instant>,
-    stats: PerCpuArray<MapData, u64>,
+    /// Whether the idle generation holds what the one in force does (see [`FastMaps::catch_up`]).
+    idle_caught_up: bool,
+    stats: Arc<FastStats>,
     /// Until the agent's reader takes it.
     events: Option<RingBuf<MapData>>,
+}
+
+/// The programs' fast-path counters: read without the maps' lock, which an update holds for as
+/// long as it writes (a scrape or the hides' reader never waits for one).
+pub struct FastStats(PerCpuArray<MapData, u64>);
+
+impl FastStats {
+    /// Totals of the programs' per-CPU fast-path counters.
+    pub fn counts(&self) -> Vec<(FastStat, u64)> {
+        per_cpu_totals(&self.0, &FastStat::ALL, |stat| stat as u32)
+    }
+
+    /// Connections the kernel decided past a hidden service, and the hides it could not report.
+    pub fn hidden_counts(&self) -> (u64, u64) {
+        let totals = per_cpu_totals(
+            &self.0,
+            &[FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED],
+            |slot| slot,
+        );
+        (totals[0].1, totals[1].1)
+    }
 }
 
 /// The kernel's reports of the hides it decided past (`FAST_HIDDEN_EVENTS`).
@@ -114,7 +162,12 @@ impl FastMaps {
             generations,
             in_force: None,
             flipped_at: None,
-            stats: take_map(ebpf, maps::FAST_STATS, PerCpuArray::try_from)?,
+            idle_caught_up: false,
+            stats: Arc::new(FastStats(take_map(
+                ebpf,
+                maps::FAST_STATS,
+                PerCpuArray::try_from,
+            )?)),
             events: Some(take_map(ebpf, maps::FAST_HIDDEN_EVENTS, RingBuf::try_from)?),
         })
     }
@@ -131,6 +184,7 @@ impl FastMaps {
         self.selector.set(0, selector, 0)?;
         self.in_force = Some(idle);
         self.flipped_at = Some(Instant::now());
+        self.idle_caught_up = false;
         Ok(())
     }
 
@@ -139,19 +193,37 @@ impl FastMaps {
         self.in_force.map(|i| self.generations[i].held.sizes())
     }
 
-    /// Totals of the programs' per-CPU fast-path counters.
-    pub fn counts(&self) -> Vec<(FastStat, u64)> {
-        per_cpu_totals(&self.stats, &FastStat::ALL, |stat| stat as u32)
+    /// The programs' counters, to read without this lock.
+    pub fn stats(&self) -> Arc<FastStats> {
+        self.stats.clone()
     }
 
-    /// Connections the kernel decided past a hidden service, and the hides it could not report.
-    pub fn hidden_counts(&self) -> (u64, u64) {
-        let totals = per_cpu_totals(
-            &self.stats,
-            &[FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED],
-            |slot| slot,
-        );
-        (totals[0].1, totals[1].1)
+    /// Brings the idle generation to what the one in force holds, once [`QUIET_AFTER_FLIP`] has
+    /// passed since the flip (`false`: too soon, call again later). Otherwise the next update
+    /// writes both its own change and the one before it: after the first tables (the idle
+    /// generation empty) that is every entry, at 10,000 entries some 100 ms on the way to one
+    /// pod's change. Done off the update's path, it takes that time when nothing waits for it.
+    pub fn catch_up(&mut self) -> Result<bool, MapError> {
+        let Some(in_force) = self.in_force else {
+            return Ok(true);
+        };
+        if self.idle_caught_up {
+            return Ok(true);
+        }
+        if self
+            .flipped_at
+            .is_some_and(|at| at.elapsed() < QUIET_AFTER_FLIP)
+        {
+            return Ok(false);
+        }
+        let (first, second) = self.generations.split_at_mut(1);
+        let (live, idle) = match in_force {
+            0 => (&first[0], &mut second[0]),
+            _ => (&second[0], &mut first[0]),
+        };
+        idle.sync(live.held.wanted())?;
+        self.idle_caught_up = true;
+        Ok(true)
     }
 
     /// The hide reports, once (their reader owns them).
@@ -164,29 +236,41 @@ impl Generation {
     /// Brings this (idle) generation to `want`, writing only what differs. `held` follows every
     /// successful write, so after an error the next call finishes the job.
     fn write(&mut self, want: &Tables) -> Result<(), MapError> {
-        let held = &mut self.held;
-        sync_hash(&mut self.clients, &mut held.clients, want.clients(), |v| *v)?;
-        sync_hash(&mut self.exact, &mut held.exact, want.exact(), |v| *v)?;
         let cidrs = want
             .cidrs()
             .map(|(len, bytes, claim)| ((len, *bytes), *claim))
             .collect();
+        let workloads = want.workloads().iter().map(|ip| (*ip, 1)).collect();
+        self.sync(Want {
+            clients: want.clients(),
+            exact: want.exact(),
+            cidrs: &cidrs,
+            ports: want.ports(),
+            workloads: &workloads,
+            config: want.config(),
+        })
+    }
+
+    fn sync(&mut self, want: Want<'_>) -> Result<(), MapError> {
+        let held = &mut self.held;
+        sync_hash(&mut self.clients, &mut held.clients, want.clients, |v| *v)?;
+        sync_hash(&mut self.exact, &mut held.exact, want.exact, |v| *v)?;
         sync(
             &mut self.cidrs,
             &mut held.cidrs,
-            &cidrs,
+            want.cidrs,
             |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
             |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), *v, 0),
         )?;
         sync_hash(
             &mut self.ports,
             &mut held.ports,
-            want.ports(),
+            want.ports,
             PortEndpoints::kernel,
         )?;
-        let workloads = want.workloads().iter().map(|ip| (*ip, 1)).collect();
-        sync_hash(&mut self.workloads, &mut held.workloads, &workloads, |v| *v)?;
-        self.config.set(0, want.config(), 0)?;
+        sync_hash(&mut self.workloads, &mut held.workloads, want.workloads, |v| *v)?;
+        self.config.set(0, want.config, 0)?;
+        held.config = want.config;
         Ok(())
     }
 }

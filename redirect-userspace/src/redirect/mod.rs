@@ -35,7 +35,7 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
-pub use fast_maps::FastMaps;
+pub use fast_maps::{FastMaps, FastStats};
 pub use features::MissingFeatures;
 pub use gateway::Gateways;
 pub use netns::NetnsError;
