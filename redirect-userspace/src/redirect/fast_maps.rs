@@ -40,11 +40,13 @@ struct Generation {
     ports: HashMap<MapData, PortKey, Backends>,
     workloads: HashMap<MapData, IpKey, u8>,
     config: Array<MapData, Config>,
-    held: Held,
+    /// Shared with the other generation while both hold the same (after [`FastMaps::catch_up`]):
+    /// one copy, not two, of what the maps hold at rest.
+    held: Arc<Held>,
 }
 
 /// What one generation's maps hold, entry for entry, as last written.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Held {
     clients: StdHashMap<u64, u32>,
     exact: StdHashMap<AddrKey, Claim>,
@@ -153,7 +155,7 @@ impl FastMaps {
                 ports: take_map(ebpf, maps::FAST_PORTS[i], HashMap::try_from)?,
                 workloads: take_map(ebpf, maps::FAST_WORKLOADS[i], HashMap::try_from)?,
                 config: take_map(ebpf, maps::FAST_CONFIG[i], Array::try_from)?,
-                held: Held::default(),
+                held: Arc::default(),
             })
         };
         let generations = [generation(0)?, generation(1)?];
@@ -222,6 +224,7 @@ impl FastMaps {
             _ => (&second[0], &mut first[0]),
         };
         idle.sync(live.held.wanted())?;
+        idle.held = live.held.clone();
         self.idle_caught_up = true;
         Ok(true)
     }
@@ -252,7 +255,7 @@ impl Generation {
     }
 
     fn sync(&mut self, want: Want<'_>) -> Result<(), MapError> {
-        let held = &mut self.held;
+        let held = Arc::make_mut(&mut self.held);
         sync_hash(&mut self.clients, &mut held.clients, want.clients, |v| *v)?;
         sync_hash(&mut self.exact, &mut held.exact, want.exact, |v| *v)?;
         sync(
