@@ -60,7 +60,11 @@ impl Reloader {
 }
 
 /// Applies the directory once more. Returns whether anything was applied.
-pub async fn apply(reloader: &mut Option<Reloader>, live: &Arc<LiveState>, metrics: &Metrics) -> bool {
+pub async fn apply(
+    reloader: &mut Option<Reloader>,
+    live: &Arc<LiveState>,
+    metrics: &Metrics,
+) -> bool {
     let Some(mut owned) = reloader.take() else {
         return false;
     };

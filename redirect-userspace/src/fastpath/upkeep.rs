@@ -395,7 +395,12 @@ fn catch_up_later(maps: Arc<Mutex<FastMaps>>) {
             tokio::time::sleep(CATCH_UP_AFTER).await;
             let maps = maps.clone();
             let done = tokio::task::spawn_blocking(move || {
-                maps.lock().unwrap_or_else(|p| p.into_inner()).catch_up()
+                let done = maps.lock().unwrap_or_else(|p| p.into_inner()).catch_up();
+                if matches!(done, Ok(true)) {
+                    // The idle generation's own record of its maps was just let go of.
+                    crate::live::release_free_memory();
+                }
+                done
             })
             .await;
             match done {

@@ -271,7 +271,12 @@ impl Generation {
             want.ports,
             PortEndpoints::kernel,
         )?;
-        sync_hash(&mut self.workloads, &mut held.workloads, want.workloads, |v| *v)?;
+        sync_hash(
+            &mut self.workloads,
+            &mut held.workloads,
+            want.workloads,
+            |v| *v,
+        )?;
         self.config.set(0, want.config, 0)?;
         held.config = want.config;
         Ok(())
