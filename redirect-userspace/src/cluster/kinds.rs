@@ -2,6 +2,7 @@
 //! down to the fields the model reads, then read by the same loader that reads files. Pods, by
 //! far the most numerous, are cut down as they are parsed ([`ApiPod`]).
 mod pod;
+mod slim;
 
 use std::sync::Arc;
 

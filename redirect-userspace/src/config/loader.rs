@@ -6,11 +6,12 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 use super::{
+    api_pod::ApiPodParts,
     endpoint_slice::RawEndpointSlice,
     error::{ConfigError, ConfigErrors, Ctx, MAX_QUOTED, bounded, plain_message},
     kube::{RawNamespace, RawPod, RawService},
     mesh::{MeshConfig, RawConfigMap, RawIstioOperator, RawMeshConfig},
-    model::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, Model, Namespace},
+    model::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, Model, Namespace, Workload},
     service_entry::{RawServiceEntry, RawWorkloadEntry},
     source::{self, Limits},
     yaml,
@@ -99,6 +100,35 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
 /// the file name. The model holds that object alone (plus its implicit namespace).
 pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
     read_api_pod(source, object).unwrap_or_else(|| read_api_document(source, object))
+}
+
+/// A `v1` Pod the API served, read in one pass ([`ApiPodParts`]; of another node's Pod, only
+/// what that watch keeps), checked as [`read_api_object`] checks it: the same workload or the same
+/// errors, without a whole load around one Pod. `Err`: it holds something the YAML way reads in
+/// its own words; the JSON a whole read would have kept of it, for [`read_api_object`].
+pub fn check_api_pod(
+    source: &str,
+    pod: ApiPodParts,
+    elsewhere: bool,
+) -> Result<Result<Workload, Vec<ConfigError>>, serde_json::Value> {
+    let raw = pod.into_raw(elsewhere)?;
+    let meta = raw.metadata.as_ref();
+    let id = identity("Pod", |path| match path {
+        ["metadata", "name"] => meta?.name.as_deref(),
+        ["metadata", "namespace"] => meta?.namespace.as_deref(),
+        _ => None,
+    });
+    let mut errors = Vec::new();
+    let mut ctx = Ctx {
+        file: source,
+        object: describe(&id),
+        prefix: String::new(),
+        errors: &mut errors,
+    };
+    Ok(match raw.convert(&mut ctx) {
+        Some(pod) if errors.is_empty() => Ok(pod),
+        _ => Err(errors),
+    })
 }
 
 /// [`read_api_object`] for any object: as YAML, the form the loader reads.
