@@ -33,7 +33,9 @@ pub use last_good::keep_last_good;
 pub(crate) use loader::complete;
 #[cfg(test)]
 pub use loader::load_dir;
-pub use loader::{Rejected, check_api_pod, load_sources, read_api_object, read_dir, read_sources};
+pub use loader::{
+    Rejected, check_api_entry, check_api_pod, load_sources, read_api_object, read_dir, read_sources,
+};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::use_waypoint;

@@ -18,11 +18,9 @@ pub(super) enum Keep {
     All,
     /// Of an object, these fields, each read as its own `Keep` says. Any other value is read whole.
     Fields(&'static [(&'static str, Keep)]),
-    /// Of an array, each item as the `Keep` says. Any other value is read whole.
-    Items(&'static Keep),
 }
 
-pub(super) use Keep::{All, Fields, Items};
+pub(super) use Keep::{All, Fields};
 
 /// Reads one JSON value as its [`Keep`] says.
 #[derive(Clone, Copy)]
@@ -65,15 +63,8 @@ impl<'de> Visitor<'de> for Reader {
         Ok(Value::Object(kept))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let Items(item) = self.0 else {
-            return Value::deserialize(SeqAccessDeserializer::new(seq));
-        };
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
-        while let Some(value) = seq.next_element_seed(Reader(item))? {
-            items.push(value);
-        }
-        Ok(Value::Array(items))
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
+        Value::deserialize(SeqAccessDeserializer::new(seq))
     }
 
     fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
