@@ -1,12 +1,15 @@
 //! The kinds the agent watches, and each object's way from the API's JSON to the model: first cut
 //! down to the fields the model reads, then read by the same loader that reads files. Pods, by
 //! far the most numerous, are cut down as they are parsed ([`ApiPod`]).
+mod entry;
 mod pod;
+mod slim;
 
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+pub use entry::ApiEntry;
 pub use pod::ApiPod;
 
 use crate::config::{
@@ -162,6 +165,15 @@ pub const SOURCE: &str = "kubernetes API";
 /// The mesh ConfigMap is read whatever its name: only the configured one is watched.
 pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
     let observed = (kind == Kind::ServiceEntry).then(|| Arc::new(crate::status::observe(&object)));
+    Converted {
+        observed,
+        ..convert_unobserved(kind, api_version, object)
+    }
+}
+
+/// [`convert`] without a ServiceEntry's status for the status writer.
+fn convert_unobserved(kind: Kind, api_version: &str, object: Value) -> Converted {
+    let observed = None;
     let mut slim = strip(kind, object);
     slim.insert("apiVersion".into(), Value::from(api_version));
     slim.insert("kind".into(), Value::from(kind.name()));
@@ -171,7 +183,21 @@ pub fn convert(kind: Kind, api_version: &str, object: Value) -> Converted {
         // The loader reads the mesh config from a ConfigMap named `istio` only.
         meta.insert("name".into(), Value::from("istio"));
     }
-    let loaded = config::read_api_object(SOURCE, &Value::Object(slim));
+    let slim = Value::Object(slim);
+    if kind == Kind::ServiceEntry
+        && let Some(checked) = config::check_api_entry(SOURCE, &slim)
+    {
+        let (object, errors) = match checked {
+            Ok(entry) => (Some(Object::ServiceEntry(Arc::new(entry))), Vec::new()),
+            Err(errors) => (None, errors),
+        };
+        return Converted {
+            object,
+            errors,
+            observed,
+        };
+    }
+    let loaded = config::read_api_object(SOURCE, &slim);
     if !loaded.errors.is_empty() {
         return Converted {
             object: None,

@@ -19,7 +19,7 @@ use tracing::{error, info, warn};
 
 use super::{
     MeshConfigMap,
-    kinds::{self, ApiPod, Kind},
+    kinds::{self, ApiEntry, ApiPod, Kind},
     store::{Change, Key},
 };
 use crate::metrics::Metrics;
@@ -99,6 +99,9 @@ pub async fn run(
             Kind::Pod | Kind::PodElsewhere => {
                 follow::<ApiPod>(client.clone(), &api_version, &report).await
             }
+            Kind::ServiceEntry if !observe_status => {
+                follow::<ApiEntry>(client.clone(), &api_version, &report).await
+            }
             _ => follow::<DynamicObject>(client.clone(), &api_version, &report).await,
         };
         match ended {
@@ -149,6 +152,13 @@ impl Watched for DynamicObject {
 impl Watched for ApiPod {
     fn read(self, kind: Kind, api_version: &str, _: bool) -> serde_json::Result<kinds::Converted> {
         Ok(self.convert(kind, api_version))
+    }
+}
+
+/// A ServiceEntry without its status (no status writer), cut down as it was parsed.
+impl Watched for ApiEntry {
+    fn read(self, _: Kind, api_version: &str, _: bool) -> serde_json::Result<kinds::Converted> {
+        Ok(self.convert(api_version))
     }
 }
 

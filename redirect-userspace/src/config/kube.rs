@@ -136,44 +136,44 @@ impl RawService {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 pub(crate) struct RawPod {
-    metadata: Option<RawMeta>,
-    spec: Option<RawPodSpec>,
-    status: Option<RawPodStatus>,
+    pub(super) metadata: Option<RawMeta>,
+    pub(super) spec: Option<RawPodSpec>,
+    pub(super) status: Option<RawPodStatus>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawPodSpec {
-    node_name: Option<String>,
-    containers: Option<Vec<RawContainer>>,
+pub(super) struct RawPodSpec {
+    pub(super) node_name: Option<String>,
+    pub(super) containers: Option<Vec<RawContainer>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct RawContainer {
-    ports: Option<Vec<RawContainerPort>>,
+pub(super) struct RawContainer {
+    pub(super) ports: Option<Vec<RawContainerPort>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawContainerPort {
-    name: Option<String>,
-    container_port: Option<i64>,
+pub(super) struct RawContainerPort {
+    pub(super) name: Option<String>,
+    pub(super) container_port: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct RawPodStatus {
+pub(super) struct RawPodStatus {
     #[serde(rename = "podIP")]
-    pod_ip: Option<String>,
+    pub(super) pod_ip: Option<String>,
     #[serde(rename = "podIPs")]
-    pod_ips: Option<Vec<RawPodIp>>,
+    pub(super) pod_ips: Option<Vec<RawPodIp>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct RawPodIp {
-    ip: Option<String>,
+pub(super) struct RawPodIp {
+    pub(super) ip: Option<String>,
 }
 
 impl RawPod {
@@ -182,25 +182,35 @@ impl RawPod {
         let meta = convert::meta(ctx, self.metadata, true);
         let spec = self.spec.unwrap_or_default();
         let status = self.status.unwrap_or_default();
-        let mut ips: Vec<IpAddr> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
+        // A Pod has an address or two: a list, searched, is the cheapest set. Field names are
+        // written out only for an error.
+        let mut ips: Vec<IpAddr> = Vec::with_capacity(1);
         if let Some(text) = status.pod_ip.as_deref().filter(|t| !t.is_empty()) {
             ips.extend(convert::ip(ctx, "status.podIP", text));
-            seen.extend(ips.iter().copied());
         }
         for (i, raw) in status.pod_ips.unwrap_or_default().into_iter().enumerate() {
-            if let Some(text) = raw.ip.as_deref()
-                && let Some(ip) = convert::ip(ctx, &format!("status.podIPs[{i}].ip"), text)
-                && seen.insert(ip)
-            {
-                ips.push(ip);
+            if let Some(text) = raw.ip.as_deref() {
+                let ip = match text.parse::<IpAddr>() {
+                    Ok(ip) => Some(ip),
+                    Err(_) => convert::ip(ctx, &format!("status.podIPs[{i}].ip"), text),
+                };
+                if let Some(ip) = ip
+                    && !ips.contains(&ip)
+                {
+                    ips.push(ip);
+                }
             }
         }
         let mut ports = BTreeMap::new();
         for (c, container) in spec.containers.unwrap_or_default().into_iter().enumerate() {
             for (i, raw) in container.ports.unwrap_or_default().into_iter().enumerate() {
-                let at = format!("spec.containers[{c}].ports[{i}].containerPort");
-                let number = convert::port(ctx, &at, raw.container_port);
+                let number = match raw.container_port.map(u16::try_from) {
+                    Some(Ok(p)) if p != 0 => Some(p),
+                    _ => {
+                        let at = format!("spec.containers[{c}].ports[{i}].containerPort");
+                        convert::port(ctx, &at, raw.container_port)
+                    }
+                };
                 if let (Some(name), Some(number)) = (raw.name, number) {
                     ports.insert(name, number);
                 }

@@ -6,11 +6,12 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 use super::{
+    api_pod::ApiPodParts,
     endpoint_slice::RawEndpointSlice,
     error::{ConfigError, ConfigErrors, Ctx, MAX_QUOTED, bounded, plain_message},
     kube::{RawNamespace, RawPod, RawService},
     mesh::{MeshConfig, RawConfigMap, RawIstioOperator, RawMeshConfig},
-    model::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, Model, Namespace},
+    model::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, Model, Namespace, ServiceEntry, Workload},
     service_entry::{RawServiceEntry, RawWorkloadEntry},
     source::{self, Limits},
     yaml,
@@ -99,6 +100,88 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
 /// the file name. The model holds that object alone (plus its implicit namespace).
 pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
     read_api_pod(source, object).unwrap_or_else(|| read_api_document(source, object))
+}
+
+/// A ServiceEntry the API served (`api_version` as watched), checked as [`read_api_object`]
+/// checks it, read from its JSON without YAML in between nor a whole load around it: the same
+/// entry or the same errors. `None` when the JSON might read otherwise than its YAML does (a list
+/// where a part goes, a field of another type: the YAML read names it in its words); read it
+/// with [`read_api_object`] then.
+pub fn check_api_entry(
+    source: &str,
+    object: &serde_json::Value,
+) -> Option<Result<ServiceEntry, Vec<ConfigError>>> {
+    let api_version = object.get("apiVersion").and_then(serde_json::Value::as_str);
+    let kind = object.get("kind").and_then(serde_json::Value::as_str)?;
+    if classify(api_version, kind) != Some("ServiceEntry") || !entry_reads_as_its_yaml(object) {
+        return None;
+    }
+    let raw = RawServiceEntry::deserialize(object).ok()?;
+    let text = |path: &[&str]| path.iter().try_fold(object, |v, key| v.get(*key))?.as_str();
+    let id = identity("ServiceEntry", text);
+    let mut errors = Vec::new();
+    let mut ctx = Ctx {
+        file: source,
+        object: describe(&id),
+        prefix: String::new(),
+        errors: &mut errors,
+    };
+    Some(match raw.convert(&mut ctx) {
+        Some(entry) if errors.is_empty() => Ok(entry),
+        _ => Err(errors),
+    })
+}
+
+/// Whether a ServiceEntry's JSON reads as its YAML does wherever it reads at all: no list stands
+/// where a part of it goes (`metadata`, `spec`, `status`, a port, an endpoint, the workload
+/// selector, a status address), which JSON would read field by field and YAML refuses.
+fn entry_reads_as_its_yaml(entry: &serde_json::Value) -> bool {
+    use serde_json::Value as Json;
+    let part = |v: Option<&Json>| !matches!(v, Some(Json::Array(_)));
+    let items = |v: Option<&Json>| match v {
+        Some(Json::Array(items)) => items.iter().all(|i| !i.is_array()),
+        _ => true,
+    };
+    let spec = entry.get("spec");
+    fn at<'v>(v: Option<&'v Json>, field: &str) -> Option<&'v Json> {
+        v.and_then(|v| v.get(field))
+    }
+    ["metadata", "spec", "status"]
+        .iter()
+        .all(|field| part(entry.get(*field)))
+        && part(at(spec, "workloadSelector"))
+        && items(at(spec, "ports"))
+        && items(at(spec, "endpoints"))
+        && items(at(entry.get("status"), "addresses"))
+}
+
+/// A `v1` Pod the API served, read in one pass ([`ApiPodParts`]; of another node's Pod, only
+/// what that watch keeps), checked as [`read_api_object`] checks it: the same workload or the same
+/// errors, without a whole load around one Pod. `Err`: it holds something the YAML way reads in
+/// its own words; the JSON a whole read would have kept of it, for [`read_api_object`].
+pub fn check_api_pod(
+    source: &str,
+    pod: ApiPodParts,
+    elsewhere: bool,
+) -> Result<Result<Workload, Vec<ConfigError>>, serde_json::Value> {
+    let raw = pod.into_raw(elsewhere)?;
+    let meta = raw.metadata.as_ref();
+    let id = identity("Pod", |path| match path {
+        ["metadata", "name"] => meta?.name.as_deref(),
+        ["metadata", "namespace"] => meta?.namespace.as_deref(),
+        _ => None,
+    });
+    let mut errors = Vec::new();
+    let mut ctx = Ctx {
+        file: source,
+        object: describe(&id),
+        prefix: String::new(),
+        errors: &mut errors,
+    };
+    Ok(match raw.convert(&mut ctx) {
+        Some(pod) if errors.is_empty() => Ok(pod),
+        _ => Err(errors),
+    })
 }
 
 /// [`read_api_object`] for any object: as YAML, the form the loader reads.
@@ -799,6 +882,132 @@ mod tests {
                 pod[part][field.as_str()] = value;
             }
             same_load(&read_api_object("kubernetes API", &pod), &read_api_document("kubernetes API", &pod))?;
+        }
+    }
+
+    fn api_entry() -> serde_json::Value {
+        serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
+            "metadata": {"name": "api", "namespace": "team-a", "labels": {"app": "api"},
+                         "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1",
+                         "creationTimestamp": "2024-05-01T12:00:00Z"},
+            "spec": {"hosts": ["api.example.com"], "addresses": ["203.0.113.10"],
+                     "ports": [{"number": 443, "name": "https", "protocol": "TLS", "targetPort": 8443}],
+                     "location": "MESH_EXTERNAL", "resolution": "STATIC", "exportTo": ["."],
+                     "endpoints": [{"address": "198.51.100.1", "ports": {"https": 8443},
+                                    "labels": {"v": "1"}, "network": "n1"}]},
+            "status": {"addresses": [{"value": "240.240.0.1", "host": "api.example.com"}]}})
+    }
+
+    /// An entry read from its JSON, when it is, is what its YAML gives: the same entry or the
+    /// same errors. `typed`: whether it was read from its JSON.
+    fn entry_as_its_yaml(
+        entry: &serde_json::Value,
+    ) -> Result<bool, proptest::test_runner::TestCaseError> {
+        let yaml = read_api_document("kubernetes API", entry);
+        let Some(checked) = check_api_entry("kubernetes API", entry) else {
+            return Ok(false);
+        };
+        match checked {
+            Ok(se) => {
+                proptest::prop_assert!(yaml.errors.is_empty(), "{:?}", yaml.errors);
+                proptest::prop_assert_eq!(yaml.model.service_entries, vec![Arc::new(se)]);
+            }
+            Err(errors) => {
+                proptest::prop_assert!(!errors.is_empty());
+                proptest::prop_assert_eq!(&errors, &yaml.errors);
+                proptest::prop_assert!(yaml.model.service_entries.is_empty());
+            }
+        }
+        Ok(true)
+    }
+
+    /// `entry` with the value at `pointer` set, its field added if missing.
+    fn set(entry: &mut serde_json::Value, pointer: &str, value: serde_json::Value) {
+        let (parent, field) = pointer.rsplit_once('/').unwrap_or_default();
+        match entry.pointer_mut(parent) {
+            Some(serde_json::Value::Object(map)) => {
+                map.insert(field.to_string(), value);
+            }
+            Some(serde_json::Value::Array(items)) => {
+                items[field.parse::<usize>().unwrap()] = value;
+            }
+            _ => panic!("no {parent}"),
+        }
+    }
+
+    #[test]
+    fn an_entry_read_from_json_is_what_its_yaml_gives() {
+        use serde_json::json;
+        let typed = [
+            ("/spec/addresses/0", json!("203.0.113.0/33")),
+            ("/spec/ports/0/number", json!(70000)),
+            ("/spec/ports/0/number", json!(0)),
+            ("/spec/hosts/0", json!("*")),
+            ("/spec/hosts", json!([])),
+            ("/spec/resolution", json!("SOMETIMES")),
+            ("/spec/resolution", json!(2)),
+            ("/spec/endpoints/0/address", json!("127.0.0.1")),
+            ("/spec/endpoints/0/ports/https", json!(0)),
+            ("/metadata/uid", json!("not-a-uid")),
+            ("/metadata/name", json!("Api_1")),
+            ("/status/addresses/0/value", json!("240.240.0.999")),
+            ("/spec/location", json!(null)),
+            ("/metadata/labels", json!(null)),
+            ("/spec/workloadSelector", json!({"labels": {"app": "api"}})),
+        ];
+        let odd = [
+            ("/metadata", json!(["api"])),
+            ("/spec", json!([{"hosts": ["a.example.com"]}])),
+            ("/status", json!([])),
+            ("/spec/ports/0", json!([443, "https"])),
+            ("/spec/endpoints/0", json!(["198.51.100.1"])),
+            ("/spec/workloadSelector", json!([{"app": "api"}])),
+            ("/status/addresses/0", json!(["240.240.0.1"])),
+            ("/spec/ports/0/number", json!("443")),
+            ("/spec/ports/0/number", json!(443.5)),
+            ("/spec/hosts", json!("api.example.com")),
+            ("/spec/hosts/0", json!(7)),
+            ("/spec/hosts/0", json!(null)),
+            ("/spec/ports/0", json!(null)),
+            ("/metadata/name", json!(7)),
+            ("/metadata/labels/app", json!(7)),
+            ("/spec/resolution", json!(true)),
+            ("/spec/endpoints/0/ports", json!([8443])),
+        ];
+        for (cases, want) in [(&typed[..], true), (&odd[..], false)] {
+            for (pointer, value) in cases {
+                let mut entry = api_entry();
+                set(&mut entry, pointer, value.clone());
+                let got = entry_as_its_yaml(&entry).unwrap();
+                assert_eq!(got, want, "{pointer}: {value}");
+            }
+        }
+        assert!(entry_as_its_yaml(&api_entry()).unwrap());
+        let loaded = check_api_entry("kubernetes API", &api_entry())
+            .unwrap()
+            .unwrap();
+        assert_eq!(loaded.meta.name, "api");
+        for part in ["metadata", "spec", "status"] {
+            let mut entry = api_entry();
+            entry.as_object_mut().unwrap().remove(part);
+            assert!(entry_as_its_yaml(&entry).unwrap(), "without {part}");
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+        /// Whatever a part of an entry holds.
+        #[test]
+        fn any_part_of_an_entry_reads_as_its_yaml_does(
+            place in 0..14usize, value in any_json()
+        ) {
+            const PLACES: [&str; 14] = ["/metadata", "/metadata/name", "/metadata/labels", "/spec",
+                "/spec/hosts", "/spec/hosts/0", "/spec/ports", "/spec/ports/0", "/spec/ports/0/number",
+                "/spec/endpoints/0", "/spec/endpoints/0/ports", "/spec/resolution", "/status/addresses",
+                "/spec/workloadSelector"];
+            let mut entry = api_entry();
+            set(&mut entry, PLACES[place], value);
+            entry_as_its_yaml(&entry)?;
         }
     }
 

@@ -3,6 +3,7 @@
 //! Every error names the file, the object (`Kind namespace/name`) and the field. The unit of refusal
 //! is one object: an invalid object is left out and reported, every valid one loads ([`Loaded`]);
 //! a running agent puts back the last good version of what was left out ([`keep_last_good`]).
+mod api_pod;
 mod convert;
 mod elsewhere;
 mod endpoint_slice;
@@ -18,6 +19,7 @@ mod service_entry;
 mod source;
 mod yaml;
 
+pub use api_pod::{ApiPodParts, MetaParts, Part, read_api_pod_parts};
 pub use elsewhere::{PodGroup, PodRef, PodsElsewhere};
 pub use endpoint_slice::SERVICE_NAME_LABEL;
 #[cfg(test)]
@@ -31,7 +33,9 @@ pub use last_good::keep_last_good;
 pub(crate) use loader::complete;
 #[cfg(test)]
 pub use loader::load_dir;
-pub use loader::{Rejected, load_sources, read_api_object, read_dir, read_sources};
+pub use loader::{
+    Rejected, check_api_entry, check_api_pod, load_sources, read_api_object, read_dir, read_sources,
+};
 pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
 pub use service_entry::use_waypoint;

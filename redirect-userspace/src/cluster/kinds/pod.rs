@@ -1,113 +1,92 @@
-//! A Pod read from the API's bytes straight to the fields the model reads: the rest (managed
-//! fields, annotations, container specs, most of the status: nearly all of a Pod's bytes) is
-//! skipped as it is parsed, never held. At 100,000 Pods the first list is mostly this.
+//! A Pod read from the API's bytes straight to the fields the model reads, typed as the loader
+//! checks them ([`config::ApiPodParts`]): the rest (managed fields, annotations, container specs,
+//! most of the status: nearly all of a Pod's bytes) is skipped as it is parsed, never held. At
+//! 100,000 Pods the first list is mostly this.
 //!
-//! What is kept is JSON, read whatever its shape: a field of an unexpected type is left to the
-//! loader, which refuses that Pod with the field named, exactly as it does a Pod read whole. One
-//! odd Pod never fails the page it came in.
-use std::{borrow::Cow, fmt};
+//! A field of an unexpected type is kept as the JSON it was, and that Pod read the loader's YAML
+//! way, which refuses it with the field named exactly as it does a Pod read whole. One odd Pod
+//! never fails the page it came in.
+use std::{borrow::Cow, sync::Arc};
 
 use kube::{
     Resource,
     api::{ApiResource, ObjectMeta},
     core::DynamicResourceScope,
 };
-use serde::{
-    Deserialize, Deserializer,
-    de::{
-        DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor,
-        value::{MapAccessDeserializer, SeqAccessDeserializer},
-    },
-};
-use serde_json::{Map, Value};
+use serde::{Deserialize, Deserializer};
 
-use super::{Converted, Kind};
+use super::{Converted, Kind, Object, SOURCE};
+use crate::config::{self, ApiPodParts, MetaParts, Part, PodElsewhere};
 
-/// The parts of a JSON value to read; whatever else is skipped unread.
-#[derive(Debug)]
-pub(super) enum Keep {
-    /// The whole value.
-    All,
-    /// Of an object, these fields, each read as its own `Keep` says. Any other value is read whole.
-    Fields(&'static [(&'static str, Keep)]),
-    /// Of an array, each item as the `Keep` says. Any other value is read whole.
-    Items(&'static Keep),
-}
-
-use Keep::{All, Fields, Items};
-
-/// What the model reads of a Pod of either watch (what [`super::strip`] keeps for
-/// [`Kind::Pod`], which keeps more than for [`Kind::PodElsewhere`]), and the `resourceVersion`
-/// the watch resumes from.
-pub(super) const POD: Keep = Fields(&[
-    (
-        "metadata",
-        Fields(&[
-            ("name", All),
-            ("namespace", All),
-            ("labels", All),
-            ("creationTimestamp", All),
-            ("uid", All),
-            ("resourceVersion", All),
-        ]),
-    ),
-    (
-        "spec",
-        Fields(&[
-            ("nodeName", All),
-            (
-                "containers",
-                Items(&Fields(&[(
-                    "ports",
-                    Items(&Fields(&[("name", All), ("containerPort", All)])),
-                )])),
-            ),
-        ]),
-    ),
-    ("status", Fields(&[("podIP", All), ("podIPs", All)])),
-]);
-
-/// A Pod as a watch reads it: the fields of [`POD`], as JSON.
+/// A Pod as a watch reads it: the fields the model reads of a Pod of either watch (what
+/// [`super::strip`] keeps for [`Kind::Pod`], which keeps more than for [`Kind::PodElsewhere`]),
+/// and the `resourceVersion` the watch resumes from.
 #[derive(Debug, Clone)]
 pub struct ApiPod {
     /// Its name, namespace and `resourceVersion`: what kube's watcher reads of an object.
     meta: ObjectMeta,
-    object: Value,
+    parts: ApiPodParts,
 }
 
 impl ApiPod {
     /// The Pod converted for `kind`, as [`super::convert`] converts the whole object.
     pub fn convert(self, kind: Kind, api_version: &str) -> Converted {
-        super::convert(kind, api_version, self.object)
+        let checked = match api_version {
+            "v1" => config::check_api_pod(SOURCE, self.parts, kind == Kind::PodElsewhere),
+            _ => Err(self.parts.into_json()),
+        };
+        let (object, errors) = match checked {
+            Ok(Ok(pod)) if kind == Kind::PodElsewhere => (
+                Some(Object::PodElsewhere(Arc::new(PodElsewhere::new(&pod)))),
+                Vec::new(),
+            ),
+            Ok(Ok(pod)) => (Some(Object::Workload(Arc::new(pod))), Vec::new()),
+            Ok(Err(errors)) => (None, errors),
+            Err(json) => return super::convert(kind, api_version, json),
+        };
+        Converted {
+            object,
+            errors,
+            observed: None,
+        }
     }
 }
 
 impl<'de> Deserialize<'de> for ApiPod {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut object = Reader(&POD).deserialize(deserializer)?;
-        let meta = match object.get_mut("metadata") {
-            Some(Value::Object(meta)) => {
+        let mut parts = config::read_api_pod_parts(deserializer)?;
+        let meta = match parts.meta_mut() {
+            Some(meta) => {
                 whole_seconds(meta);
-                let text = |field: &str| meta.get(field).and_then(Value::as_str).map(String::from);
+                let text = |field: &Option<Part<String>>| match field {
+                    Some(Part::Typed(text)) => Some(text.clone()),
+                    _ => None,
+                };
                 ObjectMeta {
-                    name: text("name"),
-                    namespace: text("namespace"),
-                    resource_version: text("resourceVersion"),
+                    name: text(&meta.name),
+                    namespace: text(&meta.namespace),
+                    resource_version: text(&meta.resource_version),
                     ..ObjectMeta::default()
                 }
             }
-            _ => ObjectMeta::default(),
+            None => ObjectMeta::default(),
         };
-        Ok(ApiPod { meta, object })
+        Ok(ApiPod { meta, parts })
     }
 }
 
 /// The creation time to the second, as the model has always had it from the API (k8s-openapi's
 /// `Time` writes whole seconds); the API server writes no fraction anyway. One it cannot read is
 /// left as it is, for the loader to name.
-fn whole_seconds(meta: &mut Map<String, Value>) {
-    if let Some(Value::String(text)) = meta.get_mut("creationTimestamp")
-        && text.contains('.')
+fn whole_seconds(meta: &mut MetaParts) {
+    if let Some(Part::Typed(text)) = &mut meta.creation_timestamp {
+        whole_seconds_text(text);
+    }
+}
+
+/// [`whole_seconds`] of one text.
+pub(super) fn whole_seconds_text(text: &mut String) {
+    if text.contains('.')
         && let Ok(time) = text.parse::<crate::config::Timestamp>()
     {
         *text = time.strftime("%Y-%m-%dT%H:%M:%SZ").to_string();
@@ -147,123 +126,11 @@ impl Resource for ApiPod {
     }
 }
 
-/// Reads one JSON value as its [`Keep`] says.
-#[derive(Clone, Copy)]
-pub(super) struct Reader(pub(super) &'static Keep);
-
-impl<'de> DeserializeSeed<'de> for Reader {
-    type Value = Value;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        match self.0 {
-            All => Value::deserialize(deserializer),
-            _ => deserializer.deserialize_any(self),
-        }
-    }
-}
-
-impl<'de> Visitor<'de> for Reader {
-    type Value = Value;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
-        let Fields(fields) = self.0 else {
-            return Value::deserialize(MapAccessDeserializer::new(map));
-        };
-        let mut kept = Map::new();
-        while let Some(field) = map.next_key_seed(FieldOf(fields))? {
-            match field {
-                // A field given twice is its last value, as JSON read whole has it.
-                Some((name, keep)) => {
-                    kept.insert(name.to_string(), map.next_value_seed(Reader(keep))?);
-                }
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(Value::Object(kept))
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let Items(item) = self.0 else {
-            return Value::deserialize(SeqAccessDeserializer::new(seq));
-        };
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
-        while let Some(value) = seq.next_element_seed(Reader(item))? {
-            items.push(value);
-        }
-        Ok(Value::Array(items))
-    }
-
-    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
-        Ok(Value::Bool(v))
-    }
-
-    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
-        Ok(Value::from(v))
-    }
-
-    fn visit_string<E>(self, v: String) -> Result<Value, E> {
-        Ok(Value::String(v))
-    }
-
-    fn visit_unit<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_none<E>(self) -> Result<Value, E> {
-        Ok(Value::Null)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Value, D::Error> {
-        self.deserialize(deserializer)
-    }
-}
-
-/// Reads an object's key: the field of `Keep::Fields` it names, `None` for one not kept.
-struct FieldOf(&'static [(&'static str, Keep)]);
-
-impl<'de> DeserializeSeed<'de> for FieldOf {
-    type Value = Option<&'static (&'static str, Keep)>;
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for FieldOf {
-    type Value = Option<&'static (&'static str, Keep)>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a field name")
-    }
-
-    fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.0.iter().find(|(name, _)| *name == v))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use kube::{api::DynamicObject, core::ObjectList};
     use proptest::prelude::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::cluster::{kinds::strip, watch::as_json};
@@ -329,6 +196,101 @@ mod tests {
         Ok(())
     }
 
+    /// The typed read gives what the same Pod's JSON gives through the loader's YAML way, for
+    /// both watches; `typed`: whether it was read typed (else it went the YAML way itself).
+    fn typed_as_its_json(text: &str, typed: bool) -> Result<(), TestCaseError> {
+        for kind in [Kind::Pod, Kind::PodElsewhere] {
+            let pod: ApiPod = serde_json::from_str(text).expect("any JSON reads as a Pod");
+            let json = pod.parts.clone().into_json();
+            let checked = config::check_api_pod(SOURCE, pod.parts.clone(), false);
+            prop_assert_eq!(checked.is_ok(), typed, "{:?} {}", kind, text);
+            let old = super::super::convert(kind, "v1", json);
+            let new = pod.convert(kind, "v1");
+            prop_assert_eq!(&new.object, &old.object, "{:?} {}", kind, text);
+            prop_assert_eq!(&new.errors, &old.errors, "{:?} {}", kind, text);
+            same_either_way(text)?;
+        }
+        Ok(())
+    }
+
+    /// A Pod changed at one place: read typed (or not), and the same as read the YAML way.
+    #[test]
+    fn a_pod_read_typed_is_the_pod_read_the_yaml_way() {
+        let regular = [
+            ("/status/podIP", json!("10.999.0.1")),
+            ("/status/podIPs/1/ip", json!("fd00::zz")),
+            ("/spec/containers/1/ports/0/containerPort", json!(70000)),
+            ("/spec/containers/1/ports/0/containerPort", json!(-1)),
+            ("/spec/containers/1/ports/0/containerPort", json!(0)),
+            ("/metadata/uid", json!("not-a-uid")),
+            ("/metadata/creationTimestamp", json!("yesterday")),
+            ("/metadata/name", json!("Web_1")),
+            ("/metadata/namespace", json!("Team_A")),
+            ("/metadata/labels", json!({})),
+            ("/spec/containers", json!([])),
+        ];
+        let odd = [
+            ("/metadata", json!(["web-1"])),
+            ("/spec", json!([{"nodeName": "node-1"}])),
+            ("/status", json!([])),
+            ("/spec/containers/0", json!([{"ports": []}])),
+            ("/spec/containers/0/ports/0", json!(["http", 8080])),
+            ("/status/podIPs/0", json!(["10.244.1.20"])),
+            ("/spec/containers/0/ports/1/containerPort", json!("9090")),
+            ("/spec/containers/0/ports/1/containerPort", json!(9090.0)),
+            ("/spec/containers/0/ports/1/containerPort", json!(u64::MAX)),
+            ("/spec/containers/0/ports/1/name", json!(7)),
+            ("/metadata/name", json!(7)),
+            ("/metadata/labels/app", json!(7)),
+            ("/metadata/labels/app", json!(null)),
+            ("/metadata/name", json!(null)),
+            ("/metadata", json!(null)),
+            ("/spec/nodeName", json!(null)),
+            ("/spec/containers", json!(null)),
+            ("/spec/containers", json!("none")),
+            ("/status/podIP", json!(null)),
+            ("/status/podIP", json!(10)),
+            ("/status/podIPs", json!({"ip": "10.244.1.20"})),
+            ("/metadata/uid", json!(true)),
+        ];
+        for (cases, typed) in [(&regular[..], true), (&odd[..], false)] {
+            for (pointer, value) in cases {
+                let mut object = pod();
+                *object.pointer_mut(pointer).unwrap() = value.clone();
+                typed_as_its_json(&object.to_string(), typed).unwrap();
+            }
+        }
+        typed_as_its_json(&pod().to_string(), true).unwrap();
+        // Without metadata, spec or status at all.
+        for part in ["metadata", "spec", "status"] {
+            let mut object = pod();
+            object.as_object_mut().unwrap().remove(part);
+            typed_as_its_json(&object.to_string(), true).unwrap();
+        }
+        // Not an object at all.
+        typed_as_its_json("[1, 2]", false).unwrap();
+        typed_as_its_json("null", false).unwrap();
+    }
+
+    /// A label given twice: its last value, typed or not, as read whole.
+    #[test]
+    fn a_label_given_twice_is_its_last_value() {
+        let text = pod().to_string();
+        for (labels, typed) in [
+            (r#"{"app": 7, "app": "web"}"#, false),
+            (r#"{"app": "web", "app": 7}"#, false),
+            (r#"{"app": "x", "app": "web"}"#, true),
+        ] {
+            let changed = text.replacen(
+                r#""labels":{"app":"web","pod-template-hash":"7d9f8b6c5"}"#,
+                &format!(r#""labels":{labels}"#),
+                1,
+            );
+            assert_ne!(changed, text);
+            typed_as_its_json(&changed, typed).unwrap();
+        }
+    }
+
     #[test]
     fn a_pod_reads_slim_as_it_reads_whole() {
         same_either_way(&pod().to_string()).unwrap();
@@ -344,7 +306,7 @@ mod tests {
 
     #[test]
     fn only_what_the_model_reads_is_read() {
-        let got: Value = Reader(&POD).deserialize(pod()).unwrap();
+        let got = config::read_api_pod_parts(pod()).unwrap().into_json();
         assert_eq!(
             got,
             json!({
@@ -622,6 +584,14 @@ mod tests {
         #[test]
         fn any_pod_reads_slim_as_it_reads_whole(object in odd_pod()) {
             same_either_way(&object.to_string())?;
+        }
+
+        #[test]
+        fn any_pod_read_typed_is_the_pod_read_the_yaml_way(object in odd_pod()) {
+            let text = object.to_string();
+            let pod: ApiPod = serde_json::from_str(&text).unwrap();
+            let typed = config::check_api_pod(SOURCE, pod.parts, false).is_ok();
+            typed_as_its_json(&text, typed)?;
         }
 
         #[test]
