@@ -568,7 +568,11 @@ fn take_in_elsewhere(
                     let pod = shared.pod(Arc::unwrap_or_clone(pod));
                     let (pods, refused) = held.gathering();
                     let was_refused = refused.remove(&key).is_some();
-                    pods.upsert(pod) | was_refused
+                    let changed = pods.upsert(pod) | was_refused;
+                    if !relisting {
+                        pods.shrink_to_fit(Some(&key.0));
+                    }
+                    changed
                 }
                 _ => {
                     // Refused: the last good version stays (carried into a list being gathered).
@@ -596,7 +600,8 @@ fn take_in_elsewhere(
             (removed || was_refused) && !relisting
         }
         Change::Listed(_) => {
-            let (pods, refused) = held.relist.take().unwrap_or_default();
+            let (mut pods, refused) = held.relist.take().unwrap_or_default();
+            pods.shrink_to_fit(None);
             let changed = pods != held.served || refused != held.refused || !w.status.synced;
             held.served = pods;
             held.refused = refused;

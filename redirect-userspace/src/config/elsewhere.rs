@@ -172,10 +172,6 @@ impl PodGroup {
     /// Puts `pod` in at `i`, the ends of the Pods after it moved along.
     fn insert(&mut self, i: usize, pod: &PodElsewhere) {
         let (name, ips) = self.starts(i);
-        // Exactly: a group copied on write and grown by one Pod keeps no spare half.
-        self.names.reserve_exact(pod.name.len());
-        self.ips.reserve_exact(pod.ips.len());
-        self.pods.reserve_exact(1);
         self.names.insert_str(name, &pod.name);
         self.ips.splice(ips..ips, pod.ips.iter().copied());
         let (name_len, ips_len) = (pod.name.len() as u32, pod.ips.len() as u32);
@@ -213,6 +209,13 @@ impl PodGroup {
             after.ips_end -= ips_len;
         }
         removed
+    }
+
+    /// Gives back what growing left spare.
+    fn shrink_to_fit(&mut self) {
+        self.names.shrink_to_fit();
+        self.ips.shrink_to_fit();
+        self.pods.shrink_to_fit();
     }
 
     /// This group without the Pods `drop` names.
@@ -257,6 +260,21 @@ impl PodsElsewhere {
                 Arc::make_mut(group).insert(i, &pod);
                 self.len += 1;
                 true
+            }
+        }
+    }
+
+    /// Gives back what growing left spare, in the groups no one else shares: once a whole list is
+    /// in (it grew them one Pod at a time), and after each change (whose group was copied, then
+    /// grown). Growing exactly instead would copy a group at every Pod of a list.
+    pub fn shrink_to_fit(&mut self, namespace: Option<&str>) {
+        let groups: Box<dyn Iterator<Item = &mut Arc<PodGroup>>> = match namespace {
+            Some(ns) => Box::new(self.namespaces.get_mut(ns).into_iter()),
+            None => Box::new(self.namespaces.values_mut()),
+        };
+        for group in groups {
+            if let Some(group) = Arc::get_mut(group) {
+                group.shrink_to_fit();
             }
         }
     }
