@@ -29,6 +29,8 @@ const REBUILD_TARGET: Duration = Duration::from_millis(50);
 const READY_TARGET: Duration = Duration::from_secs(5);
 const ONE_CHANGE_TARGET: Duration = Duration::from_millis(100);
 const BURST_TARGET: Duration = Duration::from_secs(1);
+/// Agents started to time readiness (the median counts).
+const READY_STARTS: usize = 3;
 
 /// The cluster: its size, and how the agent watches it.
 #[derive(Debug, Clone, Parser)]
@@ -361,9 +363,26 @@ fn main() -> Result<()> {
         args.extend(["--node-name", NODE]);
     }
     args.extend(c.agent_arg.iter().map(String::as_str));
-    let started = Instant::now();
-    let agent = Agent::start(&topo, &args)?;
-    let ready_after = started.elapsed();
+    // Readiness is one sample per start, and a start moves by a second on a shared machine: the
+    // median of a few starts (each agent but the last stopped cleanly), the range printed beside.
+    let mut starts = Vec::new();
+    let agent = loop {
+        let started = Instant::now();
+        let agent = Agent::start(&topo, &args)?;
+        starts.push(started.elapsed());
+        if starts.len() == READY_STARTS {
+            break agent;
+        }
+        agent.stop()?;
+    };
+    starts.sort();
+    let ready_after = starts[starts.len() / 2];
+    let ready_range = format!(
+        "{:.2}-{:.2} s over {} starts",
+        starts[0].as_secs_f64(),
+        starts[starts.len() - 1].as_secs_f64(),
+        starts.len()
+    );
     std::thread::sleep(Duration::from_secs(2));
     let rss_mib = agent.rss_kib()? as f64 / 1024.0;
 
@@ -407,6 +426,7 @@ fn main() -> Result<()> {
             "namespaces": c.namespaces, "pods": c.pods, "entries": c.entries, "services": services,
             "node_pods": c.node_pods, "cluster_wide": c.cluster_wide,
             "ready_s": ready_after.as_secs_f64(), "ready_target_s": READY_TARGET.as_secs_f64(),
+            "ready_min_s": starts[0].as_secs_f64(), "ready_max_s": starts[starts.len() - 1].as_secs_f64(),
             "rss_mib": rss_mib, "rss_after_burst_mib": rss_after_mib, "rss_target_mib": rss_target_mib,
             "rebuild_ms": rebuild.as_secs_f64() * 1e3, "rebuild_cpu_ms": rebuild_cpu.as_secs_f64() * 1e3,
             "model_ms": modelling.as_secs_f64() * 1e3,
@@ -435,7 +455,7 @@ fn main() -> Result<()> {
         c.entries
     );
     println!(
-        "  agent ready after start                {:>8.2} s    (target <= {} s: {})",
+        "  agent ready after start (median)       {:>8.2} s    (target <= {} s: {}; {ready_range})",
         ready_after.as_secs_f64(),
         READY_TARGET.as_secs(),
         verdict(ready_after <= READY_TARGET)
