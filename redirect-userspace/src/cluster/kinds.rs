@@ -1,6 +1,46 @@
 //! The kinds the agent watches, and each object's way from the API's JSON to the model: first cut
 //! down to the fields the model reads, then read by the same loader that reads files. Pods, by
 //! far the most numerous, are cut down as they are parsed ([`ApiPod`]).
+/// `kube::Resource` for a type a watch reads, of a kind only known when the watch starts (its
+/// `ApiResource`), whose `meta` field holds what kube's watcher reads of it.
+macro_rules! api_resource {
+    ($type:ty) => {
+        impl kube::Resource for $type {
+            type DynamicType = kube::api::ApiResource;
+            type Scope = kube::core::DynamicResourceScope;
+
+            fn group(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+                dt.group.as_str().into()
+            }
+
+            fn version(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+                dt.version.as_str().into()
+            }
+
+            fn kind(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+                dt.kind.as_str().into()
+            }
+
+            fn api_version(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+                dt.api_version.as_str().into()
+            }
+
+            fn plural(dt: &Self::DynamicType) -> std::borrow::Cow<'_, str> {
+                dt.plural.as_str().into()
+            }
+
+            fn meta(&self) -> &kube::api::ObjectMeta {
+                &self.meta
+            }
+
+            fn meta_mut(&mut self) -> &mut kube::api::ObjectMeta {
+                &mut self.meta
+            }
+        }
+    };
+}
+use api_resource;
+
 mod entry;
 mod pod;
 mod slim;

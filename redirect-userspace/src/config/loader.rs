@@ -119,17 +119,27 @@ pub fn check_api_entry(
     let raw = RawServiceEntry::deserialize(object).ok()?;
     let text = |path: &[&str]| path.iter().try_fold(object, |v, key| v.get(*key))?.as_str();
     let id = identity("ServiceEntry", text);
+    Some(checked(source, &id, |ctx| raw.convert(ctx)))
+}
+
+/// What `convert` makes of one object `id` read from `source`, or every error it gave (one error
+/// and the object is refused, as a load refuses it).
+fn checked<T>(
+    source: &str,
+    id: &Identity,
+    convert: impl FnOnce(&mut Ctx<'_>) -> Option<T>,
+) -> Result<T, Vec<ConfigError>> {
     let mut errors = Vec::new();
     let mut ctx = Ctx {
         file: source,
-        object: describe(&id),
+        object: describe(id),
         prefix: String::new(),
         errors: &mut errors,
     };
-    Some(match raw.convert(&mut ctx) {
-        Some(entry) if errors.is_empty() => Ok(entry),
+    match convert(&mut ctx) {
+        Some(object) if errors.is_empty() => Ok(object),
         _ => Err(errors),
-    })
+    }
 }
 
 /// Whether a ServiceEntry's JSON reads as its YAML does wherever it reads at all: no list stands
@@ -171,17 +181,7 @@ pub fn check_api_pod(
         ["metadata", "namespace"] => meta?.namespace.as_deref(),
         _ => None,
     });
-    let mut errors = Vec::new();
-    let mut ctx = Ctx {
-        file: source,
-        object: describe(&id),
-        prefix: String::new(),
-        errors: &mut errors,
-    };
-    Ok(match raw.convert(&mut ctx) {
-        Some(pod) if errors.is_empty() => Ok(pod),
-        _ => Err(errors),
-    })
+    Ok(checked(source, &id, |ctx| raw.convert(ctx)))
 }
 
 /// [`read_api_object`] for any object: as YAML, the form the loader reads.

@@ -5,13 +5,7 @@
 //! What is kept is JSON, read whatever its shape: a field of an unexpected type is left to the
 //! loader, which refuses that entry with the field named. One odd entry never fails the page it
 //! came in.
-use std::borrow::Cow;
-
-use kube::{
-    Resource,
-    api::{ApiResource, ObjectMeta},
-    core::DynamicResourceScope,
-};
+use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer, de::DeserializeSeed};
 use serde_json::Value;
 
@@ -78,42 +72,11 @@ impl<'de> Deserialize<'de> for ApiEntry {
     }
 }
 
-impl Resource for ApiEntry {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
-
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
-    }
-
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
-    }
-
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
-    }
-
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
-    }
-
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.meta
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.meta
-    }
-}
+super::api_resource!(ApiEntry);
 
 #[cfg(test)]
 mod tests {
-    use kube::api::DynamicObject;
+    use kube::{Resource, api::DynamicObject};
     use proptest::prelude::*;
     use serde_json::json;
 

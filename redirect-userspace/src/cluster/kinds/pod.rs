@@ -6,13 +6,9 @@
 //! A field of an unexpected type is kept as the JSON it was, and that Pod read the loader's YAML
 //! way, which refuses it with the field named exactly as it does a Pod read whole. One odd Pod
 //! never fails the page it came in.
-use std::{borrow::Cow, sync::Arc};
+use std::sync::Arc;
 
-use kube::{
-    Resource,
-    api::{ApiResource, ObjectMeta},
-    core::DynamicResourceScope,
-};
+use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 
 use super::{Converted, Kind, Object, SOURCE};
@@ -93,42 +89,11 @@ pub(super) fn whole_seconds_text(text: &mut String) {
     }
 }
 
-impl Resource for ApiPod {
-    type DynamicType = ApiResource;
-    type Scope = DynamicResourceScope;
-
-    fn group(dt: &ApiResource) -> Cow<'_, str> {
-        dt.group.as_str().into()
-    }
-
-    fn version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.version.as_str().into()
-    }
-
-    fn kind(dt: &ApiResource) -> Cow<'_, str> {
-        dt.kind.as_str().into()
-    }
-
-    fn api_version(dt: &ApiResource) -> Cow<'_, str> {
-        dt.api_version.as_str().into()
-    }
-
-    fn plural(dt: &ApiResource) -> Cow<'_, str> {
-        dt.plural.as_str().into()
-    }
-
-    fn meta(&self) -> &ObjectMeta {
-        &self.meta
-    }
-
-    fn meta_mut(&mut self) -> &mut ObjectMeta {
-        &mut self.meta
-    }
-}
+super::api_resource!(ApiPod);
 
 #[cfg(test)]
 mod tests {
-    use kube::{api::DynamicObject, core::ObjectList};
+    use kube::{Resource, api::DynamicObject, core::ObjectList};
     use proptest::prelude::*;
     use serde_json::{Value, json};
 
