@@ -74,6 +74,23 @@ pub struct WatchStatus {
     pub errors: u64,
 }
 
+impl WatchStatus {
+    /// A full list came in: what it holds is in force, and the last failure is over.
+    pub fn listed(&mut self) {
+        self.synced = true;
+        self.installed = true;
+        self.last_error = None;
+        self.last_error_at = None;
+    }
+
+    /// The API does not serve this kind: nothing to wait for, nothing held.
+    pub fn not_installed(&mut self) {
+        self.installed = false;
+        self.synced = true;
+        self.api_version = None;
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigErrorReport {

@@ -362,19 +362,14 @@ impl Store {
                 }
                 let changed = listed != w.objects || !w.status.synced;
                 w.objects = listed;
-                w.status.synced = true;
-                w.status.installed = true;
-                w.status.last_error = None;
-                w.status.last_error_at = None;
+                w.status.listed();
                 changed
             }
             Change::NotInstalled(_) => {
                 let changed = !w.objects.is_empty() || !w.status.synced;
                 w.objects.clear();
                 w.relist = None;
-                w.status.installed = false;
-                w.status.synced = true;
-                w.status.api_version = None;
+                w.status.not_installed();
                 changed
             }
             Change::Failed(_, message) => {
@@ -570,7 +565,7 @@ fn take_in_elsewhere(
                     let was_refused = refused.remove(&key).is_some();
                     let changed = pods.upsert(pod) | was_refused;
                     if !relisting {
-                        pods.shrink_to_fit(Some(&key.0));
+                        pods.shrink_namespace(&key.0);
                     }
                     changed
                 }
@@ -601,22 +596,17 @@ fn take_in_elsewhere(
         }
         Change::Listed(_) => {
             let (mut pods, refused) = held.relist.take().unwrap_or_default();
-            pods.shrink_to_fit(None);
+            pods.shrink_to_fit();
             let changed = pods != held.served || refused != held.refused || !w.status.synced;
             held.served = pods;
             held.refused = refused;
-            w.status.synced = true;
-            w.status.installed = true;
-            w.status.last_error = None;
-            w.status.last_error_at = None;
+            w.status.listed();
             changed
         }
         Change::NotInstalled(_) => {
             let changed = !held.served.is_empty() || !held.refused.is_empty() || !w.status.synced;
             *held = Elsewhere::default();
-            w.status.installed = false;
-            w.status.synced = true;
-            w.status.api_version = None;
+            w.status.not_installed();
             changed
         }
         Change::Watching(..) | Change::Failed(..) => false,
