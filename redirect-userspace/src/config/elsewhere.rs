@@ -170,9 +170,9 @@ impl PodGroup {
     }
 
     /// Puts `pod` in at `i`, the ends of the Pods after it moved along.
-    fn insert(&mut self, i: usize, pod: &PodElsewhere) {
+    fn insert(&mut self, i: usize, pod: PodRef<'_>) {
         let (name, ips) = self.starts(i);
-        self.names.insert_str(name, &pod.name);
+        self.names.insert_str(name, pod.name);
         self.ips.splice(ips..ips, pod.ips.iter().copied());
         let (name_len, ips_len) = (pod.name.len() as u32, pod.ips.len() as u32);
         for after in &mut self.pods[i..] {
@@ -191,24 +191,17 @@ impl PodGroup {
     }
 
     /// Takes out the `i`th Pod, the ends of the Pods after it moved back.
-    fn remove(&mut self, i: usize) -> PodElsewhere {
+    fn cut(&mut self, i: usize) {
         let (name, ips) = self.starts(i);
         let packed = self.pods.remove(i);
-        let removed = PodElsewhere {
-            namespace: self.namespace.clone(),
-            name: self.names[name..packed.name_end as usize].into(),
-            ips: self.ips[ips..packed.ips_end as usize].into(),
-            labels: packed.labels,
-            ports: packed.ports,
-        };
-        self.names.replace_range(name..packed.name_end as usize, "");
-        self.ips.drain(ips..packed.ips_end as usize);
-        let (name_len, ips_len) = (removed.name.len() as u32, removed.ips.len() as u32);
+        let (name_end, ips_end) = (packed.name_end as usize, packed.ips_end as usize);
+        self.names.replace_range(name..name_end, "");
+        self.ips.drain(ips..ips_end);
+        let (name_len, ips_len) = ((name_end - name) as u32, (ips_end - ips) as u32);
         for after in &mut self.pods[i..] {
             after.name_end -= name_len;
             after.ips_end -= ips_len;
         }
-        removed
     }
 
     /// Gives back what growing left spare.
@@ -222,7 +215,7 @@ impl PodGroup {
     fn without(&self, drop: &HashSet<&str>) -> PodGroup {
         let mut kept = PodGroup::new(self.namespace.clone());
         for pod in self.iter().filter(|p| !drop.contains(p.name)) {
-            kept.insert(kept.len(), &pod.to_owned());
+            kept.insert(kept.len(), pod);
         }
         kept
     }
@@ -252,12 +245,12 @@ impl PodsElsewhere {
             Ok(i) if group.get(i).is_some_and(|held| held.is(&pod)) => false,
             Ok(i) => {
                 let group = Arc::make_mut(group);
-                group.remove(i);
-                group.insert(i, &pod);
+                group.cut(i);
+                group.insert(i, pod.borrowed());
                 true
             }
             Err(i) => {
-                Arc::make_mut(group).insert(i, &pod);
+                Arc::make_mut(group).insert(i, pod.borrowed());
                 self.len += 1;
                 true
             }
@@ -265,17 +258,21 @@ impl PodsElsewhere {
     }
 
     /// Gives back what growing left spare, in the groups no one else shares: once a whole list is
-    /// in (it grew them one Pod at a time), and after each change (whose group was copied, then
-    /// grown). Growing exactly instead would copy a group at every Pod of a list.
-    pub fn shrink_to_fit(&mut self, namespace: Option<&str>) {
-        let groups: Box<dyn Iterator<Item = &mut Arc<PodGroup>>> = match namespace {
-            Some(ns) => Box::new(self.namespaces.get_mut(ns).into_iter()),
-            None => Box::new(self.namespaces.values_mut()),
-        };
-        for group in groups {
+    /// in (it grew them one Pod at a time). Growing exactly instead would copy a group at every
+    /// Pod of a list.
+    pub fn shrink_to_fit(&mut self) {
+        for group in self.namespaces.values_mut() {
             if let Some(group) = Arc::get_mut(group) {
                 group.shrink_to_fit();
             }
+        }
+    }
+
+    /// [`PodsElsewhere::shrink_to_fit`] for one namespace: after a change (its group was copied,
+    /// then grown).
+    pub fn shrink_namespace(&mut self, namespace: &str) {
+        if let Some(group) = self.namespaces.get_mut(namespace).and_then(Arc::get_mut) {
+            group.shrink_to_fit();
         }
     }
 
@@ -283,7 +280,8 @@ impl PodsElsewhere {
     pub fn remove(&mut self, namespace: &str, name: &str) -> Option<PodElsewhere> {
         let group = self.namespaces.get_mut(namespace)?;
         let i = group.position(name).ok()?;
-        let pod = Arc::make_mut(group).remove(i);
+        let pod = group.get(i)?.to_owned();
+        Arc::make_mut(group).cut(i);
         if group.is_empty() {
             self.namespaces.remove(namespace);
         }
