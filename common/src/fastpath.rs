@@ -37,13 +37,12 @@ pub const GEN_B: u32 = 2;
 /// The most endpoints one port entry holds.
 pub const MAX_ENDPOINTS: usize = 16;
 
-/// Entries each table holds at most (per generation). The maps are allocated as they fill.
-pub const MAX_CLIENTS: u32 = 16_384;
-pub const MAX_NAMESPACES: u32 = 4096;
-pub const MAX_EXACT: u32 = 16_384;
-pub const MAX_CIDRS: u32 = 4096;
-pub const MAX_PORTS: u32 = 8192;
-pub const MAX_WORKLOADS: u32 = 16_384;
+/// The slot of each table's array of maps (and of the config array) that holds generation
+/// `generation` (`GEN_A` or `GEN_B`).
+#[inline(always)]
+pub const fn generation_slot(generation: u32) -> u32 {
+    generation.wrapping_sub(GEN_A)
+}
 
 /// An address: IPv4 in the first 4 bytes (the rest zero), IPv6 in all 16. 20 bytes.
 #[repr(C)]
@@ -143,7 +142,8 @@ pub struct Backends {
 pub struct Config {
     /// The shared entries did not fit: every connection goes to the proxy.
     pub proxy_everything: u8,
-    /// Not every workload address fit: an address nothing claims goes to the proxy.
+    /// Not every workload address fit (informational: an address nothing claims is left alone
+    /// either way, and counted as a passthrough when it is not in the table).
     pub workloads_incomplete: u8,
     /// Not every pod cgroup fit (informational: a missing cgroup goes to the proxy anyway).
     pub clients_incomplete: u8,

@@ -37,14 +37,16 @@ pub mod maps {
     /// Ring buffer of [`super::fastpath::HiddenEvent`]s: each connection the kernel decided after
     /// skipping a hidden service, for the agent's debug log.
     pub const FAST_HIDDEN_EVENTS: &str = "FAST_HIDDEN_EVENTS";
-    /// The fast path's tables, one set per generation (`_A`, `_B`): the agent fills the idle set,
-    /// then flips [`FAST_GENERATION`].
-    pub const FAST_CLIENTS: [&str; 2] = ["FAST_CLIENTS_A", "FAST_CLIENTS_B"];
-    pub const FAST_EXACT: [&str; 2] = ["FAST_EXACT_A", "FAST_EXACT_B"];
-    pub const FAST_CIDRS: [&str; 2] = ["FAST_CIDRS_A", "FAST_CIDRS_B"];
-    pub const FAST_PORTS: [&str; 2] = ["FAST_PORTS_A", "FAST_PORTS_B"];
-    pub const FAST_WORKLOADS: [&str; 2] = ["FAST_WORKLOADS_A", "FAST_WORKLOADS_B"];
-    pub const FAST_CONFIG: [&str; 2] = ["FAST_CONFIG_A", "FAST_CONFIG_B"];
+    /// The fast path's tables: each an array of two maps, one per generation (slot
+    /// [`super::fastpath::generation_slot`]), that the agent creates at the size the tables need and
+    /// swaps in while the generation is idle; then it flips [`FAST_GENERATION`].
+    pub const FAST_CLIENTS: &str = "FAST_CLIENTS";
+    pub const FAST_EXACT: &str = "FAST_EXACT";
+    pub const FAST_CIDRS: &str = "FAST_CIDRS";
+    pub const FAST_PORTS: &str = "FAST_PORTS";
+    pub const FAST_WORKLOADS: &str = "FAST_WORKLOADS";
+    /// An array of two [`super::fastpath::Config`]s, one per generation.
+    pub const FAST_CONFIG: &str = "FAST_CONFIG";
 }
 
 /// Names of the programs in the eBPF object (the function names).

@@ -1,7 +1,7 @@
 //! The fast path: what `connect()` can decide without the proxy, from the tables the agent
-//! compiled out of its snapshot. A few lookups, no loop: the client's namespace by cgroup, the
-//! claim on the address (exact, then CIDR; the client's own view before the shared one), then the
-//! outcome. `redirect-userspace/src/fastpath/kernel.rs` is the model of this code, held to the
+//! compiled out of its snapshot. A few lookups, no loop: the generation's maps, the client's
+//! namespace by cgroup, the claim on the address (exact, then CIDR; the client's own view before
+//! the shared one), then the outcome. `redirect-userspace/src/fastpath/kernel.rs` is the model of this code, held to the
 //! proxy's decisions by property tests: keep the two in step.
 use aya_ebpf::{
     helpers::{bpf_get_current_cgroup_id, bpf_get_prandom_u32},
@@ -12,14 +12,15 @@ use redirect_common::{
     fastpath::{
         ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A,
         GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_PROXY, NS_UNKNOWN,
-        PortKey,
+        PortKey, generation_slot,
     },
     ip6_words, is_v4_mapped, v4_mapped_words,
 };
 
 use crate::{
     maps::{
-        FAST_GENERATION, FAST_HIDDEN_EVENTS, FastTables, GenA, GenB, count_fast, count_fast_slot,
+        CidrsMap, ExactMap, FAST_CIDRS, FAST_CLIENTS, FAST_CONFIG, FAST_EXACT, FAST_GENERATION,
+        FAST_HIDDEN_EVENTS, FAST_PORTS, FAST_WORKLOADS, PortsMap, count_fast, count_fast_slot,
     },
     steer::Dest,
 };
@@ -47,13 +48,10 @@ pub fn decide(dst: &Dest, to: &mut Dest) -> Fast {
         ns: 0,
         hidden: NOT_HIDDEN,
     };
-    let (fast, stat) = if generation == GEN_A {
-        lookup::<GenA>(dst, to, &mut seen)
-    } else if generation == GEN_B {
-        lookup::<GenB>(dst, to, &mut seen)
-    } else {
+    if generation != GEN_A && generation != GEN_B {
         return Fast::Proxy;
-    };
+    }
+    let (fast, stat) = lookup(generation_slot(generation), dst, to, &mut seen);
     count_fast(stat);
     // A hide the kernel decided past is the proxy's to count and log no more: counted here and
     // reported to the agent (which logs it as the proxy would).
@@ -84,16 +82,26 @@ struct Seen {
 }
 
 #[inline(always)]
-fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastStat) {
+fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastStat) {
+    // A generation without all its maps in place is not in force yet: the proxy decides.
+    let (Some(clients), Some(exact), Some(cidrs), Some(ports), Some(workloads)) = (
+        FAST_CLIENTS.get(slot),
+        FAST_EXACT.get(slot),
+        FAST_CIDRS.get(slot),
+        FAST_PORTS.get(slot),
+        FAST_WORKLOADS.get(slot),
+    ) else {
+        return (Fast::Proxy, FastStat::ProxyOverflow);
+    };
     // A cgroup the agent has not named could be any pod's: only the proxy knows its namespace.
     // SAFETY: the helper takes no argument and only reads the current task's cgroup.
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
     // nothing changes the entry while it is read.
-    let Some(ns) = (unsafe { T::clients().get(&cgroup) }).copied() else {
+    let Some(ns) = (unsafe { clients.get(cgroup) }).copied() else {
         return (Fast::Proxy, FastStat::ProxyUnknownClient);
     };
-    let Some(config) = T::config().get(0).copied() else {
+    let Some(config) = FAST_CONFIG.get(slot).copied() else {
         return (Fast::Proxy, FastStat::ProxyOverflow);
     };
     if config.proxy_everything != 0 || ns == NS_PROXY {
@@ -102,17 +110,15 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, F
     seen.cgroup = cgroup;
     seen.ns = ns;
     let ip = ip_key(&dst.ip);
-    let found = claim::<T>(ns, ip, seen);
+    let found = claim(exact, cidrs, ns, ip, seen);
     let claim = match found {
         Some(c) if c.action != ACTION_NONE => c,
         _ => {
+            // Workload or not, the socket is left alone: the table only counts them apart (an
+            // address it had no room for is counted as a passthrough).
             // SAFETY: only the presence of the entry is read, never the value behind the reference.
-            if unsafe { T::workloads().get(&ip) }.is_some() {
+            if unsafe { workloads.get(ip) }.is_some() {
                 return (Fast::Leave, FastStat::Workload);
-            }
-            if config.workloads_incomplete != 0 {
-                // It may be a workload the table had no room for.
-                return (Fast::Proxy, FastStat::ProxyOverflow);
             }
             return (Fast::Leave, FastStat::Passthrough);
         }
@@ -128,7 +134,7 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, F
         port: dst.port,
         _pad: 0,
     };
-    if pick::<T>(&port, ip.family, to) {
+    if pick(ports, &port, ip.family, to) {
         (Fast::Rewrite, FastStat::Rewritten)
     } else {
         (Fast::Proxy, FastStat::ProxyService)
@@ -140,15 +146,21 @@ fn lookup<T: FastTables>(dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, F
 /// An exact entry with no visible claimant (`ACTION_NONE`) only says what was hidden: the networks
 /// are looked at next, and its hide is the one reported. Sets `seen.hidden`.
 #[inline(always)]
-fn claim<T: FastTables>(ns: u32, ip: IpKey, seen: &mut Seen) -> Option<Claim> {
+fn claim(
+    exact_map: &ExactMap,
+    cidrs: &CidrsMap,
+    ns: u32,
+    ip: IpKey,
+    seen: &mut Seen,
+) -> Option<Claim> {
     let own = AddrKey { ns, ip };
     let shared = AddrKey { ns: NS_UNKNOWN, ip };
     // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
     // nothing changes the entry while it is read.
-    let mut exact = unsafe { T::exact().get(&own) }.copied();
+    let mut exact = unsafe { exact_map.get(own) }.copied();
     if exact.is_none() {
         // SAFETY: as above.
-        exact = unsafe { T::exact().get(&shared) }.copied();
+        exact = unsafe { exact_map.get(shared) }.copied();
     }
     if let Some(c) = exact {
         seen.hidden = c.hidden;
@@ -158,9 +170,9 @@ fn claim<T: FastTables>(ns: u32, ip: IpKey, seen: &mut Seen) -> Option<Claim> {
     }
     // Whole keys: the trie finds the longest stored prefix of each.
     let bits = (core::mem::size_of::<LpmBytes>() * 8) as u32;
-    let mut network = T::cidrs().get(Key::new(bits, own.lpm_bytes())).copied();
+    let mut network = cidrs.get(&Key::new(bits, own.lpm_bytes())).copied();
     if network.is_none() {
-        network = T::cidrs().get(Key::new(bits, shared.lpm_bytes())).copied();
+        network = cidrs.get(&Key::new(bits, shared.lpm_bytes())).copied();
     }
     if let Some(c) = network
         && seen.hidden == NOT_HIDDEN
@@ -173,10 +185,10 @@ fn claim<T: FastTables>(ns: u32, ip: IpKey, seen: &mut Seen) -> Option<Claim> {
 /// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`
 /// untouched) when the port has no rewrite for a socket of this family (the proxy serves it).
 #[inline(always)]
-fn pick<T: FastTables>(port: &PortKey, family: u32, to: &mut Dest) -> bool {
+fn pick(ports: &PortsMap, port: &PortKey, family: u32, to: &mut Dest) -> bool {
     // SAFETY: the reference lives only within this call, and the agent writes only the generation
     // not in force, so nothing changes the entry while it is read.
-    let Some(backends) = (unsafe { T::ports().get(port) }) else {
+    let Some(backends) = (unsafe { ports.get(port) }) else {
         return false;
     };
     let count = backends.count;

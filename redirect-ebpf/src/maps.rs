@@ -1,15 +1,14 @@
 //! Maps and load-time globals shared by the programs. Names and layouts come from `redirect-common`.
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    btf_maps::SkStorage,
+    btf_maps::{ArrayOfMaps, HashMap as BtfHashMap, LpmTrie as BtfLpmTrie, SkStorage},
     macros::{btf_map, map},
-    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use redirect_common::{
     FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst, SockAddr, Stat,
     fastpath::{
-        AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, MAX_CIDRS,
-        MAX_CLIENTS, MAX_EXACT, MAX_PORTS, MAX_WORKLOADS, PortKey,
+        AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, PortKey,
     },
 };
 
@@ -49,100 +48,33 @@ pub static FAST_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FAST_STA
 #[map]
 pub static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_EVENTS_BYTES, 0);
 
-/// One generation of the fast path's tables. The agent fills the idle one whole, then flips
-/// `FAST_GENERATION`: a connection reads one generation, never half of two. A trait rather than
-/// a struct of references: each generation's lookup is its own copy of the code, naming its maps
-/// directly (a map can only be referenced from code, never from data).
-pub trait FastTables {
-    /// cgroup id -> client namespace id.
-    fn clients() -> &'static HashMap<u64, u32>;
-    fn exact() -> &'static HashMap<AddrKey, Claim>;
-    fn cidrs() -> &'static LpmTrie<LpmBytes, Claim>;
-    fn ports() -> &'static HashMap<PortKey, Backends>;
-    fn workloads() -> &'static HashMap<IpKey, u8>;
-    fn config() -> &'static Array<Config>;
-}
+// The fast path's tables. Each is an array of two maps, one per generation: the agent creates the
+// maps at the size the tables need (the templates below give the kernel only their type, key,
+// value and flags), fills the idle generation's, puts them in its slot, then flips
+// `FAST_GENERATION`. A connection reads the generation once and then only that slot's maps, so it
+// sees the old tables or the new ones, never half of each. Hash maps are allocated as they fill.
+const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
-// Allocated as they fill (most nodes use a fraction of the room).
-const NO_PREALLOC: u32 = BPF_F_NO_PREALLOC;
+/// cgroup id -> client namespace id.
+pub type ClientsMap = BtfHashMap<u64, u32, 1, NO_PREALLOC>;
+pub type ExactMap = BtfHashMap<AddrKey, Claim, 1, NO_PREALLOC>;
+pub type CidrsMap = BtfLpmTrie<LpmBytes, Claim, 1>;
+pub type PortsMap = BtfHashMap<PortKey, Backends, 1, NO_PREALLOC>;
+pub type WorkloadsMap = BtfHashMap<IpKey, u8, 1, NO_PREALLOC>;
 
+#[btf_map]
+pub static FAST_CLIENTS: ArrayOfMaps<ClientsMap, 2> = ArrayOfMaps::new();
+#[btf_map]
+pub static FAST_EXACT: ArrayOfMaps<ExactMap, 2> = ArrayOfMaps::new();
+#[btf_map]
+pub static FAST_CIDRS: ArrayOfMaps<CidrsMap, 2> = ArrayOfMaps::new();
+#[btf_map]
+pub static FAST_PORTS: ArrayOfMaps<PortsMap, 2> = ArrayOfMaps::new();
+#[btf_map]
+pub static FAST_WORKLOADS: ArrayOfMaps<WorkloadsMap, 2> = ArrayOfMaps::new();
+/// Each generation's flags.
 #[map]
-static FAST_CLIENTS_A: HashMap<u64, u32> = HashMap::with_max_entries(MAX_CLIENTS, NO_PREALLOC);
-#[map]
-static FAST_CLIENTS_B: HashMap<u64, u32> = HashMap::with_max_entries(MAX_CLIENTS, NO_PREALLOC);
-#[map]
-static FAST_EXACT_A: HashMap<AddrKey, Claim> = HashMap::with_max_entries(MAX_EXACT, NO_PREALLOC);
-#[map]
-static FAST_EXACT_B: HashMap<AddrKey, Claim> = HashMap::with_max_entries(MAX_EXACT, NO_PREALLOC);
-#[map]
-static FAST_CIDRS_A: LpmTrie<LpmBytes, Claim> = LpmTrie::with_max_entries(MAX_CIDRS, 0);
-#[map]
-static FAST_CIDRS_B: LpmTrie<LpmBytes, Claim> = LpmTrie::with_max_entries(MAX_CIDRS, 0);
-#[map]
-static FAST_PORTS_A: HashMap<PortKey, Backends> = HashMap::with_max_entries(MAX_PORTS, NO_PREALLOC);
-#[map]
-static FAST_PORTS_B: HashMap<PortKey, Backends> = HashMap::with_max_entries(MAX_PORTS, NO_PREALLOC);
-#[map]
-static FAST_WORKLOADS_A: HashMap<IpKey, u8> = HashMap::with_max_entries(MAX_WORKLOADS, NO_PREALLOC);
-#[map]
-static FAST_WORKLOADS_B: HashMap<IpKey, u8> = HashMap::with_max_entries(MAX_WORKLOADS, NO_PREALLOC);
-#[map]
-static FAST_CONFIG_A: Array<Config> = Array::with_max_entries(1, 0);
-#[map]
-static FAST_CONFIG_B: Array<Config> = Array::with_max_entries(1, 0);
-
-/// Generation A, then B: the same tables, other maps.
-pub struct GenA;
-pub struct GenB;
-
-macro_rules! generation {
-    ($gen:ty, $clients:ident, $exact:ident, $cidrs:ident, $ports:ident, $workloads:ident, $config:ident) => {
-        impl FastTables for $gen {
-            #[inline(always)]
-            fn clients() -> &'static HashMap<u64, u32> {
-                &$clients
-            }
-            #[inline(always)]
-            fn exact() -> &'static HashMap<AddrKey, Claim> {
-                &$exact
-            }
-            #[inline(always)]
-            fn cidrs() -> &'static LpmTrie<LpmBytes, Claim> {
-                &$cidrs
-            }
-            #[inline(always)]
-            fn ports() -> &'static HashMap<PortKey, Backends> {
-                &$ports
-            }
-            #[inline(always)]
-            fn workloads() -> &'static HashMap<IpKey, u8> {
-                &$workloads
-            }
-            #[inline(always)]
-            fn config() -> &'static Array<Config> {
-                &$config
-            }
-        }
-    };
-}
-generation!(
-    GenA,
-    FAST_CLIENTS_A,
-    FAST_EXACT_A,
-    FAST_CIDRS_A,
-    FAST_PORTS_A,
-    FAST_WORKLOADS_A,
-    FAST_CONFIG_A
-);
-generation!(
-    GenB,
-    FAST_CLIENTS_B,
-    FAST_EXACT_B,
-    FAST_CIDRS_B,
-    FAST_PORTS_B,
-    FAST_WORKLOADS_B,
-    FAST_CONFIG_B
-);
+pub static FAST_CONFIG: Array<Config> = Array::with_max_entries(2, 0);
 
 #[inline(always)]
 pub fn count_fast(stat: FastStat) {

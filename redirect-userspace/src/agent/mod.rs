@@ -70,6 +70,8 @@ pub struct AgentConfig {
     pub kube: Option<crate::cluster::Source>,
     /// Decide in the kernel what needs no proxy (the default; off with `run --no-fast-path`).
     pub fast_path: bool,
+    /// Kernel memory the fast path's tables may take, both generations together.
+    pub fast_path_memory: usize,
     /// One info line per proxied connection when it ends.
     pub access_log: bool,
 }
@@ -348,7 +350,14 @@ async fn attach(
         true => {
             let ahead = Arc::new(Ahead::new(upstream.clone(), endpoint_hosts.clone()));
             let (fast, tables) =
-                FastPath::prepare(live.clone(), cgroups.clone(), ahead, metrics.clone()).await;
+                FastPath::prepare(
+                    live.clone(),
+                    cgroups.clone(),
+                    ahead,
+                    metrics.clone(),
+                    crate::fastpath::Limits::within(config.fast_path_memory),
+                )
+                .await;
             (Some(fast), Some(tables))
         }
         false => (None, None),

@@ -148,6 +148,12 @@ pub struct RunArgs {
     /// agent has resolved, gets its destination rewritten to one of them. The rest goes to the proxy.
     #[arg(long)]
     pub no_fast_path: bool,
+    /// Kernel memory the fast path's tables may take, both generations together (`64MiB`; units
+    /// `KiB`, `MiB`, `GiB`, or bytes). The maps are sized to what the configuration needs; past
+    /// this, a namespace that does not fit has its clients decided by the proxy, the others stay
+    /// in the kernel.
+    #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
+    pub fast_path_memory: usize,
     /// No access log (by default one info line per proxied connection when it ends, at most 100 a
     /// second).
     #[arg(long)]
@@ -240,11 +246,33 @@ pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
             drain_timeout: args.drain_timeout,
             kube,
             fast_path: !args.no_fast_path,
+            fast_path_memory: args.fast_path_memory,
             access_log: !args.no_access_log,
         },
         log_level,
     )?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A size in bytes, with an optional `KiB`, `MiB` or `GiB` suffix.
+fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?} (use KiB, MiB or GiB)")),
+    };
+    let n: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size"))?;
+    n.checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[cfg(test)]
@@ -267,6 +295,16 @@ mod tests {
             Command::Run(run) => Ok(!run.no_fast_path),
             _ => panic!("not run"),
         }
+    }
+
+    #[test]
+    fn sizes_read_with_or_without_a_unit() {
+        assert_eq!(super::parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(super::parse_size("512 KiB"), Ok(512 << 10));
+        assert_eq!(super::parse_size("1GiB"), Ok(1 << 30));
+        assert_eq!(super::parse_size("4096"), Ok(4096));
+        assert!(super::parse_size("64MB").is_err());
+        assert!(super::parse_size("MiB").is_err());
     }
 
     #[test]

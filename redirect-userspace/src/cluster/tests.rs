@@ -288,6 +288,8 @@ const LIMITS: [crate::fastpath::Limits; 2] = [
         cidrs: 64,
         ports: 64,
         workloads: 65_536,
+        bytes: usize::MAX,
+        namespace_bytes: usize::MAX,
     },
     crate::fastpath::Limits {
         namespaces: 2,
@@ -296,6 +298,8 @@ const LIMITS: [crate::fastpath::Limits; 2] = [
         cidrs: 1,
         ports: 4,
         workloads: 4,
+        bytes: 4096,
+        namespace_bytes: 1024,
     },
 ];
 

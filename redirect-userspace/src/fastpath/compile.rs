@@ -10,17 +10,20 @@ use ipnet::IpNet;
 
 use redirect_common::fastpath::{
     ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Claim, Config,
-    FAMILY_V4, FAMILY_V6, IpKey, MAX_CIDRS, MAX_CLIENTS, MAX_ENDPOINTS, MAX_EXACT, MAX_NAMESPACES,
-    MAX_PORTS, MAX_WORKLOADS, NS_PROXY, NS_UNKNOWN, PortKey,
+    FAMILY_V4, FAMILY_V6, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey,
 };
 
-use super::tables::{NsId, PortEndpoints, Tables};
+use super::{
+    memory::entry_bytes,
+    tables::{NsId, PortEndpoints, Tables},
+};
 use crate::{
     config::{EndpointAddress, Resolution},
     state::{Port, Service, ServiceVisibility, Snapshot},
 };
 
-/// Entries each table may hold (the BPF maps' `max_entries`).
+/// What the tables may hold: entries of each table, and the kernel memory of one generation
+/// ([`super::entry_bytes`] an entry) in all and for one namespace's own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Namespaces with entries of their own.
@@ -30,18 +33,31 @@ pub struct Limits {
     pub cidrs: usize,
     pub ports: usize,
     pub workloads: usize,
+    /// Bytes of kernel memory one generation's entries may take.
+    pub bytes: usize,
+    /// Bytes one namespace's own entries may take: its own view, the shared entries that only
+    /// report its hidden services, and its services' rewrites.
+    pub namespace_bytes: usize,
 }
 
+/// The kernel memory the fast path's tables may take by default, both generations together.
+pub const DEFAULT_MEMORY: usize = 64 << 20;
+
 impl Limits {
-    /// The room the eBPF maps have.
-    pub fn kernel() -> Limits {
+    /// The limits for `memory` bytes of kernel memory, both generations together: half of it a
+    /// generation, and a quarter of that for any one namespace's own entries.
+    pub fn within(memory: usize) -> Limits {
+        let bytes = memory / 2;
         Limits {
-            namespaces: MAX_NAMESPACES as usize,
-            clients: MAX_CLIENTS as usize,
-            exact: MAX_EXACT as usize,
-            cidrs: MAX_CIDRS as usize,
-            ports: MAX_PORTS as usize,
-            workloads: MAX_WORKLOADS as usize,
+            namespaces: NS_PROXY as usize - 1,
+            clients: usize::MAX,
+            exact: usize::MAX,
+            cidrs: usize::MAX,
+            ports: usize::MAX,
+            // Only counts: an address nothing claims is left alone either way.
+            workloads: 65_536,
+            bytes,
+            namespace_bytes: bytes / 4,
         }
     }
 }
@@ -55,6 +71,8 @@ impl Default for Limits {
             cidrs: 16_384,
             ports: 65_536,
             workloads: 65_536,
+            bytes: usize::MAX,
+            namespace_bytes: usize::MAX,
         }
     }
 }
@@ -78,12 +96,18 @@ pub enum Fallback {
     TooManyEndpoints,
     /// The rewrite table is full (per service port left out).
     PortsFull,
-    /// A namespace's own entries did not fit: its clients go to the proxy (per namespace).
+    /// A namespace's own entries did not fit, or took more than its share: its clients go to the
+    /// proxy (per namespace). The other namespaces' stay in the kernel.
     NamespaceFull,
-    /// The entries every client shares did not fit: the proxy decides everything.
+    /// Shared entries that only report a hide, left out with their namespace's own entries: the
+    /// kernel decides the same without them, but does not count those hides (per entry).
+    HidesUncounted,
+    /// The entries every client shares and that change a decision did not fit in the whole
+    /// budget: the proxy decides everything.
     SharedFull,
-    /// Not every workload address fit: unclaimed addresses go to the proxy (per address).
-    WorkloadsFull,
+    /// Not every workload address fit: connections to the ones left out are still left alone in
+    /// the kernel, counted as passthroughs (per address).
+    WorkloadsUncounted,
 }
 
 /// What a compilation produced.
@@ -164,6 +188,15 @@ fn compile_reusing(
 
 /// The tables but for the workload addresses: the services' entries, from the snapshot's services
 /// alone (and the host addresses).
+///
+/// The entries every client shares come first, in two kinds: those that change a decision (a key
+/// with a PUBLIC claimant) and those that only report a hide (a key whose claimants are all
+/// hidden from the unknown client: without the entry the kernel decides the same, but cannot
+/// count the hide). The first kind must fit the whole budget, or the proxy decides everything.
+/// Then each namespace owning a claimant gets its own entries, the hide reports of its services
+/// and its services' rewrites, admitted whole, the namespace needing least first, within its
+/// share: one tenant's thousands of addresses send its own clients to the proxy before anyone
+/// else's.
 fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) -> (Tables, Stats) {
     let services: Vec<&Service> = snapshot.services().collect();
     let mut exact = Claimants::new();
@@ -186,6 +219,8 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
             ..Tables::default()
         },
         claims: HashMap::new(),
+        ports_written: HashSet::new(),
+        bytes: 0,
         stats: Stats::default(),
     };
 
@@ -194,7 +229,9 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
     // the proxy walks every claimed network holding the address, longest first: the winner is the
     // first with a PUBLIC claimant, the hidden one the first NAMESPACE claimant met on the whole
     // walk (a known client goes on looking for its own namespace's). So each claimed network gets
-    // an entry carrying what its walk finds, and the trie's longest match is the walk's start.
+    // an entry carrying what its walk finds, and the trie's longest match is the walk's start. A
+    // network without a PUBLIC claimant of its own carries the winner of a shorter one, which
+    // that one's entry carries too: it only reports the hide.
     let first = |members: &[u32], visibility: ServiceVisibility| {
         members
             .iter()
@@ -203,18 +240,24 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
     };
     let public = |members: &[u32]| first(members, ServiceVisibility::Public);
     let scoped = |members: &[u32]| first(members, ServiceVisibility::Namespace);
-    let mut shared = View {
-        exact: Vec::new(),
-        cidrs: Vec::new(),
-    };
+    let mut shared = View::default();
+    // The hide reports, by the namespace of the service hidden.
+    let mut reports: HashMap<&str, View> = HashMap::new();
+    let owner = |hidden: u32| services[hidden as usize].namespace.as_str();
     for ((key, _), members) in &exact {
         let hidden = scoped(members);
-        let claim = match public(members) {
-            Some(w) => compiler.claim(w),
-            None if hidden.is_some() => Claim::new(ACTION_NONE, 0),
-            None => continue,
-        };
-        shared.exact.push((*key, claim.hiding(hidden)));
+        match public(members) {
+            Some(w) => {
+                let claim = compiler.claim(w).hiding(hidden);
+                shared.exact.push((*key, claim));
+            }
+            None => {
+                if let Some(h) = hidden {
+                    let claim = Claim::new(ACTION_NONE, 0).hiding(hidden);
+                    reports.entry(owner(h)).or_default().exact.push((*key, claim));
+                }
+            }
+        }
     }
     for ((key, len), members) in &cidrs {
         let walk = std::iter::once(members.as_slice())
@@ -225,10 +268,16 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         let claim = match winner {
             Some(w) => compiler.claim(w),
             None => Claim::new(ACTION_NONE, 0),
-        };
-        shared.cidrs.push((*key, *len, claim.hiding(hidden)));
+        }
+        .hiding(hidden);
+        match hidden {
+            _ if public(members).is_some() => shared.cidrs.push((*key, *len, claim)),
+            Some(h) => reports.entry(owner(h)).or_default().cidrs.push((*key, *len, claim)),
+            // Hides nothing and changes nothing: a shorter network's entry says the same.
+            None => {}
+        }
     }
-    if !compiler.fits(&shared) {
+    if !compiler.fits(&shared, usize::MAX) {
         compiler.stats.fell_back(Fallback::SharedFull, 1);
         let stats = compiler.stats;
         let tables = Tables {
@@ -248,33 +297,55 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
     // namespace's keys are gathered in one pass over the claims, not by a pass per namespace.
     let own_exact = own_claims(&exact, &services);
     let own_cidrs = own_claims(&cidrs, &services);
-    let owners: BTreeSet<&str> = own_exact.keys().chain(own_cidrs.keys()).copied().collect();
+    let owners: BTreeSet<&str> = own_exact
+        .keys()
+        .chain(own_cidrs.keys())
+        .chain(reports.keys())
+        .copied()
+        .collect();
+    let mut candidates = Vec::new();
     for ns in owners {
-        let next_id = compiler.stats.namespaces as NsId + 1;
-        let mut entries = compiler.own_view(
+        let mut own = compiler.own_view(
             own_exact.get(ns).map_or(&[], Vec::as_slice),
             own_cidrs.get(ns).map_or(&[], Vec::as_slice),
         );
         // An exact entry equal to the shared one is redundant: the lookup falls back to it. (A
         // network's is not: without it, a shorter prefix of the namespace's own would win.)
-        entries.exact.retain(|(ip, claim)| {
+        own.exact.retain(|(ip, claim)| {
             compiler.tables.exact.get(&AddrKey {
                 ns: NS_UNKNOWN,
                 ip: *ip,
             }) != Some(claim)
         });
-        if entries.exact.is_empty() && entries.cidrs.is_empty() {
+        let reported = reports.remove(ns).unwrap_or_default();
+        if own.is_empty() && reported.is_empty() {
             continue;
         }
-        // Ids stop short of `NS_PROXY`.
-        let room = limits.namespaces.min(NS_PROXY as usize - 1);
-        if compiler.stats.namespaces >= room || !compiler.fits(&entries) {
-            compiler.stats.fell_back(Fallback::NamespaceFull, 1);
-            compiler.tables.namespaces.insert(ns.to_string(), NS_PROXY);
+        let cost = compiler.cost(&own) + compiler.cost(&reported);
+        candidates.push((cost, ns, own, reported));
+    }
+    // The namespaces needing least first (then by name): a big one cannot crowd out small ones.
+    candidates.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    // Ids stop short of `NS_PROXY`.
+    let room = limits.namespaces.min(NS_PROXY as usize - 1);
+    for (_, ns, own, reported) in candidates {
+        let share = limits.namespace_bytes;
+        let fits = own.is_empty() || compiler.stats.namespaces < room;
+        if !fits || !compiler.fits_both(&own, &reported, share) {
+            compiler.stats.fell_back(Fallback::HidesUncounted, reported.len());
+            if !own.is_empty() {
+                compiler.stats.fell_back(Fallback::NamespaceFull, 1);
+                compiler.tables.namespaces.insert(ns.to_string(), NS_PROXY);
+            }
             continue;
         }
-        compiler.insert(next_id, entries);
-        compiler.tables.namespaces.insert(ns.to_string(), next_id);
+        compiler.insert(NS_UNKNOWN, reported);
+        if own.is_empty() {
+            continue;
+        }
+        let id = compiler.stats.namespaces as NsId + 1;
+        compiler.insert(id, own);
+        compiler.tables.namespaces.insert(ns.to_string(), id);
         compiler.stats.namespaces += 1;
     }
 
@@ -304,7 +375,7 @@ pub fn with_workloads(
     tables.workloads.clear();
     tables.config.workloads_incomplete = 0;
     stats.workloads = 0;
-    stats.fallbacks.remove(&Fallback::WorkloadsFull);
+    stats.fallbacks.remove(&Fallback::WorkloadsUncounted);
     Workloads::of(snapshot, limits).add_to(&mut tables, &mut stats);
     (tables, stats)
 }
@@ -342,7 +413,7 @@ impl Workloads {
             addresses: tables.workloads.clone(),
             left_out: stats
                 .fallbacks
-                .get(&Fallback::WorkloadsFull)
+                .get(&Fallback::WorkloadsUncounted)
                 .copied()
                 .unwrap_or(0),
         })
@@ -352,7 +423,7 @@ impl Workloads {
     fn add_to(self, tables: &mut Tables, stats: &mut Stats) {
         if self.left_out > 0 {
             tables.config.workloads_incomplete = 1;
-            stats.fell_back(Fallback::WorkloadsFull, self.left_out);
+            stats.fell_back(Fallback::WorkloadsUncounted, self.left_out);
         }
         stats.workloads = self.addresses.len();
         tables.workloads = self.addresses;
@@ -420,9 +491,36 @@ fn network_key(net: &IpNet) -> (IpKey, u32) {
 }
 
 /// One view's entries: exact keys and (key, prefix length) networks.
+#[derive(Default)]
 struct View {
     exact: Vec<(IpKey, Claim)>,
     cidrs: Vec<(IpKey, u32, Claim)>,
+}
+
+impl View {
+    fn len(&self) -> usize {
+        self.exact.len() + self.cidrs.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The services whose rewrites this view's entries use.
+    fn services(&self) -> impl Iterator<Item = u32> + '_ {
+        let claims = self.exact.iter().map(|(_, c)| c);
+        let claims = claims.chain(self.cidrs.iter().map(|(_, _, c)| c));
+        claims
+            .filter(|c| c.action == ACTION_PORTS)
+            .map(|c| c.service)
+    }
+}
+
+/// What reaching one service means in the kernel: its claim and the rewrites of its ports, worked
+/// out once, written when a view that uses them is.
+struct ServiceClaim {
+    claim: Claim,
+    ports: Vec<(PortKey, PortEndpoints)>,
 }
 
 struct Compiler<'s> {
@@ -430,8 +528,12 @@ struct Compiler<'s> {
     hosts: &'s HostAddresses,
     limits: Limits,
     tables: Tables,
-    /// The claim each service compiled to, its ports written once.
-    claims: HashMap<u32, Claim>,
+    /// The claim each service compiled to.
+    claims: HashMap<u32, ServiceClaim>,
+    /// The services whose rewrites are in the tables.
+    ports_written: HashSet<u32>,
+    /// Kernel memory of the entries in the tables ([`entry_bytes`]).
+    bytes: usize,
     stats: Stats,
 }
 
@@ -451,12 +553,45 @@ impl Compiler<'_> {
         }
     }
 
-    fn fits(&self, view: &View) -> bool {
-        self.tables.exact.len() + view.exact.len() <= self.limits.exact
-            && self.tables.cidrs.len() + view.cidrs.len() <= self.limits.cidrs
+    /// Kernel memory `view` would add: its entries and the rewrites it uses not written yet.
+    fn cost(&self, view: &View) -> usize {
+        let ports: usize = self
+            .new_services(view)
+            .map(|id| self.claims.get(&id).map_or(0, |c| c.ports.len()))
+            .sum();
+        view.exact.len() * entry_bytes("exact")
+            + view.cidrs.len() * entry_bytes("cidrs")
+            + ports * entry_bytes("ports")
+    }
+
+    /// The services `view` uses whose rewrites are not written yet, each once.
+    fn new_services<'v>(&'v self, view: &'v View) -> impl Iterator<Item = u32> + 'v {
+        let mut seen = HashSet::new();
+        view.services()
+            .filter(move |id| !self.ports_written.contains(id) && seen.insert(*id))
+    }
+
+    /// Whether `view` fits the tables' room, and costs at most `share` bytes.
+    fn fits(&self, view: &View, share: usize) -> bool {
+        self.fits_both(view, &View::default(), share)
+    }
+
+    /// Whether two views fit together (entry counts and memory), and cost at most `share` bytes.
+    fn fits_both(&self, a: &View, b: &View, share: usize) -> bool {
+        let cost = self.cost(a) + self.cost(b);
+        self.tables.exact.len() + a.exact.len() + b.exact.len() <= self.limits.exact
+            && self.tables.cidrs.len() + a.cidrs.len() + b.cidrs.len() <= self.limits.cidrs
+            && cost <= share
+            && self.bytes.saturating_add(cost) <= self.limits.bytes
     }
 
     fn insert(&mut self, ns: NsId, view: View) {
+        let new: Vec<u32> = self.new_services(&view).collect();
+        for id in new {
+            self.write_ports(id);
+        }
+        self.bytes += view.exact.len() * entry_bytes("exact");
+        self.bytes += view.cidrs.len() * entry_bytes("cidrs");
         for (ip, claim) in view.exact {
             self.tables.exact.insert(AddrKey { ns, ip }, claim);
         }
@@ -468,11 +603,33 @@ impl Compiler<'_> {
         }
     }
 
-    /// What reaching service `id` means in the kernel; its rewrite entries are written the first
-    /// time it is asked for.
+    /// Writes service `id`'s rewrites, as far as the ports table has room (a port left out is
+    /// the proxy's: the kernel finds no rewrite for it).
+    fn write_ports(&mut self, id: u32) {
+        if !self.ports_written.insert(id) {
+            return;
+        }
+        let Some(service) = self.claims.get(&id) else {
+            return;
+        };
+        for (key, endpoints) in &service.ports {
+            if self.tables.ports.len() >= self.limits.ports
+                || self.bytes + entry_bytes("ports") > self.limits.bytes
+            {
+                self.stats.fell_back(Fallback::PortsFull, 1);
+                continue;
+            }
+            if let Entry::Vacant(slot) = self.tables.ports.entry(*key) {
+                slot.insert(endpoints.clone());
+                self.bytes += entry_bytes("ports");
+            }
+        }
+    }
+
+    /// What reaching service `id` means in the kernel, worked out the first time it is asked for.
     fn claim(&mut self, id: u32) -> Claim {
-        if let Some(claim) = self.claims.get(&id) {
-            return *claim;
+        if let Some(service) = self.claims.get(&id) {
+            return service.claim;
         }
         let svc = self.services[id as usize];
         let mut action = if svc.resolution == Resolution::None {
@@ -480,32 +637,22 @@ impl Compiler<'_> {
         } else {
             ACTION_PROXY
         };
+        let mut ports = Vec::new();
         if action == ACTION_PROXY {
             let mut seen = BTreeSet::new();
             // The first port of a number is the one the proxy serves.
             for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
-                let backends = match backends(port, self.hosts) {
-                    Ok(b) => b,
-                    Err(why) => {
-                        self.stats.fell_back(why, 1);
-                        continue;
-                    }
-                };
-                if self.tables.ports.len() >= self.limits.ports {
-                    self.stats.fell_back(Fallback::PortsFull, 1);
-                    continue;
+                match backends(port, self.hosts) {
+                    Ok(b) => ports.push((PortKey::new(id, port.port), b)),
+                    Err(why) => self.stats.fell_back(why, 1),
                 }
-                match self.tables.ports.entry(PortKey::new(id, port.port)) {
-                    Entry::Vacant(slot) => {
-                        slot.insert(backends);
-                        action = ACTION_PORTS;
-                    }
-                    Entry::Occupied(_) => {}
-                }
+            }
+            if !ports.is_empty() {
+                action = ACTION_PORTS;
             }
         }
         let claim = Claim::new(action, id);
-        self.claims.insert(id, claim);
+        self.claims.insert(id, ServiceClaim { claim, ports });
         claim
     }
 }
@@ -554,4 +701,49 @@ fn backends(port: &Port, hosts: &HostAddresses) -> Result<PortEndpoints, Fallbac
             })
             .collect(),
     })
+}
+
+/// What [`compile_with`] gives `snapshot` with the host addresses `hosts`, from the tables it gave
+/// the same snapshot with `before`: when every service naming a host whose addresses changed keeps
+/// the same ports rewritable (the usual refresh: a name's addresses moved), only those ports'
+/// endpoints are written again; `None` when a claim or a fallback would change (compile whole).
+pub fn with_hosts(
+    tables: &Tables,
+    stats: &Stats,
+    snapshot: &Snapshot,
+    before: &HostAddresses,
+    hosts: &HostAddresses,
+) -> Option<(Tables, Stats)> {
+    if tables.config.proxy_everything != 0 {
+        return None;
+    }
+    let changed = |name: &String| before.get(name) != hosts.get(name);
+    let mut tables = tables.clone();
+    for (id, svc) in snapshot.services().enumerate() {
+        if svc.resolution == Resolution::None {
+            continue;
+        }
+        let mut seen = BTreeSet::new();
+        for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
+            let names_changed = port.endpoints.iter().any(|ep| match &ep.address {
+                EndpointAddress::Host(name) => changed(name),
+                EndpointAddress::Ip(_) => false,
+            });
+            if !names_changed {
+                continue;
+            }
+            let (old, new) = (backends(port, before), backends(port, hosts));
+            match (old, new) {
+                (Ok(_), Ok(new)) => {
+                    let key = PortKey::new(id as u32, port.port);
+                    if let Some(slot) = tables.ports.get_mut(&key) {
+                        *slot = new;
+                    }
+                }
+                (Err(a), Err(b)) if a == b => {}
+                _ => return None,
+            }
+        }
+    }
+    Some((tables, stats.clone()))
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{DecidedBy, Fallback, Stats, Tables, decided_by};
+use super::{DecidedBy, Fallback, Stats, TableMemory, Tables, decided_by};
 use crate::state::Snapshot;
 
 #[derive(Debug, Clone, Serialize)]
@@ -14,6 +14,10 @@ pub struct Dump {
     pub tables: BTreeMap<&'static str, usize>,
     /// What the snapshot leaves to the proxy that the kernel could otherwise decide, by reason.
     pub fallbacks: BTreeMap<String, usize>,
+    /// What each table's maps take in the kernel, both generations together.
+    pub memory: BTreeMap<&'static str, TableMemory>,
+    /// The kernel memory the tables may take (`run --fast-path-memory`).
+    pub memory_budget_bytes: usize,
     pub services: Vec<ServiceDecision>,
 }
 
@@ -58,7 +62,18 @@ impl Dump {
                 .iter()
                 .map(|(why, n)| (fallback_name(*why), *n))
                 .collect(),
+            memory: BTreeMap::new(),
+            memory_budget_bytes: 0,
             services,
+        }
+    }
+
+    /// This dump, with what the maps take and may take.
+    pub fn with_memory(self, memory: BTreeMap<&'static str, TableMemory>, budget: usize) -> Dump {
+        Dump {
+            memory,
+            memory_budget_bytes: budget,
+            ..self
         }
     }
 }

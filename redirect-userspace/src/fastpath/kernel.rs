@@ -89,10 +89,10 @@ fn decide_claim<'t>(
     port: u16,
 ) -> FastDecision<'t> {
     let Some(claim) = claim else {
+        // Left alone either way: the table only counts workloads apart (one it had no room for
+        // is counted as a passthrough).
         return if tables.workloads.contains(&ip) {
             FastDecision::Workload
-        } else if tables.config.workloads_incomplete != 0 {
-            FastDecision::Proxy
         } else {
             FastDecision::Passthrough
         };

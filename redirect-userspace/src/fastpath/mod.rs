@@ -13,14 +13,18 @@ mod compile;
 mod dump;
 mod kernel;
 mod lpm;
+mod memory;
 mod tables;
 mod upkeep;
 
-pub use compile::{Fallback, HostAddresses, Limits, Stats, compile, compile_after};
+pub use compile::{
+    DEFAULT_MEMORY, Fallback, HostAddresses, Limits, Stats, compile, compile_after, with_hosts,
+};
 #[cfg(test)]
 pub use compile::{compile_with, with_workloads};
 pub use dump::{Dump, fallback_name};
 pub use kernel::{DecidedBy, decided_by};
+pub use memory::{TableMemory, kernel_bytes};
 #[cfg(test)]
 pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
 #[cfg(test)]

@@ -90,13 +90,18 @@ pub(super) fn agrees_with(
     let ctx = || format!("{client:?} -> {ip}:{port}: kernel {fast:?}, proxy {proxy:?}");
     let ok = match fast {
         FastDecision::Proxy => true,
+        // Both leave the socket alone. A workload the table had no room for is counted as a
+        // passthrough; a passthrough is never counted as a workload.
         FastDecision::Passthrough | FastDecision::Workload => {
-            let want = if fast == FastDecision::Workload {
-                OutboundOutcome::Workload
-            } else {
-                OutboundOutcome::Passthrough
+            let outcome = proxy.outcome();
+            let counted = match fast {
+                FastDecision::Workload => outcome == OutboundOutcome::Workload,
+                _ => matches!(
+                    outcome,
+                    OutboundOutcome::Passthrough | OutboundOutcome::Workload
+                ),
             };
-            proxy.outcome() == want && proxy.target() == Some(Target::Addr(original))
+            counted && proxy.target() == Some(Target::Addr(original))
         }
         FastDecision::Rewrite(backends) => {
             let Outbound::Service { port: svc_port, .. } = proxy.action else {
@@ -600,7 +605,9 @@ fn full_namespace_tables_send_that_namespace_to_the_proxy() {
         ..Limits::default()
     };
     let (snap, t, stats) = limited(&objects, limits);
-    // ns-c comes first and fits; ns-d does not: its clients go to the proxy, the others are exact.
+    // Shared: the /8 alone (the /16s only report hides). Then the namespaces needing least first:
+    // pub-a (its own /8), ns-c (its /16 and the report of it); ns-d does not fit: its clients go
+    // to the proxy, its hide report is left out, the others are decided in the kernel.
     assert_eq!(
         kernel(&snap, &t, Some("ns-c"), "10.1.0.1", 80),
         "198.51.100.2:80"
@@ -608,9 +615,12 @@ fn full_namespace_tables_send_that_namespace_to_the_proxy() {
     assert_eq!(kernel(&snap, &t, Some("ns-d"), "10.2.0.1", 80), "proxy");
     assert_eq!(kernel(&snap, &t, None, "10.2.0.1", 80), "198.51.100.1:80");
     assert_eq!(t.namespace_id("ns-d"), NS_PROXY);
-    // pub-a's network is shared, but pub-a's own clients need it too: it did not fit either.
-    assert_eq!(kernel(&snap, &t, Some("pub-a"), "10.1.0.1", 80), "proxy");
-    assert_eq!(stats.fallbacks.get(&Fallback::NamespaceFull), Some(&2));
+    assert_eq!(
+        kernel(&snap, &t, Some("pub-a"), "10.1.0.1", 80),
+        "198.51.100.1:80"
+    );
+    assert_eq!(stats.fallbacks.get(&Fallback::NamespaceFull), Some(&1));
+    assert_eq!(stats.fallbacks.get(&Fallback::HidesUncounted), Some(&1));
     let limits = Limits {
         namespaces: 0,
         ..Limits::default()
@@ -619,8 +629,46 @@ fn full_namespace_tables_send_that_namespace_to_the_proxy() {
     assert_eq!(kernel(&snap, &t, Some("ns-c"), "10.1.0.1", 80), "proxy");
 }
 
+/// A tenant whose hidden entry claims more addresses than its share: only its own clients go to
+/// the proxy. Its neighbours' connections stay in the kernel, its addresses passed through as if
+/// the entry did not exist (as the proxy would), their hides left uncounted.
 #[test]
-fn full_workload_table_sends_unclaimed_addresses_to_the_proxy() {
+fn a_tenant_past_its_share_sends_only_its_own_clients_to_the_proxy() {
+    let many: Vec<String> = (0..64).map(|i| format!("240.240.1.{i}")).collect();
+    let objects = static_entry("big", "ns-d", &many.join(", "), "{address: 198.51.100.9}")
+        + &static_entry("mine", "ns-c", "203.0.113.10", "{address: 198.51.100.2}")
+        + &static_entry("pub", "pub-a", "203.0.113.11", "{address: 198.51.100.3}");
+    // A generation of 32 KiB, 8 KiB a namespace: ns-d's 128 entries (96 bytes each) do not fit.
+    let (snap, t, stats) = limited(&objects, Limits::within(64 << 10));
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "203.0.113.10", 80),
+        "198.51.100.2:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "203.0.113.11", 80),
+        "198.51.100.3:80"
+    );
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-c"), "240.240.1.7", 80),
+        "passthrough"
+    );
+    assert_eq!(kernel(&snap, &t, None, "192.0.2.1", 80), "passthrough");
+    assert_eq!(kernel(&snap, &t, Some("ns-d"), "240.240.1.7", 80), "proxy");
+    assert_eq!(t.namespace_id("ns-d"), NS_PROXY);
+    assert_eq!(stats.fallbacks.get(&Fallback::NamespaceFull), Some(&1));
+    assert_eq!(stats.fallbacks.get(&Fallback::HidesUncounted), Some(&64));
+    assert_eq!(stats.fallbacks.get(&Fallback::SharedFull), None);
+    // With room for it, the tenant is in the kernel too.
+    let (snap, t, stats) = limited(&objects, Limits::within(1 << 20));
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-d"), "240.240.1.7", 80),
+        "198.51.100.9:80"
+    );
+    assert!(stats.fallbacks.is_empty(), "{:?}", stats.fallbacks);
+}
+
+#[test]
+fn a_full_workload_table_leaves_unclaimed_addresses_in_the_kernel() {
     let objects = static_entry("a", "pub-a", "203.0.113.10", "{address: 198.51.100.1}")
         + "---\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ns-d}\nstatus: {podIP: 10.244.0.5}\n";
     let limits = Limits {
@@ -628,13 +676,14 @@ fn full_workload_table_sends_unclaimed_addresses_to_the_proxy() {
         ..Limits::default()
     };
     let (snap, t, stats) = limited(&objects, limits);
-    assert_eq!(kernel(&snap, &t, None, "10.244.0.5", 80), "proxy");
-    assert_eq!(kernel(&snap, &t, None, "192.0.2.1", 80), "proxy");
+    // Left alone as a workload would be: only counted as a passthrough.
+    assert_eq!(kernel(&snap, &t, None, "10.244.0.5", 80), "passthrough");
+    assert_eq!(kernel(&snap, &t, None, "192.0.2.1", 80), "passthrough");
     assert_eq!(
         kernel(&snap, &t, None, "203.0.113.10", 80),
         "198.51.100.1:80"
     );
-    assert_eq!(stats.fallbacks.get(&Fallback::WorkloadsFull), Some(&1));
+    assert_eq!(stats.fallbacks.get(&Fallback::WorkloadsUncounted), Some(&1));
 }
 
 /// A change to Pods alone (the services shared) takes only the workload addresses again, and
@@ -707,10 +756,42 @@ fn a_change_to_services_alone_gives_the_tables_compiled_whole() {
             let patched = compile_after(Some((from, &tables, &stats)), true, to, limits, &none);
             let whole = compile(to, limits);
             assert_eq!(patched, whole, "exact {exact}, workloads {workloads}");
-            let fits = to.services().count() <= exact && workloads >= 2;
+            // Only the PUBLIC entries must fit for the workloads to be held.
+            let public = to
+                .services()
+                .filter(|s| s.visibility == crate::state::ServiceVisibility::Public)
+                .count();
+            let fits = public <= exact && workloads >= 2;
             assert_eq!(whole.0.workloads().len(), if fits { 2 } else { 0 });
         }
     }
+}
+
+/// New addresses for a host name: only its ports' endpoints are written again, and the tables are
+/// those compiled whole; a name that lost its answer changes a claim, and is compiled whole.
+#[test]
+fn new_addresses_for_a_host_name_patch_its_ports_alone() {
+    let objects = entry(
+        "cdn",
+        "pub-a",
+        &format!(
+            "{{hosts: [cdn.example.com], addresses: [203.0.113.60], {HTTP}, resolution: DNS, endpoints: [{{address: origin.example.org}}]}}"
+        ),
+    ) + &static_entry("a", "ns-c", "203.0.113.10", "{address: 198.51.100.1}");
+    let snap = snapshot(&objects);
+    let before = hosts(&[("origin.example.org", &["198.51.100.7"])]);
+    let after = hosts(&[("origin.example.org", &["198.51.100.8", "198.51.100.9"])]);
+    let (t, stats) = compile_with(&snap, Limits::default(), &before);
+    let patched = with_hosts(&t, &stats, &snap, &before, &after).expect("a patch");
+    assert_eq!(patched, compile_with(&snap, Limits::default(), &after));
+    assert_eq!(
+        kernel_with(&snap, &after, &patched.0, None, "203.0.113.60", 80),
+        "198.51.100.8:80,198.51.100.9:80"
+    );
+    assert_eq!(
+        with_hosts(&t, &stats, &snap, &before, &HostAddresses::new()),
+        None
+    );
 }
 
 #[test]

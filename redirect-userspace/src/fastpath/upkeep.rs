@@ -26,7 +26,9 @@ use uuid::Uuid;
 use crate::{
     config::WorkloadKind,
     dns::ahead::Ahead,
-    fastpath::{self, Dump, Fallback, HostAddresses, Limits, Stats, Tables, fallback_name},
+    fastpath::{
+        self, Dump, Fallback, HostAddresses, Limits, Stats, TableMemory, Tables, fallback_name,
+    },
     identity::CgroupPods,
     live::LiveState,
     metrics::{Lookup, Metrics},
@@ -49,17 +51,27 @@ const HIDES_EVERY: Duration = Duration::from_millis(100);
 /// Hides logged a second at most (the rest are summed up in one line).
 const HIDES_LOGGED_PER_SECOND: u32 = 50;
 
-/// What the metrics read of the last compilation.
+/// A snapshot and the tables compiled from it (without the client table).
+type Compiled = (Arc<Snapshot>, Arc<Tables>, Arc<Stats>);
+
+/// What the metrics and `/config_dump` read of the last compilation and install: kept apart from
+/// the compiler's state and the maps, so that neither a scrape nor the admin server waits for a
+/// compilation or a write to the kernel.
 #[derive(Default)]
 struct Published {
     fallbacks: BTreeMap<Fallback, usize>,
     fresh_hosts: usize,
+    compiled: Option<Compiled>,
+    /// Entries of each table in force, once some are.
+    in_force: Option<BTreeMap<&'static str, usize>>,
+    /// What the maps take in the kernel, both generations.
+    memory: BTreeMap<&'static str, TableMemory>,
 }
 
 /// The compiled snapshot in force and the cgroups its client table was filled from.
 #[derive(Default)]
 struct State {
-    compiled: Option<(Arc<Snapshot>, Tables, Stats)>,
+    compiled: Option<Compiled>,
     /// The host addresses the compiled tables hold.
     hosts: HostAddresses,
     pods: Vec<(u64, Uuid)>,
@@ -80,6 +92,8 @@ pub struct FastPath {
     /// Endpoint host names resolved ahead.
     ahead: Arc<Ahead>,
     metrics: Arc<Metrics>,
+    /// What the tables may hold (from the kernel memory they may take).
+    limits: Limits,
     state: Mutex<State>,
 }
 
@@ -92,6 +106,7 @@ impl FastPath {
         cgroups: Arc<CgroupPods>,
         ahead: Arc<Ahead>,
         metrics: Arc<Metrics>,
+        limits: Limits,
     ) -> (Arc<FastPath>, Tables) {
         let pods = cgroups.rescan().await;
         ahead.follow(&live.snapshot_arc());
@@ -104,6 +119,7 @@ impl FastPath {
             published: Mutex::default(),
             ahead,
             metrics,
+            limits,
             state: Mutex::new(State {
                 pods,
                 ..State::default()
@@ -150,14 +166,25 @@ impl FastPath {
             state.pods = pods;
         }
         if new_snapshot || new_hosts {
-            let compiled = state.compiled.as_ref().map(|(s, t, st)| (&**s, t, st));
-            let (tables, stats) =
-                fastpath::compile_after(compiled, !new_hosts, &snapshot, Limits::kernel(), &hosts);
-            *self.published.lock().unwrap_or_else(|p| p.into_inner()) = Published {
-                fallbacks: stats.fallbacks.clone(),
-                fresh_hosts: hosts.len(),
+            // Only the host addresses moved: their ports' endpoints are written again, nothing else.
+            let patched = match &state.compiled {
+                Some((s, t, st)) if !new_snapshot => {
+                    fastpath::with_hosts(t, st, s, &state.hosts, &hosts)
+                }
+                _ => None,
             };
-            state.compiled = Some((snapshot.clone(), tables, stats));
+            let (tables, stats) = patched.unwrap_or_else(|| {
+                let compiled = state.compiled.as_ref().map(|(s, t, st)| (&**s, &**t, &**st));
+                fastpath::compile_after(compiled, !new_hosts, &snapshot, self.limits, &hosts)
+            });
+            let compiled = (snapshot.clone(), Arc::new(tables), Arc::new(stats));
+            {
+                let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+                published.fallbacks = compiled.2.fallbacks.clone();
+                published.fresh_hosts = hosts.len();
+                published.compiled = Some(compiled.clone());
+            }
+            state.compiled = Some(compiled);
             state.hosts = hosts;
         }
         let Some((snapshot, tables, stats)) = &state.compiled else {
@@ -168,10 +195,16 @@ impl FastPath {
             state.clients_left_out = left_out;
             return Some(tables);
         };
-        let installed = maps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .install(&tables);
+        let installed = {
+            let mut maps = maps.lock().unwrap_or_else(|p| p.into_inner());
+            let installed = maps.install(&tables);
+            let (in_force, memory) = (maps.sizes_in_force(), maps.memory());
+            drop(maps);
+            let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+            published.in_force = in_force;
+            published.memory = memory;
+            installed
+        };
         match installed {
             Ok(()) => {
                 info!(
@@ -319,12 +352,23 @@ impl FastPath {
         Box::new(FastPathMetrics(self.clone()))
     }
 
-    /// What `/config_dump` shows: the tables in force, and who decides each service's ports.
+    /// What `/config_dump` shows: the tables in force, what they take in the kernel, and who
+    /// decides each service's ports. Read from what was last published: it never waits for a
+    /// compilation or a write to the maps.
     pub fn dump(&self) -> Option<Dump> {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let (snapshot, tables, stats) = state.compiled.as_ref()?;
-        let maps = self.maps.get()?.lock().unwrap_or_else(|p| p.into_inner());
-        Some(Dump::new(snapshot, tables, stats, maps.sizes_in_force()))
+        let published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        let (snapshot, tables, stats) = published.compiled.clone()?;
+        self.maps.get()?;
+        let (in_force, memory) = (published.in_force.clone(), published.memory.clone());
+        drop(published);
+        let dump = Dump::new(&snapshot, &tables, &stats, in_force);
+        Some(dump.with_memory(memory, self.limits.bytes.saturating_mul(2)))
+    }
+
+    /// What the maps take in the kernel, by table (both generations).
+    fn memory(&self) -> BTreeMap<&'static str, TableMemory> {
+        let published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        published.memory.clone()
     }
 
     fn fallbacks(&self) -> BTreeMap<Fallback, usize> {
@@ -372,6 +416,12 @@ struct OutcomeLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabels {
+    table: &'static str,
+    source: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -447,6 +497,34 @@ impl Collector for FastPathMetrics {
             };
             ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
         }
+        let mut family = encoder.encode_descriptor(
+            "fast_path_table_bytes",
+            "Kernel memory of the fast path's maps, both generations, by table: estimated from the entries and capacity, or as the kernel reports it (`memlock`, recent kernels)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (table, memory) in self.0.memory() {
+            let estimated = TableLabels {
+                table,
+                source: "estimated",
+            };
+            ConstGauge::new(memory.estimated_bytes as i64)
+                .encode(family.encode_family(&estimated)?)?;
+            if let Some(bytes) = memory.kernel_bytes {
+                let labels = TableLabels {
+                    table,
+                    source: "kernel",
+                };
+                ConstGauge::new(bytes as i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
+        let family = encoder.encode_descriptor(
+            "fast_path_table_budget_bytes",
+            "Kernel memory the fast path's maps may take, both generations (`run --fast-path-memory`)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        ConstGauge::new(self.0.limits.bytes.saturating_mul(2) as i64).encode(family)?;
         let ahead = &self.0.ahead;
         let mut family = encoder.encode_descriptor(
             "fast_path_host_names",

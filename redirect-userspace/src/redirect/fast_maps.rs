@@ -1,45 +1,86 @@
 //! The fast path's maps: two generations of tables and the selector saying which one is in force.
 //!
-//! An update never touches the generation in force: the idle one is brought to the new tables
-//! (only the entries that differ are written), then the selector flips in one map write. A
-//! connection reads the selector once and then one generation, so it sees the old tables or the
-//! new ones, never half of each. The tables are not pinned: a successor fills its own before its
-//! programs are swapped in (`RedirectConfig::fast_tables`). The counters are: they go on across
-//! hand-overs.
+//! Each table is an array of two maps in the kernel, one slot per generation. The agent creates
+//! the maps itself, at the size the tables need: a generation whose tables outgrew its maps (or
+//! hold far less than they could) gets new maps of the right size, filled before they are put in
+//! its slot. An update never touches the generation in force: the idle one is brought to the new
+//! tables (only the entries that differ are written, or every entry into new maps), then the
+//! selector flips in one map write. A connection reads the selector once and then one generation,
+//! so it sees the old tables or the new ones, never half of each. The tables are not pinned: a
+//! successor fills its own before its programs are swapped in (`RedirectConfig::fast_tables`).
+//! The counters are: they go on across hand-overs.
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
     hash::Hash,
+    os::fd::{AsFd, AsRawFd},
     sync::Arc,
     time::{Duration, Instant},
 };
 
 use aya::{
     Ebpf, Pod,
-    maps::{Array, HashMap, LpmTrie, MapData, MapError, PerCpuArray, RingBuf, lpm_trie::Key},
+    maps::{
+        Array, ArrayOfMaps, HashMap, IterableMap, LpmTrie, MapData, MapError, PerCpuArray,
+        RingBuf, lpm_trie::Key,
+    },
 };
 use redirect_common::{
     FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
     fastpath::{
         AddrKey, Backends, Claim, Config, GEN_A, GEN_B, HiddenEvent, IpKey, LpmBytes, PortKey,
+        generation_slot,
     },
     maps,
 };
 
 use super::{RedirectError, per_cpu_totals, take_map};
-use crate::fastpath::{PortEndpoints, Tables};
+use crate::fastpath::{PortEndpoints, TableMemory, Tables, kernel_bytes};
 
 /// A generation just left is not rewritten before this: a program that read the selector just
 /// before the flip finishes its few lookups long before.
 const QUIET_AFTER_FLIP: Duration = Duration::from_millis(20);
 
+/// The smallest map the agent creates (a few KiB of buckets): most nodes' tables stay below it.
+const MIN_CAPACITY: u32 = 1024;
+
+/// The capacity a map holding `entries` is created with: a quarter more for what the next
+/// configurations add, a power of two (the hash maps' buckets are, whatever is asked).
+fn capacity_for(entries: usize) -> u32 {
+    let wanted = entries.saturating_add(entries / 4).max(MIN_CAPACITY as usize);
+    u32::try_from(wanted.next_power_of_two()).unwrap_or(1 << 31)
+}
+
+/// Whether a map of `capacity` should be made anew to hold `entries`: it is too small, or four
+/// times larger than needed (its buckets are memory held for nothing).
+fn needs_new_map(capacity: u32, entries: usize) -> bool {
+    entries > capacity as usize || capacity > capacity_for(entries).saturating_mul(4)
+}
+
+/// The five tables' arrays of maps, one slot per generation.
+struct Outers {
+    clients: ArrayOfMaps<MapData, HashMap<MapData, u64, u32>>,
+    exact: ArrayOfMaps<MapData, HashMap<MapData, AddrKey, Claim>>,
+    cidrs: ArrayOfMaps<MapData, LpmTrie<MapData, LpmBytes, Claim>>,
+    ports: ArrayOfMaps<MapData, HashMap<MapData, PortKey, Backends>>,
+    workloads: ArrayOfMaps<MapData, HashMap<MapData, IpKey, u8>>,
+    /// Each generation's flags, by slot.
+    config: Array<MapData, Config>,
+}
+
+/// One map of a generation and the entries it was created for.
+struct Sized<M> {
+    map: M,
+    capacity: u32,
+}
+
 /// One generation's maps and what they hold.
 struct Generation {
-    clients: HashMap<MapData, u64, u32>,
-    exact: HashMap<MapData, AddrKey, Claim>,
-    cidrs: LpmTrie<MapData, LpmBytes, Claim>,
-    ports: HashMap<MapData, PortKey, Backends>,
-    workloads: HashMap<MapData, IpKey, u8>,
-    config: Array<MapData, Config>,
+    slot: u32,
+    clients: Sized<HashMap<MapData, u64, u32>>,
+    exact: Sized<HashMap<MapData, AddrKey, Claim>>,
+    cidrs: Sized<LpmTrie<MapData, LpmBytes, Claim>>,
+    ports: Sized<HashMap<MapData, PortKey, Backends>>,
+    workloads: Sized<HashMap<MapData, IpKey, u8>>,
     /// Shared with the other generation while both hold the same (after [`FastMaps::catch_up`]):
     /// one copy, not two, of what the maps hold at rest.
     held: Arc<Held>,
@@ -68,6 +109,16 @@ struct Want<'a> {
 }
 
 impl Held {
+    fn sizes(&self) -> BTreeMap<&'static str, usize> {
+        BTreeMap::from([
+            ("clients", self.clients.len()),
+            ("exact", self.exact.len()),
+            ("cidrs", self.cidrs.len()),
+            ("ports", self.ports.len()),
+            ("workloads", self.workloads.len()),
+        ])
+    }
+
     fn wanted(&self) -> Want<'_> {
         Want {
             clients: &self.clients,
@@ -80,21 +131,10 @@ impl Held {
     }
 }
 
-impl Held {
-    fn sizes(&self) -> BTreeMap<&'static str, usize> {
-        BTreeMap::from([
-            ("clients", self.clients.len()),
-            ("exact", self.exact.len()),
-            ("cidrs", self.cidrs.len()),
-            ("ports", self.ports.len()),
-            ("workloads", self.workloads.len()),
-        ])
-    }
-}
-
 /// The fast path's maps, owned by the agent that loaded them.
 pub struct FastMaps {
     selector: Array<MapData, u32>,
+    outers: Outers,
     generations: [Generation; 2],
     /// Index into `generations` of the one in force, if any.
     in_force: Option<usize>,
@@ -147,20 +187,25 @@ impl HiddenEvents {
 
 impl FastMaps {
     pub(super) fn take(ebpf: &mut Ebpf) -> Result<FastMaps, RedirectError> {
-        let mut generation = |i: usize| -> Result<Generation, RedirectError> {
-            Ok(Generation {
-                clients: take_map(ebpf, maps::FAST_CLIENTS[i], HashMap::try_from)?,
-                exact: take_map(ebpf, maps::FAST_EXACT[i], HashMap::try_from)?,
-                cidrs: take_map(ebpf, maps::FAST_CIDRS[i], LpmTrie::try_from)?,
-                ports: take_map(ebpf, maps::FAST_PORTS[i], HashMap::try_from)?,
-                workloads: take_map(ebpf, maps::FAST_WORKLOADS[i], HashMap::try_from)?,
-                config: take_map(ebpf, maps::FAST_CONFIG[i], Array::try_from)?,
-                held: Arc::default(),
-            })
+        let mut outers = Outers {
+            clients: take_map(ebpf, maps::FAST_CLIENTS, ArrayOfMaps::try_from)?,
+            exact: take_map(ebpf, maps::FAST_EXACT, ArrayOfMaps::try_from)?,
+            cidrs: take_map(ebpf, maps::FAST_CIDRS, ArrayOfMaps::try_from)?,
+            ports: take_map(ebpf, maps::FAST_PORTS, ArrayOfMaps::try_from)?,
+            workloads: take_map(ebpf, maps::FAST_WORKLOADS, ArrayOfMaps::try_from)?,
+            config: take_map(ebpf, maps::FAST_CONFIG, Array::try_from)?,
         };
-        let generations = [generation(0)?, generation(1)?];
+        let created = |source| RedirectError::Map {
+            name: "fast path table",
+            source,
+        };
+        let generations = [
+            Generation::new(&mut outers, generation_slot(GEN_A)).map_err(created)?,
+            Generation::new(&mut outers, generation_slot(GEN_B)).map_err(created)?,
+        ];
         Ok(FastMaps {
             selector: take_map(ebpf, maps::FAST_GENERATION, Array::try_from)?,
+            outers,
             generations,
             in_force: None,
             flipped_at: None,
@@ -181,7 +226,7 @@ impl FastMaps {
             // Blocking, but short and only on back-to-back updates.
             std::thread::sleep(QUIET_AFTER_FLIP.saturating_sub(at.elapsed()));
         }
-        self.generations[idle].write(tables)?;
+        self.generations[idle].write(&mut self.outers, tables)?;
         let selector = if idle == 0 { GEN_A } else { GEN_B };
         self.selector.set(0, selector, 0)?;
         self.in_force = Some(idle);
@@ -193,6 +238,17 @@ impl FastMaps {
     /// Entries of each table in force, if any are.
     pub fn sizes_in_force(&self) -> Option<BTreeMap<&'static str, usize>> {
         self.in_force.map(|i| self.generations[i].held.sizes())
+    }
+
+    /// What each table's maps take in the kernel, both generations together.
+    pub fn memory(&self) -> BTreeMap<&'static str, TableMemory> {
+        let mut out: BTreeMap<&'static str, TableMemory> = BTreeMap::new();
+        for generation in &self.generations {
+            for (name, memory) in generation.memory() {
+                out.entry(name).or_default().add(&memory);
+            }
+        }
+        out
     }
 
     /// The programs' counters, to read without this lock.
@@ -223,7 +279,7 @@ impl FastMaps {
             0 => (&first[0], &mut second[0]),
             _ => (&second[0], &mut first[0]),
         };
-        idle.sync(live.held.wanted())?;
+        idle.sync(&mut self.outers, live.held.wanted())?;
         idle.held = live.held.clone();
         self.idle_caught_up = true;
         Ok(true)
@@ -236,51 +292,190 @@ impl FastMaps {
 }
 
 impl Generation {
+    /// The generation in `slot`, with maps of the smallest size in place (a program finds every
+    /// map of a generation, empty until the agent writes it).
+    fn new(outers: &mut Outers, slot: u32) -> Result<Generation, MapError> {
+        let generation = Generation {
+            slot,
+            clients: Sized::create(MIN_CAPACITY, hash_map)?,
+            exact: Sized::create(MIN_CAPACITY, hash_map)?,
+            cidrs: Sized::create(MIN_CAPACITY, lpm_trie)?,
+            ports: Sized::create(MIN_CAPACITY, hash_map)?,
+            workloads: Sized::create(MIN_CAPACITY, hash_map)?,
+            held: Arc::default(),
+        };
+        outers.clients.set(slot, &generation.clients.map, 0)?;
+        outers.exact.set(slot, &generation.exact.map, 0)?;
+        outers.cidrs.set(slot, &generation.cidrs.map, 0)?;
+        outers.ports.set(slot, &generation.ports.map, 0)?;
+        outers.workloads.set(slot, &generation.workloads.map, 0)?;
+        outers.config.set(slot, Config::default(), 0)?;
+        Ok(generation)
+    }
+
     /// Brings this (idle) generation to `want`, writing only what differs. `held` follows every
     /// successful write, so after an error the next call finishes the job.
-    fn write(&mut self, want: &Tables) -> Result<(), MapError> {
+    fn write(&mut self, outers: &mut Outers, want: &Tables) -> Result<(), MapError> {
         let cidrs = want
             .cidrs()
             .map(|(len, bytes, claim)| ((len, *bytes), *claim))
             .collect();
         let workloads = want.workloads().iter().map(|ip| (*ip, 1)).collect();
-        self.sync(Want {
-            clients: want.clients(),
-            exact: want.exact(),
-            cidrs: &cidrs,
-            ports: want.ports(),
-            workloads: &workloads,
-            config: want.config(),
-        })
+        self.sync(
+            outers,
+            Want {
+                clients: want.clients(),
+                exact: want.exact(),
+                cidrs: &cidrs,
+                ports: want.ports(),
+                workloads: &workloads,
+                config: want.config(),
+            },
+        )
     }
 
-    fn sync(&mut self, want: Want<'_>) -> Result<(), MapError> {
+    fn sync(&mut self, outers: &mut Outers, want: Want<'_>) -> Result<(), MapError> {
+        let slot = self.slot;
         let held = Arc::make_mut(&mut self.held);
-        sync_hash(&mut self.clients, &mut held.clients, want.clients, |v| *v)?;
-        sync_hash(&mut self.exact, &mut held.exact, want.exact, |v| *v)?;
+        self.clients.resize(&mut held.clients, want.clients.len(), hash_map, |m| {
+            outers.clients.set(slot, m, 0)
+        })?;
+        self.exact.resize(&mut held.exact, want.exact.len(), hash_map, |m| {
+            outers.exact.set(slot, m, 0)
+        })?;
+        self.cidrs.resize(&mut held.cidrs, want.cidrs.len(), lpm_trie, |m| {
+            outers.cidrs.set(slot, m, 0)
+        })?;
+        self.ports.resize(&mut held.ports, want.ports.len(), hash_map, |m| {
+            outers.ports.set(slot, m, 0)
+        })?;
+        self.workloads
+            .resize(&mut held.workloads, want.workloads.len(), hash_map, |m| {
+                outers.workloads.set(slot, m, 0)
+            })?;
+        sync_hash(&mut self.clients.map, &mut held.clients, want.clients, |v| *v)?;
+        sync_hash(&mut self.exact.map, &mut held.exact, want.exact, |v| *v)?;
         sync(
-            &mut self.cidrs,
+            &mut self.cidrs.map,
             &mut held.cidrs,
             want.cidrs,
             |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
             |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), *v, 0),
         )?;
         sync_hash(
-            &mut self.ports,
+            &mut self.ports.map,
             &mut held.ports,
             want.ports,
             PortEndpoints::kernel,
         )?;
         sync_hash(
-            &mut self.workloads,
+            &mut self.workloads.map,
             &mut held.workloads,
             want.workloads,
             |v| *v,
         )?;
-        self.config.set(0, want.config, 0)?;
+        outers.config.set(slot, want.config, 0)?;
         held.config = want.config;
         Ok(())
     }
+
+    /// What each of this generation's maps takes in the kernel.
+    fn memory(&self) -> [(&'static str, TableMemory); 5] {
+        let held = &self.held;
+        [
+            ("clients", self.clients.memory("clients", held.clients.len())),
+            ("exact", self.exact.memory("exact", held.exact.len())),
+            ("cidrs", self.cidrs.memory("cidrs", held.cidrs.len())),
+            ("ports", self.ports.memory("ports", held.ports.len())),
+            (
+                "workloads",
+                self.workloads.memory("workloads", held.workloads.len()),
+            ),
+        ]
+    }
+}
+
+/// `BPF_F_NO_PREALLOC`: entries allocated as they are written (the programs' templates say the
+/// same, and a map put in a slot must match its template's flags).
+const NO_PREALLOC: u32 = 1;
+
+fn hash_map<K: Pod, V: Pod>(capacity: u32) -> Result<HashMap<MapData, K, V>, MapError> {
+    HashMap::create(capacity, NO_PREALLOC)
+}
+
+fn lpm_trie<K: Pod, V: Pod>(capacity: u32) -> Result<LpmTrie<MapData, K, V>, MapError> {
+    LpmTrie::create(capacity, NO_PREALLOC)
+}
+
+impl<M> Sized<M> {
+    fn create(capacity: u32, create: impl Fn(u32) -> Result<M, MapError>) -> Result<Self, MapError> {
+        Ok(Sized {
+            map: create(capacity)?,
+            capacity,
+        })
+    }
+
+    /// Makes a new map when `entries` do not fit this one (or need far less), put in the
+    /// generation's slot by `place`. It starts empty: `held` is cleared, so the sync that follows
+    /// writes every entry.
+    fn resize<K, V>(
+        &mut self,
+        held: &mut StdHashMap<K, V>,
+        entries: usize,
+        create: impl Fn(u32) -> Result<M, MapError>,
+        place: impl FnOnce(&M) -> Result<(), MapError>,
+    ) -> Result<(), MapError> {
+        if !needs_new_map(self.capacity, entries) {
+            return Ok(());
+        }
+        let capacity = capacity_for(entries);
+        let map = create(capacity)?;
+        // The generation is idle: no program reads its slot, so the new (empty) map may take it
+        // before it is filled.
+        place(&map)?;
+        self.map = map;
+        self.capacity = capacity;
+        held.clear();
+        Ok(())
+    }
+}
+
+impl<M: IterableMapData> Sized<M> {
+    fn memory(&self, table: &'static str, entries: usize) -> TableMemory {
+        TableMemory {
+            entries,
+            capacity: self.capacity as usize,
+            estimated_bytes: kernel_bytes(table, entries, self.capacity as usize),
+            kernel_bytes: memlock(self.map.data()),
+        }
+    }
+}
+
+/// A map whose [`MapData`] can be read (for its file descriptor).
+trait IterableMapData {
+    fn data(&self) -> &MapData;
+}
+
+impl<K: Pod, V: Pod> IterableMapData for HashMap<MapData, K, V> {
+    fn data(&self) -> &MapData {
+        IterableMap::<K, V>::map(self)
+    }
+}
+
+impl<K: Pod, V: Pod> IterableMapData for LpmTrie<MapData, K, V> {
+    fn data(&self) -> &MapData {
+        IterableMap::<Key<K>, V>::map(self)
+    }
+}
+
+/// What the kernel says a map takes (`memlock` in its fdinfo: the memory in use on recent kernels,
+/// the most it can take on older ones), if it says.
+fn memlock(map: &MapData) -> Option<u64> {
+    let fd = map.fd().as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|line| line.strip_prefix("memlock:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Makes a map equal to `want`, knowing it holds `held`: removes what is gone, then writes what is

@@ -232,6 +232,7 @@ impl Redirector {
                 }
             },
         };
+        raise_memlock_limit();
         let mut loader = EbpfLoader::new();
         loader
             .override_global(globals::NODE_NETNS_COOKIE, &node_netns, true)
@@ -811,6 +812,20 @@ where
     program
         .try_into()
         .map_err(|source| RedirectError::Program { name, source })
+}
+
+/// Kernels before 5.11 charge maps to `RLIMIT_MEMLOCK` (at the most they can hold), which the
+/// fast path's maps, sized to the configuration, can pass: lifted for this process, best effort
+/// (later kernels charge the cgroup's memory instead and ignore it).
+fn raise_memlock_limit() {
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit reads a valid struct; a refusal changes nothing.
+    if unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) } != 0 {
+        tracing::debug!(error = %std::io::Error::last_os_error(), "RLIMIT_MEMLOCK not lifted");
+    }
 }
 
 fn take_map<T>(

@@ -8,7 +8,7 @@ use super::{HEADER, agrees, ip};
 use crate::{
     config::load_sources,
     fastpath::{
-        DecidedBy, FastDecision, Limits, compile, decide, decide_for, decide_hidden, decided_by,
+        DecidedBy, Fallback, FastDecision, Limits, compile, decide, decide_for, decide_hidden, decided_by,
     },
     state::{Outbound, Pick, Snapshot, Target},
 };
@@ -225,7 +225,9 @@ fn clients() -> impl Iterator<Item = Option<&'static str>> {
 /// `decided_by` says who decides.
 /// With `complete`, also the other way round: the kernel hands the proxy only what needs it.
 fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestCaseError> {
-    let (mut tables, _) = compile(snap, limits);
+    let (mut tables, stats) = compile(snap, limits);
+    // Hide reports left out with their namespace: the kernel then reports fewer hides, never others.
+    let uncounted = stats.fallbacks.contains_key(&Fallback::HidesUncounted);
     // The agent registers one cgroup per client namespace; the unknown client's is not registered.
     let registered: Vec<(u64, Option<&str>)> = clients()
         .enumerate()
@@ -257,13 +259,24 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
                     let kernel = hidden
                         .and_then(|id| snap.services().nth(id as usize))
                         .map(name);
-                    prop_assert_eq!(
-                        kernel,
-                        proxy.hidden.map(name),
-                        "hidden: {:?} -> {}:{}",
+                    let want = proxy.hidden.map(name);
+                    // Past an exact address whose report was left out, the kernel may report the
+                    // hide of a network holding it: still a service hidden from this client.
+                    let hidden_here = |id: u32| {
+                        snap.services().nth(id as usize).is_some_and(|s| {
+                            s.visibility == crate::state::ServiceVisibility::Namespace
+                                && Some(s.namespace.as_str()) != client
+                        })
+                    };
+                    let another_hide = hidden.is_none_or(hidden_here);
+                    prop_assert!(
+                        kernel == want || (uncounted && another_hide),
+                        "hidden: {:?} -> {}:{}: kernel {:?}, proxy {:?}",
                         client,
                         dst,
-                        port
+                        port,
+                        kernel,
+                        want
                     );
                 }
                 let by = decided_by(&tables, client, dst, port);
@@ -320,9 +333,23 @@ proptest! {
     fn kernel_decisions_are_the_proxys_with_tables_that_overflow(
         world in world(),
         limits in (0..3usize, 0..4usize, 0..4usize, 0..4usize, 0..4usize, 0..4usize),
+        bytes in (0..4096usize, 0..2048usize),
     ) {
         let snap = snapshot(&world);
         let (namespaces, clients, exact, cidrs, ports, workloads) = limits;
-        check(&snap, Limits { namespaces, clients, exact, cidrs, ports, workloads }, false)?;
+        let (bytes, namespace_bytes) = bytes;
+        let limits = Limits { namespaces, clients, exact, cidrs, ports, workloads, bytes, namespace_bytes };
+        check(&snap, limits, false)?;
+    }
+
+    /// Only the memory bounds the tables (the agent's limits), and it runs out: what does not fit
+    /// is the proxy's, with the proxy's answers, and the rest stays in the kernel.
+    #[test]
+    fn kernel_decisions_are_the_proxys_within_a_memory_budget(
+        world in world(),
+        memory in 0..16_384usize,
+    ) {
+        let snap = snapshot(&world);
+        check(&snap, Limits::within(memory), false)?;
     }
 }
