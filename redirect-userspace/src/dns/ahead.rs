@@ -5,10 +5,14 @@
 //! not resolve, or whose answer expired without a refresh, has no fresh addresses: the proxy resolves
 //! it at connect time, as without this.
 //!
-//! Bounded: the names come from the configuration only (never from a pod's DNS), at most
-//! [`MAX_NAMES`] of them, and queries leave at most [`NAMES_PER_SECOND`] names a second.
+//! Bounded, and shared fairly between namespaces (one tenant's thousands of names must not crowd
+//! out another's few): the names come from the configuration only (never from a pod's DNS), at most
+//! [`MAX_NAMES`] of them, taken round robin across the namespaces that name them; queries leave at
+//! most [`NAMES_PER_SECOND`] names a second, and when more are due than that allows, they too go
+//! round robin across namespaces. The compiler hears of changed addresses at most once per
+//! [`CHANGE_BATCH`]: each time recompiles the whole fast path.
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, btree_set},
     net::IpAddr,
     sync::{
         Arc, Mutex,
@@ -28,7 +32,8 @@ use crate::{config::EndpointAddress, fastpath::HostAddresses, state::Snapshot};
 pub const TTL_FLOOR: Duration = Duration::from_secs(5);
 /// ... and at most this long: endpoints move, and a long TTL should not pin them (the proxy's cap).
 pub const TTL_CAP: Duration = super::resolve::MAX_KEEP;
-/// Host names resolved ahead at most; the rest (in name order) are the proxy's to resolve.
+/// Host names resolved ahead at most, taken round robin across namespaces (each one's in name
+/// order), so a namespace with few names keeps them all; the rest are the proxy's to resolve.
 pub const MAX_NAMES: usize = 4096;
 /// Names asked of the upstream per second at most, on average (each is an `A` and an `AAAA`
 /// query); [`BURST`] at once after a quiet while.
@@ -40,10 +45,16 @@ const REFRESH_AT: f64 = 0.75;
 /// [`RETRY_MAX`] (its last answer, if still fresh, stays in use meanwhile).
 const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
+/// The compiler is told of changed fresh addresses at most once per this, changes meanwhile taken
+/// together: many names with short TTLs would otherwise have it recompile dozens of times a second.
+pub const CHANGE_BATCH: Duration = Duration::from_millis(100);
 
 /// One name's state.
 #[derive(Debug)]
 struct Name {
+    /// The namespace whose turn took the name (the first of those naming it), for the query rate's
+    /// round robin.
+    owner: Arc<str>,
     /// Addresses (IPv4 first) and when they expire.
     answer: Option<(Vec<IpAddr>, Instant)>,
     next_query: Instant,
@@ -60,6 +71,9 @@ pub struct AheadSet {
     left_out: usize,
     tokens: f64,
     refilled: Instant,
+    /// The namespace asked for last: the next round robin of due names starts after it, so even
+    /// one token at a time goes round.
+    last_served: Option<Arc<str>>,
 }
 
 /// What one answer did to the set.
@@ -77,28 +91,65 @@ impl AheadSet {
             left_out: 0,
             tokens: BURST,
             refilled: now,
+            last_served: None,
         }
     }
 
-    /// Makes `wanted` the names resolved ahead (the first [`MAX_NAMES`] in name order): new ones are
-    /// due now, names no longer wanted are dropped.
-    pub fn set_names(&mut self, wanted: BTreeSet<String>, now: Instant) -> Recorded {
-        self.left_out = wanted.len().saturating_sub(MAX_NAMES);
-        let wanted: BTreeSet<String> = wanted.into_iter().take(MAX_NAMES).collect();
+    /// Makes `wanted` (namespace -> the names it wants) the names resolved ahead: at most
+    /// [`MAX_NAMES`], taken round robin across the namespaces in order, each one's in name order.
+    /// New ones are due now, names no longer wanted are dropped.
+    pub fn set_names(
+        &mut self,
+        wanted: BTreeMap<String, BTreeSet<String>>,
+        now: Instant,
+    ) -> Recorded {
+        let mut turns: Vec<(Arc<str>, btree_set::IntoIter<String>)> = wanted
+            .into_iter()
+            .map(|(namespace, names)| (Arc::from(namespace), names.into_iter()))
+            .collect();
+        let mut held: BTreeMap<String, Arc<str>> = BTreeMap::new();
+        'rounds: while !turns.is_empty() {
+            for (namespace, names) in &mut turns {
+                if held.len() == MAX_NAMES {
+                    break 'rounds;
+                }
+                // A name an earlier namespace took is this one's too, without costing it its turn.
+                if let Some(name) = names.find(|name| !held.contains_key(name)) {
+                    held.insert(name, namespace.clone());
+                }
+            }
+            turns.retain(|(_, names)| names.len() > 0);
+        }
+        // Counted once however many namespaces want it.
+        let left_out: BTreeSet<String> = turns
+            .into_iter()
+            .flat_map(|(_, names)| names)
+            .filter(|name| !held.contains_key(name))
+            .collect();
+        self.left_out = left_out.len();
         let before = self.names.len();
         let mut changed = false;
-        self.names.retain(|name, state| {
-            let keep = wanted.contains(name);
-            changed |= !keep && state.answer.is_some();
-            keep
+        self.names.retain(|name, state| match held.remove(name) {
+            Some(owner) => {
+                state.owner = owner;
+                true
+            }
+            None => {
+                changed |= state.answer.is_some();
+                false
+            }
         });
-        for name in wanted {
-            self.names.entry(name).or_insert(Name {
-                answer: None,
-                next_query: now,
-                failures: 0,
-                asking: false,
-            });
+        for (name, owner) in held {
+            self.names.insert(
+                name,
+                Name {
+                    owner,
+                    answer: None,
+                    next_query: now,
+                    failures: 0,
+                    asking: false,
+                },
+            );
         }
         if changed || before != self.names.len() {
             Recorded::Changed
@@ -112,22 +163,50 @@ impl AheadSet {
         self.left_out
     }
 
-    /// The names to ask now, as many as the rate allows, the longest-waiting first; each is marked
-    /// as being asked until [`AheadSet::record`].
+    /// The names to ask now, as many as the rate allows: round robin across the namespaces owning
+    /// due names (from the one after the last asked for), each one's longest-waiting first, so a
+    /// namespace with thousands due cannot starve another's one. Each is marked as being asked
+    /// until [`AheadSet::record`].
     pub fn due(&mut self, now: Instant) -> Vec<String> {
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
         self.tokens = (self.tokens + elapsed * NAMES_PER_SECOND).min(BURST);
         self.refilled = now;
-        let mut due: Vec<(Instant, &String)> = self
+        let mut due: Vec<(&Arc<str>, Instant, &String)> = self
             .names
             .iter()
             .filter(|(_, s)| !s.asking && s.next_query <= now)
-            .map(|(name, s)| (s.next_query, name))
+            .map(|(name, s)| (&s.owner, s.next_query, name))
             .collect();
-        due.sort();
+        due.sort_unstable();
         let n = due.len().min(self.tokens.floor() as usize);
         self.tokens -= n as f64;
-        let names: Vec<String> = due[..n].iter().map(|(_, name)| (*name).clone()).collect();
+        // Each namespace's run of `due`: (next to take, end).
+        let mut runs: Vec<(usize, usize)> = Vec::new();
+        for (i, (owner, _, _)) in due.iter().enumerate() {
+            match runs.last_mut() {
+                Some(run) if due[run.0].0 == *owner => run.1 = i + 1,
+                _ => runs.push((i, i + 1)),
+            }
+        }
+        let start = self.last_served.as_ref().map_or(0, |last| {
+            runs.iter().position(|run| due[run.0].0 > last).unwrap_or(0)
+        });
+        runs.rotate_left(start);
+        let mut names = Vec::with_capacity(n);
+        // Rounds beyond the first happen only with fewer namespaces than tokens: short.
+        'rounds: while names.len() < n {
+            for run in &mut runs {
+                if names.len() == n {
+                    break 'rounds;
+                }
+                if run.0 < run.1 {
+                    let (owner, _, name) = due[run.0];
+                    names.push(name.clone());
+                    self.last_served = Some(owner.clone());
+                    run.0 += 1;
+                }
+            }
+        }
         for name in &names {
             if let Some(state) = self.names.get_mut(name) {
                 state.asking = true;
@@ -218,18 +297,57 @@ impl AheadSet {
 }
 
 /// Every endpoint host name of a service that claims an address, which the kernel could rewrite
-/// to once resolved.
-pub fn endpoint_hosts(snapshot: &Snapshot) -> BTreeSet<String> {
-    snapshot
+/// to once resolved, by the namespace of the service naming it (the unit the bounds are shared by).
+pub fn endpoint_hosts(snapshot: &Snapshot) -> BTreeMap<String, BTreeSet<String>> {
+    let mut hosts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for svc in snapshot
         .services()
         .filter(|svc| svc.vips().next().is_some() || !svc.cidrs.is_empty())
-        .flat_map(|svc| &svc.ports)
-        .flat_map(|port| &port.endpoints)
-        .filter_map(|ep| match &ep.address {
-            EndpointAddress::Host(name) => Some(name.clone()),
-            EndpointAddress::Ip(_) => None,
-        })
-        .collect()
+    {
+        let mut names = svc
+            .ports
+            .iter()
+            .flat_map(|port| &port.endpoints)
+            .filter_map(|ep| match &ep.address {
+                EndpointAddress::Host(name) => Some(name),
+                EndpointAddress::Ip(_) => None,
+            })
+            .peekable();
+        // No namespace without names.
+        if names.peek().is_some() {
+            hosts
+                .entry(svc.namespace.clone())
+                .or_default()
+                .extend(names.cloned());
+        }
+    }
+    hosts
+}
+
+/// When to tell of changed fresh addresses: the first change schedules one telling
+/// [`CHANGE_BATCH`] later, changes until then go with it, and one after it schedules the next.
+#[derive(Debug, Default)]
+struct Batch {
+    due_at: Option<Instant>,
+}
+
+impl Batch {
+    fn change(&mut self, now: Instant) {
+        self.due_at.get_or_insert(now + CHANGE_BATCH);
+    }
+
+    fn due_at(&self) -> Option<Instant> {
+        self.due_at
+    }
+
+    /// Whether to tell now; if so, the changes so far are told.
+    fn take(&mut self, now: Instant) -> bool {
+        let due = self.due_at.is_some_and(|at| at <= now);
+        if due {
+            self.due_at = None;
+        }
+        due
+    }
 }
 
 /// Counters of the resolution ahead.
@@ -356,14 +474,15 @@ impl Ahead {
         recorded == Recorded::Changed
     }
 
-    /// Keeps the names resolved until `shutdown` fires; `changed` runs whenever the fresh addresses
-    /// change.
+    /// Keeps the names resolved until `shutdown` fires; `changed` runs when the fresh addresses
+    /// changed, at most once per [`CHANGE_BATCH`] (a change is told within it, never dropped).
     pub async fn run(
         self: Arc<Self>,
         changed: impl Fn() + Send + Sync + 'static,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
         let mut asking = JoinSet::new();
+        let mut batch = Batch::default();
         loop {
             let now = Instant::now();
             let (expired, due, next) = {
@@ -377,8 +496,12 @@ impl Ahead {
                     .expired
                     .fetch_add(expired.len() as u64, Ordering::Relaxed);
                 debug!(endpoints = ?expired, "answers expired without a refresh; the proxy resolves these names meanwhile");
+                batch.change(now);
+            }
+            if batch.take(now) {
                 changed();
             }
+            let next = next.into_iter().chain(batch.due_at()).min();
             for name in due {
                 let upstream = self.upstream.clone();
                 asking.spawn(async move {
@@ -399,7 +522,7 @@ impl Ahead {
                     if let Ok((name, outcome)) = done
                         && self.record(&name, outcome)
                     {
-                        changed();
+                        batch.change(Instant::now());
                     }
                 }
             }
@@ -414,6 +537,17 @@ mod tests {
 
     fn names(list: &[&str]) -> BTreeSet<String> {
         list.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// `list` wanted by one namespace.
+    fn one(list: &[&str]) -> BTreeMap<String, BTreeSet<String>> {
+        BTreeMap::from([("default".to_string(), names(list))])
+    }
+
+    /// `n` names of namespace `ns`.
+    fn many(ns: &str, n: usize) -> (String, BTreeSet<String>) {
+        let names = (0..n).map(|i| format!("{ns}-{i:05}.example.org"));
+        (ns.to_string(), names.collect())
     }
 
     fn answer(ips: &[&str], ttl: u64) -> Result<HostAnswer, ResolveError> {
@@ -438,7 +572,7 @@ mod tests {
     fn an_answer_is_kept_for_its_ttl_refreshed_before_it_ends_and_dropped_after() {
         let t0 = Instant::now();
         let mut set = AheadSet::new(t0);
-        set.set_names(names(&["a.example.org"]), t0);
+        set.set_names(one(&["a.example.org"]), t0);
         assert_eq!(set.due(t0), ["a.example.org"]);
         assert_eq!(set.due(t0), Vec::<String>::new(), "being asked");
         let (recorded, kept) = set.record("a.example.org", &answer(&["198.51.100.1"], 20), t0);
@@ -468,7 +602,7 @@ mod tests {
     fn ttls_below_the_floor_and_above_the_cap_are_held_to_them() {
         let t0 = Instant::now();
         let mut set = AheadSet::new(t0);
-        set.set_names(names(&["short.example.org", "long.example.org"]), t0);
+        set.set_names(one(&["short.example.org", "long.example.org"]), t0);
         set.due(t0);
         let (_, kept) = set.record("short.example.org", &answer(&["198.51.100.1"], 0), t0);
         assert_eq!(kept, Some(TTL_FLOOR));
@@ -480,7 +614,7 @@ mod tests {
     fn a_failing_name_is_asked_again_later_and_later() {
         let t0 = Instant::now();
         let mut set = AheadSet::new(t0);
-        set.set_names(names(&["a.example.org"]), t0);
+        set.set_names(one(&["a.example.org"]), t0);
         let mut at = t0;
         let mut waits = Vec::new();
         for _ in 0..7 {
@@ -501,7 +635,7 @@ mod tests {
         let wanted: BTreeSet<String> = (0..MAX_NAMES + 10)
             .map(|i| format!("h{i:05}.example.org"))
             .collect();
-        set.set_names(wanted, t0);
+        set.set_names(BTreeMap::from([("default".to_string(), wanted)]), t0);
         assert_eq!(set.left_out(), 10);
         assert_eq!(set.names.len(), MAX_NAMES);
         assert_eq!(set.due(t0).len(), BURST as usize);
@@ -512,11 +646,124 @@ mod tests {
         let first = "h00000.example.org";
         set.record(first, &answer(&["198.51.100.1"], 60), t0);
         assert_eq!(
-            set.set_names(names(&["h00001.example.org"]), t0),
+            set.set_names(one(&["h00001.example.org"]), t0),
             Recorded::Changed
         );
         assert!(set.fresh().is_empty());
         assert_eq!(set.left_out(), 0);
+    }
+
+    #[test]
+    fn a_namespace_with_few_names_keeps_them_beside_one_with_thousands() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        // The flood's names come first in name order, and its namespace first too.
+        let wanted = BTreeMap::from([many("a-flood", 5000), many("b-few", 1)]);
+        set.set_names(wanted.clone(), t0);
+        assert_eq!(set.names.len(), MAX_NAMES);
+        assert_eq!(set.left_out(), 5001 - MAX_NAMES);
+        assert!(set.names.contains_key("b-few-00000.example.org"));
+        // The flood's first names, in name order, take the rest.
+        let flood = |i: usize| format!("a-flood-{i:05}.example.org");
+        assert!(set.names.contains_key(&flood(MAX_NAMES - 2)));
+        assert!(!set.names.contains_key(&flood(MAX_NAMES - 1)));
+        // The same names wanted, the same names held.
+        let mut again = AheadSet::new(t0);
+        again.set_names(wanted, t0);
+        assert!(set.names.keys().eq(again.names.keys()));
+    }
+
+    #[test]
+    fn a_name_wanted_by_several_namespaces_is_held_once_and_costs_no_slot() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        let (a, a_names) = many("a", MAX_NAMES);
+        let mut b_names = names(&["b-1.example.org", "b-2.example.org"]);
+        b_names.insert("a-00000.example.org".to_string());
+        let wanted = BTreeMap::from([
+            (a, a_names),
+            ("b".to_string(), b_names),
+            ("c".to_string(), names(&["c-1.example.org"])),
+        ]);
+        set.set_names(wanted, t0);
+        assert_eq!(set.names.len(), MAX_NAMES);
+        // MAX_NAMES + 3 names wanted (the shared one counted once), three of `a`'s left out.
+        assert_eq!(set.left_out(), 3);
+        for name in ["b-1.example.org", "b-2.example.org", "c-1.example.org"] {
+            assert!(set.names.contains_key(name), "{name}");
+        }
+        assert_eq!(&*set.names["a-00000.example.org"].owner, "a");
+    }
+
+    #[test]
+    fn a_namespace_with_one_due_name_is_asked_beside_one_with_thousands() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        let flood = many("a-flood", 3000);
+        set.set_names(BTreeMap::from([flood.clone()]), t0);
+        // The other namespace's name comes a second later: every one of the flood waited longer.
+        let t1 = t0 + secs(1);
+        set.set_names(BTreeMap::from([flood, many("b-one", 1)]), t1);
+        let due = set.due(t1);
+        assert_eq!(due.len(), BURST as usize);
+        assert!(due.iter().any(|name| name == "b-one-00000.example.org"));
+        // Within the flood, the longest-waiting (here: name order) first.
+        assert!(due.iter().any(|name| name == "a-flood-00000.example.org"));
+    }
+
+    #[test]
+    fn one_token_at_a_time_still_goes_round_the_namespaces() {
+        let t0 = Instant::now();
+        let mut set = AheadSet::new(t0);
+        let wanted = BTreeMap::from([many("a", 1000), many("b", 1000), many("c", 1)]);
+        set.set_names(wanted, t0);
+        let mut asked: BTreeMap<String, usize> = BTreeMap::new();
+        let mut at = t0;
+        for _ in 0..200 {
+            for name in set.due(at) {
+                *asked.entry(set.names[&name].owner.to_string()).or_default() += 1;
+            }
+            assert!(asked["a"].abs_diff(asked["b"]) <= 1, "{asked:?}");
+            assert_eq!(asked["c"], 1);
+            // A token, now and then two.
+            at += Duration::from_millis(21);
+        }
+        assert!(asked["a"] + asked["b"] > 250, "{asked:?}");
+    }
+
+    #[test]
+    fn changes_within_a_batch_are_told_once_and_a_later_one_again() {
+        let ms = Duration::from_millis;
+        let t0 = Instant::now();
+        let mut batch = Batch::default();
+        assert!(!batch.take(t0));
+        assert_eq!(batch.due_at(), None);
+        // A change every millisecond: told once, a batch after the first.
+        for i in 0..100 {
+            batch.change(t0 + ms(i));
+            assert!(!batch.take(t0 + ms(i)));
+        }
+        assert_eq!(batch.due_at(), Some(t0 + CHANGE_BATCH));
+        assert!(batch.take(t0 + CHANGE_BATCH));
+        assert!(!batch.take(t0 + CHANGE_BATCH + ms(1)));
+        assert_eq!(batch.due_at(), None);
+        // A change after the telling is not lost: it has its own.
+        batch.change(t0 + ms(150));
+        assert!(!batch.take(t0 + ms(249)));
+        assert!(batch.take(t0 + ms(250)));
+        // A second of changes, then quiet: told every batch at most, and after the last change.
+        let mut told = Vec::new();
+        for i in 1000..2200 {
+            if i < 2000 {
+                batch.change(t0 + ms(i));
+            }
+            if batch.take(t0 + ms(i)) {
+                told.push(i);
+            }
+        }
+        assert!(told.windows(2).all(|w| w[1] - w[0] >= 100), "{told:?}");
+        assert!(told.len() >= 9, "{told:?}");
+        assert!(told.last().is_some_and(|last| *last >= 1999), "{told:?}");
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -579,6 +826,69 @@ spec:
         (upstream, asked)
     }
 
+    /// A DNS entry without endpoints for each `(namespace, count)`, its host `{namespace}-{i}`.
+    fn entries(namespaces: &[(&str, usize)]) -> String {
+        let mut yaml =
+            String::from("kind: MeshConfig\nserviceEntryVisibility: {defaultVisibility: PUBLIC}\n");
+        for (ns, n) in namespaces {
+            yaml += &format!("---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n");
+            for i in 0..*n {
+                yaml += &format!(
+                    "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\n\
+                     metadata: {{name: e{i}, namespace: {ns}}}\nspec:\n  \
+                     hosts: [{ns}-{i:05}.example.com]\n  ports: [{{number: 80, name: http}}]\n  \
+                     resolution: DNS\n"
+                );
+            }
+        }
+        yaml
+    }
+
+    /// Many answers arriving together change the addresses each, and are told in batches: at least
+    /// [`CHANGE_BATCH`] apart, the last one with every answer.
+    #[tokio::test]
+    async fn answers_are_told_in_batches_and_the_last_is_not_lost() {
+        let yaml = entries(&[("team-a", 60), ("team-b", 1)]);
+        let model = crate::config::load_sources([("w.yaml", yaml.as_str())]).unwrap();
+        let snapshot = Snapshot::from_model(&model);
+        let hosts = endpoint_hosts(&snapshot);
+        assert_eq!(hosts.keys().collect::<Vec<_>>(), ["team-a", "team-b"]);
+        assert_eq!(hosts["team-a"].len(), 60);
+        assert_eq!(hosts["team-b"], names(&["team-b-00000.example.com"]));
+        let (upstream, _) = upstream().await;
+        let proxy_cache = Arc::new(HostCache::new(upstream.clone()));
+        let ahead = Arc::new(Ahead::new(upstream, proxy_cache));
+        ahead.follow(&snapshot);
+        // Each telling: when, and how many names were fresh by then.
+        let told = Arc::new(Mutex::new(Vec::<(Instant, usize)>::new()));
+        let changed = {
+            let (ahead, told) = (ahead.clone(), told.clone());
+            move || {
+                told.lock()
+                    .unwrap()
+                    .push((Instant::now(), ahead.fresh().len()))
+            }
+        };
+        let (stop, shutdown) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(ahead.clone().run(changed, shutdown));
+        let deadline = Instant::now() + secs(10);
+        loop {
+            let last = told.lock().unwrap().last().copied();
+            if last.is_some_and(|(_, fresh)| fresh == 61) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "told {:?}", told.lock().unwrap());
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(true);
+        let _ = running.await;
+        let told = told.lock().unwrap();
+        assert!(
+            told.windows(2).all(|w| w[1].0 - w[0].0 >= CHANGE_BATCH),
+            "{told:?}"
+        );
+    }
+
     /// The host of a DNS entry without endpoints is resolved ahead (an entry without an address,
     /// a wildcard, is not: the kernel never sees a connection to it), and the proxy then connects
     /// to the same address without asking again.
@@ -586,7 +896,10 @@ spec:
     async fn names_are_resolved_ahead_and_the_proxy_uses_the_same_answer() {
         let model = crate::config::load_sources([("w.yaml", ENTRIES)]).unwrap();
         let snapshot = Snapshot::from_model(&model);
-        assert_eq!(endpoint_hosts(&snapshot), names(&["httpbin.example.com"]));
+        assert_eq!(
+            endpoint_hosts(&snapshot),
+            BTreeMap::from([("team-a".to_string(), names(&["httpbin.example.com"]))])
+        );
         let (upstream, asked) = upstream().await;
         let proxy_cache = Arc::new(HostCache::new(upstream.clone()));
         let ahead = Ahead::new(upstream, proxy_cache.clone());
