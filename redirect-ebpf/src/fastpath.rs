@@ -98,7 +98,7 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
     let cgroup = unsafe { bpf_get_current_cgroup_id() };
     // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
     // nothing changes the entry while it is read.
-    let Some(ns) = (unsafe { clients.get(cgroup) }).copied() else {
+    let Some(ns) = (unsafe { clients.get(&cgroup) }).copied() else {
         return (Fast::Proxy, FastStat::ProxyUnknownClient);
     };
     let Some(config) = FAST_CONFIG.get(slot).copied() else {
@@ -117,7 +117,7 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
             // Workload or not, the socket is left alone: the table only counts them apart (an
             // address it had no room for is counted as a passthrough).
             // SAFETY: only the presence of the entry is read, never the value behind the reference.
-            if unsafe { workloads.get(ip) }.is_some() {
+            if unsafe { workloads.get(&ip) }.is_some() {
                 return (Fast::Leave, FastStat::Workload);
             }
             return (Fast::Leave, FastStat::Passthrough);
@@ -153,14 +153,14 @@ fn claim(
     ip: IpKey,
     seen: &mut Seen,
 ) -> Option<Claim> {
-    let own = AddrKey { ns, ip };
-    let shared = AddrKey { ns: NS_UNKNOWN, ip };
+    let own = addr_key(ns, &ip);
+    let shared = addr_key(NS_UNKNOWN, &ip);
     // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
     // nothing changes the entry while it is read.
-    let mut exact = unsafe { exact_map.get(own) }.copied();
+    let mut exact = unsafe { exact_map.get(&own) }.copied();
     if exact.is_none() {
         // SAFETY: as above.
-        exact = unsafe { exact_map.get(shared) }.copied();
+        exact = unsafe { exact_map.get(&shared) }.copied();
     }
     if let Some(c) = exact {
         seen.hidden = c.hidden;
@@ -169,10 +169,9 @@ fn claim(
         }
     }
     // Whole keys: the trie finds the longest stored prefix of each.
-    let bits = (core::mem::size_of::<LpmBytes>() * 8) as u32;
-    let mut network = cidrs.get(&Key::new(bits, own.lpm_bytes())).copied();
+    let mut network = cidrs.get(&lpm_key(&own)).copied();
     if network.is_none() {
-        network = cidrs.get(&Key::new(bits, shared.lpm_bytes())).copied();
+        network = cidrs.get(&lpm_key(&shared)).copied();
     }
     if let Some(c) = network
         && seen.hidden == NOT_HIDDEN
@@ -215,6 +214,54 @@ fn pick(ports: &PortsMap, port: &PortKey, family: u32, to: &mut Dest) -> bool {
     true
 }
 
+/// An LPM key aligned for word writes (the trie's key type is packed).
+#[repr(C, align(4))]
+struct LpmKey(Key<LpmBytes>);
+
+/// The exact table's key of `ip` in view `ns`.
+#[inline(always)]
+fn addr_key(ns: u32, ip: &IpKey) -> AddrKey {
+    let [a, b, c, d] = addr_words(ip);
+    from_words([ns, ip.family, a, b, c, d])
+}
+
+/// The whole trie key of `key` ([`AddrKey::lpm_bytes`], all its bits).
+#[inline(always)]
+fn lpm_key(key: &AddrKey) -> Key<LpmBytes> {
+    let [a, b, c, d] = addr_words(&key.ip);
+    // Namespace and family big-endian, most significant bit first, as the trie compares them.
+    let ns = u32::from_ne_bytes(key.ns.to_be_bytes());
+    let family = u32::from_ne_bytes(key.ip.family.to_be_bytes());
+    let bits = (core::mem::size_of::<LpmBytes>() * 8) as u32;
+    from_words::<LpmKey, 7>([bits, ns, family, a, b, c, d]).0
+}
+
+/// The address bytes of `ip` as four words, in memory order.
+#[inline(always)]
+fn addr_words(ip: &IpKey) -> [u32; 4] {
+    let a = &ip.addr;
+    let word = |i: usize| u32::from_ne_bytes([a[i], a[i + 1], a[i + 2], a[i + 3]]);
+    [word(0), word(4), word(8), word(12)]
+}
+
+/// A key made of `N` words, written one by one: LLVM turns zeroed bytes of a key built in place
+/// into a memset call, which the kernel refuses in an object with BTF (memset has no BTF of its
+/// own).
+#[inline(always)]
+fn from_words<T, const N: usize>(words: [u32; N]) -> T {
+    const { assert!(core::mem::size_of::<T>() == 4 * N && core::mem::align_of::<T>() >= 4) };
+    let mut key = core::mem::MaybeUninit::<T>::uninit();
+    let at = key.as_mut_ptr().cast::<u32>();
+    // SAFETY: `T` is `N` words at an address aligned for a word (checked above), all written here
+    // before it is read; every key type here is plain integers, any bit pattern valid.
+    unsafe {
+        for (i, word) in words.iter().enumerate() {
+            core::ptr::write_volatile(at.add(i), *word);
+        }
+        key.assume_init()
+    }
+}
+
 /// The tables' form of an address in `user_ip6` form: IPv4 (v4-mapped included) in the first four
 /// bytes, IPv6 in all sixteen.
 #[inline(always)]
@@ -224,17 +271,6 @@ fn ip_key(ip: &[u32; 4]) -> IpKey {
     } else {
         (FAMILY_V6, *ip)
     };
-    // Written word by word: LLVM turns zeroed bytes of a key built in place into a memset call,
-    // which the kernel refuses in an object with BTF (memset has no BTF of its own).
-    let mut key = core::mem::MaybeUninit::<IpKey>::uninit();
-    let at = key.as_mut_ptr().cast::<u32>();
-    // SAFETY: IpKey is five u32-aligned words (family, then the sixteen address bytes), all
-    // written here before it is read.
-    unsafe {
-        core::ptr::write_volatile(at, family);
-        for (i, word) in words.iter().enumerate() {
-            core::ptr::write_volatile(at.add(1 + i), *word);
-        }
-        key.assume_init()
-    }
+    let [a, b, c, d] = words;
+    from_words([family, a, b, c, d])
 }

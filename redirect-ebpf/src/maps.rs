@@ -7,9 +7,7 @@ use aya_ebpf::{
 };
 use redirect_common::{
     FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst, SockAddr, Stat,
-    fastpath::{
-        AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, PortKey,
-    },
+    fastpath::{AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, PortKey},
 };
 
 /// Where the application meant to go, kept in the socket itself (socket local storage): it lives

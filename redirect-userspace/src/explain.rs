@@ -252,7 +252,8 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
 /// Who decides with the fast path: the snapshot compiled as the agent compiles it, the client a
 /// pod of `namespace` whose cgroup the agent knows.
 fn decided_by(snapshot: &Snapshot, namespace: &str, ip: IpAddr, port: u16) -> DecidedBy {
-    let (tables, _) = fastpath::compile(snapshot, fastpath::Limits::within(fastpath::DEFAULT_MEMORY));
+    let (tables, _) =
+        fastpath::compile(snapshot, fastpath::Limits::within(fastpath::DEFAULT_MEMORY));
     fastpath::decided_by(&tables, Some(namespace), ip, port)
 }
 

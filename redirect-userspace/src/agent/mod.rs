@@ -349,15 +349,14 @@ async fn attach(
     let (fast_path, fast_tables) = match config.fast_path {
         true => {
             let ahead = Arc::new(Ahead::new(upstream.clone(), endpoint_hosts.clone()));
-            let (fast, tables) =
-                FastPath::prepare(
-                    live.clone(),
-                    cgroups.clone(),
-                    ahead,
-                    metrics.clone(),
-                    crate::fastpath::Limits::within(config.fast_path_memory),
-                )
-                .await;
+            let (fast, tables) = FastPath::prepare(
+                live.clone(),
+                cgroups.clone(),
+                ahead,
+                metrics.clone(),
+                crate::fastpath::Limits::within(config.fast_path_memory),
+            )
+            .await;
             (Some(fast), Some(tables))
         }
         false => (None, None),

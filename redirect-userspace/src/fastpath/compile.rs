@@ -254,7 +254,11 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
             None => {
                 if let Some(h) = hidden {
                     let claim = Claim::new(ACTION_NONE, 0).hiding(hidden);
-                    reports.entry(owner(h)).or_default().exact.push((*key, claim));
+                    reports
+                        .entry(owner(h))
+                        .or_default()
+                        .exact
+                        .push((*key, claim));
                 }
             }
         }
@@ -272,7 +276,11 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         .hiding(hidden);
         match hidden {
             _ if public(members).is_some() => shared.cidrs.push((*key, *len, claim)),
-            Some(h) => reports.entry(owner(h)).or_default().cidrs.push((*key, *len, claim)),
+            Some(h) => reports
+                .entry(owner(h))
+                .or_default()
+                .cidrs
+                .push((*key, *len, claim)),
             // Hides nothing and changes nothing: a shorter network's entry says the same.
             None => {}
         }
@@ -332,7 +340,9 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         let share = limits.namespace_bytes;
         let fits = own.is_empty() || compiler.stats.namespaces < room;
         if !fits || !compiler.fits_both(&own, &reported, share) {
-            compiler.stats.fell_back(Fallback::HidesUncounted, reported.len());
+            compiler
+                .stats
+                .fell_back(Fallback::HidesUncounted, reported.len());
             if !own.is_empty() {
                 compiler.stats.fell_back(Fallback::NamespaceFull, 1);
                 compiler.tables.namespaces.insert(ns.to_string(), NS_PROXY);

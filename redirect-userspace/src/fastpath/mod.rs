@@ -24,9 +24,9 @@ pub use compile::{
 pub use compile::{compile_with, with_workloads};
 pub use dump::{Dump, fallback_name};
 pub use kernel::{DecidedBy, decided_by};
-pub use memory::{TableMemory, kernel_bytes};
 #[cfg(test)]
 pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
+pub use memory::{TableMemory, kernel_bytes};
 #[cfg(test)]
 pub use tables::ClientsFull;
 pub use tables::{PortEndpoints, Tables};

@@ -132,6 +132,7 @@ impl FastPath {
     /// With the programs loaded (and the first tables in force): installs every later snapshot as
     /// it is applied.
     pub fn start(self: &Arc<Self>, maps: Arc<Mutex<FastMaps>>) {
+        self.publish_maps(&maps);
         let stats = maps.lock().unwrap_or_else(|p| p.into_inner()).stats();
         let _ = self.stats.set(stats);
         let _ = self.maps.set(maps);
@@ -174,7 +175,10 @@ impl FastPath {
                 _ => None,
             };
             let (tables, stats) = patched.unwrap_or_else(|| {
-                let compiled = state.compiled.as_ref().map(|(s, t, st)| (&**s, &**t, &**st));
+                let compiled = state
+                    .compiled
+                    .as_ref()
+                    .map(|(s, t, st)| (&**s, &**t, &**st));
                 fastpath::compile_after(compiled, !new_hosts, &snapshot, self.limits, &hosts)
             });
             let compiled = (snapshot.clone(), Arc::new(tables), Arc::new(stats));
@@ -195,16 +199,11 @@ impl FastPath {
             state.clients_left_out = left_out;
             return Some(tables);
         };
-        let installed = {
-            let mut maps = maps.lock().unwrap_or_else(|p| p.into_inner());
-            let installed = maps.install(&tables);
-            let (in_force, memory) = (maps.sizes_in_force(), maps.memory());
-            drop(maps);
-            let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
-            published.in_force = in_force;
-            published.memory = memory;
-            installed
-        };
+        let installed = maps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .install(&tables);
+        self.publish_maps(maps);
         match installed {
             Ok(()) => {
                 info!(
@@ -230,6 +229,16 @@ impl FastPath {
         }
         state.clients_left_out = left_out;
         None
+    }
+
+    /// Publishes what the maps in force hold and take (for `/config_dump` and the metrics).
+    fn publish_maps(&self, maps: &Mutex<FastMaps>) {
+        let maps = maps.lock().unwrap_or_else(|p| p.into_inner());
+        let (in_force, memory) = (maps.sizes_in_force(), maps.memory());
+        drop(maps);
+        let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        published.in_force = in_force;
+        published.memory = memory;
     }
 
     /// Rescans the pods' cgroups every [`RESCAN_EVERY`] until `shutdown` changes.

@@ -20,8 +20,8 @@ use std::{
 use aya::{
     Ebpf, Pod,
     maps::{
-        Array, ArrayOfMaps, HashMap, IterableMap, LpmTrie, MapData, MapError, PerCpuArray,
-        RingBuf, lpm_trie::Key,
+        Array, ArrayOfMaps, HashMap, IterableMap, LpmTrie, MapData, MapError, PerCpuArray, RingBuf,
+        lpm_trie::Key,
     },
 };
 use redirect_common::{
@@ -46,7 +46,9 @@ const MIN_CAPACITY: u32 = 1024;
 /// The capacity a map holding `entries` is created with: a quarter more for what the next
 /// configurations add, a power of two (the hash maps' buckets are, whatever is asked).
 fn capacity_for(entries: usize) -> u32 {
-    let wanted = entries.saturating_add(entries / 4).max(MIN_CAPACITY as usize);
+    let wanted = entries
+        .saturating_add(entries / 4)
+        .max(MIN_CAPACITY as usize);
     u32::try_from(wanted.next_power_of_two()).unwrap_or(1 << 31)
 }
 
@@ -337,23 +339,32 @@ impl Generation {
     fn sync(&mut self, outers: &mut Outers, want: Want<'_>) -> Result<(), MapError> {
         let slot = self.slot;
         let held = Arc::make_mut(&mut self.held);
-        self.clients.resize(&mut held.clients, want.clients.len(), hash_map, |m| {
-            outers.clients.set(slot, m, 0)
-        })?;
-        self.exact.resize(&mut held.exact, want.exact.len(), hash_map, |m| {
-            outers.exact.set(slot, m, 0)
-        })?;
-        self.cidrs.resize(&mut held.cidrs, want.cidrs.len(), lpm_trie, |m| {
-            outers.cidrs.set(slot, m, 0)
-        })?;
-        self.ports.resize(&mut held.ports, want.ports.len(), hash_map, |m| {
-            outers.ports.set(slot, m, 0)
-        })?;
+        self.clients
+            .resize(&mut held.clients, want.clients.len(), hash_map, |m| {
+                outers.clients.set(slot, m, 0)
+            })?;
+        self.exact
+            .resize(&mut held.exact, want.exact.len(), hash_map, |m| {
+                outers.exact.set(slot, m, 0)
+            })?;
+        self.cidrs
+            .resize(&mut held.cidrs, want.cidrs.len(), lpm_trie, |m| {
+                outers.cidrs.set(slot, m, 0)
+            })?;
+        self.ports
+            .resize(&mut held.ports, want.ports.len(), hash_map, |m| {
+                outers.ports.set(slot, m, 0)
+            })?;
         self.workloads
             .resize(&mut held.workloads, want.workloads.len(), hash_map, |m| {
                 outers.workloads.set(slot, m, 0)
             })?;
-        sync_hash(&mut self.clients.map, &mut held.clients, want.clients, |v| *v)?;
+        sync_hash(
+            &mut self.clients.map,
+            &mut held.clients,
+            want.clients,
+            |v| *v,
+        )?;
         sync_hash(&mut self.exact.map, &mut held.exact, want.exact, |v| *v)?;
         sync(
             &mut self.cidrs.map,
@@ -383,7 +394,10 @@ impl Generation {
     fn memory(&self) -> [(&'static str, TableMemory); 5] {
         let held = &self.held;
         [
-            ("clients", self.clients.memory("clients", held.clients.len())),
+            (
+                "clients",
+                self.clients.memory("clients", held.clients.len()),
+            ),
             ("exact", self.exact.memory("exact", held.exact.len())),
             ("cidrs", self.cidrs.memory("cidrs", held.cidrs.len())),
             ("ports", self.ports.memory("ports", held.ports.len())),
@@ -408,7 +422,10 @@ fn lpm_trie<K: Pod, V: Pod>(capacity: u32) -> Result<LpmTrie<MapData, K, V>, Map
 }
 
 impl<M> Sized<M> {
-    fn create(capacity: u32, create: impl Fn(u32) -> Result<M, MapError>) -> Result<Self, MapError> {
+    fn create(
+        capacity: u32,
+        create: impl Fn(u32) -> Result<M, MapError>,
+    ) -> Result<Self, MapError> {
         Ok(Sized {
             map: create(capacity)?,
             capacity,

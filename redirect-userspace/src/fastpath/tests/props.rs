@@ -8,7 +8,8 @@ use super::{HEADER, agrees, ip};
 use crate::{
     config::load_sources,
     fastpath::{
-        DecidedBy, Fallback, FastDecision, Limits, compile, decide, decide_for, decide_hidden, decided_by,
+        DecidedBy, Fallback, FastDecision, Limits, compile, decide, decide_for, decide_hidden,
+        decided_by,
     },
     state::{Outbound, Pick, Snapshot, Target},
 };
