@@ -1,5 +1,6 @@
 //! The PNG: each path's median ratio to direct as a bar, min–max as a whisker, the issue's target as a
-//! red tick. Left: higher is better; right: lower is better. Drawn with plotters on a bitmap, with
+//! red tick. Left: higher is better; right: lower is better. The fast path at size is labelled "at
+//! size" (its size in the footer). Drawn with plotters on a bitmap, with
 //! DejaVu Sans embedded (crate `dejavu`), so it renders the same on a machine without fonts.
 use std::path::Path;
 
@@ -11,13 +12,15 @@ use plotters::style::{
 };
 
 use super::model::{Metric, Results, Route};
+use super::synthetic::AT_SIZE;
 use super::targets::RATIO_TARGETS;
 
-const WIDTH: u32 = 1600;
+const WIDTH: u32 = 1720;
 const ROW: i32 = 30;
 const TOP: i32 = 90;
-const PANEL: i32 = 800;
-const LABELS: i32 = 290;
+const PANEL: i32 = 860;
+/// Room for the longest label (`throughput, 8 streams · passthrough (default: fast path)`).
+const LABELS: i32 = 350;
 const PLOT: i32 = 430;
 
 struct Bar {
@@ -44,6 +47,8 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::PassthroughCopy,
                     Route::FastService,
                     Route::FastPassthrough,
+                    Route::FastServiceAtSize,
+                    Route::FastPassthroughAtSize,
                 ][..],
             ),
             (
@@ -55,6 +60,8 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::PassthroughCopy,
                     Route::FastService,
                     Route::FastPassthrough,
+                    Route::FastServiceAtSize,
+                    Route::FastPassthroughAtSize,
                 ][..],
             ),
             (
@@ -64,6 +71,8 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::Passthrough,
                     Route::FastService,
                     Route::FastPassthrough,
+                    Route::FastServiceAtSize,
+                    Route::FastPassthroughAtSize,
                 ][..],
             ),
             (
@@ -82,6 +91,8 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::Passthrough,
                     Route::FastService,
                     Route::FastPassthrough,
+                    Route::FastServiceAtSize,
+                    Route::FastPassthroughAtSize,
                 ][..],
             ),
             (
@@ -91,6 +102,8 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::Passthrough,
                     Route::FastService,
                     Route::FastPassthrough,
+                    Route::FastServiceAtSize,
+                    Route::FastPassthroughAtSize,
                 ][..],
             ),
             (
@@ -100,6 +113,8 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
                     Route::Passthrough,
                     Route::FastService,
                     Route::FastPassthrough,
+                    Route::FastServiceAtSize,
+                    Route::FastPassthroughAtSize,
                 ][..],
             ),
             (
@@ -109,7 +124,7 @@ pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
         ],
     );
     let rows = higher.len().max(lower.len()) as i32;
-    let height = (TOP + rows * ROW + 80) as u32;
+    let height = (TOP + rows * ROW + 100) as u32;
     let root = BitMapBackend::new(path, (WIDTH, height)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
     let text = |size: i32| ("sans-serif", size).into_font();
@@ -142,7 +157,7 @@ fn bars(results: &Results, groups: &[(Metric, &[Route])]) -> Vec<Bar> {
                 .filter(|_| matches!(route, Route::Service | Route::Passthrough))
                 .map(|(_, bound, _)| *bound);
             out.push(Bar {
-                label: format!("{} · {}", metric.label(), route.label()),
+                label: format!("{} · {}", metric.label(), label(*route)),
                 route: *route,
                 median: r.median,
                 min: r.min,
@@ -154,6 +169,15 @@ fn bars(results: &Results, groups: &[(Metric, &[Route])]) -> Vec<Bar> {
     out
 }
 
+/// The route's name on a bar: the rows at size named short.
+fn label(route: Route) -> &'static str {
+    match route {
+        Route::FastServiceAtSize => "service (fast path, at size)",
+        Route::FastPassthroughAtSize => "passthrough (fast path, at size)",
+        other => other.label(),
+    }
+}
+
 fn color(route: Route) -> RGBColor {
     match route {
         Route::Service => RGBColor(31, 119, 180),
@@ -162,6 +186,8 @@ fn color(route: Route) -> RGBColor {
         Route::PassthroughCopy => RGBColor(253, 208, 162),
         Route::FastService => RGBColor(148, 103, 189),
         Route::FastPassthrough => RGBColor(214, 39, 40),
+        Route::FastServiceAtSize => RGBColor(197, 176, 213),
+        Route::FastPassthroughAtSize => RGBColor(255, 152, 150),
         Route::DnsAnswered => RGBColor(44, 160, 44),
         Route::DnsCached => RGBColor(23, 190, 207),
         _ => RGBColor(150, 150, 150),
@@ -219,6 +245,15 @@ fn panel(
     root.draw(&Text::new(
         "direct = 1×; red tick: target; whisker: min–max of rounds",
         (x0, bottom + 32),
+        font(14),
+    ))
+    .map_err(err)?;
+    root.draw(&Text::new(
+        format!(
+            "at size: the config beside the bench's holds {}",
+            AT_SIZE.words()
+        ),
+        (x0, bottom + 52),
         font(14),
     ))
     .map_err(err)?;
@@ -283,6 +318,7 @@ mod tests {
                 r.record(round, metric, Route::Direct, Some(base));
                 r.record(round, metric, Route::Service, Some(base * (0.6 + k / 10.0)));
                 r.record(round, metric, Route::Passthrough, Some(base * 1.7));
+                r.record(round, metric, Route::FastServiceAtSize, Some(base));
             }
         }
         let higher = bars(
@@ -294,6 +330,12 @@ mod tests {
         );
         assert_eq!(higher.len(), 2);
         assert_eq!(higher[0].target, Some(0.8));
+        let at_size = bars(&r, &[(Metric::ConnRate, &[Route::FastServiceAtSize][..])]);
+        assert_eq!(
+            at_size[0].label,
+            "new connections · service (fast path, at size)"
+        );
+        assert_eq!((at_size[0].median, at_size[0].target), (1.0, None));
         let dir = std::env::temp_dir().join(format!("xtask-chart-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let png = dir.join("chart.png");

@@ -1,12 +1,15 @@
-//! The control plane: the criterion benches of `state` (run as they are, by name), and the agent's
-//! resident memory with the 10,000-entry config loaded.
+//! The control plane: the criterion benches of `state` (run as they are, by name), the agent's
+//! resident memory with the 10,000-entry config loaded, and what the agent holds and takes with the
+//! config at size (the fast path's tables in the kernel, what it leaves to the proxy).
+use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::scene::{Relay, Scene, agent_args, start_agent};
+use super::scene::{AtSizeConfig, Relay, Scene, agent_args, start_agent};
 use crate::{Built, cmd, synthetic};
 use anyhow::{Context, Result, bail};
+use serde_json::Value;
 
 /// The criterion bench targets: lookups and state build (bench/benches/state.rs), and
 /// pathological configuration refused or loaded (benches/config_bounds.rs).
@@ -166,6 +169,142 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
     })
 }
 
+/// The agent with the config at size, as it runs by default (the fast path): what it holds, what
+/// it takes, and what its fast path leaves to the proxy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AtSize {
+    /// The cluster's files beside `bench.yaml`, and every file's bytes together.
+    pub files: usize,
+    pub bytes: u64,
+    /// From start to `/healthz/ready`.
+    pub ready: Duration,
+    /// VmRSS and VmHWM once ready, KiB.
+    pub rss_kib: u64,
+    pub peak_kib: u64,
+    /// Services and workloads in its state (`/config_dump`).
+    pub services: usize,
+    pub workloads: usize,
+    pub fast_path: FastPathFigures,
+}
+
+/// `fastPath` of `/config_dump`: its tables' memory (both generations) and its fallbacks.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FastPathFigures {
+    pub tables: Vec<TableFigures>,
+    /// `memoryBudgetBytes` (`run --fast-path-memory`).
+    pub budget_bytes: Option<u64>,
+    /// What the tables leave to the proxy, by reason.
+    pub fallbacks: BTreeMap<String, u64>,
+}
+
+/// One table of `fastPath.memory`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableFigures {
+    pub table: String,
+    pub entries: u64,
+    pub capacity: u64,
+    /// `kernelBytes` where the kernel says, else the agent's `estimatedBytes`.
+    pub bytes: u64,
+    pub from_kernel: bool,
+}
+
+impl FastPathFigures {
+    /// Every table's bytes together.
+    pub fn bytes(&self) -> u64 {
+        self.tables.iter().map(|t| t.bytes).sum()
+    }
+
+    /// From a `/config_dump`.
+    pub fn from_dump(dump: &Value) -> Result<FastPathFigures> {
+        let fast = dump
+            .get("fastPath")
+            .context("/config_dump has no fastPath")?;
+        if fast.get("enabled").and_then(Value::as_bool) != Some(true) {
+            bail!("the agent's fast path is off: {fast}");
+        }
+        let memory = fast
+            .get("memory")
+            .and_then(Value::as_object)
+            .context("/config_dump has no fastPath.memory: no tables in force")?;
+        let num = |v: &Value, key: &str| v.get(key).and_then(Value::as_u64);
+        let mut tables = Vec::new();
+        for (table, m) in memory {
+            let kernel = num(m, "kernelBytes");
+            let bytes = kernel
+                .or_else(|| num(m, "estimatedBytes"))
+                .with_context(|| format!("fastPath.memory.{table} has no bytes: {m}"))?;
+            tables.push(TableFigures {
+                table: table.clone(),
+                entries: num(m, "entries").unwrap_or(0),
+                capacity: num(m, "capacity").unwrap_or(0),
+                bytes,
+                from_kernel: kernel.is_some(),
+            });
+        }
+        let fallbacks = fast
+            .get("fallbacks")
+            .and_then(Value::as_object)
+            .map(|f| {
+                f.iter()
+                    .map(|(why, n)| (why.clone(), n.as_u64().unwrap_or(0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(FastPathFigures {
+            tables,
+            budget_bytes: num(fast, "memoryBudgetBytes"),
+            fallbacks,
+        })
+    }
+}
+
+/// Starts the agent on the config at size (agent otherwise detached), reads its memory and its
+/// `/config_dump`, and checks it holds every entry and pod.
+pub fn agent_at_size(scene: &Scene, config: &AtSizeConfig) -> Result<AtSize> {
+    let size = synthetic::AT_SIZE;
+    let started = Instant::now();
+    let agent = scene.start_agent_at_size(config)?;
+    let ready = started.elapsed();
+    // Let the allocator settle after the build, and the fast path's second generation catch up.
+    std::thread::sleep(Duration::from_millis(500));
+    let status = fs::read_to_string(format!("/proc/{}/status", agent.pid()))?;
+    let rss_kib = status_kib(&status, "VmRSS:")?;
+    let peak_kib = status_kib(&status, "VmHWM:")?;
+    // Only now (the dump itself allocates). Tens of MB of JSON at this size: more time than the
+    // harness's admin client gives.
+    let node = scene.topo().node().netns.clone();
+    let admin = integration::ADMIN_ADDR.parse()?;
+    let dump = integration::netns::in_netns(&node, || {
+        redirect_userspace::admin_client::get(admin, "/config_dump", Duration::from_secs(60))
+    })??;
+    if !dump.is_success() {
+        bail!("/config_dump answered {}: {}", dump.status, dump.text());
+    }
+    let dump: Value = serde_json::from_slice(&dump.body).context("parsing /config_dump")?;
+    let count = |key: &str| dump.get(key).and_then(Value::as_array).map_or(0, Vec::len);
+    let (services, workloads) = (count("services"), count("workloads"));
+    // The bench's own two entries and its client beside the cluster's.
+    if services < size.entries + 2 || workloads < size.pods + 1 {
+        bail!(
+            "the agent at size holds {services} services and {workloads} workloads, expected {} and {}",
+            size.entries + 2,
+            size.pods + 1
+        );
+    }
+    let fast_path = FastPathFigures::from_dump(&dump)?;
+    agent.stop()?;
+    Ok(AtSize {
+        files: config.files,
+        bytes: config.bytes,
+        ready,
+        rss_kib,
+        peak_kib,
+        services,
+        workloads,
+        fast_path,
+    })
+}
+
 /// `VmRSS:     12345 kB` -> 12345
 fn status_kib(status: &str, field: &str) -> Result<u64> {
     let line = status
@@ -201,6 +340,41 @@ mod tests {
             }
         );
         assert!(parse_result(&serde_json::json!({}), &estimates).is_err());
+    }
+
+    #[test]
+    fn reads_the_fast_path_memory_and_fallbacks() {
+        let dump = serde_json::json!({"services": [], "fastPath": {"enabled": true,
+            "tables": {"exact": 20002},
+            "fallbacks": {"namespace_full": 2, "hides_uncounted": 64},
+            "memory": {
+                "exact": {"entries": 40004, "capacity": 65536, "estimatedBytes": 5000000, "kernelBytes": 6000000},
+                "workloads": {"entries": 200002, "capacity": 262144, "estimatedBytes": 17000000}
+            },
+            "memoryBudgetBytes": 67108864, "services": []}});
+        let f = FastPathFigures::from_dump(&dump).unwrap();
+        assert_eq!(
+            f.bytes(),
+            23_000_000,
+            "the kernel's figure where it has one"
+        );
+        assert_eq!(f.budget_bytes, Some(64 << 20));
+        assert_eq!(
+            f.tables[1],
+            TableFigures {
+                table: "workloads".into(),
+                entries: 200002,
+                capacity: 262144,
+                bytes: 17000000,
+                from_kernel: false
+            }
+        );
+        assert!(f.tables[0].from_kernel);
+        assert_eq!(f.fallbacks.get("namespace_full"), Some(&2));
+        let off = serde_json::json!({"fastPath": {"enabled": false}});
+        assert!(FastPathFigures::from_dump(&off).is_err());
+        let none = serde_json::json!({"fastPath": {"enabled": true}});
+        assert!(FastPathFigures::from_dump(&none).is_err());
     }
 
     #[test]

@@ -1,17 +1,19 @@
 //! `cargo xtask bench [--quick]`: what the redirect and the proxy cost, side by side with the direct
 //! path, in one run on one machine. Writes BENCHMARKS.md and docs/benchmarks.png and prints the table.
 //!
-//! Order: build (the agent, the harness's `rdt-peer`), then the measuring rounds in a fresh netns
-//! topology ([`scene`], [`rounds`]) and the agent's memory with a 10,000-entry config, then the criterion
-//! benches (built with the same embedded eBPF object, so the agent binary stays whole); last the report.
-//! The topology is removed when the scene drops, also on error.
+//! Order: build (the agent, the harness's `rdt-peer`), then in a fresh netns topology ([`scene`]) the
+//! agent with the config at size once (a big cluster's beside the bench's: what it holds and takes,
+//! [`synthetic::cluster_files`]), the measuring rounds ([`rounds`]; the fast path at size among
+//! their paths) and the agent's memory with a 10,000-entry config, then the criterion benches (built
+//! with the same embedded eBPF object, so the agent binary stays whole); last the report. The
+//! topology is removed when the scene drops, also on error.
 //!
 //! `cargo xtask profile` ([`profile`]) runs the same scene under perf instead of measuring. xtask
 //! builds what is measured and calls [`bench`] or [`profile`]; this crate does the rest.
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 
 mod chart;
 pub mod cmd;
@@ -59,10 +61,16 @@ pub struct BenchArgs {
     /// the agent's memory and criterion. For trying a change to the agent.
     #[arg(long, value_delimiter = ',', value_enum)]
     only: Vec<rounds::Pick>,
+    /// Measure only the direct path and the agent's fast path at size (its config directory holding
+    /// a big cluster's beside the bench's: 20,000 ServiceEntries, 100,000 Pods), over the TCP tests
+    /// (or those `--only` picks); print their table and what the agent at size holds and takes.
+    /// Writes no files and skips the agent's memory and criterion.
+    #[arg(long)]
+    at_size_only: bool,
     /// Measure only the cluster as the source at scale (`run --kube`: 1,000 Namespaces, 10,000 Pods,
     /// 10,000 ServiceEntries) and write its section of BENCHMARKS.md, leaving the rest of the file as
     /// it is. A full run measures it too.
-    #[arg(long, conflicts_with_all = ["only", "quick"])]
+    #[arg(long, conflicts_with_all = ["only", "quick", "at_size_only"])]
     kube: bool,
 }
 
@@ -106,17 +114,35 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     let peer = &built.peer;
     let mut machine = machine::Machine::probe();
     let measuring = Instant::now();
-    // `--only`: the picked tests and their table; no memory, no criterion, no files.
-    let full = args.only.is_empty();
-    let (results, commands, memory) = {
+    // `--only`, `--at-size-only`: the picked tests and paths and their table; no memory, no
+    // criterion, no files.
+    let full = args.only.is_empty() && !args.at_size_only;
+    let mut picked = if args.only.is_empty() {
+        rounds::Pick::ALL.to_vec()
+    } else {
+        args.only.clone()
+    };
+    let paths = if args.at_size_only {
+        picked.retain(|p| *p != rounds::Pick::Dns);
+        if picked.is_empty() {
+            bail!("--at-size-only measures the TCP tests: --only dns leaves none");
+        }
+        rounds::Paths::AtSizeOnly
+    } else {
+        rounds::Paths::All
+    };
+    let (results, commands, memory, at_size) = {
         let scene =
             scene::Scene::build(peer, args.agent_cpu).context("building the bench topology")?;
-        let picked = if full {
-            rounds::Pick::ALL.to_vec()
-        } else {
-            args.only.clone()
-        };
-        let mut runner = rounds::Runner::new(&scene, settings, &picked)?;
+        let config = scene.write_at_size_config()?;
+        println!(
+            "xtask bench: the agent at size ({} files beside bench.yaml, {:.1} MiB)",
+            config.files,
+            config.bytes as f64 / f64::from(1 << 20)
+        );
+        let at_size = control::agent_at_size(&scene, &config).context("the agent at size")?;
+        println!("xtask bench: {}", report::at_size_paragraph(&at_size));
+        let mut runner = rounds::Runner::new(&scene, settings, &picked, paths, &config)?;
         runner.run()?;
         let memory = if full {
             println!("xtask bench: agent memory with the 10,000-entry config");
@@ -124,7 +150,7 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
         } else {
             None
         };
-        (runner.results, runner.commands, memory)
+        (runner.results, runner.commands, memory, Some(at_size))
     };
     let measuring = measuring.elapsed();
     machine.finish();
@@ -149,13 +175,14 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
         criterion_command: control::criterion_command(args.quick),
         agent_cpu: args.agent_cpu,
         memory,
+        at_size,
         verdicts: &verdicts,
         measuring,
         chart: CHART,
     };
     if !full {
         println!("\n{}", report.tables());
-        println!("xtask bench: --only: nothing written");
+        println!("xtask bench: --only/--at-size-only: nothing written");
         return Ok(());
     }
     println!("\n{}", report.tables());

@@ -21,6 +21,10 @@ pub enum Route {
     FastService,
     /// `Passthrough` as the agent runs by default: the kernel leaves the socket alone.
     FastPassthrough,
+    /// `FastService` with a big cluster's config beside the bench's ([`crate::synthetic::AT_SIZE`]).
+    FastServiceAtSize,
+    /// `FastPassthrough` with the same big config.
+    FastPassthroughAtSize,
     /// A `resolution: DNS` entry with an allocated address, as the agent runs by default: the
     /// kernel rewrites the VIP to the address the agent resolved ahead.
     FastDnsService,
@@ -45,6 +49,8 @@ impl Route {
             Route::PassthroughCopy => "passthrough (copy)",
             Route::FastService => "service (default: fast path)",
             Route::FastPassthrough => "passthrough (default: fast path)",
+            Route::FastServiceAtSize => "service (fast path, 20k entries, 100k pods)",
+            Route::FastPassthroughAtSize => "passthrough (fast path, 20k entries, 100k pods)",
             Route::FastDnsService => "DNS-resolved service (default: fast path)",
             Route::DnsUpstream => "straight to upstream",
             Route::DnsForwarded => "forwarded by agent (TTL 0)",
@@ -174,6 +180,14 @@ mod tests {
         assert_eq!(r.ratio(Metric::Throughput1, Route::Direct), None);
         let s = r.summary(Metric::Throughput1, Route::Service).unwrap();
         assert_eq!(s.median, 9.0);
+    }
+
+    #[test]
+    fn the_rows_at_size_say_its_size() {
+        let said = format!("(fast path, {})", crate::synthetic::AT_SIZE.words());
+        for route in [Route::FastServiceAtSize, Route::FastPassthroughAtSize] {
+            assert!(route.label().ends_with(&said), "{}", route.label());
+        }
     }
 
     #[test]

@@ -3,12 +3,13 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 use std::time::Duration;
 
-use super::control::{Criterion, Memory};
+use super::control::{AtSize, Criterion, Memory};
 use super::machine::Machine;
 use super::model::{Metric, Results, Route};
 use super::rounds::Settings;
 use super::scene::{self, Relay};
 use super::stats::Summary;
+use super::synthetic::{self, AT_SIZE};
 use super::targets::Verdict;
 
 /// Markers around the hand-written analysis, which a rerun keeps.
@@ -26,25 +27,31 @@ pub struct BenchReport<'a> {
     /// `--agent-cpu`: where the agent ran for the TCP tests (None: unpinned).
     pub agent_cpu: Option<u32>,
     pub memory: Option<Memory>,
+    /// The agent with the config at size (None: not started).
+    pub at_size: Option<AtSize>,
     pub verdicts: &'a [Verdict],
     pub measuring: Duration,
     /// The chart, relative to BENCHMARKS.md.
     pub chart: &'a str,
 }
 
-const TCP_ROUTES: [Route; 6] = [
+const TCP_ROUTES: [Route; 8] = [
     Route::Direct,
     Route::FastService,
     Route::FastDnsService,
     Route::FastPassthrough,
+    Route::FastServiceAtSize,
+    Route::FastPassthroughAtSize,
     Route::Service,
     Route::Passthrough,
 ];
-const THROUGHPUT_ROUTES: [Route; 8] = [
+const THROUGHPUT_ROUTES: [Route; 10] = [
     Route::Direct,
     Route::FastService,
     Route::FastDnsService,
     Route::FastPassthrough,
+    Route::FastServiceAtSize,
+    Route::FastPassthroughAtSize,
     Route::Service,
     Route::ServiceCopy,
     Route::Passthrough,
@@ -62,8 +69,10 @@ impl BenchReport<'_> {
     pub fn tables(&self) -> String {
         let mut s = String::new();
         s.push_str("## Headline: ratio to direct (median of per-round ratios, min–max)\n\n");
-        s.push_str(
-            "| | service (default) | DNS-resolved service (default) | passthrough (default) | service (`--no-fast-path`) | passthrough (`--no-fast-path`) |\n| --- | --- | --- | --- | --- | --- |\n",
+        let _ = writeln!(
+            s,
+            "| | service (default) | DNS-resolved service (default) | passthrough (default) | service (default, {size}) | passthrough (default, {size}) | service (`--no-fast-path`) | passthrough (`--no-fast-path`) |\n| --- | --- | --- | --- | --- | --- | --- | --- |",
+            size = AT_SIZE.words()
         );
         for metric in [
             Metric::Throughput1,
@@ -75,18 +84,20 @@ impl BenchReport<'_> {
         ] {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 metric.label(),
                 self.ratio(metric, Route::FastService),
                 self.ratio(metric, Route::FastDnsService),
                 self.ratio(metric, Route::FastPassthrough),
+                self.ratio(metric, Route::FastServiceAtSize),
+                self.ratio(metric, Route::FastPassthroughAtSize),
                 self.ratio(metric, Route::Service),
                 self.ratio(metric, Route::Passthrough)
             );
         }
         let _ = writeln!(
             s,
-            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded, TTL 0: {} | forwarded, TTL 30 s (cached): {} | | |",
+            "| DNS queries/s (vs straight to upstream) | answered: {} | forwarded, TTL 0: {} | forwarded, TTL 30 s (cached): {} | | | | |",
             self.ratio(Metric::DnsQps, Route::DnsAnswered),
             self.ratio(Metric::DnsQps, Route::DnsForwarded),
             self.ratio(Metric::DnsQps, Route::DnsCached)
@@ -110,6 +121,11 @@ impl BenchReport<'_> {
         );
         s.push_str("\n## 3. New connections per second (wrk, `Connection: close`: connect, one request, close)\n\n");
         self.table(&mut s, &TCP_ROUTES, &[Metric::ConnRate]);
+        s.push('\n');
+        match &self.at_size {
+            Some(a) => s.push_str(&at_size_paragraph(a)),
+            None => s.push_str("The agent at size: not started in this run.\n"),
+        }
         s.push_str("\n## 4. DNS (dnsperf, UDP): queries/s with 64 outstanding; mean latency with 1 outstanding, µs\n\n");
         self.table(&mut s, &DNS_ROUTES, &[Metric::DnsQps, Metric::DnsLatency]);
         s.push_str("\n## 5. Control plane\n\n");
@@ -192,12 +208,40 @@ impl BenchReport<'_> {
         for relay in [Relay::Splice, Relay::Copy, Relay::FastPath] {
             let _ = writeln!(s, "{}", scene::agent_command(&tcp_prefix, relay));
         }
+        let _ = writeln!(
+            s,
+            "{}",
+            scene::agent_command_with(&tcp_prefix, "<config dir at size>", Relay::FastPath)
+        );
         let dns_prefix = format!("taskset -c {} ", scene::SERVER_CPU);
         let _ = writeln!(s, "{}", scene::agent_command(&dns_prefix, Relay::Splice));
         let _ = write!(
             s,
             "```\n\nIts config (`<config dir>/bench.yaml`):\n\n```yaml\n{}```\n",
             scene::bench_config()
+        );
+        let sample = synthetic::cluster_files(synthetic::ClusterSize {
+            namespaces: 1,
+            entries: 1,
+            pods: 1,
+        });
+        let _ = write!(
+            s,
+            "\n`<config dir at size>` holds the same `bench.yaml` and a big cluster's ({}): {} Namespaces `ns-N`, {} \
+             ServiceEntries `se-I` (in `ns-(I mod {})`, address 100.65.0.0 + I) and {} Pods `pod-J` (in \
+             `ns-(J mod {})`, address 10.128.0.0 + J), in files `cluster-NNN.yaml` of at most {} MiB \
+             (`bench::synthetic::cluster_files`), one document after another like these:\n\n```yaml\n{}```\n",
+            AT_SIZE.words(),
+            AT_SIZE.namespaces,
+            thousands(AT_SIZE.entries),
+            AT_SIZE.namespaces,
+            thousands(AT_SIZE.pods),
+            AT_SIZE.namespaces,
+            synthetic::FILE_BYTES >> 20,
+            sample
+                .iter()
+                .map(|(_, text)| text.as_str())
+                .collect::<String>()
         );
         let _ = write!(
             s,
@@ -329,6 +373,90 @@ const METHOD: &str = "
   as glibc's and musl's stub resolvers.
 ";
 
+/// What the agent at size held and took, and what its fast path left to the proxy (printed when
+/// it has been read, and under the tables).
+pub fn at_size_paragraph(a: &AtSize) -> String {
+    let mib = |kib: u64| kib as f64 / 1024.0;
+    let fast = &a.fast_path;
+    let mut tables: Vec<String> = fast
+        .tables
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {} entries in room for {}, {}{}",
+                t.table,
+                thousands(t.entries as usize),
+                thousands(t.capacity as usize),
+                if t.from_kernel { "" } else { "~" },
+                bytes_cell(t.bytes)
+            )
+        })
+        .collect();
+    if tables.is_empty() {
+        tables.push("none".into());
+    }
+    let budget = fast.budget_bytes.map_or(String::new(), |b| {
+        format!(" of the {} budget", bytes_cell(b))
+    });
+    let fallbacks = if fast.fallbacks.is_empty() {
+        "none".to_string()
+    } else {
+        fast.fallbacks
+            .iter()
+            .map(|(why, n)| format!("`{why}` {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    format!(
+        "**At size** (the rows *(fast path, {size})*): the same agent, its config directory holding \
+         `bench.yaml` and {entries} STATIC ServiceEntries (one address each, NAMESPACE by the mesh \
+         default, never contacted) and {pods} Pods in {namespaces} namespaces, in {files} more files \
+         ({total:.1} MiB in all; the agent reads at most {file_max} MiB of a file, {dir_max} MiB of a \
+         directory); {services} services and {workloads} workloads in its state. Ready {ready:.2} s \
+         after start; VmRSS **{rss:.1} MiB** (peak {peak:.1} MiB). The fast path's tables in the \
+         kernel (`/config_dump` `fastPath.memory`, both generations; the kernel's figure, ~ the \
+         agent's estimate where the kernel gives none): **{table_bytes}**{budget}: {tables}. Left to \
+         the proxy (`fastPath.fallbacks`): {fallbacks}.\n",
+        size = AT_SIZE.words(),
+        entries = thousands(AT_SIZE.entries),
+        pods = thousands(AT_SIZE.pods),
+        namespaces = AT_SIZE.namespaces,
+        files = a.files,
+        total = a.bytes as f64 / f64::from(1 << 20),
+        file_max = synthetic::AGENT_FILE_BYTES >> 20,
+        dir_max = synthetic::AGENT_DIR_BYTES >> 20,
+        services = thousands(a.services),
+        workloads = thousands(a.workloads),
+        ready = a.ready.as_secs_f64(),
+        rss = mib(a.rss_kib),
+        peak = mib(a.peak_kib),
+        table_bytes = bytes_cell(fast.bytes()),
+        tables = tables.join("; "),
+    )
+}
+
+/// `20000` -> `20,000`.
+fn thousands(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// Bytes as MiB, or KiB below one MiB.
+fn bytes_cell(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / f64::from(1 << 20))
+    } else {
+        format!("{:.0} KiB", bytes as f64 / 1024.0)
+    }
+}
+
 fn ratio_cell(r: &Summary) -> String {
     format!("{:.2}× ({:.2}–{:.2})", r.median, r.min, r.max)
 }
@@ -408,6 +536,7 @@ mod tests {
             criterion_command: "cargo bench".into(),
             agent_cpu: None,
             memory: None,
+            at_size: Some(at_size()),
             verdicts: &verdicts,
             measuring: Duration::from_secs(90),
             chart: "docs/benchmarks.png",
@@ -421,10 +550,51 @@ mod tests {
             "taskset -c 0 iperf3 -c 100.64.0.10",
             "Test CPU, 2 CPUs",
             "kept analysis",
+            "| service (fast path, 20k entries, 100k pods) | – | – |",
+            "VmRSS **120.0 MiB** (peak 150.0 MiB)",
+            "**6.0 MiB** of the 64.0 MiB budget: exact 40,004 entries in room for 65,536, 4.0 MiB; workloads 200,002 entries in room for 262,144, ~2.0 MiB",
+            "20,000 STATIC ServiceEntries",
+            "20,002 services and 100,001 workloads",
+            "(`fastPath.fallbacks`): `namespace_full` 2.",
+            "<config dir at size>",
+            "metadata: {name: pod-0, namespace: ns-0}",
         ] {
             assert!(md.contains(needle), "missing {needle:?} in:\n{md}");
         }
         assert_eq!(kept_why(&md), "kept analysis");
+    }
+
+    fn at_size() -> AtSize {
+        use super::super::control::{FastPathFigures, TableFigures};
+        AtSize {
+            files: 6,
+            bytes: 16 << 20,
+            ready: Duration::from_millis(4500),
+            rss_kib: 120 * 1024,
+            peak_kib: 150 * 1024,
+            services: 20_002,
+            workloads: 100_001,
+            fast_path: FastPathFigures {
+                tables: vec![
+                    TableFigures {
+                        table: "exact".into(),
+                        entries: 40004,
+                        capacity: 65536,
+                        bytes: 4 << 20,
+                        from_kernel: true,
+                    },
+                    TableFigures {
+                        table: "workloads".into(),
+                        entries: 200002,
+                        capacity: 262144,
+                        bytes: 2 << 20,
+                        from_kernel: false,
+                    },
+                ],
+                budget_bytes: Some(64 << 20),
+                fallbacks: [("namespace_full".to_string(), 2)].into(),
+            },
+        }
     }
 
     #[test]
@@ -439,6 +609,9 @@ mod tests {
         assert_eq!(value_cell(Metric::ConnRate, &s), "12 (10–16)");
         assert_eq!(ratio_cell(&s), "12.35× (10.00–15.50)");
         assert_eq!(duration_cell(87.0), "87.0 ns");
+        assert_eq!(thousands(7), "7");
+        assert_eq!(thousands(100_000), "100,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
         assert_eq!(duration_cell(12_500_000.0), "12.50 ms");
     }
 }

@@ -1,8 +1,9 @@
 //! The measuring loop. Each round runs every test over every path back to back (agent detached, agent
-//! with splice, agent with copy, restarting the agent in between), so the runs a ratio compares are
-//! seconds apart; odd rounds take the paths in reverse order, so slow drift on a shared machine lands on
-//! every path alike. Every run through the agent is checked against its counters: a run that took
-//! another path than the one it is filed under fails the bench.
+//! with splice, agent with copy, agent with its fast path, the same with the config at size,
+//! restarting the agent in between), so the runs a ratio compares are seconds apart; odd rounds take
+//! the paths in reverse order, so slow drift on a shared machine lands on every path alike. Every run
+//! through the agent is checked against its counters: a run that took another path than the one it
+//! is filed under fails the bench.
 use std::collections::BTreeSet;
 use std::net::SocketAddrV4;
 use std::path::PathBuf;
@@ -12,7 +13,7 @@ use anyhow::{Context, Result};
 use integration::RESOLVER_IP;
 
 use super::model::{Metric, Results, Route};
-use super::scene::{self, Relay, Scene};
+use super::scene::{self, AtSizeConfig, Relay, Scene};
 use super::{dnsperf, iperf, sockperf, verify, wrk};
 use integration::Agent;
 
@@ -31,6 +32,17 @@ pub struct Settings {
 enum Phase {
     Detached,
     Agent(Relay),
+    /// The agent as it runs by default (the fast path) with the config at size.
+    AtSize,
+}
+
+/// Which paths a round takes besides the direct one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Paths {
+    /// Every one.
+    All,
+    /// Only the fast path at size (`--at-size-only`): TCP tests only.
+    AtSizeOnly,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +92,8 @@ pub struct Runner<'a> {
     scene: &'a Scene,
     settings: Settings,
     tests: Vec<Test>,
+    paths: Paths,
+    at_size: &'a AtSizeConfig,
     pub results: Results,
     /// Every distinct command line run, for the report.
     pub commands: BTreeSet<String>,
@@ -89,14 +103,23 @@ pub struct Runner<'a> {
 }
 
 impl<'a> Runner<'a> {
-    /// Runs the `picked` tests (in round order) each round.
-    pub fn new(scene: &'a Scene, settings: Settings, picked: &[Pick]) -> Result<Runner<'a>> {
+    /// Runs the `picked` tests (in round order) each round over `paths`; the agent at size reads
+    /// `at_size`.
+    pub fn new(
+        scene: &'a Scene,
+        settings: Settings,
+        picked: &[Pick],
+        paths: Paths,
+        at_size: &'a AtSizeConfig,
+    ) -> Result<Runner<'a>> {
         Ok(Runner {
             tests: Pick::ALL
                 .into_iter()
                 .filter(|p| picked.contains(p))
                 .map(Pick::test)
                 .collect(),
+            paths,
+            at_size,
             answered_queries: scene
                 .scratch_file("answered.queries", &format!("{} A\n", scene::ANSWERED_NAME))?,
             forwarded_queries: scene.scratch_file(
@@ -116,13 +139,19 @@ impl<'a> Runner<'a> {
         for round in 0..self.settings.rounds {
             println!("xtask bench: round {}/{}", round + 1, self.settings.rounds);
             for test in self.tests.clone() {
-                let mut phases = vec![Phase::Detached, Phase::Agent(Relay::Splice)];
-                if matches!(test, Test::Tcp(_)) {
-                    phases.push(Phase::Agent(Relay::FastPath));
+                let mut phases = vec![Phase::Detached];
+                if self.paths == Paths::All {
+                    phases.push(Phase::Agent(Relay::Splice));
+                    if matches!(test, Test::Tcp(_)) {
+                        phases.push(Phase::Agent(Relay::FastPath));
+                    }
+                    // The relay's before/after: throughput (zero-copy) and latency (small messages).
+                    if matches!(test, Test::Tcp(Tcp::Throughput(_) | Tcp::Latency)) {
+                        phases.push(Phase::Agent(Relay::Copy));
+                    }
                 }
-                // The relay's before/after: throughput (zero-copy) and latency (small messages).
-                if matches!(test, Test::Tcp(Tcp::Throughput(_) | Tcp::Latency)) {
-                    phases.push(Phase::Agent(Relay::Copy));
+                if matches!(test, Test::Tcp(_)) {
+                    phases.push(Phase::AtSize);
                 }
                 if round % 2 == 1 {
                     phases.reverse();
@@ -143,6 +172,20 @@ impl<'a> Runner<'a> {
                     Test::Dns => self.dns(round, Route::DnsUpstream, None),
                     Test::Tcp(tcp) => self.tcp(round, tcp, Route::Direct, None),
                 };
+            }
+            Phase::AtSize => {
+                let Test::Tcp(tcp) = test else {
+                    anyhow::bail!("the agent at size runs the TCP tests only");
+                };
+                let agent = self.scene.start_agent_at_size(self.at_size)?;
+                let mut routes = vec![Route::FastServiceAtSize, Route::FastPassthroughAtSize];
+                if round % 2 == 1 {
+                    routes.reverse();
+                }
+                for route in routes {
+                    self.tcp(round, tcp, route, Some(&agent))?;
+                }
+                return agent.stop();
             }
             Phase::Agent(relay) => relay,
         };
@@ -290,7 +333,9 @@ impl<'a> Runner<'a> {
 /// The client tool and its arguments for `test` over `route`.
 pub fn tcp_command(test: Tcp, route: Route, settings: Settings) -> (&'static str, Vec<String>) {
     let ip = match route {
-        Route::Service | Route::ServiceCopy | Route::FastService => scene::VIP,
+        Route::Service | Route::ServiceCopy | Route::FastService | Route::FastServiceAtSize => {
+            scene::VIP
+        }
         Route::FastDnsService => scene::dns_vip(),
         _ => scene::SERVER_IP,
     };

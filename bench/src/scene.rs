@@ -14,7 +14,7 @@ use anyhow::{Context, Result, bail};
 use integration::procfs::{self, Proto};
 use integration::{Agent, Launch, Pod, Proc, RESOLVER_IP, Topology};
 
-use super::{iperf, sockperf};
+use super::{iperf, sockperf, synthetic};
 
 pub const CLIENT_CPU: u32 = 0;
 pub const SERVER_CPU: u32 = 1;
@@ -42,6 +42,23 @@ pub const RESOLVED_NAME: &str = "resolved.bench.example";
 const RESOLVED_ENTRY: &str = "resolved";
 /// The TTL dnsmasq gives [`CACHED_NAME`] and [`RESOLVED_NAME`] (a cluster DNS's usual).
 pub const CACHED_TTL: u32 = 30;
+
+/// How long the agent with the config at size may take to be ready: it loads, checks and compiles
+/// 120,000 objects first (seconds in a release build, more on a busy machine).
+pub const AT_SIZE_READY: Duration = Duration::from_secs(60);
+/// What the harness waits for an agent to be ready (`tests/src/agent.rs`), before `RDT_TIME_SCALE`
+/// stretches it.
+const HARNESS_READY: Duration = Duration::from_secs(20);
+
+/// The config directory at size as written: the bench's own config and a big cluster's.
+#[derive(Clone, Debug)]
+pub struct AtSizeConfig {
+    pub dir: PathBuf,
+    /// The cluster's files (beside `bench.yaml`).
+    pub files: usize,
+    /// Every file's bytes together, `bench.yaml`'s included.
+    pub bytes: u64,
+}
 
 /// How the proxy moves bytes (`redirect run --relay`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -169,6 +186,43 @@ impl Scene {
         self.agent_cpu
     }
 
+    /// Writes the config directory at size: `bench.yaml` and [`synthetic::AT_SIZE`]'s cluster,
+    /// checked against what the agent reads of a file and of a directory.
+    pub fn write_at_size_config(&self) -> Result<AtSizeConfig> {
+        let dir = self.topo.scratch_path("config-at-size");
+        fs::create_dir_all(&dir)?;
+        let bench = bench_config();
+        let mut files = vec![("bench.yaml".to_string(), bench)];
+        files.extend(synthetic::cluster_files(synthetic::AT_SIZE));
+        let mut bytes = 0;
+        for (name, text) in &files {
+            let len = text.len() as u64;
+            if len > synthetic::AGENT_FILE_BYTES {
+                bail!("{name} is {len} bytes, over what the agent reads of a file");
+            }
+            bytes += len;
+            let path = dir.join(name);
+            fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        }
+        if bytes > synthetic::AGENT_DIR_BYTES {
+            bail!("the config at size is {bytes} bytes, over what the agent reads of a directory");
+        }
+        Ok(AtSizeConfig {
+            dir,
+            files: files.len() - 1,
+            bytes,
+        })
+    }
+
+    /// Starts the agent as it runs by default (the fast path) on the config at size, placed as
+    /// `--agent-cpu` says; waits up to [`AT_SIZE_READY`] for it to be ready.
+    pub fn start_agent_at_size(&self, config: &AtSizeConfig) -> Result<Agent> {
+        let dir = config.dir.to_string_lossy().into_owned();
+        let args = agent_args(&dir, Relay::FastPath);
+        let _wait = ReadyWait::at_least(AT_SIZE_READY);
+        start_agent(&self.topo, &args, self.agent_cpu)
+    }
+
     /// Runs a client tool in the pod, pinned to the client CPU; its stdout, or what it printed on failure.
     pub fn client(&self, tool: &str, args: &[String], timeout: Duration) -> Result<String> {
         let out = self
@@ -226,11 +280,16 @@ pub fn server_commands() -> Vec<String> {
 
 /// The agent's command line (in the node netns), with `prefix` (e.g. `taskset -c 1 `).
 pub fn agent_command(prefix: &str, relay: Relay) -> String {
+    agent_command_with(prefix, "<config dir>", relay)
+}
+
+/// [`agent_command`] with another config directory.
+pub fn agent_command_with(prefix: &str, config: &str, relay: Relay) -> String {
     format!(
         "{prefix}redirect run --cgroup <pods cgroup> --gateway {} --admin {} {}",
         integration::GATEWAY,
         integration::ADMIN_ADDR,
-        agent_args("<config dir>", relay).join(" ")
+        agent_args(config, relay).join(" ")
     )
 }
 
@@ -255,6 +314,44 @@ pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     // The fast path is the agent's default; the proxy's routes turn it off.
     .chain((relay != Relay::FastPath).then(|| integration::NO_FAST_PATH.into()))
     .collect()
+}
+
+/// `RDT_TIME_SCALE` raised, while it lives, so that the harness waits at least this long for an
+/// agent to be ready (it stretches every budget of the harness; only the ready wait is reached
+/// while this is held). Put back as it was on drop.
+struct ReadyWait {
+    before: Option<std::ffi::OsString>,
+    raised: bool,
+}
+
+impl ReadyWait {
+    fn at_least(wait: Duration) -> ReadyWait {
+        let before = std::env::var_os("RDT_TIME_SCALE");
+        let needed = wait.as_secs().div_ceil(HARNESS_READY.as_secs()) as u32;
+        let raised = needed > integration::pace::scale();
+        if raised {
+            // SAFETY: the bench runs on one thread here: the harness's threads (a command's pipe
+            // readers, a netns switch) live only inside its calls, and none is running now.
+            unsafe { std::env::set_var("RDT_TIME_SCALE", needed.to_string()) };
+        }
+        ReadyWait { before, raised }
+    }
+}
+
+impl Drop for ReadyWait {
+    fn drop(&mut self) {
+        if !self.raised {
+            return;
+        }
+        // SAFETY: as in `at_least`: the harness's call has returned (or unwound), its threads
+        // joined.
+        unsafe {
+            match &self.before {
+                Some(v) => std::env::set_var("RDT_TIME_SCALE", v),
+                None => std::env::remove_var("RDT_TIME_SCALE"),
+            }
+        }
+    }
 }
 
 /// dnsmasq as the upstream: our two records, NXDOMAIN for the rest, and no per-query logging (the

@@ -29,7 +29,7 @@ pub const RATIO_TARGETS: [(Metric, f64, bool); 4] = [
 ];
 
 /// As the agent runs by default (the fast path): service (STATIC and DNS-resolved) and passthrough
-/// at the speed of the direct path.
+/// at the speed of the direct path, also with a big cluster's config.
 pub const FAST_PATH_TARGETS: [(Metric, f64, bool); 3] = [
     (Metric::Throughput1, 0.97, true),
     (Metric::LatencyP50, 1.05, false),
@@ -46,6 +46,8 @@ pub fn judge(results: &Results, criterion: &[Criterion], memory: Option<&Memory>
             (*t, Route::FastService),
             (*t, Route::FastDnsService),
             (*t, Route::FastPassthrough),
+            (*t, Route::FastServiceAtSize),
+            (*t, Route::FastPassthroughAtSize),
         ]
     });
     for ((metric, bound, at_least), route) in proxied.chain(fast) {

@@ -21,7 +21,11 @@ const OUTCOMES: [&str; 5] = [
 pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
     if matches!(
         route,
-        Route::FastService | Route::FastPassthrough | Route::FastDnsService
+        Route::FastService
+            | Route::FastPassthrough
+            | Route::FastDnsService
+            | Route::FastServiceAtSize
+            | Route::FastPassthroughAtSize
     ) {
         return in_kernel(route, before, after, opens);
     }
@@ -60,7 +64,7 @@ pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> 
 /// and the proxy carried none.
 fn in_kernel(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
     let expected = match route {
-        Route::FastService | Route::FastDnsService => "rewritten",
+        Route::FastService | Route::FastDnsService | Route::FastServiceAtSize => "rewritten",
         _ => "passthrough",
     };
     let counted = delta(
