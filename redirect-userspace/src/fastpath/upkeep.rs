@@ -88,7 +88,7 @@ pub struct FastPath {
     stats: OnceLock<Arc<FastStats>>,
     /// What the metrics say of the tables in force, kept apart from `state`, which a compilation
     /// holds for as long as it runs.
-    published: Mutex<Published>,
+    published: Arc<Mutex<Published>>,
     /// Endpoint host names resolved ahead.
     ahead: Arc<Ahead>,
     metrics: Arc<Metrics>,
@@ -116,7 +116,7 @@ impl FastPath {
             cgroups,
             maps: OnceLock::new(),
             stats: OnceLock::new(),
-            published: Mutex::default(),
+            published: Arc::default(),
             ahead,
             metrics,
             limits,
@@ -133,6 +133,8 @@ impl FastPath {
     /// it is applied.
     pub fn start(self: &Arc<Self>, maps: Arc<Mutex<FastMaps>>) {
         self.publish_maps(&maps);
+        // The first tables went in before the programs: the other generation catches up now.
+        self.catch_up_later(maps.clone());
         let stats = maps.lock().unwrap_or_else(|p| p.into_inner()).stats();
         let _ = self.stats.set(stats);
         let _ = self.maps.set(maps);
@@ -215,7 +217,7 @@ impl FastPath {
                     fallbacks = ?stats.fallbacks,
                     "fast path: new tables in force"
                 );
-                catch_up_later(maps.clone());
+                self.catch_up_later(maps.clone());
             }
             Err(e) => {
                 warn!(error = %e, "fast path: writing the tables failed; the previous ones stay in force")
@@ -233,12 +235,12 @@ impl FastPath {
 
     /// Publishes what the maps in force hold and take (for `/config_dump` and the metrics).
     fn publish_maps(&self, maps: &Mutex<FastMaps>) {
-        let maps = maps.lock().unwrap_or_else(|p| p.into_inner());
-        let (in_force, memory) = (maps.sizes_in_force(), maps.memory());
-        drop(maps);
-        let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
-        published.in_force = in_force;
-        published.memory = memory;
+        publish_maps(maps, &self.published);
+    }
+
+    /// See [`catch_up_later`].
+    fn catch_up_later(&self, maps: Arc<Mutex<FastMaps>>) {
+        catch_up_later(maps, self.published.clone());
     }
 
     /// Rescans the pods' cgroups every [`RESCAN_EVERY`] until `shutdown` changes.
@@ -443,19 +445,31 @@ struct FallbackLabels {
     reason: String,
 }
 
+/// What the maps in force hold and take, into `published`.
+fn publish_maps(maps: &Mutex<FastMaps>, published: &Mutex<Published>) {
+    let maps = maps.lock().unwrap_or_else(|p| p.into_inner());
+    let (in_force, memory) = (maps.sizes_in_force(), maps.memory());
+    drop(maps);
+    let mut published = published.lock().unwrap_or_else(|p| p.into_inner());
+    published.in_force = in_force;
+    published.memory = memory;
+}
+
 /// Brings the generation just left to the tables in force once programs are done with it, off any
-/// update's path (see [`FastMaps::catch_up`]); a later update does it itself if it comes first.
-fn catch_up_later(maps: Arc<Mutex<FastMaps>>) {
+/// update's path (see [`FastMaps::catch_up`]), then publishes what the maps take; a later update
+/// does it itself if it comes first.
+fn catch_up_later(maps: Arc<Mutex<FastMaps>>, published: Arc<Mutex<Published>>) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
     runtime.spawn(async move {
         loop {
             tokio::time::sleep(CATCH_UP_AFTER).await;
-            let maps = maps.clone();
+            let (maps, published) = (maps.clone(), published.clone());
             let done = tokio::task::spawn_blocking(move || {
                 let done = maps.lock().unwrap_or_else(|p| p.into_inner()).catch_up();
                 if matches!(done, Ok(true)) {
+                    publish_maps(&maps, &published);
                     // The idle generation's own record of its maps was just let go of.
                     crate::live::release_free_memory();
                 }
