@@ -102,6 +102,11 @@ pub enum Start {
     /// Pinned state of a layout this agent does not know was found: it was detached and removed,
     /// then everything attached anew. For `window` pods were not steered.
     Replaced { found: String, window: Duration },
+    /// Pinned state of this layout was found whose links steer none of this agent's pods (severed
+    /// when their cgroup was removed, or attached to another cgroup): they were unpinned with the
+    /// maps they share, then everything attached anew. No pod of this agent's cgroup was steered by
+    /// them, so none lost its steering.
+    Reattached { found: String },
 }
 
 /// What [`Redirector::release`] did.
@@ -215,8 +220,15 @@ impl Redirector {
             Some(dir) => match dir.found() {
                 Found::Empty => (Start::Fresh, None),
                 Found::Ours => {
-                    check_same_cgroup(dir, cgroup_id)?;
-                    (Start::Adopted, None)
+                    let unadoptable = unadoptable_links(dir, &cgroup, cgroup_id)?;
+                    if unadoptable.is_empty() {
+                        (Start::Adopted, None)
+                    } else {
+                        let found = describe_unadoptable(&unadoptable);
+                        tracing::warn!(dir = %dir.path().display(), cgroup = %config.cgroup.display(), cgroup_id, %found, "pinned links that steer none of this agent's pods cannot be adopted; unpinning them with the maps they share and attaching anew");
+                        dir.clear_for(cgroup_id)?;
+                        (Start::Reattached { found }, None)
+                    }
                 }
                 Found::Unknown(found) => {
                     tracing::warn!(dir = %dir.path().display(), %found, "refusing to adopt pinned state of an unknown layout; detaching it and attaching anew (pods are not steered until then)");
@@ -510,24 +522,48 @@ fn owns(dir: &pins::PinDir, pinned: &Pinned) -> bool {
     })
 }
 
-/// Adopting links attached to another cgroup would steer someone else's pods.
-fn check_same_cgroup(dir: &pins::PinDir, ours: u64) -> Result<(), RedirectError> {
-    for (_, link) in dir.links() {
+/// The pinned links an agent of the cgroup `ours` (open as `cgroup`) cannot adopt, by program, and
+/// why. Putting a program into a severed link fails (`ENOLINK`); into one attached to another
+/// cgroup, it would steer someone else's pods and none of ours. A pin that cannot be opened is left
+/// to [`swap_into_pinned`], which says so.
+fn unadoptable_links(
+    dir: &pins::PinDir,
+    cgroup: &std::fs::File,
+    ours: u64,
+) -> Result<Vec<(String, pins::Unadoptable)>, RedirectError> {
+    let mut found = Vec::new();
+    for (name, link) in dir.links() {
         let Ok(link) = link else { continue };
-        let state = link.state().map_err(|source| RedirectError::Link {
-            path: link.path().to_path_buf(),
-            source,
-        })?;
-        if state.cgroup_id != 0 && state.cgroup_id != ours {
-            return Err(PinError::OtherCgroup {
-                path: dir.path().to_path_buf(),
-                pinned: state.cgroup_id,
-                ours,
-            }
-            .into());
+        let why = link
+            .unadoptable(cgroup, ours)
+            .map_err(|source| RedirectError::Link {
+                path: link.path().to_path_buf(),
+                source,
+            })?;
+        if let Some(why) = why {
+            found.push((name, why));
         }
     }
-    Ok(())
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(found)
+}
+
+/// `links/connect4, links/connect6: severed: ...; links/sock_ops: attached to ...`: each reason
+/// once, with the pins it holds for.
+fn describe_unadoptable(links: &[(String, pins::Unadoptable)]) -> String {
+    let mut reasons: Vec<(&pins::Unadoptable, Vec<String>)> = Vec::new();
+    for (name, why) in links {
+        let pin = format!("links/{name}");
+        match reasons.iter_mut().find(|(w, _)| *w == why) {
+            Some((_, pins)) => pins.push(pin),
+            None => reasons.push((why, vec![pin])),
+        }
+    }
+    reasons
+        .iter()
+        .map(|(why, pins)| format!("{}: {why}", pins.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Puts `program` into the pinned link of `name`, if there is one; false when there is none.
@@ -845,5 +881,27 @@ fn take_map<T>(
 impl std::fmt::Debug for RedirectMaps {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedirectMaps").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pins::Unadoptable;
+
+    #[test]
+    fn unadoptable_links_are_told_once_per_reason_with_their_pins() {
+        let links = vec![
+            ("connect4".to_string(), Unadoptable::Severed),
+            (
+                "connect6".to_string(),
+                Unadoptable::OtherCgroup { cgroup_id: 7 },
+            ),
+            ("sock_ops".to_string(), Unadoptable::Severed),
+        ];
+        assert_eq!(
+            describe_unadoptable(&links),
+            "links/connect4, links/sock_ops: severed: attached to no cgroup (its cgroup was removed, or the link was detached); links/connect6: attached to another cgroup (id 7)"
+        );
     }
 }

@@ -11,6 +11,11 @@
 //! and never run twice, and a flow filed by the old program is found by the new agent. Every change
 //! to the directory happens under an exclusive `flock` on it, so an agent exiting and one taking
 //! over never interleave.
+//!
+//! Only links attached to the agent's own cgroup are adopted. A link severed by the kernel (its
+//! cgroup was removed, perhaps made again at the same path) or attached to another cgroup steers
+//! none of its pods: it is unpinned with everything else of the directory, and the agent attaches
+//! anew ([`PinnedLink::unadoptable`], [`PinDir::clear_for`]).
 use std::{
     ffi::CString,
     fs::{self, File},
@@ -46,14 +51,6 @@ pub enum PinError {
         "{path} is not on a bpf filesystem (mount one, e.g. `mount -t bpf bpf /sys/fs/bpf`, or mount the host's /sys/fs/bpf into the container)"
     )]
     NotBpffs { path: PathBuf },
-    #[error(
-        "the programs pinned under {path} are attached to cgroup id {pinned}, not to this agent's cgroup (id {ours}); give this agent its own --bpffs directory"
-    )]
-    OtherCgroup {
-        path: PathBuf,
-        pinned: u64,
-        ours: u64,
-    },
     #[error("layout key {path}: {source}")]
     Layout {
         path: PathBuf,
@@ -187,9 +184,23 @@ impl PinDir {
     /// Detaches every pinned link (even one another process still holds) and removes every pinned
     /// object: afterwards nothing of this directory is attached. Returns how many links it detached.
     pub fn clear(&self) -> Result<usize, PinError> {
+        self.clear_detaching(|_| true)
+    }
+
+    /// Removes every pinned object, as [`PinDir::clear`] does, but detaches only the links attached
+    /// to the cgroup of id `ours`. Any other link is only unpinned: one nobody else holds goes with
+    /// its pin (the kernel detaches it), one an agent still running holds stays attached to that
+    /// agent's cgroup until it exits. A severed link is attached to nothing; unpinned, it is gone.
+    /// Returns how many links it detached.
+    pub fn clear_for(&self, ours: u64) -> Result<usize, PinError> {
+        self.clear_detaching(|link| matches!(link.state(), Ok(s) if s.cgroup_id == ours))
+    }
+
+    fn clear_detaching(&self, detach: impl Fn(&PinnedLink) -> bool) -> Result<usize, PinError> {
         let mut detached = 0;
         for (_, link) in self.links() {
             if let Ok(link) = link
+                && detach(&link)
                 && link.detach().is_ok()
             {
                 detached += 1;
@@ -246,7 +257,44 @@ pub struct PinnedLink {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkState {
     pub prog_id: u32,
+    /// The cgroup the link is attached to; 0 once it is attached to none (severed or detached).
     pub cgroup_id: u64,
+}
+
+/// Why an agent cannot adopt a pinned link: it steers none of the agent's pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unadoptable {
+    /// Attached to no cgroup: the kernel severed it when its cgroup was removed (or it was
+    /// detached). `BPF_LINK_UPDATE` on it fails with `ENOLINK`.
+    Severed,
+    /// Attached to a cgroup that no longer exists: removed, and not yet released by the kernel
+    /// (which severs the link then).
+    Removed { cgroup_id: u64 },
+    /// Attached to another cgroup, which exists.
+    OtherCgroup { cgroup_id: u64 },
+    /// Attached to another cgroup, which may since have been removed: the kernel would not say
+    /// (`why`).
+    NotOurs { cgroup_id: u64, why: String },
+}
+
+impl std::fmt::Display for Unadoptable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unadoptable::Severed => f.write_str(
+                "severed: attached to no cgroup (its cgroup was removed, or the link was detached)",
+            ),
+            Unadoptable::Removed { cgroup_id } => {
+                write!(f, "attached to cgroup id {cgroup_id}, which was removed")
+            }
+            Unadoptable::OtherCgroup { cgroup_id } => {
+                write!(f, "attached to another cgroup (id {cgroup_id})")
+            }
+            Unadoptable::NotOurs { cgroup_id, why } => write!(
+                f,
+                "attached to another cgroup (id {cgroup_id}), or to one since removed (could not tell which: {why})"
+            ),
+        }
+    }
 }
 
 impl PinnedLink {
@@ -287,6 +335,26 @@ impl PinnedLink {
         })
     }
 
+    /// Why an agent serving the cgroup of id `ours` (open as `cgroup`) cannot adopt this link;
+    /// `None` when it can (the link is attached to that cgroup).
+    pub fn unadoptable(&self, cgroup: &File, ours: u64) -> io::Result<Option<Unadoptable>> {
+        let pinned = self.state()?.cgroup_id;
+        if pinned == ours {
+            return Ok(None);
+        }
+        if pinned == 0 {
+            return Ok(Some(Unadoptable::Severed));
+        }
+        Ok(Some(match cgroup_exists(cgroup, pinned) {
+            Ok(true) => Unadoptable::OtherCgroup { cgroup_id: pinned },
+            Ok(false) => Unadoptable::Removed { cgroup_id: pinned },
+            Err(e) => Unadoptable::NotOurs {
+                cgroup_id: pinned,
+                why: e.to_string(),
+            },
+        }))
+    }
+
     /// Makes the link run `program` instead of what it runs now, in one step.
     pub fn update(&self, program: BorrowedFd<'_>) -> io::Result<()> {
         #[repr(C)]
@@ -322,6 +390,43 @@ impl PinnedLink {
 pub fn cgroup_id(dir: &File) -> io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
     Ok(dir.metadata()?.ino())
+}
+
+/// Whether the cgroup of id `id` exists (is not removed) on the cgroup v2 hierarchy `on` is a
+/// directory of: opened by its file handle, which is the id (`FILEID_KERNFS`). `ESTALE` says it is
+/// gone. Opening by handle needs `CAP_DAC_READ_SEARCH`; without it this is an error (`EPERM`).
+fn cgroup_exists(on: &File, id: u64) -> io::Result<bool> {
+    const FILEID_KERNFS: i32 = 0xfe;
+    #[repr(C)]
+    struct Handle {
+        handle_bytes: u32,
+        handle_type: i32,
+        id: u64,
+    }
+    let mut handle = Handle {
+        handle_bytes: size_of::<u64>() as u32,
+        handle_type: FILEID_KERNFS,
+        id,
+    };
+    // SAFETY: a live descriptor and a `struct file_handle` whose `handle_bytes` match its payload.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            on.as_raw_fd(),
+            &mut handle as *mut Handle,
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ESTALE) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    // SAFETY: open_by_handle_at returned a new descriptor that nothing else owns.
+    drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    Ok(true)
 }
 
 fn read_layout(path: &Path) -> Result<u32, aya::maps::MapError> {
