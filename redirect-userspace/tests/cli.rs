@@ -462,6 +462,127 @@ fn allocated_vip_resolves_and_routes_to_the_host() {
     assert_eq!(out["outbound"]["endpoint"], "httpbin.example.com:80");
 }
 
+/// What an outside probe found answered and claimed: `status.addresses` values outside Istio's
+/// allocation ranges. Each is refused (an error naming file, entry and field, exit 1), never
+/// answered and never claimed; the entry stays, with an address of the agent's own.
+#[test]
+fn status_addresses_outside_istios_ranges_are_neither_answered_nor_claimed() {
+    let probes = [
+        ("loopback", "127.0.0.1"),
+        ("metadata", "169.254.169.254"),
+        ("vip", "203.0.113.10"),
+        ("cluster-ip", "10.96.0.1"),
+        ("public", "8.8.8.8"),
+        ("gateway", "169.254.7.1"),
+        ("v6", "2001:db8::1"),
+    ];
+    let entry = |name: &str, addresses: &str| {
+        format!(
+            "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: {name}, namespace: team-a}}\nspec: {{hosts: [{name}.example.com], resolution: DNS, ports: [{{number: 80, name: http}}]}}\nstatus: {{addresses: [{addresses}]}}\n"
+        )
+    };
+    let mut yaml = String::new();
+    for (name, value) in probes {
+        yaml.push_str(&entry(
+            name,
+            &format!("{{value: \"{value}\", host: {name}.example.com}}"),
+        ));
+    }
+    yaml.push_str(&entry(
+        "good",
+        "{value: 240.240.3.7, host: good.example.com}, {value: \"2001:2::7\", host: good.example.com}",
+    ));
+    let others = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: api, namespace: team-b}\nspec: {hosts: [api.example.com], addresses: [203.0.113.10], resolution: STATIC, ports: [{number: 80, name: http}], endpoints: [{address: 198.51.100.20}]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: kubernetes, namespace: default}\nspec: {clusterIP: 10.96.0.1, ports: [{port: 80}]}\n";
+    let scratch = Scratch::new(
+        "status-addresses",
+        &[("others.yaml", others), ("status.yaml", yaml.as_str())],
+    );
+
+    let out = redirect(&["resolve", "-f", scratch.path(), "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "a refusal is an error");
+    let v = json(&out);
+    let errors = v["errors"].as_array().unwrap();
+    assert_eq!(errors.len(), probes.len(), "{v}");
+    let entries = v["serviceEntries"].as_array().unwrap();
+    for (name, value) in probes {
+        let object = format!("ServiceEntry team-a/{name}");
+        let e = errors
+            .iter()
+            .find(|e| e["object"] == object.as_str())
+            .unwrap_or_else(|| panic!("no error for {object}: {v}"));
+        assert_eq!(e["field"], "status.addresses[0].value", "{e}");
+        assert!(e["file"].as_str().unwrap().ends_with("status.yaml"), "{e}");
+        assert!(e["message"].as_str().unwrap().contains(value), "{e}");
+        let se = entries
+            .iter()
+            .find(|e| e["namespace"] == "team-a" && e["name"] == name)
+            .unwrap_or_else(|| panic!("{name}: the entry is not kept: {v}"));
+        let addresses: Vec<&str> = se["addresses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(!addresses.contains(&value), "{name}: {addresses:?}");
+        assert!(
+            addresses[0].starts_with("240.240.") && addresses[1].starts_with("2001:2:"),
+            "{name}: the agent's own allocation instead: {addresses:?}"
+        );
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("status.yaml: ServiceEntry team-a/public: status.addresses[0].value: \"8.8.8.8\" is outside 240.240.0.0/16 and 2001:2::/48"),
+        "{stderr}"
+    );
+
+    let explain = |args: &[&str]| {
+        let mut all = vec!["explain", "-f", scratch.path(), "--from", "team-a"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["-o", "json"]);
+        json(&redirect(&all))
+    };
+    for (name, value) in probes {
+        let host = format!("{name}.example.com");
+        let dns = explain(&["--host", &host]);
+        assert_eq!(dns["dns"]["action"], "answer", "{name}: {dns}");
+        assert!(
+            !dns["dns"]["addresses"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == value),
+            "{name}: {value} answered: {dns}"
+        );
+        let ip = match value.contains(':') {
+            true => format!("[{value}]:80"),
+            false => format!("{value}:80"),
+        };
+        let outbound = explain(&["--ip", &ip]);
+        let own = format!("team-a/{name}");
+        assert_ne!(
+            outbound["outbound"]["service"],
+            own.as_str(),
+            "{name}: {value} claimed: {outbound}"
+        );
+        match name {
+            "vip" => assert_eq!(outbound["outbound"]["service"], "team-b/api", "{outbound}"),
+            "cluster-ip" => assert_eq!(
+                outbound["outbound"]["service"], "default/kubernetes",
+                "{outbound}"
+            ),
+            _ => assert_eq!(outbound["outbound"]["action"], "passthrough", "{outbound}"),
+        }
+    }
+    let good = explain(&["--host", "good.example.com"]);
+    assert_eq!(
+        good["dns"]["addresses"],
+        serde_json::json!(["240.240.3.7", "2001:2::7"]),
+        "Istio's allocations are answered as written"
+    );
+    let claimed = explain(&["--ip", "240.240.3.7:80"]);
+    assert_eq!(claimed["outbound"]["service"], "team-a/good", "{claimed}");
+}
+
 /// One object in error never takes down the rest: the valid result is printed, every error is
 /// listed, and the exit code is 1.
 #[test]

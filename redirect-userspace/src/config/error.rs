@@ -169,18 +169,25 @@ pub(crate) struct Ctx<'a> {
 
 impl Ctx<'_> {
     pub fn error(&mut self, field: impl AsRef<str>, message: impl Into<String>) {
+        let error = self.kept_error(field, message);
+        self.errors.push(error);
+    }
+
+    /// An error of this object that does not refuse it: named as [`Ctx::error`] names one, but
+    /// returned for the object to carry (and a later step to report) instead of recorded here.
+    pub fn kept_error(&self, field: impl AsRef<str>, message: impl Into<String>) -> ConfigError {
         let field = field.as_ref();
         let field = match (self.prefix.is_empty(), field.is_empty()) {
             (true, _) => field.to_string(),
             (false, true) => self.prefix.trim_end_matches('.').to_string(),
             (false, false) => format!("{}{field}", self.prefix),
         };
-        self.errors.push(ConfigError::new(
+        ConfigError::new(
             self.file,
             Some(self.object.clone()),
             (!field.is_empty()).then_some(field),
             message,
-        ));
+        )
     }
 
     /// Something Istio accepts with a warning: logged with file, object and field, not refused.

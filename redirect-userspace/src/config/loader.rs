@@ -951,6 +951,8 @@ mod tests {
             ("/metadata/uid", json!("not-a-uid")),
             ("/metadata/name", json!("Api_1")),
             ("/status/addresses/0/value", json!("240.240.0.999")),
+            ("/status/addresses/0/value", json!("8.8.8.8")),
+            ("/status/addresses/0/host", json!(null)),
             ("/spec/location", json!(null)),
             ("/metadata/labels", json!(null)),
             ("/spec/workloadSelector", json!({"labels": {"app": "api"}})),
@@ -992,6 +994,37 @@ mod tests {
             entry.as_object_mut().unwrap().remove(part);
             assert!(entry_as_its_yaml(&entry).unwrap(), "without {part}");
         }
+    }
+
+    /// From the API as from a file: a `status.addresses` value outside Istio's ranges is refused
+    /// with its field named, and the entry is read (its status is the control plane's).
+    #[test]
+    fn a_refused_status_address_from_the_api_keeps_the_entry() {
+        let mut entry = api_entry();
+        entry["status"]["addresses"] = serde_json::json!([
+            {"value": "169.254.7.1", "host": "api.example.com"},
+            {"value": "240.240.0.1", "host": "api.example.com"}
+        ]);
+        let se = check_api_entry("kubernetes API", &entry).unwrap().unwrap();
+        let kept: Vec<String> = se
+            .status_addresses
+            .iter()
+            .map(|a| a.ip.to_string())
+            .collect();
+        assert_eq!(kept, ["240.240.0.1"]);
+        let [e] = se.refused_status.as_slice() else {
+            panic!("{:?}", se.refused_status)
+        };
+        assert_eq!(e.file, "kubernetes API");
+        assert_eq!(e.object.as_deref(), Some("ServiceEntry team-a/api"));
+        assert_eq!(e.field.as_deref(), Some("status.addresses[0].value"));
+        let yaml = read_api_object("kubernetes API", &entry);
+        assert!(
+            yaml.errors.is_empty() && yaml.rejected.is_empty(),
+            "{:?}",
+            yaml.errors
+        );
+        assert_eq!(yaml.model.service_entries, vec![Arc::new(se)]);
     }
 
     proptest::proptest! {

@@ -1,10 +1,16 @@
 //! The typed, validated resources: what the rest of the agent reads. Built only by the loader.
-use std::{borrow::Cow, collections::BTreeMap, fmt, net::IpAddr, sync::Arc};
+use std::{
+    borrow::Cow,
+    collections::BTreeMap,
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
+};
 
-use ipnet::IpNet;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Serialize;
 
-use super::{Timestamp, labels::Labels, mesh::MeshConfig};
+use super::{Timestamp, error::ConfigError, labels::Labels, mesh::MeshConfig};
 
 /// The label every namespace carries, set by Kubernetes itself.
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
@@ -88,15 +94,43 @@ pub struct ServiceEntry {
     /// The entry's own `istio.io/use-waypoint` (+ `-namespace`) labels. Without them the entry
     /// inherits its namespace's (see `visibility`).
     pub use_waypoint: UseWaypoint,
-    /// `status.addresses`: what Istio's allocator gave each host. Used instead of an allocation
-    /// of the agent's own, so every proxy of the mesh answers the same address.
+    /// `status.addresses`: what Istio's allocator gave each host, only those inside its ranges
+    /// ([`ALLOCATION_V4`], [`ALLOCATION_V6`]). Used instead of an allocation of the agent's own,
+    /// so every proxy of the mesh answers the same address.
     pub status_addresses: Vec<StatusAddress>,
+    /// One error per `status.addresses` value refused (outside those ranges, not an IP, or
+    /// without a host): never used. The entry is kept (the control plane writes status, not the
+    /// entry's author); these are reported with the address pool's errors, for as long as the
+    /// entry is in force (`visibility::allocation_errors`).
+    pub refused_status: Vec<ConfigError>,
+}
+
+/// The range Istio's allocator gives IPv4 addresses from (`status.addresses`), and the agent's own.
+pub const ALLOCATION_V4: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(240, 240, 0, 0), 16) {
+    Ok(net) => net,
+    Err(_) => panic!("valid prefix"),
+};
+/// The range Istio's allocator gives IPv6 addresses from (`status.addresses`), and the agent's own.
+pub const ALLOCATION_V6: Ipv6Net =
+    match Ipv6Net::new(Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0), 48) {
+        Ok(net) => net,
+        Err(_) => panic!("valid prefix"),
+    };
+
+/// Whether `ip` lies in one of Istio's allocation ranges, as written: an IPv4-mapped IPv6
+/// address (`::ffff:240.240.0.1`) is no address its allocator writes.
+pub fn in_allocation_ranges(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => ALLOCATION_V4.contains(&v4),
+        IpAddr::V6(v6) => ALLOCATION_V6.contains(&v6),
+    }
 }
 
 /// One address of `status.addresses`, for one host (as written: `*.example.com` for a wildcard).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StatusAddress {
     pub host: String,
+    /// Always inside [`ALLOCATION_V4`] or [`ALLOCATION_V6`].
     pub ip: IpAddr,
 }
 

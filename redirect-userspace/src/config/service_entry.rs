@@ -1,16 +1,20 @@
 //! `ServiceEntry` and `WorkloadEntry` (networking.istio.io): raw shape and validation.
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashSet},
+    net::IpAddr,
+};
 
 use serde::Deserialize;
 
 use super::{
     convert::{self, RawEnum, RawMeta},
-    error::Ctx,
+    error::{ConfigError, Ctx},
     labels::Labels,
     mesh::validate_export_to,
     model::{
-        Address, Location, Resolution, ServiceEntry, ServiceEntryEndpoint, ServiceEntryPort,
-        StatusAddress, UseWaypoint, WaypointRef, Workload, WorkloadAddress, WorkloadKind,
+        ALLOCATION_V4, ALLOCATION_V6, Address, Location, Resolution, ServiceEntry,
+        ServiceEntryEndpoint, ServiceEntryPort, StatusAddress, UseWaypoint, WaypointRef, Workload,
+        WorkloadAddress, WorkloadKind, in_allocation_ranges,
     },
 };
 
@@ -359,19 +363,8 @@ impl RawServiceEntry {
         }
 
         let use_waypoint = use_waypoint(&meta.labels, &meta.namespace);
-        // Written by a controller, not by the user: an address that does not read is passed over
-        // (the entry is then allocated as if it had none), never a reason to refuse the entry.
-        let status_addresses = self
-            .status
-            .and_then(|s| s.addresses)
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|a| {
-                let host = a.host?.to_ascii_lowercase();
-                let ip = a.value?.parse().ok()?;
-                Some(StatusAddress { host, ip })
-            })
-            .collect();
+        let (status_addresses, refused_status) =
+            status_addresses(ctx, self.status.and_then(|s| s.addresses));
 
         // Held for as long as the entry is in force: each list at its length, not at the capacity
         // it grew to (four slots at the first push; an endpoint is 80 bytes).
@@ -386,9 +379,56 @@ impl RawServiceEntry {
             workload_selector,
             export_to: spec.export_to.map(exact),
             use_waypoint,
-            status_addresses,
+            status_addresses: exact(status_addresses),
+            refused_status: exact(refused_status),
         })
     }
+}
+
+/// The addresses of `status.addresses` the entry may use, and an error for each one refused
+/// (docs/visibility.md#istios-allocations). Istio's allocator writes only addresses of its two
+/// ranges, [`ALLOCATION_V4`] and [`ALLOCATION_V6`]: any other value (loopback, link-local, another
+/// entry's or a Service's address, a public one, the agent's own gateway) would have the agent
+/// answer and claim an address that no declaration gave, so it is refused. Written by the control
+/// plane, not by the entry's author: a refused value is never a reason to refuse the entry; it is
+/// left out (its host is allocated as if it had none) and its error kept with the entry.
+fn status_addresses(
+    ctx: &Ctx<'_>,
+    raw: Option<Vec<RawStatusAddress>>,
+) -> (Vec<StatusAddress>, Vec<ConfigError>) {
+    let (mut accepted, mut refused) = (Vec::new(), Vec::new());
+    for (i, raw) in raw.unwrap_or_default().into_iter().enumerate() {
+        let at = format!("status.addresses[{i}]");
+        let ip = match raw.value.as_deref() {
+            None => Err(("value", "a value is required".to_string())),
+            Some(text) => match text.parse::<IpAddr>() {
+                Err(_) => Err(("value", format!("{text:?} is not an IP address"))),
+                Ok(ip) if !in_allocation_ranges(ip) => Err((
+                    "value",
+                    format!(
+                        "{text:?} is outside {ALLOCATION_V4} and {ALLOCATION_V6}, the only addresses Istio's allocator writes"
+                    ),
+                )),
+                Ok(ip) => Ok(ip),
+            },
+        };
+        let host = raw.host.as_deref().filter(|h| !h.is_empty());
+        let checked = ip.and_then(|ip| match host {
+            Some(host) => Ok(StatusAddress {
+                host: host.to_ascii_lowercase(),
+                ip,
+            }),
+            None => Err(("host", "a host is required".to_string())),
+        });
+        match checked {
+            Ok(address) => accepted.push(address),
+            Err((field, message)) => refused.push(ctx.kept_error(
+                format!("{at}.{field}"),
+                format!("{message}: not used (neither answered nor claimed); the entry stays"),
+            )),
+        }
+    }
+    (accepted, refused)
 }
 
 fn exact<T>(mut list: Vec<T>) -> Vec<T> {

@@ -269,3 +269,169 @@ fn load_dir_reads_manifests_and_skips_hidden_entries() {
     let missing = load_dir(&dir.join("missing")).unwrap_err();
     assert!(missing.0[0].message.contains("cannot read"), "{missing}");
 }
+
+/// `status.addresses` (docs/visibility.md#istios-allocations): only Istio's allocation ranges are
+/// used; any other value is refused with an error naming file, object and field, and the entry
+/// stays (its author did not write its status).
+#[test]
+fn status_addresses_outside_istios_ranges_are_refused_and_the_entry_stays() {
+    let entry = |values: &[&str]| {
+        let addresses: Vec<String> = values
+            .iter()
+            .map(|v| format!("{{value: \"{v}\", host: api.example.com}}"))
+            .collect();
+        format!(
+            "{SE_HEAD}spec: {{hosts: [api.example.com], ports: [{{number: 80, name: http}}], resolution: DNS}}\nstatus: {{addresses: [{}]}}\n",
+            addresses.join(", ")
+        )
+    };
+    let refused = [
+        ("loopback", "127.0.0.1"),
+        ("cloud metadata (link-local)", "169.254.169.254"),
+        ("a cluster IP", "10.96.0.1"),
+        ("a public address", "8.8.8.8"),
+        ("the agent's own gateway", "169.254.7.1"),
+        ("another team's VIP", "203.0.113.10"),
+        ("next to the IPv4 range", "240.241.0.1"),
+        ("IPv6 outside 2001:2::/48", "2001:db8::1"),
+        ("next to the IPv6 range", "2001:2:1::1"),
+        ("IPv6 loopback", "::1"),
+        ("IPv6 gateway", "fd00:7::1"),
+        ("IPv4-mapped form of an allocation", "::ffff:240.240.0.1"),
+    ];
+    for (name, value) in refused {
+        let yaml = entry(&[value]);
+        let model = load(&yaml).unwrap_or_else(|e| panic!("{name}: the entry is refused: {e}"));
+        let [se] = model.service_entries.as_slice() else {
+            panic!("{name}: the entry is not kept")
+        };
+        assert!(se.status_addresses.is_empty(), "{name}: {value} is used");
+        let [e] = se.refused_status.as_slice() else {
+            panic!("{name}: {:?}", se.refused_status)
+        };
+        assert_eq!(e.file, "dir/a.yaml", "{name}");
+        assert_eq!(
+            e.object.as_deref(),
+            Some("ServiceEntry team-a/api"),
+            "{name}"
+        );
+        assert_eq!(
+            e.field.as_deref(),
+            Some("status.addresses[0].value"),
+            "{name}"
+        );
+        assert!(
+            e.message.contains(&format!("{value:?}"))
+                && e.message.contains("240.240.0.0/16")
+                && e.message.contains("2001:2::/48")
+                && e.message.contains("not used"),
+            "{name}: {e}"
+        );
+    }
+
+    for value in [
+        "240.240.3.7",
+        "2001:2::7",
+        "240.240.0.1",
+        "2001:2:0:ffff::1",
+    ] {
+        let yaml = entry(&[value]);
+        let model = load(&yaml).unwrap();
+        let se = &model.service_entries[0];
+        assert!(
+            se.refused_status.is_empty(),
+            "{value}: {:?}",
+            se.refused_status
+        );
+        assert_eq!(
+            se.status_addresses,
+            [StatusAddress {
+                host: "api.example.com".into(),
+                ip: value.parse().unwrap()
+            }],
+            "{value} is accepted"
+        );
+    }
+
+    // Each refusal names its own place; the accepted values around it stay.
+    let yaml = entry(&["240.240.3.7", "8.8.8.8", "2001:2::7", "127.0.0.1"]);
+    let model = load(&yaml).unwrap();
+    let se = &model.service_entries[0];
+    let kept: Vec<String> = se
+        .status_addresses
+        .iter()
+        .map(|a| a.ip.to_string())
+        .collect();
+    assert_eq!(kept, ["240.240.3.7", "2001:2::7"]);
+    let fields: Vec<&str> = se
+        .refused_status
+        .iter()
+        .filter_map(|e| e.field.as_deref())
+        .collect();
+    assert_eq!(
+        fields,
+        ["status.addresses[1].value", "status.addresses[3].value"]
+    );
+    assert_eq!(
+        se.refused_status[0].to_string(),
+        "dir/a.yaml: ServiceEntry team-a/api: status.addresses[1].value: \"8.8.8.8\" is outside 240.240.0.0/16 and 2001:2::/48, the only addresses Istio's allocator writes: not used (neither answered nor claimed); the entry stays"
+    );
+}
+
+#[test]
+fn status_addresses_that_do_not_read_are_refused_by_field() {
+    let status = |addresses: &str| {
+        format!(
+            "{SE_HEAD}spec: {{hosts: [api.example.com], resolution: DNS}}\nstatus: {{addresses: [{addresses}]}}\n"
+        )
+    };
+    let cases = [
+        (
+            "{value: not-an-address, host: api.example.com}",
+            "status.addresses[0].value",
+            "is not an IP address",
+        ),
+        (
+            "{value: 240.240.0.999, host: api.example.com}",
+            "status.addresses[0].value",
+            "is not an IP address",
+        ),
+        (
+            "{value: 240.240.0.0/16, host: api.example.com}",
+            "status.addresses[0].value",
+            "is not an IP address",
+        ),
+        (
+            "{host: api.example.com}",
+            "status.addresses[0].value",
+            "a value is required",
+        ),
+        (
+            "{value: 240.240.3.7}",
+            "status.addresses[0].host",
+            "a host is required",
+        ),
+        (
+            "{value: 240.240.3.7, host: \"\"}",
+            "status.addresses[0].host",
+            "a host is required",
+        ),
+    ];
+    for (address, field, message) in cases {
+        let model = load(&status(address)).unwrap_or_else(|e| panic!("{address}: {e}"));
+        let se = &model.service_entries[0];
+        assert!(se.status_addresses.is_empty(), "{address}");
+        let [e] = se.refused_status.as_slice() else {
+            panic!("{address}: {:?}", se.refused_status)
+        };
+        assert_eq!(e.field.as_deref(), Some(field), "{address}");
+        assert!(e.message.contains(message), "{address}: {e}");
+    }
+    // Inside a List, the field carries the item's place, as every other error does.
+    let list = "apiVersion: v1\nkind: List\nitems:\n- apiVersion: networking.istio.io/v1\n  kind: ServiceEntry\n  metadata: {name: api, namespace: team-a}\n  spec: {hosts: [api.example.com], resolution: DNS}\n  status: {addresses: [{value: 8.8.8.8, host: api.example.com}]}\n";
+    let model = load(list).unwrap();
+    assert_eq!(
+        model.service_entries[0].refused_status[0].field.as_deref(),
+        Some("items[0].status.addresses[0].value")
+    );
+}

@@ -22,8 +22,10 @@ pub struct LocalAnswer {
     pub v6: Vec<Ipv6Addr>,
 }
 
-/// The authoritative reply to `query` (its single question is A or AAAA). A service with no address of
-/// the asked family gives an empty NOERROR answer, never NXDOMAIN: the name exists.
+/// The authoritative reply to `query`, whose single question asks a name a visible service owns
+/// (`docs/dns.md#other-types`): A and AAAA get the service's addresses of that family, ANY those of
+/// both (RFC 8482: a subset of what the name holds), every other type none. A type with no record
+/// is an empty NOERROR answer (NODATA), never NXDOMAIN: the name exists.
 pub fn authoritative_reply(query: &Message, answer: &LocalAnswer) -> Result<Message, ProtoError> {
     let mut reply = reply_to(query);
     reply.metadata.authoritative = true;
@@ -42,18 +44,26 @@ pub fn authoritative_reply(query: &Message, answer: &LocalAnswer) -> Result<Mess
         }
         None => qname,
     };
-    match question.query_type() {
-        RecordType::A => reply.add_answers(
+    let qtype = question.query_type();
+    let (v4, v6) = match qtype {
+        RecordType::A => (true, false),
+        RecordType::AAAA => (false, true),
+        RecordType::ANY => (true, true),
+        _ => (false, false),
+    };
+    if v4 {
+        reply.add_answers(
             answer
                 .v4
                 .iter()
                 .map(|ip| Record::from_rdata(owner.clone(), ANSWER_TTL, RData::A(rdata::A(*ip)))),
-        ),
-        RecordType::AAAA => reply.add_answers(answer.v6.iter().map(|ip| {
+        );
+    }
+    if v6 {
+        reply.add_answers(answer.v6.iter().map(|ip| {
             Record::from_rdata(owner.clone(), ANSWER_TTL, RData::AAAA(rdata::AAAA(*ip)))
-        })),
-        _ => &mut reply,
-    };
+        }));
+    }
     Ok(reply)
 }
 
@@ -73,7 +83,8 @@ pub fn servfail_for_raw(raw: &[u8]) -> Option<Vec<u8>> {
 }
 
 /// A reply skeleton: the query's id, opcode, RD and CD, its question, and an OPT record when the
-/// client sent one (RFC 6891: a responder must include OPT if the request had it).
+/// client sent one (RFC 6891: a responder must include OPT if the request had it), with the query's
+/// DO bit (RFC 3225: echoed; the agent's answers are unsigned, so nothing else follows from it).
 fn reply_to(query: &Message) -> Message {
     let mut reply = Message::new(
         query.metadata.id,
@@ -83,9 +94,10 @@ fn reply_to(query: &Message) -> Message {
     reply.metadata = Metadata::response_from_request(&query.metadata);
     reply.metadata.recursion_available = true;
     reply.add_queries(query.queries.iter().cloned());
-    if query.edns.is_some() {
+    if let Some(asked) = &query.edns {
         let mut edns = Edns::new();
-        edns.set_max_payload(EDNS_PAYLOAD);
+        edns.set_max_payload(EDNS_PAYLOAD)
+            .set_dnssec_ok(asked.flags().dnssec_ok);
         reply.set_edns(edns);
     }
     reply
@@ -207,6 +219,93 @@ mod tests {
                 .unwrap(),
         );
         assert!(plain.edns.is_none());
+    }
+
+    /// RFC 3225: a query with the DO bit gets a reply whose OPT record has it too. The agent's own
+    /// answers are unsigned, so nothing else changes: the same records, the same payload size.
+    #[test]
+    fn a_do_query_gets_the_do_bit_back_on_local_answers() {
+        let mut q = query("api.example.com.", RecordType::A, true);
+        if let Some(edns) = q.edns.as_mut() {
+            edns.set_dnssec_ok(true).set_max_payload(4096);
+        }
+        let reply =
+            round_trip(&authoritative_reply(&q, &answer(&["240.240.0.1"], &[], None)).unwrap());
+        let edns = reply.edns.as_ref().expect("an OPT record back");
+        assert!(edns.flags().dnssec_ok, "DO echoed");
+        assert_eq!(edns.max_payload(), EDNS_PAYLOAD, "payload size as before");
+        assert_eq!(
+            reply.answers.len(),
+            1,
+            "unsigned: the A record alone, no RRSIG"
+        );
+        // SERVFAIL, the other reply the agent builds, echoes it as well.
+        let failed = round_trip(&servfail_reply(&q));
+        assert!(failed.edns.is_some_and(|e| e.flags().dnssec_ok));
+        // Without DO in the query, none in the reply.
+        let plain = query("api.example.com.", RecordType::A, true);
+        let reply =
+            round_trip(&authoritative_reply(&plain, &answer(&["240.240.0.1"], &[], None)).unwrap());
+        assert!(reply.edns.is_some_and(|e| !e.flags().dnssec_ok));
+    }
+
+    /// RFC 8482 lets ANY be answered with a subset of what the name holds: the agent gives the
+    /// addresses it has, of both families, after the CNAME when a search domain was stripped.
+    #[test]
+    fn any_is_answered_with_the_addresses_of_both_families() {
+        let q = query("api.example.com.", RecordType::ANY, false);
+        let reply = round_trip(
+            &authoritative_reply(&q, &answer(&["240.240.0.1"], &["2001:db8::1"], None)).unwrap(),
+        );
+        assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+        assert!(reply.metadata.authoritative);
+        let data: Vec<_> = reply.answers.iter().map(|r| r.data.clone()).collect();
+        assert_eq!(
+            data,
+            [
+                RData::A(rdata::A("240.240.0.1".parse().unwrap())),
+                RData::AAAA(rdata::AAAA("2001:db8::1".parse().unwrap())),
+            ]
+        );
+        let q = query(
+            "api.example.com.team-a.svc.cluster.local.",
+            RecordType::ANY,
+            false,
+        );
+        let reply = round_trip(
+            &authoritative_reply(&q, &answer(&["240.240.0.1"], &[], Some("api.example.com.")))
+                .unwrap(),
+        );
+        assert_eq!(reply.answers.len(), 2, "CNAME, then the A record");
+        assert_eq!(reply.answers[0].record_type(), RecordType::CNAME);
+    }
+
+    /// Any other type of an owned name: NODATA (NOERROR, no records, no SOA), the CNAME alone when
+    /// a search domain was stripped.
+    #[test]
+    fn other_types_of_an_owned_name_are_nodata() {
+        for qtype in [RecordType::TXT, RecordType::HINFO, RecordType::MX] {
+            let q = query("api.example.com.", qtype, false);
+            let reply =
+                round_trip(&authoritative_reply(&q, &answer(&["240.240.0.1"], &[], None)).unwrap());
+            assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+            assert!(reply.metadata.authoritative);
+            assert!(
+                reply.answers.is_empty() && reply.authorities.is_empty(),
+                "{qtype}"
+            );
+        }
+        let q = query(
+            "api.example.com.team-a.svc.cluster.local.",
+            RecordType::TXT,
+            false,
+        );
+        let reply = round_trip(
+            &authoritative_reply(&q, &answer(&["240.240.0.1"], &[], Some("api.example.com.")))
+                .unwrap(),
+        );
+        assert_eq!(reply.answers.len(), 1);
+        assert_eq!(reply.answers[0].record_type(), RecordType::CNAME);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 pub mod ahead;
 mod answer;
 mod cache;
+mod log;
 mod metrics;
 mod pending;
 mod queues;

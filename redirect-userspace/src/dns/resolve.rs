@@ -6,13 +6,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::{
+    Upstream, UpstreamError,
+    log::{Kind, limited},
+};
 use hickory_proto::{
     op::{Message, Query, ResponseCode},
     rr::{Name, RData, RecordType},
 };
-use tracing::debug;
-
-use super::{Upstream, UpstreamError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ResolveError {
@@ -135,7 +136,7 @@ fn merge(
     };
     for (record_type, outcome) in [(RecordType::A, &a), (RecordType::AAAA, &aaaa)] {
         if let Err(e) = outcome {
-            debug!(endpoint = host, %record_type, error = %e, "one address family of an endpoint host name failed; using the other's addresses");
+            limited!(Kind::EndpointFamily, debug, endpoint = host, %record_type, error = %e, "one address family of an endpoint host name failed; using the other's addresses");
         }
     }
     Ok(HostAnswer {

@@ -17,7 +17,7 @@ use tokio::{
     net::{TcpListener, TcpStream, UdpSocket},
     sync::watch,
 };
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::{
     DnsOutcome, LocalAnswer,
@@ -25,6 +25,7 @@ use super::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
     cache::{AnswerCache, CacheKey},
+    log::{Kind, limited},
     transfer,
     upstream::{ReplyTo, Upstream},
 };
@@ -250,6 +251,8 @@ impl DnsProxy {
                 tokio::spawn(serve_udp(Arc::new(Queue { socket, shared })))
             })
             .collect();
+        // The summary of a flood of log lines that stopped (`log`): no next line would write it.
+        let summaries = tokio::spawn(super::log::flush_every_second());
         tokio::select! {
             _ = shutdown.changed() => {}
             _ = serve_tcp(self.tcp, self.shared) => {}
@@ -257,6 +260,7 @@ impl DnsProxy {
         for queue in queues {
             queue.abort();
         }
+        summaries.abort();
     }
 }
 
@@ -278,7 +282,7 @@ async fn serve_udp(queue: Arc<Queue>) {
             match super::queues::recv_from_interface(&queue.socket, &mut buf).await {
                 Ok(received) => received,
                 Err(e) => {
-                    warn!(error = %e, "DNS UDP receive failed");
+                    limited!(Kind::ListenFailed, warn, error = %e, "DNS UDP receive failed");
                     continue;
                 }
             };
@@ -300,6 +304,7 @@ async fn serve_udp(queue: Arc<Queue>) {
                 }
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
                 let Ok(permit) = shared.forward_slot_from(client.ip(), interface) else {
+                    limited!(Kind::OverBudget, debug, %client, interface, "DNS client past its share of forwards in flight; answering SERVFAIL");
                     shared.metrics.dns.query(DnsOutcome::Servfail);
                     if let Some(reply) = servfail_for(raw) {
                         queue.send(&reply, client).await;
@@ -322,7 +327,7 @@ async fn serve_udp(queue: Arc<Queue>) {
 impl Queue {
     async fn send(&self, reply: &[u8], client: SocketAddr) {
         if let Err(e) = self.socket.send_to(reply, client).await {
-            debug!(%client, error = %e, "DNS UDP send failed");
+            limited!(Kind::SendFailed, debug, %client, error = %e, "DNS UDP send failed");
         }
     }
 
@@ -335,7 +340,9 @@ impl Queue {
                 let reply = reply.to_vec();
                 tokio::spawn(async move { self.send(&reply, client).await });
             }
-            Err(e) => debug!(%client, error = %e, "DNS UDP send failed"),
+            Err(e) => {
+                limited!(Kind::SendFailed, debug, %client, error = %e, "DNS UDP send failed");
+            }
         }
     }
 }
@@ -364,7 +371,7 @@ impl PodReply {
 
     /// SERVFAIL for `query` (under the client's id).
     pub fn failed(self, query: &[u8], error: super::UpstreamError) {
-        debug!(client = %self.client, %error, "DNS forward failed; answering SERVFAIL");
+        limited!(Kind::ForwardFailed, debug, client = %self.client, %error, "DNS forward failed; answering SERVFAIL");
         self.queue.shared.metrics.dns.query(DnsOutcome::Servfail);
         if let Some(reply) = servfail_for(query) {
             self.queue.send_now(&reply, self.client);
@@ -379,7 +386,7 @@ async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
                 // Past the client's share (or the node's) the connection is reset at once: the
                 // client sees the refusal, no fd piles up, and other pods keep their room.
                 let Ok(slot) = shared.tcp_slot(client.ip()) else {
-                    debug!(%client, "DNS TCP client over budget; resetting it");
+                    limited!(Kind::OverBudget, debug, %client, "DNS TCP client over budget; resetting it");
                     let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
                     continue;
                 };
@@ -390,7 +397,7 @@ async fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
                 });
             }
             Err(e) => {
-                warn!(error = %e, "DNS TCP accept failed");
+                limited!(Kind::ListenFailed, warn, error = %e, "DNS TCP accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
@@ -494,7 +501,7 @@ async fn relay_transfer(
                 return send_framed(stream, &reply).await;
             }
             Err(e) => {
-                debug!(%client, error = %e, messages = sent, "zone transfer cut by the upstream; closing the client's connection");
+                limited!(Kind::TransferCut, debug, %client, error = %e, messages = sent, "zone transfer cut by the upstream; closing the client's connection");
                 return false;
             }
         }
@@ -520,11 +527,14 @@ fn local_reply(
     shared: &Shared,
 ) -> Local {
     let Ok(mut query) = Message::from_vec(raw) else {
+        limited!(Kind::Malformed, debug, %client, bytes = raw.len(), "not a DNS message; dropped");
         shared.metrics.dns.query(DnsOutcome::Malformed);
         return Local::Drop;
     };
     if query.metadata.message_type != MessageType::Query {
-        return Local::Drop; // a response sent to us: never reflect it
+        // A response sent to us: never reflect it.
+        limited!(Kind::Malformed, debug, %client, "a DNS response sent to the proxy; dropped");
+        return Local::Drop;
     }
     let forward = |query: &mut Message| {
         // Only UDP replies are kept (a TCP query is most often the retry of a truncated one).
@@ -538,10 +548,9 @@ fn local_reply(
     let [question] = query.queries.as_slice() else {
         return forward(&mut query);
     };
-    let qtype = question.query_type();
     if query.metadata.op_code != OpCode::Query
         || question.query_class() != DNSClass::IN
-        || !matches!(qtype, RecordType::A | RecordType::AAAA)
+        || !answerable(question.query_type())
     {
         return forward(&mut query);
     }
@@ -563,13 +572,22 @@ fn local_reply(
             Local::Reply(bytes)
         }
         Err(e) => {
-            warn!(%client, name = %question.name(), error = %e, "encoding a local DNS answer failed");
+            limited!(Kind::EncodeFailed, warn, %client, name = %question.name(), error = %e, "encoding a local DNS answer failed");
             shared.metrics.dns.query(DnsOutcome::Servfail);
             servfail_reply(&query)
                 .to_vec()
                 .map_or(Local::Drop, Local::Reply)
         }
     }
+}
+
+/// Whether a question of type `qtype` about a name a visible service owns is the agent's to answer
+/// (`docs/dns.md#other-types`): every data type and ANY, since the name exists for that client. Not
+/// the types that ask nothing of a name's records: 0, OPT (41) and the meta and question types of
+/// RFC 6895 but ANY (128 to 254: TKEY, TSIG, IXFR, AXFR, MAILB, MAILA); zone transfers among them
+/// are relayed, as the agent holds no zone.
+fn answerable(qtype: RecordType) -> bool {
+    qtype == RecordType::ANY || !matches!(u16::from(qtype), 0 | 41 | 128..=254)
 }
 
 /// SERVFAIL for a query that parsed (only those are forwarded).
@@ -593,7 +611,7 @@ fn finish_forward(
             Some(reply)
         }
         Err(e) => {
-            debug!(%client, error = %e, "DNS forward failed; answering SERVFAIL");
+            limited!(Kind::ForwardFailed, debug, %client, error = %e, "DNS forward failed; answering SERVFAIL");
             shared.metrics.dns.query(DnsOutcome::Servfail);
             servfail_for(query)
         }
@@ -761,8 +779,8 @@ mod tests {
         let other = ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
         assert_eq!(other.metadata.response_code, ResponseCode::NXDomain);
         assert_eq!(other.metadata.id, 77, "the client's own id comes back");
-        // An owned name but a type the agent does not answer (MX) is the upstream's business too.
-        let mx = ask_udp(addr, &query("api.example.com.", RecordType::MX)).await;
+        // Another type of a name no visible service owns is the upstream's business too.
+        let mx = ask_udp(addr, &query("other.example.com.", RecordType::MX)).await;
         assert_eq!(mx.metadata.response_code, ResponseCode::NXDomain);
         let seen = server.await.unwrap();
         assert_eq!(seen[1].query_type(), RecordType::MX);
@@ -771,6 +789,93 @@ mod tests {
             text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 2"#),
             "{text}"
         );
+    }
+
+    #[test]
+    fn every_data_type_and_any_is_answerable_transfers_and_meta_types_are_not() {
+        for qtype in [
+            RecordType::A,
+            RecordType::AAAA,
+            RecordType::ANY,
+            RecordType::TXT,
+            RecordType::HINFO,
+            RecordType::CNAME,
+            RecordType::HTTPS,
+            RecordType::Unknown(65_280),
+        ] {
+            assert!(answerable(qtype), "{qtype}");
+        }
+        for qtype in [
+            RecordType::AXFR,
+            RecordType::IXFR,
+            RecordType::OPT,
+            RecordType::TSIG,
+            RecordType::ZERO,
+            RecordType::Unknown(249),
+        ] {
+            assert!(!answerable(qtype), "{qtype}");
+        }
+    }
+
+    /// A name a visible service owns exists for the client whatever the type asked: the agent
+    /// answers every type itself (NODATA for those it holds no record of, its addresses for ANY),
+    /// over UDP and TCP, and none reaches the upstream. A zone transfer still goes upstream.
+    #[tokio::test]
+    async fn every_type_of_an_owned_name_is_answered_by_the_agent_nodata_or_addresses() {
+        // It listens but never answers: a forwarded question would come back as SERVFAIL.
+        let upstream = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let (addr, metrics, _stop) = proxy(upstream.local_addr().unwrap()).await;
+        let nodata = [
+            RecordType::TXT,
+            RecordType::HINFO,
+            RecordType::MX,
+            RecordType::SRV,
+            RecordType::CAA,
+            RecordType::AAAA,
+        ];
+        for qtype in nodata {
+            let reply = ask_udp(addr, &query("api.example.com.", qtype)).await;
+            assert_eq!(reply.metadata.id, 77);
+            assert_eq!(
+                reply.metadata.response_code,
+                ResponseCode::NoError,
+                "{qtype}"
+            );
+            assert!(reply.metadata.authoritative, "{qtype}: from the agent");
+            assert!(reply.answers.is_empty(), "{qtype}: NODATA");
+            assert_eq!(reply.queries[0].query_type(), qtype);
+        }
+        let any = ask_udp(addr, &query("API.example.com.", RecordType::ANY)).await;
+        assert!(any.metadata.authoritative);
+        let data: Vec<_> = any.answers.iter().map(|r| r.data.clone()).collect();
+        assert_eq!(data, [RData::A(rdata::A("240.240.0.7".parse().unwrap()))]);
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        send_tcp(&mut tcp, &query("api.example.com.", RecordType::TXT)).await;
+        let reply = read_tcp(&mut tcp).await;
+        assert!(reply.metadata.authoritative && reply.answers.is_empty());
+        assert_eq!(reply.metadata.response_code, ResponseCode::NoError);
+        let mut buf = [0u8; 512];
+        assert!(
+            upstream.try_recv_from(&mut buf).is_err(),
+            "no question of an owned name went upstream"
+        );
+        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        assert!(
+            text.contains(r#"redirect_dns_queries_total{outcome="answered"} 8"#),
+            "{text}"
+        );
+        // A transfer is about a zone, which the agent does not hold: the upstream's.
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client
+            .send_to(&query("api.example.com.", RecordType::AXFR), addr)
+            .await
+            .unwrap();
+        let (n, _) = tokio::time::timeout(Duration::from_secs(2), upstream.recv_from(&mut buf))
+            .await
+            .expect("the transfer goes upstream")
+            .unwrap();
+        let forwarded = Message::from_vec(&buf[..n]).unwrap();
+        assert_eq!(forwarded.queries[0].query_type(), RecordType::AXFR);
     }
 
     #[tokio::test]

@@ -17,6 +17,12 @@ use std::{
     time::Duration,
 };
 
+use super::{
+    log::{Kind, limited},
+    pending::{Expired, Full, Pending, Reply},
+    server::PodReply,
+};
+use crate::net::{connect_marked, udp_connected_marked};
 use arc_swap::ArcSwapOption;
 use hickory_proto::op::{Message, Query};
 use tokio::{
@@ -25,13 +31,6 @@ use tokio::{
     sync::{Notify, oneshot},
     time::{Instant, timeout_at},
 };
-use tracing::debug;
-
-use super::{
-    pending::{Expired, Full, Pending, Reply},
-    server::PodReply,
-};
-use crate::net::{connect_marked, udp_connected_marked};
 
 /// Total time a forwarded query may take before the client gets SERVFAIL: within the 2 s of
 /// `docs/dns.md#upstream-failure` and well under glibc's and dig's 5 s retry, so the client sees a failure, not a hang.
@@ -169,7 +168,7 @@ impl Upstream {
         };
         // A failed send is left to the query's deadlines: it is sent again, then given up.
         if let Err(e) = sent {
-            debug!(upstream = %self.addr, error = %e, "DNS forward send failed; retrying once");
+            limited!(Kind::UpstreamSend, debug, upstream = %self.addr, error = %e, "DNS forward send failed; retrying once");
         }
     }
 
@@ -327,7 +326,7 @@ impl Lane {
                 Filing::Filed
             }
             Err(Full(reply_to)) => {
-                debug!(upstream = %self.upstream, "too many DNS forwards in flight on one socket; SERVFAIL");
+                limited!(Kind::UpstreamBusy, debug, upstream = %self.upstream, "too many DNS forwards in flight on one socket; SERVFAIL");
                 reply_to.failed(query, UpstreamError::Busy(self.upstream));
                 Filing::Refused
             }
@@ -382,7 +381,9 @@ async fn read_replies(lane: Arc<Lane>) {
                         Ok(n) => take_reply(&lane, &mut buf[..n]),
                         Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                         // e.g. ICMP port unreachable: the queries' deadlines deal with it.
-                        Err(e) => debug!(%upstream, error = %e, "DNS upstream socket error"),
+                        Err(e) => {
+                            limited!(Kind::UpstreamSocket, debug, %upstream, error = %e, "DNS upstream socket error");
+                        }
                     }
                 }
             }
@@ -408,9 +409,27 @@ fn take_reply(lane: &Lane, reply: &mut [u8]) {
     let taken = lane.in_flight().pending.answer(reply);
     match taken {
         Reply::Matched { waiter, .. } => waiter.answered(reply),
-        Reply::UnknownId => debug!("DNS reply for no query in flight (late or forged); dropped"),
-        Reply::WrongQuestion => debug!("DNS reply whose question was not asked; dropped"),
-        Reply::Malformed => debug!("DNS upstream sent something that is not a response; dropped"),
+        Reply::UnknownId => {
+            limited!(
+                Kind::StrayReply,
+                debug,
+                "DNS reply for no query in flight (late or forged); dropped"
+            );
+        }
+        Reply::WrongQuestion => {
+            limited!(
+                Kind::StrayReply,
+                debug,
+                "DNS reply whose question was not asked; dropped"
+            );
+        }
+        Reply::Malformed => {
+            limited!(
+                Kind::StrayReply,
+                debug,
+                "DNS upstream sent something that is not a response; dropped"
+            );
+        }
     }
 }
 

@@ -9,9 +9,11 @@ use std::{
 };
 
 use hickory_proto::rr::Name;
-use tracing::debug;
 
-use super::{Decide, Decision, DnsQuery, LocalAnswer};
+use super::{
+    Decide, Decision, DnsQuery, LocalAnswer,
+    log::{Kind, limited},
+};
 use crate::{
     identity::{CgroupPods, Client, KernelView},
     live::LiveState,
@@ -59,7 +61,7 @@ impl VisibleNames {
             Ok(Some(orig)) => orig.cgroup_id,
             Ok(None) => return KernelView::Unknown,
             Err(e) => {
-                debug!(%client, error = %e, "reading a DNS TCP client's flow entry failed");
+                limited!(Kind::FlowEntry, debug, %client, error = %e, "reading a DNS TCP client's flow entry failed");
                 return KernelView::Unknown;
             }
         };
@@ -80,7 +82,9 @@ impl Decide for VisibleNames {
         let decision = snapshot.decide_dns(client_ns, &qname);
         if let Some(hidden) = decision.hidden() {
             self.metrics.clients.hidden(Lookup::Dns);
-            debug!(
+            limited!(
+                Kind::Hidden,
+                debug,
                 client = %query.client,
                 client_namespace = client_ns.unwrap_or("<unknown>"),
                 service = %format_args!("{}/{}", hidden.namespace, hidden.name),
@@ -99,7 +103,9 @@ impl Decide for VisibleNames {
                     name.set_fqdn(true);
                     Some(name)
                 });
-                debug!(
+                limited!(
+                    Kind::Answered,
+                    debug,
                     client = %query.client,
                     client_namespace = client_ns.unwrap_or("<unknown>"),
                     name = %qname,
@@ -113,7 +119,9 @@ impl Decide for VisibleNames {
                 })
             }
             DnsDecision::Forward { .. } => {
-                debug!(
+                limited!(
+                    Kind::Forwarded,
+                    debug,
                     client = %query.client,
                     client_namespace = client_ns.unwrap_or("<unknown>"),
                     name = %qname,
@@ -221,6 +229,71 @@ mod tests {
             netns_cookie: 0,
         };
         flows.file(client, orig);
+    }
+
+    /// Every line a client causes, at debug level.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The flood seen at `-v`: 2,000 queries for a name only a hidden entry owns wrote two lines
+    /// each (`service hidden from client`, `DNS forwarded`). Now at most 50 of each kind a second.
+    #[test]
+    fn a_flood_of_hidden_dns_queries_writes_at_most_50_lines_of_each_kind_a_second() {
+        let names = names();
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let name = Name::from_ascii("api.example.com.").unwrap();
+        let started = std::time::Instant::now();
+        tracing::subscriber::with_default(subscriber, || {
+            for _ in 0..2_000 {
+                // Not a workload: sees PUBLIC entries only, so team-a's entry is hidden.
+                let query = DnsQuery {
+                    client: "10.244.9.9".parse().unwrap(),
+                    kernel: KernelView::Unknown,
+                    name: &name,
+                };
+                assert_eq!(names.decide(&query), Decision::Forward);
+            }
+        });
+        let seconds = started.elapsed().as_secs() + 1;
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        let count = |needle: &str| text.lines().filter(|l| l.contains(needle)).count() as u64;
+        let (hidden, forwarded) = (count("service hidden from client"), count("DNS forwarded"));
+        let most = u64::from(super::super::log::PER_SECOND) * seconds;
+        assert!(
+            (1..=most).contains(&hidden),
+            "{hidden} hidden lines:\n{text}"
+        );
+        assert!(
+            (1..=most).contains(&forwarded),
+            "{forwarded} forwarded lines"
+        );
+        // Each second past the first may add one summary line per kind.
+        assert!(
+            text.lines().count() as u64 <= 2 * (most + seconds),
+            "{} lines",
+            text.lines().count()
+        );
+        let metrics = crate::metrics::encode(&names.metrics.registry()).unwrap();
+        assert!(
+            metrics.contains(r#"redirect_services_hidden_total{lookup="dns"} 2000"#),
+            "every hide still counted: {metrics}"
+        );
     }
 
     /// Over TCP the DNS proxy holds the registry against the kernel as the proxy does: a process in

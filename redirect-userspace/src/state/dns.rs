@@ -158,7 +158,8 @@ impl Snapshot {
         SearchDomains::new(client_ns, &self.cluster_domain)
     }
 
-    /// The DNS decision for an A/AAAA query `qname` from a client in `client_ns`. Allocation-free:
+    /// The DNS decision for a query of `qname` (of any type but the meta types) from a client in
+    /// `client_ns`. Allocation-free:
     /// the name is lower-cased, and a full Kubernetes name written, into stack buffers.
     pub fn decide_dns<'a: 'q, 'q>(
         &'a self,

@@ -20,14 +20,9 @@ use sha2::{Digest, Sha256};
 use super::Discovery;
 use crate::config::{Address, ConfigError, Host, Model, Resolution, ServiceEntry};
 
-pub const V4_RANGE: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(240, 240, 0, 0), 16) {
-    Ok(net) => net,
-    Err(_) => panic!("valid prefix"),
-};
-pub const V6_RANGE: Ipv6Net = match Ipv6Net::new(Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0), 48) {
-    Ok(net) => net,
-    Err(_) => panic!("valid prefix"),
-};
+/// Istio's ranges: the agent allocates from the same ones its allocator does.
+pub const V4_RANGE: Ipv4Net = crate::config::ALLOCATION_V4;
+pub const V6_RANGE: Ipv6Net = crate::config::ALLOCATION_V6;
 
 /// The status condition on an entry left without an IPv4 address (only written then).
 pub const ADDRESS_ALLOCATED: &str = "istio.io/AddressAllocated";
@@ -79,7 +74,9 @@ fn allocates_host(entry: &ServiceEntry, host: &Host) -> bool {
 /// namespace the control plane does not discover gets none.
 pub fn allocate(model: &Model, discovery: &Discovery) -> Vec<Vec<Allocation>> {
     let mut taken = Taken::from_model(model);
-    let mut requests: Vec<(usize, String)> = Vec::new();
+    // Per host, what `status.addresses` gave it (both families, or one, or none): the pools fill
+    // in what is missing.
+    let mut requests: Vec<(usize, Allocation)> = Vec::new();
     let mut out = vec![Vec::new(); model.service_entries.len()];
     for (i, entry) in model.service_entries.iter().enumerate() {
         if !needs_allocation(entry) || !discovery.sees(&entry.meta.namespace) {
@@ -91,8 +88,16 @@ pub fn allocate(model: &Model, discovery: &Discovery) -> Vec<Vec<Allocation>> {
             }
             let host = host.to_string();
             match from_status(entry, &host) {
-                Some(given) => out[i].push(given),
-                None => requests.push((i, host)),
+                Some(given) if given.v4.is_some() && given.v6.is_some() => out[i].push(given),
+                Some(given) => requests.push((i, given)),
+                None => requests.push((
+                    i,
+                    Allocation {
+                        host,
+                        v4: None,
+                        v6: None,
+                    },
+                )),
             }
         }
     }
@@ -104,22 +109,29 @@ pub fn allocate(model: &Model, discovery: &Discovery) -> Vec<Vec<Allocation>> {
         );
         let age =
             |m: &crate::config::ObjectMeta| (m.creation_timestamp.is_none(), m.creation_timestamp);
-        (age(a), &a.namespace, &a.name, ha).cmp(&(age(b), &b.namespace, &b.name, hb))
+        (age(a), &a.namespace, &a.name, &ha.host).cmp(&(age(b), &b.namespace, &b.name, &hb.host))
     });
-    for (i, host) in requests {
+    for (i, mut given) in requests {
         let meta = &model.service_entries[i].meta;
-        let digest = Sha256::digest(format!("{}/{}/{host}", meta.namespace, meta.name).as_bytes());
-        let v4 = taken.next_v4(u16::from_be_bytes([digest[0], digest[1]]));
-        let mut host_bits = [0u8; 16];
-        host_bits[6..].copy_from_slice(&digest[2..12]);
-        let v6 = taken.next_v6(u128::from_be_bytes(host_bits));
-        out[i].push(Allocation { host, v4, v6 });
+        let digest =
+            Sha256::digest(format!("{}/{}/{}", meta.namespace, meta.name, given.host).as_bytes());
+        if given.v4.is_none() {
+            given.v4 = taken.next_v4(u16::from_be_bytes([digest[0], digest[1]]));
+        }
+        if given.v6.is_none() {
+            let mut host_bits = [0u8; 16];
+            host_bits[6..].copy_from_slice(&digest[2..12]);
+            given.v6 = taken.next_v6(u128::from_be_bytes(host_bits));
+        }
+        out[i].push(given);
     }
     out
 }
 
 /// The addresses Istio's allocator wrote in the entry's `status.addresses` for `host`, if any: every
-/// proxy of the mesh answers those, so the agent does too.
+/// proxy of the mesh answers those, so the agent does too. Only values inside Istio's ranges are
+/// in the model (the loader refuses the others), so none of these is anything but an allocation.
+/// A host given one family only (the other absent, or refused) gets the other from the pools.
 fn from_status(entry: &ServiceEntry, host: &str) -> Option<Allocation> {
     let mut given = entry.status_addresses.iter().filter(|a| a.host == host);
     let v4 = given.clone().find_map(|a| match a.ip.to_canonical() {
@@ -214,7 +226,9 @@ fn in_pool(ip: IpAddr) -> bool {
 
 /// Whether the pools' allocations, every entry's, owe nothing to `entry`: it needs no address of
 /// its own and takes no slot from the pools (no declared address nor `status.addresses` in them).
-/// A change to such an entry alone moves no other entry's allocated address.
+/// A change to such an entry alone moves no other entry's allocated address. An entry with a
+/// refused `status.addresses` value is not: its errors are the pools' ([`refused_status`]), told
+/// again by a whole resolution only.
 pub(super) fn outside_pools(entry: &ServiceEntry) -> bool {
     let declared = entry.addresses.iter().filter_map(|a| match a {
         Address::Ip(ip) => Some(*ip),
@@ -222,7 +236,18 @@ pub(super) fn outside_pools(entry: &ServiceEntry) -> bool {
         Address::Cidr(_) => None,
     });
     let given = entry.status_addresses.iter().map(|a| a.ip);
-    !needs_allocation(entry) && !declared.chain(given).any(in_pool)
+    !needs_allocation(entry)
+        && entry.refused_status.is_empty()
+        && !declared.chain(given).any(in_pool)
+}
+
+/// The error of every `status.addresses` value the loader refused, entry by entry: those entries
+/// are in force without them (see `config::ServiceEntry::refused_status`).
+pub fn refused_status(model: &Model) -> impl Iterator<Item = ConfigError> + '_ {
+    model
+        .service_entries
+        .iter()
+        .flat_map(|e| e.refused_status.iter().cloned())
 }
 
 fn v4_offset(ip: Ipv4Addr) -> usize {

@@ -230,12 +230,16 @@ impl<'m> Settings<'m> {
     }
 }
 
-/// One error per entry the address pool could not serve (see [`alloc::exhausted`]).
+/// The errors of entries in force without some address: one per `status.addresses` value refused
+/// (see [`alloc::refused_status`]), then one per entry the address pool could not serve (see
+/// [`alloc::exhausted`]).
 pub fn allocation_errors(model: &Model, resolution: &Resolved) -> Vec<ConfigError> {
-    alloc::exhausted(
+    let mut errors: Vec<ConfigError> = alloc::refused_status(model).collect();
+    errors.extend(alloc::exhausted(
         model,
         resolution.entries.iter().map(|e| e.allocated.as_slice()),
-    )
+    ));
+    errors
 }
 
 #[cfg(test)]

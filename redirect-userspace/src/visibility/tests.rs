@@ -672,6 +672,116 @@ spec: {hosts: [api.example.com], addresses: [203.0.113.10], resolution: STATIC, 
     );
 }
 
+/// A `status.addresses` value outside Istio's ranges is never an entry's address: the host is
+/// allocated as if it were not written (the family it leaves missing from the pools), and its
+/// error is among the allocation's errors, naming the entry and the field.
+#[test]
+fn refused_status_addresses_are_never_an_entrys_address() {
+    let yaml = r#"
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: half, namespace: team-a}
+spec: {hosts: [half.example.com], resolution: DNS, ports: [{number: 80, name: http}]}
+status: {addresses: [{value: 8.8.8.8, host: half.example.com}, {value: "2001:2::7", host: half.example.com}]}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: none-good, namespace: team-a}
+spec: {hosts: [lo.example.com], resolution: DNS, ports: [{number: 80, name: http}]}
+status: {addresses: [{value: 127.0.0.1, host: lo.example.com}, {value: "fd00:7::1", host: lo.example.com}]}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: good, namespace: team-a}
+spec: {hosts: [good.example.com], resolution: DNS, ports: [{number: 80, name: http}]}
+status: {addresses: [{value: 240.240.3.7, host: good.example.com}, {value: "2001:2::8", host: good.example.com}]}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: declared, namespace: team-b}
+spec: {hosts: [gw.example.com], addresses: [203.0.113.10], resolution: STATIC, ports: [{number: 80, name: http}]}
+status: {addresses: [{value: 169.254.7.1, host: gw.example.com}]}
+"#;
+    let m = model(yaml);
+    let r = resolve(&m);
+    let entry = |name: &str| {
+        let i = m
+            .service_entries
+            .iter()
+            .position(|s| s.meta.name == name)
+            .unwrap();
+        (&m.service_entries[i], &r.entries[i])
+    };
+    let addresses = |name: &str| -> Vec<String> {
+        let (se, resolved) = entry(name);
+        resolved
+            .addresses(&se.addresses)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+
+    let (_, half) = entry("half");
+    let [a] = half.allocated.as_slice() else {
+        panic!("{:?}", half.allocated)
+    };
+    assert!(V4_RANGE.contains(&a.v4.unwrap()), "v4 from the pool: {a:?}");
+    assert_eq!(a.v6, Some("2001:2::7".parse().unwrap()), "Istio's v6 kept");
+    assert!(!addresses("half").contains(&"8.8.8.8".to_string()));
+    assert!(
+        half.conditions
+            .iter()
+            .all(|c| c.reason != ADDRESS_POOL_EXHAUSTED),
+        "a refused v4 is no exhausted pool: {:?}",
+        half.conditions
+    );
+
+    let (_, none_good) = entry("none-good");
+    let [a] = none_good.allocated.as_slice() else {
+        panic!("{:?}", none_good.allocated)
+    };
+    assert!(
+        V4_RANGE.contains(&a.v4.unwrap()) && V6_RANGE.contains(&a.v6.unwrap()),
+        "{a:?}"
+    );
+
+    assert_eq!(
+        addresses("good"),
+        ["240.240.3.7", "2001:2::8"],
+        "Istio's own, as written"
+    );
+    assert_eq!(addresses("declared"), ["203.0.113.10"], "never 169.254.7.1");
+
+    let errors = allocation_errors(&m, &r);
+    let named: Vec<(&str, &str)> = errors
+        .iter()
+        .map(|e| {
+            (
+                e.object.as_deref().unwrap_or_default(),
+                e.field.as_deref().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        named,
+        [
+            ("ServiceEntry team-a/half", "status.addresses[0].value"),
+            ("ServiceEntry team-a/none-good", "status.addresses[0].value"),
+            ("ServiceEntry team-a/none-good", "status.addresses[1].value"),
+            ("ServiceEntry team-b/declared", "status.addresses[0].value"),
+        ],
+        "{errors:?}"
+    );
+    assert!(errors.iter().all(|e| e.file == "test.yaml"));
+
+    // An entry that carries refusals never stands alone: only a whole resolution tells its errors.
+    let (declared, _) = entry("declared");
+    assert!(!stands_alone(&m, declared));
+    let mut fixed = (**declared).clone();
+    fixed.refused_status.clear();
+    assert!(stands_alone(&m, &fixed));
+}
+
 #[test]
 fn allocation_never_collides_across_many_entries() {
     let mut yaml = String::new();
