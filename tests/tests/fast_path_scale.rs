@@ -25,6 +25,17 @@ const B1_IP: &str = "10.244.2.10";
 
 const CONNECTIONS: usize = 100;
 
+/// Each test here starts an agent with tens of thousands of objects and times what it does; two
+/// at once on a small machine would time each other. They take turns.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    // A test that failed while holding the turn poisons it; the next one may still run.
+    ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 const KERNEL_REWRITTEN: &str =
     r#"redirect_fast_path_connections_total{outcome="rewritten",reason=""}"#;
 const KERNEL_PASSTHROUGH: &str =
@@ -170,6 +181,7 @@ fn table_mib(fast: &serde_json::Value) -> f64 {
 
 #[test]
 fn the_kernel_decides_for_a_pod_at_a_big_clusters_size() -> Result<()> {
+    let _turn = take_turn();
     type Edit = fn(&Path) -> Result<()>;
     let configurations: [(&str, Edit); 3] = [
         ("20,000 entries", |dir| write_entries(dir, 100, 20_000)),
@@ -219,6 +231,7 @@ fn the_kernel_decides_for_a_pod_at_a_big_clusters_size() -> Result<()> {
 /// clients decided by the proxy, with the same answers.
 #[test]
 fn one_tenants_hidden_addresses_leave_its_neighbours_in_the_kernel() -> Result<()> {
+    let _turn = take_turn();
     let edit = |dir: &Path| -> Result<()> {
         write_tenant(dir, "team-a", "networks", 4097, true)?;
         write_tenant(dir, "team-a", "addresses", 16_385, false)
@@ -284,6 +297,7 @@ const UNCLAIMED_ANSWER_OF_OWN_VIP: &str = "real-203.0.113.10";
 /// is still resolved ahead and decided in the kernel; the tables change at most ten times a second.
 #[test]
 fn one_tenants_churning_host_names_hold_no_one_else_back() -> Result<()> {
+    let _turn = take_turn();
     use integration::DnsRecords;
     use integration::world::{LASTING_DNS, PUBLIC_DNS, PUBLIC_DNS6};
     use std::time::{Duration, Instant};
