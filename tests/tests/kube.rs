@@ -596,6 +596,149 @@ fn two_agents_one_status_writer_and_the_other_takes_over_without_rewriting() -> 
     Ok(())
 }
 
+/// PATCHes of `bulk`'s entries' status the API server has seen.
+fn bulk_writes(w: &World) -> usize {
+    w.api()
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("PATCH ") && r.contains("/namespaces/bulk/"))
+        .count()
+}
+
+/// The `reason` of each of `bulk`'s first `n` entries' visibility condition that is not `want`.
+fn bulk_not(w: &World, n: usize, want: &str) -> Vec<String> {
+    (0..n)
+        .filter_map(|i| {
+            let entry = w.api().get("ServiceEntry", "bulk", &format!("e{i}"))?;
+            let reason = entry["status"]["conditions"][0]["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            (reason != want).then(|| format!("e{i}: {reason:?}"))
+        })
+        .collect()
+}
+
+/// Sets (`Some`) or removes the `trusted` label of namespace `ns`.
+fn set_trusted(w: &World, ns: &str, value: Option<&str>) -> Result<()> {
+    let mut namespace = w.api().get("Namespace", "", ns).context("namespace")?;
+    let labels = &mut namespace["metadata"]["labels"];
+    if !labels.is_object() {
+        *labels = json!({});
+    }
+    let labels = labels.as_object_mut().context("labels")?;
+    match value {
+        Some(v) => labels.insert("trusted".into(), json!(v)),
+        None => labels.remove("trusted"),
+    };
+    w.api().put(namespace)
+}
+
+/// Split brain: the writer is stopped (SIGSTOP) in the middle of a burst of 300 writes, the change
+/// is undone while it is stopped, and the second agent takes over and writes the undoing. Woken
+/// ten seconds later, the old writer writes nothing more: its last renewal is older than the
+/// lease, so it stops before its next write, whatever the API would still accept.
+#[test]
+fn a_writer_woken_after_losing_the_lease_writes_nothing() -> Result<()> {
+    const BULK: usize = 300;
+    let w = World::start_kube_args(
+        |dir| {
+            let namespace = "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: bulk}\n";
+            let entries = settled_entries(BULK);
+            Ok(std::fs::write(
+                dir.join("90-bulk.yaml"),
+                format!("{namespace}{entries}"),
+            )?)
+        },
+        &WRITE_STATUS,
+    )?;
+    within("the first agent writes", Duration::from_secs(10), || {
+        Ok(
+            kubectl_reason(&w, "team-a", "api-example", "istio.io/VisibilityApplied")?
+                == "Namespace",
+        )
+    })?;
+    let first = lease_holder(&w);
+    let mut second = second_agent(&w)?;
+    std::thread::sleep(Duration::from_secs(4));
+    ensure!(lease_holder(&w) == first, "the first agent still leads");
+
+    // The burst: 300 entries become PUBLIC, written at 50 a second.
+    let before = bulk_writes(&w);
+    set_trusted(&w, "bulk", Some("true"))?;
+    within("the burst under way", Duration::from_secs(10), || {
+        Ok(bulk_writes(&w) - before >= 50)
+    })?;
+    w.agent.signal(libc::SIGSTOP);
+    let stopped = std::time::Instant::now();
+    let by_the_first = bulk_writes(&w) - before;
+    set_trusted(&w, "bulk", None)?;
+    within("the second agent leads", Duration::from_secs(10), || {
+        Ok(lease_holder(&w).starts_with("agent-node-2"))
+    })?;
+    within(
+        "the second agent undoes the burst",
+        Duration::from_secs(15),
+        || Ok(bulk_not(&w, BULK, "Namespace").is_empty()),
+    )?;
+    ensure!(second.is_running(), "{}", second.log());
+    std::thread::sleep(Duration::from_secs(10).saturating_sub(stopped.elapsed()));
+
+    let before_waking = bulk_writes(&w);
+    w.agent.signal(libc::SIGCONT);
+    std::thread::sleep(Duration::from_secs(5));
+    let after_waking = bulk_writes(&w) - before_waking;
+    eprintln!(
+        "the first writer wrote {by_the_first} before it was stopped; {after_waking} writes after it woke"
+    );
+    ensure!(
+        after_waking == 0,
+        "{after_waking} status writes after the stale writer woke: {}",
+        bulk_not(&w, BULK, "Namespace").join(", ")
+    );
+    ensure!(bulk_not(&w, BULK, "Namespace").is_empty());
+    second.signal(libc::SIGTERM);
+    Ok(())
+}
+
+/// A writer stopped gracefully hands its lease back: the other agent writes the next change within
+/// a second, not a whole lease later.
+#[test]
+fn a_writer_that_stops_hands_the_lease_over_at_once() -> Result<()> {
+    let mut w = World::start_kube_args(|_| Ok(()), &WRITE_STATUS)?;
+    within("the first agent writes", Duration::from_secs(10), || {
+        Ok(
+            kubectl_reason(&w, "team-a", "api-example", "istio.io/VisibilityApplied")?
+                == "Namespace",
+        )
+    })?;
+    let second = second_agent(&w)?;
+    std::thread::sleep(Duration::from_secs(3));
+    ensure!(!lease_holder(&w).starts_with("agent-node-2"));
+    w.agent.signal(libc::SIGTERM);
+    within("the first agent stops", Duration::from_secs(10), || {
+        Ok(!w.agent.is_running())
+    })?;
+    let stopped = std::time::Instant::now();
+    set_trusted(&w, "team-b", Some("true"))?;
+    // Read from the API server directly: a kubectl per poll would take a good part of the second.
+    let took = within("the successor writes", Duration::from_secs(10), || {
+        let entry = w.api().get("ServiceEntry", "team-b", "shared-private");
+        Ok(entry.is_some_and(|e| e["status"]["conditions"][0]["reason"] == "Public"))
+    })?;
+    eprintln!(
+        "the successor wrote {:?} after the first agent stopped",
+        stopped.elapsed()
+    );
+    ensure!(lease_holder(&w).starts_with("agent-node-2"));
+    ensure!(
+        took < Duration::from_secs(1),
+        "the successor wrote {took:?} after the first agent stopped (lease 3 s)"
+    );
+    second.signal(libc::SIGTERM);
+    Ok(())
+}
+
 /// `n` ServiceEntries in namespace `bulk` whose status already says what the writer computes (as
 /// it left them before a restart).
 fn settled_entries(n: usize) -> String {

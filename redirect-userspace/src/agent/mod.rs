@@ -116,6 +116,21 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
 struct Inputs {
     live: Arc<LiveState>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Held while this agent may write ServiceEntry status (`--write-status`).
+    status_lease: Option<crate::status::Holder>,
+}
+
+impl Inputs {
+    /// Stops following the configuration; hands the status writer's lease back first, so another
+    /// agent writes from its next try instead of a whole lease later.
+    async fn stop(self) {
+        if let Some(lease) = self.status_lease {
+            lease.release().await;
+        }
+        for task in self.tasks {
+            task.abort();
+        }
+    }
 }
 
 /// The configuration first: when the programs attach, the first answers are already right. A
@@ -134,15 +149,17 @@ async fn start_inputs(config: &AgentConfig, metrics: &Arc<Metrics>) -> anyhow::R
     if let Some(dir) = config.config_dir.clone() {
         tasks.push(reload::start(dir, config.limits, live.clone(), metrics.clone()).await);
     }
+    let mut status_lease = None;
     if let (Some(client), Some(source)) = (kube, config.kube.clone()) {
-        tasks.push(crate::cluster::start(
-            client,
-            source,
-            live.clone(),
-            metrics.clone(),
-        )?);
+        let following = crate::cluster::start(client, source, live.clone(), metrics.clone())?;
+        tasks.push(following.task);
+        status_lease = following.status_lease;
     }
-    Ok(Inputs { live, tasks })
+    Ok(Inputs {
+        live,
+        tasks,
+        status_lease,
+    })
 }
 
 /// The agent serving: the owner of its running parts, until it shuts down or drains.
@@ -483,12 +500,8 @@ impl Running {
             Err(e) => warn!(error = %e, "detaching the eBPF programs failed"),
         }
         let _ = self.stop.send(true);
-        for task in self.serving {
-            let _ = task.await;
-        }
-        for task in self.inputs.tasks {
-            task.abort();
-        }
+        // While the accept loops end, no longer the status writer.
+        let (_, ()) = tokio::join!(futures::future::join_all(self.serving), self.inputs.stop());
         info!("agent stopped");
     }
 
@@ -501,6 +514,15 @@ impl Running {
             drain_timeout_s = timeout.as_secs(),
             "handed over to a successor; draining"
         );
+        // The successor writes ServiceEntry status from now on, if either of us does.
+        let Inputs {
+            tasks: inputs,
+            status_lease,
+            ..
+        } = self.inputs;
+        if let Some(lease) = status_lease {
+            lease.release().await;
+        }
         for task in self.serving {
             let _ = task.await;
         }
@@ -523,7 +545,7 @@ impl Running {
             Ok(Release::Detached) => warn!("no successor's programs were attached; detached ours"),
             Err(e) => warn!(error = %e, "checking the pinned programs failed"),
         }
-        for task in self.inputs.tasks {
+        for task in inputs {
             task.abort();
         }
         // Connections still open are dropped with the runtime: reset (linger 0), never a silent FIN.

@@ -102,6 +102,13 @@ pub fn source_name(config: &kube::Config) -> String {
     format!("kubernetes API at {}", config.cluster_url)
 }
 
+/// The cluster followed: the task that turns the watches' changes into snapshots, and the status
+/// writer's lease when this agent takes part in the election.
+pub struct Following {
+    pub task: JoinHandle<()>,
+    pub status_lease: Option<status::Holder>,
+}
+
 /// Starts a watch per kind and the task that turns their changes into snapshots. Fails only when
 /// no client can be made (no configuration); an API server that does not answer is retried.
 pub fn start(
@@ -109,7 +116,7 @@ pub fn start(
     source: Source,
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
-) -> anyhow::Result<JoinHandle<()>> {
+) -> anyhow::Result<Following> {
     let mesh = source.mesh;
     let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("making a Kubernetes API client")?;
@@ -139,18 +146,21 @@ pub fn start(
         )));
     }
     drop(tx);
+    let mut status_lease = None;
     let status = source.status_lease.map(|lease| {
         let (inputs_tx, inputs_rx) = latest::channel(status::Inputs::default());
-        let report = status::start(client.clone(), lease, inputs_rx, metrics.clone());
-        live.set_status_writer(report);
+        let writer = status::start(client.clone(), lease, inputs_rx, metrics.clone());
+        live.set_status_writer(writer.report);
+        status_lease = Some(writer.lease);
         inputs_tx
     });
-    Ok(tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         follow(rx, Store::new(&kinds), live, metrics, status).await;
         for w in watches {
             w.abort();
         }
-    }))
+    });
+    Ok(Following { task, status_lease })
 }
 
 /// Applies the changes as they come, one snapshot per burst. Nothing is put in force before every

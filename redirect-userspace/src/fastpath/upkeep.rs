@@ -168,6 +168,7 @@ impl FastPath {
         if let Some(pods) = pods {
             state.pods = pods;
         }
+        let started = std::time::Instant::now();
         if new_snapshot || new_hosts {
             // Only the host addresses moved: their ports' endpoints are written again, nothing else.
             let patched = match &state.compiled {
@@ -197,6 +198,7 @@ impl FastPath {
             return None;
         };
         let (tables, left_out) = with_clients(snapshot, tables, &state.pods);
+        let compiled_in = started.elapsed();
         let Some(maps) = self.maps.get() else {
             state.clients_left_out = left_out;
             return Some(tables);
@@ -215,6 +217,8 @@ impl FastPath {
                     workloads = tables.workloads().len(),
                     clients = tables.clients().len(),
                     fallbacks = ?stats.fallbacks,
+                    compiled_in = ?compiled_in,
+                    written_in = ?(started.elapsed() - compiled_in),
                     "fast path: new tables in force"
                 );
                 self.catch_up_later(maps.clone());

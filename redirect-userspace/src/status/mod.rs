@@ -13,7 +13,7 @@ use std::{collections::BTreeMap, sync::Arc};
 use serde::Serialize;
 use tokio::sync::watch;
 
-pub use lease::LeaseConfig;
+pub use lease::{Holder, LeaseConfig};
 pub use observed::{Observed, observe};
 
 use crate::{metrics::Metrics, visibility::Condition};
@@ -56,26 +56,32 @@ impl Report {
     }
 }
 
-/// Starts the election and the writer; returns the report `/config_dump` shows.
+/// The election and the writer, running: the report `/config_dump` shows, and the lease to hand
+/// back on a graceful stop ([`Holder::release`]).
+pub struct Writer {
+    pub report: Arc<std::sync::Mutex<Report>>,
+    pub lease: Holder,
+}
+
+/// Starts the election and the writer.
 pub fn start(
     client: kube::Client,
     lease: LeaseConfig,
     inputs: watch::Receiver<Inputs>,
     metrics: Arc<Metrics>,
-) -> Arc<std::sync::Mutex<Report>> {
+) -> Writer {
     let report = Arc::new(std::sync::Mutex::new(Report {
         lease: format!("{}/{}", lease.namespace, lease.name),
         identity: lease.identity.clone(),
         ..Report::default()
     }));
-    let (leading_tx, leading_rx) = watch::channel(false);
-    tokio::spawn(lease::hold(client.clone(), lease, leading_tx));
+    let lease = lease::start(client.clone(), lease);
     tokio::spawn(writer::run(
         client,
         inputs,
-        leading_rx,
+        lease.tenure.clone(),
         report.clone(),
         metrics,
     ));
-    report
+    Writer { report, lease }
 }

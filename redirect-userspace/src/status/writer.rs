@@ -17,6 +17,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     Inputs, Report,
+    lease::Tenure,
     observed::FIELD_MANAGER,
     plan::{Plan, plan},
 };
@@ -41,7 +42,7 @@ struct Retry {
 pub async fn run(
     client: Client,
     mut inputs: watch::Receiver<Inputs>,
-    mut leading: watch::Receiver<bool>,
+    mut leading: watch::Receiver<Tenure>,
     report: Arc<std::sync::Mutex<Report>>,
     metrics: Arc<Metrics>,
 ) {
@@ -57,7 +58,7 @@ pub async fn run(
             changed = leading.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(RECHECK) => {}
         }
-        let is_leader = *leading.borrow_and_update();
+        let is_leader = leading.borrow_and_update().holds();
         if let Ok(mut r) = report.lock() {
             r.leading = is_leader;
         }
@@ -72,6 +73,14 @@ pub async fn run(
         };
         let api = entries_api(&client, api_version);
         for want in current.desired.iter() {
+            // Checked before each write, not once a batch: a writer stopped mid-batch for longer
+            // than the lease may find another agent writing when it wakes.
+            if !leading.borrow().holds() {
+                info!("the status writer's lease ran out mid-batch; stopping the writes");
+                written.clear();
+                retries.clear();
+                break;
+            }
             let key = (want.namespace.clone(), want.name.clone());
             let Some(observed) = current.observed.get(&key) else {
                 continue;
