@@ -772,3 +772,65 @@ fn one_pods_short_connections_leave_other_pods_ports_toward_the_same_endpoint() 
     );
     s.agent.stop()
 }
+
+/// Four pods, each making short connections to one endpoint until refused, take their shares of
+/// the node's ports toward it (a quarter each) but not the floor kept for a newcomer: a fifth pod
+/// then makes its three connections there, where before it found the node's limit reached.
+#[test]
+fn four_pods_at_their_share_leave_a_fifth_pod_ports_toward_the_same_endpoint() -> Result<()> {
+    const HOGS: [(&str, &str); 4] = [
+        ("team-a/a1", "10.244.1.10"),
+        ("team-a/a2", "10.244.1.11"),
+        ("team-a/a3", "10.244.1.12"),
+        ("team-a/a4", "10.244.1.13"),
+    ];
+    let mut pods = HOGS.to_vec();
+    pods.push(B1);
+    let topo = Topology::with_pods(&pods)?;
+    topo.node_cmd("sysctl")
+        .args(["-q", "-w", "net.ipv4.ip_local_port_range=40000 40999"])
+        .ok()?;
+    let ext = topo.start_ext_peer("ext", &[EXT_HTTP.parse()?], &[EXT_ECHO.parse()?])?;
+    let dns = topo.start_dnsmasq(RESOLVER_IP, DnsRecords::new().host(NAME, NAME_IP.parse()?))?;
+    let agent = Agent::start(&topo, &["--dns-upstream", RESOLVER, NO_FAST_PATH])?;
+    let s = Setup {
+        agent,
+        _ext: ext,
+        _dns: dns,
+        topo,
+    };
+    let m = s.agent.metrics()?;
+    let share = m.get_or_zero(&limit("upstream_ports", "client")) as u64;
+    let node = m.get_or_zero(&limit("upstream_ports", "node")) as u64;
+    ensure!((share, node) == (187, 750), "{share} of {node}");
+
+    // One after another: each leaves its ports in TIME_WAIT for a minute.
+    let mut taken = Vec::new();
+    for (pod, _) in HOGS {
+        let churn = peer::cmd(s.topo.pod(pod).place())?
+            .args(["churn", EXT_ECHO, "--conns", "250"])
+            .timeout(Duration::from_secs(120))
+            .ok()?
+            .stdout_str();
+        taken.push(counts(&churn, "ok")?["ok"]);
+    }
+    let mut fifth = Vec::new();
+    for _ in 0..3 {
+        let echo = peer::cmd(s.topo.pod("team-b/b1").place())?
+            .args(["echo", EXT_ECHO, "--bytes", "1000"])
+            .output()?;
+        fifth.push(echo.success());
+    }
+    let m = s.agent.metrics()?;
+    eprintln!(
+        "four pods took {taken:?} of {node} ports; the fifth pod's connections: {fifth:?}; refused for the reserve {}",
+        m.get_or_zero(&refusals("upstream_ports", "reserve"))
+    );
+    ensure!(
+        taken[..3].iter().all(|&t| t == share),
+        "each of the first three gets its share: {taken:?}"
+    );
+    ensure!(fifth.iter().all(|&ok| ok), "the fifth pod: {fifth:?}");
+    ensure!(m.get_or_zero(&refusals("upstream_ports", "reserve")) > 0.0);
+    s.agent.stop()
+}

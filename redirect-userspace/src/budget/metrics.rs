@@ -38,6 +38,9 @@ pub enum Refusal {
     ClientShare,
     /// The node-wide limit is reached.
     NodeLimit,
+    /// What is left is kept for clients that hold less than their floor (ports toward one
+    /// upstream: a newcomer always connects).
+    Reserve,
     /// The descriptors a connection needs are not in the budget.
     Fds,
 }
@@ -47,6 +50,7 @@ impl Refusal {
         match self {
             Self::ClientShare => "client_share",
             Self::NodeLimit => "node_limit",
+            Self::Reserve => "reserve",
             Self::Fds => "fds",
         }
     }

@@ -5,6 +5,12 @@
 //! making short connections to one endpoint could take them all: then every pod's connection there
 //! fails, each failed `connect()` after a scan of the whole range. Counted here per upstream address
 //! and per client, a pod at its share is refused at once while the others go on.
+//!
+//! Shares alone do not keep a newcomer in: four pods at a quarter each hold the whole node's limit.
+//! So a client holding its floor ([`UpstreamPorts::floor`], a 64th of the node's limit) or more may
+//! take another port only while what stays free covers a floor for one more client and what each
+//! other client holding ports still lacks of its floor. Below its floor a client takes from that
+//! reserve: a fifth pod always connects, as many as the reserve has floors for.
 use std::{
     collections::{HashMap, VecDeque},
     net::{IpAddr, SocketAddr},
@@ -44,6 +50,8 @@ fn parse_range(text: &str) -> Option<usize> {
 pub struct UpstreamPorts {
     node: usize,
     client: usize,
+    /// Ports a client may always reach toward one upstream, however many the others hold.
+    floor: usize,
     held: Mutex<Held>,
     metrics: Arc<Metrics>,
 }
@@ -62,13 +70,33 @@ struct Held {
 struct Upstream {
     total: usize,
     by_client: HashMap<IpAddr, usize>,
+    /// What the clients holding ports lack of the floor, together (kept as they take and release).
+    below_floor: usize,
     /// Closed connections still in TIME_WAIT, oldest first: when each ends, and whose it was.
     cooling: VecDeque<(Instant, IpAddr)>,
 }
 
+/// What a client holding `held` ports lacks of `floor`: nothing for one holding none (it is no
+/// client of this upstream yet; the reserve's own floor stands for it).
+fn lacks(held: usize, floor: usize) -> usize {
+    match held {
+        0 => 0,
+        n => floor.saturating_sub(n),
+    }
+}
+
 impl Upstream {
-    fn release(&mut self, client: IpAddr) {
+    /// Counts one more port for `client`.
+    fn hold(&mut self, client: IpAddr, floor: usize) {
+        let n = self.by_client.entry(client).or_default();
+        self.below_floor = self.below_floor + lacks(*n + 1, floor) - lacks(*n, floor);
+        *n += 1;
+        self.total += 1;
+    }
+
+    fn release(&mut self, client: IpAddr, floor: usize) {
         if let Some(n) = self.by_client.get_mut(&client) {
+            self.below_floor = self.below_floor + lacks(*n - 1, floor) - lacks(*n, floor);
             *n -= 1;
             if *n == 0 {
                 self.by_client.remove(&client);
@@ -77,15 +105,30 @@ impl Upstream {
         self.total = self.total.saturating_sub(1);
     }
 
+    /// Why `client` may not take one more port, if it may not.
+    fn refusal(&self, client: IpAddr, node: usize, share: usize, floor: usize) -> Option<Refusal> {
+        let mine = self.by_client.get(&client).copied().unwrap_or(0);
+        let free = node.saturating_sub(self.total);
+        if mine >= share {
+            Some(Refusal::ClientShare)
+        } else if free == 0 {
+            Some(Refusal::NodeLimit)
+        } else if mine >= floor && free - 1 < floor + self.below_floor {
+            Some(Refusal::Reserve)
+        } else {
+            None
+        }
+    }
+
     /// Gives back the ports whose TIME_WAIT is over; returns how many.
-    fn expire(&mut self, now: Instant) -> usize {
+    fn expire(&mut self, now: Instant, floor: usize) -> usize {
         let mut freed = 0;
         while let Some(&(ends, client)) = self.cooling.front() {
             if ends > now {
                 break;
             }
             self.cooling.pop_front();
-            self.release(client);
+            self.release(client, floor);
             freed += 1;
         }
         freed
@@ -101,6 +144,7 @@ impl UpstreamPorts {
         Arc::new(UpstreamPorts {
             node,
             client,
+            floor: Self::floor(node),
             held: Mutex::new(Held {
                 by_upstream: HashMap::new(),
                 total: 0,
@@ -108,6 +152,12 @@ impl UpstreamPorts {
             }),
             metrics,
         })
+    }
+
+    /// The ports a client may always reach toward one upstream: a 64th of the node's limit (330 of
+    /// Linux's default range), at least one.
+    pub fn floor(node: usize) -> usize {
+        (node / 64).max(1)
     }
 
     fn held(&self) -> MutexGuard<'_, Held> {
@@ -137,22 +187,16 @@ impl UpstreamPorts {
         if now.duration_since(held.swept) >= Duration::from_secs(1) {
             held.swept = now;
             let mut freed = 0;
+            let floor = self.floor;
             held.by_upstream.retain(|_, u| {
-                freed += u.expire(now);
+                freed += u.expire(now, floor);
                 u.total > 0
             });
             held.total = held.total.saturating_sub(freed);
         }
         let entry = held.by_upstream.entry(upstream).or_default();
-        held.total = held.total.saturating_sub(entry.expire(now));
-        let refusal = if entry.by_client.get(&client).copied().unwrap_or(0) >= self.client {
-            Some(Refusal::ClientShare)
-        } else if entry.total >= self.node {
-            Some(Refusal::NodeLimit)
-        } else {
-            None
-        };
-        if let Some(refusal) = refusal {
+        held.total = held.total.saturating_sub(entry.expire(now, self.floor));
+        if let Some(refusal) = entry.refusal(client, self.node, self.client, self.floor) {
             if entry.total == 0 {
                 held.by_upstream.remove(&upstream);
             }
@@ -164,8 +208,7 @@ impl UpstreamPorts {
                 .refused(BudgetKind::UpstreamPorts, refusal);
             return Err(refusal);
         }
-        *entry.by_client.entry(client).or_default() += 1;
-        entry.total += 1;
+        entry.hold(client, self.floor);
         held.total += 1;
         self.metrics
             .budgets
@@ -188,7 +231,7 @@ impl UpstreamPorts {
             entry.cooling.push_back((now + TIME_WAIT, client));
             return;
         }
-        entry.release(client);
+        entry.release(client, self.floor);
         if entry.total == 0 {
             held.by_upstream.remove(&upstream);
         }
@@ -270,6 +313,73 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
+    }
+
+    /// Takes ports for `client` until refused; returns how many it got and why it stopped.
+    fn take_all(
+        ports: &Arc<UpstreamPorts>,
+        client: IpAddr,
+        up: SocketAddr,
+        into: &mut Vec<PortPermit>,
+    ) -> (usize, Refusal) {
+        let mut got = 0;
+        loop {
+            match ports.take(client, up) {
+                Ok(p) => {
+                    into.push(p);
+                    got += 1;
+                }
+                Err(why) => return (got, why),
+            }
+        }
+    }
+
+    #[test]
+    fn four_clients_at_their_share_leave_a_fifth_its_floor() {
+        let ports = UpstreamPorts::new(640, 160, Arc::new(Metrics::default()));
+        let floor = UpstreamPorts::floor(640);
+        assert_eq!(floor, 10);
+        let up = addr("198.51.100.1:80");
+        let mut held = Vec::new();
+        let hogs: Vec<_> = (1..=4)
+            .map(|i| take_all(&ports, ip(&format!("10.0.0.{i}")), up, &mut held))
+            .collect();
+        assert_eq!(hogs[0], (160, Refusal::ClientShare));
+        assert_eq!(hogs[3].1, Refusal::Reserve, "{hogs:?}");
+        let fifth = take_all(&ports, ip("10.0.0.5"), up, &mut held);
+        assert_eq!(fifth, (floor, Refusal::NodeLimit), "{hogs:?}");
+        // A port given back goes to whoever lacks its floor, not to a client above it.
+        drop(held.remove(0));
+        assert_eq!(
+            ports.take(ip("10.0.0.1"), up).unwrap_err(),
+            Refusal::Reserve
+        );
+        let _sixth = ports.take(ip("10.0.0.6"), up).unwrap();
+        let held_now = ports.held();
+        let entry = &held_now.by_upstream[&up];
+        assert_eq!(entry.total, 640);
+        assert_eq!(entry.below_floor, floor - 1, "the sixth lacks nine");
+    }
+
+    #[test]
+    fn what_clients_lack_of_their_floor_is_kept_as_they_take_and_release() {
+        let ports = UpstreamPorts::new(640, 160, Arc::new(Metrics::default()));
+        let (a, b, up) = (ip("10.0.0.1"), ip("10.0.0.2"), addr("198.51.100.1:80"));
+        let lacking = || {
+            ports
+                .held()
+                .by_upstream
+                .get(&up)
+                .map_or(0, |u| u.below_floor)
+        };
+        let mut held: Vec<_> = (0..3).map(|_| ports.take(a, up).unwrap()).collect();
+        assert_eq!(lacking(), 7);
+        held.extend((0..12).map(|_| ports.take(b, up).unwrap()));
+        assert_eq!(lacking(), 7, "b is past its floor");
+        held.truncate(3);
+        assert_eq!(lacking(), 7, "b holds none: no longer a client");
+        held.clear();
+        assert_eq!(lacking(), 0);
     }
 
     #[test]
