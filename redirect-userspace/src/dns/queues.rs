@@ -15,9 +15,12 @@ const RECV_BUFFER: usize = 1 << 20;
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 
 /// Asks the kernel to say, with each datagram, which interface it came in on (`IP_PKTINFO`,
-/// `IPV6_RECVPKTINFO`): for sockets bound here and for those a predecessor hands over alike.
-pub fn want_ingress_interface(socket: &UdpSocket) -> io::Result<()> {
-    let (level, name) = match socket.local_addr()? {
+/// `IPV6_RECVPKTINFO`), for a socket of `addr`'s family. Set before the socket is bound (and on
+/// one handed over, before it is served): the kernel notes the interface as a datagram is queued,
+/// so one queued before the option would come without it, and its budget share would go by its
+/// (forgeable) source address.
+pub fn want_ingress_interface(socket: &impl AsRawFd, addr: SocketAddr) -> io::Result<()> {
+    let (level, name) = match addr {
         SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
         SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
     };
@@ -151,6 +154,7 @@ fn bind_one(addr: SocketAddr) -> io::Result<Socket> {
     socket.set_reuse_port(true)?;
     // Best effort: the system may cap it (net.core.rmem_max); the default still works.
     let _ = socket.set_recv_buffer_size(RECV_BUFFER);
+    want_ingress_interface(&socket, addr)?;
     socket.bind(&addr.into())?;
     Ok(socket)
 }
@@ -206,6 +210,24 @@ fn attach_pick_by_source(socket: &Socket, addr: SocketAddr) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A datagram that arrives before any task reads the group (as at start, before the serving
+    /// tasks run) still says which interface it came in on.
+    #[tokio::test]
+    async fn a_datagram_queued_before_anyone_reads_says_its_interface() {
+        let sockets = bind_queues("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = sockets[0].local_addr().unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        client.send_to(b"q", addr).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let mut buf = [0u8; 8];
+        // 127.0.0.1: the group's second socket.
+        let (n, from, interface) = recvmsg_interface(sockets[1].as_raw_fd(), &mut buf).unwrap();
+        assert_eq!((n, from), (1, client.local_addr().unwrap()));
+        // SAFETY: a NUL-terminated name, read only.
+        let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
+        assert_eq!(interface, lo, "the loopback's index");
+    }
 
     /// Datagrams from one source address always land in the same socket, and from addresses that
     /// differ modulo the group size in different ones.

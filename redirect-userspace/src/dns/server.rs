@@ -17,7 +17,6 @@ use tokio::{
     net::{TcpListener, TcpStream, UdpSocket},
     sync::watch,
 };
-use tracing::warn;
 
 use super::{
     DnsOutcome, LocalAnswer,
@@ -192,6 +191,8 @@ impl DnsProxy {
             .into_iter()
             .map(|s| {
                 s.set_nonblocking(true)?;
+                // Its predecessor set it at bind; an older one may not have.
+                super::queues::want_ingress_interface(&s, s.local_addr()?)?;
                 UdpSocket::from_std(s)
             })
             .collect::<io::Result<Vec<_>>>()?;
@@ -274,9 +275,6 @@ struct Queue {
 async fn serve_udp(queue: Arc<Queue>) {
     let shared = &queue.shared;
     let mut buf = vec![0u8; 65_535];
-    if let Err(e) = super::queues::want_ingress_interface(&queue.socket) {
-        warn!(error = %e, "cannot learn the interface of DNS datagrams; budget shares go by source address alone");
-    }
     loop {
         let (n, client, interface) =
             match super::queues::recv_from_interface(&queue.socket, &mut buf).await {
