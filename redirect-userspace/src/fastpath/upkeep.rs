@@ -282,7 +282,10 @@ impl FastPath {
             return;
         };
         let mut events = maps.lock().unwrap_or_else(|p| p.into_inner()).take_events();
-        let mut counted = 0;
+        // The kernel's count lives in a pinned map and goes on across agents: what it held when this
+        // one started is the predecessor's (a successor that took it for its own added every hide
+        // since the pin was made at its first tick, all at once).
+        let mut counted = stats.hidden_counts().0;
         let (mut window, mut logged, mut suppressed) = (Instant::now(), 0u32, 0u64);
         let mut tick = tokio::time::interval(HIDES_EVERY);
         loop {

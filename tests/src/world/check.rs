@@ -403,7 +403,11 @@ impl World {
         let after = self
             .agent
             .wait_metrics(
-                &format!("{counter} +{connections}, hidden +{hidden}"),
+                &format!(
+                    "{counter} +{connections} (from {}), hidden +{hidden} (from {})",
+                    before.get_or_zero(&counter),
+                    before.get_or_zero(key::HIDDEN_OUTBOUND)
+                ),
                 Duration::from_secs(2),
                 |m| {
                     delta(&before, m, &counter) == connections
