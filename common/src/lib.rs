@@ -23,6 +23,10 @@ pub mod maps {
     /// gets the agent's SYN-ACK (before its last ACK), taken by the agent after `accept()` using the
     /// peer address.
     pub const FLOW_ORIG_DST: &str = "FLOW_ORIG_DST";
+    /// A steered or rewritten TCP connection's two ends ([`super::FlowEnds`]) ->
+    /// [`super::OrigDst`]: filed by sock_ops as its SYN leaves, read by getpeername on an MPTCP
+    /// socket, whose first subflow is the socket the hooks steered (its storage is the subflow's).
+    pub const SUBFLOW_ORIG_DST: &str = "SUBFLOW_ORIG_DST";
     /// Per-CPU counters indexed by [`super::Stat`].
     pub const STATS: &str = "STATS";
     /// cgroup id (u64) of a pod that opted out of capture -> 1: kept by the agent, read by the hooks.
@@ -229,6 +233,52 @@ pub const fn ip6_words(a: &[u8; 16]) -> [u32; 4] {
         u32::from_ne_bytes([a[12], a[13], a[14], a[15]]),
     ]
 }
+
+/// A TCP connection's two ends as its socket shows them: its own address and port, and its peer's.
+/// 40 bytes.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct FlowEnds {
+    pub local: SockAddr,
+    pub remote: SockAddr,
+}
+
+impl FlowEnds {
+    /// From each end's address as four network-order words (`user_ip6` form; an IPv4 address
+    /// v4-mapped) and port in host byte order. Written word by word: a struct built field by field
+    /// with zero bytes in it becomes a memset call, which the kernel cannot take with the object's
+    /// BTF.
+    #[inline(always)]
+    pub fn from_words(
+        local: [u32; 4],
+        local_port: u16,
+        remote: [u32; 4],
+        remote_port: u16,
+    ) -> Self {
+        let port_word = |port: u16| {
+            let p = port.to_ne_bytes();
+            u32::from_ne_bytes([p[0], p[1], 0, 0])
+        };
+        let words: [u32; 10] = [
+            local[0],
+            local[1],
+            local[2],
+            local[3],
+            port_word(local_port),
+            remote[0],
+            remote[1],
+            remote[2],
+            remote[3],
+            port_word(remote_port),
+        ];
+        // SAFETY: FlowEnds is two SockAddrs of 16 address bytes, a u16 port and a u16 pad each:
+        // ten u32s' worth of plain integers, no padding, any bit pattern valid.
+        unsafe { core::mem::transmute::<[u32; 10], FlowEnds>(words) }
+    }
+}
+
+/// `IPPROTO_MPTCP`: `bpf_sock.protocol` of an MPTCP socket (its subflows are plain TCP).
+pub const IPPROTO_MPTCP: u32 = 262;
 
 /// An IP address and port. IPv4 is stored IPv4-mapped (`::ffff:a.b.c.d`) so one layout serves both
 /// families: an IPv4 socket and an IPv6 socket talking to the v4-mapped form of the same address
@@ -440,5 +490,14 @@ mod tests {
         assert_eq!(mapped, SockAddr::from_v4_be(be, 40000));
         let addr: core::net::SocketAddr = "10.244.1.10:40000".parse().unwrap();
         assert_eq!(mapped.to_socket_addr(), addr);
+    }
+
+    #[test]
+    fn flow_ends_built_from_words_are_the_two_addresses_field_by_field() {
+        let local = SockAddr::from_v4_be(u32::from_ne_bytes([10, 244, 1, 10]), 40000);
+        let remote = SockAddr::from_ip6_words([0x20010db8u32.to_be(), 0, 0, 1u32.to_be()], 443);
+        let ends = FlowEnds::from_words(local.ip6_words(), 40000, remote.ip6_words(), 443);
+        assert_eq!(ends, FlowEnds { local, remote });
+        assert_eq!(core::mem::size_of::<FlowEnds>(), 40);
     }
 }

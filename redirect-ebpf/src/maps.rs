@@ -6,7 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use redirect_common::{
-    FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, OPTED_OUT_MAP_ENTRIES, OrigDst, SockAddr, Stat,
+    FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, FlowEnds, OPTED_OUT_MAP_ENTRIES, OrigDst,
+    SockAddr, Stat,
     fastpath::{AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, PortKey},
 };
 
@@ -19,6 +20,14 @@ pub static SOCKET_ORIG_DST: SkStorage<OrigDst> = SkStorage::new();
 /// client ip:port -> where the application meant to go; read by the agent after accept().
 #[map]
 pub static FLOW_ORIG_DST: LruHashMap<SockAddr, OrigDst> =
+    LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
+
+/// A steered or rewritten TCP connection's ends -> where the application meant to go, filed as its
+/// SYN leaves. An MPTCP socket's hooks steer its first subflow (a TCP socket of its own, holding
+/// the storage); getpeername() on the MPTCP socket finds the original here by the ends it shares
+/// with that subflow.
+#[map]
+pub static SUBFLOW_ORIG_DST: LruHashMap<FlowEnds, OrigDst> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 
 #[map]

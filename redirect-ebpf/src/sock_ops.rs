@@ -7,10 +7,10 @@ use aya_ebpf::{
     macros::sock_ops,
     programs::SockOpsContext,
 };
-use redirect_common::{ORIG_REWRITTEN, SockAddr, Stat, v4_mapped_words};
+use redirect_common::{FlowEnds, ORIG_REWRITTEN, SockAddr, Stat};
 
 use crate::{
-    maps::{FLOW_ORIG_DST, count, proxy_port},
+    maps::{FLOW_ORIG_DST, SUBFLOW_ORIG_DST, count, proxy_port},
     origin,
     steer::{gateway_for, same_ip},
 };
@@ -53,19 +53,38 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     };
     // SAFETY: `ops` is the program's context; `sk` is read in place (null-checked in `recall_sock`).
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    let steered = origin::recall_sock(sk).filter(|orig| orig.protocol & ORIG_REWRITTEN == 0); // rewritten: the agent never sees it
-    let Some(orig) = steered else {
-        // A pod connecting to the proxy's port itself: an entry filed under its address and port
-        // by an earlier connection (of a pod that had this address before) is not its own. The
-        // two share the 4-tuple, so the earlier one is over: drop its entry before the SYN leaves.
-        if op == BPF_SOCK_OPS_TCP_CONNECT_CB && connects_to_proxy(&ctx, family) {
-            let _ = FLOW_ORIG_DST.remove(&client);
+    let orig = origin::recall_sock(sk);
+    if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
+        match orig {
+            // Filed under both ends too, for getpeername() on an MPTCP socket whose subflow this is.
+            Some(orig) => {
+                let peer = remote(&ctx, family);
+                let ends = FlowEnds::from_words(
+                    client.ip6_words(),
+                    client.port,
+                    peer.ip6_words(),
+                    peer.port,
+                );
+                if SUBFLOW_ORIG_DST.insert(&ends, &orig, 0).is_err() {
+                    count(Stat::MapUpdateFailed);
+                }
+            }
+            // A pod connecting to the proxy's port itself: an entry filed under its address and
+            // port by an earlier connection (of a pod that had this address before) is not its
+            // own. The two share the 4-tuple, so the earlier one is over: drop its entry before
+            // the SYN leaves.
+            None => {
+                if connects_to_proxy(&ctx, family) {
+                    let _ = FLOW_ORIG_DST.remove(&client);
+                }
+            }
         }
         return 1;
-    };
-    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB {
-        return 1;
     }
+    // Rewritten: the agent never sees it.
+    let Some(orig) = orig.filter(|orig| orig.protocol & ORIG_REWRITTEN == 0) else {
+        return 1;
+    };
     if FLOW_ORIG_DST.insert(&client, &orig, 0).is_ok() {
         count(Stat::FlowFiled);
     } else {
@@ -74,14 +93,27 @@ pub fn sock_ops(ctx: SockOpsContext) -> u32 {
     1
 }
 
-/// Whether the socket connects to the outbound proxy at the gateway of its family.
+/// The peer's address and port (`remote_port` holds the port in network byte order in its upper
+/// 16 bits on little-endian hosts).
 #[inline(always)]
-fn connects_to_proxy(ctx: &SockOpsContext, family: u32) -> bool {
-    // Volatile loads, each at its fixed offset: plain ones LLVM sinks into the branch that uses
-    // them and merges into one load through a computed ctx pointer, which the verifier refuses.
+fn remote(ctx: &SockOpsContext, family: u32) -> SockAddr {
+    let (port, v4, v6) = remote_fields(ctx);
+    let port = u16::from_be((port >> 16) as u16);
+    if family == AF_INET {
+        SockAddr::from_v4_be(v4, port)
+    } else {
+        SockAddr::from_ip6_words(v6, port)
+    }
+}
+
+/// `remote_port`, `remote_ip4` and `remote_ip6` as the context holds them. Volatile loads, each at
+/// its fixed offset: plain ones LLVM sinks into the branch that uses them and merges into one load
+/// through a computed ctx pointer, which the verifier refuses.
+#[inline(always)]
+fn remote_fields(ctx: &SockOpsContext) -> (u32, u32, [u32; 4]) {
     let ops = ctx.ops;
     // SAFETY: `ops` is the program's context, valid for the whole call; fields read in place.
-    let (remote_port, v4, v6) = unsafe {
+    unsafe {
         (
             core::ptr::read_volatile(&(*ops).remote_port),
             core::ptr::read_volatile(&(*ops).remote_ip4),
@@ -92,16 +124,16 @@ fn connects_to_proxy(ctx: &SockOpsContext, family: u32) -> bool {
                 core::ptr::read_volatile(&(*ops).remote_ip6[3]),
             ],
         )
-    };
-    // remote_port holds the port in network byte order in its upper 16 bits (little-endian hosts).
-    let port = u16::from_be((remote_port >> 16) as u16);
-    if port != proxy_port() {
+    }
+}
+
+/// Whether the socket connects to the outbound proxy at the gateway of its family.
+#[inline(always)]
+fn connects_to_proxy(ctx: &SockOpsContext, family: u32) -> bool {
+    let peer = remote(ctx, family);
+    if peer.port != proxy_port() {
         return false;
     }
-    let remote = if family == AF_INET {
-        v4_mapped_words(v4)
-    } else {
-        v6
-    };
-    matches!(gateway_for(&remote), Some(gw) if same_ip(&gw, &remote))
+    let ip = peer.ip6_words();
+    matches!(gateway_for(&ip), Some(gw) if same_ip(&gw, &ip))
 }

@@ -12,20 +12,21 @@ use aya_ebpf::{
     programs::SockAddrContext,
 };
 use redirect_common::{
-    AGENT_SOCKET_MARK, DNS_PORT, MAX_CGROUP_DEPTH, ORIG_REWRITTEN, OrigDst, SockAddr, Stat,
-    is_v4_mapped, v4_mapped_words,
+    AGENT_SOCKET_MARK, DNS_PORT, FlowEnds, IPPROTO_MPTCP, MAX_CGROUP_DEPTH, ORIG_REWRITTEN,
+    OrigDst, SockAddr, Stat, is_v4_mapped, v4_mapped_words,
 };
 
 use crate::{
     fastpath::{self, Fast},
     maps::{
-        OPTED_OUT_CGROUPS, count, dns_proxy_port, gateway_v4, gateway_v6, node_netns_cookie,
-        proxy_port,
+        OPTED_OUT_CGROUPS, SUBFLOW_ORIG_DST, count, dns_proxy_port, gateway_v4, gateway_v6,
+        node_netns_cookie, proxy_port,
     },
     origin,
 };
 
 pub const IPPROTO_TCP: u32 = 6;
+const AF_INET: u32 = 2;
 pub const IPPROTO_UDP: u32 = 17;
 
 /// Which traffic a hook handles.
@@ -188,6 +189,50 @@ pub fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
     }
     let orig = orig_dst_of(ctx)?;
     (orig.protocol & ORIG_REWRITTEN != 0).then(|| Dest {
+        ip: orig.dst.ip6_words(),
+        port: orig.dst.port,
+    })
+}
+
+/// getpeername()'s answer on an MPTCP socket, which the hooks never see connect: they steer its
+/// first subflow (a TCP socket of its own, holding the storage). The original destination is filed
+/// under the ends the two share, the subflow's peer being `seen`.
+#[inline(always)]
+pub fn mptcp_peer(ctx: &SockAddrContext, seen: &Dest) -> Option<Dest> {
+    // SAFETY: `sock_addr` is the context the kernel passed the program: valid for the whole call.
+    let sa = unsafe { &*ctx.sock_addr };
+    if sa.protocol != IPPROTO_MPTCP {
+        return None;
+    }
+    // SAFETY: the union's pointer member is the socket the verifier typed for this context.
+    let sk = unsafe { sa.__bindgen_anon_1.sk };
+    if sk.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null socket of this call; each field read in place, at its own offset.
+    let (family, v4, v6, port) = unsafe {
+        (
+            core::ptr::read_volatile(&(*sk).family),
+            core::ptr::read_volatile(&(*sk).src_ip4),
+            [
+                core::ptr::read_volatile(&(*sk).src_ip6[0]),
+                core::ptr::read_volatile(&(*sk).src_ip6[1]),
+                core::ptr::read_volatile(&(*sk).src_ip6[2]),
+                core::ptr::read_volatile(&(*sk).src_ip6[3]),
+            ],
+            core::ptr::read_volatile(&(*sk).src_port),
+        )
+    };
+    let local = if family == AF_INET {
+        v4_mapped_words(v4)
+    } else {
+        v6
+    };
+    // `src_port` is in host byte order.
+    let ends = FlowEnds::from_words(local, port as u16, seen.ip, seen.port);
+    // SAFETY: the value is copied out at once.
+    let orig = unsafe { SUBFLOW_ORIG_DST.get(&ends) }.copied()?;
+    Some(Dest {
         ip: orig.dst.ip6_words(),
         port: orig.dst.port,
     })

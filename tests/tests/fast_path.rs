@@ -324,3 +324,37 @@ fn a_dns_entry_is_rewritten_in_the_kernel_to_the_hosts_address_and_follows_its_c
     }
     Ok(())
 }
+
+/// `getpeername()` on an MPTCP socket (`IPPROTO_MPTCP`, which recent curl, Go and systemd services
+/// open) shows where the application connected, as on a TCP socket: an address the kernel
+/// rewrote to its endpoint, one the proxy carries, and one passed through, with the fast path and
+/// without. The kernel steers the MPTCP socket's first subflow, not the socket itself.
+#[test]
+fn getpeername_on_an_mptcp_socket_shows_the_original_destination() -> Result<()> {
+    if std::fs::read_to_string("/proc/sys/net/mptcp/enabled").is_ok_and(|v| v.trim() != "1") {
+        eprintln!("SKIPPED: MPTCP is off on this kernel (net.mptcp.enabled)");
+        return Ok(());
+    }
+    // team-a's own entry (rewritten by the kernel, or carried by the proxy), and team-a's address
+    // as team-b sees it (passed through).
+    let targets = [("team-a", "203.0.113.10:80"), ("team-b", HIDDEN_REAL)];
+    for fast_path in [true, false] {
+        let w = World::start_launched(&launch(fast_path))?;
+        for (from, addr) in targets {
+            let mut seen = Vec::new();
+            for mptcp in [false, true] {
+                let mut args = vec!["getpeername", addr];
+                if mptcp {
+                    args.push("--mptcp");
+                }
+                let out = peer::cmd(w.client(from).place())?.args(args).ok()?;
+                seen.push(out.stdout_str().trim().to_string());
+            }
+            ensure!(
+                seen == [addr, addr],
+                "fast path {fast_path}: {from} -> {addr}: getpeername() on TCP and MPTCP sockets: {seen:?}"
+            );
+        }
+    }
+    Ok(())
+}

@@ -44,9 +44,10 @@ pub use pins::{Found, PinError};
 /// The maps a successor must find as they were: pinned when a pin directory is given.
 /// The fast path's counters among them: a successor's programs count on where the predecessor's
 /// left off.
-const PINNED_MAPS: [&str; 5] = [
+const PINNED_MAPS: [&str; 6] = [
     maps::SOCKET_ORIG_DST,
     maps::FLOW_ORIG_DST,
+    maps::SUBFLOW_ORIG_DST,
     maps::OPTED_OUT_CGROUPS,
     maps::STATS,
     maps::FAST_STATS,

@@ -15,8 +15,23 @@ fn connect(addr: SocketAddr) -> Result<TcpStream> {
         .with_context(|| format!("connecting to {addr}"))
 }
 
-pub fn getpeername(addr: SocketAddr) -> Result<()> {
-    let s = connect(addr)?;
+/// `IPPROTO_MPTCP` (linux/in.h).
+const IPPROTO_MPTCP: i32 = 262;
+
+pub fn getpeername(addr: SocketAddr, mptcp: bool) -> Result<()> {
+    let s = match mptcp {
+        false => connect(addr)?,
+        true => {
+            let domain = socket2::Domain::for_address(addr);
+            let protocol = Some(socket2::Protocol::from(IPPROTO_MPTCP));
+            let socket = socket2::Socket::new(domain, socket2::Type::STREAM, protocol)
+                .context("an MPTCP socket (net.mptcp.enabled?)")?;
+            socket
+                .connect_timeout(&addr.into(), CONNECT_TIMEOUT)
+                .with_context(|| format!("connecting to {addr} over MPTCP"))?;
+            socket.into()
+        }
+    };
     println!("{}", s.peer_addr().context("getpeername")?);
     Ok(())
 }

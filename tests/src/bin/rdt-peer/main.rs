@@ -45,7 +45,12 @@ enum Command {
         sink: Vec<SocketAddr>,
     },
     /// Connect and print what getpeername() returns.
-    Getpeername { addr: SocketAddr },
+    Getpeername {
+        addr: SocketAddr,
+        /// An MPTCP socket (`IPPROTO_MPTCP`), as recent curl and Go may open, instead of TCP.
+        #[arg(long)]
+        mptcp: bool,
+    },
     /// Connect, print `peer ADDR` (what getpeername() returns), then again for every line on stdin,
     /// on the same connection, until stdin closes.
     PeerWatch { addr: SocketAddr },
@@ -195,7 +200,7 @@ fn main() -> ExitCode {
             source,
             sink,
         } => serve::serve(&name, &http, &echo, &source, &sink),
-        Command::Getpeername { addr } => client::getpeername(addr),
+        Command::Getpeername { addr, mptcp } => client::getpeername(addr, mptcp),
         Command::PeerWatch { addr } => client::peer_watch(addr),
         Command::UdpConnected { server, count } => load::udp_connected(server, count),
         Command::Churn { addr, conns } => load::churn(addr, conns),
