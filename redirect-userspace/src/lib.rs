@@ -11,6 +11,7 @@ mod admin;
 mod agent;
 mod budget;
 mod cli;
+mod clock;
 mod cluster;
 mod config;
 mod dns;

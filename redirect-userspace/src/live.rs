@@ -3,13 +3,13 @@
 use std::{
     path::PathBuf,
     sync::{Arc, Mutex, OnceLock},
-    time::SystemTime,
 };
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
 use crate::{
+    clock::now_rfc3339,
     config::{ConfigError, Rejected},
     state::Snapshot,
 };
@@ -194,10 +194,6 @@ impl std::fmt::Debug for LiveState {
             .field("status", &self.status)
             .finish_non_exhaustive()
     }
-}
-
-pub(crate) fn now_rfc3339() -> String {
-    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
 }
 
 /// Hands the allocator's free pages back to the kernel; called once a new state is in force. A

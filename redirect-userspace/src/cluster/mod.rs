@@ -33,8 +33,9 @@ use reuse::{InForce, Next, Reuse};
 pub use store::{Change, Changes, Store};
 
 use crate::{
+    clock::now_rfc3339,
     config::{ConfigError, Model},
-    live::{LiveState, now_rfc3339},
+    live::LiveState,
     metrics::{Metrics, ReloadResult},
     pipeline,
     state::Snapshot,

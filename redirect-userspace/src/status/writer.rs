@@ -21,7 +21,7 @@ use super::{
     observed::FIELD_MANAGER,
     plan::{Plan, plan},
 };
-use crate::{live::now_rfc3339, metrics::Metrics};
+use crate::{clock::now_rfc3339, metrics::Metrics};
 
 /// Status writes per second at most: 10,000 changed entries take under four minutes, and the API
 /// server never sees a burst from this agent.
