@@ -39,7 +39,11 @@ struct Setup {
 }
 
 fn setup(pods: &[(&str, &str)], fd_limit: Option<u64>, agent_args: &[&str]) -> Result<Setup> {
-    let topo = Topology::with_pods(pods)?;
+    setup_on(Topology::with_pods(pods)?, fd_limit, agent_args)
+}
+
+/// [`setup`] on a topology made (and adjusted) already.
+fn setup_on(topo: Topology, fd_limit: Option<u64>, agent_args: &[&str]) -> Result<Setup> {
     let ext = topo.start_ext_peer("ext", &[EXT_HTTP.parse()?], &[EXT_ECHO.parse()?])?;
     let dns = topo.start_dnsmasq(RESOLVER_IP, DnsRecords::new().host(NAME, NAME_IP.parse()?))?;
     // The proxy's own budgets: every connection goes to it.
@@ -686,6 +690,26 @@ fn forged_dns_sources_from_one_pod_take_one_share_not_the_nodes_budget() -> Resu
     s.agent.stop()
 }
 
+/// The ports tests' node: `pods`, the node's ephemeral range cut to 1,000 ports, the proxy deciding
+/// every connection. Returns it with the ports toward one upstream address a client and the node may
+/// hold, checked to be sized from that range (187 of 750).
+fn with_a_thousand_ports(pods: &[(&str, &str)]) -> Result<(Setup, u64, u64)> {
+    let topo = Topology::with_pods(pods)?;
+    // The node's own netns (the test's): a small range, read by the agent at start.
+    topo.node_cmd("sysctl")
+        .args(["-q", "-w", "net.ipv4.ip_local_port_range=40000 40999"])
+        .ok()?;
+    let s = setup_on(topo, None, &[])?;
+    let m = s.agent.metrics()?;
+    let share = m.get_or_zero(&limit("upstream_ports", "client")) as u64;
+    let node = m.get_or_zero(&limit("upstream_ports", "node")) as u64;
+    ensure!(
+        (share, node) == (187, 750),
+        "sized from the range: {share} of {node}"
+    );
+    Ok((s, share, node))
+}
+
 /// Short connections from one pod to one endpoint, each closed by the pod first: the proxy closes
 /// toward the endpoint first too, so each leaves a node port in TIME_WAIT toward that address. On a
 /// node with 1,000 ephemeral ports, 2,000 of them in a row take one pod's share of the ports toward
@@ -696,27 +720,7 @@ fn forged_dns_sources_from_one_pod_take_one_share_not_the_nodes_budget() -> Resu
 fn one_pods_short_connections_leave_other_pods_ports_toward_the_same_endpoint() -> Result<()> {
     const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
     const CONNS: usize = 2_000;
-    let topo = Topology::with_pods(&[A1, B1])?;
-    // The node's own netns (the test's): a small range, read by the agent at start.
-    topo.node_cmd("sysctl")
-        .args(["-q", "-w", "net.ipv4.ip_local_port_range=40000 40999"])
-        .ok()?;
-    let ext = topo.start_ext_peer("ext", &[EXT_HTTP.parse()?], &[EXT_ECHO.parse()?])?;
-    let dns = topo.start_dnsmasq(RESOLVER_IP, DnsRecords::new().host(NAME, NAME_IP.parse()?))?;
-    let agent = Agent::start(&topo, &["--dns-upstream", RESOLVER, NO_FAST_PATH])?;
-    let s = Setup {
-        agent,
-        _ext: ext,
-        _dns: dns,
-        topo,
-    };
-    let m = s.agent.metrics()?;
-    let share = m.get_or_zero(&limit("upstream_ports", "client")) as u64;
-    let node = m.get_or_zero(&limit("upstream_ports", "node")) as u64;
-    ensure!(
-        (share, node) == (187, 750),
-        "sized from the range: {share} of {node}"
-    );
+    let (s, share, _) = with_a_thousand_ports(&[A1, B1])?;
 
     let churn = peer::cmd(s.topo.pod("team-a/a1").place())?
         .args(["churn", EXT_ECHO, "--conns", &CONNS.to_string()])
@@ -786,23 +790,7 @@ fn four_pods_at_their_share_leave_a_fifth_pod_ports_toward_the_same_endpoint() -
     ];
     let mut pods = HOGS.to_vec();
     pods.push(B1);
-    let topo = Topology::with_pods(&pods)?;
-    topo.node_cmd("sysctl")
-        .args(["-q", "-w", "net.ipv4.ip_local_port_range=40000 40999"])
-        .ok()?;
-    let ext = topo.start_ext_peer("ext", &[EXT_HTTP.parse()?], &[EXT_ECHO.parse()?])?;
-    let dns = topo.start_dnsmasq(RESOLVER_IP, DnsRecords::new().host(NAME, NAME_IP.parse()?))?;
-    let agent = Agent::start(&topo, &["--dns-upstream", RESOLVER, NO_FAST_PATH])?;
-    let s = Setup {
-        agent,
-        _ext: ext,
-        _dns: dns,
-        topo,
-    };
-    let m = s.agent.metrics()?;
-    let share = m.get_or_zero(&limit("upstream_ports", "client")) as u64;
-    let node = m.get_or_zero(&limit("upstream_ports", "node")) as u64;
-    ensure!((share, node) == (187, 750), "{share} of {node}");
+    let (s, share, node) = with_a_thousand_ports(&pods)?;
 
     // One after another: each leaves its ports in TIME_WAIT for a minute.
     let mut taken = Vec::new();
