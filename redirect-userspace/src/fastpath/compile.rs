@@ -148,7 +148,8 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
 /// the same limits, and the same host addresses when `same_hosts`): a snapshot that shares its
 /// services with that one ([`Snapshot::same_services`], a change to Pods alone) takes only its
 /// workload addresses again; one that shares its workloads ([`Snapshot::same_workloads`], a
-/// change to services alone) compiles only the services' entries.
+/// change to services alone) compiles only the services' entries, and of those only the entries
+/// of the addresses the changed services claim when it can (`patch`).
 pub fn compile_after(
     compiled: Option<(&Snapshot, &Tables, &Stats)>,
     same_hosts: bool,
@@ -161,8 +162,15 @@ pub fn compile_after(
             with_workloads(tables, stats, snapshot, limits)
         }
         Some((before, tables, stats)) if before.same_workloads(snapshot) => {
-            let workloads = Workloads::in_tables(tables, stats);
-            compile_reusing(snapshot, limits, hosts, workloads)
+            let patched = same_hosts
+                .then(|| {
+                    super::patch::services_changed(before, tables, stats, snapshot, limits, hosts)
+                })
+                .flatten();
+            patched.unwrap_or_else(|| {
+                let workloads = Workloads::in_tables(tables, stats);
+                compile_reusing(snapshot, limits, hosts, workloads)
+            })
         }
         _ => compile_with(snapshot, limits, hosts),
     }
@@ -528,9 +536,9 @@ impl View {
 
 /// What reaching one service means in the kernel: its claim and the rewrites of its ports, worked
 /// out once, written when a view that uses them is.
-struct ServiceClaim {
-    claim: Claim,
-    ports: Vec<(PortKey, PortEndpoints)>,
+pub(super) struct ServiceClaim {
+    pub claim: Claim,
+    pub ports: Vec<(PortKey, PortEndpoints)>,
 }
 
 struct Compiler<'s> {
@@ -636,35 +644,51 @@ impl Compiler<'_> {
         }
     }
 
-    /// What reaching service `id` means in the kernel, worked out the first time it is asked for.
+    /// What reaching service `id` means in the kernel, worked out the first time it is asked for
+    /// (its fallbacks counted then).
     fn claim(&mut self, id: u32) -> Claim {
         if let Some(service) = self.claims.get(&id) {
             return service.claim;
         }
-        let svc = self.services[id as usize];
-        let mut action = if svc.resolution == Resolution::None {
-            ACTION_PASSTHROUGH
-        } else {
-            ACTION_PROXY
-        };
-        let mut ports = Vec::new();
-        if action == ACTION_PROXY {
-            let mut seen = BTreeSet::new();
-            // The first port of a number is the one the proxy serves.
-            for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
-                match backends(port, self.hosts) {
-                    Ok(b) => ports.push((PortKey::new(id, port.port), b)),
-                    Err(why) => self.stats.fell_back(why, 1),
-                }
-            }
-            if !ports.is_empty() {
-                action = ACTION_PORTS;
-            }
+        let (service, fallbacks) = service_claim(id, self.services[id as usize], self.hosts);
+        for why in fallbacks {
+            self.stats.fell_back(why, 1);
         }
-        let claim = Claim::new(action, id);
-        self.claims.insert(id, ServiceClaim { claim, ports });
+        let claim = service.claim;
+        self.claims.insert(id, service);
         claim
     }
+}
+
+/// What reaching service `id` (`svc`) means in the kernel: its claim, the rewrites of its ports,
+/// and why each port left out goes to the proxy.
+pub(super) fn service_claim(
+    id: u32,
+    svc: &Service,
+    hosts: &HostAddresses,
+) -> (ServiceClaim, Vec<Fallback>) {
+    let mut action = if svc.resolution == Resolution::None {
+        ACTION_PASSTHROUGH
+    } else {
+        ACTION_PROXY
+    };
+    let mut ports = Vec::new();
+    let mut fallbacks = Vec::new();
+    if action == ACTION_PROXY {
+        let mut seen = BTreeSet::new();
+        // The first port of a number is the one the proxy serves.
+        for port in svc.ports.iter().filter(|p| seen.insert(p.port)) {
+            match backends(port, hosts) {
+                Ok(b) => ports.push((PortKey::new(id, port.port), b)),
+                Err(why) => fallbacks.push(why),
+            }
+        }
+        if !ports.is_empty() {
+            action = ACTION_PORTS;
+        }
+    }
+    let claim = Claim::new(action, id);
+    (ServiceClaim { claim, ports }, fallbacks)
 }
 
 /// A port's endpoints as one rewrite, when they are all plain IPs, or host names resolved ahead,

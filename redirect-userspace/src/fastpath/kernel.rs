@@ -7,6 +7,8 @@ use redirect_common::fastpath::{
     PortKey,
 };
 
+#[cfg(test)]
+use super::tables::Clients;
 use super::tables::{NsId, PortEndpoints, Tables};
 
 /// What the kernel does with a `connect()`.
@@ -32,11 +34,17 @@ pub enum DecidedBy {
 
 /// The program for a socket of the process in cgroup `cgroup`.
 #[cfg(test)]
-pub fn decide(tables: &Tables, cgroup: u64, ip: IpAddr, port: u16) -> FastDecision<'_> {
+pub fn decide<'t>(
+    tables: &'t Tables,
+    clients: &Clients,
+    cgroup: u64,
+    ip: IpAddr,
+    port: u16,
+) -> FastDecision<'t> {
     // A cgroup the agent has not named (a pod started since, one that did not fit, a process
     // outside any pod's cgroup) could be anyone's: only the proxy knows its namespace.
-    match tables.clients.get(&cgroup) {
-        Some(ns) => decide_for(tables, *ns, ip, port),
+    match clients.get(cgroup) {
+        Some(ns) => decide_for(tables, ns, ip, port),
         None => FastDecision::Proxy,
     }
 }

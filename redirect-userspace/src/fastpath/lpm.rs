@@ -53,6 +53,12 @@ impl<V> LpmTrie<V> {
             .find_map(|(len, bucket)| bucket.get(&mask(bytes, *len)))
     }
 
+    /// The value stored for exactly this prefix (`bytes` masked to `prefix_len`, as [`Self::iter`]
+    /// gives them).
+    pub fn get(&self, prefix_len: u32, bytes: &LpmBytes) -> Option<&V> {
+        self.by_len.get(&prefix_len)?.get(bytes)
+    }
+
     /// Every stored prefix: (prefix length, masked key bytes, value).
     pub fn iter(&self) -> impl Iterator<Item = (u32, &LpmBytes, &V)> {
         self.by_len

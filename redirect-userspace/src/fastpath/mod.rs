@@ -14,6 +14,7 @@ mod dump;
 mod kernel;
 mod lpm;
 mod memory;
+mod patch;
 mod tables;
 mod upkeep;
 
@@ -29,7 +30,7 @@ pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
 pub use memory::{TableMemory, kernel_bytes};
 #[cfg(test)]
 pub use tables::ClientsFull;
-pub use tables::{PortEndpoints, Tables};
+pub use tables::{Clients, Install, PortEndpoints, Tables};
 pub use upkeep::FastPath;
 
 #[cfg(test)]

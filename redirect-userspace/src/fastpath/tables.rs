@@ -14,7 +14,7 @@
 //! A snapshot's tables are swapped whole (the eBPF half: one set of maps per generation, the
 //! generation in force read first), never edited in place.
 #[cfg(test)]
-use std::net::SocketAddr;
+use std::{collections::BTreeSet, net::SocketAddr};
 use std::{
     collections::{BTreeMap, HashMap, HashSet},
     sync::Arc,
@@ -31,7 +31,7 @@ use super::lpm::LpmTrie;
 pub type NsId = u32;
 
 /// The client table is full: from now on a cgroup missing from it goes to the proxy (see
-/// [`Tables::set_client`]).
+/// [`Clients::set`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the fast path's client table is full ({0} entries)")]
 pub struct ClientsFull(pub usize);
@@ -74,12 +74,81 @@ impl PortEndpoints {
     }
 }
 
+/// What one generation of the kernel's maps is given: the compiled tables, shared with the
+/// compiler's copy and with the other generation (never copied to add the clients), and the client
+/// table of the pods on the node.
+#[derive(Debug, Clone, Default)]
+pub struct Install {
+    pub tables: Arc<Tables>,
+    pub clients: Arc<Clients>,
+}
+
+impl Install {
+    /// The one entry of the BPF array: the tables' flags, and whether the client table is whole.
+    pub fn config(&self) -> Config {
+        let mut config = self.tables.config;
+        config.clients_incomplete = u8::from(self.clients.incomplete);
+        config
+    }
+}
+
+/// BPF hash `cgroup id (u64) -> NsId`: filled by the agent from its identity walk, with the ids
+/// the tables gave the namespaces; a missing cgroup could be any pod's, so its connections go to
+/// the proxy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Clients {
+    entries: HashMap<u64, NsId>,
+    max: usize,
+    /// A cgroup did not fit.
+    incomplete: bool,
+}
+
+impl Clients {
+    /// An empty client table for `tables` (as many entries as their limits allow).
+    pub fn new(tables: &Tables) -> Clients {
+        Clients {
+            entries: HashMap::new(),
+            max: tables.max_clients,
+            incomplete: false,
+        }
+    }
+
+    /// Records the namespace of a pod cgroup (a namespace that claims no address gets
+    /// [`NS_UNKNOWN`]: its clients see what every client sees). A cgroup that does not fit is
+    /// missing, and a missing cgroup goes to the proxy.
+    pub fn set(
+        &mut self,
+        tables: &Tables,
+        cgroup: u64,
+        namespace: &str,
+    ) -> Result<(), ClientsFull> {
+        if self.entries.len() >= self.max && !self.entries.contains_key(&cgroup) {
+            self.incomplete = true;
+            return Err(ClientsFull(self.max));
+        }
+        self.entries.insert(cgroup, tables.namespace_id(namespace));
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub fn get(&self, cgroup: u64) -> Option<NsId> {
+        self.entries.get(&cgroup).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Every entry, as the BPF map holds them.
+    pub fn entries(&self) -> &HashMap<u64, NsId> {
+        &self.entries
+    }
+}
+
 /// One snapshot's tables. Swapped whole, like the snapshot they come from.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tables {
-    /// BPF hash `cgroup id (u64) -> NsId`: filled by the agent from its identity walk; a missing
-    /// cgroup could be any pod's, so its connections go to the proxy.
-    pub(super) clients: HashMap<u64, NsId>,
+    /// The most entries of the client table ([`Clients`]).
     pub(super) max_clients: usize,
     /// Userspace only: the namespace ids this snapshot gave out, for the agent and `explain`.
     pub(super) namespaces: BTreeMap<String, NsId>,
@@ -105,24 +174,6 @@ impl Tables {
             .unwrap_or(NS_UNKNOWN)
     }
 
-    /// Records the namespace of a pod cgroup (a namespace that claims no address gets
-    /// [`NS_UNKNOWN`]: its clients see what every client sees). A cgroup that does not fit is
-    /// missing, and a missing cgroup goes to the proxy.
-    pub fn set_client(&mut self, cgroup: u64, namespace: &str) -> Result<(), ClientsFull> {
-        let ns = self.namespace_id(namespace);
-        if self.clients.len() >= self.max_clients && !self.clients.contains_key(&cgroup) {
-            self.config.clients_incomplete = 1;
-            return Err(ClientsFull(self.max_clients));
-        }
-        self.clients.insert(cgroup, ns);
-        Ok(())
-    }
-
-    /// BPF hash `cgroup id -> NsId`.
-    pub fn clients(&self) -> &HashMap<u64, NsId> {
-        &self.clients
-    }
-
     /// BPF hash `AddrKey -> Claim`.
     pub fn exact(&self) -> &HashMap<AddrKey, Claim> {
         &self.exact
@@ -131,6 +182,16 @@ impl Tables {
     /// BPF LPM trie entries: (prefix length, key bytes, claim).
     pub fn cidrs(&self) -> impl Iterator<Item = (u32, &LpmBytes, &Claim)> {
         self.cidrs.iter()
+    }
+
+    /// The LPM trie's entry for exactly this prefix, if any.
+    pub fn cidr(&self, prefix_len: u32, bytes: &LpmBytes) -> Option<&Claim> {
+        self.cidrs.get(prefix_len, bytes)
+    }
+
+    /// Entries of the LPM trie.
+    pub fn cidr_count(&self) -> usize {
+        self.cidrs.len()
     }
 
     /// BPF hash `PortKey -> Backends` (each made by [`PortEndpoints::kernel`]).
@@ -142,10 +203,57 @@ impl Tables {
     pub fn workloads(&self) -> &HashSet<IpKey> {
         &self.workloads
     }
+}
 
-    /// The one entry of the BPF array.
-    pub fn config(&self) -> Config {
-        self.config
+#[cfg(test)]
+/// [`Tables`] with each namespace number replaced by the namespace's name (`""`: every client).
+#[derive(Debug, PartialEq)]
+pub struct ByName {
+    exact: HashMap<(String, IpKey), Claim>,
+    cidrs: HashMap<(String, u32, LpmBytes), Claim>,
+    namespaces: BTreeSet<String>,
+    rest: Tables,
+}
+
+#[cfg(test)]
+impl Tables {
+    /// These tables with each namespace number replaced by the namespace's name: two
+    /// compilations that number the namespaces apart compare equal when they hold the same.
+    pub fn by_name(&self) -> ByName {
+        let name = |ns: u32| match ns {
+            NS_UNKNOWN => String::new(),
+            id => self
+                .namespaces
+                .iter()
+                .find(|(_, n)| **n == id)
+                .map_or_else(|| format!("unnamed {id}"), |(name, _)| name.clone()),
+        };
+        let exact = self
+            .exact
+            .iter()
+            .map(|(AddrKey { ns, ip }, claim)| ((name(*ns), *ip), *claim))
+            .collect();
+        let cidrs = self
+            .cidrs()
+            .map(|(len, bytes, claim)| {
+                let ns = u32::from_be_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                let mut rest = *bytes;
+                rest[..4].fill(0);
+                ((name(ns), len, rest), *claim)
+            })
+            .collect();
+        let rest = Tables {
+            namespaces: Default::default(),
+            exact: Default::default(),
+            cidrs: Default::default(),
+            ..self.clone()
+        };
+        ByName {
+            exact,
+            cidrs,
+            namespaces: self.namespaces.keys().cloned().collect(),
+            rest,
+        }
     }
 }
 

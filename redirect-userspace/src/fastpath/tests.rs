@@ -10,6 +10,7 @@ use crate::{
     state::{Outbound, OutboundOutcome, Pick, Snapshot, Target},
 };
 
+mod patched;
 mod props;
 
 const HEADER: &str = r#"
@@ -155,12 +156,16 @@ fn kernel_with(
     port: u16,
 ) -> String {
     const CGROUP: u64 = 7;
-    let mut tables = tables.clone();
+    let mut clients = Clients::new(tables);
     // No client namespace: a pod of a namespace that claims nothing, which sees what every client sees.
-    tables
-        .set_client(CGROUP, client.unwrap_or("a-namespace-claiming-nothing"))
+    clients
+        .set(
+            tables,
+            CGROUP,
+            client.unwrap_or("a-namespace-claiming-nothing"),
+        )
         .unwrap();
-    let fast = decide(&tables, CGROUP, ip(dst), port);
+    let fast = decide(tables, &clients, CGROUP, ip(dst), port);
     if let Err(e) = agrees_with(snap, hosts, fast, client, ip(dst), port) {
         panic!("kernel and proxy disagree: {e}");
     }
@@ -538,7 +543,7 @@ fn a_none_visibility_entry_is_absent_from_the_tables() {
 
 #[test]
 fn a_namespace_claiming_nothing_shares_the_unknown_view_and_an_unnamed_cgroup_goes_to_the_proxy() {
-    let (_, mut t, stats) = compiled(&static_entry(
+    let (_, t, stats) = compiled(&static_entry(
         "mine",
         "ns-c",
         "203.0.113.10",
@@ -547,15 +552,19 @@ fn a_namespace_claiming_nothing_shares_the_unknown_view_and_an_unnamed_cgroup_go
     assert_eq!(stats.namespaces, 1);
     assert_ne!(t.namespace_id("ns-c"), NS_UNKNOWN);
     assert_eq!(t.namespace_id("ns-d"), NS_UNKNOWN);
-    t.set_client(1, "ns-d").unwrap();
-    t.set_client(2, "ns-c").unwrap();
-    assert_eq!(t.clients.get(&1), Some(&NS_UNKNOWN));
-    assert_eq!(t.clients.len(), 2);
+    let mut c = Clients::new(&t);
+    c.set(&t, 1, "ns-d").unwrap();
+    c.set(&t, 2, "ns-c").unwrap();
+    assert_eq!(c.get(1), Some(NS_UNKNOWN));
+    assert_eq!(c.len(), 2);
     let dst = ip("203.0.113.10");
-    assert_eq!(decide(&t, 1, dst, 80), FastDecision::Passthrough);
-    assert!(matches!(decide(&t, 2, dst, 80), FastDecision::Rewrite(_)));
+    assert_eq!(decide(&t, &c, 1, dst, 80), FastDecision::Passthrough);
+    assert!(matches!(
+        decide(&t, &c, 2, dst, 80),
+        FastDecision::Rewrite(_)
+    ));
     // A cgroup the agent could not name: its namespace is only known to the proxy (by address).
-    assert_eq!(decide(&t, 3, dst, 80), FastDecision::Proxy);
+    assert_eq!(decide(&t, &c, 3, dst, 80), FastDecision::Proxy);
 }
 
 #[test]
@@ -823,13 +832,22 @@ fn full_client_table_sends_unregistered_cgroups_to_the_proxy() {
         clients: 1,
         ..Limits::default()
     };
-    let (_, mut t, _) = limited(&objects, limits);
-    t.set_client(1, "ns-c").unwrap();
-    assert_eq!(t.set_client(2, "ns-c"), Err(ClientsFull(1)));
+    let (_, t, _) = limited(&objects, limits);
+    let mut c = Clients::new(&t);
+    c.set(&t, 1, "ns-c").unwrap();
+    assert_eq!(c.set(&t, 2, "ns-c"), Err(ClientsFull(1)));
+    let installed = Install {
+        tables: std::sync::Arc::new(t.clone()),
+        clients: std::sync::Arc::new(c.clone()),
+    };
+    assert_eq!(installed.config().clients_incomplete, 1);
     let dst = ip("203.0.113.11");
-    assert!(matches!(decide(&t, 1, dst, 80), FastDecision::Rewrite(_)));
-    assert_eq!(decide(&t, 2, dst, 80), FastDecision::Proxy);
-    assert_eq!(decide(&t, 3, dst, 80), FastDecision::Proxy);
+    assert!(matches!(
+        decide(&t, &c, 1, dst, 80),
+        FastDecision::Rewrite(_)
+    ));
+    assert_eq!(decide(&t, &c, 2, dst, 80), FastDecision::Proxy);
+    assert_eq!(decide(&t, &c, 3, dst, 80), FastDecision::Proxy);
 }
 
 #[test]

@@ -3,8 +3,10 @@
 //! the node. A snapshot is compiled again when it or the fresh host addresses change: one that
 //! changed only Pods (its services shared) keeps the services' entries and takes only its workload
 //! addresses again; one that changed only services (its workloads shared) keeps the workload
-//! addresses. The client table (cgroup -> namespace) is redone whenever the cgroups change. Every
-//! change goes in as a whole new generation.
+//! addresses, and one that changed a few services in place is a patch of the tables before
+//! (`patch`). The client table (cgroup -> namespace) is redone whenever the cgroups change, beside
+//! the compiled tables, never in a copy of them. Every change goes in as a new generation, written
+//! as what differs from what that generation holds.
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
@@ -27,7 +29,8 @@ use crate::{
     config::WorkloadKind,
     dns::ahead::Ahead,
     fastpath::{
-        self, Dump, Fallback, HostAddresses, Limits, Stats, TableMemory, Tables, fallback_name,
+        self, Clients, Dump, Fallback, HostAddresses, Install, Limits, Stats, TableMemory, Tables,
+        fallback_name,
     },
     identity::CgroupPods,
     live::LiveState,
@@ -107,7 +110,7 @@ impl FastPath {
         ahead: Arc<Ahead>,
         metrics: Arc<Metrics>,
         limits: Limits,
-    ) -> (Arc<FastPath>, Tables) {
+    ) -> (Arc<FastPath>, Install) {
         let pods = cgroups.rescan().await;
         ahead.follow(&live.snapshot_arc());
         ahead.resolve_due(FIRST_RESOLUTION).await;
@@ -154,7 +157,7 @@ impl FastPath {
     /// Compiles the snapshot in force if it or the fresh host addresses are new, and installs the
     /// tables when they or the pods' cgroups (`pods`, when rescanned) changed. Before the maps
     /// exist, returns the tables instead.
-    fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) -> Option<Tables> {
+    fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) -> Option<Install> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         // Read under the lock: of two racing callers, the last to lock installs the latest.
         let snapshot = self.live.snapshot_arc();
@@ -197,16 +200,16 @@ impl FastPath {
         let Some((snapshot, tables, stats)) = &state.compiled else {
             return None;
         };
-        let (tables, left_out) = with_clients(snapshot, tables, &state.pods);
+        let (install, left_out) = with_clients(snapshot, tables, &state.pods);
         let compiled_in = started.elapsed();
         let Some(maps) = self.maps.get() else {
             state.clients_left_out = left_out;
-            return Some(tables);
+            return Some(install);
         };
         let installed = maps
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .install(&tables);
+            .install(&install);
         self.publish_maps(maps);
         match installed {
             Ok(()) => {
@@ -215,7 +218,7 @@ impl FastPath {
                     cidrs = tables.cidrs().count(),
                     ports = tables.ports().len(),
                     workloads = tables.workloads().len(),
-                    clients = tables.clients().len(),
+                    clients = install.clients.len(),
                     fallbacks = ?stats.fallbacks,
                     compiled_in = ?compiled_in,
                     written_in = ?(started.elapsed() - compiled_in),
@@ -397,24 +400,32 @@ impl FastPath {
 
 /// The compiled tables with a client entry for every pod cgroup whose pod the snapshot knows;
 /// also how many did not fit.
-fn with_clients(snapshot: &Snapshot, tables: &Tables, pods: &[(u64, Uuid)]) -> (Tables, usize) {
+fn with_clients(
+    snapshot: &Snapshot,
+    tables: &Arc<Tables>,
+    pods: &[(u64, Uuid)],
+) -> (Install, usize) {
     let namespaces: HashMap<Uuid, &str> = snapshot
         .workloads()
         .iter()
         .filter(|w| w.kind == WorkloadKind::Pod)
         .filter_map(|w| Some((w.meta.uid?, w.meta.namespace.as_str())))
         .collect();
-    let mut tables = tables.clone();
+    let mut clients = Clients::new(tables);
     let mut left_out = 0;
     for (cgroup, uid) in pods {
         // A pod the snapshot does not know stays out: the proxy knows it by address, if at all.
         if let Some(ns) = namespaces.get(uid)
-            && tables.set_client(*cgroup, ns).is_err()
+            && clients.set(tables, *cgroup, ns).is_err()
         {
             left_out += 1;
         }
     }
-    (tables, left_out)
+    let install = Install {
+        tables: tables.clone(),
+        clients: Arc::new(clients),
+    };
+    (install, left_out)
 }
 
 struct FastPathMetrics(Arc<FastPath>);

@@ -10,7 +10,7 @@
 //! successor fills its own before its programs are swapped in (`RedirectConfig::fast_tables`).
 //! The counters are: they go on across hand-overs.
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap},
+    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
     hash::Hash,
     os::fd::{AsFd, AsRawFd},
     sync::Arc,
@@ -34,7 +34,7 @@ use redirect_common::{
 };
 
 use super::{RedirectError, per_cpu_totals, take_map};
-use crate::fastpath::{PortEndpoints, TableMemory, Tables, kernel_bytes};
+use crate::fastpath::{Install, PortEndpoints, TableMemory, Tables, kernel_bytes};
 
 /// A generation just left is not rewritten before this: a program that read the selector just
 /// before the flip finishes its few lookups long before.
@@ -83,54 +83,23 @@ struct Generation {
     cidrs: Sized<LpmTrie<MapData, LpmBytes, Claim>>,
     ports: Sized<HashMap<MapData, PortKey, Backends>>,
     workloads: Sized<HashMap<MapData, IpKey, u8>>,
-    /// Shared with the other generation while both hold the same (after [`FastMaps::catch_up`]):
-    /// one copy, not two, of what the maps hold at rest.
-    held: Arc<Held>,
+    /// What the maps hold, as last written: the very tables the agent compiled (shared with it
+    /// and, after [`FastMaps::catch_up`], with the other generation: no copy is made to write
+    /// them). `None` while a write is under way or after one failed: then what the maps hold is
+    /// unknown, and the next write makes every map anew.
+    held: Option<Install>,
 }
 
-/// What one generation's maps hold, entry for entry, as last written.
-#[derive(Clone, Default)]
-struct Held {
-    clients: StdHashMap<u64, u32>,
-    exact: StdHashMap<AddrKey, Claim>,
-    cidrs: StdHashMap<(u32, LpmBytes), Claim>,
-    /// Shared with the tables written (the endpoints in use, not the kernel's 16 slots).
-    ports: StdHashMap<PortKey, PortEndpoints>,
-    workloads: StdHashMap<IpKey, u8>,
-    config: Config,
-}
-
-/// What a generation is to hold: the tables to install, or the other generation's content.
-struct Want<'a> {
-    clients: &'a StdHashMap<u64, u32>,
-    exact: &'a StdHashMap<AddrKey, Claim>,
-    cidrs: &'a StdHashMap<(u32, LpmBytes), Claim>,
-    ports: &'a StdHashMap<PortKey, PortEndpoints>,
-    workloads: &'a StdHashMap<IpKey, u8>,
-    config: Config,
-}
-
-impl Held {
-    fn sizes(&self) -> BTreeMap<&'static str, usize> {
-        BTreeMap::from([
-            ("clients", self.clients.len()),
-            ("exact", self.exact.len()),
-            ("cidrs", self.cidrs.len()),
-            ("ports", self.ports.len()),
-            ("workloads", self.workloads.len()),
-        ])
-    }
-
-    fn wanted(&self) -> Want<'_> {
-        Want {
-            clients: &self.clients,
-            exact: &self.exact,
-            cidrs: &self.cidrs,
-            ports: &self.ports,
-            workloads: &self.workloads,
-            config: self.config,
-        }
-    }
+/// Entries of each table `install` holds.
+fn sizes(install: &Install) -> BTreeMap<&'static str, usize> {
+    let tables = &install.tables;
+    BTreeMap::from([
+        ("clients", install.clients.len()),
+        ("exact", tables.exact().len()),
+        ("cidrs", tables.cidr_count()),
+        ("ports", tables.ports().len()),
+        ("workloads", tables.workloads().len()),
+    ])
 }
 
 /// The fast path's maps, owned by the agent that loaded them.
@@ -222,7 +191,7 @@ impl FastMaps {
     }
 
     /// Puts `tables` in force, whole. On an error the generation in force stays as it was.
-    pub fn install(&mut self, tables: &Tables) -> Result<(), MapError> {
+    pub fn install(&mut self, tables: &Install) -> Result<(), MapError> {
         let idle = self.in_force.map_or(0, |i| 1 - i);
         if let Some(at) = self.flipped_at {
             // Blocking, but short and only on back-to-back updates.
@@ -239,7 +208,8 @@ impl FastMaps {
 
     /// Entries of each table in force, if any are.
     pub fn sizes_in_force(&self) -> Option<BTreeMap<&'static str, usize>> {
-        self.in_force.map(|i| self.generations[i].held.sizes())
+        let held = self.generations[self.in_force?].held.as_ref()?;
+        Some(sizes(held))
     }
 
     /// What each table's maps take in the kernel, both generations together.
@@ -281,8 +251,9 @@ impl FastMaps {
             0 => (&first[0], &mut second[0]),
             _ => (&second[0], &mut first[0]),
         };
-        idle.sync(&mut self.outers, live.held.wanted())?;
-        idle.held = live.held.clone();
+        if let Some(held) = live.held.clone() {
+            idle.write(&mut self.outers, &held)?;
+        }
         self.idle_caught_up = true;
         Ok(true)
     }
@@ -304,7 +275,8 @@ impl Generation {
             cidrs: Sized::create(MIN_CAPACITY, lpm_trie)?,
             ports: Sized::create(MIN_CAPACITY, hash_map)?,
             workloads: Sized::create(MIN_CAPACITY, hash_map)?,
-            held: Arc::default(),
+            // Empty maps, known to be.
+            held: Some(Install::default()),
         };
         outers.clients.set(slot, &generation.clients.map, 0)?;
         outers.exact.set(slot, &generation.exact.map, 0)?;
@@ -315,95 +287,96 @@ impl Generation {
         Ok(generation)
     }
 
-    /// Brings this (idle) generation to `want`, writing only what differs. `held` follows every
-    /// successful write, so after an error the next call finishes the job.
-    fn write(&mut self, outers: &mut Outers, want: &Tables) -> Result<(), MapError> {
-        let cidrs = want
-            .cidrs()
-            .map(|(len, bytes, claim)| ((len, *bytes), *claim))
-            .collect();
-        let workloads = want.workloads().iter().map(|ip| (*ip, 1)).collect();
-        self.sync(
-            outers,
-            Want {
-                clients: want.clients(),
-                exact: want.exact(),
-                cidrs: &cidrs,
-                ports: want.ports(),
-                workloads: &workloads,
-                config: want.config(),
-            },
-        )
-    }
-
-    fn sync(&mut self, outers: &mut Outers, want: Want<'_>) -> Result<(), MapError> {
+    /// Brings this (idle) generation to `want`, writing only what differs from what it holds (a
+    /// map made anew, because it is too small or far too large or its content is unknown, gets
+    /// every entry).
+    fn write(&mut self, outers: &mut Outers, want: &Install) -> Result<(), MapError> {
         let slot = self.slot;
-        let held = Arc::make_mut(&mut self.held);
-        self.clients
-            .resize(&mut held.clients, want.clients.len(), hash_map, |m| {
-                outers.clients.set(slot, m, 0)
-            })?;
-        self.exact
-            .resize(&mut held.exact, want.exact.len(), hash_map, |m| {
-                outers.exact.set(slot, m, 0)
-            })?;
-        self.cidrs
-            .resize(&mut held.cidrs, want.cidrs.len(), lpm_trie, |m| {
-                outers.cidrs.set(slot, m, 0)
-            })?;
-        self.ports
-            .resize(&mut held.ports, want.ports.len(), hash_map, |m| {
-                outers.ports.set(slot, m, 0)
-            })?;
-        self.workloads
-            .resize(&mut held.workloads, want.workloads.len(), hash_map, |m| {
-                outers.workloads.set(slot, m, 0)
-            })?;
+        // Unknown until this write has succeeded.
+        let had = self.held.take();
+        let unknown = had.is_none();
+        let tables = &*want.tables;
+        let anew = [
+            self.clients
+                .resize(unknown, want.clients.len(), hash_map, |m| {
+                    outers.clients.set(slot, m, 0)
+                })?,
+            self.exact
+                .resize(unknown, tables.exact().len(), hash_map, |m| {
+                    outers.exact.set(slot, m, 0)
+                })?,
+            self.cidrs
+                .resize(unknown, tables.cidr_count(), lpm_trie, |m| {
+                    outers.cidrs.set(slot, m, 0)
+                })?,
+            self.ports
+                .resize(unknown, tables.ports().len(), hash_map, |m| {
+                    outers.ports.set(slot, m, 0)
+                })?,
+            self.workloads
+                .resize(unknown, tables.workloads().len(), hash_map, |m| {
+                    outers.workloads.set(slot, m, 0)
+                })?,
+        ];
+        // What each map held before, unless it was made anew (empty).
+        let had = |table: usize| had.as_ref().filter(|_| !anew[table]);
+        let same_tables =
+            (1..anew.len()).all(|t| had(t).is_some_and(|h| Arc::ptr_eq(&h.tables, &want.tables)));
         sync_hash(
             &mut self.clients.map,
-            &mut held.clients,
-            want.clients,
+            had(0).map(|h| h.clients.entries()),
+            want.clients.entries(),
             |v| *v,
         )?;
-        sync_hash(&mut self.exact.map, &mut held.exact, want.exact, |v| *v)?;
-        sync(
-            &mut self.cidrs.map,
-            &mut held.cidrs,
-            want.cidrs,
-            |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
-            |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), *v, 0),
-        )?;
-        sync_hash(
-            &mut self.ports.map,
-            &mut held.ports,
-            want.ports,
-            PortEndpoints::kernel,
-        )?;
-        sync_hash(
-            &mut self.workloads.map,
-            &mut held.workloads,
-            want.workloads,
-            |v| *v,
-        )?;
-        outers.config.set(slot, want.config, 0)?;
-        held.config = want.config;
+        if !same_tables {
+            sync_hash(
+                &mut self.exact.map,
+                had(1).map(|h| h.tables.exact()),
+                tables.exact(),
+                |v| *v,
+            )?;
+            let had_cidrs = had(2).map(|h| Cidrs(&h.tables));
+            sync(
+                &mut self.cidrs.map,
+                had_cidrs.as_ref(),
+                &Cidrs(tables),
+                |m, (len, bytes)| m.remove(&Key::new(*len, *bytes)),
+                |m, (len, bytes), v| m.insert(&Key::new(*len, *bytes), *v, 0),
+            )?;
+            sync_hash(
+                &mut self.ports.map,
+                had(3).map(|h| h.tables.ports()),
+                tables.ports(),
+                PortEndpoints::kernel,
+            )?;
+            sync(
+                &mut self.workloads.map,
+                had(4).map(|h| h.tables.workloads()),
+                tables.workloads(),
+                |m, ip| m.remove(ip),
+                |m, ip, ()| m.insert(ip, 1, 0),
+            )?;
+        }
+        outers.config.set(slot, want.config(), 0)?;
+        self.held = Some(want.clone());
         Ok(())
     }
 
     /// What each of this generation's maps takes in the kernel.
     fn memory(&self) -> [(&'static str, TableMemory); 5] {
-        let held = &self.held;
+        let held = self.held.as_ref().map(sizes).unwrap_or_default();
+        let entries = |table| held.get(table).copied().unwrap_or(0);
         [
             (
                 "clients",
-                self.clients.memory("clients", held.clients.len()),
+                self.clients.memory("clients", entries("clients")),
             ),
-            ("exact", self.exact.memory("exact", held.exact.len())),
-            ("cidrs", self.cidrs.memory("cidrs", held.cidrs.len())),
-            ("ports", self.ports.memory("ports", held.ports.len())),
+            ("exact", self.exact.memory("exact", entries("exact"))),
+            ("cidrs", self.cidrs.memory("cidrs", entries("cidrs"))),
+            ("ports", self.ports.memory("ports", entries("ports"))),
             (
                 "workloads",
-                self.workloads.memory("workloads", held.workloads.len()),
+                self.workloads.memory("workloads", entries("workloads")),
             ),
         ]
     }
@@ -432,18 +405,18 @@ impl<M> Sized<M> {
         })
     }
 
-    /// Makes a new map when `entries` do not fit this one (or need far less), put in the
-    /// generation's slot by `place`. It starts empty: `held` is cleared, so the sync that follows
-    /// writes every entry.
-    fn resize<K, V>(
+    /// Makes a new map when `entries` do not fit this one (or need far less), or when what it
+    /// holds is `unknown`, put in the generation's slot by `place`. Whether it did: a new map
+    /// starts empty, so the sync that follows writes every entry.
+    fn resize(
         &mut self,
-        held: &mut StdHashMap<K, V>,
+        unknown: bool,
         entries: usize,
         create: impl Fn(u32) -> Result<M, MapError>,
         place: impl FnOnce(&M) -> Result<(), MapError>,
-    ) -> Result<(), MapError> {
-        if !needs_new_map(self.capacity, entries) {
-            return Ok(());
+    ) -> Result<bool, MapError> {
+        if !unknown && !needs_new_map(self.capacity, entries) {
+            return Ok(false);
         }
         let capacity = capacity_for(entries);
         let map = create(capacity)?;
@@ -452,8 +425,7 @@ impl<M> Sized<M> {
         place(&map)?;
         self.map = map;
         self.capacity = capacity;
-        held.clear();
-        Ok(())
+        Ok(true)
     }
 }
 
@@ -495,46 +467,89 @@ fn memlock(map: &MapData) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-/// Makes a map equal to `want`, knowing it holds `held`: removes what is gone, then writes what is
-/// new or changed (removals first, so a full map makes room).
-fn sync<M, K: Eq + Hash + Copy, V: Clone + PartialEq>(
-    map: &mut M,
-    held: &mut StdHashMap<K, V>,
-    want: &StdHashMap<K, V>,
-    remove: impl Fn(&mut M, &K) -> Result<(), MapError>,
-    insert: impl Fn(&mut M, &K, &V) -> Result<(), MapError>,
-) -> Result<(), MapError> {
-    let gone: Vec<K> = held
-        .keys()
-        .filter(|k| !want.contains_key(k))
-        .copied()
-        .collect();
-    for k in gone {
-        match remove(map, &k) {
-            Ok(()) | Err(MapError::KeyNotFound) => {}
-            Err(e) => return Err(e),
-        }
-        held.remove(&k);
+/// One table's entries, as [`sync`] compares them.
+trait Entries {
+    type Key: Copy;
+    type Value: PartialEq;
+    fn value(&self, key: &Self::Key) -> Option<&Self::Value>;
+    fn each(&self) -> impl Iterator<Item = (Self::Key, &Self::Value)>;
+}
+
+impl<K: Eq + Hash + Copy, V: PartialEq> Entries for StdHashMap<K, V> {
+    type Key = K;
+    type Value = V;
+    fn value(&self, key: &K) -> Option<&V> {
+        self.get(key)
     }
-    for (k, v) in want {
-        if held.get(k) != Some(v) {
-            insert(map, k, v)?;
-            held.insert(*k, v.clone());
+    fn each(&self) -> impl Iterator<Item = (K, &V)> {
+        self.iter().map(|(k, v)| (*k, v))
+    }
+}
+
+impl<K: Eq + Hash + Copy> Entries for HashSet<K> {
+    type Key = K;
+    type Value = ();
+    fn value(&self, key: &K) -> Option<&()> {
+        self.contains(key).then_some(&())
+    }
+    fn each(&self) -> impl Iterator<Item = (K, &())> {
+        self.iter().map(|k| (*k, &()))
+    }
+}
+
+/// The tables' LPM trie, keyed by (prefix length, masked key bytes).
+struct Cidrs<'t>(&'t Tables);
+
+impl Entries for Cidrs<'_> {
+    type Key = (u32, LpmBytes);
+    type Value = Claim;
+    fn value(&self, (len, bytes): &(u32, LpmBytes)) -> Option<&Claim> {
+        self.0.cidr(*len, bytes)
+    }
+    fn each(&self) -> impl Iterator<Item = ((u32, LpmBytes), &Claim)> {
+        self.0
+            .cidrs()
+            .map(|(len, bytes, claim)| ((len, *bytes), claim))
+    }
+}
+
+/// Makes a map that holds `had` (`None`: nothing) equal to `want`: removes what is gone, then
+/// writes what is new or changed (removals first, so a full map makes room).
+fn sync<M, T: Entries>(
+    map: &mut M,
+    had: Option<&T>,
+    want: &T,
+    remove: impl Fn(&mut M, &T::Key) -> Result<(), MapError>,
+    insert: impl Fn(&mut M, &T::Key, &T::Value) -> Result<(), MapError>,
+) -> Result<(), MapError> {
+    if let Some(had) = had {
+        for (k, _) in had.each() {
+            if want.value(&k).is_none() {
+                match remove(map, &k) {
+                    Ok(()) | Err(MapError::KeyNotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    for (k, v) in want.each() {
+        if had.and_then(|h| h.value(&k)) != Some(v) {
+            insert(map, &k, v)?;
         }
     }
     Ok(())
 }
 
 /// [`sync`] for an aya hash map, whose keys are the table's own; `kernel` makes the value it holds.
-fn sync_hash<K: Pod + Eq + Hash, V: Clone + PartialEq, W: Pod>(
+fn sync_hash<K: Pod + Eq + Hash, V: PartialEq, W: Pod>(
     map: &mut HashMap<MapData, K, W>,
-    held: &mut StdHashMap<K, V>,
+    had: Option<&StdHashMap<K, V>>,
     want: &StdHashMap<K, V>,
     kernel: impl Fn(&V) -> W,
 ) -> Result<(), MapError> {
     sync(
         map,
-        held,
+        had,
         want,
         |m, k| m.remove(k),
         |m, k, v| m.insert(k, kernel(v), 0),
@@ -552,10 +567,10 @@ mod tests {
         writes: Vec<String>,
     }
 
-    fn apply(rec: &mut Recorded, held: &mut StdHashMap<u32, u32>, want: &StdHashMap<u32, u32>) {
+    fn apply(rec: &mut Recorded, had: Option<&StdHashMap<u32, u32>>, want: &StdHashMap<u32, u32>) {
         sync(
             rec,
-            held,
+            had,
             want,
             |r, k| {
                 r.writes.push(format!("-{k}"));
@@ -573,17 +588,15 @@ mod tests {
     #[test]
     fn a_generation_gets_only_what_differs_and_ends_equal_to_the_tables() {
         let mut rec = Recorded::default();
-        let mut held = StdHashMap::new();
         let first = StdHashMap::from([(1, 10), (2, 20), (3, 30)]);
-        apply(&mut rec, &mut held, &first);
+        apply(&mut rec, None, &first);
         assert_eq!(rec.map, first);
         assert_eq!(rec.writes.len(), 3);
 
         rec.writes.clear();
         let second = StdHashMap::from([(1, 10), (2, 21), (4, 40)]);
-        apply(&mut rec, &mut held, &second);
+        apply(&mut rec, Some(&first), &second);
         assert_eq!(rec.map, second);
-        assert_eq!(held, second);
         rec.writes.sort();
         // Key 1 is unchanged: not written. Removals come first (room in a full map).
         assert_eq!(rec.writes, ["+2=21", "+4=40", "-3"]);

@@ -87,7 +87,7 @@ pub struct RedirectConfig {
     pub pin_dir: Option<PathBuf>,
     /// The fast path's first tables, put in force before the programs are attached (or swapped
     /// in for a predecessor's): the kernel decides from the first connection.
-    pub fast_tables: Option<crate::fastpath::Tables>,
+    pub fast_tables: Option<crate::fastpath::Install>,
 }
 
 /// How the programs came to be attached.
@@ -264,9 +264,9 @@ impl Redirector {
             match fast.install(tables) {
                 Ok(()) => {
                     tracing::info!(
-                        exact = tables.exact().len(),
-                        ports = tables.ports().len(),
-                        clients = tables.clients().len(),
+                        exact = tables.tables.exact().len(),
+                        ports = tables.tables.ports().len(),
+                        clients = tables.clients.len(),
                         "fast path: new tables in force (before the programs attach)"
                     )
                 }

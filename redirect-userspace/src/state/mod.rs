@@ -169,6 +169,27 @@ impl Snapshot {
         Arc::ptr_eq(&self.services, &other.services)
     }
 
+    /// The positions (the fast path's service ids) whose service is not the very one `before`
+    /// holds there, when every other service kept its place: an entry edited in place, or added
+    /// or removed at the end of the rank order. `None` when more than `most` differ (services
+    /// moved: one was added or removed before others).
+    pub fn services_changed_in_place(&self, before: &Snapshot, most: usize) -> Option<Vec<u32>> {
+        let (old, new) = (&before.services.services, &self.services.services);
+        let common = old.len().min(new.len());
+        let mut changed = Vec::new();
+        for (i, (a, b)) in old.iter().zip(new.iter()).enumerate() {
+            if !Arc::ptr_eq(a, b) {
+                changed.push(i as u32);
+                if changed.len() > most {
+                    return None;
+                }
+            }
+        }
+        let longest = old.len().max(new.len());
+        changed.extend((common..longest).map(|i| i as u32));
+        (changed.len() <= most).then_some(changed)
+    }
+
     /// Whether `other` holds these very workloads (shared, as [`Snapshot::with_services`] and
     /// [`Snapshot::with_entries`] leave them).
     pub fn same_workloads(&self, other: &Snapshot) -> bool {

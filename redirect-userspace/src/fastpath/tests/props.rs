@@ -8,13 +8,13 @@ use super::{HEADER, agrees, ip};
 use crate::{
     config::load_sources,
     fastpath::{
-        DecidedBy, Fallback, FastDecision, Limits, compile, decide, decide_for, decide_hidden,
-        decided_by,
+        Clients, DecidedBy, Fallback, FastDecision, Limits, compile, decide, decide_for,
+        decide_hidden, decided_by,
     },
     state::{Outbound, Pick, Snapshot, Target},
 };
 
-const NAMESPACES: [&str; 5] = ["pub-a", "pub-b", "ns-c", "ns-d", "none-e"];
+pub(super) const NAMESPACES: [&str; 5] = ["pub-a", "pub-b", "ns-c", "ns-d", "none-e"];
 /// Exact addresses (a v4-mapped one, a pod's) and overlapping networks of both families.
 const ADDRESSES: [&str; 10] = [
     "203.0.113.1",
@@ -67,20 +67,20 @@ const HOSTS: [&str; 3] = [
 ];
 
 #[derive(Debug, Clone)]
-struct Entry {
-    ns: usize,
-    host: usize,
+pub(super) struct Entry {
+    pub(super) ns: usize,
+    pub(super) host: usize,
     /// `None`: no addresses declared (allocated, or not with the opt-out label).
-    addresses: Option<Vec<usize>>,
-    opt_out: bool,
-    resolution: usize,
-    https: bool,
-    endpoints: usize,
-    selector: bool,
-    age: Option<u8>,
+    pub(super) addresses: Option<Vec<usize>>,
+    pub(super) opt_out: bool,
+    pub(super) resolution: usize,
+    pub(super) https: bool,
+    pub(super) endpoints: usize,
+    pub(super) selector: bool,
+    pub(super) age: Option<u8>,
 }
 
-fn entry() -> impl Strategy<Value = Entry> {
+pub(super) fn entry() -> impl Strategy<Value = Entry> {
     (
         (0..NAMESPACES.len(), 0..HOSTS.len()),
         proptest::option::weighted(0.8, proptest::collection::vec(0..ADDRESSES.len(), 1..3)),
@@ -107,17 +107,17 @@ fn entry() -> impl Strategy<Value = Entry> {
 }
 
 #[derive(Debug, Clone)]
-struct World {
-    entries: Vec<Entry>,
+pub(super) struct World {
+    pub(super) entries: Vec<Entry>,
     /// Kubernetes Services: (namespace, exact address).
-    services: Vec<(usize, usize)>,
+    pub(super) services: Vec<(usize, usize)>,
     /// Pods: (namespace, address, labelled `app: x`).
-    pods: Vec<(usize, usize, bool)>,
+    pub(super) pods: Vec<(usize, usize, bool)>,
     /// `discoverySelectors` that leave `ns-d` out.
-    discovery: bool,
+    pub(super) discovery: bool,
 }
 
-fn world() -> impl Strategy<Value = World> {
+pub(super) fn world() -> impl Strategy<Value = World> {
     (
         proptest::collection::vec(entry(), 0..7),
         proptest::collection::vec((0..NAMESPACES.len(), 0..5usize), 0..3),
@@ -132,7 +132,7 @@ fn world() -> impl Strategy<Value = World> {
         })
 }
 
-fn yaml(world: &World) -> String {
+pub(super) fn yaml(world: &World) -> String {
     let mut out = String::from(HEADER);
     if world.discovery {
         out = out.replacen(
@@ -226,17 +226,18 @@ fn clients() -> impl Iterator<Item = Option<&'static str>> {
 /// `decided_by` says who decides.
 /// With `complete`, also the other way round: the kernel hands the proxy only what needs it.
 fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestCaseError> {
-    let (mut tables, stats) = compile(snap, limits);
+    let (tables, stats) = compile(snap, limits);
     // Hide reports left out with their namespace: the kernel then reports fewer hides, never others.
     let uncounted = stats.fallbacks.contains_key(&Fallback::HidesUncounted);
     // The agent registers one cgroup per client namespace; the unknown client's is not registered.
+    let mut installed = Clients::new(&tables);
     let registered: Vec<(u64, Option<&str>)> = clients()
         .enumerate()
         .map(|(i, ns)| {
             let cgroup = i as u64 + 1;
             if let Some(ns) = ns {
                 // A full table is counted by the agent; the kernel then sends misses to the proxy.
-                let _ = tables.set_client(cgroup, ns);
+                let _ = installed.set(&tables, cgroup, ns);
             }
             (cgroup, ns)
         })
@@ -246,7 +247,7 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
         for dst in DESTINATIONS {
             for port in PORTS {
                 let dst = ip(dst);
-                let fast = decide(&tables, cgroup, dst, port);
+                let fast = decide(&tables, &installed, cgroup, dst, port);
                 agrees(snap, fast, client, dst, port).map_err(TestCaseError::fail)?;
                 let ns = client.map_or(0, |c| tables.namespace_id(c));
                 let by_name = decide_for(&tables, ns, dst, port);
