@@ -24,27 +24,37 @@ fn model(world: &World) -> Model {
 }
 
 /// Entry `i` of `world` changed to `to` (its namespace, name and age kept: it keeps its place),
-/// patched and compiled whole. Whether the patch applied.
+/// or with `append` `to` added as a new entry without an age (last in the rank order when its
+/// namespace and name sort last), patched and compiled whole. Whether the patch applied.
 fn patch_agrees(
     world: &World,
-    i: usize,
+    (i, append): (usize, bool),
     to: &Entry,
     hosts: &HostAddresses,
     limits: Limits,
 ) -> Result<bool, TestCaseError> {
     let mut changed_world = world.clone();
-    let was = &world.entries[i];
-    changed_world.entries[i] = Entry {
-        ns: was.ns,
-        age: was.age,
-        ..to.clone()
+    let (i, ns) = match append {
+        true => {
+            changed_world.entries.push(Entry {
+                age: None,
+                ..to.clone()
+            });
+            (world.entries.len(), to.ns)
+        }
+        false => {
+            let was = &world.entries[i];
+            changed_world.entries[i] = Entry {
+                ns: was.ns,
+                age: was.age,
+                ..to.clone()
+            };
+            (i, was.ns)
+        }
     };
     let (before_model, after_model) = (model(world), model(&changed_world));
     let before = Snapshot::from_model(&before_model);
-    let changed = BTreeSet::from([(
-        super::props::NAMESPACES[was.ns].to_string(),
-        format!("e{i}"),
-    )]);
+    let changed = BTreeSet::from([(super::props::NAMESPACES[ns].to_string(), format!("e{i}"))]);
     let Some((after, _)) = pipeline::with_entries(
         &before,
         &before_model.service_entries,
@@ -90,15 +100,15 @@ fn run(cases: u32, limits: impl Strategy<Value = Limits>) -> u32 {
     let applied = std::cell::Cell::new(0);
     let change = (
         world(),
-        any::<prop::sample::Index>(),
+        (any::<prop::sample::Index>(), proptest::bool::weighted(0.25)),
         entry(),
         any::<bool>(),
         limits,
     )
         .prop_filter("a world with an entry", |(w, ..)| !w.entries.is_empty());
-    let outcome = runner.run(&change, |(world, i, to, resolved, limits)| {
+    let outcome = runner.run(&change, |(world, (i, append), to, resolved, limits)| {
         let i = i.index(world.entries.len());
-        if patch_agrees(&world, i, &to, &hosts(resolved), limits)? {
+        if patch_agrees(&world, (i, append), &to, &hosts(resolved), limits)? {
             applied.set(applied.get() + 1);
         }
         Ok(())
