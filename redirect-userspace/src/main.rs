@@ -1,3 +1,4 @@
+//! The `redirect` binary: the command line lives in the library (`redirect_userspace::main`).
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

@@ -1,8 +1,9 @@
 //! The agent's counters, exported as Prometheus text on the admin server's `/metrics`. Each
-//! subsystem owns its families (`proxy::ProxyMetrics`, `dns::DnsMetrics`,
-//! `budget::BudgetMetrics`); this module holds them together with the few that cut across
-//! (configuration loads, the decisions made for clients, the Kubernetes API) and builds the registry.
-//! The kernel's counters are collectors the agent adds (`redirect`, the fast path).
+//! subsystem owns and registers its families (`proxy::ProxyMetrics`, `dns::DnsMetrics`,
+//! `budget::BudgetMetrics`); this module holds the few that cut across (configuration loads, the
+//! decisions made for clients, the Kubernetes API) and what every family needs (the label macro,
+//! the encoder). It imports no subsystem: the agent puts every family in one registry. The
+//! kernel's counters are collectors the agent adds (`redirect`, the fast path).
 //!
 //! The data path only touches atomics here; encoding happens on the admin thread.
 use std::fmt;
@@ -12,8 +13,6 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge},
     registry::Registry,
 };
-
-pub use crate::{budget::BudgetMetrics, dns::DnsMetrics, proxy::ProxyMetrics};
 
 /// Implements `EncodeLabelValue` for label enums with a `const fn as_str`.
 macro_rules! label_value_as_str {
@@ -103,29 +102,34 @@ struct ResultLabels {
     result: &'static str,
 }
 
-/// Every family of the agent, by the subsystem that counts it.
+/// The families that cut across subsystems. Each subsystem owns and registers its own (the agent
+/// puts them all in one registry).
 #[derive(Debug, Default)]
 pub struct Metrics {
-    pub proxy: ProxyMetrics,
-    pub dns: DnsMetrics,
-    pub budgets: BudgetMetrics,
     pub config: ConfigMetrics,
     pub clients: ClientMetrics,
     pub kube: KubeMetrics,
 }
 
 impl Metrics {
-    /// A registry exporting every family; the agent adds the kernel's collectors.
+    /// A registry of these families alone.
+    #[cfg(test)]
     pub fn registry(&self) -> Registry {
-        let mut registry = Registry::with_prefix("redirect");
-        self.proxy.register(&mut registry);
-        self.dns.register(&mut registry);
-        self.budgets.register(&mut registry);
-        self.config.register(&mut registry);
-        self.clients.register(&mut registry);
-        self.kube.register(&mut registry);
-        registry
+        registry_of(|r| self.register(r))
     }
+
+    pub fn register(&self, registry: &mut Registry) {
+        self.config.register(registry);
+        self.clients.register(registry);
+        self.kube.register(registry);
+    }
+}
+
+/// A registry of the agent's prefix with what `register` puts in it.
+pub fn registry_of(register: impl FnOnce(&mut Registry)) -> Registry {
+    let mut registry = Registry::with_prefix("redirect");
+    register(&mut registry);
+    registry
 }
 
 /// Configuration loads, from the directory or the Kubernetes API.
@@ -250,35 +254,6 @@ pub fn encode(registry: &Registry) -> Result<String, fmt::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{proxy::Direction, state::OutboundOutcome};
-
-    #[test]
-    fn exports_outcomes_bytes_and_active_gauge() {
-        let metrics = Metrics::default();
-        metrics.proxy.outbound(OutboundOutcome::Passthrough);
-        metrics.proxy.outbound(OutboundOutcome::NoHealthyUpstream);
-        metrics.proxy.bytes(Direction::Sent, 10);
-        let guard = metrics.proxy.track_active();
-        let text = encode(&metrics.registry()).unwrap();
-        assert!(
-            text.contains(r#"redirect_outbound_connections_total{outcome="passthrough"} 1"#),
-            "{text}"
-        );
-        assert!(
-            text.contains(
-                r#"redirect_outbound_connections_total{outcome="no_healthy_upstream"} 1"#
-            ),
-            "{text}"
-        );
-        assert!(
-            text.contains(r#"redirect_outbound_bytes_total{direction="sent"} 10"#),
-            "{text}"
-        );
-        assert!(text.contains("redirect_active_connections 1"), "{text}");
-        drop(guard);
-        let text = encode(&metrics.registry()).unwrap();
-        assert!(text.contains("redirect_active_connections 0"), "{text}");
-    }
 
     #[test]
     fn rejected_objects_are_a_gauge_by_kind() {

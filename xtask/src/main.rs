@@ -10,6 +10,8 @@ mod demo;
 #[cfg(test)]
 mod doc_links;
 mod image;
+#[cfg(test)]
+mod layers;
 mod setup;
 mod test;
 mod vm;

@@ -16,8 +16,7 @@ use super::{
 };
 use crate::{
     budget::Budgets,
-    dns::{AnswerCache, DnsProxy, Upstream, VisibleNames},
-    metrics::Metrics,
+    dns::{AnswerCache, DnsMetrics, DnsProxy, Upstream, VisibleNames},
     proxy,
 };
 
@@ -27,7 +26,7 @@ pub(super) struct DnsParts {
     pub decide: Arc<VisibleNames>,
     pub cache: Option<Arc<AnswerCache>>,
     pub budgets: Arc<Budgets>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<DnsMetrics>,
 }
 
 /// Every listening socket of the agent, and copies of them to offer a successor.

@@ -25,14 +25,17 @@ use tracing::{info, warn};
 use self::opt_out::OptOutSync;
 use crate::{
     admin::{self, AdminState},
-    budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
-    dns::{AnswerCache, HostCache, Upstream, VisibleNames, ahead::Ahead},
-    fastpath::FastPath,
+    budget::{BudgetArgs, BudgetMetrics, Budgets, Limits, raise_fd_limit},
+    dns::{AnswerCache, DnsMetrics, HostCache, Upstream, VisibleNames},
+    fastpath::{FastMaps, FastPath, ahead::Ahead},
     identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts, access::AccessLog},
+    proxy::{
+        DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts,
+        access::AccessLog,
+    },
     redirect::{Gateways, RedirectConfig, Redirector, Release},
 };
 
@@ -185,8 +188,9 @@ async fn start(
     limits: Limits,
     log_level: LogLevel,
 ) -> anyhow::Result<Running> {
-    let metrics = Arc::new(Metrics::default());
-    let budgets = Arc::new(Budgets::new(limits, &metrics));
+    let families = Families::default();
+    let metrics = families.shared.clone();
+    let budgets = Arc::new(Budgets::new(limits, &families.budgets));
     let inputs = start_inputs(config, &metrics).await?;
     let live = inputs.live.clone();
     let attached = Arc::new(AtomicBool::new(false));
@@ -204,9 +208,9 @@ async fn start(
         // One cache for every listener: a family's answers serve the other's askers too.
         cache: config
             .dns_cache
-            .map(|entries| Arc::new(AnswerCache::new(entries, metrics.dns.cache_entries()))),
+            .map(|entries| Arc::new(AnswerCache::new(entries, families.dns.cache_entries()))),
         budgets: budgets.clone(),
-        metrics: metrics.clone(),
+        metrics: families.dns.clone(),
     };
     let bound = bind::bind(config, inherited, &dns_parts).await?;
 
@@ -225,7 +229,7 @@ async fn start(
         config,
         redirector,
         &live,
-        &metrics,
+        &families,
         endpoint_hosts,
         cgroups.clone(),
         &budgets,
@@ -236,7 +240,7 @@ async fn start(
         fast_path: fast_path
             .clone()
             .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>),
-        registry: registry(config, &metrics, redirector, fast_path.as_ref()),
+        registry: registry(config, &families, redirector, fast_path.as_ref()),
         attached: attached.clone(),
         live: live.clone(),
         log_level: Some(log_level),
@@ -378,13 +382,19 @@ async fn attach(
         }
         false => (None, None),
     };
-    let redirector = Redirector::attach(&RedirectConfig {
+    let redirect = RedirectConfig {
         cgroup: config.cgroup.clone(),
         gateway: config.gateway,
         proxy_port: config.proxy_port,
         dns_proxy_port: config.dns_proxy_port,
         pin_dir: config.pin_dir.clone(),
-        fast_tables,
+    };
+    let mut fast_maps = None;
+    // The first tables go in force before the programs are attached (or swapped in for a
+    // predecessor's): the kernel decides from the first connection.
+    let redirector = Redirector::attach(&redirect, |ebpf| {
+        fast_maps = Some(FastMaps::take_with(ebpf, fast_tables.as_ref())?);
+        Ok(())
     })
     .context("attaching the eBPF programs")?;
     // A start-up error from here on must not leave the programs attached with nobody serving:
@@ -395,8 +405,8 @@ async fn attach(
         detach: !has_predecessor,
     };
     let redirector = starting.redirector()?;
-    if let Some(fast) = &fast_path {
-        fast.start(redirector.fast_maps());
+    if let (Some(fast), Some(maps)) = (&fast_path, fast_maps) {
+        fast.start(Arc::new(std::sync::Mutex::new(maps)));
     }
     let opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
     Ok(Attached {
@@ -408,12 +418,32 @@ async fn attach(
     })
 }
 
+/// Every family of the agent: the ones that cut across, and each subsystem's own.
+#[derive(Debug, Default)]
+struct Families {
+    shared: Arc<Metrics>,
+    proxy: Arc<ProxyMetrics>,
+    dns: Arc<DnsMetrics>,
+    budgets: Arc<BudgetMetrics>,
+}
+
+impl Families {
+    fn registry(&self) -> prometheus_client::registry::Registry {
+        crate::metrics::registry_of(|r| {
+            self.shared.register(r);
+            self.proxy.register(r);
+            self.dns.register(r);
+            self.budgets.register(r);
+        })
+    }
+}
+
 /// What every proxied connection needs, from the agent's configuration and its running parts.
 fn proxy_context(
     config: &AgentConfig,
     redirector: &Redirector,
     live: &Arc<LiveState>,
-    metrics: &Arc<Metrics>,
+    families: &Families,
     endpoint_hosts: Arc<HostCache>,
     cgroups: Arc<CgroupPods>,
     budgets: &Arc<Budgets>,
@@ -422,7 +452,8 @@ fn proxy_context(
         flows: redirector.maps(),
         sockets: Arc::new(crate::net::MarkedSockets),
         live: live.clone(),
-        metrics: metrics.clone(),
+        metrics: families.shared.clone(),
+        proxy_metrics: families.proxy.clone(),
         endpoint_hosts,
         relay: config.relay,
         cgroups,
@@ -443,11 +474,11 @@ fn proxy_context(
 /// fast path's collector.
 fn registry(
     config: &AgentConfig,
-    metrics: &Arc<Metrics>,
+    families: &Families,
     redirector: &Redirector,
     fast_path: Option<&Arc<FastPath>>,
 ) -> prometheus_client::registry::Registry {
-    let mut registry = metrics.registry();
+    let mut registry = families.registry();
     registry.register_collector(crate::redirect::counters::collector(redirector.maps()));
     let handover_available = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     handover_available.set(i64::from(config.handover.available));

@@ -5,10 +5,7 @@ use std::sync::{
     atomic::{AtomicUsize, Ordering},
 };
 
-use crate::{
-    budget::{BudgetKind, Refusal},
-    metrics::Metrics,
-};
+use super::{BudgetKind, BudgetMetrics, Refusal};
 
 /// How full the ledger may get for a charge: splice pipes only while there is room to spare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,12 +21,12 @@ pub struct FdLedger {
     limit: usize,
     splice_below: usize,
     used: AtomicUsize,
-    metrics: Arc<Metrics>,
+    metrics: Arc<BudgetMetrics>,
 }
 
 impl FdLedger {
-    pub fn new(limit: usize, splice_below: usize, metrics: Arc<Metrics>) -> Arc<FdLedger> {
-        metrics.budgets.limits(BudgetKind::Fds, limit, None);
+    pub fn new(limit: usize, splice_below: usize, metrics: Arc<BudgetMetrics>) -> Arc<FdLedger> {
+        metrics.limits(BudgetKind::Fds, limit, None);
         Arc::new(FdLedger {
             limit,
             splice_below: splice_below.min(limit),
@@ -52,7 +49,7 @@ impl FdLedger {
             });
         match charged {
             Ok(before) => {
-                self.metrics.budgets.used(BudgetKind::Fds, before + n);
+                self.metrics.used(BudgetKind::Fds, before + n);
                 Some(FdCharge {
                     ledger: self.clone(),
                     n,
@@ -60,7 +57,7 @@ impl FdLedger {
             }
             Err(_) => {
                 if ceiling == Ceiling::Limit {
-                    self.metrics.budgets.refused(BudgetKind::Fds, Refusal::Fds);
+                    self.metrics.refused(BudgetKind::Fds, Refusal::Fds);
                 }
                 None
             }
@@ -86,7 +83,7 @@ pub struct FdCharge {
 impl Drop for FdCharge {
     fn drop(&mut self) {
         let after = self.ledger.used.fetch_sub(self.n, Ordering::AcqRel) - self.n;
-        self.ledger.metrics.budgets.used(BudgetKind::Fds, after);
+        self.ledger.metrics.used(BudgetKind::Fds, after);
     }
 }
 
@@ -131,7 +128,7 @@ mod tests {
 
     #[test]
     fn charges_fit_under_their_ceiling_and_are_released_on_drop() {
-        let ledger = FdLedger::new(10, 6, Arc::new(Metrics::default()));
+        let ledger = FdLedger::new(10, 6, Arc::new(BudgetMetrics::default()));
         let socket_pair = ledger.charge(2, Ceiling::Limit).unwrap();
         let pipes = ledger.charge(4, Ceiling::Splice).unwrap();
         // 6 used: no more pipes, but sockets still fit up to the limit.

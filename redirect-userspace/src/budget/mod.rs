@@ -20,8 +20,6 @@ pub use metrics::{BudgetKind, BudgetMetrics, Refusal};
 pub use ports::UpstreamPorts;
 pub use share::{Permit, Share};
 
-use crate::metrics::Metrics;
-
 /// Every budget of one agent.
 #[derive(Debug)]
 pub struct Budgets {
@@ -30,10 +28,12 @@ pub struct Budgets {
     pub dns_forwards: Arc<Share>,
     pub dns_tcp_clients: Arc<Share>,
     pub upstream_ports: Arc<UpstreamPorts>,
+    /// What they count (registered by the agent).
+    pub metrics: Arc<BudgetMetrics>,
 }
 
 impl Budgets {
-    pub fn new(limits: Limits, metrics: &Arc<Metrics>) -> Budgets {
+    pub fn new(limits: Limits, metrics: &Arc<BudgetMetrics>) -> Budgets {
         let share = |kind, cap: Cap| Share::new(kind, cap.node, cap.client, metrics.clone());
         Budgets {
             fds: FdLedger::new(limits.proxy_fds, limits.splice_below, metrics.clone()),
@@ -45,6 +45,7 @@ impl Budgets {
                 limits.upstream_ports.client,
                 metrics.clone(),
             ),
+            metrics: metrics.clone(),
         }
     }
 

@@ -18,8 +18,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use super::BudgetMetrics;
 use super::{BudgetKind, Refusal};
-use crate::metrics::Metrics;
 
 /// How long Linux keeps a connection the node closed first in TIME_WAIT (`TCP_TIMEWAIT_LEN`, fixed).
 pub const TIME_WAIT: Duration = Duration::from_secs(60);
@@ -53,7 +53,7 @@ pub struct UpstreamPorts {
     /// Ports a client may always reach toward one upstream, however many the others hold.
     floor: usize,
     held: Mutex<Held>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<BudgetMetrics>,
 }
 
 #[derive(Debug)]
@@ -136,11 +136,9 @@ impl Upstream {
 }
 
 impl UpstreamPorts {
-    pub fn new(node: usize, client: usize, metrics: Arc<Metrics>) -> Arc<UpstreamPorts> {
+    pub fn new(node: usize, client: usize, metrics: Arc<BudgetMetrics>) -> Arc<UpstreamPorts> {
         let client = client.min(node);
-        metrics
-            .budgets
-            .limits(BudgetKind::UpstreamPorts, node, Some(client));
+        metrics.limits(BudgetKind::UpstreamPorts, node, Some(client));
         Arc::new(UpstreamPorts {
             node,
             client,
@@ -200,19 +198,13 @@ impl UpstreamPorts {
             if entry.total == 0 {
                 held.by_upstream.remove(&upstream);
             }
-            self.metrics
-                .budgets
-                .used(BudgetKind::UpstreamPorts, held.total);
-            self.metrics
-                .budgets
-                .refused(BudgetKind::UpstreamPorts, refusal);
+            self.metrics.used(BudgetKind::UpstreamPorts, held.total);
+            self.metrics.refused(BudgetKind::UpstreamPorts, refusal);
             return Err(refusal);
         }
         entry.hold(client, self.floor);
         held.total += 1;
-        self.metrics
-            .budgets
-            .used(BudgetKind::UpstreamPorts, held.total);
+        self.metrics.used(BudgetKind::UpstreamPorts, held.total);
         Ok(PortPermit {
             ports: self.clone(),
             client,
@@ -236,9 +228,7 @@ impl UpstreamPorts {
             held.by_upstream.remove(&upstream);
         }
         held.total = held.total.saturating_sub(1);
-        self.metrics
-            .budgets
-            .used(BudgetKind::UpstreamPorts, held.total);
+        self.metrics.used(BudgetKind::UpstreamPorts, held.total);
     }
 }
 
@@ -293,7 +283,7 @@ mod tests {
 
     #[test]
     fn a_client_at_its_share_toward_one_upstream_leaves_that_upstream_to_others() {
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(BudgetMetrics::default());
         let ports = UpstreamPorts::new(3, 2, metrics.clone());
         let (a, b, c) = (ip("10.0.0.1"), ip("10.0.0.2"), ip("10.0.0.3"));
         let up = addr("198.51.100.1:80");
@@ -305,7 +295,8 @@ mod tests {
         assert_eq!(ports.take(c, up).unwrap_err(), Refusal::NodeLimit);
         drop(held);
         let _c = ports.take(c, up).unwrap();
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text =
+            crate::metrics::encode(&crate::metrics::registry_of(|r| metrics.register(r))).unwrap();
         for line in [
             r#"redirect_budget_refusals_total{budget="upstream_ports",reason="client_share"} 1"#,
             r#"redirect_budget_refusals_total{budget="upstream_ports",reason="node_limit"} 1"#,
@@ -336,7 +327,7 @@ mod tests {
 
     #[test]
     fn four_clients_at_their_share_leave_a_fifth_its_floor() {
-        let ports = UpstreamPorts::new(640, 160, Arc::new(Metrics::default()));
+        let ports = UpstreamPorts::new(640, 160, Arc::new(BudgetMetrics::default()));
         let floor = UpstreamPorts::floor(640);
         assert_eq!(floor, 10);
         let up = addr("198.51.100.1:80");
@@ -363,7 +354,7 @@ mod tests {
 
     #[test]
     fn what_clients_lack_of_their_floor_is_kept_as_they_take_and_release() {
-        let ports = UpstreamPorts::new(640, 160, Arc::new(Metrics::default()));
+        let ports = UpstreamPorts::new(640, 160, Arc::new(BudgetMetrics::default()));
         let (a, b, up) = (ip("10.0.0.1"), ip("10.0.0.2"), addr("198.51.100.1:80"));
         let lacking = || {
             ports
@@ -384,7 +375,7 @@ mod tests {
 
     #[test]
     fn a_port_closed_first_is_held_for_time_wait_then_given_back() {
-        let ports = UpstreamPorts::new(10, 1, Arc::new(Metrics::default()));
+        let ports = UpstreamPorts::new(10, 1, Arc::new(BudgetMetrics::default()));
         let (a, up) = (ip("10.0.0.1"), addr("198.51.100.1:80"));
         let start = Instant::now();
         let mut permit = ports.take_at(a, up, start).unwrap();
@@ -408,7 +399,7 @@ mod tests {
 
     #[test]
     fn upstreams_with_nothing_left_are_dropped() {
-        let ports = UpstreamPorts::new(10, 5, Arc::new(Metrics::default()));
+        let ports = UpstreamPorts::new(10, 5, Arc::new(BudgetMetrics::default()));
         let start = Instant::now();
         for i in 0..100 {
             let mut p = ports

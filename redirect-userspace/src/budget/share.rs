@@ -5,10 +5,7 @@ use std::{
     sync::{Arc, Mutex, MutexGuard},
 };
 
-use crate::{
-    budget::{BudgetKind, Refusal},
-    metrics::Metrics,
-};
+use super::{BudgetKind, BudgetMetrics, Refusal};
 
 /// One budget: at most `node` held in all, at most `client` by any one client (a pod, by the key
 /// `Snapshot::budget_key` gives its addresses). With `client` below `node`, a pod that uses its
@@ -19,7 +16,7 @@ pub struct Share {
     node: usize,
     client: usize,
     held: Mutex<Held>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<BudgetMetrics>,
 }
 
 #[derive(Debug, Default)]
@@ -30,9 +27,14 @@ struct Held {
 }
 
 impl Share {
-    pub fn new(kind: BudgetKind, node: usize, client: usize, metrics: Arc<Metrics>) -> Arc<Share> {
+    pub fn new(
+        kind: BudgetKind,
+        node: usize,
+        client: usize,
+        metrics: Arc<BudgetMetrics>,
+    ) -> Arc<Share> {
         let client = client.min(node);
-        metrics.budgets.limits(kind, node, Some(client));
+        metrics.limits(kind, node, Some(client));
         Arc::new(Share {
             kind,
             node,
@@ -61,12 +63,12 @@ impl Share {
         };
         if let Some(refusal) = refusal {
             drop(held);
-            self.metrics.budgets.refused(self.kind, refusal);
+            self.metrics.refused(self.kind, refusal);
             return Err(refusal);
         }
         *held.by_client.entry(client).or_default() += 1;
         held.total += 1;
-        self.metrics.budgets.used(self.kind, held.total);
+        self.metrics.used(self.kind, held.total);
         Ok(Permit {
             share: self.clone(),
             client,
@@ -91,7 +93,7 @@ impl Share {
             }
         }
         held.total = held.total.saturating_sub(1);
-        self.metrics.budgets.used(self.kind, held.total);
+        self.metrics.used(self.kind, held.total);
     }
 }
 
@@ -118,7 +120,7 @@ mod tests {
 
     #[test]
     fn a_client_at_its_share_leaves_the_rest_to_others() {
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(BudgetMetrics::default());
         let share = Share::new(BudgetKind::Connections, 5, 2, metrics.clone());
         let a: Vec<Permit> = (0..2)
             .map(|_| share.take(ip("10.0.0.1")).unwrap())
@@ -139,7 +141,8 @@ mod tests {
             share.held().by_client.is_empty(),
             "no entry outlives its permits"
         );
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text =
+            crate::metrics::encode(&crate::metrics::registry_of(|r| metrics.register(r))).unwrap();
         for line in [
             r#"redirect_budget_refusals_total{budget="connections",reason="client_share"} 1"#,
             r#"redirect_budget_refusals_total{budget="connections",reason="node_limit"} 1"#,
@@ -153,7 +156,12 @@ mod tests {
 
     #[test]
     fn a_client_share_never_exceeds_the_node_limit() {
-        let share = Share::new(BudgetKind::DnsForwards, 1, 10, Arc::new(Metrics::default()));
+        let share = Share::new(
+            BudgetKind::DnsForwards,
+            1,
+            10,
+            Arc::new(BudgetMetrics::default()),
+        );
         let _one = share.take(ip("10.0.0.1")).unwrap();
         assert_eq!(
             share.take(ip("10.0.0.1")).unwrap_err(),

@@ -1,3 +1,5 @@
+//! `redirect run` and `redirect mount-bpffs`: the agent's flags, read into its configuration and checked
+//! (sizes with units, addresses, the gateway) before anything starts.
 use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,

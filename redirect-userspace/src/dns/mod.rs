@@ -1,6 +1,5 @@
 //! The DNS proxy: answers names that a service visible to the client owns, forwards everything else
 //! to the upstream resolver and returns its reply unchanged (hidden means absent).
-pub mod ahead;
 mod answer;
 mod cache;
 mod log;
@@ -16,7 +15,7 @@ mod visible;
 pub use answer::LocalAnswer;
 pub use cache::AnswerCache;
 pub use metrics::{DnsMetrics, DnsOutcome};
-pub use resolve::{HostAnswer, HostCache, ResolveError, resolve_host};
+pub use resolve::{HostAnswer, HostCache, MAX_KEEP, ResolveError, resolve_host};
 pub use server::{Decide, Decision, DnsProxy, DnsQuery};
 pub use upstream::{Upstream, UpstreamError, first_nameserver};
 pub use visible::VisibleNames;

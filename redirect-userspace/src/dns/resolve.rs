@@ -182,7 +182,7 @@ struct Turns {
 }
 
 /// Longest an answer is kept whatever its TTL: endpoints move, and a long TTL should not pin them.
-pub(super) const MAX_KEEP: Duration = Duration::from_secs(300);
+pub const MAX_KEEP: Duration = Duration::from_secs(300);
 /// Host names kept at most; only hosts named as endpoints in the config get here, so this is a
 /// safety net, emptied whole when reached.
 const MAX_HOSTS: usize = 4096;

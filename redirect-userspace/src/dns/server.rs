@@ -19,7 +19,7 @@ use tokio::{
 };
 
 use super::{
-    DnsOutcome, LocalAnswer,
+    DnsMetrics, DnsOutcome, LocalAnswer,
     answer::{
         authoritative_reply, encode_for_udp, max_udp_reply, servfail_for_raw, servfail_reply,
     },
@@ -31,7 +31,6 @@ use super::{
 use crate::{
     budget::{Budgets, Permit, Refusal},
     identity::KernelView,
-    metrics::Metrics,
 };
 
 /// A TCP client that sends nothing for this long is dropped (its fd is worth more than its idleness).
@@ -103,7 +102,7 @@ enum Transport {
 struct Shared {
     upstream: Arc<Upstream>,
     decide: Arc<dyn Decide>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<DnsMetrics>,
     /// Forwards in flight and TCP clients, per client and node-wide; `None`: no caps.
     budgets: Option<Arc<Budgets>>,
     /// The upstream's UDP answers, kept for their TTL; `None`: every forward goes upstream.
@@ -155,7 +154,7 @@ impl DnsProxy {
         addr: SocketAddr,
         upstream: Arc<Upstream>,
         decide: Arc<dyn Decide>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<DnsMetrics>,
     ) -> io::Result<Self> {
         let context = |e: io::Error| {
             io::Error::new(e.kind(), format!("binding the DNS proxy to {addr}: {e}"))
@@ -185,7 +184,7 @@ impl DnsProxy {
         tcp: std::net::TcpListener,
         upstream: Arc<Upstream>,
         decide: Arc<dyn Decide>,
-        metrics: Arc<Metrics>,
+        metrics: Arc<DnsMetrics>,
     ) -> io::Result<Self> {
         let udp = udp
             .into_iter()
@@ -296,14 +295,14 @@ async fn serve_udp(queue: Arc<Queue>) {
             Local::Reply(reply) => queue.send(&reply, client).await,
             Local::Forward(question, key) => {
                 if let Some(reply) = shared.cached(key.as_ref(), raw) {
-                    shared.metrics.dns.query(DnsOutcome::Cached);
+                    shared.metrics.query(DnsOutcome::Cached);
                     queue.send(&reply, client).await;
                     continue;
                 }
                 // A client past its share of forwards in flight gets SERVFAIL at once (nothing held).
                 let Ok(permit) = shared.forward_slot_from(client.ip(), interface) else {
                     limited!(Kind::OverBudget, debug, %client, interface, "DNS client past its share of forwards in flight; answering SERVFAIL");
-                    shared.metrics.dns.query(DnsOutcome::Servfail);
+                    shared.metrics.query(DnsOutcome::Servfail);
                     if let Some(reply) = servfail_for(raw) {
                         queue.send(&reply, client).await;
                     }
@@ -359,7 +358,7 @@ impl PodReply {
     /// The upstream's reply, under the client's id.
     pub fn answered(self, reply: &[u8]) {
         let shared = &self.queue.shared;
-        shared.metrics.dns.query(DnsOutcome::Forwarded);
+        shared.metrics.query(DnsOutcome::Forwarded);
         // Kept before the client has it: its next ask finds it.
         if let (Some(cache), Some(key)) = (&shared.cache, self.cache_key) {
             cache.store(key, reply);
@@ -370,7 +369,7 @@ impl PodReply {
     /// SERVFAIL for `query` (under the client's id).
     pub fn failed(self, query: &[u8], error: super::UpstreamError) {
         limited!(Kind::ForwardFailed, debug, client = %self.client, %error, "DNS forward failed; answering SERVFAIL");
-        self.queue.shared.metrics.dns.query(DnsOutcome::Servfail);
+        self.queue.shared.metrics.query(DnsOutcome::Servfail);
         if let Some(reply) = servfail_for(query) {
             self.queue.send_now(&reply, self.client);
         }
@@ -484,7 +483,7 @@ async fn relay_transfer(
         match transfer.next().await {
             Ok(Some(message)) => {
                 if sent == 0 {
-                    shared.metrics.dns.query(DnsOutcome::Forwarded);
+                    shared.metrics.query(DnsOutcome::Forwarded);
                 }
                 sent += 1;
                 if !send_framed(stream, &message).await {
@@ -526,7 +525,7 @@ fn local_reply(
 ) -> Local {
     let Ok(mut query) = Message::from_vec(raw) else {
         limited!(Kind::Malformed, debug, %client, bytes = raw.len(), "not a DNS message; dropped");
-        shared.metrics.dns.query(DnsOutcome::Malformed);
+        shared.metrics.query(DnsOutcome::Malformed);
         return Local::Drop;
     };
     if query.metadata.message_type != MessageType::Query {
@@ -566,12 +565,12 @@ fn local_reply(
     });
     match encoded {
         Ok(bytes) => {
-            shared.metrics.dns.query(DnsOutcome::Answered);
+            shared.metrics.query(DnsOutcome::Answered);
             Local::Reply(bytes)
         }
         Err(e) => {
             limited!(Kind::EncodeFailed, warn, %client, name = %question.name(), error = %e, "encoding a local DNS answer failed");
-            shared.metrics.dns.query(DnsOutcome::Servfail);
+            shared.metrics.query(DnsOutcome::Servfail);
             servfail_reply(&query)
                 .to_vec()
                 .map_or(Local::Drop, Local::Reply)
@@ -605,12 +604,12 @@ fn finish_forward(
 ) -> Option<Vec<u8>> {
     match result {
         Ok(reply) => {
-            shared.metrics.dns.query(DnsOutcome::Forwarded);
+            shared.metrics.query(DnsOutcome::Forwarded);
             Some(reply)
         }
         Err(e) => {
             limited!(Kind::ForwardFailed, debug, %client, error = %e, "DNS forward failed; answering SERVFAIL");
-            shared.metrics.dns.query(DnsOutcome::Servfail);
+            shared.metrics.query(DnsOutcome::Servfail);
             servfail_for(query)
         }
     }
@@ -619,6 +618,24 @@ fn finish_forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::budget::BudgetMetrics;
+
+    /// The DNS proxy's families and its budgets', as a test reads them.
+    #[derive(Default)]
+    struct Counted {
+        dns: Arc<DnsMetrics>,
+        budgets: Arc<BudgetMetrics>,
+    }
+
+    impl Counted {
+        fn text(&self) -> String {
+            let registry = crate::metrics::registry_of(|r| {
+                self.dns.register(r);
+                self.budgets.register(r);
+            });
+            crate::metrics::encode(&registry).unwrap()
+        }
+    }
     use hickory_proto::{
         op::{Query, ResponseCode},
         rr::{RData, rdata},
@@ -652,7 +669,7 @@ mod tests {
         q.to_vec().unwrap()
     }
 
-    async fn proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
+    async fn proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Counted>, watch::Sender<bool>) {
         proxy_with(upstream, None).await
     }
 
@@ -660,7 +677,7 @@ mod tests {
     async fn proxy_with(
         upstream: SocketAddr,
         caps: Option<(usize, usize)>,
-    ) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
+    ) -> (SocketAddr, Arc<Counted>, watch::Sender<bool>) {
         proxy_deciding(upstream, caps, Arc::new(OneName)).await
     }
 
@@ -668,15 +685,15 @@ mod tests {
         upstream: SocketAddr,
         caps: Option<(usize, usize)>,
         decide: Arc<dyn Decide>,
-    ) -> (SocketAddr, Arc<Metrics>, watch::Sender<bool>) {
-        let metrics = Arc::new(Metrics::default());
+    ) -> (SocketAddr, Arc<Counted>, watch::Sender<bool>) {
+        let metrics = Arc::new(Counted::default());
         let mut up = Upstream::new(upstream);
         up.timeout = Duration::from_millis(300);
         let proxy = DnsProxy::bind(
             "127.0.0.1:0".parse().unwrap(),
             Arc::new(up),
             decide,
-            metrics.clone(),
+            metrics.dns.clone(),
         )
         .await
         .unwrap();
@@ -694,7 +711,7 @@ mod tests {
                     crate::budget::ports::DEFAULT_EPHEMERAL_PORTS,
                     &args,
                 );
-                proxy.with_budgets(Arc::new(Budgets::new(limits, &metrics)))
+                proxy.with_budgets(Arc::new(Budgets::new(limits, &metrics.budgets)))
             }
             None => proxy,
         };
@@ -747,7 +764,7 @@ mod tests {
         let reply = read_tcp(&mut tcp).await;
         assert!(reply.metadata.authoritative);
         assert_eq!(reply.answers.len(), 1);
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="answered"} 2"#),
             "{text}"
@@ -782,7 +799,7 @@ mod tests {
         assert_eq!(mx.metadata.response_code, ResponseCode::NXDomain);
         let seen = server.await.unwrap();
         assert_eq!(seen[1].query_type(), RecordType::MX);
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 2"#),
             "{text}"
@@ -857,7 +874,7 @@ mod tests {
             upstream.try_recv_from(&mut buf).is_err(),
             "no question of an owned name went upstream"
         );
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="answered"} 8"#),
             "{text}"
@@ -879,12 +896,12 @@ mod tests {
     #[tokio::test]
     async fn a_repeated_question_is_answered_from_the_cache_until_its_ttl_runs_out() {
         let upstream = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-        let metrics = Arc::new(Metrics::default());
+        let metrics = Arc::new(Counted::default());
         let proxy = DnsProxy::bind(
             "127.0.0.1:0".parse().unwrap(),
             Arc::new(Upstream::new(upstream.local_addr().unwrap())),
             Arc::new(OneName),
-            metrics.clone(),
+            metrics.dns.clone(),
         )
         .await
         .unwrap()
@@ -930,7 +947,7 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         ask_udp(addr, &query("other.example.com.", RecordType::A)).await;
         assert_eq!(count(), 2, "past its TTL the question goes upstream again");
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="cached"} 2"#),
             "{text}"
@@ -950,7 +967,7 @@ mod tests {
         assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
         assert_eq!(reply.metadata.id, 77);
         assert!(started.elapsed() < Duration::from_secs(1));
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="servfail"} 1"#),
             "{text}"
@@ -978,7 +995,7 @@ mod tests {
             .unwrap();
         let forwarded = Message::from_vec(&buf[..n]).unwrap();
         assert_eq!(forwarded.queries[0].name().to_ascii(), "other.example.com.");
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="malformed"} 3"#),
             "{text}"
@@ -1010,7 +1027,7 @@ mod tests {
         // `ask_udp` binds a fresh socket on 127.0.0.1: the same client address.
         assert_eq!(reply.metadata.response_code, ResponseCode::ServFail);
         assert!(started.elapsed() < Duration::from_millis(250));
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(
                 r#"redirect_budget_refusals_total{budget="dns_forwards",reason="client_share"} 1"#
@@ -1084,7 +1101,7 @@ mod tests {
             servfails, 2,
             "four strangers on one interface: one share of two"
         );
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(
                 r#"redirect_budget_refusals_total{budget="dns_forwards",reason="client_share"} 2"#
@@ -1132,7 +1149,7 @@ mod tests {
         // The same connection answers the next query.
         send_tcp(&mut tcp, &query("api.example.com.", RecordType::A)).await;
         assert_eq!(read_tcp(&mut tcp).await.answers.len(), 1);
-        let text = crate::metrics::encode(&metrics.registry()).unwrap();
+        let text = metrics.text();
         assert!(
             text.contains(r#"redirect_dns_queries_total{outcome="forwarded"} 1"#),
             "{text}"

@@ -9,10 +9,12 @@
 //! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. The tables' keys and values are
 //! `redirect_common::fastpath`'s, the entries the programs read; the loader (`redirect::fast`)
 //! writes them, one generation at a time.
+pub mod ahead;
 mod compile;
 mod dump;
 mod kernel;
 mod lpm;
+mod maps;
 mod memory;
 mod patch;
 mod tables;
@@ -27,6 +29,7 @@ pub use dump::{Dump, fallback_name};
 pub use kernel::{DecidedBy, decided_by};
 #[cfg(test)]
 pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
+pub use maps::FastMaps;
 pub use memory::{TableMemory, kernel_bytes};
 #[cfg(test)]
 pub use tables::ClientsFull;

@@ -25,17 +25,16 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
+use super::maps::{FastMaps, FastStats};
 use crate::{
     config::WorkloadKind,
-    dns::ahead::Ahead,
     fastpath::{
         self, Clients, Dump, Fallback, HostAddresses, Install, Limits, Stats, TableMemory, Tables,
-        fallback_name,
+        ahead::Ahead, fallback_name,
     },
     identity::CgroupPods,
     live::LiveState,
     metrics::{Lookup, Metrics},
-    redirect::{FastMaps, FastStats},
     state::Snapshot,
 };
 
@@ -103,7 +102,7 @@ pub struct FastPath {
 impl FastPath {
     /// Before the programs are loaded: the first tables, from the snapshot in force, the pods'
     /// cgroups and the endpoint host names resolved within [`FIRST_RESOLUTION`]. They go in force
-    /// before the programs are attached (`RedirectConfig::fast_tables`).
+    /// before the programs are attached (the hook of `Redirector::attach`).
     pub async fn prepare(
         live: Arc<LiveState>,
         cgroups: Arc<CgroupPods>,

@@ -15,7 +15,8 @@ use std::{
 
 use tracing::info;
 
-use crate::{metrics::Metrics, state::OutboundOutcome};
+use super::ProxyMetrics;
+use crate::state::OutboundOutcome;
 
 /// Lines a second, at most (and the burst allowed).
 pub const PER_SECOND: u32 = 100;
@@ -67,7 +68,7 @@ impl AccessLog {
 /// is dropped; the access-log line is written when it is dropped. So every way out of the proxy,
 /// including one the code forgot, counts and logs exactly once.
 pub struct ConnectionResult<'a> {
-    metrics: &'a Metrics,
+    metrics: &'a ProxyMetrics,
     log: &'a AccessLog,
     started: Instant,
     counted: bool,
@@ -87,7 +88,7 @@ pub struct ConnectionResult<'a> {
 }
 
 impl<'a> ConnectionResult<'a> {
-    pub fn start(metrics: &'a Metrics, log: &'a AccessLog, client: SocketAddr) -> Self {
+    pub fn start(metrics: &'a ProxyMetrics, log: &'a AccessLog, client: SocketAddr) -> Self {
         ConnectionResult {
             metrics,
             log,
@@ -114,7 +115,7 @@ impl<'a> ConnectionResult<'a> {
         }
         self.counted = true;
         self.outcome = outcome;
-        self.metrics.proxy.outbound(outcome);
+        self.metrics.outbound(outcome);
     }
 
     /// Refused before any byte moved: `outcome` (an error unless said otherwise), ended for `why`.

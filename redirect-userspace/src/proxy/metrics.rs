@@ -175,3 +175,40 @@ impl Drop for ActiveGuard {
         self.0.dec();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        metrics::{encode, registry_of},
+        state::OutboundOutcome,
+    };
+
+    #[test]
+    fn exports_outcomes_bytes_and_active_gauge() {
+        let metrics = ProxyMetrics::default();
+        metrics.outbound(OutboundOutcome::Passthrough);
+        metrics.outbound(OutboundOutcome::NoHealthyUpstream);
+        metrics.bytes(Direction::Sent, 10);
+        let guard = metrics.track_active();
+        let text = encode(&registry_of(|r| metrics.register(r))).unwrap();
+        assert!(
+            text.contains(r#"redirect_outbound_connections_total{outcome="passthrough"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"redirect_outbound_connections_total{outcome="no_healthy_upstream"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"redirect_outbound_bytes_total{direction="sent"} 10"#),
+            "{text}"
+        );
+        assert!(text.contains("redirect_active_connections 1"), "{text}");
+        drop(guard);
+        let text = encode(&registry_of(|r| metrics.register(r))).unwrap();
+        assert!(text.contains("redirect_active_connections 0"), "{text}");
+    }
+}

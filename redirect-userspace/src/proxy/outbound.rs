@@ -1,3 +1,6 @@
+//! The outbound proxy: accepts the connections the kernel steered to it, finds where each client
+//! meant to go (the flow the kernel filed), decides as the snapshot says, then connects and relays
+//! within the client's budgets, counting and logging each connection once.
 use std::{
     io,
     net::{IpAddr, SocketAddr},
@@ -23,6 +26,7 @@ use crate::{
     live::LiveState,
     metrics::{Lookup, Metrics},
     net::{CONNECT_TIMEOUT, SocketFactory},
+    proxy::ProxyMetrics,
     redirect::Flows,
     state::{OutboundOutcome, Snapshot, Target},
 };
@@ -38,7 +42,9 @@ pub struct ProxyContext {
     /// Where the upstream sockets come from (the agent's carry its mark).
     pub sockets: Arc<dyn SocketFactory>,
     pub live: Arc<LiveState>,
+    /// The families that cut across (the hides).
     pub metrics: Arc<Metrics>,
+    pub proxy_metrics: Arc<ProxyMetrics>,
     /// Endpoints given by host name (resolution DNS), resolved through the upstream and kept for their TTL.
     pub endpoint_hosts: Arc<HostCache>,
     pub relay: RelayMode,
@@ -136,8 +142,8 @@ impl OutboundProxy {
     async fn reset_one_waiting(&mut self) {
         warn!("outbound accept: out of file descriptors; resetting a waiting client");
         self.context
-            .metrics
             .budgets
+            .metrics
             .refused(BudgetKind::Fds, Refusal::Fds);
         self.spare = None;
         let _ = tokio::time::timeout(Duration::from_millis(1), self.listener.accept()).await;
@@ -189,8 +195,8 @@ async fn handle(
 ) {
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
-    let _active = context.metrics.proxy.track_active();
-    let mut result = ConnectionResult::start(&context.metrics, &context.access_log, peer);
+    let _active = context.proxy_metrics.track_active();
+    let mut result = ConnectionResult::start(&context.proxy_metrics, &context.access_log, peer);
     // Every refusal returns here and drops the client, which resets it: accepted sockets have the
     // listener's linger 0, kept until a relay ends cleanly.
     if let Err(refused) = proxy(&context, &client, peer, admitted.share, &mut result).await {
@@ -225,7 +231,7 @@ async fn proxy(
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
             debug!(client = %peer, "no original destination recorded for this connection (not a steered connect); resetting it");
-            context.metrics.proxy.flow_unclaimed();
+            context.proxy_metrics.flow_unclaimed();
             return Err(Refused::error("no original destination"));
         }
         Err(e) => {
@@ -293,7 +299,7 @@ async fn proxy(
     let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
     let pipes = match context.relay {
         RelayMode::Splice => Pipes::lease(&context.budgets.fds).or_else(|| {
-            context.metrics.proxy.splice_fallback();
+            context.proxy_metrics.splice_fallback();
             None
         }),
         RelayMode::Copy => None,
@@ -305,10 +311,9 @@ async fn proxy(
     match carried {
         Ok(carried) => {
             port.closed_first(carried.upstream_closed_first);
-            context.metrics.proxy.bytes(Direction::Sent, carried.sent);
+            context.proxy_metrics.bytes(Direction::Sent, carried.sent);
             context
-                .metrics
-                .proxy
+                .proxy_metrics
                 .bytes(Direction::Received, carried.received);
             (result.sent, result.received, result.end) = (carried.sent, carried.received, "closed");
             // Both sides ended cleanly: close gracefully, so data still in flight is delivered.
@@ -319,11 +324,11 @@ async fn proxy(
         Err(e) => {
             result.end = match e {
                 RelayError::Idle(_) => {
-                    context.metrics.proxy.timed_out(Timeout::Idle);
+                    context.proxy_metrics.timed_out(Timeout::Idle);
                     "idle timeout"
                 }
                 RelayError::Write(_) => {
-                    context.metrics.proxy.timed_out(Timeout::Write);
+                    context.proxy_metrics.timed_out(Timeout::Write);
                     "write timeout"
                 }
                 RelayError::Io(_) => "reset",
@@ -348,7 +353,7 @@ fn allowed(
         let Some(reason) = context.guard.check(dst.ip()) else {
             return true;
         };
-        context.metrics.proxy.refused_destination(reason);
+        context.proxy_metrics.refused_destination(reason);
         if context.guard.first_refusal(dst.ip()) {
             warn!(client = %peer, orig_dst = %orig, upstream = %dst, reason = reason.as_str(), "refusing to dial {} for a pod; resetting the connection", reason.describe());
         } else {

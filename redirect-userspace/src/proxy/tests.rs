@@ -16,10 +16,11 @@ use tokio::{
 };
 
 use super::{
-    DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts, access::AccessLog, listen,
+    DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts, access::AccessLog,
+    listen,
 };
 use crate::{
-    budget::{BudgetArgs, Budgets, Limits},
+    budget::{BudgetArgs, BudgetMetrics, Budgets, Limits},
     config::{WorkloadAddress, load_sources},
     dns::{HostCache, Upstream},
     identity::CgroupPods,
@@ -40,6 +41,8 @@ struct Proxy {
     addr: SocketAddr,
     flows: Arc<FiledFlows>,
     metrics: Arc<Metrics>,
+    proxy_metrics: Arc<ProxyMetrics>,
+    budget_metrics: Arc<BudgetMetrics>,
     _stop: watch::Sender<bool>,
 }
 
@@ -84,6 +87,8 @@ fn snapshot(config: &str) -> Snapshot {
 
 async fn start(setup: Setup) -> Proxy {
     let metrics = Arc::new(Metrics::default());
+    let proxy_metrics = Arc::new(ProxyMetrics::default());
+    let budget_metrics = Arc::new(BudgetMetrics::default());
     let live = LiveState::new(None);
     live.apply(snapshot(&setup.config), Vec::new(), Vec::new());
     let args = BudgetArgs {
@@ -96,6 +101,7 @@ async fn start(setup: Setup) -> Proxy {
         sockets: Arc::new(PlainSockets),
         live,
         metrics: metrics.clone(),
+        proxy_metrics: proxy_metrics.clone(),
         endpoint_hosts: Arc::new(HostCache::new(Arc::new(Upstream::new(
             "127.0.0.1:9".parse().unwrap(),
         )))),
@@ -104,7 +110,7 @@ async fn start(setup: Setup) -> Proxy {
         cgroups: Arc::new(CgroupPods::new("/nonexistent/cgroup".into())),
         budgets: Arc::new(Budgets::new(
             Limits::size(4096, crate::budget::ports::DEFAULT_EPHEMERAL_PORTS, &args),
-            &metrics,
+            &budget_metrics,
         )),
         timeouts: setup.timeouts,
         guard: Arc::new(DialGuard::allowing_loopback(setup.denied)),
@@ -120,11 +126,23 @@ async fn start(setup: Setup) -> Proxy {
         addr,
         flows,
         metrics,
+        proxy_metrics,
+        budget_metrics,
         _stop: stop,
     }
 }
 
 impl Proxy {
+    /// Every family the proxy counts in, as `/metrics` shows them.
+    fn text(&self) -> String {
+        let registry = crate::metrics::registry_of(|r| {
+            self.metrics.register(r);
+            self.proxy_metrics.register(r);
+            self.budget_metrics.register(r);
+        });
+        encode(&registry).unwrap()
+    }
+
     /// A client connection that meant to go to `orig`, steered to the proxy as the kernel would:
     /// its original destination filed under its address and port before it connects.
     async fn connect(&self, orig: SocketAddr) -> TcpStream {
@@ -143,7 +161,7 @@ impl Proxy {
 
     /// `redirect_<family>_total{...="<label>"}`, 0 when the series does not exist yet.
     fn count(&self, family: &str, label: &str) -> u64 {
-        let text = encode(&self.metrics.registry()).unwrap();
+        let text = self.text();
         let prefix = format!("redirect_{family}_total{{");
         text.lines()
             .find(|l| l.starts_with(&prefix) && l.contains(&format!("\"{label}\"")))
@@ -159,10 +177,7 @@ impl Proxy {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!(
-            "{outcome} never counted {want}: {}",
-            encode(&self.metrics.registry()).unwrap()
-        );
+        panic!("{outcome} never counted {want}: {}", self.text());
     }
 }
 
@@ -261,7 +276,7 @@ async fn a_connection_nobody_filed_is_reset_and_counted_unclaimed() {
     let mut conn = TcpStream::connect(proxy.addr).await.unwrap();
     assert!(is_reset(&mut conn).await);
     proxy.counted("error", 1).await;
-    let text = encode(&proxy.metrics.registry()).unwrap();
+    let text = proxy.text();
     assert!(
         text.contains("redirect_outbound_unclaimed_total 1"),
         "{text}"

@@ -7,7 +7,6 @@
 pub mod bpffs;
 mod cgroup;
 pub mod counters;
-mod fast_maps;
 pub mod features;
 mod gateway;
 mod netns;
@@ -35,7 +34,6 @@ use aya::{
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps, programs};
 
 pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
-pub use fast_maps::{FastMaps, FastStats};
 pub use features::MissingFeatures;
 pub use gateway::Gateways;
 pub use netns::NetnsError;
@@ -85,9 +83,6 @@ pub struct RedirectConfig {
     pub dns_proxy_port: Option<u16>,
     /// bpffs directory for the links and maps; `None` ties them to this process (no hand-over).
     pub pin_dir: Option<PathBuf>,
-    /// The fast path's first tables, put in force before the programs are attached (or swapped
-    /// in for a predecessor's): the kernel decides from the first connection.
-    pub fast_tables: Option<crate::fastpath::Install>,
 }
 
 /// How the programs came to be attached.
@@ -173,7 +168,6 @@ pub struct Redirector {
     /// The pinned links, held open by this process, and this agent's programs for them.
     held: Option<Arc<HeldLinks>>,
     maps: Arc<RedirectMaps>,
-    fast: Arc<Mutex<FastMaps>>,
     start: Start,
     pinned: Option<Pinned>,
     _ebpf: Ebpf,
@@ -195,8 +189,13 @@ pub struct RedirectMaps {
 }
 
 impl Redirector {
-    /// Loads the programs and attaches them to `config.cgroup`.
-    pub fn attach(config: &RedirectConfig) -> Result<Self, RedirectError> {
+    /// Loads the programs and attaches them to `config.cgroup` (or swaps them into a
+    /// predecessor's links); `before_attach` is given the loaded object first, to take and fill
+    /// the maps it owns.
+    pub fn attach(
+        config: &RedirectConfig,
+        before_attach: impl FnOnce(&mut Ebpf) -> Result<(), RedirectError>,
+    ) -> Result<Self, RedirectError> {
         if EBPF_OBJECT.is_empty() {
             return Err(RedirectError::NoObject);
         }
@@ -259,22 +258,9 @@ impl Redirector {
             }
         }
         let mut ebpf = loader.load(EBPF_OBJECT)?;
-        let mut fast = fast_maps::FastMaps::take(&mut ebpf)?;
-        if let Some(tables) = &config.fast_tables {
-            match fast.install(tables) {
-                Ok(()) => {
-                    tracing::info!(
-                        exact = tables.tables.exact().len(),
-                        ports = tables.tables.ports().len(),
-                        clients = tables.clients.len(),
-                        "fast path: new tables in force (before the programs attach)"
-                    )
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "fast path: writing the first tables failed; the proxy decides until the next ones")
-                }
-            }
-        }
+        // What the caller fills before any program runs (the fast path's first tables): the
+        // kernel decides from the first connection.
+        before_attach(&mut ebpf)?;
 
         // From the first link on, a failure detaches what this call attached (a predecessor's
         // links, updated in place, are left to the predecessor to take back).
@@ -340,7 +326,6 @@ impl Redirector {
                 stats,
                 opted_out: Mutex::new((opted_out, held)),
             }),
-            fast: Arc::new(Mutex::new(fast)),
             start,
             pinned,
             _ebpf: ebpf,
@@ -349,11 +334,6 @@ impl Redirector {
 
     pub fn maps(&self) -> Arc<RedirectMaps> {
         self.maps.clone()
-    }
-
-    /// The fast path's tables (not in force until something is installed).
-    pub fn fast_maps(&self) -> Arc<Mutex<FastMaps>> {
-        self.fast.clone()
     }
 
     pub fn start(&self) -> &Start {
@@ -793,7 +773,7 @@ impl RedirectMaps {
 
 /// Each counter of `all` summed over the CPUs of a per-CPU array indexed by `index`; a slot that
 /// cannot be read counts as zero (the counters are for display, never for decisions).
-fn per_cpu_totals<S: Copy>(
+pub(crate) fn per_cpu_totals<S: Copy>(
     map: &PerCpuArray<MapData, u64>,
     all: &[S],
     index: impl Fn(S) -> u32,
@@ -865,7 +845,7 @@ fn raise_memlock_limit() {
     }
 }
 
-fn take_map<T>(
+pub(crate) fn take_map<T>(
     ebpf: &mut Ebpf,
     name: &'static str,
     convert: impl FnOnce(aya::maps::Map) -> Result<T, MapError>,

@@ -7,7 +7,7 @@
 //! tables (only the entries that differ are written, or every entry into new maps), then the
 //! selector flips in one map write. A connection reads the selector once and then one generation,
 //! so it sees the old tables or the new ones, never half of each. The tables are not pinned: a
-//! successor fills its own before its programs are swapped in (`RedirectConfig::fast_tables`).
+//! successor fills its own before its programs are swapped in (`Redirector::attach`'s hook).
 //! The counters are: they go on across hand-overs.
 use std::{
     collections::{BTreeMap, HashMap as StdHashMap, HashSet},
@@ -33,8 +33,8 @@ use redirect_common::{
     maps,
 };
 
-use super::{RedirectError, per_cpu_totals, take_map};
-use crate::fastpath::{Install, PortEndpoints, TableMemory, Tables, kernel_bytes};
+use super::{Install, PortEndpoints, TableMemory, Tables, kernel_bytes};
+use crate::redirect::{RedirectError, per_cpu_totals, take_map};
 
 /// A generation just left is not rewritten before this: a program that read the selector just
 /// before the flip finishes its few lookups long before.
@@ -157,7 +157,7 @@ impl HiddenEvents {
 }
 
 impl FastMaps {
-    pub(super) fn take(ebpf: &mut Ebpf) -> Result<FastMaps, RedirectError> {
+    pub fn take(ebpf: &mut Ebpf) -> Result<FastMaps, RedirectError> {
         let mut outers = Outers {
             clients: take_map(ebpf, maps::FAST_CLIENTS, ArrayOfMaps::try_from)?,
             exact: take_map(ebpf, maps::FAST_EXACT, ArrayOfMaps::try_from)?,
@@ -188,6 +188,26 @@ impl FastMaps {
             )?)),
             events: Some(take_map(ebpf, maps::FAST_HIDDEN_EVENTS, RingBuf::try_from)?),
         })
+    }
+
+    /// [`FastMaps::take`], then `first` put in force when given (a failure to write them is logged:
+    /// the proxy decides until the next tables).
+    pub fn take_with(ebpf: &mut Ebpf, first: Option<&Install>) -> Result<FastMaps, RedirectError> {
+        let mut maps = FastMaps::take(ebpf)?;
+        if let Some(first) = first {
+            match maps.install(first) {
+                Ok(()) => tracing::info!(
+                    exact = first.tables.exact().len(),
+                    ports = first.tables.ports().len(),
+                    clients = first.clients.len(),
+                    "fast path: new tables in force (before the programs attach)"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "fast path: writing the first tables failed; the proxy decides until the next ones")
+                }
+            }
+        }
+        Ok(maps)
     }
 
     /// Puts `tables` in force, whole. On an error the generation in force stays as it was.

@@ -24,14 +24,18 @@ use std::{
 use tokio::{sync::Notify, task::JoinSet};
 use tracing::debug;
 
-use super::{HostAnswer, HostCache, ResolveError, Upstream, resolve_host};
-use crate::{config::EndpointAddress, fastpath::HostAddresses, state::Snapshot};
+use super::HostAddresses;
+use crate::{
+    config::EndpointAddress,
+    dns::{HostAnswer, HostCache, ResolveError, Upstream, resolve_host},
+    state::Snapshot,
+};
 
 /// An answer is kept at least this long, whatever its TTL (a TTL of 0 or 1 would otherwise have
 /// the agent ask for it all the time).
 pub const TTL_FLOOR: Duration = Duration::from_secs(5);
 /// ... and at most this long: endpoints move, and a long TTL should not pin them (the proxy's cap).
-pub const TTL_CAP: Duration = super::resolve::MAX_KEEP;
+pub const TTL_CAP: Duration = crate::dns::MAX_KEEP;
 /// Host names resolved ahead at most, taken round robin across namespaces (each one's in name
 /// order), so a namespace with few names keeps them all; the rest are the proxy's to resolve.
 pub const MAX_NAMES: usize = 4096;
