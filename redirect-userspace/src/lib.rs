@@ -19,6 +19,7 @@ mod explain;
 mod fastpath;
 mod identity;
 mod live;
+mod lock;
 mod logging;
 mod metrics;
 mod net;

@@ -8,6 +8,7 @@ use std::{
 use arc_swap::ArcSwap;
 use serde::Serialize;
 
+use crate::lock::Locked;
 use crate::{
     clock::now_rfc3339,
     config::{ConfigError, Rejected},
@@ -166,10 +167,7 @@ impl LiveState {
 
     pub fn status_report(&self) -> ConfigStatus {
         let mut status = self.status().clone();
-        status.status_writer = self
-            .status_writer
-            .get()
-            .map(|r| r.lock().unwrap_or_else(|p| p.into_inner()).clone());
+        status.status_writer = self.status_writer.get().map(|r| r.locked().clone());
         status
     }
 
@@ -181,9 +179,7 @@ impl LiveState {
 
     fn status(&self) -> std::sync::MutexGuard<'_, ConfigStatus> {
         // A panic while holding this lock leaves plain data behind: keep serving it.
-        self.status
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.status.locked()
     }
 }
 

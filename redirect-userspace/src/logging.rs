@@ -1,5 +1,6 @@
 //! Logs to stderr, with a level an operator can change on a running agent (`/logging?level=`), and
 //! [`LineLimit`]: at most so many lines of one kind a second, the rest summed up in one line.
+use crate::lock::Locked;
 use std::{
     io::IsTerminal,
     sync::Mutex,
@@ -123,7 +124,7 @@ impl LineLimit {
 
     /// One line of this kind at `now`.
     pub fn admit(&self, now: Instant) -> Admit {
-        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let mut window = self.window.locked();
         let mut held_back = 0;
         let over = window
             .start
@@ -145,7 +146,7 @@ impl LineLimit {
     /// The lines held back in a second that is over by `now`, taken (for the summary of a flood
     /// that stopped: no next line would report them); 0 while the second runs or when none were.
     pub fn flush(&self, now: Instant) -> u64 {
-        let mut window = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let mut window = self.window.locked();
         match window.start {
             Some(start) if now.saturating_duration_since(start) >= SECOND => {
                 std::mem::take(&mut window.held_back)

@@ -20,6 +20,7 @@ use std::{
 
 use super::BudgetMetrics;
 use super::{BudgetKind, Refusal};
+use crate::lock::Locked;
 
 /// How long Linux keeps a connection the node closed first in TIME_WAIT (`TCP_TIMEWAIT_LEN`, fixed).
 pub const TIME_WAIT: Duration = Duration::from_secs(60);
@@ -160,7 +161,7 @@ impl UpstreamPorts {
 
     fn held(&self) -> MutexGuard<'_, Held> {
         // Plain counters: still consistent after a panic elsewhere.
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        self.held.locked()
     }
 
     /// A port toward `upstream` for `client`, or the reason it may not have one (counted).

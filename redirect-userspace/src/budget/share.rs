@@ -6,6 +6,7 @@ use std::{
 };
 
 use super::{BudgetKind, BudgetMetrics, Refusal};
+use crate::lock::Locked;
 
 /// One budget: at most `node` held in all, at most `client` by any one client (a pod, by the key
 /// `Snapshot::budget_key` gives its addresses). With `client` below `node`, a pod that uses its
@@ -46,9 +47,7 @@ impl Share {
 
     fn held(&self) -> MutexGuard<'_, Held> {
         // Plain counters: still consistent after a panic elsewhere.
-        self.held
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.held.locked()
     }
 
     /// One more for `client`, or the reason it may not have it (counted).

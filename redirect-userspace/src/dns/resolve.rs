@@ -10,6 +10,7 @@ use super::{
     Upstream, UpstreamError,
     log::{Kind, limited},
 };
+use crate::lock::Locked;
 use hickory_proto::{
     op::{Message, Query, ResponseCode},
     rr::{Name, RData, RecordType},
@@ -216,7 +217,7 @@ impl HostCache {
 
     fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         // Only cached answers inside: after a panic elsewhere they are still fine to use.
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+        self.entries.locked()
     }
 
     fn cached(&self, host: &str, now: Instant) -> Option<Pick> {

@@ -22,6 +22,7 @@ use super::{
     pending::{Expired, Full, Pending, Reply},
     server::PodReply,
 };
+use crate::lock::Locked;
 use crate::net::{connect_marked, udp_connected_marked};
 use arc_swap::ArcSwapOption;
 use hickory_proto::op::{Message, Query};
@@ -288,9 +289,7 @@ impl Lane {
 
     fn in_flight(&self) -> MutexGuard<'_, InFlight> {
         // A table of queries: still consistent after a panic elsewhere.
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.in_flight.locked()
     }
 
     /// Counts one more query on this lane, or says it has served its time.

@@ -25,6 +25,7 @@ use tokio::{sync::Notify, task::JoinSet};
 use tracing::debug;
 
 use super::HostAddresses;
+use crate::lock::Locked;
 use crate::{
     config::EndpointAddress,
     dns::{HostAnswer, HostCache, ResolveError, Upstream, resolve_host},
@@ -385,7 +386,7 @@ impl Ahead {
 
     fn set(&self) -> std::sync::MutexGuard<'_, AheadSet> {
         // Plain data: after a panic elsewhere it is still consistent enough to go on with.
-        self.set.lock().unwrap_or_else(|p| p.into_inner())
+        self.set.locked()
     }
 
     /// Makes the endpoint host names of `snapshot` the names resolved ahead.

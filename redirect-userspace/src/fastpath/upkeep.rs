@@ -26,6 +26,7 @@ use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use super::maps::{FastMaps, FastStats};
+use crate::lock::Locked;
 use crate::{
     config::WorkloadKind,
     fastpath::{
@@ -137,7 +138,7 @@ impl FastPath {
         self.publish_maps(&maps);
         // The first tables went in before the programs: the other generation catches up now.
         self.catch_up_later(maps.clone());
-        let stats = maps.lock().unwrap_or_else(|p| p.into_inner()).stats();
+        let stats = maps.locked().stats();
         let _ = self.stats.set(stats);
         let _ = self.maps.set(maps);
         let fast = self;
@@ -157,7 +158,7 @@ impl FastPath {
     /// tables when they or the pods' cgroups (`pods`, when rescanned) changed. Before the maps
     /// exist, returns the tables instead.
     fn refresh(&self, pods: Option<Vec<(u64, Uuid)>>) -> Option<Install> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.locked();
         // Read under the lock: of two racing callers, the last to lock installs the latest.
         let snapshot = self.live.snapshot_arc();
         let hosts = self.ahead.fresh();
@@ -188,7 +189,7 @@ impl FastPath {
             });
             let compiled = (snapshot.clone(), Arc::new(tables), Arc::new(stats));
             {
-                let mut published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+                let mut published = self.published.locked();
                 published.fallbacks = compiled.2.fallbacks.clone();
                 published.fresh_hosts = hosts.len();
                 published.compiled = Some(compiled.clone());
@@ -205,10 +206,7 @@ impl FastPath {
             state.clients_left_out = left_out;
             return Some(install);
         };
-        let installed = maps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .install(&install);
+        let installed = maps.locked().install(&install);
         self.publish_maps(maps);
         match installed {
             Ok(()) => {
@@ -283,7 +281,7 @@ impl FastPath {
         let Some(stats) = self.stats.get() else {
             return;
         };
-        let mut events = maps.lock().unwrap_or_else(|p| p.into_inner()).take_events();
+        let mut events = maps.locked().take_events();
         // The kernel's count lives in a pinned map and goes on across agents: what it held when this
         // one started is the predecessor's (a successor that took it for its own added every hide
         // since the pin was made at its first tick, all at once).
@@ -329,7 +327,7 @@ impl FastPath {
 
     /// One hide the kernel reported, as the proxy logs it (the client by its pod's address).
     fn log_hide(&self, event: &HiddenEvent) {
-        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let state = self.state.locked();
         let Some((snapshot, ..)) = &state.compiled else {
             return;
         };
@@ -376,7 +374,7 @@ impl FastPath {
     /// decides each service's ports. Read from what was last published: it never waits for a
     /// compilation or a write to the maps.
     pub fn dump(&self) -> Option<Dump> {
-        let published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        let published = self.published.locked();
         let (snapshot, tables, stats) = published.compiled.clone()?;
         self.maps.get()?;
         let (in_force, memory) = (published.in_force.clone(), published.memory.clone());
@@ -387,12 +385,12 @@ impl FastPath {
 
     /// What the maps take in the kernel, by table (both generations).
     fn memory(&self) -> BTreeMap<&'static str, TableMemory> {
-        let published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        let published = self.published.locked();
         published.memory.clone()
     }
 
     fn fallbacks(&self) -> BTreeMap<Fallback, usize> {
-        let published = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        let published = self.published.locked();
         published.fallbacks.clone()
     }
 }
@@ -464,10 +462,10 @@ struct FallbackLabels {
 
 /// What the maps in force hold and take, into `published`.
 fn publish_maps(maps: &Mutex<FastMaps>, published: &Mutex<Published>) {
-    let maps = maps.lock().unwrap_or_else(|p| p.into_inner());
+    let maps = maps.locked();
     let (in_force, memory) = (maps.sizes_in_force(), maps.memory());
     drop(maps);
-    let mut published = published.lock().unwrap_or_else(|p| p.into_inner());
+    let mut published = published.locked();
     published.in_force = in_force;
     published.memory = memory;
 }
@@ -484,7 +482,7 @@ fn catch_up_later(maps: Arc<Mutex<FastMaps>>, published: Arc<Mutex<Published>>) 
             tokio::time::sleep(CATCH_UP_AFTER).await;
             let (maps, published) = (maps.clone(), published.clone());
             let done = tokio::task::spawn_blocking(move || {
-                let done = maps.lock().unwrap_or_else(|p| p.into_inner()).catch_up();
+                let done = maps.locked().catch_up();
                 if matches!(done, Ok(true)) {
                     publish_maps(&maps, &published);
                     // The idle generation's own record of its maps was just let go of.
@@ -572,12 +570,7 @@ impl Collector for FastPathMetrics {
             None,
             prometheus_client::metrics::MetricType::Gauge,
         )?;
-        let fresh = self
-            .0
-            .published
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .fresh_hosts;
+        let fresh = self.0.published.locked().fresh_hosts;
         for (state, n) in [
             ("wanted", ahead.names()),
             ("fresh", fresh),

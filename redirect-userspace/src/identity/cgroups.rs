@@ -1,6 +1,7 @@
 //! The pods' cgroups on this node: cgroup id -> pod uid, read from the cgroup tree the programs are
 //! attached to. On cgroup v2 a cgroup's id (what `bpf_get_current_cgroup_id` returns) is the inode
 //! number of its directory, so one walk of the tree maps every id to a path, and the path to a pod.
+use crate::lock::Locked;
 use std::{
     collections::{HashMap, HashSet},
     os::unix::fs::MetadataExt,
@@ -124,7 +125,7 @@ impl CgroupPods {
     /// True the first time a mismatch is seen for `cgroup_id`: the warning is logged once per cgroup,
     /// the counter counts every connection.
     pub fn first_mismatch(&self, cgroup_id: u64) -> bool {
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut warned = self.warned.locked();
         warned.insert(cgroup_id)
     }
 }

@@ -16,6 +16,7 @@ use std::{
 use tracing::info;
 
 use super::ProxyMetrics;
+use crate::lock::Locked;
 use crate::state::OutboundOutcome;
 
 /// Lines a second, at most (and the burst allowed).
@@ -50,7 +51,7 @@ impl AccessLog {
 
     /// Takes one line's budget; `Some(lines dropped before it)` when there is one.
     fn admit(&self, now: Instant) -> Option<u64> {
-        let mut bucket = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let mut bucket = self.bucket.locked();
         let refill = now.saturating_duration_since(bucket.at).as_secs_f64() * f64::from(PER_SECOND);
         bucket.tokens = (bucket.tokens + refill).min(f64::from(PER_SECOND));
         bucket.at = now;

@@ -6,6 +6,7 @@
 //! node's link (the cloud's metadata service answers at `169.254.169.254`), and the node's own
 //! addresses are the node. A pod asking for any of these, as an endpoint, a workload or a
 //! passthrough destination, is refused: its connection is reset and the refusal counted.
+use crate::lock::Locked;
 use std::{
     collections::HashSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -135,7 +136,7 @@ impl DialGuard {
 
     /// True the first time a refusal of `ip` is reported (then it is worth a warning).
     pub fn first_refusal(&self, ip: IpAddr) -> bool {
-        let mut warned = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        let mut warned = self.warned.locked();
         warned.len() < WARNED_MAX && warned.insert(ip)
     }
 
@@ -163,7 +164,7 @@ impl DialGuard {
     }
 
     fn node_addresses(&self) -> Arc<HashSet<IpAddr>> {
-        let mut node = self.node.lock().unwrap_or_else(|p| p.into_inner());
+        let mut node = self.node.locked();
         let fresh = node
             .listed
             .is_some_and(|at| at.elapsed() < NODE_ADDRESSES_FRESH);

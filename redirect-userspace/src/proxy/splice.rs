@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 
 use super::relay::{Buffer, Carried, RelayError, Timeouts, carry};
 use crate::budget::{Ceiling, FdCharge, FdLedger};
+use crate::lock::Locked;
 
 /// Pipe capacity per direction: a bulk stream moves in few syscalls; pages are used only when full.
 const PIPE_SIZE: libc::c_int = 1 << 20;
@@ -35,7 +36,7 @@ static POOL: Mutex<PipePool> = Mutex::new(PipePool {
 
 fn pool() -> std::sync::MutexGuard<'static, PipePool> {
     // The pool holds only pipes: after a panic elsewhere its data is still fine to use.
-    POOL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    POOL.locked()
 }
 
 /// The two pipes of one connection, one per direction.

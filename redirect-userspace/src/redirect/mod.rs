@@ -4,6 +4,7 @@
 //! (or the process dying) detaches everything. With one (`pins`), the links and maps are pinned: they
 //! outlive the process, a successor swaps its programs into the same links, and only
 //! [`Redirector::release`] by the last agent detaches them.
+use crate::lock::Locked;
 pub mod bpffs;
 mod cgroup;
 pub mod counters;
@@ -680,7 +681,7 @@ pub struct FiledFlows(Mutex<std::collections::HashMap<SocketAddr, OrigDst>>);
 impl FiledFlows {
     /// Files `orig` for the connection from `client`, as the programs would.
     pub fn file(&self, client: SocketAddr, orig: OrigDst) {
-        let mut flows = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flows = self.0.locked();
         flows.insert(client, orig);
     }
 }
@@ -688,12 +689,12 @@ impl FiledFlows {
 #[cfg(test)]
 impl Flows for FiledFlows {
     fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError> {
-        let mut flows = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flows = self.0.locked();
         Ok(flows.remove(&client))
     }
 
     fn forget(&self, client: SocketAddr) {
-        let mut flows = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flows = self.0.locked();
         flows.remove(&client);
     }
 }
@@ -723,7 +724,7 @@ impl RedirectMaps {
         client: SocketAddr,
     ) -> Result<Option<OrigDst>, MapError> {
         let key = SockAddr::from_socket_addr(client);
-        let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flows = self.flows.locked();
         let orig = match flows.get(&key, 0) {
             Ok(orig) => orig,
             Err(MapError::KeyNotFound) => return Ok(None),
@@ -740,14 +741,14 @@ impl RedirectMaps {
     /// Drops the entry a refused connection filed (it is never read).
     pub fn forget_flow(&self, client: SocketAddr) {
         let key = SockAddr::from_socket_addr(client);
-        let mut flows = self.flows.lock().unwrap_or_else(|p| p.into_inner());
+        let mut flows = self.flows.locked();
         let _ = flows.remove(&key);
     }
 
     /// Makes `want` the set of pod cgroups the programs leave alone; returns the ids it added and
     /// removed. On an error the map holds part of the change and the next call completes it.
     pub fn set_opted_out(&self, want: &BTreeSet<u64>) -> Result<(Vec<u64>, Vec<u64>), MapError> {
-        let mut guard = self.opted_out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut guard = self.opted_out.locked();
         let (map, held) = &mut *guard;
         let added: Vec<u64> = want.difference(held).copied().collect();
         let removed: Vec<u64> = held.difference(want).copied().collect();
