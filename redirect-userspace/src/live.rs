@@ -24,6 +24,9 @@ pub struct LiveState {
     on_apply: OnceLock<OnApply>,
     /// With `--write-status`: what the status writer reports.
     status_writer: OnceLock<Arc<Mutex<crate::status::Report>>>,
+    /// Whether a configuration is in force: set once the source gave its first (at once without
+    /// a source), for whoever waits on it ([`LiveState::in_force`]).
+    in_force: tokio::sync::watch::Sender<bool>,
 }
 
 type OnApply = Box<dyn Fn(&Arc<Snapshot>) + Send + Sync>;
@@ -104,6 +107,7 @@ impl LiveState {
     pub fn new(source: Option<PathBuf>) -> Arc<Self> {
         Arc::new(LiveState {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
+            in_force: tokio::sync::watch::Sender::new(source.is_none()),
             status: Mutex::new(ConfigStatus {
                 source,
                 ..ConfigStatus::default()
@@ -139,6 +143,15 @@ impl LiveState {
         });
         status.applied_at = Some(now);
         status.rejected = rejected;
+        drop(status);
+        self.in_force.send_replace(true);
+    }
+
+    /// Returns once a configuration is in force (at once if one is).
+    pub async fn in_force(&self) {
+        let mut in_force = self.in_force.subscribe();
+        // The sender lives as long as `self`: this cannot fail while it is borrowed.
+        let _ = in_force.wait_for(|yes| *yes).await;
     }
 
     /// Sets what runs with every snapshot applied from now on (once; a second call is ignored).
@@ -173,8 +186,7 @@ impl LiveState {
 
     /// True once a configuration is in force (or none is expected).
     pub fn has_config(&self) -> bool {
-        let status = self.status();
-        status.source.is_none() || status.generation > 0
+        *self.in_force.borrow()
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, ConfigStatus> {

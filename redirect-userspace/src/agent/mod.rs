@@ -252,9 +252,7 @@ async fn start(
     // a moment, and a connection served meanwhile would pass through as if no entry existed.
     if predecessor.is_some() {
         let waited = Instant::now();
-        while !live.has_config() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        live.in_force().await;
         info!(
             waited_ms = waited.elapsed().as_millis() as u64,
             "configuration in force; serving beside the agent in service"
@@ -639,16 +637,23 @@ async fn watch_pins(held: Arc<crate::redirect::HeldLinks>, mut stop: watch::Rece
 }
 
 /// Waits until no proxied connection, DNS forward or DNS client is left, or `deadline`; returns
-/// how many proxied connections were left.
+/// how many proxied connections were left. Each budget wakes it when its last unit goes back.
 async fn drain(budgets: &Budgets, deadline: Instant) -> usize {
-    loop {
-        let connections = budgets.connections.used();
-        let busy = connections + budgets.dns_forwards.used() + budgets.dns_tcp_clients.used();
-        if busy == 0 || Instant::now() >= deadline {
-            return connections;
+    let shares = [
+        &budgets.connections,
+        &budgets.dns_forwards,
+        &budgets.dns_tcp_clients,
+    ];
+    let all_ended = async {
+        // Nothing new is accepted while draining: once each has been empty, all are.
+        while shares.iter().any(|s| s.used() > 0) {
+            for share in shares {
+                share.until_empty().await;
+            }
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
+    let _ = tokio::time::timeout_at(deadline.into(), all_ended).await;
+    budgets.connections.used()
 }
 
 struct Signals {

@@ -18,6 +18,8 @@ pub struct Share {
     client: usize,
     held: Mutex<Held>,
     metrics: Arc<BudgetMetrics>,
+    /// Woken each time the last unit held is given back (a drain waits on it).
+    emptied: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -42,6 +44,7 @@ impl Share {
             client,
             held: Mutex::new(Held::default()),
             metrics,
+            emptied: tokio::sync::Notify::new(),
         })
     }
 
@@ -79,6 +82,20 @@ impl Share {
         self.held().total
     }
 
+    /// Returns once nothing is held (at once if nothing is).
+    pub async fn until_empty(&self) {
+        loop {
+            let emptied = self.emptied.notified();
+            let mut emptied = std::pin::pin!(emptied);
+            // Registered before the check: a give-back between the two still wakes us.
+            emptied.as_mut().enable();
+            if self.used() == 0 {
+                return;
+            }
+            emptied.await;
+        }
+    }
+
     pub fn node_limit(&self) -> usize {
         self.node
     }
@@ -93,6 +110,10 @@ impl Share {
         }
         held.total = held.total.saturating_sub(1);
         self.metrics.used(self.kind, held.total);
+        if held.total == 0 {
+            drop(held);
+            self.emptied.notify_waiters();
+        }
     }
 }
 
@@ -112,6 +133,26 @@ impl Drop for Permit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_drain_waits_until_the_last_unit_is_given_back() {
+        let share = Share::new(BudgetKind::Connections, 5, 5, Arc::default());
+        share.until_empty().await;
+        let first = share.take("10.0.0.1".parse().unwrap()).unwrap();
+        let second = share.take("10.0.0.2".parse().unwrap()).unwrap();
+        let waiting = tokio::spawn({
+            let share = share.clone();
+            async move { share.until_empty().await }
+        });
+        drop(first);
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished(), "one unit is still held");
+        drop(second);
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiting)
+            .await
+            .expect("woken when the last unit went back")
+            .unwrap();
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
