@@ -15,6 +15,7 @@ mod clock;
 mod cluster;
 mod config;
 mod dns;
+mod drain;
 mod explain;
 mod fastpath;
 mod identity;

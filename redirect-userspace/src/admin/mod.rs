@@ -10,7 +10,6 @@ use std::{
     net::SocketAddr,
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
     },
     thread,
 };
@@ -39,8 +38,8 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("REDIRECT
 /// What the admin endpoints show.
 pub struct AdminState {
     pub registry: Registry,
-    /// True while the programs are attached and the proxies listen.
-    pub attached: Arc<AtomicBool>,
+    /// The agent's phase: serving while the programs are attached and the proxies listen.
+    pub phase: crate::drain::Watcher,
     pub live: Arc<LiveState>,
     pub log_level: Option<LogLevel>,
     /// When the proxy is at its limits it says so: a new connection would be refused.
@@ -57,7 +56,7 @@ impl AdminState {
     /// Ready: programs attached, a configuration in force (traffic is decided right), and room
     /// for new connections. `Err` says why not.
     fn ready(&self) -> Result<(), &'static str> {
-        if !self.attached.load(Ordering::Acquire) {
+        if self.phase.phase() != crate::drain::Phase::Serving {
             return Err("the eBPF programs are not attached");
         }
         if !self.live.has_config() {
@@ -126,7 +125,7 @@ pub fn bind(
 pub fn spawn_on(
     listener: std::net::TcpListener,
     state: AdminState,
-    stop: tokio::sync::watch::Receiver<bool>,
+    stop: crate::drain::Watcher,
 ) -> io::Result<SocketAddr> {
     listener.set_nonblocking(true)?;
     let local = listener.local_addr()?;
@@ -151,7 +150,7 @@ pub fn spawn_on(
 async fn serve(
     listener: std::net::TcpListener,
     state: Arc<AdminState>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut stop: crate::drain::Watcher,
 ) {
     let listener = match TcpListener::from_std(listener) {
         Ok(listener) => listener,
@@ -162,7 +161,7 @@ async fn serve(
     };
     loop {
         let accepted = tokio::select! {
-            _ = stop.changed() => return,
+            () = stop.stopped() => return,
             accepted = listener.accept() => accepted,
         };
         let (stream, peer) = match accepted {

@@ -11,15 +11,11 @@ mod reload;
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     time::{Duration, Instant},
 };
 
 use anyhow::Context;
-use tokio::sync::{Notify, watch};
 use tracing::{info, warn};
 
 use self::opt_out::OptOutSync;
@@ -27,6 +23,7 @@ use crate::{
     admin::{self, AdminState},
     budget::{BudgetArgs, BudgetMetrics, Budgets, Limits, raise_fd_limit},
     dns::{AnswerCache, DnsMetrics, HostCache, Upstream, VisibleNames},
+    drain::{Lifecycle, Phase, Watcher},
     fastpath::{FastMaps, FastPath, ahead::Ahead},
     identity::CgroupPods,
     live::LiveState,
@@ -106,7 +103,7 @@ async fn run_async(config: AgentConfig, limits: Limits, log_level: LogLevel) -> 
     let running = start(&config, limits, log_level).await?;
     let signal = tokio::select! {
         signal = signals.recv() => Some(signal),
-        () = running.handed_over.notified() => None,
+        () = running.lifecycle.handed_over() => None,
     };
     match signal {
         Some(signal) => running.shut_down(signal).await,
@@ -171,14 +168,10 @@ struct Running {
     /// The proxies' and the DNS proxies' accept loops.
     serving: Vec<tokio::task::JoinHandle<()>>,
     inputs: Inputs,
-    stop: Arc<watch::Sender<bool>>,
-    /// Stops the admin server when dropped.
-    _admin_stop: Arc<watch::Sender<bool>>,
+    /// Moved on by a signal or a successor's hand-over; dropped, it stops the admin server.
+    lifecycle: Arc<Lifecycle>,
     handover_server: Option<handover::Server>,
-    attached: Arc<AtomicBool>,
     budgets: Arc<Budgets>,
-    /// Notified when a successor has taken over.
-    handed_over: Arc<Notify>,
 }
 
 /// Starts everything in order: inputs, listeners, the programs, the servers; returns once the
@@ -193,7 +186,7 @@ async fn start(
     let budgets = Arc::new(Budgets::new(limits, &families.budgets));
     let inputs = start_inputs(config, &metrics).await?;
     let live = inputs.live.clone();
-    let attached = Arc::new(AtomicBool::new(false));
+    let lifecycle = Arc::new(Lifecycle::default());
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
     let visible_names = Arc::new(VisibleNames::new(live.clone(), metrics.clone()));
@@ -241,7 +234,7 @@ async fn start(
             .clone()
             .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>),
         registry: registry(config, &families, redirector, fast_path.as_ref()),
-        attached: attached.clone(),
+        phase: lifecycle.admin(),
         live: live.clone(),
         log_level: Some(log_level),
         budgets: Some(budgets.clone()),
@@ -258,32 +251,26 @@ async fn start(
             "configuration in force; serving beside the agent in service"
         );
     }
-    let (stop, stopped) = watch::channel(false);
     let mut serving: Vec<_> = bound
         .proxy
         .into_iter()
         .map(|listener| {
             let proxy = OutboundProxy::new(listener, proxy_context.clone());
-            tokio::spawn(proxy.serve(stopped.clone()))
+            tokio::spawn(proxy.serve(lifecycle.serving()))
         })
         .collect();
     serving.extend(
         bound
             .dns
             .into_iter()
-            .map(|dns| tokio::spawn(dns.serve(stopped.clone()))),
+            .map(|dns| tokio::spawn(dns.serve(lifecycle.serving()))),
     );
-    tokio::spawn(opt_out.run(stopped.clone()));
+    tokio::spawn(opt_out.run(lifecycle.serving()));
     if let Some(fast) = fast_path {
-        tokio::spawn(fast.run(stopped.clone()));
+        tokio::spawn(fast.run(lifecycle.serving()));
     }
 
     // Offer our sockets to the next agent; when it is ready, stop serving (it serves on them).
-    let stop = Arc::new(stop);
-    // Held by the running agent: the admin server answers until the agent is done (or handed over).
-    let (admin_stop, admin_stopped) = watch::channel(false);
-    let admin_stop = Arc::new(admin_stop);
-    let handed_over = Arc::new(Notify::new());
     let handover_server = match &config.handover_socket {
         Some(path) => Some(offer_to_successor(
             path,
@@ -291,18 +278,8 @@ async fn start(
             bound.offer,
             redirector.held_links(),
             {
-                let (stop, admin_stop, attached, handed_over) = (
-                    stop.clone(),
-                    admin_stop.clone(),
-                    attached.clone(),
-                    handed_over.clone(),
-                );
-                move || {
-                    attached.store(false, Ordering::Release);
-                    let _ = stop.send(true);
-                    let _ = admin_stop.send(true);
-                    handed_over.notify_one();
-                }
+                let lifecycle = lifecycle.clone();
+                move || lifecycle.enter(Phase::HandedOver)
             },
         )?),
         None => None,
@@ -318,24 +295,21 @@ async fn start(
             "the agent in service stopped accepting; serving alone"
         );
     }
-    admin::spawn_on(bound.admin, admin_state, admin_stopped)
+    admin::spawn_on(bound.admin, admin_state, lifecycle.admin())
         .context("starting the admin server")?;
     let redirector = starting.done()?;
     if let Some(held) = redirector.held_links() {
-        tokio::spawn(watch_pins(held, stopped.clone()));
+        tokio::spawn(watch_pins(held, lifecycle.serving()));
     }
-    attached.store(true, Ordering::Release);
+    lifecycle.enter(Phase::Serving);
     info!(gateway = %config.gateway, proxy_port = config.proxy_port, dns_upstream = %config.dns_upstream, start = ?redirector.start(), "agent running");
     Ok(Running {
         redirector,
         serving,
         inputs,
-        stop,
-        _admin_stop: admin_stop,
+        lifecycle,
         handover_server,
-        attached,
         budgets,
-        handed_over,
     })
 }
 
@@ -519,7 +493,6 @@ impl Running {
     /// stop accepting and wait for the accept loops.
     async fn shut_down(self, signal: &'static str) {
         info!(signal, "shutting down");
-        self.attached.store(false, Ordering::Release);
         if let Some(server) = self.handover_server {
             server.close();
         }
@@ -528,7 +501,7 @@ impl Running {
             Ok(Release::Superseded) => info!("a successor's programs are attached; left them"),
             Err(e) => warn!(error = %e, "detaching the eBPF programs failed"),
         }
-        let _ = self.stop.send(true);
+        self.lifecycle.enter(Phase::ShuttingDown);
         // While the accept loops end, no longer the status writer.
         let (_, ()) = tokio::join!(futures::future::join_all(self.serving), self.inputs.stop());
         info!("agent stopped");
@@ -624,10 +597,10 @@ impl Drop for Starting {
 
 /// Says once when the pins of the links this agent holds are gone (the bpf filesystem unmounted
 /// under it): the links stay attached while the agent runs, but a successor cannot take over.
-async fn watch_pins(held: Arc<crate::redirect::HeldLinks>, mut stop: watch::Receiver<bool>) {
+async fn watch_pins(held: Arc<crate::redirect::HeldLinks>, mut stop: Watcher) {
     loop {
         tokio::select! {
-            _ = stop.changed() => return,
+            () = stop.stopped() => return,
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
         if held.pins_lost_now() {

@@ -11,7 +11,6 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::watch;
 use tracing::{info, warn};
 use uuid::Uuid;
 
@@ -109,12 +108,12 @@ impl OptOutSync {
     }
 
     /// Syncs every [`SYNC_EVERY`] until `shutdown` changes.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(mut self, mut shutdown: crate::drain::Watcher) {
         let mut tick = tokio::time::interval(SYNC_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = shutdown.changed() => return,
+                () = shutdown.stopped() => return,
                 _ = tick.tick() => self.sync().await,
             }
         }

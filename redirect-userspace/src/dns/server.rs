@@ -15,7 +15,6 @@ use hickory_proto::{
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream, UdpSocket},
-    sync::watch,
 };
 
 use super::{
@@ -242,7 +241,7 @@ impl DnsProxy {
     }
 
     /// Serves until `shutdown` changes.
-    pub async fn serve(self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn serve(self, mut shutdown: crate::drain::Watcher) {
         let queues: Vec<_> = self
             .udp
             .into_iter()
@@ -254,7 +253,7 @@ impl DnsProxy {
         // The summary of a flood of log lines that stopped (`log`): no next line would write it.
         let summaries = tokio::spawn(super::log::flush_every_second());
         tokio::select! {
-            _ = shutdown.changed() => {}
+            () = shutdown.stopped() => {}
             _ = serve_tcp(self.tcp, self.shared) => {}
         }
         for queue in queues {
@@ -669,7 +668,7 @@ mod tests {
         q.to_vec().unwrap()
     }
 
-    async fn proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Counted>, watch::Sender<bool>) {
+    async fn proxy(upstream: SocketAddr) -> (SocketAddr, Arc<Counted>, crate::drain::Lifecycle) {
         proxy_with(upstream, None).await
     }
 
@@ -677,7 +676,7 @@ mod tests {
     async fn proxy_with(
         upstream: SocketAddr,
         caps: Option<(usize, usize)>,
-    ) -> (SocketAddr, Arc<Counted>, watch::Sender<bool>) {
+    ) -> (SocketAddr, Arc<Counted>, crate::drain::Lifecycle) {
         proxy_deciding(upstream, caps, Arc::new(OneName)).await
     }
 
@@ -685,7 +684,7 @@ mod tests {
         upstream: SocketAddr,
         caps: Option<(usize, usize)>,
         decide: Arc<dyn Decide>,
-    ) -> (SocketAddr, Arc<Counted>, watch::Sender<bool>) {
+    ) -> (SocketAddr, Arc<Counted>, crate::drain::Lifecycle) {
         let metrics = Arc::new(Counted::default());
         let mut up = Upstream::new(upstream);
         up.timeout = Duration::from_millis(300);
@@ -716,8 +715,8 @@ mod tests {
             None => proxy,
         };
         let addr = proxy.local_addr().unwrap();
-        let (stop, stop_rx) = watch::channel(false);
-        tokio::spawn(proxy.serve(stop_rx));
+        let stop = crate::drain::Lifecycle::default();
+        tokio::spawn(proxy.serve(stop.serving()));
         (addr, metrics, stop)
     }
 
@@ -910,8 +909,8 @@ mod tests {
             metrics.dns.cache_entries(),
         )));
         let addr = proxy.local_addr().unwrap();
-        let (_stop, stop_rx) = watch::channel(false);
-        tokio::spawn(proxy.serve(stop_rx));
+        let _stop = crate::drain::Lifecycle::default();
+        tokio::spawn(proxy.serve(_stop.serving()));
         // The upstream answers with a 1 s TTL and counts what reaches it.
         let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = asked.clone();

@@ -484,7 +484,7 @@ impl Ahead {
     pub async fn run(
         self: Arc<Self>,
         changed: impl Fn() + Send + Sync + 'static,
-        mut shutdown: tokio::sync::watch::Receiver<bool>,
+        mut shutdown: crate::drain::Watcher,
     ) {
         let mut asking = JoinSet::new();
         let mut batch = Batch::default();
@@ -520,7 +520,7 @@ impl Ahead {
                 .unwrap_or(Duration::from_secs(60))
                 .min(Duration::from_secs(60));
             tokio::select! {
-                _ = shutdown.changed() => return,
+                () = shutdown.stopped() => return,
                 _ = self.wake.notified() => {}
                 _ = tokio::time::sleep(sleep) => {}
                 Some(done) = asking.join_next(), if !asking.is_empty() => {
@@ -874,8 +874,8 @@ spec:
                     .push((Instant::now(), ahead.fresh().len()))
             }
         };
-        let (stop, shutdown) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(ahead.clone().run(changed, shutdown));
+        let life = crate::drain::Lifecycle::default();
+        let running = tokio::spawn(ahead.clone().run(changed, life.serving()));
         let deadline = Instant::now() + secs(10);
         loop {
             let last = told.lock().unwrap().last().copied();
@@ -885,7 +885,7 @@ spec:
             assert!(Instant::now() < deadline, "told {:?}", told.lock().unwrap());
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        let _ = stop.send(true);
+        life.enter(crate::drain::Phase::ShuttingDown);
         let _ = running.await;
         let told = told.lock().unwrap();
         assert!(

@@ -21,7 +21,6 @@ use prometheus_client::{
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
 use redirect_common::{FastStat, fastpath::HiddenEvent};
-use tokio::sync::watch;
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
@@ -248,7 +247,7 @@ impl FastPath {
     }
 
     /// Rescans the pods' cgroups every [`RESCAN_EVERY`] until `shutdown` changes.
-    pub async fn run(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run(self: Arc<Self>, mut shutdown: crate::drain::Watcher) {
         // New tables whenever the fresh host addresses change.
         let fast = self.clone();
         let changed = move || {
@@ -261,7 +260,7 @@ impl FastPath {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = shutdown.changed() => return,
+                () = shutdown.stopped() => return,
                 _ = tick.tick() => {
                     let pods = self.cgroups.rescan().await;
                     let fast = self.clone();
@@ -274,7 +273,7 @@ impl FastPath {
     /// Adds the kernel's count of hides to the proxy's (`services_hidden{lookup="outbound"}`) and
     /// logs its reports at debug level as the proxy logs its own, at most
     /// [`HIDES_LOGGED_PER_SECOND`] a second, until `shutdown` changes.
-    async fn hides(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+    async fn hides(self: Arc<Self>, mut shutdown: crate::drain::Watcher) {
         let Some(maps) = self.maps.get() else {
             return;
         };
@@ -290,7 +289,7 @@ impl FastPath {
         let mut tick = tokio::time::interval(HIDES_EVERY);
         loop {
             tokio::select! {
-                _ = shutdown.changed() => return,
+                () = shutdown.stopped() => return,
                 _ = tick.tick() => {}
             }
             let (hidden, _) = stats.hidden_counts();

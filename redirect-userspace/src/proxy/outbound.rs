@@ -8,10 +8,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::{
-    net::{TcpListener, TcpSocket, TcpStream},
-    sync::watch,
-};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tracing::{debug, warn};
 
 use super::{
@@ -109,11 +106,11 @@ impl OutboundProxy {
 
     /// Accepts until `shutdown` changes. Connection tasks are detached: they end with their
     /// connection, or with the runtime.
-    pub async fn serve(mut self, mut shutdown: watch::Receiver<bool>) {
+    pub async fn serve(mut self, mut shutdown: crate::drain::Watcher) {
         loop {
             tokio::select! {
                 // Any change (or the sender gone) means stop.
-                _ = shutdown.changed() => return,
+                () = shutdown.stopped() => return,
                 accepted = self.listener.accept() => match accepted {
                     // Over budget: dropped at once, reset (the listener's linger 0), no task.
                     Ok((stream, peer)) => match admit(&self.context, peer) {

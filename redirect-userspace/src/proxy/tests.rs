@@ -12,7 +12,6 @@ use redirect_common::{OrigDst, SockAddr};
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpSocket, TcpStream},
-    sync::watch,
 };
 
 use super::{
@@ -43,7 +42,7 @@ struct Proxy {
     metrics: Arc<Metrics>,
     proxy_metrics: Arc<ProxyMetrics>,
     budget_metrics: Arc<BudgetMetrics>,
-    _stop: watch::Sender<bool>,
+    _stop: crate::drain::Lifecycle,
 }
 
 #[derive(Default)]
@@ -120,8 +119,8 @@ async fn start(setup: Setup) -> Proxy {
     let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let proxy = OutboundProxy::new(listener, context);
     let addr = proxy.local_addr().unwrap();
-    let (stop, stopped) = watch::channel(false);
-    tokio::spawn(proxy.serve(stopped));
+    let stop = crate::drain::Lifecycle::default();
+    tokio::spawn(proxy.serve(stop.serving()));
     Proxy {
         addr,
         flows,
