@@ -111,7 +111,9 @@ mod tests {
         life.enter(Phase::HandedOver);
         assert!(stops_within(&mut serving, short).await);
         assert!(stops_within(&mut admin, short).await);
-        tokio::time::timeout(short, life.handed_over()).await.unwrap();
+        tokio::time::timeout(short, life.handed_over())
+            .await
+            .unwrap();
         // A signal after the hand-over does not take the agent back.
         life.enter(Phase::ShuttingDown);
         life.enter(Phase::Serving);

@@ -4,15 +4,7 @@
 //! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
 pub mod client;
 
-use std::{
-    convert::Infallible,
-    io,
-    net::SocketAddr,
-    sync::{
-        Arc,
-    },
-    thread,
-};
+use std::{convert::Infallible, io, net::SocketAddr, sync::Arc, thread};
 
 use bytes::Bytes;
 use http_body_util::Full;

@@ -198,10 +198,7 @@ async fn start(
     let dns_parts = bind::DnsParts {
         upstream: upstream.clone(),
         decide: visible_names.clone(),
-        // One cache for every listener: a family's answers serve the other's askers too.
-        cache: config
-            .dns_cache
-            .map(|entries| Arc::new(AnswerCache::new(entries, families.dns.cache_entries()))),
+        cache: answer_cache(config, &families),
         budgets: budgets.clone(),
         metrics: families.dns.clone(),
     };
@@ -240,35 +237,16 @@ async fn start(
         budgets: Some(budgets.clone()),
     };
 
-    // A successor serves nothing before its configuration is in force: the agent in service, accepting
-    // on the same sockets, answers alone until then. With the API as the source the first lists take
-    // a moment, and a connection served meanwhile would pass through as if no entry existed.
     if predecessor.is_some() {
-        let waited = Instant::now();
-        live.in_force().await;
-        info!(
-            waited_ms = waited.elapsed().as_millis() as u64,
-            "configuration in force; serving beside the agent in service"
-        );
+        until_in_force(&live).await;
     }
-    let mut serving: Vec<_> = bound
-        .proxy
-        .into_iter()
-        .map(|listener| {
-            let proxy = OutboundProxy::new(listener, proxy_context.clone());
-            tokio::spawn(proxy.serve(lifecycle.serving()))
-        })
-        .collect();
-    serving.extend(
-        bound
-            .dns
-            .into_iter()
-            .map(|dns| tokio::spawn(dns.serve(lifecycle.serving()))),
+    let serving = spawn_serving(
+        bound.proxy,
+        bound.dns,
+        &proxy_context,
+        (opt_out, fast_path, redirector.held_links()),
+        &lifecycle,
     );
-    tokio::spawn(opt_out.run(lifecycle.serving()));
-    if let Some(fast) = fast_path {
-        tokio::spawn(fast.run(lifecycle.serving()));
-    }
 
     // Offer our sockets to the next agent; when it is ready, stop serving (it serves on them).
     let handover_server = match &config.handover_socket {
@@ -277,30 +255,16 @@ async fn start(
             identity,
             bound.offer,
             redirector.held_links(),
-            {
-                let lifecycle = lifecycle.clone();
-                move || lifecycle.enter(Phase::HandedOver)
-            },
+            lifecycle.clone(),
         )?),
         None => None,
     };
     if let Some(predecessor) = predecessor {
-        let took = Instant::now();
-        tokio::task::spawn_blocking(move || predecessor.ready())
-            .await
-            .context("hand-over task")?
-            .context("the agent in service did not confirm the hand-over")?;
-        info!(
-            waited_ms = took.elapsed().as_millis() as u64,
-            "the agent in service stopped accepting; serving alone"
-        );
+        until_predecessor_stops(predecessor).await?;
     }
     admin::spawn_on(bound.admin, admin_state, lifecycle.admin())
         .context("starting the admin server")?;
     let redirector = starting.done()?;
-    if let Some(held) = redirector.held_links() {
-        tokio::spawn(watch_pins(held, lifecycle.serving()));
-    }
     lifecycle.enter(Phase::Serving);
     info!(gateway = %config.gateway, proxy_port = config.proxy_port, dns_upstream = %config.dns_upstream, start = ?redirector.start(), "agent running");
     Ok(Running {
@@ -311,6 +275,78 @@ async fn start(
         handover_server,
         budgets,
     })
+}
+
+/// The accept loops of the proxies and the DNS proxies (returned, to be awaited when they stop),
+/// and the background tasks of the running agent (the opt-out sync, the fast path's upkeep, the
+/// watch on the pins); each stops when the agent stops serving.
+fn spawn_serving(
+    proxies: Vec<tokio::net::TcpListener>,
+    dns: Vec<crate::dns::DnsProxy>,
+    proxy_context: &Arc<ProxyContext>,
+    (opt_out, fast_path, held): (
+        OptOutSync,
+        Option<Arc<FastPath>>,
+        Option<Arc<crate::redirect::HeldLinks>>,
+    ),
+    lifecycle: &Lifecycle,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut serving: Vec<_> = proxies
+        .into_iter()
+        .map(|listener| {
+            let proxy = OutboundProxy::new(listener, proxy_context.clone());
+            tokio::spawn(proxy.serve(lifecycle.serving()))
+        })
+        .collect();
+    serving.extend(
+        dns.into_iter()
+            .map(|dns| tokio::spawn(dns.serve(lifecycle.serving()))),
+    );
+    tokio::spawn(opt_out.run(lifecycle.serving()));
+    if let Some(fast) = fast_path {
+        tokio::spawn(fast.run(lifecycle.serving()));
+    }
+    if let Some(held) = held {
+        tokio::spawn(watch_pins(held, lifecycle.serving()));
+    }
+    serving
+}
+
+/// One cache of upstream answers for every DNS listener: a family's answers serve the other's
+/// askers too.
+fn answer_cache(config: &AgentConfig, families: &Families) -> Option<Arc<AnswerCache>> {
+    let entries = config.dns_cache?;
+    Some(Arc::new(AnswerCache::new(
+        entries,
+        families.dns.cache_entries(),
+    )))
+}
+
+/// A successor serves nothing before its configuration is in force: the agent in service,
+/// accepting on the same sockets, answers alone until then. With the API as the source the first
+/// lists take a moment, and a connection served meanwhile would pass through as if no entry
+/// existed.
+async fn until_in_force(live: &LiveState) {
+    let waited = Instant::now();
+    live.in_force().await;
+    info!(
+        waited_ms = waited.elapsed().as_millis() as u64,
+        "configuration in force; serving beside the agent in service"
+    );
+}
+
+/// Tells the agent in service that this one is ready, and waits until it stopped accepting.
+async fn until_predecessor_stops(predecessor: handover::Predecessor) -> anyhow::Result<()> {
+    let took = Instant::now();
+    tokio::task::spawn_blocking(move || predecessor.ready())
+        .await
+        .context("hand-over task")?
+        .context("the agent in service did not confirm the hand-over")?;
+    info!(
+        waited_ms = took.elapsed().as_millis() as u64,
+        "the agent in service stopped accepting; serving alone"
+    );
+    Ok(())
 }
 
 /// The programs attached, and what had to be ready before they were.
@@ -465,15 +501,16 @@ fn registry(
     registry
 }
 
-/// Listens for a successor at `path`; `on_ready` runs once one has taken over. If a successor
-/// dies after putting its programs in our links, ours go back in.
+/// Listens for a successor at `path`; once one has taken over, the agent is handed over. If a
+/// successor dies after putting its programs in our links, ours go back in.
 fn offer_to_successor(
     path: &std::path::Path,
     identity: handover::Identity,
     offer: Vec<handover::Socket>,
     held: Option<Arc<crate::redirect::HeldLinks>>,
-    on_ready: impl FnOnce() + Send + 'static,
+    lifecycle: Arc<Lifecycle>,
 ) -> anyhow::Result<handover::Server> {
+    let on_ready = move || lifecycle.enter(Phase::HandedOver);
     let on_failed = move || {
         let Some(held) = &held else { return };
         let retaken = held.retake();

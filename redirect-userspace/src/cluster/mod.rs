@@ -169,121 +169,156 @@ pub fn start(
 /// tells it the latest resolution and the status the API holds.
 async fn follow(
     mut rx: mpsc::Receiver<Change>,
-    mut store: Store,
+    store: Store,
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
     status: Option<latest::Sender<status::Inputs>>,
 ) {
-    // Each entry's conditions, kept only for a status writer.
-    let mut desired = Arc::new(Vec::new());
-    // What the snapshot in force was built from; `None` until one is in force (the first is always
-    // built whole) and after a build that failed.
-    let mut in_force: Option<InForce> = None;
-    // The status changes the writer was last told of.
-    let mut told: Option<u64> = None;
+    let mut follower = Follower {
+        store,
+        live,
+        metrics,
+        status,
+        desired: Arc::new(Vec::new()),
+        in_force: None,
+        told: None,
+    };
     let mut next_not_ready_log = Instant::now() + NOT_READY_LOG;
     loop {
         // Wait for a change (or, while not ready, for the time to say so).
-        let first = if store.ready() {
+        let first = if follower.store.ready() {
             rx.recv().await
         } else {
             match tokio::time::timeout_at(next_not_ready_log, rx.recv()).await {
                 Ok(change) => change,
                 Err(_) => {
-                    log_not_ready(&store);
+                    log_not_ready(&follower.store);
                     next_not_ready_log = Instant::now() + NOT_READY_LOG;
                     continue;
                 }
             }
         };
         let Some(first) = first else { return };
-        store.apply(first, &now_rfc3339());
+        follower.store.apply(first, &now_rfc3339());
         // The rest of the burst: until the changes pause, for at most COALESCE.
         let deadline = Instant::now() + COALESCE;
         loop {
             let pause = (Instant::now() + QUIET).min(deadline);
             match tokio::time::timeout_at(pause, rx.recv()).await {
                 Ok(Some(change)) => {
-                    store.apply(change, &now_rfc3339());
+                    follower.store.apply(change, &now_rfc3339());
                 }
                 Ok(None) | Err(_) => break,
             }
         }
-        live.set_watches(store.statuses());
-        let mut rebuilt = false;
-        let changes = match store.ready() {
-            true => store.take_changes(),
+        follower.burst_applied().await;
+    }
+}
+
+/// The store, and what the snapshot in force and the status writer were last given from it.
+struct Follower {
+    store: Store,
+    live: Arc<LiveState>,
+    metrics: Arc<Metrics>,
+    status: Option<latest::Sender<status::Inputs>>,
+    /// Each entry's conditions, kept only for a status writer.
+    desired: Arc<Vec<status::Desired>>,
+    /// What the snapshot in force was built from; `None` until one is in force (the first is always
+    /// built whole) and after a build that failed.
+    in_force: Option<InForce>,
+    /// The status changes the writer was last told of.
+    told: Option<u64>,
+}
+
+impl Follower {
+    /// A burst is in the store: a snapshot built from its changes and put in force, and the status
+    /// writer told.
+    async fn burst_applied(&mut self) {
+        self.live.set_watches(self.store.statuses());
+        let changes = match self.store.ready() {
+            true => self.store.take_changes(),
             false => Changes::default(),
         };
-        if changes.any() {
-            let started = std::time::Instant::now();
-            let selecting = store.selecting_namespaces();
-            let reuse = Reuse::of(changes, &selecting, in_force.as_ref());
-            let selecting = selecting.into_iter().map(str::to_string).collect();
-            let (model, errors, rejected) = store.model();
-            let modelled = started.elapsed();
-            let previous = live.snapshot_arc();
-            let before = in_force.take();
-            let built = tokio::task::spawn_blocking(move || {
-                let next = Next::build(reuse, &previous, before, &model, errors);
-                (next, model)
-            })
-            .await;
-            let (next, model) = match built {
-                Ok(built) => built,
-                Err(join) => {
-                    error!(error = %join, "building the snapshot panicked; the configuration in force stays");
-                    metrics.config.reload(ReloadResult::Failed);
-                    continue;
-                }
-            };
-            debug!(
-                kept = next.kept,
-                model_ms = modelled.as_secs_f64() * 1e3,
-                build_ms = (started.elapsed() - modelled).as_secs_f64() * 1e3,
-                "snapshot built"
-            );
-            let Next {
-                snapshot,
-                errors,
-                allocation,
-                resolved,
-                ..
-            } = next;
-            pipeline::put_in_force(
-                &live,
-                &metrics,
-                "kubernetes API",
-                snapshot,
-                errors,
-                rejected,
-            )
-            .await;
-            rebuilt = resolved.changes_status();
-            if status.is_some() {
-                desired = resolved.desired(&desired);
-            }
-            in_force = Some(InForce {
-                entries: model.service_entries.clone(),
-                selecting,
-                allocation,
-            });
-            // A model holds a pointer per Pod: freed off the async workers, after the change is in force.
-            drop(tokio::task::spawn_blocking(move || drop(model)));
-        }
-        if let Some(status) = &status
-            && store.ready()
+        let rebuilt = match changes.any() {
+            true => self.rebuild(changes).await,
+            false => false,
+        };
+        if let Some(status) = &self.status
+            && self.store.ready()
         {
-            let (observed, changes) = store.observed();
-            if rebuilt || told != Some(changes) {
-                told = Some(changes);
+            let (observed, changes) = self.store.observed();
+            if rebuilt || self.told != Some(changes) {
+                self.told = Some(changes);
                 status.send_replace(status::Inputs {
-                    api_version: store.api_version(Kind::ServiceEntry).map(str::to_string),
-                    desired: desired.clone(),
+                    api_version: self
+                        .store
+                        .api_version(Kind::ServiceEntry)
+                        .map(str::to_string),
+                    desired: self.desired.clone(),
                     observed: Arc::new(observed.clone()),
                 });
             }
         }
+    }
+
+    /// Builds the next snapshot from the store (reusing what the changes leave as it was) and puts
+    /// it in force; true when the entries' statuses changed with it.
+    async fn rebuild(&mut self, changes: Changes) -> bool {
+        let started = std::time::Instant::now();
+        let selecting = self.store.selecting_namespaces();
+        let reuse = Reuse::of(changes, &selecting, self.in_force.as_ref());
+        let selecting = selecting.into_iter().map(str::to_string).collect();
+        let (model, errors, rejected) = self.store.model();
+        let modelled = started.elapsed();
+        let previous = self.live.snapshot_arc();
+        let before = self.in_force.take();
+        let built = tokio::task::spawn_blocking(move || {
+            let next = Next::build(reuse, &previous, before, &model, errors);
+            (next, model)
+        })
+        .await;
+        let (next, model) = match built {
+            Ok(built) => built,
+            Err(join) => {
+                error!(error = %join, "building the snapshot panicked; the configuration in force stays");
+                self.metrics.config.reload(ReloadResult::Failed);
+                return false;
+            }
+        };
+        debug!(
+            kept = next.kept,
+            model_ms = modelled.as_secs_f64() * 1e3,
+            build_ms = (started.elapsed() - modelled).as_secs_f64() * 1e3,
+            "snapshot built"
+        );
+        let Next {
+            snapshot,
+            errors,
+            allocation,
+            resolved,
+            ..
+        } = next;
+        pipeline::put_in_force(
+            &self.live,
+            &self.metrics,
+            "kubernetes API",
+            snapshot,
+            errors,
+            rejected,
+        )
+        .await;
+        let status_changed = resolved.changes_status();
+        if self.status.is_some() {
+            self.desired = resolved.desired(&self.desired);
+        }
+        self.in_force = Some(InForce {
+            entries: model.service_entries.clone(),
+            selecting,
+            allocation,
+        });
+        // A model holds a pointer per Pod: freed off the async workers, after the change is in force.
+        drop(tokio::task::spawn_blocking(move || drop(model)));
+        status_changed
     }
 }
 

@@ -216,7 +216,8 @@ impl Refused {
     }
 }
 
-/// Finds where `client` meant to go, decides, connects and relays, filling in `result` on the way.
+/// Finds where `client` meant to go and decides (`route`), then connects and relays (`carry`),
+/// filling in `result` on the way.
 async fn proxy(
     context: &ProxyContext,
     client: &TcpStream,
@@ -224,6 +225,26 @@ async fn proxy(
     share: IpAddr,
     result: &mut ConnectionResult<'_>,
 ) -> Result<(), Refused> {
+    let route = route(context, peer, result).await?;
+    carry(context, client, peer, share, route, result).await
+}
+
+/// Where a decided connection goes: the decision's outcome and the addresses it may dial.
+struct Route {
+    outcome: OutboundOutcome,
+    orig: SocketAddr,
+    first: SocketAddr,
+    fallback: Option<SocketAddr>,
+}
+
+/// The decision for the connection from `peer`, with no byte moved: its original destination,
+/// who the client is, what it may see there, the endpoint's addresses and whether they may be
+/// dialled for this client.
+async fn route(
+    context: &ProxyContext,
+    peer: SocketAddr,
+    result: &mut ConnectionResult<'_>,
+) -> Result<Route, Refused> {
     let (orig, cgroup_id) = match context.flows.take(peer) {
         Ok(Some(orig)) => (orig.dst.to_socket_addr(), orig.cgroup_id),
         Ok(None) => {
@@ -267,12 +288,30 @@ async fn proxy(
     // its own addresses, or what the operator denies.
     let (first, fallback) = allowed(context, peer, orig, first, fallback)
         .ok_or(Refused::error("destination refused"))?;
+    Ok(Route {
+        outcome: plan.outcome,
+        orig,
+        first,
+        fallback,
+    })
+}
+
+/// Carries a routed connection: a port toward the upstream within the client's share, the
+/// upstream connected, the bytes relayed both ways until either side ends.
+async fn carry(
+    context: &ProxyContext,
+    client: &TcpStream,
+    peer: SocketAddr,
+    share: IpAddr,
+    route: Route,
+    result: &mut ConnectionResult<'_>,
+) -> Result<(), Refused> {
     // A port toward the upstream, open and then in TIME_WAIT: one pod's short connections must
     // not take the node's whole range toward an endpoint (`budget::ports`).
     let mut port = context
         .budgets
         .upstream_ports
-        .take(share, first)
+        .take(share, route.first)
         .map_err(|_| Refused::error("over budget: ports toward the upstream"))?;
     // Bounded kernel buffers on both legs: a peer that never reads holds at most this much.
     if let Some(bytes) = context.buffer {
@@ -280,17 +319,22 @@ async fn proxy(
         let _ = socket.set_send_buffer_size(bytes);
         let _ = socket.set_recv_buffer_size(bytes);
     }
-    let (upstream, dst) = match connect_upstream(&*context.sockets, first, fallback, context.buffer)
-        .await
-    {
+    let connected = connect_upstream(
+        &*context.sockets,
+        route.first,
+        route.fallback,
+        context.buffer,
+    )
+    .await;
+    let (upstream, dst) = match connected {
         Ok(connected) => connected,
         Err((dst, e)) => {
-            debug!(client = %peer, orig_dst = %orig, upstream = %dst, error = %e, "upstream connect failed");
+            debug!(client = %peer, orig_dst = %route.orig, upstream = %dst, error = %e, "upstream connect failed");
             result.endpoint = Some(dst);
             return Err(Refused::error("upstream connect failed"));
         }
     };
-    result.decided(plan.outcome);
+    result.decided(route.outcome);
     result.endpoint = Some(dst);
     // The client socket has linger 0 from the listener; the upstream gets it too.
     let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));

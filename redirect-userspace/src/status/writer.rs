@@ -11,7 +11,7 @@ use kube::{
     Api, Client,
     api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::{sync::watch, time::Instant};
 use tracing::{debug, info, warn};
 
@@ -103,21 +103,9 @@ pub async fn run(
                 }
                 Plan::Write(conditions) => conditions,
             };
-            // The version read goes with the write: over a newer one the API answers 409.
-            let patch = json!({
-                "metadata": {"resourceVersion": observed.resource_version},
-                "status": {"conditions": conditions},
-            });
-            let params = PatchParams {
-                field_manager: Some(FIELD_MANAGER.to_string()),
-                ..PatchParams::default()
-            };
-            let result = api
-                .within(&key.0)
-                .patch_status(&key.1, &params, &Patch::Merge(&patch))
-                .await;
-            let outcome = match result {
-                Ok(_) => {
+            let written_now = api.write(&key, &observed.resource_version, &conditions);
+            let outcome = match written_now.await {
+                Ok(()) => {
                     debug!(entry = %format!("{}/{}", key.0, key.1), "status conditions written");
                     written.insert(key.clone(), observed.resource_version.clone());
                     retries.remove(&key);
@@ -172,5 +160,22 @@ fn entries_api(client: &Client, api_version: &str) -> EntriesApi {
 impl EntriesApi {
     fn within(&self, namespace: &str) -> Api<DynamicObject> {
         Api::namespaced_with(self.client.clone(), namespace, &self.resource)
+    }
+
+    /// Writes `conditions` as the status of the entry `key`, over `version`: the version read goes
+    /// with the write, so that over a newer one the API answers 409.
+    async fn write(&self, key: &Key, version: &str, conditions: &[Value]) -> kube::Result<()> {
+        let patch = json!({
+            "metadata": {"resourceVersion": version},
+            "status": {"conditions": conditions},
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_string()),
+            ..PatchParams::default()
+        };
+        self.within(&key.0)
+            .patch_status(&key.1, &params, &Patch::Merge(&patch))
+            .await
+            .map(drop)
     }
 }
