@@ -1,13 +1,56 @@
 //! A running agent's rule for what a load left out: the last good version of each such object stays
 //! in force. Identity is kind, namespace and name.
-use std::collections::HashSet;
+use std::{collections::HashSet, sync::Arc};
 
 use super::{
     loader::{Loaded, MESH_KINDS, complete},
-    model::{Model, WorkloadKind},
+    model::{KubeService, Model, Namespace, ObjectMeta, ServiceEntry, Workload, WorkloadKind},
 };
 
 type Id<'a> = (&'static str, &'a str, &'a str);
+
+/// The objects a model holds, or the ones kept for it: lists of the same kinds.
+struct Objects {
+    entries: Vec<Arc<ServiceEntry>>,
+    services: Vec<Arc<KubeService>>,
+    workloads: Vec<Arc<Workload>>,
+    /// Declared ones only: a namespace only named by its objects has nothing to keep.
+    namespaces: Vec<Namespace>,
+}
+
+/// Each object of `model` (or of kept lists) with its identity and the file it was read from
+/// (a Namespace records none).
+fn identities<'a>(
+    entries: &'a [Arc<ServiceEntry>],
+    services: &'a [Arc<KubeService>],
+    workloads: &'a [Arc<Workload>],
+    namespaces: impl Iterator<Item = &'a Namespace> + 'a,
+) -> impl Iterator<Item = (Id<'a>, Option<&'a str>)> + 'a {
+    let of = |kind: &'static str, meta: &'a ObjectMeta| {
+        let id = (kind, meta.namespace.as_str(), meta.name.as_str());
+        (id, Some(meta.file.as_str()))
+    };
+    let entries = entries.iter().map(move |s| of("ServiceEntry", &s.meta));
+    let services = services.iter().map(move |s| of("Service", &s.meta));
+    let workloads = workloads
+        .iter()
+        .map(move |w| of(workload_kind(w.kind), &w.meta));
+    let namespaces = namespaces
+        .filter(|n| n.declared)
+        .map(|n| (("Namespace", "", n.name.as_str()), None));
+    entries.chain(services).chain(workloads).chain(namespaces)
+}
+
+impl Objects {
+    fn identities(&self) -> impl Iterator<Item = (Id<'_>, Option<&str>)> {
+        identities(
+            &self.entries,
+            &self.services,
+            &self.workloads,
+            self.namespaces.iter(),
+        )
+    }
+}
 
 /// Puts back into `loaded.model` the version in `previous` of every object that `loaded` left out:
 /// an object whose new version is invalid, any object last read from a file that could not be read
@@ -15,6 +58,37 @@ type Id<'a> = (&'static str, &'a str, &'a str);
 /// object that is new and invalid stays out; one deleted from a good file stays deleted. Marks
 /// each rejection whose last good version is in force.
 pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
+    let (kept, keep_mesh) = to_keep(loaded, previous);
+    let model = &mut loaded.model;
+    model.service_entries.extend(kept.entries.iter().cloned());
+    model.services.extend(kept.services.iter().cloned());
+    model.workloads.extend(kept.workloads.iter().cloned());
+    for n in &kept.namespaces {
+        model.namespaces.insert(n.name.clone(), n.clone());
+    }
+    if keep_mesh {
+        model.mesh = previous.mesh.clone();
+    }
+    complete(model);
+
+    // Sets, so marking stays linear however many objects are in error.
+    let kept_files: HashSet<&str> = kept.identities().filter_map(|(_, f)| f).collect();
+    let kept_ids: HashSet<Id<'_>> = kept.identities().map(|(id, _)| id).collect();
+    let mesh_file = previous.mesh.file.as_deref();
+    for r in &mut loaded.rejected {
+        r.last_good_in_force = if r.kind == "File" {
+            kept_files.contains(r.file.as_str()) || keep_mesh && mesh_file == Some(r.file.as_str())
+        } else if MESH_KINDS.contains(&r.kind) {
+            keep_mesh
+        } else {
+            kept_ids.contains(&(r.kind, r.namespace.as_str(), r.name.as_str()))
+        };
+    }
+}
+
+/// The objects of `previous` to keep, and whether its mesh config is kept: each one missing from
+/// the load whose new version was refused or whose file broke.
+fn to_keep(loaded: &Loaded, previous: &Model) -> (Objects, bool) {
     let rejected: HashSet<Id<'_>> = loaded
         .rejected
         .iter()
@@ -28,156 +102,49 @@ pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
         .collect();
     let everything = loaded.unreadable;
     let model = &loaded.model;
-    let present: HashSet<Id<'_>> = model
-        .service_entries
-        .iter()
-        .map(|s| {
-            (
-                "ServiceEntry",
-                s.meta.namespace.as_str(),
-                s.meta.name.as_str(),
-            )
-        })
-        .chain(
-            model
-                .services
-                .iter()
-                .map(|s| ("Service", s.meta.namespace.as_str(), s.meta.name.as_str())),
-        )
-        .chain(model.workloads.iter().map(|w| {
-            (
-                workload_kind(w.kind),
-                w.meta.namespace.as_str(),
-                w.meta.name.as_str(),
-            )
-        }))
-        .chain(
-            model
-                .namespaces
-                .values()
-                .filter(|n| n.declared)
-                .map(|n| ("Namespace", "", n.name.as_str())),
-        )
-        .collect();
-    // Keep a previous object that is missing now when its new version was refused or its file broke.
+    let present: HashSet<Id<'_>> = identities(
+        &model.service_entries,
+        &model.services,
+        &model.workloads,
+        model.namespaces.values(),
+    )
+    .map(|(id, _)| id)
+    .collect();
+    // A Namespace does not record its file: while any file is broken, a declared namespace that
+    // went missing is kept (its labels decide visibility; dropping them could widen it).
     let keep = |id: Id<'_>, file: Option<&str>| {
         !present.contains(&id)
             && (everything
                 || rejected.contains(&id)
                 || file.is_none_or(|f| broken.contains(f)) && !broken.is_empty())
     };
-
-    let mut kept: Vec<(&'static str, String, String, Option<String>)> = Vec::new();
-    let entries: Vec<_> = previous
-        .service_entries
-        .iter()
-        .filter(|s| {
-            keep(
-                ("ServiceEntry", &s.meta.namespace, &s.meta.name),
-                Some(&s.meta.file),
-            )
-        })
-        .cloned()
-        .collect();
-    let services: Vec<_> = previous
-        .services
-        .iter()
-        .filter(|s| {
-            keep(
-                ("Service", &s.meta.namespace, &s.meta.name),
-                Some(&s.meta.file),
-            )
-        })
-        .cloned()
-        .collect();
-    let workloads: Vec<_> = previous
-        .workloads
-        .iter()
-        .filter(|w| {
-            keep(
-                (workload_kind(w.kind), &w.meta.namespace, &w.meta.name),
-                Some(&w.meta.file),
-            )
-        })
-        .cloned()
-        .collect();
-    // A Namespace does not record its file: while any file is broken, a declared namespace that
-    // went missing is kept (its labels decide visibility; dropping them could widen it).
-    let namespaces: Vec<_> = previous
-        .namespaces
-        .values()
-        .filter(|n| n.declared && keep(("Namespace", "", &n.name), None))
-        .cloned()
-        .collect();
+    let kept_meta = |kind: &'static str, meta: &ObjectMeta| {
+        keep((kind, &meta.namespace, &meta.name), Some(&meta.file))
+    };
+    let kept = Objects {
+        entries: (previous.service_entries.iter())
+            .filter(|s| kept_meta("ServiceEntry", &s.meta))
+            .cloned()
+            .collect(),
+        services: (previous.services.iter())
+            .filter(|s| kept_meta("Service", &s.meta))
+            .cloned()
+            .collect(),
+        workloads: (previous.workloads.iter())
+            .filter(|w| kept_meta(workload_kind(w.kind), &w.meta))
+            .cloned()
+            .collect(),
+        namespaces: (previous.namespaces.values())
+            .filter(|n| n.declared && keep(("Namespace", "", &n.name), None))
+            .cloned()
+            .collect(),
+    };
     let mesh_refused = loaded.rejected.iter().any(|r| MESH_KINDS.contains(&r.kind));
+    let previous_mesh = previous.mesh.file.as_deref();
     let keep_mesh = loaded.model.mesh.file.is_none()
-        && previous.mesh.file.is_some()
-        && (everything
-            || mesh_refused
-            || previous
-                .mesh
-                .file
-                .as_deref()
-                .is_some_and(|f| broken.contains(f)));
-
-    for s in &entries {
-        kept.push((
-            "ServiceEntry",
-            s.meta.namespace.clone(),
-            s.meta.name.clone(),
-            Some(s.meta.file.clone()),
-        ));
-    }
-    for s in &services {
-        kept.push((
-            "Service",
-            s.meta.namespace.clone(),
-            s.meta.name.clone(),
-            Some(s.meta.file.clone()),
-        ));
-    }
-    for w in &workloads {
-        kept.push((
-            workload_kind(w.kind),
-            w.meta.namespace.clone(),
-            w.meta.name.clone(),
-            Some(w.meta.file.clone()),
-        ));
-    }
-    for n in &namespaces {
-        kept.push(("Namespace", String::new(), n.name.clone(), None));
-    }
-    let model = &mut loaded.model;
-    model.service_entries.extend(entries);
-    model.services.extend(services);
-    model.workloads.extend(workloads);
-    for n in namespaces {
-        model.namespaces.insert(n.name.clone(), n);
-    }
-    if keep_mesh {
-        model.mesh = previous.mesh.clone();
-    }
-    complete(model);
-
-    // Sets, so marking stays linear however many objects are in error.
-    let kept_files: HashSet<&str> = kept
-        .iter()
-        .filter_map(|(_, _, _, f)| f.as_deref())
-        .collect();
-    let kept_ids: HashSet<Id<'_>> = kept
-        .iter()
-        .map(|(k, ns, name, _)| (*k, ns.as_str(), name.as_str()))
-        .collect();
-    let mesh_file = previous.mesh.file.as_deref();
-    for r in &mut loaded.rejected {
-        r.last_good_in_force = if r.kind == "File" {
-            kept_files.contains(r.file.as_str()) || keep_mesh && mesh_file == Some(r.file.as_str())
-        } else if MESH_KINDS.contains(&r.kind) {
-            keep_mesh
-        } else {
-            kept_ids.contains(&(r.kind, r.namespace.as_str(), r.name.as_str()))
-        };
-    }
+        && previous_mesh.is_some()
+        && (everything || mesh_refused || previous_mesh.is_some_and(|f| broken.contains(f)));
+    (kept, keep_mesh)
 }
 
 fn workload_kind(kind: WorkloadKind) -> &'static str {

@@ -12,7 +12,7 @@ use super::{
     labels::Labels,
     mesh::validate_export_to,
     model::{
-        ALLOCATION_V4, ALLOCATION_V6, Address, Location, Resolution, ServiceEntry,
+        ALLOCATION_V4, ALLOCATION_V6, Address, Host, Location, Resolution, ServiceEntry,
         ServiceEntryEndpoint, ServiceEntryPort, StatusAddress, UseWaypoint, WaypointRef, Workload,
         WorkloadAddress, WorkloadKind, in_allocation_ranges,
     },
@@ -200,61 +200,12 @@ impl RawServiceEntry {
         let spec = self.spec.unwrap_or_default();
 
         let raw_hosts = spec.hosts.unwrap_or_default();
-        if raw_hosts.is_empty() {
-            ctx.error("spec.hosts", "at least one host is required");
-        }
-        let mut hosts = Vec::new();
-        // Duplicate checks through sets: a generated list of 100,000 hosts stays linear.
-        let mut seen_hosts = HashSet::new();
-        for (i, text) in raw_hosts.iter().enumerate() {
-            if let Some(host) = convert::host(ctx, &format!("spec.hosts[{i}]"), text) {
-                if !seen_hosts.insert(host.clone()) {
-                    ctx.error(
-                        format!("spec.hosts[{i}]"),
-                        format!("host {host} is listed twice"),
-                    );
-                } else {
-                    hosts.push(host);
-                }
-            }
-        }
-
+        let hosts = hosts(ctx, &raw_hosts);
         let mut addresses = Vec::new();
         for (i, text) in spec.addresses.unwrap_or_default().iter().enumerate() {
             addresses.extend(convert::address(ctx, &format!("spec.addresses[{i}]"), text));
         }
-
-        let mut ports: Vec<ServiceEntryPort> = Vec::new();
-        let (mut seen_numbers, mut seen_names) = (HashSet::new(), HashSet::new());
-        for (i, raw) in spec.ports.unwrap_or_default().into_iter().enumerate() {
-            let at = format!("spec.ports[{i}]");
-            let number = convert::port(ctx, &format!("{at}.number"), raw.number);
-            let target_port = raw
-                .target_port
-                .and_then(|t| convert::port(ctx, &format!("{at}.targetPort"), Some(t)));
-            let Some(number) = number else { continue };
-            if !seen_numbers.insert(number) {
-                ctx.error(
-                    format!("{at}.number"),
-                    format!("port {number} is declared twice"),
-                );
-            }
-            if let Some(name) = &raw.name
-                && !seen_names.insert(name.clone())
-            {
-                ctx.error(
-                    format!("{at}.name"),
-                    format!("port name {name:?} is used twice"),
-                );
-            }
-            ports.push(ServiceEntryPort {
-                number,
-                name: raw.name,
-                protocol: raw.protocol,
-                target_port,
-            });
-        }
-
+        let ports = ports(ctx, spec.ports.unwrap_or_default());
         let location = spec
             .location
             .and_then(|raw| convert::enum_value(ctx, "spec.location", &raw, "location", LOCATIONS))
@@ -265,99 +216,18 @@ impl RawServiceEntry {
                 convert::enum_value(ctx, "spec.resolution", &raw, "resolution", RESOLUTIONS)
             })
             .unwrap_or_default();
-        if addresses.iter().any(|a| matches!(a, Address::Cidr(_)))
-            && !matches!(resolution, Resolution::None | Resolution::Static)
-        {
-            ctx.error(
-                "spec.addresses",
-                "CIDR addresses are allowed only for NONE/STATIC resolution types",
-            );
-        }
-
         let raw_endpoints = spec.endpoints.unwrap_or_default();
         let workload_selector = spec.workload_selector.map(|s| s.labels.unwrap_or_default());
-        if let Some(selector) = &workload_selector {
-            for (key, value) in selector {
-                if key.contains('*') || value.contains('*') {
-                    ctx.error(
-                        format!("spec.workloadSelector.labels.{key}"),
-                        "wildcard is not supported in selector",
-                    );
-                }
-            }
-        }
-        if resolution == Resolution::DynamicDns {
-            dynamic_dns_shape(
-                ctx,
-                &raw_hosts,
-                &addresses,
-                &ports,
-                !raw_endpoints.is_empty(),
-            );
-        }
-        if resolution == Resolution::DnsRoundRobin && raw_endpoints.len() > 1 {
-            ctx.error(
-                "spec.endpoints",
-                "DNS_ROUND_ROBIN mode cannot have multiple endpoints",
-            );
-        }
-        if !raw_endpoints.is_empty() && workload_selector.is_some() {
-            ctx.error(
-                "spec.workloadSelector",
-                "only one of endpoints and workloadSelector may be set",
-            );
-        }
-        if !raw_endpoints.is_empty() && resolution == Resolution::None {
-            ctx.error(
-                "spec.endpoints",
-                "resolution NONE takes no endpoints (connections go to the original destination)",
-            );
-        }
-        let port_names: BTreeSet<&str> = ports.iter().filter_map(|p| p.name.as_deref()).collect();
-        let mut endpoints = Vec::new();
-        for (i, raw) in raw_endpoints.into_iter().enumerate() {
-            let at = format!("spec.endpoints[{i}]");
-            let field = format!("{at}.address");
-            let address = match raw.address.as_deref() {
-                None | Some("") => {
-                    ctx.error(&field, "an address is required");
-                    continue;
-                }
-                Some(text) => match workload_address(ctx, &field, text) {
-                    Some(WorkloadAddress::Host(_)) if resolution == Resolution::Static => {
-                        ctx.error(
-                            &field,
-                            format!("{text:?} is not an IP address (resolution STATIC needs IP endpoints; use DNS for host names)"),
-                        );
-                        continue;
-                    }
-                    Some(WorkloadAddress::Unix(_)) if resolution != Resolution::Static => {
-                        ctx.error(&field, "a unix socket endpoint needs resolution STATIC");
-                        continue;
-                    }
-                    Some(address) => address,
-                    None => continue,
-                },
-            };
-            if matches!(address, WorkloadAddress::Unix(_)) && raw.ports.is_some() {
-                ctx.error(format!("{at}.ports"), "UDS may not include ports");
-            }
-            let eps = named_ports(ctx, &format!("{at}.ports"), raw.ports);
-            for name in eps.keys() {
-                if !port_names.contains(name.as_str()) {
-                    ctx.error(
-                        format!("{at}.ports.{name}"),
-                        format!("no port named {name:?} in spec.ports"),
-                    );
-                }
-            }
-            endpoints.push(ServiceEntryEndpoint {
-                address,
-                ports: eps,
-                labels: raw.labels.unwrap_or_default(),
-            });
-        }
-
+        let shape = Shape {
+            hosts: &raw_hosts,
+            addresses: &addresses,
+            ports: &ports,
+            resolution,
+            endpoints: raw_endpoints.len(),
+            workload_selector: workload_selector.as_ref(),
+        };
+        shape.check(ctx);
+        let endpoints = endpoints(ctx, raw_endpoints, resolution, &ports);
         if let Some(export_to) = &spec.export_to {
             validate_export_to(ctx, "spec.exportTo", export_to);
         }
@@ -383,6 +253,179 @@ impl RawServiceEntry {
             refused_status: exact(refused_status),
         })
     }
+}
+
+/// `spec.hosts`: at least one, each valid and listed once.
+fn hosts(ctx: &mut Ctx<'_>, raw_hosts: &[String]) -> Vec<Host> {
+    if raw_hosts.is_empty() {
+        ctx.error("spec.hosts", "at least one host is required");
+    }
+    let mut hosts = Vec::new();
+    // Duplicate checks through sets: a generated list of 100,000 hosts stays linear.
+    let mut seen_hosts = HashSet::new();
+    for (i, text) in raw_hosts.iter().enumerate() {
+        if let Some(host) = convert::host(ctx, &format!("spec.hosts[{i}]"), text) {
+            if !seen_hosts.insert(host.clone()) {
+                ctx.error(
+                    format!("spec.hosts[{i}]"),
+                    format!("host {host} is listed twice"),
+                );
+            } else {
+                hosts.push(host);
+            }
+        }
+    }
+    hosts
+}
+
+/// `spec.ports`: each number valid and declared once, each name used once.
+fn ports(ctx: &mut Ctx<'_>, raw_ports: Vec<RawPort>) -> Vec<ServiceEntryPort> {
+    let mut ports: Vec<ServiceEntryPort> = Vec::new();
+    let (mut seen_numbers, mut seen_names) = (HashSet::new(), HashSet::new());
+    for (i, raw) in raw_ports.into_iter().enumerate() {
+        let at = format!("spec.ports[{i}]");
+        let number = convert::port(ctx, &format!("{at}.number"), raw.number);
+        let target_port = raw
+            .target_port
+            .and_then(|t| convert::port(ctx, &format!("{at}.targetPort"), Some(t)));
+        let Some(number) = number else { continue };
+        if !seen_numbers.insert(number) {
+            ctx.error(
+                format!("{at}.number"),
+                format!("port {number} is declared twice"),
+            );
+        }
+        if let Some(name) = &raw.name
+            && !seen_names.insert(name.clone())
+        {
+            ctx.error(
+                format!("{at}.name"),
+                format!("port name {name:?} is used twice"),
+            );
+        }
+        ports.push(ServiceEntryPort {
+            number,
+            name: raw.name,
+            protocol: raw.protocol,
+            target_port,
+        });
+    }
+    ports
+}
+
+/// What an entry's fields must agree on between them, whatever each says alone.
+struct Shape<'a> {
+    hosts: &'a [String],
+    addresses: &'a [Address],
+    ports: &'a [ServiceEntryPort],
+    resolution: Resolution,
+    /// How many endpoints it lists.
+    endpoints: usize,
+    workload_selector: Option<&'a Labels>,
+}
+
+impl Shape<'_> {
+    fn check(&self, ctx: &mut Ctx<'_>) {
+        let resolution = self.resolution;
+        if self.addresses.iter().any(|a| matches!(a, Address::Cidr(_)))
+            && !matches!(resolution, Resolution::None | Resolution::Static)
+        {
+            ctx.error(
+                "spec.addresses",
+                "CIDR addresses are allowed only for NONE/STATIC resolution types",
+            );
+        }
+        for (key, value) in self.workload_selector.into_iter().flatten() {
+            if key.contains('*') || value.contains('*') {
+                ctx.error(
+                    format!("spec.workloadSelector.labels.{key}"),
+                    "wildcard is not supported in selector",
+                );
+            }
+        }
+        if resolution == Resolution::DynamicDns {
+            dynamic_dns_shape(
+                ctx,
+                self.hosts,
+                self.addresses,
+                self.ports,
+                self.endpoints > 0,
+            );
+        }
+        if resolution == Resolution::DnsRoundRobin && self.endpoints > 1 {
+            ctx.error(
+                "spec.endpoints",
+                "DNS_ROUND_ROBIN mode cannot have multiple endpoints",
+            );
+        }
+        if self.endpoints > 0 && self.workload_selector.is_some() {
+            ctx.error(
+                "spec.workloadSelector",
+                "only one of endpoints and workloadSelector may be set",
+            );
+        }
+        if self.endpoints > 0 && resolution == Resolution::None {
+            ctx.error(
+                "spec.endpoints",
+                "resolution NONE takes no endpoints (connections go to the original destination)",
+            );
+        }
+    }
+}
+
+/// `spec.endpoints`: each with an address the resolution can use, and only ports `spec.ports`
+/// names.
+fn endpoints(
+    ctx: &mut Ctx<'_>,
+    raw_endpoints: Vec<RawWorkloadEntrySpec>,
+    resolution: Resolution,
+    ports: &[ServiceEntryPort],
+) -> Vec<ServiceEntryEndpoint> {
+    let port_names: BTreeSet<&str> = ports.iter().filter_map(|p| p.name.as_deref()).collect();
+    let mut endpoints = Vec::new();
+    for (i, raw) in raw_endpoints.into_iter().enumerate() {
+        let at = format!("spec.endpoints[{i}]");
+        let field = format!("{at}.address");
+        let address = match raw.address.as_deref() {
+            None | Some("") => {
+                ctx.error(&field, "an address is required");
+                continue;
+            }
+            Some(text) => match workload_address(ctx, &field, text) {
+                Some(WorkloadAddress::Host(_)) if resolution == Resolution::Static => {
+                    ctx.error(
+                        &field,
+                        format!("{text:?} is not an IP address (resolution STATIC needs IP endpoints; use DNS for host names)"),
+                    );
+                    continue;
+                }
+                Some(WorkloadAddress::Unix(_)) if resolution != Resolution::Static => {
+                    ctx.error(&field, "a unix socket endpoint needs resolution STATIC");
+                    continue;
+                }
+                Some(address) => address,
+                None => continue,
+            },
+        };
+        if matches!(address, WorkloadAddress::Unix(_)) && raw.ports.is_some() {
+            ctx.error(format!("{at}.ports"), "UDS may not include ports");
+        }
+        let eps = named_ports(ctx, &format!("{at}.ports"), raw.ports);
+        for name in eps.keys() {
+            if !port_names.contains(name.as_str()) {
+                ctx.error(
+                    format!("{at}.ports.{name}"),
+                    format!("no port named {name:?} in spec.ports"),
+                );
+            }
+        }
+        endpoints.push(ServiceEntryEndpoint {
+            address,
+            ports: eps,
+            labels: raw.labels.unwrap_or_default(),
+        });
+    }
+    endpoints
 }
 
 /// The addresses of `status.addresses` the entry may use, and an error for each one refused

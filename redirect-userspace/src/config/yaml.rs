@@ -49,65 +49,27 @@ pub fn for_each_document(text: &str, budget: usize, mut each: impl FnMut(Result<
 /// hides the lines after it.
 fn check_nesting(text: &str) -> Result<(), String> {
     let bytes = text.as_bytes();
-    let mut depth = 0usize;
-    let mut line = 1usize;
+    let mut scan = Scan {
+        depth: 0,
+        line: 1,
+        block_scalar: None,
+        node_col: 0,
+    };
     let mut i = 0;
-    // An open block scalar (`key: |`): the column of the node that opened it, and the indentation
-    // of its first line of text once seen. Lines at that indentation or deeper are its text.
-    let mut block_scalar: Option<(usize, Option<usize>)> = None;
-    // The column where this line's node starts, after indentation and `- ` indicators.
-    let mut node_col = 0usize;
     // The last byte on this line that is not a space, if any.
     let mut prev: Option<u8> = None;
     let mut at_line_start = true;
     while i < bytes.len() {
         if at_line_start {
-            at_line_start = false;
             prev = None;
-            let indent = bytes[i..].iter().take_while(|&&b| b == b' ').count();
-            let rest = &bytes[i + indent..];
-            let blank = rest.first().is_none_or(|&b| b == b'\n' || b == b'\r');
-            if let Some((parent, text_indent)) = block_scalar {
-                let text_indent = if blank {
-                    text_indent
-                } else {
-                    text_indent.or(Some(indent))
-                };
-                if blank || indent > parent && Some(indent) >= text_indent {
-                    block_scalar = Some((parent, text_indent));
-                    match rest.iter().position(|&b| b == b'\n') {
-                        Some(n) => {
-                            i += indent + n + 1;
-                            line += 1;
-                            at_line_start = true;
-                            continue;
-                        }
-                        None => break,
-                    }
+            match scan.line_start(bytes, i) {
+                LineStart::Text(next) => i = next,
+                LineStart::End => break,
+                LineStart::Node(next) => {
+                    at_line_start = false;
+                    i = next;
                 }
-                block_scalar = None;
             }
-            // A document marker (the parser stops at one inside an open collection) starts afresh.
-            let marker = rest.starts_with(b"---") || rest.starts_with(b"...");
-            if indent == 0
-                && marker
-                && rest
-                    .get(3)
-                    .is_none_or(|&b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
-            {
-                depth = 0;
-            }
-            node_col = indent;
-            while bytes.get(i + node_col) == Some(&b'-')
-                && bytes.get(i + node_col + 1) == Some(&b' ')
-            {
-                node_col += 1;
-                node_col += bytes[i + node_col..]
-                    .iter()
-                    .take_while(|&&b| b == b' ')
-                    .count();
-            }
-            i += indent;
             continue;
         }
         let b = bytes[i];
@@ -116,7 +78,7 @@ fn check_nesting(text: &str) -> Result<(), String> {
         let after_space = i == 0 || matches!(bytes[i - 1], b' ' | b'\t' | b'\n');
         match b {
             b'\n' => {
-                line += 1;
+                scan.line += 1;
                 at_line_start = true;
             }
             b'#' if after_space => {
@@ -131,16 +93,17 @@ fn check_nesting(text: &str) -> Result<(), String> {
                 prev = Some(b);
                 continue;
             }
-            b'[' | b'{' if after_space || depth > 0 || node_start => {
-                depth += 1;
-                if depth > MAX_DEPTH {
+            b'[' | b'{' if after_space || scan.depth > 0 || node_start => {
+                scan.depth += 1;
+                if scan.depth > MAX_DEPTH {
                     return Err(format!(
-                        "nested deeper than {MAX_DEPTH} levels at line {line}: refused before parsing"
+                        "nested deeper than {MAX_DEPTH} levels at line {}: refused before parsing",
+                        scan.line
                     ));
                 }
             }
-            b']' | b'}' => depth = depth.saturating_sub(1),
-            b'|' | b'>' if node_start && depth == 0 => {
+            b']' | b'}' => scan.depth = scan.depth.saturating_sub(1),
+            b'|' | b'>' if node_start && scan.depth == 0 => {
                 let after = &bytes[i + 1..];
                 let header = after
                     .iter()
@@ -150,7 +113,7 @@ fn check_nesting(text: &str) -> Result<(), String> {
                     .first()
                     .is_none_or(|&b| matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'#'))
                 {
-                    block_scalar = Some((node_col, None));
+                    scan.block_scalar = Some((scan.node_col, None));
                 }
             }
             // Inside a plain scalar (`a: x[0]`): text, and so is what follows it.
@@ -167,6 +130,75 @@ fn check_nesting(text: &str) -> Result<(), String> {
         i += 1;
     }
     Ok(())
+}
+
+/// Where the scan of [`check_nesting`] is: the nesting so far and what the current line opened.
+struct Scan {
+    depth: usize,
+    line: usize,
+    /// An open block scalar (`key: |`): the column of the node that opened it, and the
+    /// indentation of its first line of text once seen. Lines at that indentation or deeper are
+    /// its text.
+    block_scalar: Option<(usize, Option<usize>)>,
+    /// The column where this line's node starts, after indentation and `- ` indicators.
+    node_col: usize,
+}
+
+/// What the start of a line turned out to be.
+enum LineStart {
+    /// Text of an open block scalar, skipped whole: the next line starts here.
+    Text(usize),
+    /// The last line was block scalar text.
+    End,
+    /// A line of nodes, scanned from here (past its indentation).
+    Node(usize),
+}
+
+impl Scan {
+    fn line_start(&mut self, bytes: &[u8], i: usize) -> LineStart {
+        let indent = bytes[i..].iter().take_while(|&&b| b == b' ').count();
+        let rest = &bytes[i + indent..];
+        let blank = rest.first().is_none_or(|&b| b == b'\n' || b == b'\r');
+        if let Some((parent, text_indent)) = self.block_scalar {
+            let text_indent = if blank {
+                text_indent
+            } else {
+                text_indent.or(Some(indent))
+            };
+            if blank || indent > parent && Some(indent) >= text_indent {
+                self.block_scalar = Some((parent, text_indent));
+                return match rest.iter().position(|&b| b == b'\n') {
+                    Some(n) => {
+                        self.line += 1;
+                        LineStart::Text(i + indent + n + 1)
+                    }
+                    None => LineStart::End,
+                };
+            }
+            self.block_scalar = None;
+        }
+        // A document marker (the parser stops at one inside an open collection) starts afresh.
+        let marker = rest.starts_with(b"---") || rest.starts_with(b"...");
+        if indent == 0
+            && marker
+            && rest
+                .get(3)
+                .is_none_or(|&b| matches!(b, b' ' | b'\t' | b'\r' | b'\n'))
+        {
+            self.depth = 0;
+        }
+        self.node_col = indent;
+        while bytes.get(i + self.node_col) == Some(&b'-')
+            && bytes.get(i + self.node_col + 1) == Some(&b' ')
+        {
+            self.node_col += 1;
+            self.node_col += bytes[i + self.node_col..]
+                .iter()
+                .take_while(|&&b| b == b' ')
+                .count();
+        }
+        LineStart::Node(i + indent)
+    }
 }
 
 /// How far a quoted scalar starting at `bytes[0]` runs: just past its closing quote, or to the end
