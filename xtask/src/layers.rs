@@ -53,7 +53,7 @@ struct Imports<'a> {
     found: BTreeSet<String>,
 }
 
-fn is_test_only(attrs: &[syn::Attribute]) -> bool {
+pub(crate) fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {
         a.path().is_ident("cfg")
             && a.parse_args::<syn::Meta>()
@@ -126,13 +126,16 @@ impl<'ast> Visit<'ast> for Imports<'_> {
     }
 }
 
-/// Whether `path` (relative to `src/`) holds only tests: a `tests.rs` or a file under `tests/`.
-fn is_test_file(path: &Path) -> bool {
-    path.file_name().is_some_and(|n| n == "tests.rs")
+/// Whether `path` (relative to `src/`) holds only tests: a `tests.rs`, a `*_tests.rs` or a file
+/// under `tests/`.
+pub(crate) fn is_test_file(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n == "tests.rs" || n.ends_with("_tests.rs"))
         || path.components().any(|c| c.as_os_str() == "tests")
 }
 
-fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+pub(crate) fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.is_dir() {

@@ -13,6 +13,8 @@ mod image;
 #[cfg(test)]
 mod layers;
 mod setup;
+#[cfg(test)]
+mod shape;
 mod test;
 mod vm;
 

@@ -14,6 +14,7 @@ use redirect_common::fastpath::{
 };
 
 use super::{
+    limits::{Fallback, Limits, Stats},
     memory::entry_bytes,
     tables::{NsId, PortEndpoints, Tables},
 };
@@ -22,112 +23,9 @@ use crate::{
     state::{Port, Service, ServiceVisibility, Snapshot},
 };
 
-/// What the tables may hold: entries of each table, and the kernel memory of one generation
-/// ([`super::entry_bytes`] an entry) in all and for one namespace's own entries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Namespaces with entries of their own.
-    pub namespaces: usize,
-    pub clients: usize,
-    pub exact: usize,
-    pub cidrs: usize,
-    pub ports: usize,
-    pub workloads: usize,
-    /// Bytes of kernel memory one generation's entries may take.
-    pub bytes: usize,
-    /// Bytes one namespace's own entries may take: its own view, the shared entries that only
-    /// report its hidden services, and its services' rewrites.
-    pub namespace_bytes: usize,
-}
-
-/// The kernel memory the fast path's tables may take by default, both generations together.
-pub const DEFAULT_MEMORY: usize = 64 << 20;
-
-impl Limits {
-    /// The limits for `memory` bytes of kernel memory, both generations together: half of it a
-    /// generation, and a quarter of that for any one namespace's own entries.
-    pub fn within(memory: usize) -> Limits {
-        let bytes = memory / 2;
-        Limits {
-            namespaces: NS_PROXY as usize - 1,
-            clients: usize::MAX,
-            exact: usize::MAX,
-            cidrs: usize::MAX,
-            ports: usize::MAX,
-            // Only counts: an address nothing claims is left alone either way.
-            workloads: 65_536,
-            bytes,
-            namespace_bytes: bytes / 4,
-        }
-    }
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            namespaces: 4096,
-            clients: 65_536,
-            exact: 65_536,
-            cidrs: 16_384,
-            ports: 65_536,
-            workloads: 65_536,
-            bytes: usize::MAX,
-            namespace_bytes: usize::MAX,
-        }
-    }
-}
-
 /// The addresses the agent resolved ahead for endpoint host names, while fresh: for each name its
 /// addresses, IPv4 first (`dns::ahead`). A name missing here is the proxy's to resolve.
 pub type HostAddresses = HashMap<String, Vec<IpAddr>>;
-
-/// Why the proxy decides what the kernel could otherwise have decided.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Fallback {
-    /// A service port with an endpoint by host name the agent holds no fresh addresses for (not
-    /// resolved yet, did not resolve, its answer expired, or past the names resolved ahead); counted
-    /// per service port.
-    HostNameEndpoint,
-    /// A declared service port without endpoints: the proxy resets (per service port).
-    NoEndpoints,
-    /// A service port whose endpoints mix IPv4 and IPv6: no single rewrite fits every socket.
-    MixedFamilies,
-    /// More than [`MAX_ENDPOINTS`] endpoints on a service port.
-    TooManyEndpoints,
-    /// The rewrite table is full (per service port left out).
-    PortsFull,
-    /// A namespace's own entries did not fit, or took more than its share: its clients go to the
-    /// proxy (per namespace). The other namespaces' stay in the kernel.
-    NamespaceFull,
-    /// Shared entries that only report a hide, left out with their namespace's own entries: the
-    /// kernel decides the same without them, but does not count those hides (per entry).
-    HidesUncounted,
-    /// The entries every client shares and that change a decision did not fit in the whole
-    /// budget: the proxy decides everything.
-    SharedFull,
-    /// Not every workload address fit: connections to the ones left out are still left alone in
-    /// the kernel, counted as passthroughs (per address).
-    WorkloadsUncounted,
-}
-
-/// What a compilation produced.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
-    pub namespaces: usize,
-    pub exact: usize,
-    pub cidrs: usize,
-    pub ports: usize,
-    pub workloads: usize,
-    pub fallbacks: BTreeMap<Fallback, usize>,
-}
-
-impl Stats {
-    fn fell_back(&mut self, why: Fallback, n: usize) {
-        if n > 0 {
-            *self.fallbacks.entry(why).or_default() += n;
-        }
-    }
-}
 
 /// One claimed key, exact address or network, and its claimants in rank order.
 type Claimants = BTreeMap<(IpKey, u32), Vec<u32>>;
@@ -207,17 +105,7 @@ fn compile_reusing(
 /// else's.
 fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) -> (Tables, Stats) {
     let services: Vec<&Service> = snapshot.services().collect();
-    let mut exact = Claimants::new();
-    let mut cidrs = Claimants::new();
-    for (id, svc) in services.iter().enumerate() {
-        for ip in svc.vips() {
-            let key = IpKey::new(ip);
-            exact.entry((key, key.bits())).or_default().push(id as u32);
-        }
-        for net in &svc.cidrs {
-            cidrs.entry(network_key(net)).or_default().push(id as u32);
-        }
-    }
+    let (exact, cidrs) = claimants(&services);
     let mut compiler = Compiler {
         services: &services,
         hosts,
@@ -231,68 +119,7 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         bytes: 0,
         stats: Stats::default(),
     };
-
-    // Entries every client shares: what a pod of a namespace owning no claimant there sees, its
-    // PUBLIC winner, and the NAMESPACE claimant it skipped (the proxy's `hidden`). For a network,
-    // the proxy walks every claimed network holding the address, longest first: the winner is the
-    // first with a PUBLIC claimant, the hidden one the first NAMESPACE claimant met on the whole
-    // walk (a known client goes on looking for its own namespace's). So each claimed network gets
-    // an entry carrying what its walk finds, and the trie's longest match is the walk's start. A
-    // network without a PUBLIC claimant of its own carries the winner of a shorter one, which
-    // that one's entry carries too: it only reports the hide.
-    let first = |members: &[u32], visibility: ServiceVisibility| {
-        members
-            .iter()
-            .copied()
-            .find(|&m| services[m as usize].visibility == visibility)
-    };
-    let public = |members: &[u32]| first(members, ServiceVisibility::Public);
-    let scoped = |members: &[u32]| first(members, ServiceVisibility::Namespace);
-    let mut shared = View::default();
-    // The hide reports, by the namespace of the service hidden.
-    let mut reports: HashMap<&str, View> = HashMap::new();
-    let owner = |hidden: u32| services[hidden as usize].namespace.as_str();
-    for ((key, _), members) in &exact {
-        let hidden = scoped(members);
-        match public(members) {
-            Some(w) => {
-                let claim = compiler.claim(w).hiding(hidden);
-                shared.exact.push((*key, claim));
-            }
-            None => {
-                if let Some(h) = hidden {
-                    let claim = Claim::new(ACTION_NONE, 0).hiding(hidden);
-                    reports
-                        .entry(owner(h))
-                        .or_default()
-                        .exact
-                        .push((*key, claim));
-                }
-            }
-        }
-    }
-    for ((key, len), members) in &cidrs {
-        let walk = std::iter::once(members.as_slice())
-            .chain(ancestors(&cidrs, *key, *len).map(Vec::as_slice))
-            .collect::<Vec<_>>();
-        let winner = walk.iter().find_map(|m| public(m));
-        let hidden = walk.iter().find_map(|m| scoped(m));
-        let claim = match winner {
-            Some(w) => compiler.claim(w),
-            None => Claim::new(ACTION_NONE, 0),
-        }
-        .hiding(hidden);
-        match hidden {
-            _ if public(members).is_some() => shared.cidrs.push((*key, *len, claim)),
-            Some(h) => reports
-                .entry(owner(h))
-                .or_default()
-                .cidrs
-                .push((*key, *len, claim)),
-            // Hides nothing and changes nothing: a shorter network's entry says the same.
-            None => {}
-        }
-    }
+    let (shared, reports) = compiler.shared(&exact, &cidrs);
     if !compiler.fits(&shared, usize::MAX) {
         compiler.stats.fell_back(Fallback::SharedFull, 1);
         let stats = compiler.stats;
@@ -307,65 +134,7 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
         return (tables, stats);
     }
     compiler.insert(NS_UNKNOWN, shared);
-
-    // A namespace owning a claimant of a key sees its own best claimant there, whatever the
-    // visibility; everywhere else it sees what an unknown client sees, so it needs no entry. Each
-    // namespace's keys are gathered in one pass over the claims, not by a pass per namespace.
-    let own_exact = own_claims(&exact, &services);
-    let own_cidrs = own_claims(&cidrs, &services);
-    let owners: BTreeSet<&str> = own_exact
-        .keys()
-        .chain(own_cidrs.keys())
-        .chain(reports.keys())
-        .copied()
-        .collect();
-    let mut candidates = Vec::new();
-    for ns in owners {
-        let mut own = compiler.own_view(
-            own_exact.get(ns).map_or(&[], Vec::as_slice),
-            own_cidrs.get(ns).map_or(&[], Vec::as_slice),
-        );
-        // An exact entry equal to the shared one is redundant: the lookup falls back to it. (A
-        // network's is not: without it, a shorter prefix of the namespace's own would win.)
-        own.exact.retain(|(ip, claim)| {
-            compiler.tables.exact.get(&AddrKey {
-                ns: NS_UNKNOWN,
-                ip: *ip,
-            }) != Some(claim)
-        });
-        let reported = reports.remove(ns).unwrap_or_default();
-        if own.is_empty() && reported.is_empty() {
-            continue;
-        }
-        let cost = compiler.cost(&own) + compiler.cost(&reported);
-        candidates.push((cost, ns, own, reported));
-    }
-    // The namespaces needing least first (then by name): a big one cannot crowd out small ones.
-    candidates.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-    // Ids stop short of `NS_PROXY`.
-    let room = limits.namespaces.min(NS_PROXY as usize - 1);
-    for (_, ns, own, reported) in candidates {
-        let share = limits.namespace_bytes;
-        let fits = own.is_empty() || compiler.stats.namespaces < room;
-        if !fits || !compiler.fits_both(&own, &reported, share) {
-            compiler
-                .stats
-                .fell_back(Fallback::HidesUncounted, reported.len());
-            if !own.is_empty() {
-                compiler.stats.fell_back(Fallback::NamespaceFull, 1);
-                compiler.tables.namespaces.insert(ns.to_string(), NS_PROXY);
-            }
-            continue;
-        }
-        compiler.insert(NS_UNKNOWN, reported);
-        if own.is_empty() {
-            continue;
-        }
-        let id = compiler.stats.namespaces as NsId + 1;
-        compiler.insert(id, own);
-        compiler.tables.namespaces.insert(ns.to_string(), id);
-        compiler.stats.namespaces += 1;
-    }
+    compiler.namespaces(&exact, &cidrs, reports);
 
     let Compiler {
         tables, mut stats, ..
@@ -374,6 +143,22 @@ fn compile_services(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
     stats.cidrs = tables.cidrs.len();
     stats.ports = tables.ports.len();
     (tables, stats)
+}
+
+/// Who claims each exact address and each network, by service id (the service's rank).
+fn claimants(services: &[&Service]) -> (Claimants, Claimants) {
+    let mut exact = Claimants::new();
+    let mut cidrs = Claimants::new();
+    for (id, svc) in services.iter().enumerate() {
+        for ip in svc.vips() {
+            let key = IpKey::new(ip);
+            exact.entry((key, key.bits())).or_default().push(id as u32);
+        }
+        for net in &svc.cidrs {
+            cidrs.entry(network_key(net)).or_default().push(id as u32);
+        }
+    }
+    (exact, cidrs)
 }
 
 /// The tables [`compile_with`] gives `snapshot`, from `tables` and `stats`: what it gave a snapshot with the
@@ -553,6 +338,143 @@ struct Compiler<'s> {
     /// Kernel memory of the entries in the tables ([`entry_bytes`]).
     bytes: usize,
     stats: Stats,
+}
+
+impl<'s> Compiler<'s> {
+    /// The entries every client shares, and the hide reports by the namespace of the service
+    /// hidden.
+    fn shared(&mut self, exact: &Claimants, cidrs: &Claimants) -> (View, HashMap<&'s str, View>) {
+        let services = self.services;
+        // Entries every client shares: what a pod of a namespace owning no claimant there sees, its
+        // PUBLIC winner, and the NAMESPACE claimant it skipped (the proxy's `hidden`). For a network,
+        // the proxy walks every claimed network holding the address, longest first: the winner is the
+        // first with a PUBLIC claimant, the hidden one the first NAMESPACE claimant met on the whole
+        // walk (a known client goes on looking for its own namespace's). So each claimed network gets
+        // an entry carrying what its walk finds, and the trie's longest match is the walk's start. A
+        // network without a PUBLIC claimant of its own carries the winner of a shorter one, which
+        // that one's entry carries too: it only reports the hide.
+        let first = |members: &[u32], visibility: ServiceVisibility| {
+            members
+                .iter()
+                .copied()
+                .find(|&m| services[m as usize].visibility == visibility)
+        };
+        let public = |members: &[u32]| first(members, ServiceVisibility::Public);
+        let scoped = |members: &[u32]| first(members, ServiceVisibility::Namespace);
+        let mut shared = View::default();
+        // The hide reports, by the namespace of the service hidden.
+        let mut reports: HashMap<&str, View> = HashMap::new();
+        let owner = |hidden: u32| services[hidden as usize].namespace.as_str();
+        for ((key, _), members) in exact {
+            let hidden = scoped(members);
+            match public(members) {
+                Some(w) => {
+                    let claim = self.claim(w).hiding(hidden);
+                    shared.exact.push((*key, claim));
+                }
+                None => {
+                    if let Some(h) = hidden {
+                        let claim = Claim::new(ACTION_NONE, 0).hiding(hidden);
+                        reports
+                            .entry(owner(h))
+                            .or_default()
+                            .exact
+                            .push((*key, claim));
+                    }
+                }
+            }
+        }
+        for ((key, len), members) in cidrs {
+            let walk = std::iter::once(members.as_slice())
+                .chain(ancestors(cidrs, *key, *len).map(Vec::as_slice))
+                .collect::<Vec<_>>();
+            let winner = walk.iter().find_map(|m| public(m));
+            let hidden = walk.iter().find_map(|m| scoped(m));
+            let claim = match winner {
+                Some(w) => self.claim(w),
+                None => Claim::new(ACTION_NONE, 0),
+            }
+            .hiding(hidden);
+            match hidden {
+                _ if public(members).is_some() => shared.cidrs.push((*key, *len, claim)),
+                Some(h) => reports
+                    .entry(owner(h))
+                    .or_default()
+                    .cidrs
+                    .push((*key, *len, claim)),
+                // Hides nothing and changes nothing: a shorter network's entry says the same.
+                None => {}
+            }
+        }
+        (shared, reports)
+    }
+
+    /// Each namespace owning a claimant gets its own entries and its hide reports, admitted whole
+    /// within its share, the namespace needing least first.
+    fn namespaces(
+        &mut self,
+        exact: &Claimants,
+        cidrs: &Claimants,
+        mut reports: HashMap<&'s str, View>,
+    ) {
+        // A namespace owning a claimant of a key sees its own best claimant there, whatever the
+        // visibility; everywhere else it sees what an unknown client sees, so it needs no entry. Each
+        // namespace's keys are gathered in one pass over the claims, not by a pass per namespace.
+        let own_exact = own_claims(exact, self.services);
+        let own_cidrs = own_claims(cidrs, self.services);
+        let owners: BTreeSet<&str> = own_exact
+            .keys()
+            .chain(own_cidrs.keys())
+            .chain(reports.keys())
+            .copied()
+            .collect();
+        let mut candidates = Vec::new();
+        for ns in owners {
+            let mut own = self.own_view(
+                own_exact.get(ns).map_or(&[], Vec::as_slice),
+                own_cidrs.get(ns).map_or(&[], Vec::as_slice),
+            );
+            // An exact entry equal to the shared one is redundant: the lookup falls back to it. (A
+            // network's is not: without it, a shorter prefix of the namespace's own would win.)
+            own.exact.retain(|(ip, claim)| {
+                self.tables.exact.get(&AddrKey {
+                    ns: NS_UNKNOWN,
+                    ip: *ip,
+                }) != Some(claim)
+            });
+            let reported = reports.remove(ns).unwrap_or_default();
+            if own.is_empty() && reported.is_empty() {
+                continue;
+            }
+            let cost = self.cost(&own) + self.cost(&reported);
+            candidates.push((cost, ns, own, reported));
+        }
+        // The namespaces needing least first (then by name): a big one cannot crowd out small ones.
+        candidates.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+        // Ids stop short of `NS_PROXY`.
+        let room = self.limits.namespaces.min(NS_PROXY as usize - 1);
+        for (_, ns, own, reported) in candidates {
+            let share = self.limits.namespace_bytes;
+            let fits = own.is_empty() || self.stats.namespaces < room;
+            if !fits || !self.fits_both(&own, &reported, share) {
+                self.stats
+                    .fell_back(Fallback::HidesUncounted, reported.len());
+                if !own.is_empty() {
+                    self.stats.fell_back(Fallback::NamespaceFull, 1);
+                    self.tables.namespaces.insert(ns.to_string(), NS_PROXY);
+                }
+                continue;
+            }
+            self.insert(NS_UNKNOWN, reported);
+            if own.is_empty() {
+                continue;
+            }
+            let id = self.stats.namespaces as NsId + 1;
+            self.insert(id, own);
+            self.tables.namespaces.insert(ns.to_string(), id);
+            self.stats.namespaces += 1;
+        }
+    }
 }
 
 impl Compiler<'_> {

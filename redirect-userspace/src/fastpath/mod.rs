@@ -4,15 +4,16 @@
 //! The kernel may only decide where its answer is provably [`crate::state::Snapshot::decide_outbound`]'s:
 //! leave the socket alone (passthrough, a workload address, a resolution NONE service) or rewrite the
 //! destination to one of a service port's endpoints: plain IPs, or host names the agent resolved
-//! ahead (`dns::ahead`) while their answer is fresh. Everything else (a host name without a fresh
+//! ahead (`ahead`) while their answer is fresh. Everything else (a host name without a fresh
 //! answer, no healthy upstream, a table that ran out of room) is handed to the proxy.
 //! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. The tables' keys and values are
-//! `redirect_common::fastpath`'s, the entries the programs read; the loader (`redirect::fast`)
-//! writes them, one generation at a time.
+//! `redirect_common::fastpath`'s, the entries the programs read; `maps` writes them, one
+//! generation at a time, into the maps the loader (`redirect`) hands over before it attaches.
 pub mod ahead;
 mod compile;
 mod dump;
 mod kernel;
+mod limits;
 mod lpm;
 mod maps;
 mod memory;
@@ -20,15 +21,14 @@ mod patch;
 mod tables;
 mod upkeep;
 
-pub use compile::{
-    DEFAULT_MEMORY, Fallback, HostAddresses, Limits, Stats, compile, compile_after, with_hosts,
-};
+pub use compile::{HostAddresses, compile, compile_after, with_hosts};
 #[cfg(test)]
 pub use compile::{compile_with, with_workloads};
 pub use dump::{Dump, fallback_name};
 pub use kernel::{DecidedBy, decided_by};
 #[cfg(test)]
 pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
+pub use limits::{DEFAULT_MEMORY, Fallback, Limits, Stats};
 pub use maps::FastMaps;
 pub use memory::{TableMemory, kernel_bytes};
 #[cfg(test)]

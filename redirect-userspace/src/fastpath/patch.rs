@@ -16,7 +16,8 @@ use redirect_common::fastpath::{
 };
 
 use super::{
-    compile::{Fallback, HostAddresses, Limits, ServiceClaim, Stats, service_claim},
+    compile::{HostAddresses, ServiceClaim, service_claim},
+    limits::{Fallback, Limits, Stats},
     memory::entry_bytes,
     tables::{NsId, Tables},
 };
@@ -54,155 +55,215 @@ pub(super) fn services_changed(
     let changed = after.services_changed_in_place(before, MOST_CHANGED)?;
     let mut old = Side::of(before);
     let mut new = Side::of(after);
+    let scope = Scope::of(&changed, &mut old, &mut new, hosts)?;
 
-    // The keys the changed services claim, in either version.
-    let mut keys = HashSet::new();
-    for &id in &changed {
-        for svc in old.service(id).into_iter().chain(new.service(id)) {
-            if !svc.cidrs.is_empty() {
-                return None;
-            }
-            keys.extend(svc.vips().map(IpKey::new));
-        }
-    }
-    old.gather(&keys);
-    new.gather(&keys);
-    // Every claimant of those keys: its entries, rewrites and fallbacks may change.
-    let touched: BTreeSet<u32> = keys
-        .iter()
-        .flat_map(|k| old.members(k).iter().chain(new.members(k)))
-        .copied()
-        .collect();
-    let mut namespaces = BTreeSet::new();
-    for &id in &touched {
-        for svc in old.service(id).into_iter().chain(new.service(id)) {
-            namespaces.insert(svc.namespace.as_str());
-        }
-    }
-    // The services of those namespaces: what each holds is counted against its share.
-    let counted: Vec<u32> = (0..new.services.len() as u32)
-        .filter(|&id| namespaces.contains(new.services[id as usize].namespace.as_str()))
-        .collect();
-    if touched
-        .iter()
-        .filter_map(|&id| old.service(id))
-        .chain(counted.iter().filter_map(|&id| new.service(id)))
-        .any(|svc| !svc.cidrs.is_empty())
-    {
-        return None;
-    }
-    old.gather(&touched.iter().flat_map(|&id| old.keys(id)).collect());
-    let wanted = touched.iter().chain(&counted).flat_map(|&id| new.keys(id));
-    new.gather(&wanted.collect());
-    old.claim_all(touched.iter().copied(), hosts);
-    new.claim_all(touched.iter().chain(&counted).copied(), hosts);
-
-    let mut out = tables.clone();
-    let mut stats = stats.clone();
-    let rewritten_before: Vec<u32> = touched
-        .iter()
-        .copied()
-        .filter(|&id| old.service(id).is_some_and(|svc| rewrites(tables, svc, id)))
-        .collect();
-
-    // The entries of the keys, again.
-    for key in &keys {
-        out.exact.remove(&AddrKey {
-            ns: NS_UNKNOWN,
-            ip: *key,
-        });
-        for (ns, _) in old.own_best(key) {
-            if let Some(&id) = tables.namespaces.get(ns) {
-                out.exact.remove(&AddrKey { ns: id, ip: *key });
-            }
-        }
-    }
-    for key in &keys {
-        let shared = new.shared_entry(key)?;
-        if let Some(claim) = shared {
-            out.exact.insert(
-                AddrKey {
-                    ns: NS_UNKNOWN,
-                    ip: *key,
-                },
-                claim,
-            );
-        }
-        for (ns, best) in new.own_best(key) {
-            let claim = new.claim(best)?;
-            // Equal to the shared entry: the lookup falls back to it.
-            if Some(claim) == shared {
-                continue;
-            }
-            let id = match out.namespaces.get(ns) {
-                Some(&id) => id,
-                None => {
-                    let id = next_id(&out)?;
-                    out.namespaces.insert(ns.to_string(), id);
-                    id
-                }
-            };
-            out.exact.insert(AddrKey { ns: id, ip: *key }, claim);
-        }
-    }
-
-    // Rewrites: a service's are written while an entry leads to them.
-    for &id in &rewritten_before {
-        for (port, _) in old.ports(id)? {
-            out.ports.remove(port);
-        }
-    }
-    for &id in &touched {
-        if new.service(id).is_some_and(|svc| rewrites(&out, svc, id)) {
-            for (port, endpoints) in new.ports(id)? {
-                out.ports.insert(*port, endpoints.clone());
-            }
-        }
-    }
-
-    // Fallbacks: a service's are counted once it is a key's winner or its namespace's best there.
-    for &id in &touched {
-        if old.is_claimed(id) {
-            for why in old.fallbacks(id)? {
-                let count = stats.fallbacks.entry(*why).or_default();
-                *count = count.saturating_sub(1);
-            }
-        }
-        if new.is_claimed(id) {
-            for why in new.fallbacks(id)? {
-                *stats.fallbacks.entry(*why).or_default() += 1;
-            }
-        }
-    }
-    stats.fallbacks.retain(|_, n| *n > 0);
-
-    // Each namespace touched within its share; one left without an entry of its own gives its
-    // number back.
-    for ns in &namespaces {
-        let held = new.held_by(&out, ns, &counted)?;
-        if held.bytes() > limits.namespace_bytes {
-            return None;
-        }
-        if held.own == 0 {
-            out.namespaces.remove(*ns);
-        }
-    }
-    let bytes = out.exact.len() * entry_bytes("exact")
-        + out.cidrs.len() * entry_bytes("cidrs")
-        + out.ports.len() * entry_bytes("ports");
-    let room = limits.namespaces.min(NS_PROXY as usize - 1);
-    if out.exact.len() > limits.exact
-        || out.ports.len() > limits.ports
-        || bytes > limits.bytes
-        || out.namespaces.len() > room
-    {
-        return None;
-    }
+    let mut patch = Patch {
+        before: tables,
+        out: tables.clone(),
+        stats: stats.clone(),
+        old: &old,
+        new: &new,
+        scope: &scope,
+    };
+    patch.entries()?;
+    patch.rewrites()?;
+    patch.fallbacks()?;
+    patch.within(limits)?;
+    let Patch { out, mut stats, .. } = patch;
     stats.namespaces = out.namespaces.len();
     stats.exact = out.exact.len();
     stats.cidrs = out.cidrs.len();
     stats.ports = out.ports.len();
     Some((out, stats))
+}
+
+/// What a patch compiles again: the keys the changed services claim, their claimants, and the
+/// namespaces of those, each counted whole.
+struct Scope<'s> {
+    keys: HashSet<IpKey>,
+    /// Every claimant of those keys: its entries, rewrites and fallbacks may change.
+    touched: BTreeSet<u32>,
+    namespaces: BTreeSet<&'s str>,
+    /// The services of those namespaces: what each holds is counted against its share.
+    counted: Vec<u32>,
+}
+
+impl<'s> Scope<'s> {
+    /// The scope of the change to `changed`, with both sides gathered and claimed over it;
+    /// `None` when a network is among them (the patch does not apply).
+    fn of(
+        changed: &[u32],
+        old: &mut Side<'s>,
+        new: &mut Side<'s>,
+        hosts: &HostAddresses,
+    ) -> Option<Self> {
+        // The keys the changed services claim, in either version.
+        let mut keys = HashSet::new();
+        for &id in changed {
+            for svc in old.service(id).into_iter().chain(new.service(id)) {
+                if !svc.cidrs.is_empty() {
+                    return None;
+                }
+                keys.extend(svc.vips().map(IpKey::new));
+            }
+        }
+        old.gather(&keys);
+        new.gather(&keys);
+        let touched: BTreeSet<u32> = keys
+            .iter()
+            .flat_map(|k| old.members(k).iter().chain(new.members(k)))
+            .copied()
+            .collect();
+        let mut namespaces = BTreeSet::new();
+        for &id in &touched {
+            for svc in old.service(id).into_iter().chain(new.service(id)) {
+                namespaces.insert(svc.namespace.as_str());
+            }
+        }
+        let counted: Vec<u32> = (0..new.services.len() as u32)
+            .filter(|&id| namespaces.contains(new.services[id as usize].namespace.as_str()))
+            .collect();
+        if touched
+            .iter()
+            .filter_map(|&id| old.service(id))
+            .chain(counted.iter().filter_map(|&id| new.service(id)))
+            .any(|svc| !svc.cidrs.is_empty())
+        {
+            return None;
+        }
+        old.gather(&touched.iter().flat_map(|&id| old.keys(id)).collect());
+        let wanted = touched.iter().chain(&counted).flat_map(|&id| new.keys(id));
+        new.gather(&wanted.collect());
+        old.claim_all(touched.iter().copied(), hosts);
+        new.claim_all(touched.iter().chain(&counted).copied(), hosts);
+        Some(Scope {
+            keys,
+            touched,
+            namespaces,
+            counted,
+        })
+    }
+}
+
+/// The tables being patched, from the ones compiled `before`, between the two sides.
+struct Patch<'p, 's> {
+    before: &'p Tables,
+    out: Tables,
+    stats: Stats,
+    old: &'p Side<'s>,
+    new: &'p Side<'s>,
+    scope: &'p Scope<'s>,
+}
+
+impl Patch<'_, '_> {
+    /// The entries of the keys, again.
+    fn entries(&mut self) -> Option<()> {
+        let (old, new, out) = (self.old, self.new, &mut self.out);
+        for key in &self.scope.keys {
+            out.exact.remove(&AddrKey {
+                ns: NS_UNKNOWN,
+                ip: *key,
+            });
+            for (ns, _) in old.own_best(key) {
+                if let Some(&id) = self.before.namespaces.get(ns) {
+                    out.exact.remove(&AddrKey { ns: id, ip: *key });
+                }
+            }
+        }
+        for key in &self.scope.keys {
+            let shared = new.shared_entry(key)?;
+            if let Some(claim) = shared {
+                let shared_key = AddrKey {
+                    ns: NS_UNKNOWN,
+                    ip: *key,
+                };
+                out.exact.insert(shared_key, claim);
+            }
+            for (ns, best) in new.own_best(key) {
+                let claim = new.claim(best)?;
+                // Equal to the shared entry: the lookup falls back to it.
+                if Some(claim) == shared {
+                    continue;
+                }
+                let id = match out.namespaces.get(ns) {
+                    Some(&id) => id,
+                    None => {
+                        let id = next_id(out)?;
+                        out.namespaces.insert(ns.to_string(), id);
+                        id
+                    }
+                };
+                out.exact.insert(AddrKey { ns: id, ip: *key }, claim);
+            }
+        }
+        Some(())
+    }
+
+    /// Rewrites: a service's are written while an entry leads to them.
+    fn rewrites(&mut self) -> Option<()> {
+        let touched = &self.scope.touched;
+        let rewritten_before: Vec<u32> = (touched.iter().copied())
+            .filter(|&id| (self.old.service(id)).is_some_and(|svc| rewrites(self.before, svc, id)))
+            .collect();
+        for &id in &rewritten_before {
+            for (port, _) in self.old.ports(id)? {
+                self.out.ports.remove(port);
+            }
+        }
+        for &id in touched {
+            if (self.new.service(id)).is_some_and(|svc| rewrites(&self.out, svc, id)) {
+                for (port, endpoints) in self.new.ports(id)? {
+                    self.out.ports.insert(*port, endpoints.clone());
+                }
+            }
+        }
+        Some(())
+    }
+
+    /// Fallbacks: a service's are counted once it is a key's winner or its namespace's best
+    /// there.
+    fn fallbacks(&mut self) -> Option<()> {
+        let fallbacks = &mut self.stats.fallbacks;
+        for &id in &self.scope.touched {
+            if self.old.is_claimed(id) {
+                for why in self.old.fallbacks(id)? {
+                    let count = fallbacks.entry(*why).or_default();
+                    *count = count.saturating_sub(1);
+                }
+            }
+            if self.new.is_claimed(id) {
+                for why in self.new.fallbacks(id)? {
+                    *fallbacks.entry(*why).or_default() += 1;
+                }
+            }
+        }
+        fallbacks.retain(|_, n| *n > 0);
+        Some(())
+    }
+
+    /// Each namespace touched within its share (one left without an entry of its own gives its
+    /// number back), and the tables within theirs.
+    fn within(&mut self, limits: Limits) -> Option<()> {
+        let out = &mut self.out;
+        for ns in &self.scope.namespaces {
+            let held = self.new.held_by(out, ns, &self.scope.counted)?;
+            if held.bytes() > limits.namespace_bytes {
+                return None;
+            }
+            if held.own == 0 {
+                out.namespaces.remove(*ns);
+            }
+        }
+        let bytes = out.exact.len() * entry_bytes("exact")
+            + out.cidrs.len() * entry_bytes("cidrs")
+            + out.ports.len() * entry_bytes("ports");
+        let room = limits.namespaces.min(NS_PROXY as usize - 1);
+        let fits = out.exact.len() <= limits.exact
+            && out.ports.len() <= limits.ports
+            && bytes <= limits.bytes
+            && out.namespaces.len() <= room;
+        fits.then_some(())
+    }
 }
 
 /// The number a namespace new to the tables takes.
