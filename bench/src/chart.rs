@@ -32,7 +32,7 @@ struct Bar {
     target: Option<f64>,
 }
 
-pub fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
+pub(crate) fn draw(results: &Results, title: &str, path: &Path) -> Result<()> {
     register_font("sans-serif", FontStyle::Normal, dejavu::sans::regular())
         .map_err(|_| anyhow!("the embedded DejaVu Sans font did not load"))?;
     let higher = bars(

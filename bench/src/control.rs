@@ -13,11 +13,11 @@ use serde_json::Value;
 
 /// The criterion bench targets: lookups and state build (bench/benches/state.rs), and
 /// pathological configuration refused or loaded (benches/config_bounds.rs).
-pub const BENCHES: [&str; 2] = ["state", "config_bounds"];
+pub(crate) const BENCHES: [&str; 2] = ["state", "config_bounds"];
 
 /// One criterion benchmark: its median time per iteration and the 95 % interval of that median, ns.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Criterion {
+pub(crate) struct Criterion {
     pub id: String,
     pub median_ns: f64,
     pub lower_ns: f64,
@@ -25,7 +25,7 @@ pub struct Criterion {
 }
 
 /// The command line that runs the benches (also what the report prints).
-pub fn criterion_command(quick: bool) -> String {
+pub(crate) fn criterion_command(quick: bool) -> String {
     let mut c = "cargo bench -p bench".to_string();
     for bench in BENCHES {
         c.push_str(&format!(" --bench {bench}"));
@@ -37,7 +37,7 @@ pub fn criterion_command(quick: bool) -> String {
 }
 
 /// Runs the benches and reads what criterion saved for each.
-pub fn run_criterion(quick: bool, built: &Built) -> Result<Vec<Criterion>> {
+pub(crate) fn run_criterion(quick: bool, built: &Built) -> Result<Vec<Criterion>> {
     let started = SystemTime::now();
     let mut c = cmd::cargo();
     c.current_dir(&built.workspace)
@@ -114,7 +114,7 @@ fn parse_result(benchmark: &serde_json::Value, estimates: &serde_json::Value) ->
 
 /// The agent's memory with the 10,000-entry config loaded.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Memory {
+pub(crate) struct Memory {
     /// VmRSS once ready, KiB.
     pub rss_kib: u64,
     /// VmHWM (peak RSS) once ready, KiB: loading the config included.
@@ -126,7 +126,7 @@ pub struct Memory {
 
 /// Starts the agent in the scene with the big config (agent otherwise detached), reads its memory,
 /// and checks it really loaded every entry.
-pub fn agent_memory(scene: &Scene) -> Result<Memory> {
+pub(crate) fn agent_memory(scene: &Scene) -> Result<Memory> {
     let dir: PathBuf = scene.topo().scratch_path("big-config");
     fs::create_dir_all(&dir)?;
     fs::write(
@@ -172,7 +172,7 @@ pub fn agent_memory(scene: &Scene) -> Result<Memory> {
 /// The agent with the config at size, as it runs by default (the fast path): what it holds, what
 /// it takes, and what its fast path leaves to the proxy.
 #[derive(Clone, Debug, PartialEq)]
-pub struct AtSize {
+pub(crate) struct AtSize {
     /// The cluster's files beside `bench.yaml`, and every file's bytes together.
     pub files: usize,
     pub bytes: u64,
@@ -189,7 +189,7 @@ pub struct AtSize {
 
 /// `fastPath` of `/config_dump`: its tables' memory (both generations) and its fallbacks.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct FastPathFigures {
+pub(crate) struct FastPathFigures {
     pub tables: Vec<TableFigures>,
     /// `memoryBudgetBytes` (`run --fast-path-memory`).
     pub budget_bytes: Option<u64>,
@@ -199,7 +199,7 @@ pub struct FastPathFigures {
 
 /// One table of `fastPath.memory`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TableFigures {
+pub(crate) struct TableFigures {
     pub table: String,
     pub entries: u64,
     pub capacity: u64,
@@ -210,12 +210,12 @@ pub struct TableFigures {
 
 impl FastPathFigures {
     /// Every table's bytes together.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.tables.iter().map(|t| t.bytes).sum()
     }
 
     /// From a `/config_dump`.
-    pub fn from_dump(dump: &Value) -> Result<FastPathFigures> {
+    pub(crate) fn from_dump(dump: &Value) -> Result<FastPathFigures> {
         let fast = dump
             .get("fastPath")
             .context("/config_dump has no fastPath")?;
@@ -260,7 +260,7 @@ impl FastPathFigures {
 
 /// Starts the agent on the config at size (agent otherwise detached), reads its memory and its
 /// `/config_dump`, and checks it holds every entry and pod.
-pub fn agent_at_size(scene: &Scene, config: &AtSizeConfig) -> Result<AtSize> {
+pub(crate) fn agent_at_size(scene: &Scene, config: &AtSizeConfig) -> Result<AtSize> {
     let size = synthetic::AT_SIZE;
     let started = Instant::now();
     let agent = scene.start_agent_at_size(config)?;

@@ -5,10 +5,10 @@ use std::path::Path;
 use anyhow::{Context, bail};
 
 /// Queries dnsperf keeps in flight when measuring the rate.
-pub const LOAD_OUTSTANDING: u32 = 64;
+pub(crate) const LOAD_OUTSTANDING: u32 = 64;
 
 /// `dnsperf -s IP -p PORT -d FILE -l SECS -c 1 -q OUTSTANDING -t 2`
-pub fn client_args(
+pub(crate) fn client_args(
     server: SocketAddrV4,
     queries: &Path,
     secs: u32,
@@ -33,7 +33,7 @@ pub fn client_args(
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct DnsperfStats {
+pub(crate) struct DnsperfStats {
     pub completed: u64,
     pub lost: u64,
     pub qps: f64,
@@ -41,7 +41,7 @@ pub struct DnsperfStats {
     pub mean_latency_us: f64,
 }
 
-pub fn parse(out: &str) -> anyhow::Result<DnsperfStats> {
+pub(crate) fn parse(out: &str) -> anyhow::Result<DnsperfStats> {
     let field = |name: &str| -> anyhow::Result<&str> {
         out.lines()
             .find_map(|l| l.trim().strip_prefix(name))

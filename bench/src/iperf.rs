@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 
 /// `iperf3 -c IP -p PORT -P STREAMS -t SECS [-O 1] -J`. Runs of 3 s or more leave out their first second
 /// (slow start); shorter ones keep everything, which on a veth path costs little.
-pub fn client_args(server: SocketAddrV4, streams: u32, secs: u32) -> Vec<String> {
+pub(crate) fn client_args(server: SocketAddrV4, streams: u32, secs: u32) -> Vec<String> {
     let mut args = vec![
         "-c".to_string(),
         server.ip().to_string(),
@@ -24,7 +24,7 @@ pub fn client_args(server: SocketAddrV4, streams: u32, secs: u32) -> Vec<String>
 }
 
 /// `iperf3 -s -B IP -p PORT`
-pub fn server_args(listen: SocketAddrV4) -> Vec<String> {
+pub(crate) fn server_args(listen: SocketAddrV4) -> Vec<String> {
     vec![
         "-s".into(),
         "-B".into(),
@@ -35,7 +35,7 @@ pub fn server_args(listen: SocketAddrV4) -> Vec<String> {
 }
 
 /// Gbit/s the receiver got (`end.sum_received.bits_per_second`).
-pub fn parse(json: &str) -> anyhow::Result<f64> {
+pub(crate) fn parse(json: &str) -> anyhow::Result<f64> {
     let v: serde_json::Value =
         serde_json::from_str(json).context("iperf3 -J output is not JSON")?;
     if let Some(err) = v.get("error").and_then(|e| e.as_str()) {
@@ -49,7 +49,7 @@ pub fn parse(json: &str) -> anyhow::Result<f64> {
 }
 
 /// Bytes the receiver got (`end.sum_received.bytes`).
-pub fn received_bytes(json: &str) -> anyhow::Result<u64> {
+pub(crate) fn received_bytes(json: &str) -> anyhow::Result<u64> {
     let v: serde_json::Value =
         serde_json::from_str(json).context("iperf3 -J output is not JSON")?;
     v.pointer("/end/sum_received/bytes")

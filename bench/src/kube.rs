@@ -18,7 +18,7 @@ const HEADING: &str = "## 6. The cluster as the source (`run --kube`) at scale";
 const BEFORE: &str = "\n## Targets";
 
 /// The two clusters measured: the size the agent was first measured at, and ten times its Pods.
-pub const SIZES: [Size; 2] = [
+pub(crate) const SIZES: [Size; 2] = [
     Size {
         namespaces: 1_000,
         pods: 10_000,
@@ -35,7 +35,7 @@ pub const SIZES: [Size; 2] = [
 
 /// A cluster's size, as `kube_scale`'s flags take it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Size {
+pub(crate) struct Size {
     pub namespaces: u64,
     pub pods: u64,
     pub entries: u64,
@@ -44,7 +44,7 @@ pub struct Size {
 }
 
 impl Size {
-    pub fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         vec![
             format!("--namespaces={}", self.namespaces),
             format!("--pods={}", self.pods),
@@ -56,7 +56,7 @@ impl Size {
 
 /// What `kube_scale --json` reports.
 #[derive(Debug, Clone, PartialEq)]
-pub struct KubeScale {
+pub(crate) struct KubeScale {
     pub namespaces: u64,
     pub pods: u64,
     pub entries: u64,
@@ -84,7 +84,7 @@ pub struct KubeScale {
 }
 
 impl KubeScale {
-    pub fn from_json(v: &Value) -> Result<KubeScale> {
+    pub(crate) fn from_json(v: &Value) -> Result<KubeScale> {
         let f = |key: &str| {
             v[key]
                 .as_f64()
@@ -117,7 +117,7 @@ impl KubeScale {
     }
 
     /// (what, target, measured, met) for each target.
-    pub fn verdicts(&self) -> Vec<(&'static str, String, String, bool)> {
+    pub(crate) fn verdicts(&self) -> Vec<(&'static str, String, String, bool)> {
         vec![
             (
                 "agent RSS, everything held",
@@ -184,7 +184,7 @@ impl KubeScale {
 }
 
 /// The section for every size measured, markers included; `load` is the load average when it ran.
-pub fn section(sizes: &[KubeScale], date: &str, load: &str) -> String {
+pub(crate) fn section(sizes: &[KubeScale], date: &str, load: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "{BEGIN}\n{HEADING}\n");
     let _ = writeln!(
@@ -215,7 +215,7 @@ pub fn section(sizes: &[KubeScale], date: &str, load: &str) -> String {
 
 /// `existing` with its kube section replaced by `section`, or `section` put before the targets
 /// (else at the end) when it has none.
-pub fn splice(existing: &str, section: &str) -> String {
+pub(crate) fn splice(existing: &str, section: &str) -> String {
     if let (Some(begin), Some(end)) = (existing.find(BEGIN), existing.find(END))
         && begin < end
     {
@@ -230,14 +230,14 @@ pub fn splice(existing: &str, section: &str) -> String {
 }
 
 /// The kept section of an earlier run, markers included, to put back into a regenerated file.
-pub fn kept_section(existing: &str) -> Option<String> {
+pub(crate) fn kept_section(existing: &str) -> Option<String> {
     let begin = existing.find(BEGIN)?;
     let end = existing[begin..].find(END)? + begin + END.len();
     Some(format!("{}\n", &existing[begin..end]))
 }
 
 /// Builds `kube_scale` and runs it at each of [`SIZES`], returning what it measured.
-pub fn measure(built: &Built) -> Result<Vec<KubeScale>> {
+pub(crate) fn measure(built: &Built) -> Result<Vec<KubeScale>> {
     cmd::run(
         cmd::cargo()
             .current_dir(&built.workspace)

@@ -8,7 +8,7 @@ use crate::cmd::output;
 const TOOLS: &[&str] = &["iperf3", "sockperf", "wrk", "dnsperf", "dnsmasq-base"];
 
 #[derive(Clone, Debug)]
-pub struct Machine {
+pub(crate) struct Machine {
     pub cpu: String,
     pub cores: usize,
     pub kernel: String,
@@ -20,7 +20,7 @@ pub struct Machine {
 }
 
 impl Machine {
-    pub fn probe() -> Machine {
+    pub(crate) fn probe() -> Machine {
         let cpuinfo = fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
         let cpu = cpuinfo
             .lines()
@@ -51,7 +51,7 @@ impl Machine {
     }
 
     /// Notes the load when the measuring is over.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         self.load_after = load_average();
     }
 }

@@ -5,7 +5,7 @@ use super::stats::{Summary, paired_ratios};
 
 /// How a pod's connection reaches the ext server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Route {
+pub(crate) enum Route {
     /// No agent: the pod routes through the node to ext.
     Direct,
     /// Through the proxy to a ServiceEntry endpoint (the pod connects to the entry's VIP).
@@ -40,7 +40,7 @@ pub enum Route {
 }
 
 impl Route {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Route::Direct => "direct",
             Route::Service => "service",
@@ -60,7 +60,7 @@ impl Route {
     }
 
     /// What this route is compared with.
-    pub fn baseline(self) -> Route {
+    pub(crate) fn baseline(self) -> Route {
         match self {
             Route::DnsUpstream | Route::DnsForwarded | Route::DnsCached | Route::DnsAnswered => {
                 Route::DnsUpstream
@@ -72,7 +72,7 @@ impl Route {
 
 /// One number a run produces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Metric {
+pub(crate) enum Metric {
     /// iperf3, one stream, Gbit/s.
     Throughput1,
     /// iperf3, 8 streams, Gbit/s.
@@ -90,7 +90,7 @@ pub enum Metric {
 }
 
 impl Metric {
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Metric::Throughput1 => "throughput, 1 stream",
             Metric::Throughput8 => "throughput, 8 streams",
@@ -103,7 +103,7 @@ impl Metric {
         }
     }
 
-    pub fn unit(self) -> &'static str {
+    pub(crate) fn unit(self) -> &'static str {
         match self {
             Metric::Throughput1 | Metric::Throughput8 => "Gbit/s",
             Metric::LatencyP50 | Metric::LatencyP99 | Metric::LatencyP999 => "µs",
@@ -116,7 +116,7 @@ impl Metric {
 
 /// Every run's value, by metric and route, indexed by round (None: that run failed).
 #[derive(Debug, Default)]
-pub struct Results {
+pub(crate) struct Results {
     rounds: usize,
     runs: BTreeMap<(Metric, Route), Vec<Option<f64>>>,
     /// Runs that failed, with the error, to show in the report.
@@ -124,14 +124,20 @@ pub struct Results {
 }
 
 impl Results {
-    pub fn new(rounds: usize) -> Results {
+    pub(crate) fn new(rounds: usize) -> Results {
         Results {
             rounds,
             ..Results::default()
         }
     }
 
-    pub fn record(&mut self, round: usize, metric: Metric, route: Route, value: Option<f64>) {
+    pub(crate) fn record(
+        &mut self,
+        round: usize,
+        metric: Metric,
+        route: Route,
+        value: Option<f64>,
+    ) {
         let runs = self
             .runs
             .entry((metric, route))
@@ -141,7 +147,7 @@ impl Results {
         }
     }
 
-    pub fn summary(&self, metric: Metric, route: Route) -> Option<Summary> {
+    pub(crate) fn summary(&self, metric: Metric, route: Route) -> Option<Summary> {
         let values: Vec<f64> = self
             .runs
             .get(&(metric, route))?
@@ -153,7 +159,7 @@ impl Results {
     }
 
     /// The route's runs divided by its baseline's runs of the same round (None for the baseline itself).
-    pub fn ratio(&self, metric: Metric, route: Route) -> Option<Summary> {
+    pub(crate) fn ratio(&self, metric: Metric, route: Route) -> Option<Summary> {
         let baseline = route.baseline();
         if baseline == route {
             return None;

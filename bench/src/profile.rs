@@ -35,7 +35,7 @@ enum Load {
     Dns,
 }
 
-pub fn profile(scene: &Scene, target_dir: &Path, dns: bool) -> Result<PathBuf> {
+pub(crate) fn profile(scene: &Scene, target_dir: &Path, dns: bool) -> Result<PathBuf> {
     let dir = target_dir.join("bench-profile");
     fs::create_dir_all(&dir)?;
     let mut summary = String::new();

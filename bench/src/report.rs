@@ -13,10 +13,10 @@ use super::synthetic::{self, AT_SIZE};
 use super::targets::Verdict;
 
 /// Markers around the hand-written analysis, which a rerun keeps.
-pub const WHY_BEGIN: &str = "<!-- why:begin (kept when the file is regenerated) -->";
-pub const WHY_END: &str = "<!-- why:end -->";
+pub(crate) const WHY_BEGIN: &str = "<!-- why:begin (kept when the file is regenerated) -->";
+pub(crate) const WHY_END: &str = "<!-- why:end -->";
 
-pub struct BenchReport<'a> {
+pub(crate) struct BenchReport<'a> {
     pub quick: bool,
     pub settings: Settings,
     pub machine: &'a Machine,
@@ -66,7 +66,7 @@ const DNS_ROUTES: [Route; 4] = [
 
 impl BenchReport<'_> {
     /// The figures: headline, one table per section, targets.
-    pub fn tables(&self) -> String {
+    pub(crate) fn tables(&self) -> String {
         let mut s = String::new();
         s.push_str("## Headline: ratio to direct (median of per-round ratios, min–max)\n\n");
         let _ = writeln!(
@@ -149,7 +149,7 @@ impl BenchReport<'_> {
     }
 
     /// The whole BENCHMARKS.md; `why` is the kept hand-written analysis.
-    pub fn markdown(&self, why: &str) -> String {
+    pub(crate) fn markdown(&self, why: &str) -> String {
         let m = self.machine;
         let mut s = String::from("# Benchmarks\n\n");
         let _ = writeln!(
@@ -375,7 +375,7 @@ const METHOD: &str = "
 
 /// What the agent at size held and took, and what its fast path left to the proxy (printed when
 /// it has been read, and under the tables).
-pub fn at_size_paragraph(a: &AtSize) -> String {
+pub(crate) fn at_size_paragraph(a: &AtSize) -> String {
     let mib = |kib: u64| kib as f64 / 1024.0;
     let fast = &a.fast_path;
     let mut tables: Vec<String> = fast
@@ -481,7 +481,7 @@ fn duration_cell(ns: f64) -> String {
 }
 
 /// The hand-written analysis of an existing BENCHMARKS.md (between the markers), or a placeholder.
-pub fn kept_why(existing: &str) -> String {
+pub(crate) fn kept_why(existing: &str) -> String {
     existing
         .split_once(WHY_BEGIN)
         .and_then(|(_, rest)| rest.split_once(WHY_END))

@@ -19,7 +19,7 @@ use integration::Agent;
 
 /// How long and how often.
 #[derive(Clone, Copy, Debug)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub rounds: usize,
     /// Length of each tool run, seconds.
     pub secs: u32,
@@ -38,7 +38,7 @@ enum Phase {
 
 /// Which paths a round takes besides the direct one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Paths {
+pub(crate) enum Paths {
     /// Every one.
     All,
     /// Only the fast path at size (`--at-size-only`): TCP tests only.
@@ -52,7 +52,7 @@ enum Test {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tcp {
+pub(crate) enum Tcp {
     Throughput(u32),
     Latency,
     ConnRate,
@@ -60,7 +60,7 @@ pub enum Tcp {
 
 /// The tests `--only` can pick, in the order a round runs them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Pick {
+pub(crate) enum Pick {
     Throughput1,
     Throughput8,
     Latency,
@@ -69,7 +69,7 @@ pub enum Pick {
 }
 
 impl Pick {
-    pub const ALL: [Pick; 5] = [
+    pub(crate) const ALL: [Pick; 5] = [
         Pick::Throughput1,
         Pick::Throughput8,
         Pick::Latency,
@@ -88,7 +88,7 @@ impl Pick {
     }
 }
 
-pub struct Runner<'a> {
+pub(crate) struct Runner<'a> {
     scene: &'a Scene,
     settings: Settings,
     tests: Vec<Test>,
@@ -105,7 +105,7 @@ pub struct Runner<'a> {
 impl<'a> Runner<'a> {
     /// Runs the `picked` tests (in round order) each round over `paths`; the agent at size reads
     /// `at_size`.
-    pub fn new(
+    pub(crate) fn new(
         scene: &'a Scene,
         settings: Settings,
         picked: &[Pick],
@@ -135,7 +135,7 @@ impl<'a> Runner<'a> {
         })
     }
 
-    pub fn run(&mut self) -> Result<()> {
+    pub(crate) fn run(&mut self) -> Result<()> {
         for round in 0..self.settings.rounds {
             println!("xtask bench: round {}/{}", round + 1, self.settings.rounds);
             for test in self.tests.clone() {
@@ -331,7 +331,11 @@ impl<'a> Runner<'a> {
 }
 
 /// The client tool and its arguments for `test` over `route`.
-pub fn tcp_command(test: Tcp, route: Route, settings: Settings) -> (&'static str, Vec<String>) {
+pub(crate) fn tcp_command(
+    test: Tcp,
+    route: Route,
+    settings: Settings,
+) -> (&'static str, Vec<String>) {
     let ip = match route {
         Route::Service | Route::ServiceCopy | Route::FastService | Route::FastServiceAtSize => {
             scene::VIP

@@ -16,43 +16,43 @@ use integration::{Agent, Launch, Pod, Proc, RESOLVER_IP, Topology};
 
 use super::{iperf, sockperf, synthetic};
 
-pub const CLIENT_CPU: u32 = 0;
-pub const SERVER_CPU: u32 = 1;
+pub(crate) const CLIENT_CPU: u32 = 0;
+pub(crate) const SERVER_CPU: u32 = 1;
 
 const POD: (&str, &str) = ("bench/client", "10.244.1.10");
 /// The pod's uid: its cgroup is kubelet's for it, so the fast path knows its namespace.
 const POD_UID: &str = "0b1e7c2a-5d3f-4e6a-9b8c-be0cbe0cbe0c";
 /// The ext host every TCP test talks to (direct and passthrough connect here themselves).
-pub const SERVER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
+pub(crate) const SERVER_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
 /// The ServiceEntry's VIP: routed nowhere, so a connection to it works only through the proxy.
-pub const VIP: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 10);
-pub const HTTP_PORT: u16 = 80;
-pub const IPERF_PORT: u16 = 5201;
-pub const SOCKPERF_PORT: u16 = 11111;
+pub(crate) const VIP: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 10);
+pub(crate) const HTTP_PORT: u16 = 80;
+pub(crate) const IPERF_PORT: u16 = 5201;
+pub(crate) const SOCKPERF_PORT: u16 = 11111;
 /// A name the ServiceEntry owns: the agent answers it.
-pub const ANSWERED_NAME: &str = "backend.bench.example";
+pub(crate) const ANSWERED_NAME: &str = "backend.bench.example";
 /// A name only the upstream knows, answered with TTL 0: the agent forwards every query for it.
-pub const FORWARDED_NAME: &str = "upstream.bench.example";
+pub(crate) const FORWARDED_NAME: &str = "upstream.bench.example";
 /// A name only the upstream knows, answered with a TTL: the agent forwards it once per TTL and
 /// answers the rest from its cache.
-pub const CACHED_NAME: &str = "lasting.bench.example";
+pub(crate) const CACHED_NAME: &str = "lasting.bench.example";
 /// The host of the `resolution: DNS` entry without addresses (the entry people write most): the
 /// agent resolves it ahead and the kernel rewrites its allocated address to the server's.
-pub const RESOLVED_NAME: &str = "resolved.bench.example";
+pub(crate) const RESOLVED_NAME: &str = "resolved.bench.example";
 const RESOLVED_ENTRY: &str = "resolved";
 /// The TTL dnsmasq gives [`CACHED_NAME`] and [`RESOLVED_NAME`] (a cluster DNS's usual).
-pub const CACHED_TTL: u32 = 30;
+pub(crate) const CACHED_TTL: u32 = 30;
 
 /// How long the agent with the config at size may take to be ready: it loads, checks and compiles
 /// 120,000 objects first (seconds in a release build, more on a busy machine).
-pub const AT_SIZE_READY: Duration = Duration::from_secs(60);
+pub(crate) const AT_SIZE_READY: Duration = Duration::from_secs(60);
 /// What the harness waits for an agent to be ready (`tests/src/agent.rs`), before `RDT_TIME_SCALE`
 /// stretches it.
 const HARNESS_READY: Duration = Duration::from_secs(20);
 
 /// The config directory at size as written: the bench's own config and a big cluster's.
 #[derive(Clone, Debug)]
-pub struct AtSizeConfig {
+pub(crate) struct AtSizeConfig {
     pub dir: PathBuf,
     /// The cluster's files (beside `bench.yaml`).
     pub files: usize,
@@ -62,7 +62,7 @@ pub struct AtSizeConfig {
 
 /// How the proxy moves bytes (`redirect run --relay`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Relay {
+pub(crate) enum Relay {
     Splice,
     Copy,
     /// `Splice` as the agent runs by default: the kernel decides what needs no proxy. (The other
@@ -71,7 +71,7 @@ pub enum Relay {
 }
 
 impl Relay {
-    pub fn arg(self) -> &'static str {
+    pub(crate) fn arg(self) -> &'static str {
         match self {
             Relay::Splice | Relay::FastPath => "splice",
             Relay::Copy => "copy",
@@ -79,7 +79,7 @@ impl Relay {
     }
 }
 
-pub struct Scene {
+pub(crate) struct Scene {
     // Declared first so they stop before the topology goes.
     _servers: Vec<Proc>,
     topo: Topology,
@@ -92,7 +92,7 @@ pub struct Scene {
 impl Scene {
     /// Builds the topology, writes the agent's config and starts every server. `peer` is the release
     /// build of the harness's `rdt-peer` (its HTTP server answers `GET /` and closes).
-    pub fn build(peer: &Path, agent_cpu: Option<u32>) -> Result<Scene> {
+    pub(crate) fn build(peer: &Path, agent_cpu: Option<u32>) -> Result<Scene> {
         let mut topo = Topology::new()?;
         topo.add_kube_pod(POD.0, POD.1.parse()?, POD_UID)?;
         let pod = topo.pod(POD.0).clone();
@@ -167,28 +167,28 @@ impl Scene {
         })
     }
 
-    pub fn topo(&self) -> &Topology {
+    pub(crate) fn topo(&self) -> &Topology {
         &self.topo
     }
 
     /// Starts the agent with the bench config, placed as `--agent-cpu` says (unpinned by default).
-    pub fn start_agent(&self, relay: Relay) -> Result<Agent> {
+    pub(crate) fn start_agent(&self, relay: Relay) -> Result<Agent> {
         self.start_agent_on(relay, self.agent_cpu)
     }
 
     /// Starts the agent with the bench config, every thread on `cpu` (None: unpinned).
-    pub fn start_agent_on(&self, relay: Relay, cpu: Option<u32>) -> Result<Agent> {
+    pub(crate) fn start_agent_on(&self, relay: Relay, cpu: Option<u32>) -> Result<Agent> {
         let config = self.config_dir.to_string_lossy().into_owned();
         start_agent(&self.topo, &agent_args(&config, relay), cpu)
     }
 
-    pub fn agent_cpu(&self) -> Option<u32> {
+    pub(crate) fn agent_cpu(&self) -> Option<u32> {
         self.agent_cpu
     }
 
     /// Writes the config directory at size: `bench.yaml` and [`synthetic::AT_SIZE`]'s cluster,
     /// checked against what the agent reads of a file and of a directory.
-    pub fn write_at_size_config(&self) -> Result<AtSizeConfig> {
+    pub(crate) fn write_at_size_config(&self) -> Result<AtSizeConfig> {
         let dir = self.topo.scratch_path("config-at-size");
         fs::create_dir_all(&dir)?;
         let bench = bench_config();
@@ -216,7 +216,7 @@ impl Scene {
 
     /// Starts the agent as it runs by default (the fast path) on the config at size, placed as
     /// `--agent-cpu` says; waits up to [`AT_SIZE_READY`] for it to be ready.
-    pub fn start_agent_at_size(&self, config: &AtSizeConfig) -> Result<Agent> {
+    pub(crate) fn start_agent_at_size(&self, config: &AtSizeConfig) -> Result<Agent> {
         let dir = config.dir.to_string_lossy().into_owned();
         let args = agent_args(&dir, Relay::FastPath);
         let _wait = ReadyWait::at_least(AT_SIZE_READY);
@@ -224,7 +224,7 @@ impl Scene {
     }
 
     /// Runs a client tool in the pod, pinned to the client CPU; its stdout, or what it printed on failure.
-    pub fn client(&self, tool: &str, args: &[String], timeout: Duration) -> Result<String> {
+    pub(crate) fn client(&self, tool: &str, args: &[String], timeout: Duration) -> Result<String> {
         let out = self
             .pod
             .cmd("taskset")
@@ -239,26 +239,26 @@ impl Scene {
     }
 
     /// The run's private directory (in the client command lines the report shows it as `<run dir>`).
-    pub fn run_dir(&self) -> &Path {
+    pub(crate) fn run_dir(&self) -> &Path {
         self.topo.state_dir()
     }
 
     /// Writes `contents` to a file the pod's tools can read (the run's state directory).
-    pub fn scratch_file(&self, name: &str, contents: &str) -> Result<PathBuf> {
+    pub(crate) fn scratch_file(&self, name: &str, contents: &str) -> Result<PathBuf> {
         let path = self.topo.scratch_path(name);
         fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
         Ok(path)
     }
 
     /// TCP connections the pod has opened so far (`Tcp: ActiveOpens` of its netns).
-    pub fn pod_active_opens(&self) -> Result<u64> {
+    pub(crate) fn pod_active_opens(&self) -> Result<u64> {
         let out = self.pod.cmd("cat").arg("/proc/net/snmp").ok()?;
         active_opens(&out.stdout_str())
     }
 }
 
 /// What runs on the server side, as command lines (for the report).
-pub fn server_commands() -> Vec<String> {
+pub(crate) fn server_commands() -> Vec<String> {
     let server = |port| SocketAddrV4::new(SERVER_IP, port);
     let cpu = format!("taskset -c {SERVER_CPU}");
     vec![
@@ -279,12 +279,12 @@ pub fn server_commands() -> Vec<String> {
 }
 
 /// The agent's command line (in the node netns), with `prefix` (e.g. `taskset -c 1 `).
-pub fn agent_command(prefix: &str, relay: Relay) -> String {
+pub(crate) fn agent_command(prefix: &str, relay: Relay) -> String {
     agent_command_with(prefix, "<config dir>", relay)
 }
 
 /// [`agent_command`] with another config directory.
-pub fn agent_command_with(prefix: &str, config: &str, relay: Relay) -> String {
+pub(crate) fn agent_command_with(prefix: &str, config: &str, relay: Relay) -> String {
     format!(
         "{prefix}redirect run --cgroup <pods cgroup> --gateway {} --admin {} {}",
         integration::GATEWAY,
@@ -295,13 +295,13 @@ pub fn agent_command_with(prefix: &str, config: &str, relay: Relay) -> String {
 
 /// The agent as a node runs it (the harness's launcher, [`Launch::as_deployed`]) with `args`,
 /// pinned to `cpu` if given; returns once it is ready.
-pub fn start_agent(topo: &Topology, args: &[String], cpu: Option<u32>) -> Result<Agent> {
+pub(crate) fn start_agent(topo: &Topology, args: &[String], cpu: Option<u32>) -> Result<Agent> {
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Agent::launch(topo, &Launch::as_deployed(cpu), &args)
 }
 
 /// The agent's arguments beyond the harness's own (`--cgroup`, `--gateway`, `--admin`).
-pub fn agent_args(config: &str, relay: Relay) -> Vec<String> {
+pub(crate) fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     vec![
         "--config".into(),
         config.into(),
@@ -371,7 +371,7 @@ fn dnsmasq_args() -> Vec<String> {
 
 /// The client's namespace, its pod, and one NAMESPACE ServiceEntry in it whose VIP leads to the ext server
 /// on every port the tests use.
-pub fn bench_config() -> String {
+pub(crate) fn bench_config() -> String {
     let (key, ip) = POD;
     let (ns, name) = key.split_once('/').unwrap_or(("bench", "client"));
     format!(
@@ -420,7 +420,7 @@ spec:
 
 /// The address allocated to the `resolution: DNS` entry (no addresses of its own), as the agent
 /// allocates it from the same configuration.
-pub fn dns_vip() -> Ipv4Addr {
+pub(crate) fn dns_vip() -> Ipv4Addr {
     static VIP: std::sync::OnceLock<Ipv4Addr> = std::sync::OnceLock::new();
     *VIP.get_or_init(|| {
         let config = bench_config();

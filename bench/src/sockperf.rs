@@ -4,11 +4,11 @@ use std::net::SocketAddrV4;
 use anyhow::{Context, bail};
 
 /// Bytes per request and per reply.
-pub const MESSAGE: u32 = 1024;
+pub(crate) const MESSAGE: u32 = 1024;
 
 /// `sockperf ping-pong --tcp -i IP -p PORT -m 1024 -t SECS --full-rtt`: one connection, one message in
 /// flight, round-trip times.
-pub fn client_args(server: SocketAddrV4, secs: u32) -> Vec<String> {
+pub(crate) fn client_args(server: SocketAddrV4, secs: u32) -> Vec<String> {
     vec![
         "ping-pong".into(),
         "--tcp".into(),
@@ -25,7 +25,7 @@ pub fn client_args(server: SocketAddrV4, secs: u32) -> Vec<String> {
 }
 
 /// `sockperf server --tcp -i IP -p PORT`
-pub fn server_args(listen: SocketAddrV4) -> Vec<String> {
+pub(crate) fn server_args(listen: SocketAddrV4) -> Vec<String> {
     vec![
         "server".into(),
         "--tcp".into(),
@@ -38,14 +38,14 @@ pub fn server_args(listen: SocketAddrV4) -> Vec<String> {
 
 /// Round-trip percentiles in µs.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     pub p50: f64,
     pub p99: f64,
     pub p999: f64,
 }
 
 /// Reads sockperf's `---> percentile 50.000 =   12.345` lines.
-pub fn parse(out: &str) -> anyhow::Result<Percentiles> {
+pub(crate) fn parse(out: &str) -> anyhow::Result<Percentiles> {
     let percentile = |which: &str| -> anyhow::Result<f64> {
         let value = out
             .lines()
@@ -70,7 +70,7 @@ pub fn parse(out: &str) -> anyhow::Result<Percentiles> {
 }
 
 /// How many round trips a run measured (`Total N observations`).
-pub fn observations(out: &str) -> anyhow::Result<u64> {
+pub(crate) fn observations(out: &str) -> anyhow::Result<u64> {
     out.lines()
         .find_map(|l| {
             let rest = l.split("Total ").nth(1)?;

@@ -2,7 +2,7 @@
 
 /// Median, min and max of one figure's runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -11,7 +11,7 @@ pub struct Summary {
 
 impl Summary {
     /// None for no runs. The median of an even count is the mean of the middle two.
-    pub fn of(values: &[f64]) -> Option<Summary> {
+    pub(crate) fn of(values: &[f64]) -> Option<Summary> {
         if values.is_empty() {
             return None;
         }
@@ -35,7 +35,7 @@ impl Summary {
 /// Ratios of runs made in the same round: `values[i] / baseline[i]`. Pairing by round cancels the drift of
 /// a shared machine (another engineer's build slows both sides of a pair alike). Rounds where either side
 /// is missing, or the baseline is zero, are skipped.
-pub fn paired_ratios(values: &[Option<f64>], baseline: &[Option<f64>]) -> Vec<f64> {
+pub(crate) fn paired_ratios(values: &[Option<f64>], baseline: &[Option<f64>]) -> Vec<f64> {
     values
         .iter()
         .zip(baseline)

@@ -2,7 +2,7 @@
 use super::control::{Criterion, Memory};
 use super::model::{Metric, Results, Route};
 
-pub struct Verdict {
+pub(crate) struct Verdict {
     pub target: String,
     pub measured: String,
     /// None: not measured in this run.
@@ -11,17 +11,17 @@ pub struct Verdict {
 
 const MIB: f64 = 1024.0;
 /// One-core rate the agent must answer DNS at.
-pub const DNS_ANSWERED_QPS: f64 = 50_000.0;
+pub(crate) const DNS_ANSWERED_QPS: f64 = 50_000.0;
 /// Forwarded DNS queries per second, as a share of asking the upstream directly.
-pub const DNS_FORWARDED_RATIO: f64 = 0.7;
-pub const LOOKUP_NS: f64 = 200.0;
-pub const BUILD_MS: f64 = 100.0;
-pub const RSS_MIB: f64 = 64.0;
+pub(crate) const DNS_FORWARDED_RATIO: f64 = 0.7;
+pub(crate) const LOOKUP_NS: f64 = 200.0;
+pub(crate) const BUILD_MS: f64 = 100.0;
+pub(crate) const RSS_MIB: f64 = 64.0;
 /// Criterion ids of the pathological-configuration benches (bench/benches/config_bounds.rs).
-pub const CONFIG_BOUNDS: &str = "config_bounds/";
+pub(crate) const CONFIG_BOUNDS: &str = "config_bounds/";
 
 /// The ratio targets: metric, bound, whether the ratio must be at least (true) or at most the bound.
-pub const RATIO_TARGETS: [(Metric, f64, bool); 4] = [
+pub(crate) const RATIO_TARGETS: [(Metric, f64, bool); 4] = [
     (Metric::Throughput1, 0.8, true),
     (Metric::LatencyP50, 1.5, false),
     (Metric::LatencyP99, 2.0, false),
@@ -30,13 +30,17 @@ pub const RATIO_TARGETS: [(Metric, f64, bool); 4] = [
 
 /// As the agent runs by default (the fast path): service (STATIC and DNS-resolved) and passthrough
 /// at the speed of the direct path, also with a big cluster's config.
-pub const FAST_PATH_TARGETS: [(Metric, f64, bool); 3] = [
+pub(crate) const FAST_PATH_TARGETS: [(Metric, f64, bool); 3] = [
     (Metric::Throughput1, 0.97, true),
     (Metric::LatencyP50, 1.05, false),
     (Metric::ConnRate, 0.9, true),
 ];
 
-pub fn judge(results: &Results, criterion: &[Criterion], memory: Option<&Memory>) -> Vec<Verdict> {
+pub(crate) fn judge(
+    results: &Results,
+    criterion: &[Criterion],
+    memory: Option<&Memory>,
+) -> Vec<Verdict> {
     let mut out = Vec::new();
     let proxied = RATIO_TARGETS
         .iter()

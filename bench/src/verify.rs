@@ -18,7 +18,7 @@ const OUTCOMES: [&str; 5] = [
 
 /// The agent carried every connection the pod opened (`opens`, from its `ActiveOpens`) under the route's
 /// outcome, and none under another.
-pub fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
+pub(crate) fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
     if matches!(
         route,
         Route::FastService
@@ -96,7 +96,7 @@ fn in_kernel(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Res
 
 /// The agent answered, forwarded or served from its cache at least every query dnsperf got an
 /// answer to, the way the route says, and did nothing else.
-pub fn dns(route: Route, before: &Metrics, after: &Metrics, completed: u64) -> Result<()> {
+pub(crate) fn dns(route: Route, before: &Metrics, after: &Metrics, completed: u64) -> Result<()> {
     let count = |o: &str| delta(before, after, &format!("{DNS_OUTCOME}{{outcome=\"{o}\"}}"));
     let (answered, forwarded, cached) = (count("answered"), count("forwarded"), count("cached"));
     let completed = completed as f64;
@@ -123,7 +123,7 @@ pub fn dns(route: Route, before: &Metrics, after: &Metrics, completed: u64) -> R
 
 /// wrk's requests were each a connection of their own (the pod's kernel opened about as many), and
 /// almost all succeeded.
-pub fn new_connections(report: &wrk::WrkStats, opens: u64) -> Result<()> {
+pub(crate) fn new_connections(report: &wrk::WrkStats, opens: u64) -> Result<()> {
     if (opens as f64) < 0.95 * report.requests as f64 {
         bail!(
             "wrk reported {} requests but the pod opened only {opens} connections: not one connection per request",

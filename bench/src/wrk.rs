@@ -6,7 +6,7 @@
 use anyhow::{Context, bail};
 
 /// `wrk -t 1 -c CONNS -d SECSs -H "Connection: close" URL`
-pub fn client_args(url: &str, conns: u32, secs: u32) -> Vec<String> {
+pub(crate) fn client_args(url: &str, conns: u32, secs: u32) -> Vec<String> {
     vec![
         "-t".into(),
         "1".into(),
@@ -22,14 +22,14 @@ pub fn client_args(url: &str, conns: u32, secs: u32) -> Vec<String> {
 
 /// What one wrk run reports.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct WrkStats {
+pub(crate) struct WrkStats {
     pub requests: u64,
     pub per_second: f64,
     /// Socket errors (connect, read, write, timeout) plus non-2xx/3xx answers.
     pub errors: u64,
 }
 
-pub fn parse(out: &str) -> anyhow::Result<WrkStats> {
+pub(crate) fn parse(out: &str) -> anyhow::Result<WrkStats> {
     let requests = out
         .lines()
         .find_map(|l| l.trim().split_once(" requests in ").map(|(n, _)| n.trim()))

@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 /// Phases in the order they come: starting, serving, then one of the two ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Phase {
+pub(crate) enum Phase {
     Starting,
     /// Programs attached, listeners accepting: ready.
     Serving,
@@ -20,7 +20,7 @@ pub enum Phase {
 
 /// The one sender of the phase.
 #[derive(Debug)]
-pub struct Lifecycle(watch::Sender<Phase>);
+pub(crate) struct Lifecycle(watch::Sender<Phase>);
 
 impl Default for Lifecycle {
     fn default() -> Self {
@@ -31,7 +31,7 @@ impl Default for Lifecycle {
 impl Lifecycle {
     /// Moves on to `phase`. The agent never goes back, and either end is the last phase (a signal
     /// while draining leaves it handed over).
-    pub fn enter(&self, phase: Phase) {
+    pub(crate) fn enter(&self, phase: Phase) {
         self.0.send_if_modified(|now| {
             let later = phase > *now && *now < Phase::HandedOver;
             if later {
@@ -42,7 +42,7 @@ impl Lifecycle {
     }
 
     /// For an accept loop or a task of the running agent: stops on a hand-over or a shutdown.
-    pub fn serving(&self) -> Watcher {
+    pub(crate) fn serving(&self) -> Watcher {
         Watcher {
             phases: self.0.subscribe(),
             stop_at: |phase| phase >= Phase::HandedOver,
@@ -50,7 +50,7 @@ impl Lifecycle {
     }
 
     /// For the admin server: stops on a hand-over only (it reports a shutdown while it happens).
-    pub fn admin(&self) -> Watcher {
+    pub(crate) fn admin(&self) -> Watcher {
         Watcher {
             phases: self.0.subscribe(),
             stop_at: |phase| phase == Phase::HandedOver,
@@ -58,7 +58,7 @@ impl Lifecycle {
     }
 
     /// Once a successor has taken over.
-    pub async fn handed_over(&self) {
+    pub(crate) async fn handed_over(&self) {
         let mut phases = self.0.subscribe();
         let _ = phases.wait_for(|phase| *phase == Phase::HandedOver).await;
     }
@@ -66,7 +66,7 @@ impl Lifecycle {
 
 /// One part's view of the phase. Dropping the `Lifecycle` stops every watcher.
 #[derive(Debug, Clone)]
-pub struct Watcher {
+pub(crate) struct Watcher {
     phases: watch::Receiver<Phase>,
     stop_at: fn(Phase) -> bool,
 }
@@ -74,12 +74,12 @@ pub struct Watcher {
 impl Watcher {
     /// Resolves once this part must stop (at once if it already must). Cancel-safe: a `select!`
     /// loop may call it again on each turn.
-    pub async fn stopped(&mut self) {
+    pub(crate) async fn stopped(&mut self) {
         let stop_at = self.stop_at;
         let _ = self.phases.wait_for(|phase| stop_at(*phase)).await;
     }
 
-    pub fn phase(&self) -> Phase {
+    pub(crate) fn phase(&self) -> Phase {
         *self.phases.borrow()
     }
 }

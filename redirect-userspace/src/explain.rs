@@ -17,7 +17,7 @@ pub struct Destination {
     pub port: Option<u16>,
 }
 
-pub fn parse_destination(text: &str) -> Result<Destination, String> {
+pub(crate) fn parse_destination(text: &str) -> Result<Destination, String> {
     if let Ok(addr) = text.parse::<SocketAddr>() {
         return Ok(Destination {
             ip: addr.ip(),
@@ -311,7 +311,7 @@ fn why(d: &OutboundDecision<'_>, namespace: &str, ip: IpAddr, port: Option<u16>)
 
 /// The client a running agent would see for `from`: a pod as `namespace/name` or by one of its
 /// addresses, else a namespace. `Err` names a pod the agent does not know.
-pub fn client_of(snapshot: &Snapshot, from: &str) -> Result<Client, String> {
+pub(crate) fn client_of(snapshot: &Snapshot, from: &str) -> Result<Client, String> {
     let pod = |w: &crate::config::Workload| Client {
         namespace: w.meta.namespace.clone(),
         pod: Some(format!("{}/{}", w.meta.namespace, w.meta.name)),

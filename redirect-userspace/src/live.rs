@@ -16,7 +16,7 @@ use crate::{
 };
 
 /// Readers take one cheap guard per decision and never block a reload, nor a reload them.
-pub struct LiveState {
+pub(crate) struct LiveState {
     snapshot: ArcSwap<Snapshot>,
     status: Mutex<ConfigStatus>,
     /// Called with each new snapshot before the status counts it as applied (the fast path's
@@ -34,7 +34,7 @@ type OnApply = Box<dyn Fn(&Arc<Snapshot>) + Send + Sync>;
 /// What `/config_dump` reports about the configuration itself.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ConfigStatus {
+pub(crate) struct ConfigStatus {
     /// The directory the agent loads (None: running without configuration, everything passes through).
     pub source: Option<PathBuf>,
     /// Good configurations applied since start.
@@ -97,14 +97,14 @@ impl WatchStatus {
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ConfigErrorReport {
+pub(crate) struct ConfigErrorReport {
     pub at: String,
     pub errors: Vec<ConfigError>,
 }
 
 impl LiveState {
     /// An empty state: nothing claimed, every connection passes through, every query is forwarded.
-    pub fn new(source: Option<PathBuf>) -> Arc<Self> {
+    pub(crate) fn new(source: Option<PathBuf>) -> Arc<Self> {
         Arc::new(LiveState {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             in_force: tokio::sync::watch::Sender::new(source.is_none()),
@@ -117,18 +117,23 @@ impl LiveState {
         })
     }
 
-    pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+    pub(crate) fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.snapshot.load()
     }
 
     /// The snapshot in force, owned: for a task that holds it across an await.
-    pub fn snapshot_arc(&self) -> Arc<Snapshot> {
+    pub(crate) fn snapshot_arc(&self) -> Arc<Snapshot> {
         self.snapshot.load_full()
     }
 
     /// Puts a configuration in force: everything valid, and the last good version of what was
     /// not; `errors` and `rejected` say what was left out.
-    pub fn apply(&self, snapshot: Snapshot, errors: Vec<ConfigError>, rejected: Vec<Rejected>) {
+    pub(crate) fn apply(
+        &self,
+        snapshot: Snapshot,
+        errors: Vec<ConfigError>,
+        rejected: Vec<Rejected>,
+    ) {
         let snapshot = Arc::new(snapshot);
         self.snapshot.store(snapshot.clone());
         if let Some(on_apply) = self.on_apply.get() {
@@ -148,19 +153,19 @@ impl LiveState {
     }
 
     /// Returns once a configuration is in force (at once if one is).
-    pub async fn in_force(&self) {
+    pub(crate) async fn in_force(&self) {
         let mut in_force = self.in_force.subscribe();
         // The sender lives as long as `self`: this cannot fail while it is borrowed.
         let _ = in_force.wait_for(|yes| *yes).await;
     }
 
     /// Sets what runs with every snapshot applied from now on (once; a second call is ignored).
-    pub fn on_apply(&self, f: impl Fn(&Arc<Snapshot>) + Send + Sync + 'static) {
+    pub(crate) fn on_apply(&self, f: impl Fn(&Arc<Snapshot>) + Send + Sync + 'static) {
         let _ = self.on_apply.set(Box::new(f));
     }
 
     /// Records a load that applied nothing (the directory could not be read); what is in force stays.
-    pub fn refuse(&self, errors: Vec<ConfigError>) {
+    pub(crate) fn refuse(&self, errors: Vec<ConfigError>) {
         let report = ConfigErrorReport {
             at: now_rfc3339(),
             errors,
@@ -169,23 +174,23 @@ impl LiveState {
     }
 
     /// Records the state of the Kubernetes API watches.
-    pub fn set_watches(&self, watches: Vec<WatchStatus>) {
+    pub(crate) fn set_watches(&self, watches: Vec<WatchStatus>) {
         self.status().watches = watches;
     }
 
     /// Shows the status writer's report in [`LiveState::status_report`] (once).
-    pub fn set_status_writer(&self, report: Arc<Mutex<crate::status::Report>>) {
+    pub(crate) fn set_status_writer(&self, report: Arc<Mutex<crate::status::Report>>) {
         let _ = self.status_writer.set(report);
     }
 
-    pub fn status_report(&self) -> ConfigStatus {
+    pub(crate) fn status_report(&self) -> ConfigStatus {
         let mut status = self.status().clone();
         status.status_writer = self.status_writer.get().map(|r| r.locked().clone());
         status
     }
 
     /// True once a configuration is in force (or none is expected).
-    pub fn has_config(&self) -> bool {
+    pub(crate) fn has_config(&self) -> bool {
         *self.in_force.borrow()
     }
 
@@ -209,7 +214,7 @@ impl std::fmt::Debug for LiveState {
 /// objects that stay, so glibc's arenas would keep the high-water mark of two states (about twice
 /// what the agent needs) without it. Takes a few milliseconds for 10,000 entries: run it on the
 /// blocking pool.
-pub fn release_free_memory() {
+pub(crate) fn release_free_memory() {
     // SAFETY: malloc_trim only returns free pages to the kernel; it takes no pointer.
     unsafe {
         libc::malloc_trim(0);

@@ -3,7 +3,7 @@
 //! a poisoned lock is taken as it is instead of spreading the panic.
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-pub trait Locked<T> {
+pub(crate) trait Locked<T> {
     /// The guard, poisoned or not.
     fn locked(&self) -> MutexGuard<'_, T>;
 }

@@ -13,18 +13,18 @@ use tracing_subscriber::{
 
 /// Changes the log filter of the running process.
 #[derive(Clone)]
-pub struct LogLevel {
+pub(crate) struct LogLevel {
     handle: reload::Handle<EnvFilter, Registry>,
 }
 
 impl LogLevel {
     /// Sets `directives` (`RUST_LOG` syntax: `debug`, `info,redirect=debug`, ...).
-    pub fn set(&self, directives: &str) -> Result<(), String> {
+    pub(crate) fn set(&self, directives: &str) -> Result<(), String> {
         let filter = EnvFilter::try_new(directives).map_err(|e| format!("{directives:?}: {e}"))?;
         self.handle.reload(filter).map_err(|e| e.to_string())
     }
 
-    pub fn current(&self) -> String {
+    pub(crate) fn current(&self) -> String {
         self.handle
             .with_current(|filter| filter.to_string())
             .unwrap_or_default()
@@ -41,7 +41,7 @@ impl std::fmt::Debug for LogLevel {
 
 /// How each log line is written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum LogFormat {
+pub(crate) enum LogFormat {
     /// `TIME LEVEL target: message key=value ...`, for people.
     Text,
     /// One JSON object per line (`timestamp`, `level`, `target`, `fields` with `message` and every
@@ -50,7 +50,7 @@ pub enum LogFormat {
 }
 
 /// Installs the global subscriber. `RUST_LOG` wins over `-v` when set.
-pub fn init(verbose: u8, format: LogFormat) -> LogLevel {
+pub(crate) fn init(verbose: u8, format: LogFormat) -> LogLevel {
     // -v is about this agent's decisions, not its libraries' internals. The Kubernetes client's own
     // lines repeat, less clearly, what the agent's watches report on every failure.
     let default = match verbose {
@@ -85,7 +85,7 @@ pub fn init(verbose: u8, format: LogFormat) -> LogLevel {
 /// A second starts with the first line after the last one ended, so a quiet kind costs nothing and
 /// a flood writes at most `per_second` lines and one summary a second, whatever its rate.
 #[derive(Debug)]
-pub struct LineLimit {
+pub(crate) struct LineLimit {
     per_second: u32,
     window: Mutex<Window>,
 }
@@ -101,7 +101,7 @@ struct Window {
 
 /// What to do with one line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Admit {
+pub(crate) struct Admit {
     /// Write the line.
     pub write: bool,
     /// Lines held back in the second that just ended: write the summary saying so first (0: none).
@@ -111,7 +111,7 @@ pub struct Admit {
 const SECOND: Duration = Duration::from_secs(1);
 
 impl LineLimit {
-    pub const fn new(per_second: u32) -> Self {
+    pub(crate) const fn new(per_second: u32) -> Self {
         LineLimit {
             per_second,
             window: Mutex::new(Window {
@@ -123,7 +123,7 @@ impl LineLimit {
     }
 
     /// One line of this kind at `now`.
-    pub fn admit(&self, now: Instant) -> Admit {
+    pub(crate) fn admit(&self, now: Instant) -> Admit {
         let mut window = self.window.locked();
         let mut held_back = 0;
         let over = window
@@ -145,7 +145,7 @@ impl LineLimit {
 
     /// The lines held back in a second that is over by `now`, taken (for the summary of a flood
     /// that stopped: no next line would report them); 0 while the second runs or when none were.
-    pub fn flush(&self, now: Instant) -> u64 {
+    pub(crate) fn flush(&self, now: Instant) -> u64 {
         let mut window = self.window.locked();
         match window.start {
             Some(start) if now.saturating_duration_since(start) >= SECOND => {

@@ -31,7 +31,7 @@ pub(crate) use label_value_as_str;
 
 /// What a configuration load did.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum ReloadResult {
+pub(crate) enum ReloadResult {
     /// Applied; nothing in error.
     Ok,
     /// Applied; some objects left out (their last good version kept where there was one).
@@ -41,7 +41,7 @@ pub enum ReloadResult {
 }
 
 impl ReloadResult {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "ok",
             Self::Partial => "partial",
@@ -51,7 +51,7 @@ impl ReloadResult {
 }
 
 /// Every kind a rejected-objects gauge is kept for, so each series exists (at 0) from the start.
-pub const REJECTED_KINDS: [&str; 10] = [
+pub(crate) const REJECTED_KINDS: [&str; 10] = [
     "Namespace",
     "ServiceEntry",
     "Service",
@@ -66,13 +66,13 @@ pub const REJECTED_KINDS: [&str; 10] = [
 
 /// Where a hidden service was skipped.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     Outbound,
     Dns,
 }
 
 impl Lookup {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Outbound => "outbound",
             Self::Dns => "dns",
@@ -105,7 +105,7 @@ struct ResultLabels {
 /// The families that cut across subsystems. Each subsystem owns and registers its own (the agent
 /// puts them all in one registry).
 #[derive(Debug, Default)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub config: ConfigMetrics,
     pub clients: ClientMetrics,
     pub kube: KubeMetrics,
@@ -114,11 +114,11 @@ pub struct Metrics {
 impl Metrics {
     /// A registry of these families alone.
     #[cfg(test)]
-    pub fn registry(&self) -> Registry {
+    pub(crate) fn registry(&self) -> Registry {
         registry_of(|r| self.register(r))
     }
 
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         self.config.register(registry);
         self.clients.register(registry);
         self.kube.register(registry);
@@ -126,7 +126,7 @@ impl Metrics {
 }
 
 /// A registry of the agent's prefix with what `register` puts in it.
-pub fn registry_of(register: impl FnOnce(&mut Registry)) -> Registry {
+pub(crate) fn registry_of(register: impl FnOnce(&mut Registry)) -> Registry {
     let mut registry = Registry::with_prefix("redirect");
     register(&mut registry);
     registry
@@ -134,18 +134,18 @@ pub fn registry_of(register: impl FnOnce(&mut Registry)) -> Registry {
 
 /// Configuration loads, from the directory or the Kubernetes API.
 #[derive(Debug, Default)]
-pub struct ConfigMetrics {
+pub(crate) struct ConfigMetrics {
     reloads: Family<ReloadLabels, Counter>,
     rejected: Family<KindLabels, Gauge>,
 }
 
 impl ConfigMetrics {
-    pub fn reload(&self, result: ReloadResult) {
+    pub(crate) fn reload(&self, result: ReloadResult) {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
     /// The objects in error after a load, by kind (each kind of [`REJECTED_KINDS`] set, 0 when none).
-    pub fn rejected<'a>(&self, kinds: impl IntoIterator<Item = &'a str>) {
+    pub(crate) fn rejected<'a>(&self, kinds: impl IntoIterator<Item = &'a str>) {
         let mut counts = [0i64; REJECTED_KINDS.len()];
         for kind in kinds {
             if let Some(i) = REJECTED_KINDS.iter().position(|k| *k == kind) {
@@ -173,26 +173,26 @@ impl ConfigMetrics {
 
 /// What was decided for clients, by the proxy, the DNS proxy and the kernel alike.
 #[derive(Debug, Default)]
-pub struct ClientMetrics {
+pub(crate) struct ClientMetrics {
     hidden: Family<LookupLabels, Counter>,
     identity_mismatches: Counter,
 }
 
 impl ClientMetrics {
     /// A service the client may not see was skipped while deciding for it.
-    pub fn hidden(&self, lookup: Lookup) {
+    pub(crate) fn hidden(&self, lookup: Lookup) {
         self.hidden_by(lookup, 1);
     }
 
     /// `n` hides at once (those the kernel counted since the last look).
-    pub fn hidden_by(&self, lookup: Lookup, n: u64) {
+    pub(crate) fn hidden_by(&self, lookup: Lookup, n: u64) {
         self.hidden
             .get_or_create(&LookupLabels { lookup })
             .inc_by(n);
     }
 
     /// A client whose cgroup names another pod than the one holding its source IP.
-    pub fn identity_mismatch(&self) {
+    pub(crate) fn identity_mismatch(&self) {
         self.identity_mismatches.inc();
     }
 
@@ -212,19 +212,19 @@ impl ClientMetrics {
 
 /// The Kubernetes API: its watches and the status this agent writes as the cluster's writer.
 #[derive(Debug, Default)]
-pub struct KubeMetrics {
+pub(crate) struct KubeMetrics {
     watch_errors: Family<KindLabels, Counter>,
     status_writes: Family<ResultLabels, Counter>,
 }
 
 impl KubeMetrics {
     /// A watch on the Kubernetes API failed (it retries by itself).
-    pub fn watch_error(&self, kind: &'static str) {
+    pub(crate) fn watch_error(&self, kind: &'static str) {
         self.watch_errors.get_or_create(&KindLabels { kind }).inc();
     }
 
     /// A ServiceEntry status write (`ok`, `conflict`, `gone`, `error`).
-    pub fn status_write(&self, result: &'static str) {
+    pub(crate) fn status_write(&self, result: &'static str) {
         self.status_writes
             .get_or_create(&ResultLabels { result })
             .inc();
@@ -245,7 +245,7 @@ impl KubeMetrics {
 }
 
 /// Renders a registry in the Prometheus text format.
-pub fn encode(registry: &Registry) -> Result<String, fmt::Error> {
+pub(crate) fn encode(registry: &Registry) -> Result<String, fmt::Error> {
     let mut out = String::new();
     prometheus_client::encoding::prometheus_text::encode(&mut out, registry)?;
     Ok(out)

@@ -11,14 +11,14 @@ use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
 /// How long an upstream TCP connect may take before the client is told it failed.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Idle time before TCP keepalive probes start on proxied connections, both sides: a peer that
 /// vanished without a FIN or RST (node gone, pod killed mid-partition) does not pin two sockets and
 /// two pipes forever. The kernel's interval and probe count (75 s, 9) do the rest.
-pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(300);
+pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(300);
 
-pub fn keepalive() -> TcpKeepalive {
+pub(crate) fn keepalive() -> TcpKeepalive {
     TcpKeepalive::new().with_time(KEEPALIVE_IDLE)
 }
 
@@ -30,14 +30,14 @@ fn marked_socket(dst: SocketAddr, ty: Type, protocol: Protocol) -> io::Result<So
 }
 
 /// Makes the sockets the proxy dials upstreams from.
-pub trait SocketFactory: Send + Sync + std::fmt::Debug {
+pub(crate) trait SocketFactory: Send + Sync + std::fmt::Debug {
     /// A new non-blocking TCP socket for a connection to `dst`.
     fn tcp(&self, dst: SocketAddr) -> io::Result<Socket>;
 }
 
 /// The agent's sockets: each carries the agent's mark (setting it needs `CAP_NET_ADMIN`).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct MarkedSockets;
+pub(crate) struct MarkedSockets;
 
 impl SocketFactory for MarkedSockets {
     fn tcp(&self, dst: SocketAddr) -> io::Result<Socket> {
@@ -49,7 +49,7 @@ impl SocketFactory for MarkedSockets {
 /// nothing needs the mark).
 #[cfg(test)]
 #[derive(Debug, Clone, Copy, Default)]
-pub struct PlainSockets;
+pub(crate) struct PlainSockets;
 
 #[cfg(test)]
 impl SocketFactory for PlainSockets {
@@ -63,14 +63,14 @@ impl SocketFactory for PlainSockets {
 }
 
 /// A marked TCP connection to `dst`, given up after `timeout`.
-pub async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+pub(crate) async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     connect(&MarkedSockets, dst, timeout, None).await
 }
 
 /// A connection to `dst` from a socket of `sockets`, given up after `timeout`, with the socket's
 /// send and receive buffers fixed at `buffer` bytes each when given (set before the SYN: the window
 /// scale offered follows the receive buffer).
-pub async fn connect(
+pub(crate) async fn connect(
     sockets: &dyn SocketFactory,
     dst: SocketAddr,
     timeout: Duration,
@@ -95,7 +95,7 @@ pub async fn connect(
 
 /// A marked UDP socket connected to `dst` (connected: only `dst` can answer it), on a port the
 /// kernel picks at random. Needs a tokio runtime.
-pub fn udp_connected_marked(dst: SocketAddr) -> io::Result<UdpSocket> {
+pub(crate) fn udp_connected_marked(dst: SocketAddr) -> io::Result<UdpSocket> {
     let socket = marked_socket(dst, Type::DGRAM, Protocol::UDP)?;
     let any: SocketAddr = match dst {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),

@@ -24,25 +24,25 @@ use crate::{
 
 /// Above this many ServiceEntries changed at once, [`with_entries`] does not try: checking each
 /// one against its namespace would cost more than resolving every entry again.
-pub const MAX_ENTRIES_ALONE: usize = 64;
+pub(crate) const MAX_ENTRIES_ALONE: usize = 64;
 
 /// A model resolved: each entry's visibility and addresses, and every error (the loader's, then
 /// the allocation's).
-pub fn resolve(model: &Model, mut errors: Vec<ConfigError>) -> (Resolved, Vec<ConfigError>) {
+pub(crate) fn resolve(model: &Model, mut errors: Vec<ConfigError>) -> (Resolved, Vec<ConfigError>) {
     let resolution = visibility::resolve(model);
     errors.extend(visibility::allocation_errors(model, &resolution));
     (resolution, errors)
 }
 
 /// What one configuration gives.
-pub struct Built {
+pub(crate) struct Built {
     pub snapshot: Snapshot,
     pub resolution: Resolved,
     pub errors: Vec<ConfigError>,
 }
 
 /// [`resolve`], then the snapshot.
-pub fn build(model: &Model, errors: Vec<ConfigError>) -> Built {
+pub(crate) fn build(model: &Model, errors: Vec<ConfigError>) -> Built {
     let (resolution, errors) = resolve(model, errors);
     Built {
         snapshot: Snapshot::build(model, &resolution),
@@ -53,7 +53,7 @@ pub fn build(model: &Model, errors: Vec<ConfigError>) -> Built {
 
 /// [`build`], the workloads kept from `previous`: for a change that touches none of what they read
 /// (see [`Snapshot::with_services`]).
-pub fn with_services(previous: &Snapshot, model: &Model, errors: Vec<ConfigError>) -> Built {
+pub(crate) fn with_services(previous: &Snapshot, model: &Model, errors: Vec<ConfigError>) -> Built {
     let (resolution, errors) = resolve(model, errors);
     Built {
         snapshot: previous.with_services(model, &resolution),
@@ -69,7 +69,7 @@ pub fn with_services(previous: &Snapshot, model: &Model, errors: Vec<ConfigError
 /// ([`visibility::stands_alone`]): then other entries' resolutions may change too and only a whole
 /// resolution tells. The workloads are kept: as for [`with_services`], the change must touch none
 /// of what they read.
-pub fn with_entries(
+pub(crate) fn with_entries(
     previous: &Snapshot,
     before: &[Arc<ServiceEntry>],
     model: &Model,
@@ -105,7 +105,7 @@ pub fn with_entries(
 
 /// Puts `snapshot` in force (swapped whole), with one log line per error and one for the load,
 /// counted under its result. `source` names where the configuration came from in the log.
-pub async fn put_in_force(
+pub(crate) async fn put_in_force(
     live: &Arc<LiveState>,
     metrics: &Metrics,
     source: &str,
@@ -154,7 +154,7 @@ pub async fn put_in_force(
 }
 
 /// One line per error, naming file, object and field (each already bounded in length).
-pub fn log_errors(errors: &[ConfigError]) {
+pub(crate) fn log_errors(errors: &[ConfigError]) {
     for e in errors {
         error!(
             file = %e.file,

@@ -6,14 +6,14 @@ use anyhow::bail;
 
 use crate::{build, cmd, setup};
 
-pub fn bench(args: bench::BenchArgs) -> anyhow::Result<()> {
+pub(crate) fn bench(args: bench::BenchArgs) -> anyhow::Result<()> {
     need_root("bench")?;
     let started = Instant::now();
     let built = built()?;
     bench::bench(args, &built, started)
 }
 
-pub fn profile(args: bench::ProfileArgs) -> anyhow::Result<()> {
+pub(crate) fn profile(args: bench::ProfileArgs) -> anyhow::Result<()> {
     need_root("profile")?;
     bench::profile(args, &built()?)
 }

@@ -6,7 +6,7 @@ use anyhow::Context;
 use crate::{cmd, setup};
 
 /// Builds everything; returns the agent binary's path.
-pub fn build() -> anyhow::Result<PathBuf> {
+pub(crate) fn build() -> anyhow::Result<PathBuf> {
     let root = cmd::workspace_root();
     let linker_bin = setup::bpf_linker_dir()?.join("bin");
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -31,7 +31,7 @@ pub fn build() -> anyhow::Result<PathBuf> {
 
 /// `cargo +nightly <subcommand>` on the eBPF crate, for the target it is built for (`build`, or
 /// `clippy`, which needs no linker).
-pub fn ebpf_cargo(subcommand: &str) -> Command {
+pub(crate) fn ebpf_cargo(subcommand: &str) -> Command {
     let mut cargo = Command::new("cargo");
     cargo
         .current_dir(cmd::workspace_root())
@@ -57,7 +57,7 @@ pub fn ebpf_cargo(subcommand: &str) -> Command {
 
 /// Builds the harness's helper server (`rdt-peer`: identity web servers and echo) for the demo and
 /// the bench; returns its path.
-pub fn peer() -> anyhow::Result<PathBuf> {
+pub(crate) fn peer() -> anyhow::Result<PathBuf> {
     cmd::run(cmd::cargo().current_dir(cmd::workspace_root()).args([
         "build",
         "--release",
@@ -69,7 +69,7 @@ pub fn peer() -> anyhow::Result<PathBuf> {
     Ok(target_dir().join("release/rdt-peer"))
 }
 
-pub fn target_dir() -> PathBuf {
+pub(crate) fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| cmd::workspace_root().join("target"))

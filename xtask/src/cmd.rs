@@ -2,10 +2,10 @@
 //! runner is the bench crate's, shared).
 use std::path::{Path, PathBuf};
 
-pub use bench::cmd::{cargo, output, run};
+pub(crate) use bench::cmd::{cargo, output, run};
 
 /// The workspace root (xtask lives one level below it).
-pub fn workspace_root() -> PathBuf {
+pub(crate) fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map(Path::to_path_buf)
@@ -13,7 +13,7 @@ pub fn workspace_root() -> PathBuf {
 }
 
 /// Whether `program` is on PATH (or an absolute path that exists).
-pub fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     if program.contains('/') {
         return Path::new(program).exists();
     }

@@ -102,7 +102,7 @@ struct Row {
     agrees: bool,
 }
 
-pub fn demo() -> anyhow::Result<()> {
+pub(crate) fn demo() -> anyhow::Result<()> {
     if !crate::setup::is_root() {
         bail!("the demo creates network namespaces and cgroups and loads eBPF: run it as root");
     }

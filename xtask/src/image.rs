@@ -8,13 +8,13 @@ use anyhow::{Context, bail};
 use crate::{build, cmd, setup::is_root};
 
 /// The repository part of the image's name (podman's local store; push it wherever you like).
-pub const REPOSITORY: &str = "localhost/redirect";
+pub(crate) const REPOSITORY: &str = "localhost/redirect";
 /// The OCI runtime podman is told to use: `crun` refuses hybrid cgroup hierarchies, `runc` runs
 /// everywhere podman does.
-pub const OCI_RUNTIME: &str = "runc";
+pub(crate) const OCI_RUNTIME: &str = "runc";
 
 /// Builds the agent, then its image; prints the image's names and size.
-pub fn image() -> anyhow::Result<()> {
+pub(crate) fn image() -> anyhow::Result<()> {
     let agent = build::build()?;
     from_binary(&agent).map(drop)
 }
@@ -22,7 +22,7 @@ pub fn image() -> anyhow::Result<()> {
 /// The image of the agent binary `agent`: tagged `localhost/redirect:<version>-<commit>` (the name
 /// returned: it says exactly what is inside) and `localhost/redirect:<version>` (moved to the newest
 /// build).
-pub fn from_binary(agent: &Path) -> anyhow::Result<String> {
+pub(crate) fn from_binary(agent: &Path) -> anyhow::Result<String> {
     if !is_root() {
         bail!(
             "podman keeps root's images in root's store, where the integration suite runs them: run `sudo cargo xtask image`"

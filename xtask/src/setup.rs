@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 
 use crate::cmd::{self, on_path, output};
 
-pub const BPF_LINKER_VERSION: &str = "0.13.0";
+pub(crate) const BPF_LINKER_VERSION: &str = "0.13.0";
 const NIGHTLY: &str = "nightly";
 
 /// Debian packages, a binary each provides (the check that it is installed), and what it is for.
@@ -58,12 +58,12 @@ const DEBIAN_PACKAGES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-pub fn setup() -> anyhow::Result<()> {
+pub(crate) fn setup() -> anyhow::Result<()> {
     install(true)
 }
 
 /// Installs what is missing, saying nothing when everything is there.
-pub fn ensure() -> anyhow::Result<()> {
+pub(crate) fn ensure() -> anyhow::Result<()> {
     install(false)
 }
 
@@ -124,7 +124,7 @@ fn nightly_llvm_version() -> anyhow::Result<String> {
 }
 
 /// Folder holding bpf-linker (bin/) and the LLVM link folder it was built against (llvm/lib).
-pub fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
+pub(crate) fn bpf_linker_dir() -> anyhow::Result<PathBuf> {
     let home = std::env::var_os("HOME").context("HOME is not set")?;
     let llvm = nightly_llvm_version()?;
     Ok(PathBuf::from(home)
@@ -375,7 +375,7 @@ fn logged(command: &mut Command) -> anyhow::Result<()> {
     )
 }
 
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
 }

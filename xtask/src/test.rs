@@ -10,7 +10,7 @@ use anyhow::{Context, bail};
 use crate::{build, cmd, image, setup::is_root, vm};
 
 #[derive(clap::Args)]
-pub struct TestArgs {
+pub(crate) struct TestArgs {
     /// Only the checks and unit tests (no root needed).
     #[arg(long)]
     unit_only: bool,
@@ -52,7 +52,7 @@ const SMOKE: &[(&str, &[&str])] = &[
     ),
 ];
 
-pub fn test(args: TestArgs) -> anyhow::Result<()> {
+pub(crate) fn test(args: TestArgs) -> anyhow::Result<()> {
     if let Some(kernel) = &args.kernel {
         let choices = vm::KernelChoice::parse(kernel)?;
         need_root()?;

@@ -2,7 +2,7 @@
 //!
 //! It runs on its own thread with its own single-threaded runtime, apart from the data path: a busy
 //! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
-pub mod client;
+pub(crate) mod client;
 
 use std::{convert::Infallible, io, net::SocketAddr, sync::Arc, thread};
 
@@ -25,10 +25,10 @@ use crate::{
 };
 
 /// This build: version and, when built from a git checkout, the commit.
-pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("REDIRECT_GIT_REV"));
+pub(crate) const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+", env!("REDIRECT_GIT_REV"));
 
 /// What the admin endpoints show.
-pub struct AdminState {
+pub(crate) struct AdminState {
     pub registry: Registry,
     /// The agent's phase: serving while the programs are attached and the proxies listen.
     pub phase: crate::drain::Watcher,
@@ -85,7 +85,7 @@ struct FastPathDump {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum AdminError {
+pub(crate) enum AdminError {
     #[error(
         "admin address {0} is not a loopback address; it exposes the node's configuration, pass --admin-allow-non-loopback to bind it anyway"
     )]
@@ -99,7 +99,7 @@ pub enum AdminError {
 }
 
 /// Binds the admin address (loopback only unless allowed).
-pub fn bind(
+pub(crate) fn bind(
     addr: SocketAddr,
     allow_non_loopback: bool,
 ) -> Result<std::net::TcpListener, AdminError> {
@@ -114,7 +114,7 @@ pub fn bind(
 
 /// Serves on `listener` (bound here or handed over by a predecessor) on a thread of its own, until
 /// `stop` changes; then the listener is closed (a successor holding the same socket serves on).
-pub fn spawn_on(
+pub(crate) fn spawn_on(
     listener: std::net::TcpListener,
     state: AdminState,
     stop: crate::drain::Watcher,

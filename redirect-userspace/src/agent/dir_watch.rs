@@ -25,25 +25,25 @@ const POLL: Duration = Duration::from_secs(2);
 
 /// A hash of the names and contents of the files a load would read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fingerprint([u8; 32]);
+pub(super) struct Fingerprint([u8; 32]);
 
 /// Content hashes by file, valid while the file's `stat` is unchanged: an unchanged directory
 /// costs a listing, not a read.
 #[derive(Debug, Default)]
-pub struct Fingerprinter {
+pub(super) struct Fingerprinter {
     limits: Limits,
     known: HashMap<PathBuf, (config::FileStat, [u8; 32])>,
 }
 
 impl Fingerprinter {
-    pub fn new(limits: Limits) -> Self {
+    pub(super) fn new(limits: Limits) -> Self {
         Fingerprinter {
             limits,
             known: HashMap::new(),
         }
     }
 
-    pub fn of(&mut self, dir: &Path) -> Fingerprint {
+    pub(super) fn of(&mut self, dir: &Path) -> Fingerprint {
         let mut hasher = Sha256::new();
         let files = match config::list_files(dir) {
             Ok(files) => files,
@@ -85,7 +85,7 @@ impl Fingerprinter {
 }
 
 /// Yields each time the directory's content differs from what it was at the last yield.
-pub struct DirWatch {
+pub(super) struct DirWatch {
     dir: PathBuf,
     fingerprinter: Option<Fingerprinter>,
     last: Fingerprint,
@@ -99,7 +99,7 @@ pub struct DirWatch {
 
 impl DirWatch {
     /// Starts watching; the current content is the baseline.
-    pub fn new(dir: &Path, limits: Limits) -> DirWatch {
+    pub(super) fn new(dir: &Path, limits: Limits) -> DirWatch {
         let (tx, events) = mpsc::channel(1);
         let own = dir.to_path_buf();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -166,12 +166,12 @@ impl DirWatch {
         }
     }
 
-    pub fn dir(&self) -> &Path {
+    pub(super) fn dir(&self) -> &Path {
         &self.dir
     }
 
     /// Waits until the content changed.
-    pub async fn changed(&mut self) {
+    pub(super) async fn changed(&mut self) {
         loop {
             if let Ok(None) = tokio::time::timeout(POLL, self.events.recv()).await {
                 // No watcher (it could not be set up): the channel is closed, so only the poll is left.

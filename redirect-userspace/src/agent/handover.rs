@@ -40,7 +40,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What a handed-over descriptor is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     Proxy,
     DnsUdp,
     DnsTcp,
@@ -65,7 +65,7 @@ impl Kind {
 
 /// One listening socket: what it is, where it is bound, its descriptor.
 #[derive(Debug)]
-pub struct Socket {
+pub(crate) struct Socket {
     pub kind: Kind,
     pub addr: SocketAddr,
     pub fd: OwnedFd,
@@ -73,13 +73,13 @@ pub struct Socket {
 
 /// The node an agent serves: both agents of a hand-over must share it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Identity {
+pub(crate) struct Identity {
     netns: u64,
     cgroup: u64,
 }
 
 impl Identity {
-    pub fn current(cgroup: &Path) -> io::Result<Identity> {
+    pub(crate) fn current(cgroup: &Path) -> io::Result<Identity> {
         Ok(Identity {
             netns: fs::metadata("/proc/self/ns/net")?.ino(),
             cgroup: fs::metadata(cgroup)?.ino(),
@@ -88,13 +88,16 @@ impl Identity {
 }
 
 /// The successor's side: the sockets taken and the line back to the old agent.
-pub struct Predecessor {
+pub(crate) struct Predecessor {
     conn: OwnedFd,
 }
 
 /// Asks the agent listening at `path` for its sockets. `None` when nobody listens there (first
 /// start, or the last agent died) or it serves another node or cgroup.
-pub fn take_over(path: &Path, me: Identity) -> io::Result<Option<(Predecessor, Vec<Socket>)>> {
+pub(crate) fn take_over(
+    path: &Path,
+    me: Identity,
+) -> io::Result<Option<(Predecessor, Vec<Socket>)>> {
     let conn = seqpacket()?;
     match connect(&conn, path) {
         Ok(()) => {}
@@ -140,7 +143,7 @@ pub fn take_over(path: &Path, me: Identity) -> io::Result<Option<(Predecessor, V
 
 impl Predecessor {
     /// Tells the old agent this one serves, and waits until it has stopped accepting.
-    pub fn ready(self) -> io::Result<()> {
+    pub(crate) fn ready(self) -> io::Result<()> {
         send(&self.conn, b"ready")?;
         let mut buf = [0u8; 16];
         let n = recv(&self.conn, &mut buf)?;
@@ -154,7 +157,7 @@ impl Predecessor {
 }
 
 /// The old agent's side: offers its sockets to whoever connects to `path`.
-pub struct Server {
+pub(crate) struct Server {
     path: PathBuf,
     listener: Arc<OwnedFd>,
     closed: Arc<AtomicBool>,
@@ -166,7 +169,7 @@ impl Server {
     /// `on_ready` runs (it must stop this agent's serving) and the successor is told so. When one
     /// took the sockets and then gave up or died before it was ready, `on_failed` runs (it may have
     /// put its programs in the links already) and this agent serves on.
-    pub fn start(
+    pub(crate) fn start(
         path: &Path,
         me: Identity,
         sockets: Vec<Socket>,
@@ -196,7 +199,7 @@ impl Server {
     }
 
     /// Stops offering; removes the socket file unless a successor's has replaced it.
-    pub fn close(self) {
+    pub(crate) fn close(self) {
         self.closed.store(true, Ordering::Release);
         // SAFETY: shutdown on a descriptor we hold; it wakes the thread blocked in accept().
         unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };

@@ -4,7 +4,7 @@
 mod bind;
 mod dir_watch;
 
-pub mod handover;
+pub(crate) mod handover;
 mod opt_out;
 mod reload;
 
@@ -37,7 +37,7 @@ use crate::{
 };
 
 #[derive(Debug, Clone)]
-pub struct AgentConfig {
+pub(crate) struct AgentConfig {
     /// Directory of manifests to load and watch; `None` runs with nothing claimed (all passthrough).
     pub config_dir: Option<PathBuf>,
     pub cgroup: PathBuf,
@@ -77,7 +77,7 @@ pub struct AgentConfig {
 }
 
 /// Runs until SIGINT or SIGTERM.
-pub fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
+pub(crate) fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()> {
     let fd_limit = raise_fd_limit();
     let ephemeral_ports = crate::budget::ports::ephemeral_ports().unwrap_or_else(|e| {
         tracing::warn!(error = %e, assumed = crate::budget::ports::DEFAULT_EPHEMERAL_PORTS, "reading the node's ephemeral port range");

@@ -21,11 +21,11 @@ use crate::{
 
 /// How soon a labelled pod (or a pod whose cgroup appeared) is left alone, and a relabelled one
 /// captured again.
-pub const SYNC_EVERY: Duration = Duration::from_secs(1);
+pub(super) const SYNC_EVERY: Duration = Duration::from_secs(1);
 
 /// A pod that opted out, as the configuration names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OptedOut {
+pub(super) struct OptedOut {
     pub uid: Uuid,
     /// `namespace/name`, for the log.
     pub pod: String,
@@ -33,7 +33,7 @@ pub struct OptedOut {
 
 /// The Pods of `snapshot` labelled `istio.io/dataplane-mode: none`. A Pod without `metadata.uid`
 /// cannot be tied to its cgroup and is left out (the caller says so once).
-pub fn opted_out(snapshot: &Snapshot) -> (Vec<OptedOut>, Vec<String>) {
+pub(super) fn opted_out(snapshot: &Snapshot) -> (Vec<OptedOut>, Vec<String>) {
     let mut found = Vec::new();
     let mut without_uid = Vec::new();
     for w in snapshot.workloads() {
@@ -50,7 +50,7 @@ pub fn opted_out(snapshot: &Snapshot) -> (Vec<OptedOut>, Vec<String>) {
 }
 
 /// Keeps the programs' map of opted-out pod cgroups in step with the configuration.
-pub struct OptOutSync {
+pub(super) struct OptOutSync {
     live: Arc<LiveState>,
     cgroups: Arc<CgroupPods>,
     maps: Arc<RedirectMaps>,
@@ -61,7 +61,11 @@ pub struct OptOutSync {
 }
 
 impl OptOutSync {
-    pub fn new(live: Arc<LiveState>, cgroups: Arc<CgroupPods>, maps: Arc<RedirectMaps>) -> Self {
+    pub(super) fn new(
+        live: Arc<LiveState>,
+        cgroups: Arc<CgroupPods>,
+        maps: Arc<RedirectMaps>,
+    ) -> Self {
         OptOutSync {
             live,
             cgroups,
@@ -72,7 +76,7 @@ impl OptOutSync {
     }
 
     /// One pass: the map gets exactly the cgroups of the opted-out pods found on this node.
-    pub async fn sync(&mut self) {
+    pub(super) async fn sync(&mut self) {
         let snapshot = self.live.snapshot_arc();
         let (pods, without_uid) = opted_out(&snapshot);
         for pod in without_uid {
@@ -108,7 +112,7 @@ impl OptOutSync {
     }
 
     /// Syncs every [`SYNC_EVERY`] until `shutdown` changes.
-    pub async fn run(mut self, mut shutdown: crate::drain::Watcher) {
+    pub(super) async fn run(mut self, mut shutdown: crate::drain::Watcher) {
         let mut tick = tokio::time::interval(SYNC_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -16,7 +16,7 @@ use crate::{
 use super::dir_watch::DirWatch;
 
 /// Loads a directory again and again, remembering the last version in force of every object.
-pub struct Reloader {
+pub(super) struct Reloader {
     dir: PathBuf,
     limits: Limits,
     /// The model in force: where the last good version of an object in error comes from.
@@ -24,14 +24,14 @@ pub struct Reloader {
 }
 
 /// What one load gave: the state to put in force and what was in error.
-pub struct Loaded {
+pub(super) struct Loaded {
     pub snapshot: Snapshot,
     pub errors: Vec<ConfigError>,
     pub rejected: Vec<Rejected>,
 }
 
 impl Reloader {
-    pub fn new(dir: PathBuf, limits: Limits) -> Self {
+    pub(super) fn new(dir: PathBuf, limits: Limits) -> Self {
         Reloader {
             dir,
             limits,
@@ -41,7 +41,7 @@ impl Reloader {
 
     /// config -> visibility -> state, the same path `redirect explain` takes, with the last good
     /// version of each object in error put back. `Err`: nothing could be read at all.
-    pub fn load(&mut self) -> Result<Loaded, Vec<ConfigError>> {
+    pub(super) fn load(&mut self) -> Result<Loaded, Vec<ConfigError>> {
         let mut loaded = config::read_dir(&self.dir, &self.limits);
         if loaded.unreadable {
             return Err(loaded.errors);
@@ -60,7 +60,7 @@ impl Reloader {
 }
 
 /// Applies the directory once more. Returns whether anything was applied.
-pub async fn apply(
+pub(super) async fn apply(
     reloader: &mut Option<Reloader>,
     live: &Arc<LiveState>,
     metrics: &Metrics,
@@ -110,7 +110,7 @@ pub async fn apply(
 }
 
 /// Applies `dir` now, then again after every change in a task of its own.
-pub async fn start(
+pub(super) async fn start(
     dir: PathBuf,
     limits: Limits,
     live: Arc<LiveState>,

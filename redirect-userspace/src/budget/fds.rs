@@ -9,7 +9,7 @@ use super::{BudgetKind, BudgetMetrics, Refusal};
 
 /// How full the ledger may get for a charge: splice pipes only while there is room to spare.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ceiling {
+pub(crate) enum Ceiling {
     /// The whole budget: the two sockets of a connection.
     Limit,
     /// Below the splice mark: past it, new connections relay by copy (2 fds instead of 6).
@@ -17,7 +17,7 @@ pub enum Ceiling {
 }
 
 #[derive(Debug)]
-pub struct FdLedger {
+pub(crate) struct FdLedger {
     limit: usize,
     splice_below: usize,
     used: AtomicUsize,
@@ -25,7 +25,11 @@ pub struct FdLedger {
 }
 
 impl FdLedger {
-    pub fn new(limit: usize, splice_below: usize, metrics: Arc<BudgetMetrics>) -> Arc<FdLedger> {
+    pub(crate) fn new(
+        limit: usize,
+        splice_below: usize,
+        metrics: Arc<BudgetMetrics>,
+    ) -> Arc<FdLedger> {
         metrics.limits(BudgetKind::Fds, limit, None);
         Arc::new(FdLedger {
             limit,
@@ -37,7 +41,7 @@ impl FdLedger {
 
     /// Charges `n` descriptors if they fit under `ceiling`; the charge is released on drop. A refusal
     /// at the full limit is counted; a splice charge that does not fit is only a fallback to copy.
-    pub fn charge(self: &Arc<Self>, n: usize, ceiling: Ceiling) -> Option<FdCharge> {
+    pub(crate) fn charge(self: &Arc<Self>, n: usize, ceiling: Ceiling) -> Option<FdCharge> {
         let top = match ceiling {
             Ceiling::Limit => self.limit,
             Ceiling::Splice => self.splice_below,
@@ -64,18 +68,18 @@ impl FdLedger {
         }
     }
 
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.used.load(Ordering::Acquire)
     }
 
-    pub fn limit(&self) -> usize {
+    pub(crate) fn limit(&self) -> usize {
         self.limit
     }
 }
 
 /// Descriptors charged to the ledger for as long as this lives.
 #[derive(Debug)]
-pub struct FdCharge {
+pub(crate) struct FdCharge {
     ledger: Arc<FdLedger>,
     n: usize,
 }
@@ -89,7 +93,7 @@ impl Drop for FdCharge {
 
 /// Lifts the soft limit on open files to the hard one (as Go's runtime does) and returns the limit in
 /// force. The hard limit is the operator's word on what the agent may hold: it is never raised.
-pub fn raise_fd_limit() -> usize {
+pub(crate) fn raise_fd_limit() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,

@@ -3,11 +3,11 @@ use std::time::Duration;
 
 /// Descriptors kept out of every budget: listeners, eBPF maps and programs, the admin server, the
 /// config watcher, the runtime, logs, the upstream's socket pool.
-pub const RESERVED_FDS: usize = 256;
+pub(super) const RESERVED_FDS: usize = 256;
 /// A DNS-over-TCP client holds its socket and, while forwarding, one to the upstream.
 const FDS_PER_DNS_TCP_CLIENT: usize = 2;
 /// A proxied connection holds two sockets; relayed by splice, two pipes more.
-pub const FDS_PER_CONNECTION: usize = 2;
+pub(crate) const FDS_PER_CONNECTION: usize = 2;
 
 const DEFAULT_DNS_FORWARDS: usize = 1024;
 const DEFAULT_DNS_TCP_CLIENTS: usize = 1024;
@@ -16,7 +16,7 @@ const DEFAULT_CLIENT_DIVISOR: usize = 4;
 
 /// The budget flags of `redirect run`.
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct BudgetArgs {
+pub(crate) struct BudgetArgs {
     /// Proxied connections open at once, node-wide [default: what the open-files limit allows with the
     /// copy relay].
     #[arg(long, value_name = "N")]
@@ -59,11 +59,11 @@ pub struct BudgetArgs {
 }
 
 /// Envoy's per-connection buffer limit, and enough for a full-rate stream on the node's links.
-pub const DEFAULT_CONNECTION_BUFFER: usize = 1 << 20;
+pub(super) const DEFAULT_CONNECTION_BUFFER: usize = 1 << 20;
 
 /// A node-wide limit and one client's share of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cap {
+pub(crate) struct Cap {
     pub node: usize,
     pub client: usize,
 }
@@ -78,7 +78,7 @@ impl Cap {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// The open-files limit the budgets were sized from.
     pub fd_limit: usize,
     /// Descriptors the outbound proxy may hold (sockets and pipes).
@@ -98,7 +98,7 @@ impl Limits {
     /// sockets, which are in the reserve): their cap does not depend on the limit. Ports toward an
     /// upstream are sized from the node's ephemeral range (`ephemeral_ports`): a quarter of it is
     /// always left to the node's own connections.
-    pub fn size(fd_limit: usize, ephemeral_ports: usize, args: &BudgetArgs) -> Limits {
+    pub(crate) fn size(fd_limit: usize, ephemeral_ports: usize, args: &BudgetArgs) -> Limits {
         let spare = fd_limit.saturating_sub(RESERVED_FDS);
         let dns_cap = spare / 8;
         let forwards = args.max_dns_forwards.unwrap_or(DEFAULT_DNS_FORWARDS);

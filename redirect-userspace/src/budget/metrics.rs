@@ -9,7 +9,7 @@ use crate::metrics::label_value_as_str;
 
 /// A resource the agent caps.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum BudgetKind {
+pub(crate) enum BudgetKind {
     /// Descriptors of the outbound proxy (sockets and pipes).
     Fds,
     Connections,
@@ -20,7 +20,7 @@ pub enum BudgetKind {
 }
 
 impl BudgetKind {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Fds => "fds",
             Self::Connections => "connections",
@@ -33,7 +33,7 @@ impl BudgetKind {
 
 /// Why a budget said no.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The client holds its whole share.
     ClientShare,
     /// The node-wide limit is reached.
@@ -46,7 +46,7 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::ClientShare => "client_share",
             Self::NodeLimit => "node_limit",
@@ -58,13 +58,13 @@ impl Refusal {
 
 /// Which limit a budget gauge is.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Scope {
+pub(super) enum Scope {
     Node,
     Client,
 }
 
 impl Scope {
-    pub const fn as_str(self) -> &'static str {
+    pub(super) const fn as_str(self) -> &'static str {
         match self {
             Self::Node => "node",
             Self::Client => "client",
@@ -92,7 +92,7 @@ struct RefusalLabels {
 }
 
 #[derive(Debug, Default)]
-pub struct BudgetMetrics {
+pub(crate) struct BudgetMetrics {
     used: Family<BudgetLabels, Gauge>,
     limit: Family<LimitLabels, Gauge>,
     refusals: Family<RefusalLabels, Counter>,
@@ -100,7 +100,7 @@ pub struct BudgetMetrics {
 
 impl BudgetMetrics {
     /// A budget's limits, set once when the budget is made.
-    pub fn limits(&self, budget: BudgetKind, node: usize, client: Option<usize>) {
+    pub(crate) fn limits(&self, budget: BudgetKind, node: usize, client: Option<usize>) {
         let set = |scope, n: usize| {
             self.limit
                 .get_or_create(&LimitLabels { budget, scope })
@@ -113,13 +113,13 @@ impl BudgetMetrics {
     }
 
     /// How much of a budget is held now, node-wide.
-    pub fn used(&self, budget: BudgetKind, used: usize) {
+    pub(crate) fn used(&self, budget: BudgetKind, used: usize) {
         self.used
             .get_or_create(&BudgetLabels { budget })
             .set(i64::try_from(used).unwrap_or(i64::MAX));
     }
 
-    pub fn refused(&self, budget: BudgetKind, reason: Refusal) {
+    pub(crate) fn refused(&self, budget: BudgetKind, reason: Refusal) {
         self.refusals
             .get_or_create(&RefusalLabels { budget, reason })
             .inc();

@@ -9,20 +9,20 @@
 mod fds;
 mod limits;
 mod metrics;
-pub mod ports;
+pub(crate) mod ports;
 mod share;
 
 use std::sync::Arc;
 
-pub use fds::{Ceiling, FdCharge, FdLedger, raise_fd_limit};
-pub use limits::{BudgetArgs, Cap, FDS_PER_CONNECTION, Limits};
-pub use metrics::{BudgetKind, BudgetMetrics, Refusal};
-pub use ports::UpstreamPorts;
-pub use share::{Permit, Share};
+pub(crate) use fds::{Ceiling, FdCharge, FdLedger, raise_fd_limit};
+pub(crate) use limits::{BudgetArgs, Cap, FDS_PER_CONNECTION, Limits};
+pub(crate) use metrics::{BudgetKind, BudgetMetrics, Refusal};
+pub(crate) use ports::UpstreamPorts;
+pub(crate) use share::{Permit, Share};
 
 /// Every budget of one agent.
 #[derive(Debug)]
-pub struct Budgets {
+pub(crate) struct Budgets {
     pub fds: Arc<FdLedger>,
     pub connections: Arc<Share>,
     pub dns_forwards: Arc<Share>,
@@ -33,7 +33,7 @@ pub struct Budgets {
 }
 
 impl Budgets {
-    pub fn new(limits: Limits, metrics: &Arc<BudgetMetrics>) -> Budgets {
+    pub(crate) fn new(limits: Limits, metrics: &Arc<BudgetMetrics>) -> Budgets {
         let share = |kind, cap: Cap| Share::new(kind, cap.node, cap.client, metrics.clone());
         Budgets {
             fds: FdLedger::new(limits.proxy_fds, limits.splice_below, metrics.clone()),
@@ -50,7 +50,7 @@ impl Budgets {
     }
 
     /// Why a new proxied connection would be refused now whoever asked, if it would: readiness says so.
-    pub fn saturated(&self) -> Option<&'static str> {
+    pub(crate) fn saturated(&self) -> Option<&'static str> {
         if self.fds.used() + FDS_PER_CONNECTION > self.fds.limit() {
             Some("the outbound proxy is at its file-descriptor budget")
         } else if self.connections.used() >= self.connections.node_limit() {

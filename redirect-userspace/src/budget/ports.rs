@@ -23,13 +23,13 @@ use super::{BudgetKind, Refusal};
 use crate::lock::Locked;
 
 /// How long Linux keeps a connection the node closed first in TIME_WAIT (`TCP_TIMEWAIT_LEN`, fixed).
-pub const TIME_WAIT: Duration = Duration::from_secs(60);
+pub(crate) const TIME_WAIT: Duration = Duration::from_secs(60);
 
 /// The node's ephemeral range when it cannot be read (Linux's default, 32768-60999).
-pub const DEFAULT_EPHEMERAL_PORTS: usize = 28_232;
+pub(crate) const DEFAULT_EPHEMERAL_PORTS: usize = 28_232;
 
 /// How many ports the kernel's ephemeral range holds in this network namespace.
-pub fn ephemeral_ports() -> std::io::Result<usize> {
+pub(crate) fn ephemeral_ports() -> std::io::Result<usize> {
     let path = "/proc/sys/net/ipv4/ip_local_port_range";
     let text = std::fs::read_to_string(path)?;
     parse_range(&text).ok_or_else(|| {
@@ -48,7 +48,7 @@ fn parse_range(text: &str) -> Option<usize> {
 
 /// Ports each upstream address may hold for the proxy (`node`), and for any one client of it.
 #[derive(Debug)]
-pub struct UpstreamPorts {
+pub(crate) struct UpstreamPorts {
     node: usize,
     client: usize,
     /// Ports a client may always reach toward one upstream, however many the others hold.
@@ -137,7 +137,11 @@ impl Upstream {
 }
 
 impl UpstreamPorts {
-    pub fn new(node: usize, client: usize, metrics: Arc<BudgetMetrics>) -> Arc<UpstreamPorts> {
+    pub(crate) fn new(
+        node: usize,
+        client: usize,
+        metrics: Arc<BudgetMetrics>,
+    ) -> Arc<UpstreamPorts> {
         let client = client.min(node);
         metrics.limits(BudgetKind::UpstreamPorts, node, Some(client));
         Arc::new(UpstreamPorts {
@@ -155,7 +159,7 @@ impl UpstreamPorts {
 
     /// The ports a client may always reach toward one upstream: a 64th of the node's limit (330 of
     /// Linux's default range), at least one.
-    pub fn floor(node: usize) -> usize {
+    pub(crate) fn floor(node: usize) -> usize {
         (node / 64).max(1)
     }
 
@@ -165,7 +169,7 @@ impl UpstreamPorts {
     }
 
     /// A port toward `upstream` for `client`, or the reason it may not have one (counted).
-    pub fn take(
+    pub(crate) fn take(
         self: &Arc<Self>,
         client: IpAddr,
         upstream: SocketAddr,
@@ -236,7 +240,7 @@ impl UpstreamPorts {
 /// One port toward an upstream, given back when dropped: at once, or after TIME_WAIT when the
 /// proxy closed the connection first ([`PortPermit::closed_first`]).
 #[derive(Debug)]
-pub struct PortPermit {
+pub(crate) struct PortPermit {
     ports: Arc<UpstreamPorts>,
     client: IpAddr,
     upstream: SocketAddr,
@@ -245,7 +249,7 @@ pub struct PortPermit {
 
 impl PortPermit {
     /// The proxy sent the first FIN toward the upstream: its port goes to TIME_WAIT on close.
-    pub fn closed_first(&mut self, closed_first: bool) {
+    pub(crate) fn closed_first(&mut self, closed_first: bool) {
         self.closed_first = closed_first;
     }
 }

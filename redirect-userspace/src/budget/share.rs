@@ -12,7 +12,7 @@ use crate::lock::Locked;
 /// `Snapshot::budget_key` gives its addresses). With `client` below `node`, a pod that uses its
 /// whole share leaves the rest to others.
 #[derive(Debug)]
-pub struct Share {
+pub(crate) struct Share {
     kind: BudgetKind,
     node: usize,
     client: usize,
@@ -30,7 +30,7 @@ struct Held {
 }
 
 impl Share {
-    pub fn new(
+    pub(crate) fn new(
         kind: BudgetKind,
         node: usize,
         client: usize,
@@ -54,7 +54,7 @@ impl Share {
     }
 
     /// One more for `client`, or the reason it may not have it (counted).
-    pub fn take(self: &Arc<Self>, client: IpAddr) -> Result<Permit, Refusal> {
+    pub(crate) fn take(self: &Arc<Self>, client: IpAddr) -> Result<Permit, Refusal> {
         let mut held = self.held();
         let refusal = if held.by_client.get(&client).copied().unwrap_or(0) >= self.client {
             Some(Refusal::ClientShare)
@@ -78,12 +78,12 @@ impl Share {
     }
 
     /// Held now, node-wide.
-    pub fn used(&self) -> usize {
+    pub(crate) fn used(&self) -> usize {
         self.held().total
     }
 
     /// Returns once nothing is held (at once if nothing is).
-    pub async fn until_empty(&self) {
+    pub(crate) async fn until_empty(&self) {
         loop {
             let emptied = self.emptied.notified();
             let mut emptied = std::pin::pin!(emptied);
@@ -96,7 +96,7 @@ impl Share {
         }
     }
 
-    pub fn node_limit(&self) -> usize {
+    pub(crate) fn node_limit(&self) -> usize {
         self.node
     }
 
@@ -119,7 +119,7 @@ impl Share {
 
 /// One unit of a [`Share`], given back on drop.
 #[derive(Debug)]
-pub struct Permit {
+pub(crate) struct Permit {
     share: Arc<Share>,
     client: IpAddr,
 }

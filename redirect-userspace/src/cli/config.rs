@@ -10,13 +10,13 @@ use super::output::{self, Format, TableOrJson};
 use crate::admin::client;
 
 #[derive(Debug, clap::Args)]
-pub struct ConfigArgs {
+pub(crate) struct ConfigArgs {
     #[command(subcommand)]
     pub what: ConfigWhat,
 }
 
 #[derive(Debug, clap::Subcommand)]
-pub enum ConfigWhat {
+pub(crate) enum ConfigWhat {
     /// The services the agent holds, with the visibility it applies to each.
     Service(ServiceArgs),
     /// The workloads the agent knows: namespace, name, addresses, node, opted out or not.
@@ -31,13 +31,13 @@ pub enum ConfigWhat {
 
 /// The agent's admin server.
 #[derive(Debug, clap::Args)]
-pub struct AdminArg {
+pub(crate) struct AdminArg {
     #[arg(long, default_value = "127.0.0.1:15000")]
     pub admin: SocketAddr,
 }
 
 #[derive(Debug, clap::Args)]
-pub struct ServiceArgs {
+pub(crate) struct ServiceArgs {
     /// Only services of this namespace.
     #[arg(long)]
     pub service_namespace: Option<String>,
@@ -49,7 +49,7 @@ pub struct ServiceArgs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct WorkloadArgs {
+pub(crate) struct WorkloadArgs {
     /// Only workloads of this namespace.
     #[arg(long)]
     pub workload_namespace: Option<String>,
@@ -61,7 +61,7 @@ pub struct WorkloadArgs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct LogArgs {
+pub(crate) struct LogArgs {
     /// A new filter (`RUST_LOG` syntax: `debug`, `info,redirect=debug`).
     #[arg(long)]
     pub level: Option<String>,
@@ -70,7 +70,7 @@ pub struct LogArgs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct AllArgs {
+pub(crate) struct AllArgs {
     #[command(flatten)]
     pub admin: AdminArg,
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Yaml)]
@@ -79,7 +79,7 @@ pub struct AllArgs {
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["host", "ip"])))]
-pub struct LiveExplainArgs {
+pub(crate) struct LiveExplainArgs {
     /// The client: a namespace, a pod as `namespace/name`, or a pod's address.
     #[arg(long = "from", value_name = "NAMESPACE|NAMESPACE/POD|POD-IP")]
     pub from: String,
@@ -95,7 +95,7 @@ pub struct LiveExplainArgs {
     pub output: TableOrJson,
 }
 
-pub fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     let text = match args.what {
         ConfigWhat::Service(args) => {
             let services = services(&dump(args.admin.admin)?, args.service_namespace.as_deref())?;
@@ -194,7 +194,7 @@ fn live_explain(args: &LiveExplainArgs) -> anyhow::Result<String> {
 }
 
 /// The dump's workloads, optionally of one namespace, as the dump gives them.
-pub fn workloads(dump: &Value, namespace: Option<&str>) -> anyhow::Result<Vec<Value>> {
+pub(super) fn workloads(dump: &Value, namespace: Option<&str>) -> anyhow::Result<Vec<Value>> {
     let all = dump["workloads"]
         .as_array()
         .context("/config_dump has no workloads list")?;
@@ -205,7 +205,7 @@ pub fn workloads(dump: &Value, namespace: Option<&str>) -> anyhow::Result<Vec<Va
         .collect())
 }
 
-pub fn workload_table(workloads: &[Value]) -> String {
+pub(super) fn workload_table(workloads: &[Value]) -> String {
     let rows: Vec<Vec<String>> = workloads
         .iter()
         .map(|w| {
@@ -238,7 +238,7 @@ pub fn workload_table(workloads: &[Value]) -> String {
 }
 
 /// The dump's services, optionally of one namespace, as the dump gives them.
-pub fn services(dump: &Value, namespace: Option<&str>) -> anyhow::Result<Vec<Value>> {
+pub(super) fn services(dump: &Value, namespace: Option<&str>) -> anyhow::Result<Vec<Value>> {
     let all = dump["services"]
         .as_array()
         .context("/config_dump has no services list")?;
@@ -258,7 +258,7 @@ const COLUMNS: [&str; 6] = [
     "VISIBILITY",
 ];
 
-pub fn table(services: &[Value]) -> String {
+pub(super) fn table(services: &[Value]) -> String {
     let rows: Vec<Vec<String>> = services
         .iter()
         .map(|s| {

@@ -7,7 +7,7 @@ use crate::state::Snapshot;
 
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("target").required(true).args(["host", "ip"])))]
-pub struct ExplainArgs {
+pub(crate) struct ExplainArgs {
     #[command(flatten)]
     pub input: super::InputArgs,
     /// The client namespace (a namespace with no pods is still that namespace).
@@ -26,7 +26,7 @@ pub struct ExplainArgs {
 }
 
 /// Explains over everything valid; with any error, also lists every error (stderr) and exits 1.
-pub fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     let (model, resolution, errors) = match output::load(&args.input) {
         Ok(loaded) => loaded,
         Err(unreadable) => return Ok(output::invalid_input(&[unreadable])),

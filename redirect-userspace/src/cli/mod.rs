@@ -7,17 +7,17 @@ use crate::config::Limits;
 
 mod config;
 /// `explain` and `resolve` are public for the conformance suite, which checks their reports.
-pub mod explain;
+pub(crate) mod explain;
 mod output;
-pub mod resolve;
+pub(crate) mod resolve;
 mod run;
 
 /// Exit code for invalid input (configuration errors); usage errors exit 2 (clap's own).
-pub const EXIT_INVALID_INPUT: u8 = 1;
+pub(crate) const EXIT_INVALID_INPUT: u8 = 1;
 
 /// The input bounds of a load, shared by `run`, `resolve` and `explain`.
 #[derive(Debug, Clone, Copy, clap::Args)]
-pub struct LimitArgs {
+pub(crate) struct LimitArgs {
     /// Largest manifest file read, in bytes; a larger one is reported and left out. Its YAML may
     /// expand through aliases to twice this.
     #[arg(long = "config-max-file-bytes", value_name = "BYTES", default_value_t = Limits::default().max_file_bytes)]
@@ -30,7 +30,7 @@ pub struct LimitArgs {
 
 /// The manifests an offline command reads, as kubectl's `-f`.
 #[derive(Debug, clap::Args)]
-pub struct InputArgs {
+pub(crate) struct InputArgs {
     /// Manifests: a file, a directory (its .yaml, .yml and .json files), or `-` for standard input.
     /// Give it again for more; they are read in the order given.
     #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
@@ -43,7 +43,7 @@ pub struct InputArgs {
 }
 
 impl LimitArgs {
-    pub fn limits(&self) -> Limits {
+    pub(crate) fn limits(&self) -> Limits {
         Limits {
             max_file_bytes: self.max_file_bytes,
             max_dir_bytes: self.max_dir_bytes,
@@ -57,7 +57,7 @@ impl LimitArgs {
     version,
     about = "ServiceEntry visibility, enforced on a Linux node"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// More log output: -v debug, -vv trace.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
@@ -73,7 +73,7 @@ pub struct Cli {
     reason = "parsed once per process: the size of the `run` variant costs nothing"
 )]
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the node agent: load the eBPF programs, proxy outbound connections.
     Run(run::RunArgs),
     /// Offline: every ServiceEntry with its resolved visibility, conditions and addresses.

@@ -9,21 +9,21 @@ use crate::{
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Json,
     Yaml,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TableOrJson {
+pub(crate) enum TableOrJson {
     Table,
     Json,
 }
 
 /// Left-aligned columns separated by two spaces, like kubectl. Cells of any width: padding is
 /// written out, never through a format width (which has a limit).
-pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+pub(super) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {
@@ -57,7 +57,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 
 /// Prints a load's errors, one per line, on stderr; the exit code for invalid input. What was
 /// valid has been printed already.
-pub fn invalid_input(errors: &[ConfigError]) -> ExitCode {
+pub(super) fn invalid_input(errors: &[ConfigError]) -> ExitCode {
     eprintln!(
         "error: invalid configuration ({} problem{}; the output above covers everything valid):",
         errors.len(),
@@ -72,13 +72,15 @@ pub fn invalid_input(errors: &[ConfigError]) -> ExitCode {
 /// Reads a configuration for an offline command: everything valid, and every problem (objects
 /// left out, and entries the address pool could not serve). `Err`: a path that cannot be read at
 /// all, reported before any output.
-pub fn load(input: &super::InputArgs) -> Result<(Model, Resolved, Vec<ConfigError>), ConfigError> {
+pub(super) fn load(
+    input: &super::InputArgs,
+) -> Result<(Model, Resolved, Vec<ConfigError>), ConfigError> {
     let loaded = config::read_inputs(&input.paths, input.recursive, &input.limits.limits())?;
     let (resolution, errors) = crate::pipeline::resolve(&loaded.model, loaded.errors);
     Ok((loaded.model, resolution, errors))
 }
 
-pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
+pub(super) fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
     Ok(serde_json::to_string_pretty(value)?)
 }
 
@@ -86,7 +88,7 @@ pub fn json<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
 /// string that a reader could take for anything but that string (`no`, `on`, `y`, `1e3`, `0x10`,
 /// `2024-01-01`, `~`, text with `: ` or a leading indicator) double-quoted in JSON's escapes,
 /// which YAML's double-quoted style shares.
-pub fn yaml<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
+pub(super) fn yaml<T: serde::Serialize>(value: &T) -> anyhow::Result<String> {
     // serde_yaml_ng's value keeps the fields in their declared order, as the JSON output does.
     let value = serde_yaml_ng::to_value(value)?;
     let mut out = String::new();

@@ -11,7 +11,7 @@ use crate::{
 };
 
 #[derive(Debug, clap::Args)]
-pub struct ResolveArgs {
+pub(crate) struct ResolveArgs {
     #[command(flatten)]
     pub input: super::InputArgs,
     /// Output format.
@@ -72,7 +72,7 @@ pub fn report(model: &Model, resolution: Resolved) -> ResolveReport {
 }
 
 /// Prints everything valid; with any error, also every error (stderr) and exit 1.
-pub fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
     let (mut model, resolution, errors) = match output::load(&args.input) {
         Ok(loaded) => loaded,
         Err(unreadable) => return Ok(output::invalid_input(&[unreadable])),

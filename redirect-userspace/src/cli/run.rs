@@ -20,7 +20,7 @@ use crate::{
 
 /// The Kubernetes API as the source (boxed: rarely read, kept out of the command's size).
 #[derive(Debug, clap::Args)]
-pub struct KubeArgs {
+pub(crate) struct KubeArgs {
     /// Learn the cluster from the Kubernetes API instead of a directory: the pod's service account
     /// in a cluster, else `$KUBECONFIG`, else `~/.kube/config`, as kubectl finds it.
     #[arg(long)]
@@ -83,7 +83,7 @@ impl KubeArgs {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Directory of Kubernetes manifests (the same `redirect resolve -f` reads), watched and
     /// reloaded on change. Without it nothing is claimed: all traffic passes through.
     #[arg(long, value_name = "DIR", conflicts_with = "kube")]
@@ -167,7 +167,7 @@ pub struct RunArgs {
 }
 
 #[derive(clap::Args, Debug)]
-pub struct MountBpffsArgs {
+pub(crate) struct MountBpffsArgs {
     /// The agent's --bpffs: its parent gets the bpf filesystem.
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
     pub bpffs: PathBuf,
@@ -175,7 +175,7 @@ pub struct MountBpffsArgs {
 
 /// `redirect mount-bpffs`: says what it found or did. Exits 0 even when it could not mount: the agent
 /// then runs without hand-over (and says so) rather than not at all.
-pub fn mount_bpffs(args: MountBpffsArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn mount_bpffs(args: MountBpffsArgs) -> anyhow::Result<ExitCode> {
     let handover = crate::redirect::bpffs::ensure(&args.bpffs);
     match (&handover.mounted, &handover.unavailable) {
         (Some(at), _) => println!("mounted a bpf filesystem at {}", at.display()),
@@ -185,7 +185,7 @@ pub fn mount_bpffs(args: MountBpffsArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode> {
     let gateway = Gateways::from_addrs(&args.gateway)?;
     let dns_upstream = match args.dns_upstream {
         Some(addr) => addr,

@@ -49,8 +49,8 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-pub use entry::ApiEntry;
-pub use pod::ApiPod;
+pub(crate) use entry::ApiEntry;
+pub(crate) use pod::ApiPod;
 
 use crate::config::{
     self, ConfigError, EndpointSlice, KubeService, MeshConfig, Namespace, PodElsewhere,
@@ -75,9 +75,9 @@ pub enum Kind {
 }
 
 /// The group of the Istio kinds.
-pub const ISTIO_GROUP: &str = "networking.istio.io";
+pub(crate) const ISTIO_GROUP: &str = "networking.istio.io";
 /// The group of EndpointSlices.
-pub const DISCOVERY_GROUP: &str = "discovery.k8s.io";
+pub(crate) const DISCOVERY_GROUP: &str = "discovery.k8s.io";
 
 impl Kind {
     /// What an agent without a node name watches: every Pod of the cluster as a client.
@@ -199,7 +199,7 @@ pub struct Converted {
 }
 
 /// What stands for the file name in the errors of objects read from the API.
-pub const SOURCE: &str = "kubernetes API";
+pub(crate) const SOURCE: &str = "kubernetes API";
 
 /// Reads one object served by the API (`api_version` as watched) through the file loader's checks.
 /// The mesh ConfigMap is read whatever its name: only the configured one is watched.
@@ -272,7 +272,7 @@ fn convert_unobserved(kind: Kind, api_version: &str, object: Value) -> Converted
 /// The object cut down to the fields the model reads: no managed fields, annotations, container
 /// specs or status beyond the pod's addresses. What the API adds later is ignored the same way.
 /// A Pod's fields kept here are the ones [`pod::POD`] reads.
-pub fn strip(kind: Kind, object: Value) -> Map<String, Value> {
+pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     let Value::Object(mut object) = object else {
         return Map::new();
     };

@@ -13,9 +13,9 @@
 //! services again; when it changed only a few ServiceEntries, each resolving on its own, only their
 //! services are built and resolved again ([`Reuse`]). While the API server is away nothing changes:
 //! the state in force stays, and each watch retries on its own.
-pub mod kinds;
+pub(crate) mod kinds;
 mod reuse;
-pub mod store;
+pub(crate) mod store;
 mod watch;
 
 use std::{sync::Arc, time::Duration};
@@ -30,7 +30,8 @@ use tracing::{debug, error, info, warn};
 
 pub use kinds::Kind;
 use reuse::{InForce, Next, Reuse};
-pub use store::{Change, Changes, Store};
+pub(crate) use store::Changes;
+pub use store::{Change, Store};
 
 use crate::{
     clock::now_rfc3339,
@@ -43,16 +44,16 @@ use crate::{
 };
 
 /// The longest a change waits for the ones after it before the snapshot is rebuilt.
-pub const COALESCE: Duration = Duration::from_millis(100);
+pub(crate) const COALESCE: Duration = Duration::from_millis(100);
 /// A pause this long between changes ends a burst: one change alone is in force within
 /// milliseconds, a stream of them still makes one snapshot per [`COALESCE`].
-pub const QUIET: Duration = Duration::from_millis(5);
+pub(crate) const QUIET: Duration = Duration::from_millis(5);
 /// How often an agent that is not ready says what it is waiting for.
 const NOT_READY_LOG: Duration = Duration::from_secs(10);
 
 /// The ConfigMap that holds the mesh config under the key `mesh`, as istiod reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MeshConfigMap {
+pub(crate) struct MeshConfigMap {
     pub namespace: String,
     pub name: String,
 }
@@ -68,7 +69,7 @@ impl Default for MeshConfigMap {
 
 /// What `run --kube` was told.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Source {
+pub(crate) struct Source {
     /// A kubeconfig given on the command line, used instead of the search below.
     pub kubeconfig: Option<std::path::PathBuf>,
     pub mesh: MeshConfigMap,
@@ -80,7 +81,7 @@ pub struct Source {
 
 /// The client configuration as kubectl finds it: the kubeconfig given, else the pod's service
 /// account when running in a cluster, else `$KUBECONFIG`, else `~/.kube/config`.
-pub async fn client_config(source: &Source) -> anyhow::Result<kube::Config> {
+pub(crate) async fn client_config(source: &Source) -> anyhow::Result<kube::Config> {
     let options = kube::config::KubeConfigOptions::default();
     if let Some(path) = &source.kubeconfig {
         let file = kube::config::Kubeconfig::read_from(path)
@@ -99,20 +100,20 @@ pub async fn client_config(source: &Source) -> anyhow::Result<kube::Config> {
 }
 
 /// Where the configuration comes from, as `/config_dump` names it.
-pub fn source_name(config: &kube::Config) -> String {
+pub(crate) fn source_name(config: &kube::Config) -> String {
     format!("kubernetes API at {}", config.cluster_url)
 }
 
 /// The cluster followed: the task that turns the watches' changes into snapshots, and the status
 /// writer's lease when this agent takes part in the election.
-pub struct Following {
+pub(crate) struct Following {
     pub task: JoinHandle<()>,
     pub status_lease: Option<status::Holder>,
 }
 
 /// Starts a watch per kind and the task that turns their changes into snapshots. Fails only when
 /// no client can be made (no configuration); an API server that does not answer is retried.
-pub fn start(
+pub(crate) fn start(
     config: kube::Config,
     source: Source,
     live: Arc<LiveState>,

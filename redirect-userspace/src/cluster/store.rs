@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// `(namespace, name)`; the namespace is empty for a Namespace.
-pub type Key = (String, String);
+pub(crate) type Key = (String, String);
 
 /// One thing a watch reports.
 #[derive(Debug, Clone)]

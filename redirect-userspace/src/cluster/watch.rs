@@ -30,7 +30,7 @@ const NOT_INSTALLED_RECHECK: Duration = Duration::from_secs(10);
 /// Retries after a failure: 250 ms doubling to 5 s, reset by the next success. A restarted API
 /// server is back in use within seconds, and a down one costs a request every 5 s per watch.
 #[derive(Debug, Clone)]
-pub struct RetryBackoff {
+pub(super) struct RetryBackoff {
     next: Duration,
 }
 
@@ -62,7 +62,7 @@ impl Backoff for RetryBackoff {
 /// Pods are [`Kind::Pod`] (the others being [`Kind::PodElsewhere`]); `None`, every Pod is.
 /// `observe_status`: a ServiceEntry's status and managed fields are read (for the status writer);
 /// without it they are dropped as they arrive.
-pub async fn run(
+pub(super) async fn run(
     client: Client,
     kind: Kind,
     mesh: MeshConfigMap,
@@ -387,7 +387,7 @@ impl Reporter {
 
 /// A watch failure in words.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub(super) struct Failure {
     pub message: String,
     pub forbidden: bool,
     pub not_found: bool,
@@ -426,7 +426,7 @@ impl Failure {
     }
 
     /// `code` and `message` of the API's `Status`.
-    pub fn from_status(
+    pub(super) fn from_status(
         kind: Kind,
         mesh: &MeshConfigMap,
         verb: &str,

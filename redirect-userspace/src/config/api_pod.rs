@@ -27,13 +27,13 @@ use super::{
 
 /// A value read where a part of the Pod goes: that part, or the JSON it held instead.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Part<T> {
+pub(crate) enum Part<T> {
     Typed(T),
     Odd(Value),
 }
 
 /// A part of a Pod: what it is read from. Any other JSON is kept as it is ([`Part::Odd`]).
-pub trait Shape: Sized {
+pub(crate) trait Shape: Sized {
     fn text(_: &str) -> Option<Self> {
         None
     }
@@ -72,7 +72,7 @@ impl<T: Shape> Part<T> {
     }
 
     /// As JSON: what a reader of the whole JSON would have kept of it.
-    pub fn into_json(self) -> Value {
+    pub(crate) fn into_json(self) -> Value {
         match self {
             Part::Typed(t) => t.into_json(),
             Part::Odd(v) => v,
@@ -254,8 +254,8 @@ macro_rules! fields {
     ($(#[$doc:meta])* $name:ident { $($field:ident: $ty:ty = $json:literal),* $(,)? }) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Default, PartialEq)]
-        pub struct $name {
-            $(pub $field: Option<Part<$ty>>,)*
+        pub(crate) struct $name {
+            $(pub(crate) $field: Option<Part<$ty>>,)*
         }
 
         impl $name {
@@ -349,16 +349,16 @@ fields!(
 fields!(IpParts { ip: String = "ip" });
 
 /// A Pod read from the API's JSON: typed, or (when anything in it is odd) as JSON.
-pub type ApiPodParts = Part<PodParts>;
+pub(crate) type ApiPodParts = Part<PodParts>;
 
 /// Reads a Pod's JSON, whatever it holds.
-pub fn read_api_pod_parts<'de, D: Deserializer<'de>>(d: D) -> Result<ApiPodParts, D::Error> {
+pub(crate) fn read_api_pod_parts<'de, D: Deserializer<'de>>(d: D) -> Result<ApiPodParts, D::Error> {
     Part::deserialize(d)
 }
 
 impl ApiPodParts {
     /// Its metadata to change in place, when it is typed.
-    pub fn meta_mut(&mut self) -> Option<&mut MetaParts> {
+    pub(crate) fn meta_mut(&mut self) -> Option<&mut MetaParts> {
         match self {
             Part::Typed(PodParts {
                 metadata: Some(Part::Typed(meta)),

@@ -10,7 +10,7 @@ use super::{
 };
 
 /// The label naming the Service a slice belongs to.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+pub(crate) const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]

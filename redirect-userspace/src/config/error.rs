@@ -33,12 +33,12 @@ impl ConfigError {
 }
 
 /// The longest file name, object or field an error repeats from the input, in bytes.
-pub const MAX_QUOTED: usize = 256;
+pub(super) const MAX_QUOTED: usize = 256;
 /// The longest message, in bytes: room for a quoted value and what was expected of it.
-pub const MAX_MESSAGE: usize = 512;
+pub(crate) const MAX_MESSAGE: usize = 512;
 
 /// `text` cut to at most `max` bytes (on a character boundary), marked `…` when cut.
-pub fn bounded(text: &str, max: usize) -> Cow<'_, str> {
+pub(super) fn bounded(text: &str, max: usize) -> Cow<'_, str> {
     if text.len() <= max {
         return Cow::Borrowed(text);
     }
@@ -168,14 +168,18 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    pub fn error(&mut self, field: impl AsRef<str>, message: impl Into<String>) {
+    pub(super) fn error(&mut self, field: impl AsRef<str>, message: impl Into<String>) {
         let error = self.kept_error(field, message);
         self.errors.push(error);
     }
 
     /// An error of this object that does not refuse it: named as [`Ctx::error`] names one, but
     /// returned for the object to carry (and a later step to report) instead of recorded here.
-    pub fn kept_error(&self, field: impl AsRef<str>, message: impl Into<String>) -> ConfigError {
+    pub(super) fn kept_error(
+        &self,
+        field: impl AsRef<str>,
+        message: impl Into<String>,
+    ) -> ConfigError {
         let field = field.as_ref();
         let field = match (self.prefix.is_empty(), field.is_empty()) {
             (true, _) => field.to_string(),
@@ -191,7 +195,7 @@ impl Ctx<'_> {
     }
 
     /// Something Istio accepts with a warning: logged with file, object and field, not refused.
-    pub fn warn(&mut self, field: &str, message: impl AsRef<str>) {
+    pub(super) fn warn(&mut self, field: &str, message: impl AsRef<str>) {
         tracing::warn!(
             file = self.file,
             object = %self.object,
@@ -202,7 +206,7 @@ impl Ctx<'_> {
     }
 
     /// Number of errors recorded so far (all objects), to tell whether this object added any.
-    pub fn error_count(&self) -> usize {
+    pub(super) fn error_count(&self) -> usize {
         self.errors.len()
     }
 }

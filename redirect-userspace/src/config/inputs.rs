@@ -13,10 +13,10 @@ use super::{
 };
 
 /// The name standard input goes by in errors.
-pub const STDIN: &str = "(stdin)";
+pub(super) const STDIN: &str = "(stdin)";
 
 /// Loads every input; `Err` names the first path that cannot be read at all.
-pub fn read_inputs(
+pub(crate) fn read_inputs(
     paths: &[PathBuf],
     recursive: bool,
     limits: &Limits,

@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::Ctx;
 
-pub type Labels = BTreeMap<String, String>;
+pub(crate) type Labels = BTreeMap<String, String>;
 
 /// A validated label selector; all terms are ANDed. The empty selector matches everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -57,7 +57,7 @@ impl Requirement {
 
 /// A plain equality selector (`Service.spec.selector`, `workloadSelector.labels`). An empty one
 /// selects nothing, as Kubernetes does for a Service without a selector.
-pub fn selects(selector: &Labels, labels: &Labels) -> bool {
+pub(crate) fn selects(selector: &Labels, labels: &Labels) -> bool {
     !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 

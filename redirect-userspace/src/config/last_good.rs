@@ -57,7 +57,7 @@ impl Objects {
 /// to its end (its new content is unknown), and the mesh config when the new one is invalid. An
 /// object that is new and invalid stays out; one deleted from a good file stays deleted. Marks
 /// each rejection whose last good version is in force.
-pub fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
+pub(crate) fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
     let (kept, keep_mesh) = to_keep(loaded, previous);
     let model = &mut loaded.model;
     model.service_entries.extend(kept.entries.iter().cloned());

@@ -63,7 +63,7 @@ impl Loaded {
 /// Reads every `.yaml`, `.yml` and `.json` regular file directly in `path` (or the one file `path`
 /// names) within `limits`. Hidden entries are skipped, so a mounted ConfigMap (`..data` links)
 /// loads each file once.
-pub fn read_dir(path: &Path, limits: &Limits) -> Loaded {
+pub(crate) fn read_dir(path: &Path, limits: &Limits) -> Loaded {
     let files = match source::list(path) {
         Ok(files) => files,
         Err(message) => {
@@ -98,7 +98,7 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
 /// Reads one object as the Kubernetes API serves it (JSON, with `apiVersion` and `kind`) exactly as
 /// one document of a file is read: the same checks and the same errors, `source` standing in for
 /// the file name. The model holds that object alone (plus its implicit namespace).
-pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
+pub(crate) fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
     read_api_pod(source, object).unwrap_or_else(|| read_api_document(source, object))
 }
 
@@ -107,7 +107,7 @@ pub fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
 /// entry or the same errors. `None` when the JSON might read otherwise than its YAML does (a list
 /// where a part goes, a field of another type: the YAML read names it in its words); read it
 /// with [`read_api_object`] then.
-pub fn check_api_entry(
+pub(crate) fn check_api_entry(
     source: &str,
     object: &serde_json::Value,
 ) -> Option<Result<ServiceEntry, Vec<ConfigError>>> {
@@ -169,7 +169,7 @@ fn entry_reads_as_its_yaml(entry: &serde_json::Value) -> bool {
 /// what that watch keeps), checked as [`read_api_object`] checks it: the same workload or the same
 /// errors, without a whole load around one Pod. `Err`: it holds something the YAML way reads in
 /// its own words; the JSON a whole read would have kept of it, for [`read_api_object`].
-pub fn check_api_pod(
+pub(crate) fn check_api_pod(
     source: &str,
     pod: ApiPodParts,
     elsewhere: bool,
@@ -241,7 +241,7 @@ fn reads_as_its_yaml(pod: &serde_json::Value) -> bool {
 
 /// [`read_dir`] with the default limits, accepting only a load without any error.
 #[cfg(test)]
-pub fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
+pub(crate) fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
     read_dir(path, &Limits::default()).into_result()
 }
 

@@ -19,29 +19,29 @@ mod service_entry;
 mod source;
 mod yaml;
 
-pub use api_pod::{ApiPodParts, MetaParts, Part, read_api_pod_parts};
-pub use elsewhere::{PodGroup, PodRef, PodsElsewhere};
-pub use endpoint_slice::SERVICE_NAME_LABEL;
+pub(crate) use api_pod::{ApiPodParts, MetaParts, Part, read_api_pod_parts};
+pub(crate) use elsewhere::{PodGroup, PodRef, PodsElsewhere};
+pub(crate) use endpoint_slice::SERVICE_NAME_LABEL;
+pub(crate) use error::ConfigError;
+pub use error::ConfigErrors;
 #[cfg(test)]
-pub use error::MAX_MESSAGE;
-pub use error::{ConfigError, ConfigErrors};
-pub use inputs::read_inputs;
+pub(crate) use error::MAX_MESSAGE;
+pub(crate) use inputs::read_inputs;
 /// `metadata.creationTimestamp`: only its order matters (the ranking rule).
-pub use jiff::Timestamp;
-pub use labels::{LabelSelector, Labels, selects};
-pub use last_good::keep_last_good;
+pub(crate) use jiff::Timestamp;
+pub(crate) use labels::{LabelSelector, Labels, selects};
+pub(crate) use last_good::keep_last_good;
 pub(crate) use loader::complete;
 #[cfg(test)]
-pub use loader::load_dir;
-pub use loader::{
-    Rejected, check_api_entry, check_api_pod, load_sources, read_api_object, read_dir, read_sources,
-};
-pub use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
+pub(crate) use loader::load_dir;
+pub(crate) use loader::{Rejected, check_api_entry, check_api_pod, read_api_object, read_dir};
+pub use loader::{load_sources, read_sources};
+pub(crate) use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;
-pub use service_entry::use_waypoint;
+pub(crate) use service_entry::use_waypoint;
 #[cfg(test)]
 pub(crate) use source::tests as source_tests;
-pub use source::{FileStat, Limits, list as list_files, read as read_file};
+pub(crate) use source::{FileStat, Limits, list as list_files, read as read_file};
 
 #[cfg(test)]
 mod istio_tests;

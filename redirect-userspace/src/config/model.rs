@@ -13,9 +13,9 @@ use serde::Serialize;
 use super::{Timestamp, error::ConfigError, labels::Labels, mesh::MeshConfig};
 
 /// The label every namespace carries, set by Kubernetes itself.
-pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
-pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
-pub const DEFAULT_NAMESPACE: &str = "default";
+pub(crate) const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+pub(crate) const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";
+pub(crate) const DEFAULT_NAMESPACE: &str = "default";
 
 /// Everything loaded from one configuration directory. Each object is shared (`Arc`), so a model
 /// is copied, and built again from a watch's store, without copying an object.
@@ -106,12 +106,12 @@ pub struct ServiceEntry {
 }
 
 /// The range Istio's allocator gives IPv4 addresses from (`status.addresses`), and the agent's own.
-pub const ALLOCATION_V4: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(240, 240, 0, 0), 16) {
+pub(crate) const ALLOCATION_V4: Ipv4Net = match Ipv4Net::new(Ipv4Addr::new(240, 240, 0, 0), 16) {
     Ok(net) => net,
     Err(_) => panic!("valid prefix"),
 };
 /// The range Istio's allocator gives IPv6 addresses from (`status.addresses`), and the agent's own.
-pub const ALLOCATION_V6: Ipv6Net =
+pub(crate) const ALLOCATION_V6: Ipv6Net =
     match Ipv6Net::new(Ipv6Addr::new(0x2001, 2, 0, 0, 0, 0, 0, 0), 48) {
         Ok(net) => net,
         Err(_) => panic!("valid prefix"),
@@ -119,7 +119,7 @@ pub const ALLOCATION_V6: Ipv6Net =
 
 /// Whether `ip` lies in one of Istio's allocation ranges, as written: an IPv4-mapped IPv6
 /// address (`::ffff:240.240.0.1`) is no address its allocator writes.
-pub fn in_allocation_ranges(ip: IpAddr) -> bool {
+pub(crate) fn in_allocation_ranges(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => ALLOCATION_V4.contains(&v4),
         IpAddr::V6(v6) => ALLOCATION_V6.contains(&v6),
@@ -347,7 +347,7 @@ pub struct Workload {
 }
 
 /// Istio's label for a pod the data plane must not capture; `none` opts out.
-pub const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
+pub(crate) const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
 
 impl Workload {
     /// Whether this is a Pod labelled `istio.io/dataplane-mode: none`: the programs leave its

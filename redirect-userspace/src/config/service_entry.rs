@@ -18,8 +18,8 @@ use super::{
     },
 };
 
-pub const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
-pub const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace";
+pub(super) const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
+pub(super) const USE_WAYPOINT_NAMESPACE_LABEL: &str = "istio.io/use-waypoint-namespace";
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct RawServiceEntry {
@@ -178,7 +178,7 @@ fn named_ports(
 /// Reads the waypoint labels of an object or a namespace. The waypoint's namespace is
 /// `istio.io/use-waypoint-namespace`, else `default_namespace` (the object's own, or the labelled
 /// namespace itself). `none` opts out; the namespace label alone binds nothing.
-pub fn use_waypoint(labels: &Labels, default_namespace: &str) -> UseWaypoint {
+pub(crate) fn use_waypoint(labels: &Labels, default_namespace: &str) -> UseWaypoint {
     match labels.get(USE_WAYPOINT_LABEL).map(String::as_str) {
         None | Some("") => UseWaypoint::Unset,
         Some("none") => UseWaypoint::Opted,

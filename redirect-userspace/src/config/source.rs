@@ -12,11 +12,11 @@ use std::{
 };
 
 /// Extensions the loader reads; anything else in the directory is ignored, unread.
-pub const EXTENSIONS: [&str; 3] = [".yaml", ".yml", ".json"];
+pub(super) const EXTENSIONS: [&str; 3] = [".yaml", ".yml", ".json"];
 
 /// The input bounds of one load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// The largest file read, in bytes. A file's YAML expanded through its aliases may count at
     /// most twice this ([`Limits::expansion_budget`]).
     pub max_file_bytes: u64,
@@ -38,14 +38,14 @@ impl Default for Limits {
 impl Limits {
     /// What one file's documents may expand to through YAML aliases, in bytes of text plus 16 per
     /// node (about what a node costs in memory): twice the file limit.
-    pub fn expansion_budget(&self) -> usize {
+    pub(crate) fn expansion_budget(&self) -> usize {
         usize::try_from(self.max_file_bytes.saturating_mul(2)).unwrap_or(usize::MAX)
     }
 }
 
 /// A manifest file to read: a regular file (links followed) with a manifest extension.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     pub path: PathBuf,
     /// What `stat` says; a change of any of these is a change of the file.
     pub len: u64,
@@ -54,10 +54,10 @@ pub struct Candidate {
 }
 
 /// What identifies a file's version without reading it.
-pub type FileStat = (u64, i128, (u64, u64));
+pub(crate) type FileStat = (u64, i128, (u64, u64));
 
 impl Candidate {
-    pub fn stat(&self) -> FileStat {
+    pub(crate) fn stat(&self) -> FileStat {
         (self.len, self.modified_ns, self.inode)
     }
 
@@ -73,13 +73,13 @@ impl Candidate {
 
 /// Whether a directory entry's name is one the loader reads: not hidden (a mounted ConfigMap's
 /// `..data` links), with a manifest extension.
-pub fn is_manifest_name(name: &str) -> bool {
+pub(super) fn is_manifest_name(name: &str) -> bool {
     !name.starts_with('.') && EXTENSIONS.iter().any(|ext| name.ends_with(ext))
 }
 
 /// The files a load reads, sorted by name: `path` itself when it is a file, else the manifests
 /// directly in it. Entries that are not regular files are left out without being opened.
-pub fn list(path: &Path) -> Result<Vec<Candidate>, String> {
+pub(crate) fn list(path: &Path) -> Result<Vec<Candidate>, String> {
     let meta = fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
     if meta.is_file() {
         return Ok(vec![Candidate::new(path.to_path_buf(), &meta)]);
@@ -108,7 +108,7 @@ pub fn list(path: &Path) -> Result<Vec<Candidate>, String> {
 
 /// Reads one file as text, at most `max` bytes. Opened non-blocking and checked again once open,
 /// so a file swapped for a FIFO after listing cannot stall the caller.
-pub fn read(path: &Path, max: u64) -> Result<String, String> {
+pub(crate) fn read(path: &Path, max: u64) -> Result<String, String> {
     let file = File::options()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)

@@ -15,7 +15,7 @@ use serde_yaml_ng::{
 
 /// The deepest nesting accepted. The deserializer refuses past 128 levels anyway; Kubernetes
 /// objects nest about 10 deep.
-pub const MAX_DEPTH: usize = 128;
+pub(super) const MAX_DEPTH: usize = 128;
 /// What one node costs in the expansion budget on top of its text.
 const NODE_COST: usize = 16;
 
@@ -23,7 +23,11 @@ const NODE_COST: usize = 16;
 /// (expanded through its aliases), as soon as it is parsed: only one document's tree is held at a
 /// time, so a file of 10,000 objects never holds 10,000 trees at once. After the first error the
 /// rest of the text is lost: the parser cannot resynchronise, so the error is the last call.
-pub fn for_each_document(text: &str, budget: usize, mut each: impl FnMut(Result<Value, String>)) {
+pub(super) fn for_each_document(
+    text: &str,
+    budget: usize,
+    mut each: impl FnMut(Result<Value, String>),
+) {
     if let Err(e) = check_nesting(text) {
         return each(Err(e));
     }
@@ -343,7 +347,7 @@ impl<'de> Visitor<'de> for Build<'_> {
 }
 
 /// A value parsed from one piece of text (the `mesh` key of a ConfigMap) under the same bounds.
-pub fn single(text: &str, budget: usize) -> Result<Value, String> {
+pub(super) fn single(text: &str, budget: usize) -> Result<Value, String> {
     check_nesting(text)?;
     let remaining = Cell::new(budget);
     Build {

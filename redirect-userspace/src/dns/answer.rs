@@ -14,7 +14,7 @@ const EDNS_PAYLOAD: u16 = 1232;
 
 /// What the agent answers for a name a visible service owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LocalAnswer {
+pub(crate) struct LocalAnswer {
     /// Set when the client's name was a search-domain expansion of the service's host: the reply
     /// carries `qname CNAME target` and the records under the target.
     pub cname_target: Option<Name>,
@@ -26,7 +26,10 @@ pub struct LocalAnswer {
 /// (`docs/dns.md#other-types`): A and AAAA get the service's addresses of that family, ANY those of
 /// both (RFC 8482: a subset of what the name holds), every other type none. A type with no record
 /// is an empty NOERROR answer (NODATA), never NXDOMAIN: the name exists.
-pub fn authoritative_reply(query: &Message, answer: &LocalAnswer) -> Result<Message, ProtoError> {
+pub(super) fn authoritative_reply(
+    query: &Message,
+    answer: &LocalAnswer,
+) -> Result<Message, ProtoError> {
     let mut reply = reply_to(query);
     reply.metadata.authoritative = true;
     let Some(question) = query.queries.first() else {
@@ -68,14 +71,14 @@ pub fn authoritative_reply(query: &Message, answer: &LocalAnswer) -> Result<Mess
 }
 
 /// SERVFAIL for `query`: what the client gets when the upstream cannot be reached in time.
-pub fn servfail_reply(query: &Message) -> Message {
+pub(super) fn servfail_reply(query: &Message) -> Message {
     let mut reply = reply_to(query);
     reply.metadata.response_code = ResponseCode::ServFail;
     reply
 }
 
 /// SERVFAIL for bytes that did not parse as a query: only the id can be trusted.
-pub fn servfail_for_raw(raw: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn servfail_for_raw(raw: &[u8]) -> Option<Vec<u8>> {
     let id = u16::from_be_bytes([*raw.first()?, *raw.get(1)?]);
     Message::error_msg(id, hickory_proto::op::OpCode::Query, ResponseCode::ServFail)
         .to_vec()
@@ -104,7 +107,7 @@ fn reply_to(query: &Message) -> Message {
 }
 
 /// The largest reply the client accepts over UDP.
-pub fn max_udp_reply(query: &Message) -> usize {
+pub(super) fn max_udp_reply(query: &Message) -> usize {
     match &query.edns {
         Some(edns) => usize::from(edns.max_payload().clamp(512, EDNS_PAYLOAD)),
         None => 512,
@@ -113,7 +116,7 @@ pub fn max_udp_reply(query: &Message) -> usize {
 
 /// Encodes a reply for UDP, setting TC (and dropping the records) when it does not fit, so the client
 /// retries over TCP.
-pub fn encode_for_udp(reply: &Message, limit: usize) -> Result<Vec<u8>, ProtoError> {
+pub(super) fn encode_for_udp(reply: &Message, limit: usize) -> Result<Vec<u8>, ProtoError> {
     let bytes = reply.to_vec()?;
     if bytes.len() <= limit {
         return Ok(bytes);

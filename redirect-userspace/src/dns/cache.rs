@@ -23,16 +23,16 @@ use prometheus_client::metrics::gauge::Gauge;
 
 /// No answer is kept longer than this, whatever its TTL: a record the upstream changes shows within
 /// this time, as with a node-local cache in front of cluster DNS.
-pub const MAX_TTL: Duration = Duration::from_secs(30);
+pub(super) const MAX_TTL: Duration = Duration::from_secs(30);
 
 /// Larger replies are not kept, so the cache holds at most its entries times this (about 5 MiB
 /// at the default 4,096 entries), whatever a pod asks for: the DNS flag day's UDP payload.
-pub const MAX_KEPT_REPLY: usize = 1232;
+pub(super) const MAX_KEPT_REPLY: usize = 1232;
 
 /// What a query must match for a stored reply to be its answer: the question, and every flag of
 /// the query that can change what the upstream says or how much it may send.
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
-pub struct CacheKey {
+pub(crate) struct CacheKey {
     /// Compared without case, as DNS names are.
     question: Query,
     recursion_desired: bool,
@@ -45,7 +45,7 @@ pub struct CacheKey {
 impl CacheKey {
     /// The key of a query whose reply may be shared: a plain query with one question and no EDNS
     /// options (a cookie or a client subnet makes the reply belong to one client).
-    pub fn of(query: &Message) -> Option<Self> {
+    pub(crate) fn of(query: &Message) -> Option<Self> {
         let [question] = query.queries.as_slice() else {
             return None;
         };
@@ -89,14 +89,14 @@ struct Stored {
 
 /// A bounded cache of upstream replies; the least recently used goes first when it is full.
 #[derive(Debug)]
-pub struct AnswerCache {
+pub(crate) struct AnswerCache {
     entries: Mutex<LruCache<CacheKey, Arc<Stored>>>,
     /// Kept at the number of entries (`redirect_dns_cache_entries`).
     gauge: Gauge,
 }
 
 impl AnswerCache {
-    pub fn new(capacity: NonZeroUsize, gauge: Gauge) -> Self {
+    pub(crate) fn new(capacity: NonZeroUsize, gauge: Gauge) -> Self {
         Self {
             entries: Mutex::new(LruCache::new(capacity)),
             gauge,
@@ -105,12 +105,12 @@ impl AnswerCache {
 
     /// The stored reply for `query` (the client's datagram, whose key is `key`), made the client's
     /// own; `None` when there is none, or it has expired.
-    pub fn lookup(&self, key: &CacheKey, query: &[u8]) -> Option<Vec<u8>> {
+    pub(crate) fn lookup(&self, key: &CacheKey, query: &[u8]) -> Option<Vec<u8>> {
         self.lookup_at(key, query, Instant::now())
     }
 
     /// Keeps the upstream's `reply` to the query of `key`, if it may be kept (see [`Stored::parse`]).
-    pub fn store(&self, key: CacheKey, reply: &[u8]) {
+    pub(crate) fn store(&self, key: CacheKey, reply: &[u8]) {
         self.store_at(key, reply, Instant::now());
     }
 

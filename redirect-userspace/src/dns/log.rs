@@ -15,11 +15,11 @@ use tracing::Level;
 use crate::logging::LineLimit;
 
 /// Lines a second, at most, of each kind (as the kernel's hide reports, `fastpath/upkeep.rs`).
-pub const PER_SECOND: u32 = 50;
+pub(super) const PER_SECOND: u32 = 50;
 
 /// What a line is about; each kind has its own budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     /// `service hidden from client`.
     Hidden,
     /// `DNS answered`.
@@ -74,7 +74,7 @@ impl Kind {
         Kind::EndpointFamily,
     ];
 
-    pub const fn as_str(self) -> &'static str {
+    pub(super) const fn as_str(self) -> &'static str {
         match self {
             Kind::Hidden => "hidden",
             Kind::Answered => "answered",
@@ -145,7 +145,7 @@ static LIMITS: Limits = Limits::new();
 
 /// Whether a line of `kind` at `level` may be written now; writes the summary of the second before
 /// it first when that one held lines back. Used by [`limited!`], once the level is known to be on.
-pub fn admit(kind: Kind, level: Level) -> bool {
+pub(super) fn admit(kind: Kind, level: Level) -> bool {
     let (write, summary) = LIMITS.admit(kind, level, Instant::now());
     if let Some(summary) = summary {
         write_summary(summary);
@@ -154,7 +154,7 @@ pub fn admit(kind: Kind, level: Level) -> bool {
 }
 
 /// Writes the summaries of a flood that stopped (no next line would), every second, forever.
-pub async fn flush_every_second() {
+pub(super) async fn flush_every_second() {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -9,7 +9,7 @@ use crate::metrics::label_value_as_str;
 
 /// How a DNS query was handled.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum DnsOutcome {
+pub(crate) enum DnsOutcome {
     Answered,
     Forwarded,
     /// A forwarded question answered from the cache of the upstream's replies.
@@ -20,7 +20,7 @@ pub enum DnsOutcome {
 }
 
 impl DnsOutcome {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Answered => "answered",
             Self::Forwarded => "forwarded",
@@ -39,18 +39,18 @@ struct DnsLabels {
 }
 
 #[derive(Debug, Default)]
-pub struct DnsMetrics {
+pub(crate) struct DnsMetrics {
     queries: Family<DnsLabels, Counter>,
     cache_entries: Gauge,
 }
 
 impl DnsMetrics {
-    pub fn query(&self, outcome: DnsOutcome) {
+    pub(crate) fn query(&self, outcome: DnsOutcome) {
         self.queries.get_or_create(&DnsLabels { outcome }).inc();
     }
 
     /// The gauge the DNS answer cache keeps at its number of entries.
-    pub fn cache_entries(&self) -> Gauge {
+    pub(crate) fn cache_entries(&self) -> Gauge {
         self.cache_entries.clone()
     }
 

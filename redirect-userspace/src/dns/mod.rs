@@ -12,13 +12,13 @@ mod transfer;
 mod upstream;
 mod visible;
 
-pub use answer::LocalAnswer;
-pub use cache::AnswerCache;
-pub use metrics::{DnsMetrics, DnsOutcome};
-pub use resolve::{HostAnswer, HostCache, MAX_KEEP, ResolveError, resolve_host};
-pub use server::{Decide, Decision, DnsProxy, DnsQuery};
-pub use upstream::{Upstream, UpstreamError, first_nameserver};
-pub use visible::VisibleNames;
+pub(crate) use answer::LocalAnswer;
+pub(crate) use cache::AnswerCache;
+pub(crate) use metrics::{DnsMetrics, DnsOutcome};
+pub(crate) use resolve::{HostAnswer, HostCache, MAX_KEEP, ResolveError, resolve_host};
+pub(crate) use server::{Decide, Decision, DnsProxy, DnsQuery};
+pub(crate) use upstream::{Upstream, UpstreamError, first_nameserver};
+pub(crate) use visible::VisibleNames;
 
 /// TTL of the records the agent answers itself (`docs/dns.md#authoritative-answers`).
-pub const ANSWER_TTL: u32 = 30;
+pub(crate) const ANSWER_TTL: u32 = 30;

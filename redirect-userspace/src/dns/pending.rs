@@ -17,11 +17,11 @@ use hickory_proto::{
 use rand::{Rng, RngExt};
 
 /// A lost UDP datagram is sent again once after this long.
-pub const RETRANSMIT_AFTER: Duration = Duration::from_millis(500);
+pub(super) const RETRANSMIT_AFTER: Duration = Duration::from_millis(500);
 
 /// Which ids a socket has in flight: the table owns each query until it is answered or given up.
 #[derive(Debug)]
-pub struct Pending<W> {
+pub(super) struct Pending<W> {
     by_id: HashMap<u16, Outstanding<W>>,
     /// When each query is sent again, and when it is given up, oldest first: every query waits the
     /// same time, so insertion order is deadline order in each. Entries of answered queries stay
@@ -57,11 +57,11 @@ struct Due {
 
 /// The table is at its limit: the query is handed back, not sent.
 #[derive(Debug)]
-pub struct Full<W>(pub W);
+pub(super) struct Full<W>(pub W);
 
 /// What became of a datagram that came from the upstream.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Reply<W> {
+pub(super) enum Reply<W> {
     /// The answer to a query in flight: its waiter, the client's id (already written into the reply).
     Matched { waiter: W, client_id: u16 },
     /// No query in flight has this id (late after a give-up, or forged): dropped.
@@ -74,7 +74,7 @@ pub enum Reply<W> {
 
 /// A query whose time came.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Expired<W> {
+pub(super) enum Expired<W> {
     /// No answer yet: send these bytes again, once.
     Resend(Vec<u8>),
     /// No answer in time: the waiter gets the query back, under the client's id (for a SERVFAIL).
@@ -82,7 +82,7 @@ pub enum Expired<W> {
 }
 
 impl<W> Pending<W> {
-    pub fn new(limit: usize, timeout: Duration) -> Self {
+    pub(super) fn new(limit: usize, timeout: Duration) -> Self {
         Self {
             by_id: HashMap::new(),
             resend_at: VecDeque::new(),
@@ -95,22 +95,22 @@ impl<W> Pending<W> {
     }
 
     /// The whole time a query may take.
-    pub fn timeout(&self) -> Duration {
+    pub(super) fn timeout(&self) -> Duration {
         self.timeout
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.by_id.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(super) fn is_empty(&self) -> bool {
         self.by_id.is_empty()
     }
 
     /// Files `query` (a client's datagram, whose `question` was read from it) under a fresh random
     /// id, and rewrites the id in `query` to that one, ready to send.
-    pub fn insert(
+    pub(super) fn insert(
         &mut self,
         query: &mut [u8],
         question: Vec<Query>,
@@ -156,7 +156,7 @@ impl<W> Pending<W> {
     }
 
     /// Takes the query `reply` answers, if any, and gives the reply the client's id.
-    pub fn answer(&mut self, reply: &mut [u8]) -> Reply<W> {
+    pub(super) fn answer(&mut self, reply: &mut [u8]) -> Reply<W> {
         let Some(response) = read_response(reply) else {
             return Reply::Malformed;
         };
@@ -184,7 +184,7 @@ impl<W> Pending<W> {
     }
 
     /// When the next query in flight needs attention, if any is in flight.
-    pub fn next_due(&mut self) -> Option<Instant> {
+    pub(super) fn next_due(&mut self) -> Option<Instant> {
         self.drop_answered_front();
         let resend = self.resend_at.front().map(|due| due.at);
         let give_up = self.give_up_at.front().map(|due| due.at);
@@ -192,7 +192,7 @@ impl<W> Pending<W> {
     }
 
     /// Everything due by `now`: queries to send again and queries given up (taken out).
-    pub fn expire(&mut self, now: Instant) -> Vec<Expired<W>> {
+    pub(super) fn expire(&mut self, now: Instant) -> Vec<Expired<W>> {
         let mut expired = Vec::new();
         // Give-ups first: a query whose time is up is not sent again in the same breath.
         while let Some(due) = pop_due(&mut self.give_up_at, now) {

@@ -8,7 +8,7 @@ use tokio::net::UdpSocket;
 
 /// Sockets in the group: two clients share a queue only when their addresses are equal modulo this
 /// (for consecutive pod addresses, never among 64 neighbours).
-pub const QUEUES: u32 = 64;
+pub(super) const QUEUES: u32 = 64;
 /// Receive buffer per queue: a burst of a few thousand queries waits instead of being dropped.
 const RECV_BUFFER: usize = 1 << 20;
 /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h).
@@ -19,7 +19,7 @@ const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
 /// one handed over, before it is served): the kernel notes the interface as a datagram is queued,
 /// so one queued before the option would come without it, and its budget share would go by its
 /// (forgeable) source address.
-pub fn want_ingress_interface(socket: &impl AsRawFd, addr: SocketAddr) -> io::Result<()> {
+pub(super) fn want_ingress_interface(socket: &impl AsRawFd, addr: SocketAddr) -> io::Result<()> {
     let (level, name) = match addr {
         SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
         SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
@@ -43,7 +43,7 @@ pub fn want_ingress_interface(socket: &impl AsRawFd, addr: SocketAddr) -> io::Re
 
 /// A datagram: its length, its source, and the index of the interface it came in on (0 when the
 /// kernel did not say).
-pub async fn recv_from_interface(
+pub(super) async fn recv_from_interface(
     socket: &UdpSocket,
     buf: &mut [u8],
 ) -> io::Result<(usize, SocketAddr, u32)> {
@@ -130,7 +130,7 @@ fn recvmsg_interface(fd: libc::c_int, buf: &mut [u8]) -> io::Result<(usize, Sock
 }
 
 /// Binds [`QUEUES`] UDP sockets to `addr` (a port of 0 is chosen once, for all of them).
-pub fn bind_queues(addr: SocketAddr) -> io::Result<Vec<UdpSocket>> {
+pub(super) fn bind_queues(addr: SocketAddr) -> io::Result<Vec<UdpSocket>> {
     let first = bind_one(addr)?;
     let addr = first.local_addr()?.as_socket().unwrap_or(addr);
     let mut sockets = vec![first];

@@ -17,7 +17,7 @@ use hickory_proto::{
 };
 
 #[derive(Debug, thiserror::Error)]
-pub enum ResolveError {
+pub(crate) enum ResolveError {
     #[error("{0:?} is not a valid host name")]
     BadName(String),
     #[error(transparent)]
@@ -37,7 +37,7 @@ pub enum ResolveError {
 /// What the upstream said about a host: its addresses, the IPv4 ones first, each family in the
 /// upstream's order, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HostAnswer {
+pub(crate) struct HostAnswer {
     pub addresses: Vec<IpAddr>,
     /// The smallest TTL of the answers that gave addresses, each answer's being the smallest on its
     /// chain (CNAMEs included): when any of them may change.
@@ -55,7 +55,10 @@ struct FamilyAnswer {
 /// The addresses of `host` in both families: `A` and `AAAA` asked at once, the answers merged
 /// (`docs/dns.md#endpoint-host-resolution`). One family failing is logged and the other's addresses
 /// used; an error only when neither gives an address.
-pub async fn resolve_host(upstream: &Upstream, host: &str) -> Result<HostAnswer, ResolveError> {
+pub(crate) async fn resolve_host(
+    upstream: &Upstream,
+    host: &str,
+) -> Result<HostAnswer, ResolveError> {
     let mut name = Name::from_ascii(host).map_err(|_| ResolveError::BadName(host.to_string()))?;
     name.set_fqdn(true);
     let (a, aaaa) = tokio::join!(
@@ -154,14 +157,14 @@ fn parse(bytes: &[u8]) -> Result<Message, ResolveError> {
 /// connection to such a service pays a DNS round trip only when the answer has expired. Successive
 /// connections take the addresses in turn. Failures are not kept: the next connection asks again.
 #[derive(Debug)]
-pub struct HostCache {
+pub(crate) struct HostCache {
     upstream: Arc<Upstream>,
     entries: Mutex<HashMap<String, Entry>>,
 }
 
 /// The addresses a connection tries, in order: `first`, and `fallback` if connecting to it fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pick {
+pub(crate) struct Pick {
     /// The next IPv4 address in turn, or the next IPv6 one for a host with no IPv4 address.
     pub first: IpAddr,
     /// For a host with both families, the next IPv6 address in turn.
@@ -183,13 +186,13 @@ struct Turns {
 }
 
 /// Longest an answer is kept whatever its TTL: endpoints move, and a long TTL should not pin them.
-pub const MAX_KEEP: Duration = Duration::from_secs(300);
+pub(crate) const MAX_KEEP: Duration = Duration::from_secs(300);
 /// Host names kept at most; only hosts named as endpoints in the config get here, so this is a
 /// safety net, emptied whole when reached.
 const MAX_HOSTS: usize = 4096;
 
 impl HostCache {
-    pub fn new(upstream: Arc<Upstream>) -> HostCache {
+    pub(crate) fn new(upstream: Arc<Upstream>) -> HostCache {
         HostCache {
             upstream,
             entries: Mutex::new(HashMap::new()),
@@ -197,7 +200,7 @@ impl HostCache {
     }
 
     /// The addresses of `host` to try: from the cache while fresh, else asked of the upstream.
-    pub async fn pick(&self, host: &str) -> Result<Pick, ResolveError> {
+    pub(crate) async fn pick(&self, host: &str) -> Result<Pick, ResolveError> {
         if let Some(pick) = self.cached(host, Instant::now()) {
             return Ok(pick);
         }
@@ -211,7 +214,7 @@ impl HostCache {
 
     /// Keeps `resolved` for its TTL, as if a connection had asked (the agent's resolution ahead
     /// hands every answer here, so the proxy uses the addresses the kernel rewrites to).
-    pub fn store(&self, host: &str, resolved: HostAnswer, now: Instant) {
+    pub(crate) fn store(&self, host: &str, resolved: HostAnswer, now: Instant) {
         self.insert(host, resolved, now);
     }
 

@@ -37,7 +37,7 @@ const TCP_IDLE: Duration = Duration::from_secs(10);
 
 /// One question, as the proxy hands it to the decision.
 #[derive(Debug)]
-pub struct DnsQuery<'a> {
+pub(crate) struct DnsQuery<'a> {
     /// The pod that asked (its namespace decides what it may see).
     pub client: IpAddr,
     /// What the kernel said of the process behind a TCP connection; nothing over UDP.
@@ -47,13 +47,13 @@ pub struct DnsQuery<'a> {
 
 /// The agent answers itself, or the upstream does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     Answer(LocalAnswer),
     Forward,
 }
 
 /// Who decides: the agent wires this to the state snapshot's host lookup.
-pub trait Decide: Send + Sync + 'static {
+pub(crate) trait Decide: Send + Sync + 'static {
     fn decide(&self, query: &DnsQuery<'_>) -> Decision;
 
     /// Whose share of the DNS budgets a query from `client` takes (see `Snapshot::budget_key`):
@@ -140,7 +140,7 @@ impl Shared {
     }
 }
 
-pub struct DnsProxy {
+pub(crate) struct DnsProxy {
     /// One socket per client queue (see `queues`).
     udp: Vec<UdpSocket>,
     tcp: TcpListener,
@@ -149,7 +149,7 @@ pub struct DnsProxy {
 
 impl DnsProxy {
     /// Binds UDP and TCP on `addr`.
-    pub async fn bind(
+    pub(crate) async fn bind(
         addr: SocketAddr,
         upstream: Arc<Upstream>,
         decide: Arc<dyn Decide>,
@@ -178,7 +178,7 @@ impl DnsProxy {
 
     /// Serves on sockets a predecessor bound (its UDP group, reuse-port program included, and its
     /// TCP listener), handed over as they are.
-    pub fn from_sockets(
+    pub(crate) fn from_sockets(
         udp: Vec<std::net::UdpSocket>,
         tcp: std::net::TcpListener,
         upstream: Arc<Upstream>,
@@ -209,7 +209,9 @@ impl DnsProxy {
     }
 
     /// Copies of the UDP group's and the TCP listener's descriptors, for a successor.
-    pub fn socket_fds(&self) -> io::Result<(Vec<std::os::fd::OwnedFd>, std::os::fd::OwnedFd)> {
+    pub(crate) fn socket_fds(
+        &self,
+    ) -> io::Result<(Vec<std::os::fd::OwnedFd>, std::os::fd::OwnedFd)> {
         use std::os::fd::AsFd;
         let udp = self
             .udp
@@ -220,7 +222,7 @@ impl DnsProxy {
     }
 
     /// Answers repeated forwarded questions from `cache` (shared by every listener of the agent).
-    pub fn with_cache(mut self, cache: Arc<AnswerCache>) -> Self {
+    pub(crate) fn with_cache(mut self, cache: Arc<AnswerCache>) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.cache = Some(cache);
         }
@@ -228,7 +230,7 @@ impl DnsProxy {
     }
 
     /// Holds forwards and TCP clients to `budgets` (without, nothing is capped).
-    pub fn with_budgets(mut self, budgets: Arc<Budgets>) -> Self {
+    pub(crate) fn with_budgets(mut self, budgets: Arc<Budgets>) -> Self {
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.budgets = Some(budgets);
         }
@@ -236,12 +238,12 @@ impl DnsProxy {
     }
 
     #[cfg(test)]
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         self.tcp.local_addr()
     }
 
     /// Serves until `shutdown` changes.
-    pub async fn serve(self, mut shutdown: crate::drain::Watcher) {
+    pub(crate) async fn serve(self, mut shutdown: crate::drain::Watcher) {
         let queues: Vec<_> = self
             .udp
             .into_iter()
@@ -345,7 +347,7 @@ impl Queue {
 
 /// Where a pod's forwarded query is answered: the queue socket it came in on, to its address. Holds
 /// the pod's place among the forwards in flight until then.
-pub struct PodReply {
+pub(crate) struct PodReply {
     queue: Arc<Queue>,
     client: SocketAddr,
     /// Set when the reply may be kept for other askers.
@@ -355,7 +357,7 @@ pub struct PodReply {
 
 impl PodReply {
     /// The upstream's reply, under the client's id.
-    pub fn answered(self, reply: &[u8]) {
+    pub(crate) fn answered(self, reply: &[u8]) {
         let shared = &self.queue.shared;
         shared.metrics.query(DnsOutcome::Forwarded);
         // Kept before the client has it: its next ask finds it.
@@ -366,7 +368,7 @@ impl PodReply {
     }
 
     /// SERVFAIL for `query` (under the client's id).
-    pub fn failed(self, query: &[u8], error: super::UpstreamError) {
+    pub(crate) fn failed(self, query: &[u8], error: super::UpstreamError) {
         limited!(Kind::ForwardFailed, debug, client = %self.client, %error, "DNS forward failed; answering SERVFAIL");
         self.queue.shared.metrics.query(DnsOutcome::Servfail);
         if let Some(reply) = servfail_for(query) {

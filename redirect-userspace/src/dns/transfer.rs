@@ -18,13 +18,13 @@ use super::UpstreamError;
 use crate::net::connect_marked;
 
 /// Whether a question asks for a zone transfer, whose answer is a stream of messages.
-pub fn is_transfer(qtype: RecordType) -> bool {
+pub(super) fn is_transfer(qtype: RecordType) -> bool {
     matches!(qtype, RecordType::AXFR | RecordType::IXFR)
 }
 
 /// Tells the last message of a transfer from the ones before it.
 #[derive(Debug)]
-pub struct Progress {
+pub(super) struct Progress {
     qtype: RecordType,
     /// The serial of the SOA the transfer began with.
     first_serial: Option<u32>,
@@ -32,7 +32,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(qtype: RecordType) -> Self {
+    pub(super) fn new(qtype: RecordType) -> Self {
         Progress {
             qtype,
             first_serial: None,
@@ -41,7 +41,7 @@ impl Progress {
     }
 
     /// Takes the next message of the stream; true when it is the last one.
-    pub fn is_last(&mut self, message: &[u8]) -> bool {
+    pub(super) fn is_last(&mut self, message: &[u8]) -> bool {
         let Ok(message) = Message::from_vec(message) else {
             return true; // nothing after junk can be trusted to belong to the transfer
         };
@@ -71,7 +71,7 @@ impl Progress {
 }
 
 /// A transfer in progress: a connection to the upstream the query went out on.
-pub struct Transfer {
+pub(super) struct Transfer {
     stream: TcpStream,
     addr: SocketAddr,
     /// The longest wait for each next message.
@@ -82,7 +82,7 @@ pub struct Transfer {
 
 impl Transfer {
     /// Sends `query` to `addr` over a connection of its own.
-    pub async fn start(
+    pub(super) async fn start(
         addr: SocketAddr,
         timeout: Duration,
         query: &[u8],
@@ -114,7 +114,7 @@ impl Transfer {
     }
 
     /// The next message of the stream; `None` once the last one was given.
-    pub async fn next(&mut self) -> Result<Option<Vec<u8>>, UpstreamError> {
+    pub(super) async fn next(&mut self) -> Result<Option<Vec<u8>>, UpstreamError> {
         if self.done {
             return Ok(None);
         }

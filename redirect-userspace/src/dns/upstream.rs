@@ -35,7 +35,7 @@ use tokio::{
 
 /// Total time a forwarded query may take before the client gets SERVFAIL: within the 2 s of
 /// `docs/dns.md#upstream-failure` and well under glibc's and dig's 5 s retry, so the client sees a failure, not a hang.
-pub const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
+pub(super) const UPSTREAM_TIMEOUT: Duration = Duration::from_millis(1500);
 /// UDP queries a lane carries before a fresh socket (a new random port) takes over.
 const LANE_QUERIES: u32 = 10_000;
 /// ... or after this long, whichever comes first.
@@ -49,7 +49,7 @@ const REPLY_BATCH: usize = 64;
 const MAX_UDP: usize = 65_535;
 
 #[derive(Debug, thiserror::Error)]
-pub enum UpstreamError {
+pub(crate) enum UpstreamError {
     #[error("upstream {0} did not answer within {1:?}")]
     Timeout(SocketAddr, Duration),
     #[error("upstream {0}: too many queries in flight")]
@@ -64,7 +64,7 @@ pub enum UpstreamError {
 
 /// Who waits for a forwarded UDP reply. Told exactly once: the reply, or the query back with the
 /// reason it failed.
-pub enum ReplyTo {
+pub(crate) enum ReplyTo {
     /// A pod's query: answered from the lane's reader, straight to the pod.
     Pod(PodReply),
     /// The agent's own lookup (endpoint host names).
@@ -93,7 +93,7 @@ impl ReplyTo {
 }
 
 /// The resolver the agent forwards to.
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub addr: SocketAddr,
     pub timeout: Duration,
     /// The UDP lanes, opened on first use; a query takes the next one in turn.
@@ -114,7 +114,7 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    pub fn new(addr: SocketAddr) -> Self {
+    pub(crate) fn new(addr: SocketAddr) -> Self {
         // One lane per worker thread: replies are read in parallel, one lock per lane.
         let lanes = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
         Self {
@@ -129,7 +129,7 @@ impl Upstream {
     /// Sends `query` (a client's datagram, its `question` as read from it) upstream over UDP; the
     /// reply, or SERVFAIL's occasion, goes to `reply_to` later, from the lane's reader. `query` is
     /// left under the id it went up with.
-    pub async fn forward(&self, query: &mut [u8], question: Vec<Query>, reply_to: ReplyTo) {
+    pub(crate) async fn forward(&self, query: &mut [u8], question: Vec<Query>, reply_to: ReplyTo) {
         let mut waiting = Some((question, reply_to));
         let mut filed = None;
         // A lane may close between taking it and filing the query (it was replaced and drained
@@ -175,7 +175,7 @@ impl Upstream {
 
     /// Forwards the agent's own query over UDP and waits for the reply (unchanged but for the id,
     /// which is the query's).
-    pub async fn forward_udp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
+    pub(crate) async fn forward_udp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
         let question =
             Message::from_vec(query)
                 .map(|m| m.queries)
@@ -213,7 +213,7 @@ impl Upstream {
     }
 
     /// Forwards over TCP (the client came over TCP, e.g. after a truncated UDP reply).
-    pub async fn forward_tcp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
+    pub(crate) async fn forward_tcp(&self, query: &[u8]) -> Result<Vec<u8>, UpstreamError> {
         let deadline = Instant::now() + self.timeout;
         let exchange = async {
             let mut stream = connect_marked(self.addr, self.timeout).await?;
@@ -433,7 +433,7 @@ fn take_reply(lane: &Lane, reply: &mut [u8]) {
 }
 
 /// The first `nameserver` in a resolv.conf: the default upstream (on a node, the cluster DNS).
-pub fn first_nameserver(resolv_conf: &str) -> Option<SocketAddr> {
+pub(crate) fn first_nameserver(resolv_conf: &str) -> Option<SocketAddr> {
     resolv_conf.lines().find_map(|line| {
         let mut words = line.split_whitespace();
         (words.next() == Some("nameserver"))

@@ -23,7 +23,7 @@ use crate::{
 };
 
 /// Answers from the live snapshot; counts and logs every service hidden from the client.
-pub struct VisibleNames {
+pub(crate) struct VisibleNames {
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
     /// What the kernel filed for steered TCP connections and the pods' cgroups, once the programs
@@ -37,7 +37,7 @@ struct KernelSource {
 }
 
 impl VisibleNames {
-    pub fn new(live: Arc<LiveState>, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(live: Arc<LiveState>, metrics: Arc<Metrics>) -> Self {
         VisibleNames {
             live,
             metrics,
@@ -46,7 +46,7 @@ impl VisibleNames {
     }
 
     /// From now on, a TCP client's connection is held against the kernel's word on its process.
-    pub fn use_kernel(&self, flows: Arc<dyn Flows>, cgroups: Arc<CgroupPods>) {
+    pub(crate) fn use_kernel(&self, flows: Arc<dyn Flows>, cgroups: Arc<CgroupPods>) {
         let _ = self.kernel.set(KernelSource { flows, cgroups });
     }
 

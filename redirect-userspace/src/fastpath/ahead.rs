@@ -34,15 +34,15 @@ use crate::{
 
 /// An answer is kept at least this long, whatever its TTL (a TTL of 0 or 1 would otherwise have
 /// the agent ask for it all the time).
-pub const TTL_FLOOR: Duration = Duration::from_secs(5);
+pub(crate) const TTL_FLOOR: Duration = Duration::from_secs(5);
 /// ... and at most this long: endpoints move, and a long TTL should not pin them (the proxy's cap).
-pub const TTL_CAP: Duration = crate::dns::MAX_KEEP;
+pub(crate) const TTL_CAP: Duration = crate::dns::MAX_KEEP;
 /// Host names resolved ahead at most, taken round robin across namespaces (each one's in name
 /// order), so a namespace with few names keeps them all; the rest are the proxy's to resolve.
-pub const MAX_NAMES: usize = 4096;
+pub(crate) const MAX_NAMES: usize = 4096;
 /// Names asked of the upstream per second at most, on average (each is an `A` and an `AAAA`
 /// query); [`BURST`] at once after a quiet while.
-pub const NAMES_PER_SECOND: f64 = 50.0;
+pub(crate) const NAMES_PER_SECOND: f64 = 50.0;
 const BURST: f64 = 100.0;
 /// A name is asked again when this share of its answer's life has passed.
 const REFRESH_AT: f64 = 0.75;
@@ -52,7 +52,7 @@ const RETRY_FIRST: Duration = Duration::from_secs(1);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 /// The compiler is told of changed fresh addresses at most once per this, changes meanwhile taken
 /// together: many names with short TTLs would otherwise have it recompile dozens of times a second.
-pub const CHANGE_BATCH: Duration = Duration::from_millis(100);
+pub(crate) const CHANGE_BATCH: Duration = Duration::from_millis(100);
 
 /// One name's state.
 #[derive(Debug)]
@@ -70,7 +70,7 @@ struct Name {
 /// The names wanted and what is known of them: the pure part, driven by [`Ahead`] (and tests) with
 /// the time passed in.
 #[derive(Debug)]
-pub struct AheadSet {
+pub(crate) struct AheadSet {
     names: BTreeMap<String, Name>,
     /// Names wanted beyond [`MAX_NAMES`].
     left_out: usize,
@@ -83,14 +83,14 @@ pub struct AheadSet {
 
 /// What one answer did to the set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Recorded {
+pub(crate) enum Recorded {
     /// The fresh addresses changed (a new name, new addresses, or an answer gone).
     Changed,
     Unchanged,
 }
 
 impl AheadSet {
-    pub fn new(now: Instant) -> AheadSet {
+    pub(crate) fn new(now: Instant) -> AheadSet {
         AheadSet {
             names: BTreeMap::new(),
             left_out: 0,
@@ -103,7 +103,7 @@ impl AheadSet {
     /// Makes `wanted` (namespace -> the names it wants) the names resolved ahead: at most
     /// [`MAX_NAMES`], taken round robin across the namespaces in order, each one's in name order.
     /// New ones are due now, names no longer wanted are dropped.
-    pub fn set_names(
+    pub(crate) fn set_names(
         &mut self,
         wanted: BTreeMap<String, BTreeSet<String>>,
         now: Instant,
@@ -164,7 +164,7 @@ impl AheadSet {
     }
 
     /// Names wanted beyond [`MAX_NAMES`], left to the proxy.
-    pub fn left_out(&self) -> usize {
+    pub(crate) fn left_out(&self) -> usize {
         self.left_out
     }
 
@@ -172,7 +172,7 @@ impl AheadSet {
     /// due names (from the one after the last asked for), each one's longest-waiting first, so a
     /// namespace with thousands due cannot starve another's one. Each is marked as being asked
     /// until [`AheadSet::record`].
-    pub fn due(&mut self, now: Instant) -> Vec<String> {
+    pub(crate) fn due(&mut self, now: Instant) -> Vec<String> {
         let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
         self.tokens = (self.tokens + elapsed * NAMES_PER_SECOND).min(BURST);
         self.refilled = now;
@@ -221,7 +221,7 @@ impl AheadSet {
     }
 
     /// Records what the upstream said about `name`; on success, returns how long the answer is kept.
-    pub fn record(
+    pub(crate) fn record(
         &mut self,
         name: &str,
         outcome: &Result<HostAnswer, ResolveError>,
@@ -260,7 +260,7 @@ impl AheadSet {
     }
 
     /// Drops the answers expired by `now` (their names go to the proxy until asked again).
-    pub fn expire(&mut self, now: Instant) -> Vec<String> {
+    pub(crate) fn expire(&mut self, now: Instant) -> Vec<String> {
         let mut expired = Vec::new();
         for (name, state) in &mut self.names {
             if state.answer.as_ref().is_some_and(|(_, at)| *at <= now) {
@@ -272,7 +272,7 @@ impl AheadSet {
     }
 
     /// The fresh addresses of every name that has some.
-    pub fn fresh(&self) -> HostAddresses {
+    pub(crate) fn fresh(&self) -> HostAddresses {
         self.names
             .iter()
             .filter_map(|(name, s)| Some((name.clone(), s.answer.as_ref()?.0.clone())))
@@ -281,7 +281,7 @@ impl AheadSet {
 
     /// When something is next to do: a name due (or, while the rate holds names back, when the
     /// next may go), or an answer expiring.
-    pub fn next_event(&self) -> Option<Instant> {
+    pub(crate) fn next_event(&self) -> Option<Instant> {
         let mut next: Option<Instant> = None;
         let mut earliest = |at: Instant| next = Some(next.map_or(at, |n| n.min(at)));
         for state in self.names.values() {
@@ -303,7 +303,7 @@ impl AheadSet {
 
 /// Every endpoint host name of a service that claims an address, which the kernel could rewrite
 /// to once resolved, by the namespace of the service naming it (the unit the bounds are shared by).
-pub fn endpoint_hosts(snapshot: &Snapshot) -> BTreeMap<String, BTreeSet<String>> {
+pub(crate) fn endpoint_hosts(snapshot: &Snapshot) -> BTreeMap<String, BTreeSet<String>> {
     let mut hosts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for svc in snapshot
         .services()
@@ -357,14 +357,14 @@ impl Batch {
 
 /// Counters of the resolution ahead.
 #[derive(Debug, Default)]
-pub struct AheadStats {
+pub(crate) struct AheadStats {
     pub resolved: AtomicU64,
     pub failed: AtomicU64,
     pub expired: AtomicU64,
 }
 
 /// The resolution ahead, running: [`AheadSet`] with the clock, the upstream and the proxy's cache.
-pub struct Ahead {
+pub(crate) struct Ahead {
     upstream: Arc<Upstream>,
     /// The proxy's cache of endpoint host names: it gets every answer, kept as long.
     proxy_cache: Arc<HostCache>,
@@ -374,7 +374,7 @@ pub struct Ahead {
 }
 
 impl Ahead {
-    pub fn new(upstream: Arc<Upstream>, proxy_cache: Arc<HostCache>) -> Ahead {
+    pub(crate) fn new(upstream: Arc<Upstream>, proxy_cache: Arc<HostCache>) -> Ahead {
         Ahead {
             upstream,
             proxy_cache,
@@ -390,7 +390,7 @@ impl Ahead {
     }
 
     /// Makes the endpoint host names of `snapshot` the names resolved ahead.
-    pub fn follow(&self, snapshot: &Snapshot) -> Recorded {
+    pub(crate) fn follow(&self, snapshot: &Snapshot) -> Recorded {
         let recorded = self
             .set()
             .set_names(endpoint_hosts(snapshot), Instant::now());
@@ -399,21 +399,21 @@ impl Ahead {
     }
 
     /// The fresh addresses of every name that has some.
-    pub fn fresh(&self) -> HostAddresses {
+    pub(crate) fn fresh(&self) -> HostAddresses {
         self.set().fresh()
     }
 
-    pub fn left_out(&self) -> usize {
+    pub(crate) fn left_out(&self) -> usize {
         self.set().left_out()
     }
 
-    pub fn names(&self) -> usize {
+    pub(crate) fn names(&self) -> usize {
         self.set().names.len()
     }
 
     /// Asks for every name due now and waits for the answers, at most `within`: the first tables
     /// then hold what resolved quickly (the rest follow as it resolves).
-    pub async fn resolve_due(&self, within: Duration) {
+    pub(crate) async fn resolve_due(&self, within: Duration) {
         let mut asking = JoinSet::new();
         for name in self.set().due(Instant::now()) {
             let upstream = self.upstream.clone();
@@ -481,7 +481,7 @@ impl Ahead {
 
     /// Keeps the names resolved until `shutdown` fires; `changed` runs when the fresh addresses
     /// changed, at most once per [`CHANGE_BATCH`] (a change is told within it, never dropped).
-    pub async fn run(
+    pub(crate) async fn run(
         self: Arc<Self>,
         changed: impl Fn() + Send + Sync + 'static,
         mut shutdown: crate::drain::Watcher,

@@ -25,20 +25,24 @@ use crate::{
 
 /// The addresses the agent resolved ahead for endpoint host names, while fresh: for each name its
 /// addresses, IPv4 first (`dns::ahead`). A name missing here is the proxy's to resolve.
-pub type HostAddresses = HashMap<String, Vec<IpAddr>>;
+pub(crate) type HostAddresses = HashMap<String, Vec<IpAddr>>;
 
 /// One claimed key, exact address or network, and its claimants in rank order.
 type Claimants = BTreeMap<(IpKey, u32), Vec<u32>>;
 
 /// Compiles `snapshot` into tables of at most `limits` entries, every endpoint host name left to the
 /// proxy.
-pub fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
+pub(crate) fn compile(snapshot: &Snapshot, limits: Limits) -> (Tables, Stats) {
     compile_with(snapshot, limits, &HostAddresses::new())
 }
 
 /// Compiles `snapshot` into tables of at most `limits` entries; an endpoint host name with
 /// addresses in `hosts` is rewritten to them like an endpoint given by address.
-pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) -> (Tables, Stats) {
+pub(crate) fn compile_with(
+    snapshot: &Snapshot,
+    limits: Limits,
+    hosts: &HostAddresses,
+) -> (Tables, Stats) {
     compile_reusing(snapshot, limits, hosts, None)
 }
 
@@ -48,7 +52,7 @@ pub fn compile_with(snapshot: &Snapshot, limits: Limits, hosts: &HostAddresses) 
 /// workload addresses again; one that shares its workloads ([`Snapshot::same_workloads`], a
 /// change to services alone) compiles only the services' entries, and of those only the entries
 /// of the addresses the changed services claim when it can (`patch`).
-pub fn compile_after(
+pub(crate) fn compile_after(
     compiled: Option<(&Snapshot, &Tables, &Stats)>,
     same_hosts: bool,
     snapshot: &Snapshot,
@@ -164,7 +168,7 @@ fn claimants(services: &[&Service]) -> (Claimants, Claimants) {
 /// The tables [`compile_with`] gives `snapshot`, from `tables` and `stats`: what it gave a snapshot with the
 /// same services (shared, [`Snapshot::same_services`]), host addresses and limits. Only the
 /// workload addresses are taken again: a change to Pods alone compiles no service.
-pub fn with_workloads(
+pub(crate) fn with_workloads(
     tables: &Tables,
     stats: &Stats,
     snapshot: &Snapshot,
@@ -663,7 +667,7 @@ fn backends(port: &Port, hosts: &HostAddresses) -> Result<PortEndpoints, Fallbac
 /// the same snapshot with `before`: when every service naming a host whose addresses changed keeps
 /// the same ports rewritable (the usual refresh: a name's addresses moved), only those ports'
 /// endpoints are written again; `None` when a claim or a fallback would change (compile whole).
-pub fn with_hosts(
+pub(crate) fn with_hosts(
     tables: &Tables,
     stats: &Stats,
     snapshot: &Snapshot,

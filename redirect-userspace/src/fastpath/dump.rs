@@ -9,7 +9,7 @@ use crate::state::Snapshot;
 
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Dump {
+pub(crate) struct Dump {
     /// Entries of each table in force.
     pub tables: BTreeMap<&'static str, usize>,
     /// What the snapshot leaves to the proxy that the kernel could otherwise decide, by reason.
@@ -24,7 +24,7 @@ pub struct Dump {
 /// Who decides a connection to one address and port of a service.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ServiceDecision {
+pub(crate) struct ServiceDecision {
     /// `namespace/name`.
     pub service: String,
     pub address: String,
@@ -35,7 +35,7 @@ pub struct ServiceDecision {
 
 impl Dump {
     /// `in_force`: the entries of each table in the kernel's maps, if any are in force.
-    pub fn new(
+    pub(crate) fn new(
         snapshot: &Snapshot,
         tables: &Tables,
         stats: &Stats,
@@ -69,7 +69,11 @@ impl Dump {
     }
 
     /// This dump, with what the maps take and may take.
-    pub fn with_memory(self, memory: BTreeMap<&'static str, TableMemory>, budget: usize) -> Dump {
+    pub(crate) fn with_memory(
+        self,
+        memory: BTreeMap<&'static str, TableMemory>,
+        budget: usize,
+    ) -> Dump {
         Dump {
             memory,
             memory_budget_bytes: budget,
@@ -79,7 +83,7 @@ impl Dump {
 }
 
 /// `HostNameEndpoint` -> `host_name_endpoint`: the metric label and the dump's key.
-pub fn fallback_name(why: Fallback) -> String {
+pub(crate) fn fallback_name(why: Fallback) -> String {
     let mut out = String::new();
     for (i, c) in format!("{why:?}").chars().enumerate() {
         if c.is_ascii_uppercase() {

@@ -13,7 +13,7 @@ use super::tables::{NsId, PortEndpoints, Tables};
 
 /// What the kernel does with a `connect()`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FastDecision<'t> {
+pub(crate) enum FastDecision<'t> {
     /// Leave the socket alone: no visible service claims the address, or a resolution NONE one does.
     Passthrough,
     /// Leave the socket alone: the address is a workload's and no visible service claims it.
@@ -34,7 +34,7 @@ pub enum DecidedBy {
 
 /// The program for a socket of the process in cgroup `cgroup`.
 #[cfg(test)]
-pub fn decide<'t>(
+pub(crate) fn decide<'t>(
     tables: &'t Tables,
     clients: &Clients,
     cgroup: u64,
@@ -50,13 +50,13 @@ pub fn decide<'t>(
 }
 
 /// The program once the client's namespace id is known.
-pub fn decide_for(tables: &Tables, ns: NsId, ip: IpAddr, port: u16) -> FastDecision<'_> {
+pub(crate) fn decide_for(tables: &Tables, ns: NsId, ip: IpAddr, port: u16) -> FastDecision<'_> {
     decide_hidden(tables, ns, ip, port).0
 }
 
 /// [`decide_for`], and the id of the service skipped as hidden that the program counts and
 /// reports (only when it decides: never with [`FastDecision::Proxy`], which the proxy counts).
-pub fn decide_hidden(
+pub(crate) fn decide_hidden(
     tables: &Tables,
     ns: NsId,
     ip: IpAddr,
@@ -128,7 +128,12 @@ impl DecidedBy {
 
 /// Whether the kernel or the proxy would decide a connection from a client in `client_ns`
 /// (`None`: unknown) to `ip:port` under these tables.
-pub fn decided_by(tables: &Tables, client_ns: Option<&str>, ip: IpAddr, port: u16) -> DecidedBy {
+pub(crate) fn decided_by(
+    tables: &Tables,
+    client_ns: Option<&str>,
+    ip: IpAddr,
+    port: u16,
+) -> DecidedBy {
     let ns = client_ns.map_or(NS_UNKNOWN, |ns| tables.namespace_id(ns));
     match decide_for(tables, ns, ip, port) {
         FastDecision::Proxy => DecidedBy::Proxy,

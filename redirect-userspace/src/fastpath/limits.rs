@@ -8,7 +8,7 @@ use redirect_common::fastpath::NS_PROXY;
 /// What the tables may hold: entries of each table, and the kernel memory of one generation
 /// ([`super::entry_bytes`] an entry) in all and for one namespace's own entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Namespaces with entries of their own.
     pub namespaces: usize,
     pub clients: usize,
@@ -24,12 +24,12 @@ pub struct Limits {
 }
 
 /// The kernel memory the fast path's tables may take by default, both generations together.
-pub const DEFAULT_MEMORY: usize = 64 << 20;
+pub(crate) const DEFAULT_MEMORY: usize = 64 << 20;
 
 impl Limits {
     /// The limits for `memory` bytes of kernel memory, both generations together: half of it a
     /// generation, and a quarter of that for any one namespace's own entries.
-    pub fn within(memory: usize) -> Limits {
+    pub(crate) fn within(memory: usize) -> Limits {
         let bytes = memory / 2;
         Limits {
             namespaces: NS_PROXY as usize - 1,
@@ -62,7 +62,7 @@ impl Default for Limits {
 
 /// Why the proxy decides what the kernel could otherwise have decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Fallback {
+pub(crate) enum Fallback {
     /// A service port with an endpoint by host name the agent holds no fresh addresses for (not
     /// resolved yet, did not resolve, its answer expired, or past the names resolved ahead); counted
     /// per service port.
@@ -91,7 +91,7 @@ pub enum Fallback {
 
 /// What a compilation produced.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
+pub(crate) struct Stats {
     pub namespaces: usize,
     pub exact: usize,
     pub cidrs: usize,

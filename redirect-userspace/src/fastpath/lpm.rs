@@ -35,7 +35,7 @@ fn mask(bytes: LpmBytes, prefix_len: u32) -> LpmBytes {
 
 impl<V> LpmTrie<V> {
     /// Stores `value` for the first `prefix_len` bits of `key` (replacing an equal prefix).
-    pub fn insert(&mut self, key: AddrKey, prefix_len: u32, value: V) {
+    pub(super) fn insert(&mut self, key: AddrKey, prefix_len: u32, value: V) {
         let bucket = self.by_len.entry(prefix_len).or_default();
         if bucket
             .insert(mask(key.lpm_bytes(), prefix_len), value)
@@ -45,7 +45,7 @@ impl<V> LpmTrie<V> {
         }
     }
 
-    pub fn lookup(&self, key: AddrKey) -> Option<&V> {
+    pub(super) fn lookup(&self, key: AddrKey) -> Option<&V> {
         let bytes = key.lpm_bytes();
         self.by_len
             .iter()
@@ -55,18 +55,18 @@ impl<V> LpmTrie<V> {
 
     /// The value stored for exactly this prefix (`bytes` masked to `prefix_len`, as [`Self::iter`]
     /// gives them).
-    pub fn get(&self, prefix_len: u32, bytes: &LpmBytes) -> Option<&V> {
+    pub(super) fn get(&self, prefix_len: u32, bytes: &LpmBytes) -> Option<&V> {
         self.by_len.get(&prefix_len)?.get(bytes)
     }
 
     /// Every stored prefix: (prefix length, masked key bytes, value).
-    pub fn iter(&self) -> impl Iterator<Item = (u32, &LpmBytes, &V)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (u32, &LpmBytes, &V)> {
         self.by_len
             .iter()
             .flat_map(|(len, bucket)| bucket.iter().map(move |(key, v)| (*len, key, v)))
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.len
     }
 }

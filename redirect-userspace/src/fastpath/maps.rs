@@ -103,7 +103,7 @@ fn sizes(install: &Install) -> BTreeMap<&'static str, usize> {
 }
 
 /// The fast path's maps, owned by the agent that loaded them.
-pub struct FastMaps {
+pub(crate) struct FastMaps {
     selector: Array<MapData, u32>,
     outers: Outers,
     generations: [Generation; 2],
@@ -119,16 +119,16 @@ pub struct FastMaps {
 
 /// The programs' fast-path counters: read without the maps' lock, which an update holds for as
 /// long as it writes (a scrape or the hides' reader never waits for one).
-pub struct FastStats(PerCpuArray<MapData, u64>);
+pub(crate) struct FastStats(PerCpuArray<MapData, u64>);
 
 impl FastStats {
     /// Totals of the programs' per-CPU fast-path counters.
-    pub fn counts(&self) -> Vec<(FastStat, u64)> {
+    pub(crate) fn counts(&self) -> Vec<(FastStat, u64)> {
         per_cpu_totals(&self.0, &FastStat::ALL, |stat| stat as u32)
     }
 
     /// Connections the kernel decided past a hidden service, and the hides it could not report.
-    pub fn hidden_counts(&self) -> (u64, u64) {
+    pub(crate) fn hidden_counts(&self) -> (u64, u64) {
         let totals = per_cpu_totals(
             &self.0,
             &[FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED],
@@ -139,11 +139,11 @@ impl FastStats {
 }
 
 /// The kernel's reports of the hides it decided past (`FAST_HIDDEN_EVENTS`).
-pub struct HiddenEvents(RingBuf<MapData>);
+pub(crate) struct HiddenEvents(RingBuf<MapData>);
 
 impl HiddenEvents {
     /// Every event waiting, oldest first.
-    pub fn drain(&mut self) -> Vec<HiddenEvent> {
+    pub(crate) fn drain(&mut self) -> Vec<HiddenEvent> {
         let mut out = Vec::new();
         while let Some(item) = self.0.next() {
             if item.len() >= std::mem::size_of::<HiddenEvent>() {
@@ -157,7 +157,7 @@ impl HiddenEvents {
 }
 
 impl FastMaps {
-    pub fn take(ebpf: &mut Ebpf) -> Result<FastMaps, RedirectError> {
+    pub(crate) fn take(ebpf: &mut Ebpf) -> Result<FastMaps, RedirectError> {
         let mut outers = Outers {
             clients: take_map(ebpf, maps::FAST_CLIENTS, ArrayOfMaps::try_from)?,
             exact: take_map(ebpf, maps::FAST_EXACT, ArrayOfMaps::try_from)?,
@@ -192,7 +192,10 @@ impl FastMaps {
 
     /// [`FastMaps::take`], then `first` put in force when given (a failure to write them is logged:
     /// the proxy decides until the next tables).
-    pub fn take_with(ebpf: &mut Ebpf, first: Option<&Install>) -> Result<FastMaps, RedirectError> {
+    pub(crate) fn take_with(
+        ebpf: &mut Ebpf,
+        first: Option<&Install>,
+    ) -> Result<FastMaps, RedirectError> {
         let mut maps = FastMaps::take(ebpf)?;
         if let Some(first) = first {
             match maps.install(first) {
@@ -211,7 +214,7 @@ impl FastMaps {
     }
 
     /// Puts `tables` in force, whole. On an error the generation in force stays as it was.
-    pub fn install(&mut self, tables: &Install) -> Result<(), MapError> {
+    pub(crate) fn install(&mut self, tables: &Install) -> Result<(), MapError> {
         let idle = self.in_force.map_or(0, |i| 1 - i);
         if let Some(at) = self.flipped_at {
             // Blocking, but short and only on back-to-back updates.
@@ -227,13 +230,13 @@ impl FastMaps {
     }
 
     /// Entries of each table in force, if any are.
-    pub fn sizes_in_force(&self) -> Option<BTreeMap<&'static str, usize>> {
+    pub(crate) fn sizes_in_force(&self) -> Option<BTreeMap<&'static str, usize>> {
         let held = self.generations[self.in_force?].held.as_ref()?;
         Some(sizes(held))
     }
 
     /// What each table's maps take in the kernel, both generations together.
-    pub fn memory(&self) -> BTreeMap<&'static str, TableMemory> {
+    pub(crate) fn memory(&self) -> BTreeMap<&'static str, TableMemory> {
         let mut out: BTreeMap<&'static str, TableMemory> = BTreeMap::new();
         for generation in &self.generations {
             for (name, memory) in generation.memory() {
@@ -244,7 +247,7 @@ impl FastMaps {
     }
 
     /// The programs' counters, to read without this lock.
-    pub fn stats(&self) -> Arc<FastStats> {
+    pub(crate) fn stats(&self) -> Arc<FastStats> {
         self.stats.clone()
     }
 
@@ -253,7 +256,7 @@ impl FastMaps {
     /// writes both its own change and the one before it: after the first tables (the idle
     /// generation empty) that is every entry, at 10,000 entries some 100 ms on the way to one
     /// pod's change. Done off the update's path, it takes that time when nothing waits for it.
-    pub fn catch_up(&mut self) -> Result<bool, MapError> {
+    pub(crate) fn catch_up(&mut self) -> Result<bool, MapError> {
         let Some(in_force) = self.in_force else {
             return Ok(true);
         };
@@ -279,7 +282,7 @@ impl FastMaps {
     }
 
     /// The hide reports, once (their reader owns them).
-    pub fn take_events(&mut self) -> Option<HiddenEvents> {
+    pub(crate) fn take_events(&mut self) -> Option<HiddenEvents> {
         self.events.take().map(HiddenEvents)
     }
 }

@@ -29,7 +29,7 @@ const fn round8(n: usize) -> usize {
 }
 
 /// Bytes one entry of `table` takes, beside the buckets.
-pub fn entry_bytes(table: &str) -> usize {
+pub(super) fn entry_bytes(table: &str) -> usize {
     use core::mem::size_of;
 
     use redirect_common::fastpath::{AddrKey, Backends, Claim, IpKey, LpmBytes, PortKey};
@@ -49,7 +49,7 @@ pub fn entry_bytes(table: &str) -> usize {
 }
 
 /// What a map of `table` holding `entries` in room for `capacity` takes, estimated.
-pub fn kernel_bytes(table: &str, entries: usize, capacity: usize) -> u64 {
+pub(crate) fn kernel_bytes(table: &str, entries: usize, capacity: usize) -> u64 {
     let buckets = match table {
         "cidrs" => 0,
         _ => capacity.next_power_of_two() * BUCKET,
@@ -60,7 +60,7 @@ pub fn kernel_bytes(table: &str, entries: usize, capacity: usize) -> u64 {
 /// What one table's maps take.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct TableMemory {
+pub(crate) struct TableMemory {
     pub entries: usize,
     /// The entries the maps were created for.
     pub capacity: usize,
@@ -72,7 +72,7 @@ pub struct TableMemory {
 
 impl TableMemory {
     /// Adds another map of the same table (the other generation).
-    pub fn add(&mut self, other: &TableMemory) {
+    pub(crate) fn add(&mut self, other: &TableMemory) {
         self.entries += other.entries;
         self.capacity += other.capacity;
         self.estimated_bytes += other.estimated_bytes;

@@ -9,7 +9,7 @@
 //! `docs/data-plane.md#in-kernel-fast-path` has the rules in prose. The tables' keys and values are
 //! `redirect_common::fastpath`'s, the entries the programs read; `maps` writes them, one
 //! generation at a time, into the maps the loader (`redirect`) hands over before it attaches.
-pub mod ahead;
+pub(crate) mod ahead;
 mod compile;
 mod dump;
 mod kernel;
@@ -21,20 +21,21 @@ mod patch;
 mod tables;
 mod upkeep;
 
-pub use compile::{HostAddresses, compile, compile_after, with_hosts};
+pub(crate) use compile::{HostAddresses, compile, compile_after, with_hosts};
 #[cfg(test)]
-pub use compile::{compile_with, with_workloads};
-pub use dump::{Dump, fallback_name};
-pub use kernel::{DecidedBy, decided_by};
+pub(crate) use compile::{compile_with, with_workloads};
+pub(crate) use dump::{Dump, fallback_name};
+pub use kernel::DecidedBy;
+pub(crate) use kernel::decided_by;
 #[cfg(test)]
-pub use kernel::{FastDecision, decide, decide_for, decide_hidden};
-pub use limits::{DEFAULT_MEMORY, Fallback, Limits, Stats};
-pub use maps::FastMaps;
-pub use memory::{TableMemory, kernel_bytes};
+pub(crate) use kernel::{FastDecision, decide, decide_for, decide_hidden};
+pub(crate) use limits::{DEFAULT_MEMORY, Fallback, Limits, Stats};
+pub(crate) use maps::FastMaps;
+pub(crate) use memory::{TableMemory, kernel_bytes};
 #[cfg(test)]
-pub use tables::ClientsFull;
-pub use tables::{Clients, Install, PortEndpoints, Tables};
-pub use upkeep::FastPath;
+pub(crate) use tables::ClientsFull;
+pub(crate) use tables::{Clients, Install, PortEndpoints, Tables};
+pub(crate) use upkeep::FastPath;
 
 #[cfg(test)]
 mod tests;

@@ -28,18 +28,18 @@ use super::lpm::LpmTrie;
 
 /// A client namespace as the kernel knows it: a small number instead of a name ([`NS_UNKNOWN`]: a
 /// pod whose namespace claims no address; `NS_PROXY`: a namespace whose own entries did not fit).
-pub type NsId = u32;
+pub(super) type NsId = u32;
 
 /// The client table is full: from now on a cgroup missing from it goes to the proxy (see
 /// [`Clients::set`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the fast path's client table is full ({0} entries)")]
-pub struct ClientsFull(pub usize);
+pub(crate) struct ClientsFull(pub usize);
 
 /// A port's endpoints as the agent holds them: only the slots in use (most ports have one or two of
 /// the kernel value's 16), shared between the tables and what each map generation last wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PortEndpoints {
+pub(crate) struct PortEndpoints {
     /// Every endpoint's (one of the `FAMILY_*` constants).
     pub family: u32,
     /// `1..=MAX_ENDPOINTS` of them.
@@ -48,7 +48,7 @@ pub struct PortEndpoints {
 
 impl PortEndpoints {
     /// The value the BPF map holds.
-    pub fn kernel(&self) -> Backends {
+    pub(crate) fn kernel(&self) -> Backends {
         let mut value = Backends {
             family: self.family,
             count: 0,
@@ -63,7 +63,7 @@ impl PortEndpoints {
 
     /// The endpoints in order, as socket addresses.
     #[cfg(test)]
-    pub fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+    pub(crate) fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
         self.endpoints.iter().map(|b| {
             let ip = IpKey {
                 family: self.family,
@@ -78,14 +78,14 @@ impl PortEndpoints {
 /// compiler's copy and with the other generation (never copied to add the clients), and the client
 /// table of the pods on the node.
 #[derive(Debug, Clone, Default)]
-pub struct Install {
+pub(crate) struct Install {
     pub tables: Arc<Tables>,
     pub clients: Arc<Clients>,
 }
 
 impl Install {
     /// The one entry of the BPF array: the tables' flags, and whether the client table is whole.
-    pub fn config(&self) -> Config {
+    pub(crate) fn config(&self) -> Config {
         let mut config = self.tables.config;
         config.clients_incomplete = u8::from(self.clients.incomplete);
         config
@@ -96,7 +96,7 @@ impl Install {
 /// the tables gave the namespaces; a missing cgroup could be any pod's, so its connections go to
 /// the proxy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Clients {
+pub(crate) struct Clients {
     entries: HashMap<u64, NsId>,
     max: usize,
     /// A cgroup did not fit.
@@ -105,7 +105,7 @@ pub struct Clients {
 
 impl Clients {
     /// An empty client table for `tables` (as many entries as their limits allow).
-    pub fn new(tables: &Tables) -> Clients {
+    pub(crate) fn new(tables: &Tables) -> Clients {
         Clients {
             entries: HashMap::new(),
             max: tables.max_clients,
@@ -116,7 +116,7 @@ impl Clients {
     /// Records the namespace of a pod cgroup (a namespace that claims no address gets
     /// [`NS_UNKNOWN`]: its clients see what every client sees). A cgroup that does not fit is
     /// missing, and a missing cgroup goes to the proxy.
-    pub fn set(
+    pub(crate) fn set(
         &mut self,
         tables: &Tables,
         cgroup: u64,
@@ -131,23 +131,23 @@ impl Clients {
     }
 
     #[cfg(test)]
-    pub fn get(&self, cgroup: u64) -> Option<NsId> {
+    pub(crate) fn get(&self, cgroup: u64) -> Option<NsId> {
         self.entries.get(&cgroup).copied()
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Every entry, as the BPF map holds them.
-    pub fn entries(&self) -> &HashMap<u64, NsId> {
+    pub(crate) fn entries(&self) -> &HashMap<u64, NsId> {
         &self.entries
     }
 }
 
 /// One snapshot's tables. Swapped whole, like the snapshot they come from.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Tables {
+pub(crate) struct Tables {
     /// The most entries of the client table ([`Clients`]).
     pub(super) max_clients: usize,
     /// Userspace only: the namespace ids this snapshot gave out, for the agent and `explain`.
@@ -167,7 +167,7 @@ pub struct Tables {
 impl Tables {
     /// The id the client table should give a cgroup of `namespace`: [`NS_UNKNOWN`] for a namespace
     /// that claims no address (its clients see what an unknown client sees).
-    pub fn namespace_id(&self, namespace: &str) -> NsId {
+    pub(crate) fn namespace_id(&self, namespace: &str) -> NsId {
         self.namespaces
             .get(namespace)
             .copied()
@@ -175,32 +175,32 @@ impl Tables {
     }
 
     /// BPF hash `AddrKey -> Claim`.
-    pub fn exact(&self) -> &HashMap<AddrKey, Claim> {
+    pub(crate) fn exact(&self) -> &HashMap<AddrKey, Claim> {
         &self.exact
     }
 
     /// BPF LPM trie entries: (prefix length, key bytes, claim).
-    pub fn cidrs(&self) -> impl Iterator<Item = (u32, &LpmBytes, &Claim)> {
+    pub(crate) fn cidrs(&self) -> impl Iterator<Item = (u32, &LpmBytes, &Claim)> {
         self.cidrs.iter()
     }
 
     /// The LPM trie's entry for exactly this prefix, if any.
-    pub fn cidr(&self, prefix_len: u32, bytes: &LpmBytes) -> Option<&Claim> {
+    pub(crate) fn cidr(&self, prefix_len: u32, bytes: &LpmBytes) -> Option<&Claim> {
         self.cidrs.get(prefix_len, bytes)
     }
 
     /// Entries of the LPM trie.
-    pub fn cidr_count(&self) -> usize {
+    pub(crate) fn cidr_count(&self) -> usize {
         self.cidrs.len()
     }
 
     /// BPF hash `PortKey -> Backends` (each made by [`PortEndpoints::kernel`]).
-    pub fn ports(&self) -> &HashMap<PortKey, PortEndpoints> {
+    pub(crate) fn ports(&self) -> &HashMap<PortKey, PortEndpoints> {
         &self.ports
     }
 
     /// BPF hash `IpKey -> 1`.
-    pub fn workloads(&self) -> &HashSet<IpKey> {
+    pub(crate) fn workloads(&self) -> &HashSet<IpKey> {
         &self.workloads
     }
 }
@@ -208,7 +208,7 @@ impl Tables {
 #[cfg(test)]
 /// [`Tables`] with each namespace number replaced by the namespace's name (`""`: every client).
 #[derive(Debug, PartialEq)]
-pub struct ByName {
+pub(crate) struct ByName {
     exact: HashMap<(String, IpKey), Claim>,
     cidrs: HashMap<(String, u32, LpmBytes), Claim>,
     namespaces: BTreeSet<String>,
@@ -219,7 +219,7 @@ pub struct ByName {
 impl Tables {
     /// These tables with each namespace number replaced by the namespace's name: two
     /// compilations that number the namespaces apart compare equal when they hold the same.
-    pub fn by_name(&self) -> ByName {
+    pub(crate) fn by_name(&self) -> ByName {
         let name = |ns: u32| match ns {
             NS_UNKNOWN => String::new(),
             id => self

@@ -40,11 +40,11 @@ use crate::{
 
 /// How soon a new pod's connections are decided in the kernel (until then its cgroup is unknown
 /// and the proxy decides them).
-pub const RESCAN_EVERY: Duration = Duration::from_secs(1);
+pub(super) const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// How long the agent waits for its first answers about endpoint host names before its first
 /// tables (names still unanswered go to the proxy until they resolve).
-pub const FIRST_RESOLUTION: Duration = Duration::from_secs(1);
+pub(super) const FIRST_RESOLUTION: Duration = Duration::from_secs(1);
 /// How long after a flip the idle generation is brought up to date (past the quiet time the
 /// programs need to finish with it).
 const CATCH_UP_AFTER: Duration = Duration::from_millis(25);
@@ -81,7 +81,7 @@ struct State {
     clients_left_out: usize,
 }
 
-pub struct FastPath {
+pub(crate) struct FastPath {
     live: Arc<LiveState>,
     cgroups: Arc<CgroupPods>,
     /// Set once the programs are loaded ([`FastPath::start`]).
@@ -103,7 +103,7 @@ impl FastPath {
     /// Before the programs are loaded: the first tables, from the snapshot in force, the pods'
     /// cgroups and the endpoint host names resolved within [`FIRST_RESOLUTION`]. They go in force
     /// before the programs are attached (the hook of `Redirector::attach`).
-    pub async fn prepare(
+    pub(crate) async fn prepare(
         live: Arc<LiveState>,
         cgroups: Arc<CgroupPods>,
         ahead: Arc<Ahead>,
@@ -133,7 +133,7 @@ impl FastPath {
 
     /// With the programs loaded (and the first tables in force): installs every later snapshot as
     /// it is applied.
-    pub fn start(self: &Arc<Self>, maps: Arc<Mutex<FastMaps>>) {
+    pub(crate) fn start(self: &Arc<Self>, maps: Arc<Mutex<FastMaps>>) {
         self.publish_maps(&maps);
         // The first tables went in before the programs: the other generation catches up now.
         self.catch_up_later(maps.clone());
@@ -247,7 +247,7 @@ impl FastPath {
     }
 
     /// Rescans the pods' cgroups every [`RESCAN_EVERY`] until `shutdown` changes.
-    pub async fn run(self: Arc<Self>, mut shutdown: crate::drain::Watcher) {
+    pub(crate) async fn run(self: Arc<Self>, mut shutdown: crate::drain::Watcher) {
         // New tables whenever the fresh host addresses change.
         let fast = self.clone();
         let changed = move || {
@@ -365,14 +365,14 @@ impl FastPath {
     }
 
     /// A Prometheus collector of the kernel's fast-path counters and the compiler's fallbacks.
-    pub fn collector(self: &Arc<Self>) -> Box<dyn Collector> {
+    pub(crate) fn collector(self: &Arc<Self>) -> Box<dyn Collector> {
         Box::new(FastPathMetrics(self.clone()))
     }
 
     /// What `/config_dump` shows: the tables in force, what they take in the kernel, and who
     /// decides each service's ports. Read from what was last published: it never waits for a
     /// compilation or a write to the maps.
-    pub fn dump(&self) -> Option<Dump> {
+    pub(crate) fn dump(&self) -> Option<Dump> {
         let published = self.published.locked();
         let (snapshot, tables, stats) = published.compiled.clone()?;
         self.maps.get()?;

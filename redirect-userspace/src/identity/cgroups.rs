@@ -29,7 +29,7 @@ struct Table {
 /// started since). Misses wait for each other, so a burst of them walks once or twice, not once each;
 /// a cgroup seen once is never walked for again.
 #[derive(Debug)]
-pub struct CgroupPods {
+pub(crate) struct CgroupPods {
     root: PathBuf,
     table: ArcSwap<Table>,
     /// Walks done so far (for tests).
@@ -41,7 +41,7 @@ pub struct CgroupPods {
 
 impl CgroupPods {
     /// Walks `root` (the attached cgroup) once now.
-    pub fn new(root: PathBuf) -> CgroupPods {
+    pub(crate) fn new(root: PathBuf) -> CgroupPods {
         let table = walk(&root);
         debug!(root = %root.display(), cgroups = table.ids.len(), pods = table.pods.len(), "read the pods' cgroups");
         CgroupPods {
@@ -54,7 +54,7 @@ impl CgroupPods {
     }
 
     /// The uid of the pod whose cgroup has id `cgroup_id`, if it is a kubelet pod cgroup.
-    pub async fn pod_uid(&self, cgroup_id: u64) -> Option<Uuid> {
+    pub(crate) async fn pod_uid(&self, cgroup_id: u64) -> Option<Uuid> {
         if let Some(found) = self.table.load().ids.get(&cgroup_id) {
             return *found;
         }
@@ -70,7 +70,7 @@ impl CgroupPods {
 
     /// The ids of the own cgroups of the pods `uids` (those found), walking the tree again first if
     /// one is missing (a pod whose cgroup appeared since).
-    pub async fn pod_cgroups(&self, uids: &[Uuid]) -> HashMap<Uuid, u64> {
+    pub(crate) async fn pod_cgroups(&self, uids: &[Uuid]) -> HashMap<Uuid, u64> {
         let mut table = self.table.load_full();
         if uids.iter().any(|uid| !table.pods.contains_key(uid)) {
             let _walking = self.walking.lock().await;
@@ -83,13 +83,13 @@ impl CgroupPods {
     }
 
     /// The id of pod `uid`'s own cgroup as last walked, without walking (for dumps).
-    pub fn known_pod_cgroup(&self, uid: &Uuid) -> Option<u64> {
+    pub(crate) fn known_pod_cgroup(&self, uid: &Uuid) -> Option<u64> {
         self.table.load().pods.get(uid).copied()
     }
 
     /// Walks the tree anew and returns every cgroup in it that belongs to a pod (the pod's own
     /// and its containers'), with the pod's uid.
-    pub async fn rescan(&self) -> Vec<(u64, Uuid)> {
+    pub(crate) async fn rescan(&self) -> Vec<(u64, Uuid)> {
         {
             let _walking = self.walking.lock().await;
             self.walk_now(None).await;
@@ -124,7 +124,7 @@ impl CgroupPods {
 
     /// True the first time a mismatch is seen for `cgroup_id`: the warning is logged once per cgroup,
     /// the counter counts every connection.
-    pub fn first_mismatch(&self, cgroup_id: u64) -> bool {
+    pub(crate) fn first_mismatch(&self, cgroup_id: u64) -> bool {
         let mut warned = self.warned.locked();
         warned.insert(cgroup_id)
     }
@@ -161,7 +161,7 @@ fn walk(root: &Path) -> Table {
 /// The pod uid a kubelet cgroup path names, from its deepest component that names one:
 /// `pod<uid>` (cgroupfs driver) or `kubepods[-<qos>]-pod<uid with _ for ->.slice` (systemd driver).
 /// Container cgroups below the pod's (`cri-containerd-<id>.scope`, `<id>`) name none.
-pub fn pod_uid_in_path(path: &Path) -> Option<Uuid> {
+pub(super) fn pod_uid_in_path(path: &Path) -> Option<Uuid> {
     path.components().rev().find_map(|component| {
         let name = component.as_os_str().to_str()?;
         let name = name.strip_suffix(".slice").unwrap_or(name);

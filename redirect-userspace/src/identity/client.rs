@@ -16,7 +16,7 @@ use crate::{
 
 /// What the kernel said about the process behind a connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KernelView {
+pub(crate) enum KernelView {
     /// Nothing: a UDP datagram, or a connection whose address no pod with a uid holds (the cgroup
     /// tree is then not read at all).
     #[default]
@@ -29,7 +29,7 @@ pub enum KernelView {
 impl KernelView {
     /// What the kernel says of `cgroup_id`, read only when it matters: when the registry gives
     /// `addr` to a pod with a uid. Without uids (a directory source), nothing is walked.
-    pub async fn read(
+    pub(crate) async fn read(
         snapshot: &Snapshot,
         cgroups: &CgroupPods,
         addr: IpAddr,
@@ -57,7 +57,7 @@ impl KernelView {
 
 /// A client as the agent established it.
 #[derive(Debug, Clone, Copy)]
-pub struct Client<'s> {
+pub(crate) struct Client<'s> {
     pub addr: IpAddr,
     /// The workload the registry gives the address to.
     pub workload: Option<&'s Workload>,
@@ -68,14 +68,14 @@ pub struct Client<'s> {
 
 impl<'s> Client<'s> {
     /// The rule: the registry's workload for `addr`, trusted unless the kernel names another pod.
-    pub fn identify(snapshot: &'s Snapshot, addr: IpAddr, kernel: KernelView) -> Client<'s> {
+    pub(crate) fn identify(snapshot: &'s Snapshot, addr: IpAddr, kernel: KernelView) -> Client<'s> {
         let addr = addr.to_canonical();
         Client::of(addr, snapshot.workload_by_ip(addr), kernel)
     }
 
     /// The client of a steered connection from `addr`, whose process ran in cgroup `cgroup_id`:
     /// [`KernelView::read`] and [`Client::identify`] with one look-up of the address.
-    pub async fn of_connection(
+    pub(crate) async fn of_connection(
         snapshot: &'s Snapshot,
         cgroups: &CgroupPods,
         addr: IpAddr,
@@ -103,20 +103,20 @@ impl<'s> Client<'s> {
     }
 
     /// The namespace whose view the client gets; `None`: an unknown client (PUBLIC services only).
-    pub fn namespace(&self) -> Option<&'s str> {
+    pub(crate) fn namespace(&self) -> Option<&'s str> {
         self.workload
             .filter(|_| self.check.trusted())
             .map(|w| w.meta.namespace.as_str())
     }
 
     /// `namespace/name` of the workload the registry gives the address to, trusted or not.
-    pub fn workload_name(&self) -> Option<String> {
+    pub(crate) fn workload_name(&self) -> Option<String> {
         self.workload
             .map(|w| format!("{}/{}", w.meta.namespace, w.meta.name))
     }
 
     /// Counts a mismatch, and warns the first time one is seen for the process's cgroup.
-    pub fn report_mismatch(&self, cgroups: &CgroupPods, metrics: &Metrics, what: &str) {
+    pub(crate) fn report_mismatch(&self, cgroups: &CgroupPods, metrics: &Metrics, what: &str) {
         let (Check::Mismatch { registry, kernel }, Some(cgroup_id)) = (self.check, self.cgroup)
         else {
             return;

@@ -8,12 +8,12 @@ mod client;
 
 use uuid::Uuid;
 
-pub use cgroups::CgroupPods;
-pub use client::{Client, KernelView};
+pub(crate) use cgroups::CgroupPods;
+pub(crate) use client::{Client, KernelView};
 
 /// The outcome of comparing the registry with the kernel for one connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Check {
+pub(crate) enum Check {
     /// Both name the same pod.
     Confirmed,
     /// Nothing to compare: the registry holds no uid for the address, or the connecting process is
@@ -26,7 +26,7 @@ pub enum Check {
 impl Check {
     /// `registry`: uid of the workload holding the source IP; `kernel`: pod uid of the connecting
     /// process's cgroup.
-    pub fn compare(registry: Option<Uuid>, kernel: Option<Uuid>) -> Check {
+    pub(crate) fn compare(registry: Option<Uuid>, kernel: Option<Uuid>) -> Check {
         match (registry, kernel) {
             (Some(registry), Some(kernel)) if registry != kernel => {
                 Check::Mismatch { registry, kernel }
@@ -37,7 +37,7 @@ impl Check {
     }
 
     /// Whether the registry's namespace may be used for this client.
-    pub fn trusted(self) -> bool {
+    pub(crate) fn trusted(self) -> bool {
         !matches!(self, Check::Mismatch { .. })
     }
 }

@@ -20,11 +20,11 @@ use crate::lock::Locked;
 use crate::state::OutboundOutcome;
 
 /// Lines a second, at most (and the burst allowed).
-pub const PER_SECOND: u32 = 100;
+pub(crate) const PER_SECOND: u32 = 100;
 
 /// Whether to log, and the budget for it.
 #[derive(Debug)]
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     enabled: bool,
     bucket: Mutex<Bucket>,
     /// Lines not written for want of budget since the last one written.
@@ -38,7 +38,7 @@ struct Bucket {
 }
 
 impl AccessLog {
-    pub fn new(enabled: bool) -> Self {
+    pub(crate) fn new(enabled: bool) -> Self {
         AccessLog {
             enabled,
             bucket: Mutex::new(Bucket {
@@ -68,7 +68,7 @@ impl AccessLog {
 /// once: when the proxy knows it ([`ConnectionResult::decided`]), or else as an error when the record
 /// is dropped; the access-log line is written when it is dropped. So every way out of the proxy,
 /// including one the code forgot, counts and logs exactly once.
-pub struct ConnectionResult<'a> {
+pub(crate) struct ConnectionResult<'a> {
     metrics: &'a ProxyMetrics,
     log: &'a AccessLog,
     started: Instant,
@@ -89,7 +89,7 @@ pub struct ConnectionResult<'a> {
 }
 
 impl<'a> ConnectionResult<'a> {
-    pub fn start(metrics: &'a ProxyMetrics, log: &'a AccessLog, client: SocketAddr) -> Self {
+    pub(crate) fn start(metrics: &'a ProxyMetrics, log: &'a AccessLog, client: SocketAddr) -> Self {
         ConnectionResult {
             metrics,
             log,
@@ -110,7 +110,7 @@ impl<'a> ConnectionResult<'a> {
 
     /// The connection's outcome, counted now (a long connection is counted when it starts, not when
     /// it ends). Only the first call counts.
-    pub fn decided(&mut self, outcome: OutboundOutcome) {
+    pub(crate) fn decided(&mut self, outcome: OutboundOutcome) {
         if self.counted {
             return;
         }
@@ -120,7 +120,7 @@ impl<'a> ConnectionResult<'a> {
     }
 
     /// Refused before any byte moved: `outcome` (an error unless said otherwise), ended for `why`.
-    pub fn refused(&mut self, outcome: OutboundOutcome, why: &'static str) {
+    pub(crate) fn refused(&mut self, outcome: OutboundOutcome, why: &'static str) {
         self.decided(outcome);
         self.end = why;
     }

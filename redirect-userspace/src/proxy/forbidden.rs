@@ -21,7 +21,7 @@ const NODE_ADDRESSES_FRESH: Duration = Duration::from_secs(1);
 
 /// Why a destination is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Forbidden {
+pub(crate) enum Forbidden {
     /// `127.0.0.0/8`, `::1`: the node's own loopback.
     Loopback,
     /// `0.0.0.0/8`, `::`: a connect there reaches the local host.
@@ -35,7 +35,7 @@ pub enum Forbidden {
 }
 
 impl Forbidden {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Loopback => "loopback",
             Self::Unspecified => "unspecified",
@@ -45,7 +45,7 @@ impl Forbidden {
         }
     }
 
-    pub const fn describe(self) -> &'static str {
+    pub(crate) const fn describe(self) -> &'static str {
         match self {
             Self::Loopback => "a loopback address (the node's own)",
             Self::Unspecified => "an unspecified address (the local host)",
@@ -58,7 +58,7 @@ impl Forbidden {
 
 /// What an address is by itself, whatever the node: loopback, unspecified or link-local (IPv4, or
 /// IPv4 in v4-mapped form, and IPv6).
-pub fn by_address(ip: IpAddr) -> Option<Forbidden> {
+pub(super) fn by_address(ip: IpAddr) -> Option<Forbidden> {
     match ip.to_canonical() {
         IpAddr::V4(v4) => by_v4(v4),
         IpAddr::V6(v6) => by_v6(v6),
@@ -92,7 +92,7 @@ fn by_v6(ip: Ipv6Addr) -> Option<Forbidden> {
 /// The node's addresses, listed again once they are a second old, and the operator's denied
 /// prefixes. Shared by every connection task.
 #[derive(Debug)]
-pub struct DialGuard {
+pub(crate) struct DialGuard {
     denied: Vec<IpNet>,
     node: Mutex<NodeAddresses>,
     /// Destinations already warned about (a bounded set: a scan must not grow it, nor the log).
@@ -112,7 +112,7 @@ struct NodeAddresses {
 }
 
 impl DialGuard {
-    pub fn new(denied: Vec<IpNet>) -> Self {
+    pub(crate) fn new(denied: Vec<IpNet>) -> Self {
         DialGuard {
             denied,
             node: Mutex::new(NodeAddresses {
@@ -135,13 +135,13 @@ impl DialGuard {
     }
 
     /// True the first time a refusal of `ip` is reported (then it is worth a warning).
-    pub fn first_refusal(&self, ip: IpAddr) -> bool {
+    pub(crate) fn first_refusal(&self, ip: IpAddr) -> bool {
         let mut warned = self.warned.locked();
         warned.len() < WARNED_MAX && warned.insert(ip)
     }
 
     /// Why the proxy must not dial `ip` for a pod, if it must not.
-    pub fn check(&self, ip: IpAddr) -> Option<Forbidden> {
+    pub(crate) fn check(&self, ip: IpAddr) -> Option<Forbidden> {
         let ip = ip.to_canonical();
         if let Some(reason) = by_address(ip).filter(|_| !self.test_loopback(ip)) {
             return Some(reason);

@@ -10,13 +10,13 @@ use crate::{metrics::label_value_as_str, state::OutboundOutcome};
 
 /// Which way bytes went, seen from the client: `sent` client -> upstream, `received` upstream -> client.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Direction {
+pub(crate) enum Direction {
     Sent,
     Received,
 }
 
 impl Direction {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Sent => "sent",
             Self::Received => "received",
@@ -26,7 +26,7 @@ impl Direction {
 
 /// Why the proxy ended a connection that had not failed by itself.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
-pub enum Timeout {
+pub(crate) enum Timeout {
     /// No byte either way for the idle timeout.
     Idle,
     /// One side closed and the other did not take a write for the write timeout.
@@ -34,7 +34,7 @@ pub enum Timeout {
 }
 
 impl Timeout {
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Idle => "idle",
             Self::Write => "write",
@@ -74,7 +74,7 @@ struct ReasonLabels {
 }
 
 #[derive(Debug, Default)]
-pub struct ProxyMetrics {
+pub(crate) struct ProxyMetrics {
     outbound: Family<OutcomeLabels, Counter>,
     bytes: Family<DirectionLabels, Counter>,
     active: Gauge,
@@ -85,32 +85,32 @@ pub struct ProxyMetrics {
 }
 
 impl ProxyMetrics {
-    pub fn outbound(&self, outcome: OutboundOutcome) {
+    pub(crate) fn outbound(&self, outcome: OutboundOutcome) {
         self.outbound
             .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }
 
-    pub fn bytes(&self, direction: Direction, n: u64) {
+    pub(crate) fn bytes(&self, direction: Direction, n: u64) {
         self.bytes
             .get_or_create(&DirectionLabels { direction })
             .inc_by(n);
     }
 
     /// A connection relayed by copy because the splice pipes did not fit the descriptor budget.
-    pub fn splice_fallback(&self) {
+    pub(crate) fn splice_fallback(&self) {
         self.splice_fallbacks.inc();
     }
 
     /// A connection the proxy reset because it timed out.
-    pub fn timed_out(&self, timeout: Timeout) {
+    pub(crate) fn timed_out(&self, timeout: Timeout) {
         self.timeouts
             .get_or_create(&TimeoutLabels { timeout })
             .inc();
     }
 
     /// A destination the proxy would not dial for a pod (the connection was reset).
-    pub fn refused_destination(&self, reason: Forbidden) {
+    pub(crate) fn refused_destination(&self, reason: Forbidden) {
         self.refused_destinations
             .get_or_create(&ReasonLabels { reason })
             .inc();
@@ -118,12 +118,12 @@ impl ProxyMetrics {
 
     /// A connection to the proxy that no steered `connect()` filed a destination for (a pod
     /// connecting to the proxy's port itself, or reusing the address of a connection long gone).
-    pub fn flow_unclaimed(&self) {
+    pub(crate) fn flow_unclaimed(&self) {
         self.flows_unclaimed.inc();
     }
 
     /// Counts a proxied connection as open until the returned guard drops.
-    pub fn track_active(&self) -> ActiveGuard {
+    pub(crate) fn track_active(&self) -> ActiveGuard {
         self.active.inc();
         ActiveGuard(self.active.clone())
     }
@@ -168,7 +168,7 @@ impl ProxyMetrics {
 }
 
 /// Decrements the active-connections gauge on drop, whatever path the connection ends on.
-pub struct ActiveGuard(Gauge);
+pub(crate) struct ActiveGuard(Gauge);
 
 impl Drop for ActiveGuard {
     fn drop(&mut self) {

@@ -1,6 +1,6 @@
 //! The outbound proxy: accepts the connections the eBPF programs steered to the gateway, finds where
 //! each client meant to go, and carries the bytes there.
-pub mod access;
+pub(crate) mod access;
 mod forbidden;
 mod metrics;
 mod outbound;
@@ -9,15 +9,15 @@ mod splice;
 #[cfg(test)]
 mod tests;
 
-pub use forbidden::{DialGuard, Forbidden};
-pub use metrics::{Direction, ProxyMetrics, Timeout};
-pub use outbound::{OutboundProxy, ProxyContext, listen};
-pub use relay::{RelayError, Timeouts, relay};
-pub use splice::{Pipes, splice_relay};
+pub(crate) use forbidden::{DialGuard, Forbidden};
+pub(crate) use metrics::{Direction, ProxyMetrics, Timeout};
+pub(crate) use outbound::{OutboundProxy, ProxyContext, listen};
+pub(crate) use relay::{RelayError, Timeouts, relay};
+pub(crate) use splice::{Pipes, splice_relay};
 
 /// How the proxy moves bytes between the client and the upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum RelayMode {
+pub(crate) enum RelayMode {
     /// Kernel-side `splice(2)` through a pipe: no copy into user space.
     #[default]
     Splice,

@@ -33,7 +33,7 @@ const BACKLOG: u32 = 4096;
 
 /// What every connection task needs.
 #[derive(Debug)]
-pub struct ProxyContext {
+pub(crate) struct ProxyContext {
     /// Where each client meant to go, as the kernel filed it.
     pub flows: Arc<dyn Flows>,
     /// Where the upstream sockets come from (the agent's carry its mark).
@@ -58,7 +58,7 @@ pub struct ProxyContext {
     pub access_log: AccessLog,
 }
 
-pub struct OutboundProxy {
+pub(crate) struct OutboundProxy {
     listener: TcpListener,
     context: Arc<ProxyContext>,
     /// A descriptor held back for the day the process runs out anyway: closed, it lets one waiting
@@ -67,7 +67,7 @@ pub struct OutboundProxy {
 }
 
 /// Binds the proxy's listener.
-pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
+pub(crate) fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
     let socket = match addr {
         SocketAddr::V4(_) => TcpSocket::new_v4()?,
         SocketAddr::V6(_) => TcpSocket::new_v6()?,
@@ -91,7 +91,7 @@ pub fn listen(addr: SocketAddr) -> io::Result<TcpListener> {
 }
 
 impl OutboundProxy {
-    pub fn new(listener: TcpListener, context: Arc<ProxyContext>) -> Self {
+    pub(crate) fn new(listener: TcpListener, context: Arc<ProxyContext>) -> Self {
         Self {
             listener,
             context,
@@ -100,13 +100,13 @@ impl OutboundProxy {
     }
 
     #[cfg(test)]
-    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+    pub(crate) fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
     /// Accepts until `shutdown` changes. Connection tasks are detached: they end with their
     /// connection, or with the runtime.
-    pub async fn serve(mut self, mut shutdown: crate::drain::Watcher) {
+    pub(crate) async fn serve(mut self, mut shutdown: crate::drain::Watcher) {
         loop {
             tokio::select! {
                 // Any change (or the sender gone) means stop.

@@ -17,7 +17,7 @@ const BUFFER: usize = 64 * 1024;
 
 /// Bytes carried each way by a relay.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Carried {
+pub(crate) struct Carried {
     /// client -> upstream
     pub sent: u64,
     /// upstream -> client
@@ -29,7 +29,7 @@ pub struct Carried {
 
 /// How long a connection may go without progress.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
+pub(crate) struct Timeouts {
     /// No byte either way for this long ends the connection.
     pub idle: Duration,
     /// Once one side has closed, a write the other side does not take for this long ends it.
@@ -46,7 +46,7 @@ impl Default for Timeouts {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum RelayError {
+pub(crate) enum RelayError {
     #[error(transparent)]
     Io(#[from] io::Error),
     #[error("no byte moved either way for {0:?}")]
@@ -100,7 +100,7 @@ impl Buffer for CopyBuffer {
 /// Copies both ways through user-space buffers until both sides are done. A side that finishes
 /// sending (FIN) is passed on as a half-close to the other, which may go on sending: protocols that
 /// shut down their write side first (e.g. `nc -N`, HTTP/1.0 uploads) keep working.
-pub async fn relay(
+pub(crate) async fn relay(
     client: &TcpStream,
     upstream: &TcpStream,
     timeouts: Timeouts,

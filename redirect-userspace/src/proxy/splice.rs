@@ -40,7 +40,7 @@ fn pool() -> std::sync::MutexGuard<'static, PipePool> {
 }
 
 /// The two pipes of one connection, one per direction.
-pub struct Pipes {
+pub(crate) struct Pipes {
     to_upstream: Lease,
     to_client: Lease,
 }
@@ -48,7 +48,7 @@ pub struct Pipes {
 impl Pipes {
     /// Pooled pipes, or new ones if their descriptors fit under the splice mark of `fds`; `None`
     /// means relay by copy.
-    pub fn lease(fds: &Arc<FdLedger>) -> Option<Pipes> {
+    pub(crate) fn lease(fds: &Arc<FdLedger>) -> Option<Pipes> {
         Some(Pipes {
             to_upstream: Lease::take(fds)?,
             to_client: Lease::take(fds)?,
@@ -180,7 +180,7 @@ fn splice(from: RawFd, to: RawFd, len: usize) -> io::Result<usize> {
 
 /// Copies both ways through `pipes` until both sides are done, with half-close passed on, like
 /// [`super::relay`]. On an error a pipe may still hold bytes: it is closed, never pooled.
-pub async fn splice_relay(
+pub(crate) async fn splice_relay(
     client: &TcpStream,
     upstream: &TcpStream,
     pipes: Pipes,

@@ -13,7 +13,7 @@ use super::pins::on_bpffs;
 /// Whether this agent can hand over, and why not. `/config_dump` shows it as `handover`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Handover {
+pub(crate) struct Handover {
     pub available: bool,
     /// The bpf filesystem the agent mounted itself (at `--bpffs`'s parent), if it did.
     pub mounted: Option<PathBuf>,
@@ -22,11 +22,11 @@ pub struct Handover {
 }
 
 /// What a restart or rollout costs without a bpffs, for the warning and `/config_dump`.
-pub const COST: &str = "every restart or rollout detaches the programs: pods are not steered until the next agent attaches its own, and every connection the agent proxies is reset. Fix the node: mount a bpf filesystem at /sys/fs/bpf (deploy/README.md)";
+pub(crate) const COST: &str = "every restart or rollout detaches the programs: pods are not steered until the next agent attaches its own, and every connection the agent proxies is reset. Fix the node: mount a bpf filesystem at /sys/fs/bpf (deploy/README.md)";
 
 /// Makes `bpffs` (the pin directory) lie on a bpf filesystem: already so, or one mounted at its
 /// parent when that is an empty directory (or can be created) and this process may mount.
-pub fn ensure(bpffs: &Path) -> Handover {
+pub(crate) fn ensure(bpffs: &Path) -> Handover {
     if on_bpffs(bpffs) {
         return Handover {
             available: true,

@@ -10,7 +10,7 @@ use std::{
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 
 #[derive(Debug, thiserror::Error)]
-pub enum CgroupError {
+pub(crate) enum CgroupError {
     #[error("cgroup {path}: {source}")]
     Open {
         path: PathBuf,
@@ -26,7 +26,7 @@ pub enum CgroupError {
 }
 
 /// Opens `path` after checking it is a non-root cgroup v2 directory.
-pub fn check_attachable(path: &Path) -> Result<File, CgroupError> {
+pub(crate) fn check_attachable(path: &Path) -> Result<File, CgroupError> {
     let open_err = |source| CgroupError::Open {
         path: path.to_path_buf(),
         source,

@@ -10,7 +10,7 @@ use prometheus_client::{
 use super::RedirectMaps;
 
 /// A Prometheus collector of the per-CPU counters the programs keep, summed.
-pub fn collector(maps: Arc<RedirectMaps>) -> Box<dyn Collector> {
+pub(crate) fn collector(maps: Arc<RedirectMaps>) -> Box<dyn Collector> {
     Box::new(EbpfEvents(maps))
 }
 

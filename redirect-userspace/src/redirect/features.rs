@@ -16,7 +16,7 @@ pub const OLDEST_SUPPORTED: (u8, u8) = (5, 10);
 
 /// One kernel feature the programs use.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Need {
+pub(crate) struct Need {
     /// What it is, as a user reads it.
     pub what: &'static str,
     /// The Linux release that brought it.
@@ -26,7 +26,7 @@ pub struct Need {
 
 /// How a feature is checked.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Probe {
+pub(crate) enum Probe {
     Program(ProgramType),
     Helper(ProgramType, BpfHelper),
     Map(MapType),
@@ -36,7 +36,7 @@ pub enum Probe {
 
 use ProgramType::{CgroupSock, CgroupSockAddr, SockOps};
 
-pub const NEEDS: &[Need] = &[
+pub(crate) const NEEDS: &[Need] = &[
     Need {
         what: "cgroup sock_addr programs (connect, sendmsg, recvmsg, getpeername; IPv4 and IPv6)",
         since: (4, 17),
@@ -140,7 +140,7 @@ pub const NEEDS: &[Need] = &[
     OLDEST_SUPPORTED.0,
     OLDEST_SUPPORTED.1
 )]
-pub struct MissingFeatures {
+pub(crate) struct MissingFeatures {
     pub release: String,
     pub missing: Vec<Need>,
 }
@@ -154,7 +154,7 @@ fn list(missing: &[Need]) -> String {
 }
 
 /// Checks every [`NEEDS`] entry against the running kernel.
-pub fn check() -> Result<(), MissingFeatures> {
+pub(crate) fn check() -> Result<(), MissingFeatures> {
     let version = KernelVersion::current().ok();
     let missing = missing(NEEDS, |need| match need.probe {
         Probe::Program(t) => is_program_supported(t).ok(),
@@ -173,7 +173,7 @@ pub fn check() -> Result<(), MissingFeatures> {
 
 /// The needs `present` says are absent; a probe that cannot tell (`None`) is not counted: loading
 /// the programs will tell.
-pub fn missing(needs: &[Need], present: impl Fn(&Need) -> Option<bool>) -> Vec<Need> {
+pub(crate) fn missing(needs: &[Need], present: impl Fn(&Need) -> Option<bool>) -> Vec<Need> {
     needs
         .iter()
         .filter(|n| present(n) == Some(false))
@@ -182,7 +182,7 @@ pub fn missing(needs: &[Need], present: impl Fn(&Need) -> Option<bool>) -> Vec<N
 }
 
 /// `uname -r`.
-pub fn kernel_release() -> String {
+pub(crate) fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "(unknown release)".to_string())

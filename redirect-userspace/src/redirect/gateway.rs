@@ -4,13 +4,13 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Gateways {
+pub(crate) struct Gateways {
     pub v4: Option<Ipv4Addr>,
     pub v6: Option<Ipv6Addr>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum GatewayError {
+pub(crate) enum GatewayError {
     #[error("--gateway: give at least one address (an IPv4 and/or an IPv6 one)")]
     None,
     #[error(
@@ -29,7 +29,7 @@ pub enum GatewayError {
 
 impl Gateways {
     /// From the `--gateway` values: one IPv4 and/or one IPv6 address (a v4-mapped one counts as IPv4).
-    pub fn from_addrs(addrs: &[IpAddr]) -> Result<Self, GatewayError> {
+    pub(crate) fn from_addrs(addrs: &[IpAddr]) -> Result<Self, GatewayError> {
         let mut gateways = Gateways::default();
         for &addr in addrs {
             let addr = addr.to_canonical();
@@ -64,7 +64,7 @@ impl Gateways {
     }
 
     /// Every configured address, IPv4 first.
-    pub fn addrs(&self) -> impl Iterator<Item = IpAddr> {
+    pub(crate) fn addrs(&self) -> impl Iterator<Item = IpAddr> {
         self.v4
             .map(IpAddr::V4)
             .into_iter()
@@ -72,12 +72,12 @@ impl Gateways {
     }
 
     /// The IPv4 gateway as the programs compare it: network byte order, 0 for none.
-    pub fn v4_be(&self) -> u32 {
+    pub(crate) fn v4_be(&self) -> u32 {
         self.v4.map_or(0, |ip| u32::from_ne_bytes(ip.octets()))
     }
 
     /// The IPv6 gateway in the programs' `user_ip6` form (network-order words), zero for none.
-    pub fn v6_words(&self) -> [u32; 4] {
+    pub(crate) fn v6_words(&self) -> [u32; 4] {
         let o = self.v6.map_or([0; 16], |ip| ip.octets());
         std::array::from_fn(|i| {
             u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])

@@ -14,7 +14,7 @@ use super::{Pinned, RedirectError, pins};
 /// Held, a link stays attached while this agent runs even when its pin goes (the bpf filesystem
 /// unmounted under the agent); and the agent can put its own program back in a link a successor
 /// updated and then died before it said it was ready.
-pub struct HeldLinks {
+pub(crate) struct HeldLinks {
     dir: PathBuf,
     links: Vec<(&'static str, pins::PinnedLink, u32, OwnedFd)>,
     /// The pins were found gone once (said once).
@@ -48,7 +48,7 @@ impl HeldLinks {
 
     /// Puts this agent's program back into every link that runs another one now; returns how many
     /// it changed. For an agent that serves on after a successor updated the links and died.
-    pub fn retake(&self) -> usize {
+    pub(crate) fn retake(&self) -> usize {
         let mut retaken = 0;
         for (name, link, ours, program) in &self.links {
             let runs = link.state().map(|s| s.prog_id).ok();
@@ -67,7 +67,7 @@ impl HeldLinks {
 
     /// True (once) when a pin of a held link is gone: the links stay attached while this agent
     /// holds them, but a successor cannot take them over, and they go when this agent does.
-    pub fn pins_lost_now(&self) -> bool {
+    pub(crate) fn pins_lost_now(&self) -> bool {
         use std::sync::atomic::Ordering;
         if self.lost.load(Ordering::Relaxed) {
             return false;
@@ -75,7 +75,7 @@ impl HeldLinks {
         self.pins_gone() && !self.lost.swap(true, Ordering::Relaxed)
     }
 
-    pub fn dir(&self) -> &std::path::Path {
+    pub(crate) fn dir(&self) -> &std::path::Path {
         &self.dir
     }
 

@@ -6,14 +6,14 @@
 //! [`Redirector::release`] by the last agent detaches them.
 use crate::lock::Locked;
 mod attach;
-pub mod bpffs;
+pub(crate) mod bpffs;
 mod cgroup;
-pub mod counters;
-pub mod features;
+pub(crate) mod counters;
+pub(crate) mod features;
 mod gateway;
 mod held;
 mod netns;
-pub mod pins;
+pub(crate) mod pins;
 
 use std::{
     collections::BTreeSet,
@@ -30,12 +30,13 @@ use aya::{
 };
 use redirect_common::{OrigDst, SockAddr, Stat, globals, maps};
 
-pub use cgroup::{CgroupError, cgroup2_mount_points, check_attachable};
-pub use features::MissingFeatures;
-pub use gateway::Gateways;
-pub use held::HeldLinks;
-pub use netns::NetnsError;
-pub use pins::PinError;
+pub use cgroup::cgroup2_mount_points;
+pub(crate) use cgroup::{CgroupError, check_attachable};
+pub(crate) use features::MissingFeatures;
+pub(crate) use gateway::Gateways;
+pub(crate) use held::HeldLinks;
+pub(crate) use netns::NetnsError;
+pub(crate) use pins::PinError;
 
 /// The maps a successor must find as they were: pinned when a pin directory is given.
 /// The fast path's counters among them: a successor's programs count on where the predecessor's
@@ -55,7 +56,7 @@ static EBPF_OBJECT: &[u8] =
 
 /// What the programs need to know, fixed at load time.
 #[derive(Debug, Clone)]
-pub struct RedirectConfig {
+pub(crate) struct RedirectConfig {
     /// cgroup v2 directory whose processes (the pods) are steered; never the hierarchy's root.
     pub cgroup: PathBuf,
     /// Addresses of the agent that every pod reaches on its own link, one per family at most.
@@ -69,7 +70,7 @@ pub struct RedirectConfig {
 
 /// How the programs came to be attached.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Start {
+pub(crate) enum Start {
     /// Links tied to this process, nothing pinned.
     Unpinned,
     /// Nothing was pinned: this agent attached and pinned everything.
@@ -89,7 +90,7 @@ pub enum Start {
 
 /// What [`Redirector::release`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Release {
+pub(crate) enum Release {
     /// This agent's programs were the attached ones: they are detached and the pins removed.
     Detached,
     /// Another agent's programs run in the links now: nothing was touched.
@@ -97,7 +98,7 @@ pub enum Release {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum RedirectError {
+pub(crate) enum RedirectError {
     #[error("this binary was built without its eBPF object; build it with `cargo xtask build`")]
     NoObject,
     #[error(transparent)]
@@ -146,7 +147,7 @@ pub enum RedirectError {
 
 /// The loaded and attached programs. Dropping it detaches them; the maps stay readable through
 /// [`RedirectMaps`] for connections already accepted.
-pub struct Redirector {
+pub(crate) struct Redirector {
     /// The pinned links, held open by this process, and this agent's programs for them.
     held: Option<Arc<HeldLinks>>,
     maps: Arc<RedirectMaps>,
@@ -162,7 +163,7 @@ struct Pinned {
 }
 
 /// The maps the agent reads: shared by every connection task and the metrics collector.
-pub struct RedirectMaps {
+pub(crate) struct RedirectMaps {
     /// Locked for a read and its removal: removing needs the map mutably.
     flows: Mutex<HashMap<MapData, SockAddr, OrigDst>>,
     stats: PerCpuArray<MapData, u64>,
@@ -174,7 +175,7 @@ impl Redirector {
     /// Loads the programs and attaches them to `config.cgroup` (or swaps them into a
     /// predecessor's links); `before_attach` is given the loaded object first, to take and fill
     /// the maps it owns.
-    pub fn attach(
+    pub(crate) fn attach(
         config: &RedirectConfig,
         before_attach: impl FnOnce(&mut Ebpf) -> Result<(), RedirectError>,
     ) -> Result<Self, RedirectError> {
@@ -275,24 +276,24 @@ impl Redirector {
         })
     }
 
-    pub fn maps(&self) -> Arc<RedirectMaps> {
+    pub(crate) fn maps(&self) -> Arc<RedirectMaps> {
         self.maps.clone()
     }
 
-    pub fn start(&self) -> &Start {
+    pub(crate) fn start(&self) -> &Start {
         &self.start
     }
 
     /// The pinned links this agent holds open (`None` without a pin directory: then the links
     /// live with the loaded programs anyway).
-    pub fn held_links(&self) -> Option<Arc<HeldLinks>> {
+    pub(crate) fn held_links(&self) -> Option<Arc<HeldLinks>> {
         self.held.clone()
     }
 
     /// The agent is leaving for good. If its programs are the attached ones, detaches them and removes
     /// every pin (the uninstall path); if a successor's are, touches nothing. Unpinned links go with
     /// `self`.
-    pub fn release(self) -> Result<Release, RedirectError> {
+    pub(crate) fn release(self) -> Result<Release, RedirectError> {
         let Some(pinned) = &self.pinned else {
             return Ok(Release::Detached);
         };
@@ -322,7 +323,7 @@ impl Redirector {
 
 /// Where each steered connection meant to go, as the kernel filed it under the client's address and
 /// port: the agent's maps, or a table a test fills.
-pub trait Flows: Send + Sync + std::fmt::Debug {
+pub(crate) trait Flows: Send + Sync + std::fmt::Debug {
     /// The entry for the connection from `client`, taken out (read once; see
     /// [`RedirectMaps::take_original_destination`]).
     fn take(&self, client: SocketAddr) -> Result<Option<OrigDst>, MapError>;
@@ -333,12 +334,12 @@ pub trait Flows: Send + Sync + std::fmt::Debug {
 /// Flows as a test files them: what sock_ops would have filed for a connection from an address.
 #[cfg(test)]
 #[derive(Debug, Default)]
-pub struct FiledFlows(Mutex<std::collections::HashMap<SocketAddr, OrigDst>>);
+pub(crate) struct FiledFlows(Mutex<std::collections::HashMap<SocketAddr, OrigDst>>);
 
 #[cfg(test)]
 impl FiledFlows {
     /// Files `orig` for the connection from `client`, as the programs would.
-    pub fn file(&self, client: SocketAddr, orig: OrigDst) {
+    pub(crate) fn file(&self, client: SocketAddr, orig: OrigDst) {
         let mut flows = self.0.locked();
         flows.insert(client, orig);
     }
@@ -377,7 +378,7 @@ impl RedirectMaps {
     /// steered connect() of its own: a pod on a recycled address, connecting to the proxy's port
     /// itself from the port an earlier pod used, would be served that pod's destination. An IPv4
     /// client and its v4-mapped form are one key.
-    pub fn take_original_destination(
+    pub(crate) fn take_original_destination(
         &self,
         client: SocketAddr,
     ) -> Result<Option<OrigDst>, MapError> {
@@ -397,7 +398,7 @@ impl RedirectMaps {
     }
 
     /// Drops the entry a refused connection filed (it is never read).
-    pub fn forget_flow(&self, client: SocketAddr) {
+    pub(crate) fn forget_flow(&self, client: SocketAddr) {
         let key = SockAddr::from_socket_addr(client);
         let mut flows = self.flows.locked();
         let _ = flows.remove(&key);
@@ -405,7 +406,10 @@ impl RedirectMaps {
 
     /// Makes `want` the set of pod cgroups the programs leave alone; returns the ids it added and
     /// removed. On an error the map holds part of the change and the next call completes it.
-    pub fn set_opted_out(&self, want: &BTreeSet<u64>) -> Result<(Vec<u64>, Vec<u64>), MapError> {
+    pub(crate) fn set_opted_out(
+        &self,
+        want: &BTreeSet<u64>,
+    ) -> Result<(Vec<u64>, Vec<u64>), MapError> {
         let mut guard = self.opted_out.locked();
         let (map, held) = &mut *guard;
         let added: Vec<u64> = want.difference(held).copied().collect();
@@ -425,7 +429,7 @@ impl RedirectMaps {
     }
 
     /// Totals of the programs' per-CPU counters.
-    pub fn event_counts(&self) -> Vec<(Stat, u64)> {
+    pub(crate) fn event_counts(&self) -> Vec<(Stat, u64)> {
         per_cpu_totals(&self.stats, &Stat::ALL, |stat| stat as u32)
     }
 }

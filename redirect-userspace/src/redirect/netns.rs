@@ -22,7 +22,7 @@ use aya::{
 use redirect_common::{maps, programs};
 
 #[derive(Debug, thiserror::Error)]
-pub enum NetnsError {
+pub(crate) enum NetnsError {
     #[error(
         "SO_NETNS_COOKIE is not available ({so_error}) and the eBPF fallback failed: {fallback}"
     )]
@@ -33,7 +33,7 @@ pub enum NetnsError {
 }
 
 /// The node's (this process's) netns cookie: `SO_NETNS_COOKIE`, else the eBPF probe in `cgroup`.
-pub fn node_cookie(object: &[u8], cgroup: &Path) -> Result<u64, NetnsError> {
+pub(super) fn node_cookie(object: &[u8], cgroup: &Path) -> Result<u64, NetnsError> {
     let so_error = match own_cookie() {
         Ok(cookie) => return Ok(cookie),
         Err(e) => e,

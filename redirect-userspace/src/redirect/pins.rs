@@ -31,7 +31,7 @@ use aya::maps::{Array, Map, MapData};
 
 /// Bump whenever a pinned map's key, value, size or meaning changes, or the set of pinned objects
 /// does: an agent adopts only state whose version it knows.
-pub const LAYOUT_VERSION: u32 = 3;
+pub(crate) const LAYOUT_VERSION: u32 = 3;
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const BPF_OBJ_GET: libc::c_long = 7;
@@ -40,7 +40,7 @@ const BPF_LINK_UPDATE: libc::c_long = 29;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
 #[derive(Debug, thiserror::Error)]
-pub enum PinError {
+pub(crate) enum PinError {
     #[error("pin directory {path}: {source}")]
     Io {
         path: PathBuf,
@@ -61,7 +61,7 @@ pub enum PinError {
 
 /// What a pin directory held when an agent locked it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
+pub(crate) enum Found {
     /// Nothing: this agent creates and pins everything.
     Empty,
     /// State of this agent's layout: adopted as it is.
@@ -72,7 +72,7 @@ pub enum Found {
 }
 
 /// A locked pin directory. The lock (an exclusive `flock`) is held until this is dropped.
-pub struct PinDir {
+pub(crate) struct PinDir {
     path: PathBuf,
     _lock: File,
 }
@@ -80,7 +80,7 @@ pub struct PinDir {
 impl PinDir {
     /// Creates `path` if needed, checks it is on a bpf filesystem, and locks it (waiting for a
     /// concurrent agent to finish its own change).
-    pub fn lock(path: &Path) -> Result<PinDir, PinError> {
+    pub(crate) fn lock(path: &Path) -> Result<PinDir, PinError> {
         let io_err = |source| PinError::Io {
             path: path.to_path_buf(),
             source,
@@ -105,15 +105,15 @@ impl PinDir {
         })
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
-    pub fn map_path(&self, name: &str) -> PathBuf {
+    pub(crate) fn map_path(&self, name: &str) -> PathBuf {
         self.path.join("maps").join(name)
     }
 
-    pub fn link_path(&self, program: &str) -> PathBuf {
+    pub(crate) fn link_path(&self, program: &str) -> PathBuf {
         self.path.join("links").join(program)
     }
 
@@ -122,7 +122,7 @@ impl PinDir {
     }
 
     /// What the directory holds.
-    pub fn found(&self) -> Found {
+    pub(crate) fn found(&self) -> Found {
         let layout = self.layout_path();
         let pinned = self.pinned_names("maps").len() + self.pinned_names("links").len();
         if !layout.exists() {
@@ -142,7 +142,7 @@ impl PinDir {
     }
 
     /// Writes this agent's layout key: done last, once everything it describes is pinned.
-    pub fn write_layout(&self) -> Result<(), PinError> {
+    pub(crate) fn write_layout(&self) -> Result<(), PinError> {
         let path = self.layout_path();
         let layout_err = |source| PinError::Layout {
             path: path.clone(),
@@ -158,7 +158,7 @@ impl PinDir {
     }
 
     /// The pinned link of `program`, if there is one.
-    pub fn link(&self, program: &str) -> io::Result<Option<PinnedLink>> {
+    pub(crate) fn link(&self, program: &str) -> io::Result<Option<PinnedLink>> {
         let path = self.link_path(program);
         if !path.exists() {
             return Ok(None);
@@ -170,7 +170,7 @@ impl PinDir {
     }
 
     /// Every pinned link, by program name.
-    pub fn links(&self) -> Vec<(String, io::Result<PinnedLink>)> {
+    pub(crate) fn links(&self) -> Vec<(String, io::Result<PinnedLink>)> {
         self.pinned_names("links")
             .into_iter()
             .map(|name| {
@@ -183,7 +183,7 @@ impl PinDir {
 
     /// Detaches every pinned link (even one another process still holds) and removes every pinned
     /// object: afterwards nothing of this directory is attached. Returns how many links it detached.
-    pub fn clear(&self) -> Result<usize, PinError> {
+    pub(crate) fn clear(&self) -> Result<usize, PinError> {
         self.clear_detaching(|_| true)
     }
 
@@ -192,7 +192,7 @@ impl PinDir {
     /// its pin (the kernel detaches it), one an agent still running holds stays attached to that
     /// agent's cgroup until it exits. A severed link is attached to nothing; unpinned, it is gone.
     /// Returns how many links it detached.
-    pub fn clear_for(&self, ours: u64) -> Result<usize, PinError> {
+    pub(crate) fn clear_for(&self, ours: u64) -> Result<usize, PinError> {
         self.clear_detaching(|link| matches!(link.state(), Ok(s) if s.cgroup_id == ours))
     }
 
@@ -226,7 +226,7 @@ impl PinDir {
     }
 
     /// [`PinDir::clear`], then the directory itself (best effort: another agent may be waiting on it).
-    pub fn remove(self) -> Result<usize, PinError> {
+    pub(crate) fn remove(self) -> Result<usize, PinError> {
         let detached = self.clear()?;
         for sub in ["links", "maps"] {
             let _ = fs::remove_dir(self.path.join(sub));
@@ -248,14 +248,14 @@ impl PinDir {
 }
 
 /// A bpf_link opened from its pin.
-pub struct PinnedLink {
+pub(crate) struct PinnedLink {
     fd: OwnedFd,
     path: PathBuf,
 }
 
 /// What the kernel says a cgroup link runs and where.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LinkState {
+pub(crate) struct LinkState {
     pub prog_id: u32,
     /// The cgroup the link is attached to; 0 once it is attached to none (severed or detached).
     pub cgroup_id: u64,
@@ -263,7 +263,7 @@ pub struct LinkState {
 
 /// Why an agent cannot adopt a pinned link: it steers none of the agent's pods.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unadoptable {
+pub(crate) enum Unadoptable {
     /// Attached to no cgroup: the kernel severed it when its cgroup was removed (or it was
     /// detached). `BPF_LINK_UPDATE` on it fails with `ENOLINK`.
     Severed,
@@ -298,12 +298,12 @@ impl std::fmt::Display for Unadoptable {
 }
 
 impl PinnedLink {
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
     /// The program the link runs now and the cgroup it is attached to (0 once detached).
-    pub fn state(&self) -> io::Result<LinkState> {
+    pub(crate) fn state(&self) -> io::Result<LinkState> {
         // struct bpf_link_info: type, id, prog_id, then (8-aligned) the cgroup's id and attach type.
         #[repr(C)]
         #[derive(Default)]
@@ -337,7 +337,7 @@ impl PinnedLink {
 
     /// Why an agent serving the cgroup of id `ours` (open as `cgroup`) cannot adopt this link;
     /// `None` when it can (the link is attached to that cgroup).
-    pub fn unadoptable(&self, cgroup: &File, ours: u64) -> io::Result<Option<Unadoptable>> {
+    pub(crate) fn unadoptable(&self, cgroup: &File, ours: u64) -> io::Result<Option<Unadoptable>> {
         let pinned = self.state()?.cgroup_id;
         if pinned == ours {
             return Ok(None);
@@ -356,7 +356,7 @@ impl PinnedLink {
     }
 
     /// Makes the link run `program` instead of what it runs now, in one step.
-    pub fn update(&self, program: BorrowedFd<'_>) -> io::Result<()> {
+    pub(crate) fn update(&self, program: BorrowedFd<'_>) -> io::Result<()> {
         #[repr(C)]
         struct Attr {
             link_fd: u32,
@@ -374,7 +374,7 @@ impl PinnedLink {
     }
 
     /// Detaches the link now, whoever else holds it.
-    pub fn detach(&self) -> io::Result<()> {
+    pub(crate) fn detach(&self) -> io::Result<()> {
         #[repr(C)]
         struct Attr {
             link_fd: u32,
@@ -387,7 +387,7 @@ impl PinnedLink {
 }
 
 /// The cgroup id of a cgroup v2 directory (its inode number, as the kernel reports it).
-pub fn cgroup_id(dir: &File) -> io::Result<u64> {
+pub(crate) fn cgroup_id(dir: &File) -> io::Result<u64> {
     use std::os::unix::fs::MetadataExt;
     Ok(dir.metadata()?.ino())
 }
@@ -437,7 +437,7 @@ fn read_layout(path: &Path) -> Result<u32, aya::maps::MapError> {
 
 /// Whether `path`, or its nearest existing ancestor (where it would be created), is on a bpf
 /// filesystem.
-pub fn on_bpffs(path: &Path) -> bool {
+pub(crate) fn on_bpffs(path: &Path) -> bool {
     path.ancestors()
         .find(|p| p.exists())
         .is_some_and(|p| is_bpffs(p).unwrap_or(false))

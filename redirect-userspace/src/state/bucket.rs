@@ -34,11 +34,11 @@ pub(crate) struct Choice<'a> {
 }
 
 impl Bucket {
-    pub fn push(&mut self, service: u32) {
+    pub(super) fn push(&mut self, service: u32) {
         self.members.push(service);
     }
 
-    pub fn seal(&mut self, services: &[Arc<Service>]) {
+    pub(super) fn seal(&mut self, services: &[Arc<Service>]) {
         if self.members.len() <= SCAN {
             return;
         }
@@ -76,7 +76,11 @@ impl Bucket {
     /// The ranking rule: a claimant in the client's own namespace first, then the best-ranked
     /// PUBLIC one (a Kubernetes Service, then the oldest, then `namespace/name`); NAMESPACE
     /// claimants of other namespaces are skipped, as if they did not exist.
-    pub fn choose<'a>(&self, services: &'a [Arc<Service>], client_ns: Option<&str>) -> Choice<'a> {
+    pub(super) fn choose<'a>(
+        &self,
+        services: &'a [Arc<Service>],
+        client_ns: Option<&str>,
+    ) -> Choice<'a> {
         let Some(index) = &self.index else {
             let mut choice = Choice::default();
             for &i in &self.members {

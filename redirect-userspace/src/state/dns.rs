@@ -75,7 +75,7 @@ pub struct SearchDomains<'a> {
 }
 
 /// glibc's default in a Kubernetes pod: names with fewer dots are tried with the search list first.
-pub const NDOTS: usize = 5;
+pub(super) const NDOTS: usize = 5;
 
 impl<'a> SearchDomains<'a> {
     /// `namespace` `None`: a client that is not a known workload; its namespace domain is unknown.

@@ -31,15 +31,14 @@ mod workload;
 
 use std::{collections::HashSet, net::IpAddr, sync::Arc};
 
-pub use dns::DnsDecision;
+pub(crate) use dns::DnsDecision;
 #[cfg(test)]
-pub use dns::SearchDomains;
-pub use dump::ConfigDump;
-pub use outbound::{
-    NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason, Pick,
-};
-pub use service::{Port, Service, ServiceKind, ServiceVisibility, Target};
-pub use workload::WorkloadName;
+pub(crate) use dns::SearchDomains;
+pub(crate) use dump::ConfigDump;
+pub(crate) use outbound::{NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason};
+pub use outbound::{OutboundOutcome, Pick};
+pub(crate) use service::{Port, Service, ServiceKind, ServiceVisibility, Target};
+pub(crate) use workload::WorkloadName;
 
 use crate::{
     config::{

@@ -57,7 +57,7 @@ fn mask_v6(ip: u128, len: u8) -> u128 {
 }
 
 impl ServiceStore {
-    pub fn new(services: Vec<Arc<Service>>) -> Self {
+    pub(super) fn new(services: Vec<Arc<Service>>) -> Self {
         // Sized once (about one address and one name per service): no rehash on the way.
         let mut store = ServiceStore {
             by_vip: HashMap::with_capacity(services.len()),
@@ -128,7 +128,7 @@ impl ServiceStore {
         store
     }
 
-    pub fn by_vip(&self, ip: IpAddr, client_ns: Option<&str>) -> Choice<'_> {
+    pub(super) fn by_vip(&self, ip: IpAddr, client_ns: Option<&str>) -> Choice<'_> {
         match self.by_vip.get(&ip) {
             Some(bucket) => bucket.choose(&self.services, client_ns),
             None => Choice::default(),
@@ -138,7 +138,7 @@ impl ServiceStore {
     /// A claimant in the client's own namespace wins over a more specific prefix elsewhere (as
     /// ztunnel prefers the namespace over CIDR specificity); among the rest the longest prefix with a
     /// visible claimant wins, and equal prefixes are ranked.
-    pub fn by_cidr(&self, ip: IpAddr, client_ns: Option<&str>) -> Choice<'_> {
+    pub(super) fn by_cidr(&self, ip: IpAddr, client_ns: Option<&str>) -> Choice<'_> {
         let mut best: Option<&Service> = None;
         let mut hidden = None;
         let mut own = None;
@@ -189,7 +189,7 @@ impl ServiceStore {
     }
 
     /// An exact host name (lower case, no trailing dot); wildcards are not tried.
-    pub fn by_exact_host(&self, name: &str, client_ns: Option<&str>) -> Choice<'_> {
+    pub(super) fn by_exact_host(&self, name: &str, client_ns: Option<&str>) -> Choice<'_> {
         match self.by_host.get(name) {
             Some(bucket) => bucket.choose(&self.services, client_ns),
             None => Choice::default(),
@@ -198,7 +198,7 @@ impl ServiceStore {
 
     /// A host name (lower case, no trailing dot): the exact name first, then wildcards from the
     /// most specific (`*.b.example.com` before `*.example.com`).
-    pub fn by_host(&self, name: &str, client_ns: Option<&str>) -> Choice<'_> {
+    pub(super) fn by_host(&self, name: &str, client_ns: Option<&str>) -> Choice<'_> {
         let last = last_label(name);
         if !self.last_labels.iter().any(|l| **l == *last) {
             return Choice::default();

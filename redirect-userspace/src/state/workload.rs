@@ -98,7 +98,7 @@ struct Slot {
 }
 
 impl WorkloadStore {
-    pub fn new(
+    pub(super) fn new(
         workloads: Vec<Arc<Workload>>,
         elsewhere: PodsElsewhere,
         discovery: &Discovery,
@@ -148,7 +148,7 @@ impl WorkloadStore {
 
     /// A discovered workload with this IP (any, when several share it): the connection goes to the
     /// same place.
-    pub fn by_ip(&self, ip: IpAddr) -> Option<WorkloadName<'_>> {
+    pub(super) fn by_ip(&self, ip: IpAddr) -> Option<WorkloadName<'_>> {
         if let Some(i) = self.by_ip.get(&ip).and_then(|slot| slot.reachable) {
             let w = &self.workloads[i as usize];
             return Some(WorkloadName {
@@ -165,7 +165,7 @@ impl WorkloadStore {
     }
 
     /// Every address a connection reaches a workload at.
-    pub fn destinations(&self) -> impl Iterator<Item = IpAddr> + '_ {
+    pub(super) fn destinations(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.by_ip
             .iter()
             .filter(|(_, slot)| slot.reachable.is_some())
@@ -175,7 +175,7 @@ impl WorkloadStore {
 
     /// The client behind a peer IP. An IP several workloads share names no single namespace, so the
     /// client counts as unknown (PUBLIC services only) rather than borrowing another's namespace.
-    pub fn client(&self, ip: IpAddr) -> Option<&Workload> {
+    pub(super) fn client(&self, ip: IpAddr) -> Option<&Workload> {
         let slot = self.by_ip.get(&ip.to_canonical())?;
         (!slot.shared).then(|| &*self.workloads[slot.first as usize])
     }

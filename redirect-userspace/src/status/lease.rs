@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 /// Where the lease lives and who this agent is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaseConfig {
+pub(crate) struct LeaseConfig {
     pub namespace: String,
     pub name: String,
     /// Unique per agent: the node's name and the process id.
@@ -34,7 +34,7 @@ struct Seen {
 /// that renewal, so a write sent before [`Tenure::holds`] turns false is this agent's to make
 /// however long the process was stopped in between (SIGSTOP, a frozen cgroup, a paused VM).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tenure {
+pub(crate) struct Tenure {
     renewed: Option<Instant>,
     duration: Duration,
 }
@@ -49,7 +49,7 @@ impl Tenure {
 
     /// Whether a write sent now is still this agent's: its last renewal is younger than the lease
     /// duration, less a quarter for the write to reach the API server.
-    pub fn holds(&self) -> bool {
+    pub(crate) fn holds(&self) -> bool {
         let deadline = self.duration - self.duration / 4;
         self.renewed.is_some_and(|at| at.elapsed() < deadline)
     }
@@ -57,7 +57,7 @@ impl Tenure {
 
 /// The lease held, for the writer to read ([`Tenure::holds`] before each write), and a way to give
 /// it up on a graceful stop.
-pub struct Holder {
+pub(crate) struct Holder {
     pub tenure: watch::Receiver<Tenure>,
     stop: watch::Sender<bool>,
     task: JoinHandle<()>,
@@ -67,7 +67,7 @@ impl Holder {
     /// Stops renewing and hands the lease back (its holder cleared), so another agent takes it at
     /// its next try instead of a whole lease later. Bounded: an API server that does not answer
     /// leaves the lease to expire.
-    pub async fn release(self) {
+    pub(crate) async fn release(self) {
         let _ = self.stop.send(true);
         if tokio::time::timeout(RELEASE_TIMEOUT, self.task)
             .await
@@ -82,7 +82,7 @@ impl Holder {
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Starts trying to hold the lease.
-pub fn start(client: Client, config: LeaseConfig) -> Holder {
+pub(crate) fn start(client: Client, config: LeaseConfig) -> Holder {
     let (tenure_tx, tenure) = watch::channel(Tenure::vacant(config.duration));
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(hold(client, config, tenure_tx, stopped));

@@ -3,9 +3,9 @@
 //! `status.conditions` of the types `resolve` computes ([`plan::MANAGED_TYPES`]) equal to what it
 //! computes ([`writer`]). Conditions of other types, and conditions another controller writes
 //! (istiod, when it does this itself), are left as they are.
-pub mod lease;
-pub mod observed;
-pub mod plan;
+pub(crate) mod lease;
+pub(crate) mod observed;
+pub(crate) mod plan;
 mod writer;
 
 use std::{collections::BTreeMap, sync::Arc};
@@ -13,14 +13,14 @@ use std::{collections::BTreeMap, sync::Arc};
 use serde::Serialize;
 use tokio::sync::watch;
 
-pub use lease::{Holder, LeaseConfig};
-pub use observed::{Observed, observe};
+pub(crate) use lease::{Holder, LeaseConfig};
+pub(crate) use observed::{Observed, observe};
 
 use crate::{metrics::Metrics, visibility::Condition};
 
 /// The conditions `resolve` computes for one ServiceEntry.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Desired {
+pub(crate) struct Desired {
     pub namespace: String,
     pub name: String,
     pub conditions: Vec<Condition>,
@@ -28,7 +28,7 @@ pub struct Desired {
 
 /// What the writer works from: the latest resolution and the status the API holds.
 #[derive(Debug, Clone, Default)]
-pub struct Inputs {
+pub(crate) struct Inputs {
     /// The ServiceEntry `apiVersion` served; `None` until discovered.
     pub api_version: Option<String>,
     pub desired: Arc<Vec<Desired>>,
@@ -38,7 +38,7 @@ pub struct Inputs {
 /// What `/config_dump` shows of the status writer.
 #[derive(Debug, Clone, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Report {
+pub(crate) struct Report {
     /// `namespace/name` of the Lease.
     pub lease: String,
     pub identity: String,
@@ -58,13 +58,13 @@ impl Report {
 
 /// The election and the writer, running: the report `/config_dump` shows, and the lease to hand
 /// back on a graceful stop ([`Holder::release`]).
-pub struct Writer {
+pub(crate) struct Writer {
     pub report: Arc<std::sync::Mutex<Report>>,
     pub lease: Holder,
 }
 
 /// Starts the election and the writer.
-pub fn start(
+pub(crate) fn start(
     client: kube::Client,
     lease: LeaseConfig,
     inputs: watch::Receiver<Inputs>,

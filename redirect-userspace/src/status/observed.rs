@@ -2,7 +2,7 @@
 use serde_json::Value;
 
 /// The field manager the agent writes status as; any other manager's conditions are not ours.
-pub const FIELD_MANAGER: &str = "redirect-agent";
+pub(crate) const FIELD_MANAGER: &str = "redirect-agent";
 
 /// One ServiceEntry's status as last seen.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -19,7 +19,7 @@ pub struct Observed {
 }
 
 /// Reads the status of a ServiceEntry object as the API serves it.
-pub fn observe(object: &Value) -> Observed {
+pub(crate) fn observe(object: &Value) -> Observed {
     let meta = &object["metadata"];
     let other_writer = meta["managedFields"]
         .as_array()

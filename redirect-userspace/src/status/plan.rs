@@ -8,7 +8,7 @@ use crate::visibility::{
 };
 
 /// The condition types the status writer owns. Any other type is never touched.
-pub const MANAGED_TYPES: [&str; 4] = [
+pub(crate) const MANAGED_TYPES: [&str; 4] = [
     VISIBILITY_APPLIED,
     WAYPOINT_BOUND,
     WAYPOINT_MISSING,
@@ -16,7 +16,7 @@ pub const MANAGED_TYPES: [&str; 4] = [
 ];
 
 #[derive(Debug, Clone, PartialEq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// The API already says what `resolve` says.
     Unchanged,
     /// Another field manager writes these condition types: left to it.
@@ -34,7 +34,7 @@ fn managed(condition: &Value) -> bool {
 /// The plan for one entry whose wanted conditions are `wanted` (empty: none of ours should be
 /// there), given what the API holds, at time `now` (RFC 3339). `lastTransitionTime` moves only when
 /// a condition's status changes; `observedGeneration` is the entry's generation.
-pub fn plan(wanted: &[Condition], observed: &Observed, now: &str) -> Plan {
+pub(crate) fn plan(wanted: &[Condition], observed: &Observed, now: &str) -> Plan {
     let ours_present = observed.conditions.iter().any(managed);
     if ours_present && let Some(other) = &observed.other_writer {
         return Plan::OtherWriter(other.clone());

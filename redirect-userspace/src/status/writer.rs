@@ -25,7 +25,7 @@ use crate::{clock::now_rfc3339, metrics::Metrics};
 
 /// Status writes per second at most: 10,000 changed entries take under four minutes, and the API
 /// server never sees a burst from this agent.
-pub const WRITES_PER_SECOND: u32 = 50;
+pub(super) const WRITES_PER_SECOND: u32 = 50;
 /// How often the whole set is compared again, whatever changed.
 const RECHECK: Duration = Duration::from_secs(5);
 const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -39,7 +39,7 @@ struct Retry {
     next: Duration,
 }
 
-pub async fn run(
+pub(super) async fn run(
     client: Client,
     mut inputs: watch::Receiver<Inputs>,
     mut leading: watch::Receiver<Tenure>,

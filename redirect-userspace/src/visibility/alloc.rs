@@ -21,12 +21,12 @@ use super::Discovery;
 use crate::config::{Address, ConfigError, Host, Model, Resolution, ServiceEntry};
 
 /// Istio's ranges: the agent allocates from the same ones its allocator does.
-pub const V4_RANGE: Ipv4Net = crate::config::ALLOCATION_V4;
-pub const V6_RANGE: Ipv6Net = crate::config::ALLOCATION_V6;
+pub(crate) const V4_RANGE: Ipv4Net = crate::config::ALLOCATION_V4;
+pub(crate) const V6_RANGE: Ipv6Net = crate::config::ALLOCATION_V6;
 
 /// The status condition on an entry left without an IPv4 address (only written then).
-pub const ADDRESS_ALLOCATED: &str = "istio.io/AddressAllocated";
-pub const ADDRESS_POOL_EXHAUSTED: &str = "AddressPoolExhausted";
+pub(crate) const ADDRESS_ALLOCATED: &str = "istio.io/AddressAllocated";
+pub(crate) const ADDRESS_POOL_EXHAUSTED: &str = "AddressPoolExhausted";
 
 /// Slots in the IPv4 range (offsets 0 and 65,535, the network and broadcast addresses, never given).
 const V4_SLOTS: usize = 1 << 16;
@@ -50,11 +50,11 @@ impl Allocation {
 }
 
 /// The label by which an entry opts out of allocation (`"false"`, any case), as in Istio.
-pub const AUTOALLOCATE_LABEL: &str = "networking.istio.io/enable-autoallocate-ip";
+pub(super) const AUTOALLOCATE_LABEL: &str = "networking.istio.io/enable-autoallocate-ip";
 
 /// Whether an entry gets allocated addresses: it has none, connections do not simply go to the
 /// original destination (resolution NONE), and it has not opted out by label.
-pub fn needs_allocation(entry: &ServiceEntry) -> bool {
+pub(super) fn needs_allocation(entry: &ServiceEntry) -> bool {
     let opted_out = entry
         .meta
         .labels
@@ -243,7 +243,7 @@ pub(super) fn outside_pools(entry: &ServiceEntry) -> bool {
 
 /// The error of every `status.addresses` value the loader refused, entry by entry: those entries
 /// are in force without them (see `config::ServiceEntry::refused_status`).
-pub fn refused_status(model: &Model) -> impl Iterator<Item = ConfigError> + '_ {
+pub(super) fn refused_status(model: &Model) -> impl Iterator<Item = ConfigError> + '_ {
     model
         .service_entries
         .iter()
@@ -302,7 +302,7 @@ impl FreeSlots {
 /// One error per entry that needed an IPv4 address and got none because the pool is full: the
 /// entry loads without it (clients that see it are answered with its IPv6 address only, or
 /// forwarded), and the error names it until the pool has room.
-pub fn exhausted<'a>(
+pub(super) fn exhausted<'a>(
     model: &Model,
     allocations: impl IntoIterator<Item = &'a [Allocation]>,
 ) -> Vec<ConfigError> {

@@ -7,12 +7,12 @@ use crate::config::{
     Host, Labels, ServiceEntry, UseWaypoint, Visibility, WaypointRef, use_waypoint,
 };
 
-pub const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
-pub const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
-pub const WAYPOINT_MISSING: &str = "istio.io/WaypointMissing";
-pub const CROSS_NAMESPACE_WAYPOINT_FORBIDDEN: &str = "CrossNamespaceWaypointForbidden";
-pub const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
-pub const NO_WAYPOINT_FOR_WILDCARD_SERVICE: &str = "NoWaypointForWildcardService";
+pub(crate) const VISIBILITY_APPLIED: &str = "istio.io/VisibilityApplied";
+pub(crate) const WAYPOINT_BOUND: &str = "istio.io/WaypointBound";
+pub(crate) const WAYPOINT_MISSING: &str = "istio.io/WaypointMissing";
+pub(crate) const CROSS_NAMESPACE_WAYPOINT_FORBIDDEN: &str = "CrossNamespaceWaypointForbidden";
+pub(crate) const WAYPOINT_ACCEPTED: &str = "WaypointAccepted";
+pub(super) const NO_WAYPOINT_FOR_WILDCARD_SERVICE: &str = "NoWaypointForWildcardService";
 
 /// Istio's own messages, so tools that match on them see the same text.
 const PUBLIC_MESSAGE: &str = "ServiceEntry is visible to the entire mesh (PUBLIC).";
@@ -47,7 +47,7 @@ impl fmt::Display for ConditionStatus {
 
 /// The waypoint an entry asks for and whether it came from its namespace: its own labels, else
 /// its namespace's, as upstream inherits them. `none` on the entry opts out of the namespace's.
-pub fn requested_waypoint(
+pub(super) fn requested_waypoint(
     entry: &ServiceEntry,
     namespace_labels: &Labels,
 ) -> Option<(WaypointRef, bool)> {
@@ -65,7 +65,7 @@ pub fn requested_waypoint(
 /// refused or absent). An entry that is delivered to no proxy (NONE, not discovered, or every host
 /// shadowed) gets none of these: the caller does not ask. `namespace_labels` are the labels of the
 /// entry's namespace (for an inherited waypoint).
-pub fn conditions(
+pub(crate) fn conditions(
     entry: &ServiceEntry,
     namespace_labels: &Labels,
     visibility: Visibility,

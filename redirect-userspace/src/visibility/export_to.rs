@@ -4,7 +4,7 @@ use crate::config::Visibility;
 /// `declared` is the entry's `exportTo` (an empty list counts as unset), `mesh_default` the mesh's
 /// `defaultServiceExportTo`; without either the scope is `*`. The cap applies only when the feature is
 /// configured with `applyToSidecars`; otherwise sidecars keep the declared scope.
-pub fn sidecar_export_to(
+pub(crate) fn sidecar_export_to(
     declared: Option<&[String]>,
     mesh_default: Option<&[String]>,
     namespace: &str,

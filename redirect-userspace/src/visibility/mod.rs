@@ -9,19 +9,20 @@ mod policy;
 mod publish;
 
 #[cfg(test)]
-pub use alloc::V6_RANGE;
-pub use alloc::{ADDRESS_ALLOCATED, ADDRESS_POOL_EXHAUSTED, Allocation, V4_RANGE, allocate};
+pub(crate) use alloc::V6_RANGE;
+pub use alloc::allocate;
+pub(crate) use alloc::{ADDRESS_ALLOCATED, ADDRESS_POOL_EXHAUSTED, Allocation, V4_RANGE};
 #[cfg(test)]
-pub use conditions::{CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, WAYPOINT_ACCEPTED};
-pub use conditions::{
+pub(crate) use conditions::{CROSS_NAMESPACE_WAYPOINT_FORBIDDEN, WAYPOINT_ACCEPTED};
+pub(crate) use conditions::{
     Condition, ConditionStatus, VISIBILITY_APPLIED, WAYPOINT_BOUND, WAYPOINT_MISSING, conditions,
 };
 pub use discovery::Discovery;
-pub use export_to::sidecar_export_to;
-pub use policy::visibility_for;
-pub use publish::Shadowed;
+pub(crate) use export_to::sidecar_export_to;
+pub(crate) use policy::visibility_for;
+pub(crate) use publish::Shadowed;
 
-pub use crate::config::Visibility;
+pub(crate) use crate::config::Visibility;
 use crate::config::{Address, ConfigError, Model, ServiceEntry, WaypointRef};
 
 /// What [`resolve`] gives: the visibility of every ServiceEntry of a model (not to be confused with
@@ -121,13 +122,13 @@ pub fn resolve(model: &Model) -> Resolved {
 /// "one namespace, one host" (no host of its is declared twice in its namespace). Asked of both
 /// versions of a changed entry (the one `model` holds under its name is skipped), a yes says the
 /// change leaves every other entry's resolution as it was.
-pub fn stands_alone(model: &Model, entry: &ServiceEntry) -> bool {
+pub(crate) fn stands_alone(model: &Model, entry: &ServiceEntry) -> bool {
     alloc::outside_pools(entry) && publish::alone_in_namespace(model, entry)
 }
 
 /// What [`resolve`] gives `entries` of `model`, each of which [`stands_alone`] (so none is
 /// shadowed, none has an allocation); `discovery` is the model's.
-pub fn resolve_alone(
+pub(crate) fn resolve_alone(
     model: &Model,
     discovery: &Discovery,
     entries: &[&ServiceEntry],
@@ -233,7 +234,7 @@ impl<'m> Settings<'m> {
 /// The errors of entries in force without some address: one per `status.addresses` value refused
 /// (see [`alloc::refused_status`]), then one per entry the address pool could not serve (see
 /// [`alloc::exhausted`]).
-pub fn allocation_errors(model: &Model, resolution: &Resolved) -> Vec<ConfigError> {
+pub(crate) fn allocation_errors(model: &Model, resolution: &Resolved) -> Vec<ConfigError> {
     let mut errors: Vec<ConfigError> = alloc::refused_status(model).collect();
     errors.extend(alloc::exhausted(
         model,

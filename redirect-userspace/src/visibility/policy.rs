@@ -3,7 +3,7 @@ use crate::config::{Labels, MatchingRule, Policy, Visibility, VisibilityConfig};
 
 /// The visibility of a ServiceEntry living in a namespace with `namespace_labels`, and the 0-based
 /// index of the policy that decided it (`None`: the default applied, or the feature is unset).
-pub fn visibility_for(
+pub(crate) fn visibility_for(
     config: Option<&VisibilityConfig>,
     namespace_labels: &Labels,
 ) -> (Visibility, Option<usize>) {
@@ -22,7 +22,7 @@ pub fn visibility_for(
 }
 
 /// All rules must match; an empty rule list matches everything (a catch-all policy).
-pub fn policy_matches(policy: &Policy, namespace_labels: &Labels) -> bool {
+pub(super) fn policy_matches(policy: &Policy, namespace_labels: &Labels) -> bool {
     policy
         .matching_rules
         .iter()

@@ -13,7 +13,7 @@ const BOOT_MODULES: &[&str] = &["virtio_pci", "9pnet_virtio", "9p", "overlay"];
 const BUSYBOX: &str = "/bin/busybox";
 
 /// Writes the initramfs for `kernel` to `path`.
-pub fn write(kernel: &Kernel, path: &Path) -> anyhow::Result<()> {
+pub(super) fn write(kernel: &Kernel, path: &Path) -> anyhow::Result<()> {
     let busybox = fs::read(BUSYBOX).with_context(|| format!("reading {BUSYBOX}"))?;
     if !busybox.starts_with(b"\x7fELF") {
         bail!("{BUSYBOX} is not a binary: install busybox-static");

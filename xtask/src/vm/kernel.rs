@@ -18,14 +18,14 @@ use crate::cmd::{self, output};
 const KEYRING: &str = "/usr/share/keyrings/debian-archive-keyring.gpg";
 
 /// A kernel series the VM tests know how to fetch, oldest first.
-pub struct Series {
+pub(crate) struct Series {
     /// What `--kernel` takes: "5.10".
     pub name: &'static str,
     /// Debian suites serving it (one-line apt sources, without the `deb [...]` prefix).
     suites: &'static [&'static str],
 }
 
-pub const SERIES: &[Series] = &[
+pub(crate) const SERIES: &[Series] = &[
     Series {
         name: "5.10",
         suites: &["http://deb.debian.org/debian-security bullseye-security main"],
@@ -44,7 +44,7 @@ pub const SERIES: &[Series] = &[
 ];
 
 /// A kernel ready to boot.
-pub struct Kernel {
+pub(super) struct Kernel {
     /// `uname -r` of the kernel, e.g. "6.1.0-41-amd64".
     pub release: String,
     /// The image qemu boots: `vmlinux` when it could be extracted, else the package's `vmlinuz`.
@@ -54,7 +54,7 @@ pub struct Kernel {
 }
 
 impl Kernel {
-    pub fn modules(&self) -> PathBuf {
+    pub(super) fn modules(&self) -> PathBuf {
         self.root.join("lib/modules").join(&self.release)
     }
 }
@@ -64,12 +64,12 @@ fn cache_dir() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(home).join(".cache/redirect-xtask/kernels"))
 }
 
-pub fn series(name: &str) -> Option<&'static Series> {
+pub(super) fn series(name: &str) -> Option<&'static Series> {
     SERIES.iter().find(|s| s.name == name)
 }
 
 /// The newest kernel package of `series`: the one already cached, or fetched from Debian.
-pub fn fetch_series(series: &Series) -> anyhow::Result<Kernel> {
+pub(super) fn fetch_series(series: &Series) -> anyhow::Result<Kernel> {
     let dir = cache_dir()?.join(series.name);
     if let Some(ready) = cached(&dir)? {
         return prepare(&ready);
@@ -89,7 +89,7 @@ pub fn fetch_series(series: &Series) -> anyhow::Result<Kernel> {
 }
 
 /// A kernel from a package file the user gave.
-pub fn from_deb(deb: &Path) -> anyhow::Result<Kernel> {
+pub(super) fn from_deb(deb: &Path) -> anyhow::Result<Kernel> {
     let stem = deb
         .file_stem()
         .with_context(|| format!("{} has no file name", deb.display()))?;
@@ -163,7 +163,7 @@ fn prepare(dir: &Path) -> anyhow::Result<Kernel> {
     Ok(Kernel { image, ..kernel })
 }
 
-pub fn depmod() -> &'static str {
+pub(super) fn depmod() -> &'static str {
     ["/usr/sbin/depmod", "/sbin/depmod"]
         .into_iter()
         .find(|p| Path::new(p).exists())

@@ -17,17 +17,17 @@ use std::{
 
 use anyhow::{Context, bail};
 
-pub use kernel::SERIES;
+pub(crate) use kernel::SERIES;
 
 /// A kernel named on the command line.
-pub enum KernelChoice {
+pub(crate) enum KernelChoice {
     Series(&'static kernel::Series),
     Deb(PathBuf),
 }
 
 impl KernelChoice {
     /// `5.10`, `6.1`, `6.12`, `all` (every series, oldest first) or a path to a kernel `.deb`.
-    pub fn parse(arg: &str) -> anyhow::Result<Vec<KernelChoice>> {
+    pub(crate) fn parse(arg: &str) -> anyhow::Result<Vec<KernelChoice>> {
         if arg == "all" {
             return Ok(SERIES.iter().map(KernelChoice::Series).collect());
         }
@@ -54,13 +54,13 @@ impl KernelChoice {
 }
 
 /// One test binary to run in the guest, with its arguments (filters, libtest flags).
-pub struct GuestTest {
+pub(crate) struct GuestTest {
     pub binary: PathBuf,
     pub args: Vec<String>,
 }
 
 /// What the guest needs besides the tests.
-pub struct GuestEnv {
+pub(crate) struct GuestEnv {
     pub workspace: PathBuf,
     /// Variables for the tests (REDIRECT_BIN, RDT_PEER_BIN).
     pub vars: Vec<(String, String)>,
@@ -68,7 +68,7 @@ pub struct GuestEnv {
 }
 
 /// How one kernel's run ended.
-pub struct Outcome {
+pub(crate) struct Outcome {
     pub kernel: String,
     /// `uname -r` as the guest printed it.
     pub release: String,
@@ -77,7 +77,11 @@ pub struct Outcome {
 }
 
 /// Boots `choice` and runs `tests` inside; Err only when the VM itself could not run.
-pub fn run(choice: &KernelChoice, tests: &[GuestTest], env: &GuestEnv) -> anyhow::Result<Outcome> {
+pub(crate) fn run(
+    choice: &KernelChoice,
+    tests: &[GuestTest],
+    env: &GuestEnv,
+) -> anyhow::Result<Outcome> {
     let kernel = match choice {
         KernelChoice::Series(series) => kernel::fetch_series(series)?,
         KernelChoice::Deb(deb) => kernel::from_deb(deb)?,

@@ -14,7 +14,7 @@ const CMDLINE: &str =
 
 /// How the guest CPU is run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accel {
+pub(super) enum Accel {
     Kvm,
     /// Emulation: about 20 times slower than the host.
     Tcg,
@@ -22,7 +22,7 @@ pub enum Accel {
 
 /// KVM only when the CPU offers hardware virtualisation: a `/dev/kvm` without vmx/svm here is a
 /// paravirtual backend that cannot run a stock kernel.
-pub fn accel() -> Accel {
+pub(super) fn accel() -> Accel {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let hardware = cpuinfo
         .lines()
@@ -35,7 +35,7 @@ pub fn accel() -> Accel {
     }
 }
 
-pub struct Boot<'a> {
+pub(super) struct Boot<'a> {
     pub image: &'a Path,
     pub initramfs: &'a Path,
     /// Shared writable as tag `results`: the guest script, the exit code.
@@ -47,7 +47,7 @@ pub struct Boot<'a> {
 }
 
 /// Boots and waits for the guest to power off; the guest's console goes to our stdout.
-pub fn boot(boot: &Boot) -> anyhow::Result<()> {
+pub(super) fn boot(boot: &Boot) -> anyhow::Result<()> {
     let mut qemu = Command::new("qemu-system-x86_64");
     match boot.accel {
         Accel::Kvm => qemu.args(["-accel", "kvm", "-cpu", "host"]),

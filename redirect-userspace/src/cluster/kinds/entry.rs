@@ -35,7 +35,7 @@ const ENTRY: Keep = Fields(&[
 
 /// A ServiceEntry as a watch without a status writer reads it: the fields of [`ENTRY`], as JSON.
 #[derive(Debug, Clone)]
-pub struct ApiEntry {
+pub(crate) struct ApiEntry {
     /// Its name, namespace and `resourceVersion`: what kube's watcher reads of an object.
     meta: ObjectMeta,
     object: Value,
@@ -44,7 +44,7 @@ pub struct ApiEntry {
 impl ApiEntry {
     /// The entry converted as [`super::convert`] converts the whole object, but for its status
     /// (no status writer reads it).
-    pub fn convert(self, api_version: &str) -> Converted {
+    pub(crate) fn convert(self, api_version: &str) -> Converted {
         super::convert_unobserved(Kind::ServiceEntry, api_version, self.object)
     }
 }

@@ -18,7 +18,7 @@ use crate::config::{self, ApiPodParts, MetaParts, Part, PodElsewhere};
 /// [`super::strip`] keeps for [`Kind::Pod`], which keeps more than for [`Kind::PodElsewhere`]),
 /// and the `resourceVersion` the watch resumes from.
 #[derive(Debug, Clone)]
-pub struct ApiPod {
+pub(crate) struct ApiPod {
     /// Its name, namespace and `resourceVersion`: what kube's watcher reads of an object.
     meta: ObjectMeta,
     parts: ApiPodParts,
@@ -26,7 +26,7 @@ pub struct ApiPod {
 
 impl ApiPod {
     /// The Pod converted for `kind`, as [`super::convert`] converts the whole object.
-    pub fn convert(self, kind: Kind, api_version: &str) -> Converted {
+    pub(crate) fn convert(self, kind: Kind, api_version: &str) -> Converted {
         let checked = match api_version {
             "v1" => config::check_api_pod(SOURCE, self.parts, kind == Kind::PodElsewhere),
             _ => Err(self.parts.into_json()),

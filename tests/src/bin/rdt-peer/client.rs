@@ -18,7 +18,7 @@ fn connect(addr: SocketAddr) -> Result<TcpStream> {
 /// `IPPROTO_MPTCP` (linux/in.h).
 const IPPROTO_MPTCP: i32 = 262;
 
-pub fn getpeername(addr: SocketAddr, mptcp: bool) -> Result<()> {
+pub(crate) fn getpeername(addr: SocketAddr, mptcp: bool) -> Result<()> {
     let s = match mptcp {
         false => connect(addr)?,
         true => {
@@ -36,7 +36,7 @@ pub fn getpeername(addr: SocketAddr, mptcp: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn peer_watch(addr: SocketAddr) -> Result<()> {
+pub(crate) fn peer_watch(addr: SocketAddr) -> Result<()> {
     let s = connect(addr)?;
     let mut lines = std::io::stdin().lock().lines();
     loop {
@@ -88,7 +88,7 @@ fn receive_all(mut s: TcpStream) -> Result<(u64, String)> {
     }
 }
 
-pub fn echo(addr: SocketAddr, bytes: u64, rate_mib: u64) -> Result<()> {
+pub(crate) fn echo(addr: SocketAddr, bytes: u64, rate_mib: u64) -> Result<()> {
     let s = connect(addr)?;
     let writer = s.try_clone()?;
     // Write and read at once: an echo of more than the socket buffers would deadlock otherwise.
@@ -105,7 +105,7 @@ pub fn echo(addr: SocketAddr, bytes: u64, rate_mib: u64) -> Result<()> {
     Ok(())
 }
 
-pub fn fanout(addr: SocketAddr, conns: usize, bytes: usize, wait_stdin: bool) -> Result<()> {
+pub(crate) fn fanout(addr: SocketAddr, conns: usize, bytes: usize, wait_stdin: bool) -> Result<()> {
     let streams: Vec<TcpStream> = (0..conns)
         .map(|i| connect(addr).with_context(|| format!("connection {i}")))
         .collect::<Result<_>>()?;
@@ -156,7 +156,7 @@ pub fn fanout(addr: SocketAddr, conns: usize, bytes: usize, wait_stdin: bool) ->
     Ok(())
 }
 
-pub fn hold(addr: SocketAddr, interval_ms: u64, count: Option<u64>) -> Result<()> {
+pub(crate) fn hold(addr: SocketAddr, interval_ms: u64, count: Option<u64>) -> Result<()> {
     let mut w = connect(addr)?;
     let mut r = BufReader::new(w.try_clone()?);
     let mut line = String::new();
@@ -183,7 +183,7 @@ pub fn hold(addr: SocketAddr, interval_ms: u64, count: Option<u64>) -> Result<()
 /// One DNS question (type A, recursion desired) sent with an unconnected UDP socket (`sendto`, as some
 /// resolvers do, unlike glibc and dig which `connect()` first). Prints where the reply came from as
 /// `recvfrom` reports it, the header, and the answer records it can read (A, CNAME).
-pub fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
+pub(crate) fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
     let id = (std::process::id() & 0xffff) as u16;
     let query = dns_query(id, name)?;
 
@@ -228,7 +228,7 @@ pub fn dns_unconnected(server: SocketAddr, name: &str) -> Result<()> {
 }
 
 /// A DNS question for the A records of `name` (recursion desired), in wire format.
-pub fn dns_query(id: u16, name: &str) -> Result<Vec<u8>> {
+pub(crate) fn dns_query(id: u16, name: &str) -> Result<Vec<u8>> {
     let mut query = Vec::with_capacity(64);
     query.extend_from_slice(&id.to_be_bytes());
     query.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]); // RD; one question
@@ -255,7 +255,7 @@ fn skip_name(msg: &[u8], mut at: usize) -> Result<usize> {
 
 /// `GET /` from local port `from_port`; prints the body. Closes with a reset (linger 0): no
 /// TIME_WAIT is left on either side, so the same address and port can connect again at once.
-pub fn fetch(addr: SocketAddr, from_port: u16) -> Result<()> {
+pub(crate) fn fetch(addr: SocketAddr, from_port: u16) -> Result<()> {
     use std::os::fd::{AsRawFd, FromRawFd};
     let family = if addr.is_ipv4() {
         libc::AF_INET
@@ -364,7 +364,7 @@ fn sockaddr_call(
 
 /// DNS queries over UDP from forged source addresses (`from`, `from + 1`, ...), written whole
 /// (IPv4 and UDP headers included) to a raw socket. Prints `sent N`.
-pub fn dns_forge(
+pub(crate) fn dns_forge(
     server: std::net::SocketAddrV4,
     name: &str,
     from: std::net::Ipv4Addr,

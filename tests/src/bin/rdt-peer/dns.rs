@@ -11,7 +11,7 @@ use hickory_proto::rr::{Name, Record, RecordType};
 
 const TIMEOUT: Duration = Duration::from_secs(4);
 
-pub fn ask(server: SocketAddr, name: &str, qtype: &str, tcp: bool) -> Result<()> {
+pub(crate) fn ask(server: SocketAddr, name: &str, qtype: &str, tcp: bool) -> Result<()> {
     let qtype: RecordType = qtype.parse().context("record type")?;
     let name = Name::from_ascii(name).context("name")?;
     let id = (std::process::id() & 0xffff) as u16;
@@ -125,7 +125,12 @@ fn dig_layout(reply: &Message, from: SocketAddr, tcp: bool) -> String {
 /// ask different names under each id). Every reply must carry an id that was sent, the question
 /// sent under it, NOERROR and the expected address. Prints `sent= answered= wrong= missing=`, then
 /// one `wrong ...` line per bad reply (the first 20); exits 0 only when all were answered rightly.
-pub fn burst(server: SocketAddr, expect: &[String], count: u16, offset: usize) -> Result<()> {
+pub(crate) fn burst(
+    server: SocketAddr,
+    expect: &[String],
+    count: u16,
+    offset: usize,
+) -> Result<()> {
     let expect: Vec<(Name, std::net::Ipv4Addr)> = expect
         .iter()
         .map(|pair| {

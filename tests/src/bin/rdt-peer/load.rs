@@ -11,7 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::client::dns_query;
 
 /// Sends junk and valid queries in turn, as fast as one socket can, for `seconds`.
-pub fn dns_flood(server: SocketAddr, seconds: u64) -> Result<()> {
+pub(crate) fn dns_flood(server: SocketAddr, seconds: u64) -> Result<()> {
     let socket = std::net::UdpSocket::bind("0.0.0.0:0").context("binding")?;
     // Connected, as glibc and dig do: the kernel hooks steer it to the agent.
     socket.connect(server).context("connecting")?;
@@ -45,7 +45,7 @@ pub fn dns_flood(server: SocketAddr, seconds: u64) -> Result<()> {
 
 /// Opens `conns` connections, sends nothing, and after a second says how many are still open and
 /// how many the far end reset; holds them until stdin closes or a line arrives.
-pub fn hold_idle(addr: SocketAddr, conns: usize) -> Result<()> {
+pub(crate) fn hold_idle(addr: SocketAddr, conns: usize) -> Result<()> {
     let (mut open, mut reset, mut closed) = (0, 0, 0);
     let mut streams = Vec::new();
     for i in 0..conns {
@@ -75,7 +75,7 @@ pub fn hold_idle(addr: SocketAddr, conns: usize) -> Result<()> {
 /// Opens `count` UDP sockets connected to `server` (nothing is sent), reads each one's peer back,
 /// prints `open N original=M` (M: how many showed `server`) and holds them until stdin closes or a
 /// line arrives.
-pub fn udp_connected(server: SocketAddr, count: usize) -> Result<()> {
+pub(crate) fn udp_connected(server: SocketAddr, count: usize) -> Result<()> {
     // Local ports shared (SO_REUSEADDR): a pod has fewer ephemeral ports than sockets wanted. A few
     // dozen sockets a port, not all on one: bind() checks every socket already on its port.
     const PORTS: std::ops::Range<u16> = 20_000..22_048;
@@ -117,7 +117,7 @@ pub fn udp_connected(server: SocketAddr, count: usize) -> Result<()> {
 }
 
 /// Non-blocking connects, each closed before its handshake completes.
-pub fn abandon(addr: SocketAddr, count: usize) -> Result<()> {
+pub(crate) fn abandon(addr: SocketAddr, count: usize) -> Result<()> {
     let domain = match addr {
         SocketAddr::V4(_) => socket2::Domain::IPV4,
         SocketAddr::V6(_) => socket2::Domain::IPV6,
@@ -139,7 +139,7 @@ pub fn abandon(addr: SocketAddr, count: usize) -> Result<()> {
 
 /// Short connections in a row: send a line, read its echo, close first. A connection that fails
 /// counts as reset (reset by the far end, at connect or after) or failed (anything else).
-pub fn churn(addr: SocketAddr, conns: usize) -> Result<()> {
+pub(crate) fn churn(addr: SocketAddr, conns: usize) -> Result<()> {
     let started = Instant::now();
     let (mut ok, mut reset, mut failed) = (0u64, 0u64, 0u64);
     let mut first_errors = std::collections::BTreeMap::new();
@@ -191,7 +191,7 @@ enum Ending {
 
 /// Opens `conns` connections to an echo server, each sending a line and waiting (10 s at most,
 /// stretched under emulation) for it back; prints how each ended, holds the working ones until a line on stdin, then closes all.
-pub fn storm(addr: SocketAddr, conns: usize) -> Result<()> {
+pub(crate) fn storm(addr: SocketAddr, conns: usize) -> Result<()> {
     let deadline = integration::pace::scaled(Duration::from_secs(10));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -264,7 +264,7 @@ pub fn storm(addr: SocketAddr, conns: usize) -> Result<()> {
 }
 
 /// Reads until the stream ends; prints `eof <bytes>` for a clean end, `error <bytes> <kind>` else.
-pub fn read(addr: SocketAddr) -> Result<()> {
+pub(crate) fn read(addr: SocketAddr) -> Result<()> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
     let mut buf = vec![0u8; 1 << 16];
     let mut total = 0u64;
@@ -284,7 +284,7 @@ pub fn read(addr: SocketAddr) -> Result<()> {
 }
 
 /// Writes pattern bytes until the stream fails; prints `error <bytes> <kind>`.
-pub fn write(addr: SocketAddr) -> Result<()> {
+pub(crate) fn write(addr: SocketAddr) -> Result<()> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(10))?;
     let mut buf = vec![0u8; 1 << 16];
     let mut pattern = Pattern::new();

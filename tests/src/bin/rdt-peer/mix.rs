@@ -36,7 +36,7 @@ impl Op {
     }
 }
 
-pub fn run(http: &[String], dns: &[String], rate: u32, workers: usize) -> Result<()> {
+pub(crate) fn run(http: &[String], dns: &[String], rate: u32, workers: usize) -> Result<()> {
     let mut ops = Vec::new();
     for spec in http {
         let (addr, body) = spec.split_once('=').context("--http wants IP:PORT=BODY")?;

@@ -27,7 +27,7 @@ enum Kind {
     Sink,
 }
 
-pub fn serve(
+pub(crate) fn serve(
     name: &str,
     http: &[SocketAddr],
     echo: &[SocketAddr],
