@@ -10,7 +10,7 @@ use crate::steer::{Dest, Hook, steer};
 /// TCP connect() to anything but loopback goes to the outbound proxy; TCP and UDP connect() to
 /// port 53 go to the DNS proxy (glibc and dig connect their UDP socket before sending).
 #[cgroup_sock_addr(connect4)]
-pub fn connect4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn connect4(ctx: SockAddrContext) -> i32 {
     // SAFETY: `sock_addr` is the context the kernel passed this program: valid for the whole call,
     // and the only reference to it; the verifier allows writing `user_ip4` and `user_port`.
     let sa = unsafe { &mut *ctx.sock_addr };

@@ -12,7 +12,7 @@ use crate::{
 /// for an IPv4 address) is decided as the IPv4 one and goes to the IPv4 gateway in its v4-mapped
 /// form; a native IPv6 destination goes to the IPv6 gateway.
 #[cgroup_sock_addr(connect6)]
-pub fn connect6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn connect6(ctx: SockAddrContext) -> i32 {
     if let Some(to) = steer(&ctx, Hook::Connect, inet6::read(&ctx)) {
         inet6::write(&ctx, to);
     }

@@ -27,7 +27,7 @@ use crate::{
 
 /// What the kernel does with a TCP `connect()` the proxy would otherwise get.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Fast {
+pub(crate) enum Fast {
     /// Leave the socket alone (passthrough, a workload, a resolution NONE service).
     Leave,
     /// Connect to the endpoint written into `to` instead.
@@ -41,7 +41,7 @@ pub enum Fast {
 /// endpoint. (An out-parameter the caller initialised, not a payload: Linux 5.10's verifier
 /// refuses reading a stack slot one path never wrote, which an enum payload leads LLVM to do.)
 #[inline(always)]
-pub fn decide(dst: &Dest, to: &mut Dest) -> Fast {
+pub(crate) fn decide(dst: &Dest, to: &mut Dest) -> Fast {
     let generation = FAST_GENERATION.get(0).copied().unwrap_or(0);
     let mut seen = Seen {
         cgroup: 0,

@@ -9,7 +9,7 @@ use crate::steer::{Dest, mptcp_peer, original_peer};
 /// getpeername() on a steered socket returns the peer the application connected to, not the
 /// gateway; on one the fast path rewrote, not the endpoint.
 #[cgroup_sock_addr(getpeername4)]
-pub fn getpeername4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn getpeername4(ctx: SockAddrContext) -> i32 {
     // SAFETY: `sock_addr` is the context the kernel passed this program: valid for the whole call,
     // and the only reference to it; the verifier allows writing `user_ip4` and `user_port`.
     let sa = unsafe { &mut *ctx.sock_addr };

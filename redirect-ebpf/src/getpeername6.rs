@@ -9,7 +9,7 @@ use crate::{
 
 /// getpeername4 for IPv6 sockets: the original peer, v4-mapped when the application asked so.
 #[cgroup_sock_addr(getpeername6)]
-pub fn getpeername6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn getpeername6(ctx: SockAddrContext) -> i32 {
     let seen = inet6::read(&ctx);
     if let Some(orig) = original_peer(&ctx, &seen.ip).or_else(|| mptcp_peer(&ctx, &seen)) {
         inet6::write(&ctx, orig);

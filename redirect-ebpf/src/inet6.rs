@@ -7,7 +7,7 @@ use aya_ebpf::programs::SockAddrContext;
 use crate::steer::Dest;
 
 #[inline(always)]
-pub fn read(ctx: &SockAddrContext) -> Dest {
+pub(crate) fn read(ctx: &SockAddrContext) -> Dest {
     // SAFETY: `sock_addr` is the context the kernel passed the program: valid for the whole call.
     let sa = unsafe { &*ctx.sock_addr };
     // SAFETY: each pointer is to a word of that context, aligned and initialised; volatile so that
@@ -25,7 +25,7 @@ pub fn read(ctx: &SockAddrContext) -> Dest {
 }
 
 #[inline(always)]
-pub fn write(ctx: &SockAddrContext, to: Dest) {
+pub(crate) fn write(ctx: &SockAddrContext, to: Dest) {
     // SAFETY: `sock_addr` is the context the kernel passed the program: valid for the whole call and
     // the only reference to it; the verifier allows writing `user_ip6` and `user_port` in the inet6
     // hooks, the only callers.

@@ -15,11 +15,11 @@ use redirect_common::{
 /// and dies with its socket, and no other socket, of this pod or another, can push it out (an LRU
 /// map keyed by cookie dropped a long-lived connection's entry once enough others were made).
 #[btf_map]
-pub static SOCKET_ORIG_DST: SkStorage<OrigDst> = SkStorage::new();
+pub(crate) static SOCKET_ORIG_DST: SkStorage<OrigDst> = SkStorage::new();
 
 /// client ip:port -> where the application meant to go; read by the agent after accept().
 #[map]
-pub static FLOW_ORIG_DST: LruHashMap<SockAddr, OrigDst> =
+pub(crate) static FLOW_ORIG_DST: LruHashMap<SockAddr, OrigDst> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 
 /// A steered or rewritten TCP connection's ends -> where the application meant to go, filed as its
@@ -27,33 +27,33 @@ pub static FLOW_ORIG_DST: LruHashMap<SockAddr, OrigDst> =
 /// the storage); getpeername() on the MPTCP socket finds the original here by the ends it shares
 /// with that subflow.
 #[map]
-pub static SUBFLOW_ORIG_DST: LruHashMap<FlowEnds, OrigDst> =
+pub(crate) static SUBFLOW_ORIG_DST: LruHashMap<FlowEnds, OrigDst> =
     LruHashMap::with_max_entries(FLOW_MAP_ENTRIES, 0);
 
 #[map]
-pub static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
+pub(crate) static STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(Stat::COUNT, 0);
 
 /// Pod cgroups whose processes are left alone (their pods opted out of capture); kept by the agent.
 #[map]
-pub static OPTED_OUT_CGROUPS: HashMap<u64, u8> =
+pub(crate) static OPTED_OUT_CGROUPS: HashMap<u64, u8> =
     HashMap::with_max_entries(OPTED_OUT_MAP_ENTRIES, 0);
 
 /// The node's netns cookie as `netns_probe` saw it (kernels without SO_NETNS_COOKIE).
 #[map]
-pub static NETNS_PROBE: Array<u64> = Array::with_max_entries(1, 0);
+pub(crate) static NETNS_PROBE: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Which set of fast-path tables is in force (`GEN_OFF`: none, everything goes to the proxy).
 #[map]
-pub static FAST_GENERATION: Array<u32> = Array::with_max_entries(1, 0);
+pub(crate) static FAST_GENERATION: Array<u32> = Array::with_max_entries(1, 0);
 
 /// The fast path's decisions (`FastStat`), then the hides it counted and those it could not report.
 #[map]
-pub static FAST_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FAST_STAT_SLOTS, 0);
+pub(crate) static FAST_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(FAST_STAT_SLOTS, 0);
 
 /// Each connection the kernel decided after skipping a hidden service, for the agent's debug log.
 /// Bounded: when the agent falls behind, events are dropped (and counted), never waited for.
 #[map]
-pub static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_EVENTS_BYTES, 0);
+pub(crate) static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_EVENTS_BYTES, 0);
 
 // The fast path's tables. Each is an array of two maps, one per generation: the agent creates the
 // maps at the size the tables need (the templates below give the kernel only their type, key,
@@ -63,33 +63,33 @@ pub static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_EVENTS_B
 const NO_PREALLOC: usize = BPF_F_NO_PREALLOC as usize;
 
 /// cgroup id -> client namespace id.
-pub type ClientsMap = BtfHashMap<u64, u32, 1, NO_PREALLOC>;
-pub type ExactMap = BtfHashMap<AddrKey, Claim, 1, NO_PREALLOC>;
-pub type CidrsMap = BtfLpmTrie<LpmBytes, Claim, 1>;
-pub type PortsMap = BtfHashMap<PortKey, Backends, 1, NO_PREALLOC>;
-pub type WorkloadsMap = BtfHashMap<IpKey, u8, 1, NO_PREALLOC>;
+pub(crate) type ClientsMap = BtfHashMap<u64, u32, 1, NO_PREALLOC>;
+pub(crate) type ExactMap = BtfHashMap<AddrKey, Claim, 1, NO_PREALLOC>;
+pub(crate) type CidrsMap = BtfLpmTrie<LpmBytes, Claim, 1>;
+pub(crate) type PortsMap = BtfHashMap<PortKey, Backends, 1, NO_PREALLOC>;
+pub(crate) type WorkloadsMap = BtfHashMap<IpKey, u8, 1, NO_PREALLOC>;
 
 #[btf_map]
-pub static FAST_CLIENTS: ArrayOfMaps<ClientsMap, 2> = ArrayOfMaps::new();
+pub(crate) static FAST_CLIENTS: ArrayOfMaps<ClientsMap, 2> = ArrayOfMaps::new();
 #[btf_map]
-pub static FAST_EXACT: ArrayOfMaps<ExactMap, 2> = ArrayOfMaps::new();
+pub(crate) static FAST_EXACT: ArrayOfMaps<ExactMap, 2> = ArrayOfMaps::new();
 #[btf_map]
-pub static FAST_CIDRS: ArrayOfMaps<CidrsMap, 2> = ArrayOfMaps::new();
+pub(crate) static FAST_CIDRS: ArrayOfMaps<CidrsMap, 2> = ArrayOfMaps::new();
 #[btf_map]
-pub static FAST_PORTS: ArrayOfMaps<PortsMap, 2> = ArrayOfMaps::new();
+pub(crate) static FAST_PORTS: ArrayOfMaps<PortsMap, 2> = ArrayOfMaps::new();
 #[btf_map]
-pub static FAST_WORKLOADS: ArrayOfMaps<WorkloadsMap, 2> = ArrayOfMaps::new();
+pub(crate) static FAST_WORKLOADS: ArrayOfMaps<WorkloadsMap, 2> = ArrayOfMaps::new();
 /// Each generation's flags.
 #[map]
-pub static FAST_CONFIG: Array<Config> = Array::with_max_entries(2, 0);
+pub(crate) static FAST_CONFIG: Array<Config> = Array::with_max_entries(2, 0);
 
 #[inline(always)]
-pub fn count_fast(stat: FastStat) {
+pub(crate) fn count_fast(stat: FastStat) {
     count_fast_slot(stat as u32);
 }
 
 #[inline(always)]
-pub fn count_fast_slot(index: u32) {
+pub(crate) fn count_fast_slot(index: u32) {
     if let Some(slot) = FAST_STATS.get_ptr_mut(index) {
         // SAFETY: `get_ptr_mut` gave this CPU's slot, aligned and valid while the program runs; a
         // per-CPU slot has no other writer while this program runs on this CPU.
@@ -111,7 +111,7 @@ static NODE_NETNS_COOKIE: u64 = 0;
 
 /// Gateway IPv4 in network byte order.
 #[inline(always)]
-pub fn gateway_v4() -> u32 {
+pub(crate) fn gateway_v4() -> u32 {
     // Volatile: the value is patched into .rodata at load time, the compiler must not fold the zero.
     // SAFETY: a reference to a static: aligned and initialised; nothing writes it after load.
     unsafe { core::ptr::read_volatile(&GATEWAY_V4) }
@@ -119,31 +119,31 @@ pub fn gateway_v4() -> u32 {
 
 /// Gateway IPv6 in the kernel's `user_ip6` form (network-order words); all zero when not configured.
 #[inline(always)]
-pub fn gateway_v6() -> [u32; 4] {
+pub(crate) fn gateway_v6() -> [u32; 4] {
     // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&GATEWAY_V6) }
 }
 
 #[inline(always)]
-pub fn proxy_port() -> u16 {
+pub(crate) fn proxy_port() -> u16 {
     // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&PROXY_PORT) }
 }
 
 #[inline(always)]
-pub fn dns_proxy_port() -> u16 {
+pub(crate) fn dns_proxy_port() -> u16 {
     // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&DNS_PROXY_PORT) }
 }
 
 #[inline(always)]
-pub fn node_netns_cookie() -> u64 {
+pub(crate) fn node_netns_cookie() -> u64 {
     // SAFETY: a reference to a static: aligned and initialised; read volatile as `gateway_v4`.
     unsafe { core::ptr::read_volatile(&NODE_NETNS_COOKIE) }
 }
 
 #[inline(always)]
-pub fn count(stat: Stat) {
+pub(crate) fn count(stat: Stat) {
     if let Some(slot) = STATS.get_ptr_mut(stat as u32) {
         // SAFETY: `get_ptr_mut` gave this CPU's slot, aligned and valid while the program runs; a
         // per-CPU slot has no other writer while this program runs on this CPU.

@@ -10,7 +10,7 @@ use aya_ebpf::{
 use crate::maps::NETNS_PROBE;
 
 #[cgroup_sock(sock_create)]
-pub fn netns_probe(ctx: SockContext) -> i32 {
+pub(crate) fn netns_probe(ctx: SockContext) -> i32 {
     // SAFETY: the helper reads the socket of the context the kernel passed this program, which
     // is what it takes in a cgroup/sock_create program.
     let cookie = unsafe { bpf_get_netns_cookie(ctx.as_ptr()) };

@@ -9,7 +9,7 @@ use crate::maps::SOCKET_ORIG_DST;
 /// Files `orig` for the socket of `ctx` (replacing what an earlier connect() filed); false when
 /// the kernel could not allocate the storage.
 #[inline(always)]
-pub fn remember(ctx: &SockAddrContext, orig: &OrigDst) -> bool {
+pub(crate) fn remember(ctx: &SockAddrContext, orig: &OrigDst) -> bool {
     // SAFETY: `ctx.sock_addr.sk` is the verifier-checked socket of this call; with no initial
     // value the kernel zero-fills a new slot, which is then written whole.
     let slot = unsafe { SOCKET_ORIG_DST.get_or_insert_ptr_mut(ctx, None) };
@@ -31,7 +31,7 @@ pub fn remember(ctx: &SockAddrContext, orig: &OrigDst) -> bool {
 
 /// The original destination filed for the socket of `ctx`, if it was steered.
 #[inline(always)]
-pub fn recall(ctx: &SockAddrContext) -> Option<OrigDst> {
+pub(crate) fn recall(ctx: &SockAddrContext) -> Option<OrigDst> {
     // SAFETY: as in `remember`; a null result means nothing was filed.
     let slot = unsafe { SOCKET_ORIG_DST.get_ptr_mut(ctx) };
     // SAFETY: a non-null slot is this socket's storage holding one OrigDst (plain integers, any
@@ -41,7 +41,7 @@ pub fn recall(ctx: &SockAddrContext) -> Option<OrigDst> {
 
 /// The same, for a sock_ops program's socket (`bpf_sock_ops.sk`, which may be null).
 #[inline(always)]
-pub fn recall_sock(sk: *mut aya_ebpf::bindings::bpf_sock) -> Option<OrigDst> {
+pub(crate) fn recall_sock(sk: *mut aya_ebpf::bindings::bpf_sock) -> Option<OrigDst> {
     if sk.is_null() {
         return None;
     }

@@ -12,7 +12,7 @@ use crate::{
 /// A DNS reply from the DNS proxy must look as if it came from the resolver the client addressed,
 /// or the client drops it.
 #[cgroup_sock_addr(recvmsg4)]
-pub fn recvmsg4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn recvmsg4(ctx: SockAddrContext) -> i32 {
     // SAFETY: `sock_addr` is the context the kernel passed this program: valid for the whole call,
     // and the only reference to it; the verifier allows writing `user_ip4` and `user_port`.
     let sa = unsafe { &mut *ctx.sock_addr };

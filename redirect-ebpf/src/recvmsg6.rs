@@ -12,7 +12,7 @@ use crate::{
 /// recvmsg4 for IPv6 sockets: a reply from the DNS proxy (at either gateway) comes from the resolver
 /// the client addressed, v4-mapped when that is what it asked.
 #[cgroup_sock_addr(recvmsg6)]
-pub fn recvmsg6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn recvmsg6(ctx: SockAddrContext) -> i32 {
     let dns_port = dns_proxy_port();
     let seen = inet6::read(&ctx);
     if dns_port == 0 || seen.port != dns_port {

@@ -8,7 +8,7 @@ use crate::steer::{Dest, Hook, steer};
 
 /// Unconnected UDP sendmsg()/sendto() to port 53 goes to the DNS proxy.
 #[cgroup_sock_addr(sendmsg4)]
-pub fn sendmsg4(ctx: SockAddrContext) -> i32 {
+pub(crate) fn sendmsg4(ctx: SockAddrContext) -> i32 {
     // SAFETY: `sock_addr` is the context the kernel passed this program: valid for the whole call,
     // and the only reference to it; the verifier allows writing `user_ip4` and `user_port`.
     let sa = unsafe { &mut *ctx.sock_addr };

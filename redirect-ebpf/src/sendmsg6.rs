@@ -11,7 +11,7 @@ use crate::{
 /// socket sending to a v4-mapped address never gets here: the kernel hands that datagram to the IPv4
 /// path, which runs sendmsg4; its reply still comes back through recvmsg6, v4-mapped.)
 #[cgroup_sock_addr(sendmsg6)]
-pub fn sendmsg6(ctx: SockAddrContext) -> i32 {
+pub(crate) fn sendmsg6(ctx: SockAddrContext) -> i32 {
     if let Some(to) = steer(&ctx, Hook::SendMsg, inet6::read(&ctx)) {
         inet6::write(&ctx, to);
     }

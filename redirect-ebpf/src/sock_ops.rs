@@ -29,7 +29,7 @@ const AF_INET6: u32 = 10;
 /// At TCP_CONNECT_CB (the SYN has not left) a socket connecting to the proxy's port by itself
 /// drops what an earlier connection with its address and port filed.
 #[sock_ops]
-pub fn sock_ops(ctx: SockOpsContext) -> u32 {
+pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
     if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB {
         return 1;

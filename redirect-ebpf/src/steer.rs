@@ -25,13 +25,13 @@ use crate::{
     origin,
 };
 
-pub const IPPROTO_TCP: u32 = 6;
+pub(crate) const IPPROTO_TCP: u32 = 6;
 const AF_INET: u32 = 2;
-pub const IPPROTO_UDP: u32 = 17;
+pub(crate) const IPPROTO_UDP: u32 = 17;
 
 /// Which traffic a hook handles.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Hook {
+pub(crate) enum Hook {
     /// connect(): TCP to any port, UDP to port 53.
     Connect,
     /// sendmsg() on an unconnected UDP socket: port 53 only.
@@ -40,21 +40,21 @@ pub enum Hook {
 
 /// An address in `user_ip6` form and a port in host byte order.
 #[derive(Clone, Copy)]
-pub struct Dest {
+pub(crate) struct Dest {
     pub ip: [u32; 4],
     pub port: u16,
 }
 
 /// Word by word, without short-circuit: no memcmp call in BPF, and one straight-line check.
 #[inline(always)]
-pub fn same_ip(a: &[u32; 4], b: &[u32; 4]) -> bool {
+pub(crate) fn same_ip(a: &[u32; 4], b: &[u32; 4]) -> bool {
     ((a[0] ^ b[0]) | (a[1] ^ b[1]) | (a[2] ^ b[2]) | (a[3] ^ b[3])) == 0
 }
 
 /// The gateway of `ip`'s family in `user_ip6` form: the v4-mapped IPv4 gateway for an IPv4 (or
 /// v4-mapped) destination, the IPv6 gateway otherwise; `None` when that family has no gateway.
 #[inline(always)]
-pub fn gateway_for(ip: &[u32; 4]) -> Option<[u32; 4]> {
+pub(crate) fn gateway_for(ip: &[u32; 4]) -> Option<[u32; 4]> {
     if is_v4_mapped(ip) {
         let gw = gateway_v4();
         return (gw != 0).then_some(v4_mapped_words(gw));
@@ -78,7 +78,7 @@ fn is_local(ip: &[u32; 4]) -> bool {
 /// Decides whether the socket should go to the agent; if so remembers the original destination and
 /// returns where to send it instead. `None`: leave the call as it is (never refuse it).
 #[inline(always)]
-pub fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
+pub(crate) fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest> {
     let gateway = gateway_for(&dst.ip)?;
     // Loopback stays in the pod; traffic already addressed to the gateway is the agent's own business.
     if is_local(&dst.ip) || same_ip(&dst.ip, &gateway) {
@@ -181,7 +181,7 @@ fn pod_opted_out() -> bool {
 /// The peer getpeername() should show in place of `seen`: the original destination of a socket
 /// steered to the gateway, or of one the fast path rewrote to an endpoint.
 #[inline(always)]
-pub fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
+pub(crate) fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
     if let Some(gateway) = gateway_for(seen)
         && same_ip(seen, &gateway)
     {
@@ -198,7 +198,7 @@ pub fn original_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
 /// first subflow (a TCP socket of its own, holding the storage). The original destination is filed
 /// under the ends the two share, the subflow's peer being `seen`.
 #[inline(always)]
-pub fn mptcp_peer(ctx: &SockAddrContext, seen: &Dest) -> Option<Dest> {
+pub(crate) fn mptcp_peer(ctx: &SockAddrContext, seen: &Dest) -> Option<Dest> {
     // SAFETY: `sock_addr` is the context the kernel passed the program: valid for the whole call.
     let sa = unsafe { &*ctx.sock_addr };
     if sa.protocol != IPPROTO_MPTCP {
@@ -240,14 +240,14 @@ pub fn mptcp_peer(ctx: &SockAddrContext, seen: &Dest) -> Option<Dest> {
 
 /// The original destination remembered for this socket, if we steered it.
 #[inline(always)]
-pub fn orig_dst_of(ctx: &SockAddrContext) -> Option<OrigDst> {
+pub(crate) fn orig_dst_of(ctx: &SockAddrContext) -> Option<OrigDst> {
     origin::recall(ctx)
 }
 
 /// The original destination to show in place of `seen` (a reply's source, or getpeername's peer):
 /// `Some` only when `seen` is the gateway of its family and this socket was steered.
 #[inline(always)]
-pub fn unsteered_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
+pub(crate) fn unsteered_peer(ctx: &SockAddrContext, seen: &[u32; 4]) -> Option<Dest> {
     let gateway = gateway_for(seen)?;
     if !same_ip(seen, &gateway) {
         return None;
