@@ -43,7 +43,6 @@ use api_resource;
 
 mod entry;
 mod pod;
-mod slim;
 
 use std::sync::Arc;
 

@@ -177,6 +177,18 @@ pub(super) struct RawPodIp {
 }
 
 impl RawPod {
+    /// What a Pod of another node keeps: not its uid (which ties a client to its cgroup), node
+    /// or age, as the watch of other nodes' Pods cuts them.
+    pub(super) fn forget_this_nodes_fields(&mut self) {
+        if let Some(meta) = &mut self.metadata {
+            meta.uid = None;
+            meta.creation_timestamp = None;
+        }
+        if let Some(spec) = &mut self.spec {
+            spec.node_name = None;
+        }
+    }
+
     pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<Workload> {
         let before = ctx.error_count();
         let meta = convert::meta(ctx, self.metadata, true);

@@ -6,12 +6,11 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 use super::{
-    api_pod::ApiPodParts,
     endpoint_slice::RawEndpointSlice,
     error::{ConfigError, ConfigErrors, Ctx, MAX_QUOTED, bounded, plain_message},
     kube::{RawNamespace, RawPod, RawService},
     mesh::{MeshConfig, RawConfigMap, RawIstioOperator, RawMeshConfig},
-    model::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, Model, Namespace, ServiceEntry, Workload},
+    model::{DEFAULT_CLUSTER_DOMAIN, DEFAULT_NAMESPACE, Model, Namespace},
     service_entry::{RawServiceEntry, RawWorkloadEntry},
     source::{self, Limits},
     yaml,
@@ -95,150 +94,6 @@ pub fn read_sources<'a>(sources: impl IntoIterator<Item = (&'a str, &'a str)>) -
     loader.finish()
 }
 
-/// Reads one object as the Kubernetes API serves it (JSON, with `apiVersion` and `kind`) exactly as
-/// one document of a file is read: the same checks and the same errors, `source` standing in for
-/// the file name. The model holds that object alone (plus its implicit namespace).
-pub(crate) fn read_api_object(source: &str, object: &serde_json::Value) -> Loaded {
-    read_api_pod(source, object).unwrap_or_else(|| read_api_document(source, object))
-}
-
-/// A ServiceEntry the API served (`api_version` as watched), checked as [`read_api_object`]
-/// checks it, read from its JSON without YAML in between nor a whole load around it: the same
-/// entry or the same errors. `None` when the JSON might read otherwise than its YAML does (a list
-/// where a part goes, a field of another type: the YAML read names it in its words); read it
-/// with [`read_api_object`] then.
-pub(crate) fn check_api_entry(
-    source: &str,
-    object: &serde_json::Value,
-) -> Option<Result<ServiceEntry, Vec<ConfigError>>> {
-    let api_version = object.get("apiVersion").and_then(serde_json::Value::as_str);
-    let kind = object.get("kind").and_then(serde_json::Value::as_str)?;
-    if classify(api_version, kind) != Some("ServiceEntry") || !entry_reads_as_its_yaml(object) {
-        return None;
-    }
-    let raw = RawServiceEntry::deserialize(object).ok()?;
-    let text = |path: &[&str]| path.iter().try_fold(object, |v, key| v.get(*key))?.as_str();
-    let id = identity("ServiceEntry", text);
-    Some(checked(source, &id, |ctx| raw.convert(ctx)))
-}
-
-/// What `convert` makes of one object `id` read from `source`, or every error it gave (one error
-/// and the object is refused, as a load refuses it).
-fn checked<T>(
-    source: &str,
-    id: &Identity,
-    convert: impl FnOnce(&mut Ctx<'_>) -> Option<T>,
-) -> Result<T, Vec<ConfigError>> {
-    let mut errors = Vec::new();
-    let mut ctx = Ctx {
-        file: source,
-        object: describe(id),
-        prefix: String::new(),
-        errors: &mut errors,
-    };
-    match convert(&mut ctx) {
-        Some(object) if errors.is_empty() => Ok(object),
-        _ => Err(errors),
-    }
-}
-
-/// Whether a ServiceEntry's JSON reads as its YAML does wherever it reads at all: no list stands
-/// where a part of it goes (`metadata`, `spec`, `status`, a port, an endpoint, the workload
-/// selector, a status address), which JSON would read field by field and YAML refuses.
-fn entry_reads_as_its_yaml(entry: &serde_json::Value) -> bool {
-    use serde_json::Value as Json;
-    let part = |v: Option<&Json>| !matches!(v, Some(Json::Array(_)));
-    let items = |v: Option<&Json>| match v {
-        Some(Json::Array(items)) => items.iter().all(|i| !i.is_array()),
-        _ => true,
-    };
-    let spec = entry.get("spec");
-    fn at<'v>(v: Option<&'v Json>, field: &str) -> Option<&'v Json> {
-        v.and_then(|v| v.get(field))
-    }
-    ["metadata", "spec", "status"]
-        .iter()
-        .all(|field| part(entry.get(*field)))
-        && part(at(spec, "workloadSelector"))
-        && items(at(spec, "ports"))
-        && items(at(spec, "endpoints"))
-        && items(at(entry.get("status"), "addresses"))
-}
-
-/// A `v1` Pod the API served, read in one pass ([`ApiPodParts`]; of another node's Pod, only
-/// what that watch keeps), checked as [`read_api_object`] checks it: the same workload or the same
-/// errors, without a whole load around one Pod. `Err`: it holds something the YAML way reads in
-/// its own words; the JSON a whole read would have kept of it, for [`read_api_object`].
-pub(crate) fn check_api_pod(
-    source: &str,
-    pod: ApiPodParts,
-    elsewhere: bool,
-) -> Result<Result<Workload, Vec<ConfigError>>, serde_json::Value> {
-    let raw = pod.into_raw(elsewhere)?;
-    let meta = raw.metadata.as_ref();
-    let id = identity("Pod", |path| match path {
-        ["metadata", "name"] => meta?.name.as_deref(),
-        ["metadata", "namespace"] => meta?.namespace.as_deref(),
-        _ => None,
-    });
-    Ok(checked(source, &id, |ctx| raw.convert(ctx)))
-}
-
-/// [`read_api_object`] for any object: as YAML, the form the loader reads.
-fn read_api_document(source: &str, object: &serde_json::Value) -> Loaded {
-    let limits = Limits::default();
-    let mut loader = Loader::new(&limits);
-    loader.from_api = true;
-    match serde_yaml_ng::to_value(object) {
-        Ok(value) => loader.add_document(source, value, String::new()),
-        Err(e) => loader.file_error(source, format!("not a Kubernetes object: {e}")),
-    }
-    loader.finish()
-}
-
-/// [`read_api_object`] for a `v1` Pod, read from its JSON without YAML in between: most of the
-/// cost of a Pod, of which the API lists a cluster's worth. The same checks on the same values;
-/// `None` (read as YAML then) when the JSON might read otherwise than its YAML does: a field of a
-/// type the Pod does not take (the YAML read names it in its words) or a list where one of its
-/// parts goes (which JSON would read field by field, and YAML refuses).
-fn read_api_pod(source: &str, object: &serde_json::Value) -> Option<Loaded> {
-    let api_version = object.get("apiVersion").and_then(serde_json::Value::as_str);
-    let kind = object.get("kind").and_then(serde_json::Value::as_str)?;
-    if classify(api_version, kind) != Some("Pod") || !reads_as_its_yaml(object) {
-        return None;
-    }
-    let raw = RawPod::deserialize(object).ok()?;
-    let text = |path: &[&str]| path.iter().try_fold(object, |v, key| v.get(*key))?.as_str();
-    let id = identity("Pod", text);
-    let limits = Limits::default();
-    let mut loader = Loader::new(&limits);
-    loader.from_api = true;
-    loader.add_pod(source, &id, raw, String::new());
-    loader.rejected_if_refused(source, id, 0);
-    Some(loader.finish())
-}
-
-/// Whether a Pod's JSON reads as its YAML does wherever it reads at all: no list stands where a
-/// part of the Pod goes (`metadata`, `spec`, `status`, a container, a port, an address).
-fn reads_as_its_yaml(pod: &serde_json::Value) -> bool {
-    use serde_json::Value as Json;
-    let part = |v: Option<&Json>| !matches!(v, Some(Json::Array(_)));
-    let items = |v: Option<&Json>| match v {
-        Some(Json::Array(items)) => items.iter().all(Json::is_object),
-        _ => true,
-    };
-    let spec = pod.get("spec");
-    let containers = spec.and_then(|s| s.get("containers"));
-    ["metadata", "spec", "status"]
-        .iter()
-        .all(|field| part(pod.get(*field)))
-        && items(containers)
-        && items(pod.get("status").and_then(|s| s.get("podIPs")))
-        && containers
-            .and_then(Json::as_array)
-            .is_none_or(|cs| cs.iter().all(|c| items(c.get("ports"))))
-}
-
 /// [`read_dir`] with the default limits, accepting only a load without any error.
 #[cfg(test)]
 pub(crate) fn load_dir(path: &Path) -> Result<Model, ConfigErrors> {
@@ -274,22 +129,20 @@ pub(super) struct Loader {
     seen: HashMap<(&'static str, String, String), String>,
     /// The mesh config found so far and what it was (`IstioOperator in FILE`).
     mesh: Option<(MeshConfig, String)>,
-    /// Reading an object the Kubernetes API served: EndpointSlices are read only then.
-    from_api: bool,
     limits: Limits,
     /// The size of every file listed so far, against `limits.max_dir_bytes`.
     bytes_listed: u64,
 }
 
 /// Who a document says it is, for reports and for keeping its last good version.
-struct Identity {
+pub(super) struct Identity {
     kind: &'static str,
     namespace: String,
     name: String,
 }
 
 /// What a document is, from `apiVersion` and `kind`. `None`: not ours, skipped.
-fn classify(api_version: Option<&str>, kind: &str) -> Option<&'static str> {
+pub(super) fn classify(api_version: Option<&str>, kind: &str) -> Option<&'static str> {
     let group = api_version.map(|v| v.rsplit_once('/').map_or("", |(g, _)| g));
     let version = api_version.map(|v| v.rsplit_once('/').map_or(v, |(_, v)| v));
     let core = matches!(api_version, None | Some("v1"));
@@ -315,7 +168,7 @@ fn str_at<'v>(value: &'v Value, path: &[&str]) -> Option<&'v str> {
 }
 
 /// `Kind namespace/name`, or `Kind name` for a cluster-scoped kind, or `Kind` when unnamed.
-fn describe(id: &Identity) -> String {
+pub(super) fn describe(id: &Identity) -> String {
     match (id.kind, id.name.as_str()) {
         (kind, "") => kind.to_string(),
         ("Namespace", name) => format!("Namespace {name}"),
@@ -324,7 +177,10 @@ fn describe(id: &Identity) -> String {
 }
 
 /// Who an object says it is; `text` reads the string at a path of it.
-fn identity<'v>(kind: &'static str, text: impl Fn(&[&str]) -> Option<&'v str>) -> Identity {
+pub(super) fn identity<'v>(
+    kind: &'static str,
+    text: impl Fn(&[&str]) -> Option<&'v str>,
+) -> Identity {
     let text = |path: &[&str]| text(path).map(|s| bounded(s, MAX_QUOTED).into_owned());
     let name = text(&["metadata", "name"]).unwrap_or_default();
     let namespace = match kind {
@@ -347,7 +203,6 @@ impl Loader {
             model: Model::default(),
             seen: HashMap::new(),
             mesh: None,
-            from_api: false,
             limits: *limits,
             bytes_listed: 0,
         }
@@ -410,7 +265,8 @@ impl Loader {
         }
     }
 
-    fn add_document(&mut self, file: &str, value: Value, prefix: String) {
+    /// Reads one document of a file: an object of a kind the agent uses, or a `List` of them.
+    pub(super) fn add_document(&mut self, file: &str, value: Value, prefix: String) {
         if value.is_null() {
             return;
         }
@@ -443,7 +299,7 @@ impl Loader {
             );
             return;
         };
-        if kind == "EndpointSlice" && !self.from_api {
+        if kind == "EndpointSlice" {
             tracing::debug!(
                 file,
                 "skipping an EndpointSlice: a directory's Services take their endpoints from their selector"
@@ -463,6 +319,18 @@ impl Loader {
             }
             return;
         }
+        self.add_kind(file, kind, value, prefix);
+    }
+
+    /// Reads one object of a known `kind` (as [`classify`] names it): added if valid, else left
+    /// out and reported.
+    pub(super) fn add_kind(
+        &mut self,
+        file: &str,
+        kind: &'static str,
+        value: Value,
+        prefix: String,
+    ) {
         let id = identity(kind, |path| str_at(&value, path));
         let before = self.errors.len();
         self.add_object(file, &id, value, prefix);
@@ -765,310 +633,6 @@ mod tests {
         assert_eq!(loaded.errors.len(), 2, "{:?}", loaded.errors);
         assert_eq!(loaded.errors[0].field.as_deref(), Some("spec.addresses[0]"));
         assert!(loaded.into_result().is_err(), "a strict load still refuses");
-    }
-
-    /// What a Pod's JSON can hold where the model reads it: anything, small.
-    fn any_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
-        use proptest::prelude::*;
-        use serde_json::{Value as Json, json};
-        let leaf = prop_oneof![
-            Just(Json::Null),
-            any::<bool>().prop_map(Json::from),
-            any::<i64>().prop_map(Json::from),
-            any::<u64>().prop_map(Json::from),
-            (0u32..70_000).prop_map(Json::from),
-            (-1e5f64..1e5).prop_map(Json::from),
-            "[a-z0-9.:-]{0,10}".prop_map(Json::from),
-            Just(json!("10.1.2.3")),
-            Just(json!("2024-05-01T12:00:00Z")),
-            Just(json!("3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1")),
-        ];
-        leaf.prop_recursive(3, 12, 3, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..3).prop_map(Json::from),
-                prop::collection::btree_map(
-                    "ip|name|ports|containerPort|containers|podIP|podIPs|nodeName|app",
-                    inner,
-                    0..3
-                )
-                .prop_map(|m| Json::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    /// A Pod whose parts are each valid, missing or anything else.
-    fn any_pod() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
-        use proptest::prelude::*;
-        use serde_json::{Value as Json, json};
-        let or_any = |valid: Json| prop_oneof![3 => Just(Some(valid)), 1 => Just(None), 1 => any_json().prop_map(Some)];
-        let port = (or_any(json!("http")), or_any(json!(8080))).prop_map(|(name, number)| {
-            let mut port = serde_json::Map::new();
-            port.extend(name.map(|n| ("name".to_string(), n)));
-            port.extend(number.map(|n| ("containerPort".to_string(), n)));
-            Json::Object(port)
-        });
-        let container = prop::collection::vec(prop_oneof![4 => port, 1 => any_json()], 0..3)
-            .prop_map(|ports| json!({"name": "c", "ports": ports}));
-        let containers = prop::collection::vec(prop_oneof![4 => container, 1 => any_json()], 0..3);
-        (
-            or_any(json!("web-1")),
-            or_any(json!("team-a")),
-            or_any(json!({"app": "web"})),
-            or_any(json!("3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1")),
-            or_any(json!("node-1")),
-            prop_oneof![4 => containers.prop_map(|c| Some(Json::from(c))), 1 => any_json().prop_map(Some), 1 => Just(None)],
-            or_any(json!("10.244.1.20")),
-            or_any(json!([{"ip": "10.244.1.20"}, {"ip": "fd00::1"}])),
-            or_any(json!("2024-05-01T12:00:00Z")),
-        )
-            .prop_map(|(name, ns, labels, uid, node, containers, ip, ips, created)| {
-                let fields = |pairs: Vec<(&str, Option<Json>)>| {
-                    Json::Object(
-                        pairs
-                            .into_iter()
-                            .filter_map(|(k, v)| Some((k.to_string(), v?)))
-                            .collect(),
-                    )
-                };
-                let mut pod = fields(vec![
-                    (
-                        "metadata",
-                        Some(fields(vec![
-                            ("name", name),
-                            ("namespace", ns),
-                            ("labels", labels),
-                            ("uid", uid),
-                            ("creationTimestamp", created),
-                        ])),
-                    ),
-                    ("spec", Some(fields(vec![("nodeName", node), ("containers", containers)]))),
-                    ("status", Some(fields(vec![("podIP", ip), ("podIPs", ips)]))),
-                ]);
-                pod["apiVersion"] = json!("v1");
-                pod["kind"] = json!("Pod");
-                pod
-            })
-    }
-
-    fn same_load(a: &Loaded, b: &Loaded) -> Result<(), proptest::test_runner::TestCaseError> {
-        proptest::prop_assert_eq!(&a.errors, &b.errors);
-        proptest::prop_assert_eq!(&a.rejected, &b.rejected);
-        proptest::prop_assert_eq!(&a.model.workloads, &b.model.workloads);
-        proptest::prop_assert_eq!(&a.model.namespaces, &b.model.namespaces);
-        Ok(())
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(1024))]
-        /// A Pod read from its JSON is what its YAML gives: the same workload or the same errors.
-        #[test]
-        fn a_pod_read_from_json_is_what_its_yaml_gives(pod in any_pod()) {
-            same_load(&read_api_object("kubernetes API", &pod), &read_api_document("kubernetes API", &pod))?;
-        }
-
-        /// Whatever a part of a Pod holds.
-        #[test]
-        fn any_part_of_a_pod_reads_as_its_yaml_does(
-            part in 0..3usize, field in "[a-z]{0,3}|ip|ports|containers|podIPs", value in any_json()
-        ) {
-            let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "web-1", "namespace": "team-a"},
-                "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 80}]}]},
-                "status": {"podIP": "10.0.0.1"}});
-            let part = ["metadata", "spec", "status"][part];
-            if field.is_empty() {
-                pod[part] = value;
-            } else {
-                pod[part][field.as_str()] = value;
-            }
-            same_load(&read_api_object("kubernetes API", &pod), &read_api_document("kubernetes API", &pod))?;
-        }
-    }
-
-    fn api_entry() -> serde_json::Value {
-        serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
-            "metadata": {"name": "api", "namespace": "team-a", "labels": {"app": "api"},
-                         "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1",
-                         "creationTimestamp": "2024-05-01T12:00:00Z"},
-            "spec": {"hosts": ["api.example.com"], "addresses": ["203.0.113.10"],
-                     "ports": [{"number": 443, "name": "https", "protocol": "TLS", "targetPort": 8443}],
-                     "location": "MESH_EXTERNAL", "resolution": "STATIC", "exportTo": ["."],
-                     "endpoints": [{"address": "198.51.100.1", "ports": {"https": 8443},
-                                    "labels": {"v": "1"}, "network": "n1"}]},
-            "status": {"addresses": [{"value": "240.240.0.1", "host": "api.example.com"}]}})
-    }
-
-    /// An entry read from its JSON, when it is, is what its YAML gives: the same entry or the
-    /// same errors. `typed`: whether it was read from its JSON.
-    fn entry_as_its_yaml(
-        entry: &serde_json::Value,
-    ) -> Result<bool, proptest::test_runner::TestCaseError> {
-        let yaml = read_api_document("kubernetes API", entry);
-        let Some(checked) = check_api_entry("kubernetes API", entry) else {
-            return Ok(false);
-        };
-        match checked {
-            Ok(se) => {
-                proptest::prop_assert!(yaml.errors.is_empty(), "{:?}", yaml.errors);
-                proptest::prop_assert_eq!(yaml.model.service_entries, vec![Arc::new(se)]);
-            }
-            Err(errors) => {
-                proptest::prop_assert!(!errors.is_empty());
-                proptest::prop_assert_eq!(&errors, &yaml.errors);
-                proptest::prop_assert!(yaml.model.service_entries.is_empty());
-            }
-        }
-        Ok(true)
-    }
-
-    /// `entry` with the value at `pointer` set, its field added if missing.
-    fn set(entry: &mut serde_json::Value, pointer: &str, value: serde_json::Value) {
-        let (parent, field) = pointer.rsplit_once('/').unwrap_or_default();
-        match entry.pointer_mut(parent) {
-            Some(serde_json::Value::Object(map)) => {
-                map.insert(field.to_string(), value);
-            }
-            Some(serde_json::Value::Array(items)) => {
-                items[field.parse::<usize>().unwrap()] = value;
-            }
-            _ => panic!("no {parent}"),
-        }
-    }
-
-    #[test]
-    fn an_entry_read_from_json_is_what_its_yaml_gives() {
-        use serde_json::json;
-        let typed = [
-            ("/spec/addresses/0", json!("203.0.113.0/33")),
-            ("/spec/ports/0/number", json!(70000)),
-            ("/spec/ports/0/number", json!(0)),
-            ("/spec/hosts/0", json!("*")),
-            ("/spec/hosts", json!([])),
-            ("/spec/resolution", json!("SOMETIMES")),
-            ("/spec/resolution", json!(2)),
-            ("/spec/endpoints/0/address", json!("127.0.0.1")),
-            ("/spec/endpoints/0/ports/https", json!(0)),
-            ("/metadata/uid", json!("not-a-uid")),
-            ("/metadata/name", json!("Api_1")),
-            ("/status/addresses/0/value", json!("240.240.0.999")),
-            ("/status/addresses/0/value", json!("8.8.8.8")),
-            ("/status/addresses/0/host", json!(null)),
-            ("/spec/location", json!(null)),
-            ("/metadata/labels", json!(null)),
-            ("/spec/workloadSelector", json!({"labels": {"app": "api"}})),
-        ];
-        let odd = [
-            ("/metadata", json!(["api"])),
-            ("/spec", json!([{"hosts": ["a.example.com"]}])),
-            ("/status", json!([])),
-            ("/spec/ports/0", json!([443, "https"])),
-            ("/spec/endpoints/0", json!(["198.51.100.1"])),
-            ("/spec/workloadSelector", json!([{"app": "api"}])),
-            ("/status/addresses/0", json!(["240.240.0.1"])),
-            ("/spec/ports/0/number", json!("443")),
-            ("/spec/ports/0/number", json!(443.5)),
-            ("/spec/hosts", json!("api.example.com")),
-            ("/spec/hosts/0", json!(7)),
-            ("/spec/hosts/0", json!(null)),
-            ("/spec/ports/0", json!(null)),
-            ("/metadata/name", json!(7)),
-            ("/metadata/labels/app", json!(7)),
-            ("/spec/resolution", json!(true)),
-            ("/spec/endpoints/0/ports", json!([8443])),
-        ];
-        for (cases, want) in [(&typed[..], true), (&odd[..], false)] {
-            for (pointer, value) in cases {
-                let mut entry = api_entry();
-                set(&mut entry, pointer, value.clone());
-                let got = entry_as_its_yaml(&entry).unwrap();
-                assert_eq!(got, want, "{pointer}: {value}");
-            }
-        }
-        assert!(entry_as_its_yaml(&api_entry()).unwrap());
-        let loaded = check_api_entry("kubernetes API", &api_entry())
-            .unwrap()
-            .unwrap();
-        assert_eq!(loaded.meta.name, "api");
-        for part in ["metadata", "spec", "status"] {
-            let mut entry = api_entry();
-            entry.as_object_mut().unwrap().remove(part);
-            assert!(entry_as_its_yaml(&entry).unwrap(), "without {part}");
-        }
-    }
-
-    /// From the API as from a file: a `status.addresses` value outside Istio's ranges is refused
-    /// with its field named, and the entry is read (its status is the control plane's).
-    #[test]
-    fn a_refused_status_address_from_the_api_keeps_the_entry() {
-        let mut entry = api_entry();
-        entry["status"]["addresses"] = serde_json::json!([
-            {"value": "169.254.7.1", "host": "api.example.com"},
-            {"value": "240.240.0.1", "host": "api.example.com"}
-        ]);
-        let se = check_api_entry("kubernetes API", &entry).unwrap().unwrap();
-        let kept: Vec<String> = se
-            .status_addresses
-            .iter()
-            .map(|a| a.ip.to_string())
-            .collect();
-        assert_eq!(kept, ["240.240.0.1"]);
-        let [e] = se.refused_status.as_slice() else {
-            panic!("{:?}", se.refused_status)
-        };
-        assert_eq!(e.file, "kubernetes API");
-        assert_eq!(e.object.as_deref(), Some("ServiceEntry team-a/api"));
-        assert_eq!(e.field.as_deref(), Some("status.addresses[0].value"));
-        let yaml = read_api_object("kubernetes API", &entry);
-        assert!(
-            yaml.errors.is_empty() && yaml.rejected.is_empty(),
-            "{:?}",
-            yaml.errors
-        );
-        assert_eq!(yaml.model.service_entries, vec![Arc::new(se)]);
-    }
-
-    proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
-        /// Whatever a part of an entry holds.
-        #[test]
-        fn any_part_of_an_entry_reads_as_its_yaml_does(
-            place in 0..14usize, value in any_json()
-        ) {
-            const PLACES: [&str; 14] = ["/metadata", "/metadata/name", "/metadata/labels", "/spec",
-                "/spec/hosts", "/spec/hosts/0", "/spec/ports", "/spec/ports/0", "/spec/ports/0/number",
-                "/spec/endpoints/0", "/spec/endpoints/0/ports", "/spec/resolution", "/status/addresses",
-                "/spec/workloadSelector"];
-            let mut entry = api_entry();
-            set(&mut entry, PLACES[place], value);
-            entry_as_its_yaml(&entry)?;
-        }
-    }
-
-    #[test]
-    fn a_plain_pod_is_read_without_yaml_and_an_odd_one_with_it() {
-        let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "web-1", "namespace": "team-a"},
-            "spec": {"containers": [{"ports": [{"name": "http", "containerPort": 80}]}]},
-            "status": {"podIP": "10.0.0.1"}});
-        assert!(read_api_pod("kubernetes API", &pod).is_some());
-        let mut odd = pod.clone();
-        odd["spec"]["containers"][0]["ports"][0] = serde_json::json!(["http", 80]);
-        assert!(read_api_pod("kubernetes API", &odd).is_none());
-        let mut odd = pod.clone();
-        odd["status"]["podIP"] = serde_json::json!(10);
-        assert!(read_api_pod("kubernetes API", &odd).is_none());
-        let loaded = read_api_object("kubernetes API", &odd);
-        assert_eq!(loaded.errors[0].field.as_deref(), Some("status.podIP"));
-        let entry = serde_json::json!({"apiVersion": "networking.istio.io/v1", "kind": "ServiceEntry",
-            "metadata": {"name": "e", "namespace": "team-a"}, "spec": {"hosts": ["e.example.com"]}});
-        assert!(read_api_pod("kubernetes API", &entry).is_none());
-        assert_eq!(
-            read_api_object("kubernetes API", &entry)
-                .model
-                .service_entries
-                .len(),
-            1
-        );
     }
 
     #[test]

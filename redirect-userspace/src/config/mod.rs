@@ -1,9 +1,10 @@
-//! The resource model: a directory of Kubernetes YAML -> typed, validated resources ([`Model`]).
+//! The resource model: a directory of Kubernetes YAML, or the objects the Kubernetes API serves
+//! (`api`), -> typed, validated resources ([`Model`]).
 //!
 //! Every error names the file, the object (`Kind namespace/name`) and the field. The unit of refusal
 //! is one object: an invalid object is left out and reported, every valid one loads ([`Loaded`]);
 //! a running agent puts back the last good version of what was left out ([`keep_last_good`]).
-mod api_pod;
+mod api;
 mod convert;
 mod elsewhere;
 mod endpoint_slice;
@@ -19,7 +20,7 @@ mod service_entry;
 mod source;
 mod yaml;
 
-pub(crate) use api_pod::{ApiPodParts, MetaParts, Part, read_api_pod_parts};
+pub(crate) use api::{ENTRY, POD, Reader, check_api_entry, check_api_pod, read_api_object};
 pub(crate) use elsewhere::{PodGroup, PodRef, PodsElsewhere};
 pub(crate) use endpoint_slice::SERVICE_NAME_LABEL;
 pub(crate) use error::ConfigError;
@@ -34,7 +35,7 @@ pub(crate) use last_good::keep_last_good;
 pub(crate) use loader::complete;
 #[cfg(test)]
 pub(crate) use loader::load_dir;
-pub(crate) use loader::{Rejected, check_api_entry, check_api_pod, read_api_object, read_dir};
+pub(crate) use loader::{Rejected, read_dir};
 pub use loader::{load_sources, read_sources};
 pub(crate) use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
 pub use model::*;

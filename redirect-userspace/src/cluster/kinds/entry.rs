@@ -9,31 +9,11 @@ use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer, de::DeserializeSeed};
 use serde_json::Value;
 
-use super::{
-    Converted, Kind,
-    pod::whole_seconds_text,
-    slim::{All, Fields, Keep, Reader},
-};
+use super::{Converted, Kind, pod::watch_meta};
+use crate::config::{ENTRY, Reader};
 
-/// What the model reads of a ServiceEntry (what [`super::strip`] keeps of one), and the
-/// `resourceVersion` the watch resumes from.
-const ENTRY: Keep = Fields(&[
-    (
-        "metadata",
-        Fields(&[
-            ("name", All),
-            ("namespace", All),
-            ("labels", All),
-            ("creationTimestamp", All),
-            ("uid", All),
-            ("resourceVersion", All),
-        ]),
-    ),
-    ("spec", All),
-    ("status", Fields(&[("addresses", All)])),
-]);
-
-/// A ServiceEntry as a watch without a status writer reads it: the fields of [`ENTRY`], as JSON.
+/// A ServiceEntry as a watch without a status writer reads it: what the model reads of it
+/// ([`ENTRY`]), as JSON.
 #[derive(Debug, Clone)]
 pub(crate) struct ApiEntry {
     /// Its name, namespace and `resourceVersion`: what kube's watcher reads of an object.
@@ -52,22 +32,7 @@ impl ApiEntry {
 impl<'de> Deserialize<'de> for ApiEntry {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let mut object = Reader(&ENTRY).deserialize(deserializer)?;
-        let meta = match object.get_mut("metadata") {
-            Some(Value::Object(meta)) => {
-                // The creation time to the second, as kube's `Time` has always written it.
-                if let Some(Value::String(text)) = meta.get_mut("creationTimestamp") {
-                    whole_seconds_text(text);
-                }
-                let text = |field: &str| meta.get(field).and_then(Value::as_str).map(String::from);
-                ObjectMeta {
-                    name: text("name"),
-                    namespace: text("namespace"),
-                    resource_version: text("resourceVersion"),
-                    ..ObjectMeta::default()
-                }
-            }
-            _ => ObjectMeta::default(),
-        };
+        let meta = watch_meta(&mut object);
         Ok(ApiEntry { meta, object })
     }
 }

@@ -1,18 +1,19 @@
-//! A Pod read from the API's bytes straight to the fields the model reads, typed as the loader
-//! checks them ([`config::ApiPodParts`]): the rest (managed fields, annotations, container specs,
-//! most of the status: nearly all of a Pod's bytes) is skipped as it is parsed, never held. At
-//! 100,000 Pods the first list is mostly this.
+//! A Pod read from the API's bytes straight to the fields the model reads ([`config::POD`]): the
+//! rest (managed fields, annotations, container specs, most of the status: nearly all of a Pod's
+//! bytes) is skipped as it is parsed, never held. At 100,000 Pods the first list is mostly this.
 //!
-//! A field of an unexpected type is kept as the JSON it was, and that Pod read the loader's YAML
-//! way, which refuses it with the field named exactly as it does a Pod read whole. One odd Pod
-//! never fails the page it came in.
+//! What is kept is checked without YAML in between ([`config::check_api_pod`]) unless it might
+//! read otherwise than its YAML does; then that Pod is read the loader's YAML way, which refuses
+//! it with the field named exactly as it does a Pod read whole. One odd Pod never fails the page
+//! it came in.
 use std::sync::Arc;
 
 use kube::api::ObjectMeta;
-use serde::{Deserialize, Deserializer};
+use serde::{Deserialize, Deserializer, de::DeserializeSeed};
+use serde_json::Value;
 
 use super::{Converted, Kind, Object, SOURCE};
-use crate::config::{self, ApiPodParts, MetaParts, Part, PodElsewhere};
+use crate::config::{self, POD, PodElsewhere, Reader};
 
 /// A Pod as a watch reads it: the fields the model reads of a Pod of either watch (what
 /// [`super::strip`] keeps for [`Kind::Pod`], which keeps more than for [`Kind::PodElsewhere`]),
@@ -21,15 +22,15 @@ use crate::config::{self, ApiPodParts, MetaParts, Part, PodElsewhere};
 pub(crate) struct ApiPod {
     /// Its name, namespace and `resourceVersion`: what kube's watcher reads of an object.
     meta: ObjectMeta,
-    parts: ApiPodParts,
+    object: Value,
 }
 
 impl ApiPod {
     /// The Pod converted for `kind`, as [`super::convert`] converts the whole object.
     pub(crate) fn convert(self, kind: Kind, api_version: &str) -> Converted {
         let checked = match api_version {
-            "v1" => config::check_api_pod(SOURCE, self.parts, kind == Kind::PodElsewhere),
-            _ => Err(self.parts.into_json()),
+            "v1" => config::check_api_pod(SOURCE, self.object, kind == Kind::PodElsewhere),
+            _ => Err(self.object),
         };
         let (object, errors) = match checked {
             Ok(Ok(pod)) if kind == Kind::PodElsewhere => (
@@ -50,38 +51,34 @@ impl ApiPod {
 
 impl<'de> Deserialize<'de> for ApiPod {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut parts = config::read_api_pod_parts(deserializer)?;
-        let meta = match parts.meta_mut() {
-            Some(meta) => {
-                whole_seconds(meta);
-                let text = |field: &Option<Part<String>>| match field {
-                    Some(Part::Typed(text)) => Some(text.clone()),
-                    _ => None,
-                };
-                ObjectMeta {
-                    name: text(&meta.name),
-                    namespace: text(&meta.namespace),
-                    resource_version: text(&meta.resource_version),
-                    ..ObjectMeta::default()
-                }
-            }
-            None => ObjectMeta::default(),
-        };
-        Ok(ApiPod { meta, parts })
+        let mut object = Reader(&POD).deserialize(deserializer)?;
+        let meta = watch_meta(&mut object);
+        Ok(ApiPod { meta, object })
+    }
+}
+
+/// What kube's watcher reads of an object cut down as it was parsed (name, namespace,
+/// `resourceVersion`), its creation time set to the second on the way.
+pub(super) fn watch_meta(object: &mut Value) -> ObjectMeta {
+    let Some(Value::Object(meta)) = object.get_mut("metadata") else {
+        return ObjectMeta::default();
+    };
+    if let Some(Value::String(text)) = meta.get_mut("creationTimestamp") {
+        whole_seconds(text);
+    }
+    let text = |field: &str| meta.get(field).and_then(Value::as_str).map(String::from);
+    ObjectMeta {
+        name: text("name"),
+        namespace: text("namespace"),
+        resource_version: text("resourceVersion"),
+        ..ObjectMeta::default()
     }
 }
 
 /// The creation time to the second, as the model has always had it from the API (k8s-openapi's
 /// `Time` writes whole seconds); the API server writes no fraction anyway. One it cannot read is
 /// left as it is, for the loader to name.
-fn whole_seconds(meta: &mut MetaParts) {
-    if let Some(Part::Typed(text)) = &mut meta.creation_timestamp {
-        whole_seconds_text(text);
-    }
-}
-
-/// [`whole_seconds`] of one text.
-pub(super) fn whole_seconds_text(text: &mut String) {
+fn whole_seconds(text: &mut String) {
     if text.contains('.')
         && let Ok(time) = text.parse::<crate::config::Timestamp>()
     {
@@ -166,8 +163,8 @@ mod tests {
     fn typed_as_its_json(text: &str, typed: bool) -> Result<(), TestCaseError> {
         for kind in [Kind::Pod, Kind::PodElsewhere] {
             let pod: ApiPod = serde_json::from_str(text).expect("any JSON reads as a Pod");
-            let json = pod.parts.clone().into_json();
-            let checked = config::check_api_pod(SOURCE, pod.parts.clone(), false);
+            let json = pod.object.clone();
+            let checked = config::check_api_pod(SOURCE, pod.object.clone(), false);
             prop_assert_eq!(checked.is_ok(), typed, "{:?} {}", kind, text);
             let old = super::super::convert(kind, "v1", json);
             let new = pod.convert(kind, "v1");
@@ -193,6 +190,12 @@ mod tests {
             ("/metadata/namespace", json!("Team_A")),
             ("/metadata/labels", json!({})),
             ("/spec/containers", json!([])),
+            // A null reads as no value from JSON as from YAML.
+            ("/metadata/name", json!(null)),
+            ("/metadata", json!(null)),
+            ("/spec/nodeName", json!(null)),
+            ("/spec/containers", json!(null)),
+            ("/status/podIP", json!(null)),
         ];
         let odd = [
             ("/metadata", json!(["web-1"])),
@@ -208,12 +211,7 @@ mod tests {
             ("/metadata/name", json!(7)),
             ("/metadata/labels/app", json!(7)),
             ("/metadata/labels/app", json!(null)),
-            ("/metadata/name", json!(null)),
-            ("/metadata", json!(null)),
-            ("/spec/nodeName", json!(null)),
-            ("/spec/containers", json!(null)),
             ("/spec/containers", json!("none")),
-            ("/status/podIP", json!(null)),
             ("/status/podIP", json!(10)),
             ("/status/podIPs", json!({"ip": "10.244.1.20"})),
             ("/metadata/uid", json!(true)),
@@ -242,7 +240,7 @@ mod tests {
     fn a_label_given_twice_is_its_last_value() {
         let text = pod().to_string();
         for (labels, typed) in [
-            (r#"{"app": 7, "app": "web"}"#, false),
+            (r#"{"app": 7, "app": "web"}"#, true),
             (r#"{"app": "web", "app": 7}"#, false),
             (r#"{"app": "x", "app": "web"}"#, true),
         ] {
@@ -271,7 +269,7 @@ mod tests {
 
     #[test]
     fn only_what_the_model_reads_is_read() {
-        let got = config::read_api_pod_parts(pod()).unwrap().into_json();
+        let got = Reader(&POD).deserialize(pod()).unwrap();
         assert_eq!(
             got,
             json!({
@@ -555,7 +553,7 @@ mod tests {
         fn any_pod_read_typed_is_the_pod_read_the_yaml_way(object in odd_pod()) {
             let text = object.to_string();
             let pod: ApiPod = serde_json::from_str(&text).unwrap();
-            let typed = config::check_api_pod(SOURCE, pod.parts, false).is_ok();
+            let typed = config::check_api_pod(SOURCE, pod.object, false).is_ok();
             typed_as_its_json(&text, typed)?;
         }
 

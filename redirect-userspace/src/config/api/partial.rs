@@ -1,5 +1,7 @@
-//! Reading a JSON object cut down as it is parsed: only the fields the model reads are kept, the
-//! rest skipped unread, never held.
+//! Reading a JSON value cut down as it is parsed: only the fields a [`Keep`] names are kept, the
+//! rest skipped unread, never held. The one reader of the API's objects: each kind says what of
+//! it the model reads as a tree of [`Keep`], and the same tree says where a part goes, for
+//! [`super::reads_as_its_yaml`].
 use std::fmt;
 
 use serde::{
@@ -13,18 +15,24 @@ use serde_json::{Map, Value};
 
 /// The parts of a JSON value to read; whatever else is skipped unread.
 #[derive(Debug)]
-pub(super) enum Keep {
+pub(crate) enum Keep {
     /// The whole value.
     All,
-    /// Of an object, these fields, each read as its own `Keep` says. Any other value is read whole.
+    /// A part (a mapping): these fields, each read as its own `Keep` says; a field named `*`
+    /// stands for every field not named. Any other value is read whole.
     Fields(&'static [(&'static str, Keep)]),
+    /// A list: each item as this `Keep` says. Any other value is read whole.
+    Each(&'static Keep),
 }
 
-pub(super) use Keep::{All, Fields};
+pub(crate) use Keep::{All, Each, Fields};
+
+/// A part kept whole: its fields, whatever they are.
+pub(crate) const PART: Keep = Fields(&[("*", All)]);
 
 /// Reads one JSON value as its [`Keep`] says.
 #[derive(Clone, Copy)]
-pub(super) struct Reader(pub(super) &'static Keep);
+pub(crate) struct Reader(pub(crate) &'static Keep);
 
 impl<'de> DeserializeSeed<'de> for Reader {
     type Value = Value;
@@ -53,7 +61,7 @@ impl<'de> Visitor<'de> for Reader {
             match field {
                 // A field given twice is its last value, as JSON read whole has it.
                 Some((name, keep)) => {
-                    kept.insert(name.to_string(), map.next_value_seed(Reader(keep))?);
+                    kept.insert(name, map.next_value_seed(Reader(keep))?);
                 }
                 None => {
                     map.next_value::<IgnoredAny>()?;
@@ -63,8 +71,15 @@ impl<'de> Visitor<'de> for Reader {
         Ok(Value::Object(kept))
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Value, A::Error> {
-        Value::deserialize(SeqAccessDeserializer::new(seq))
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let Each(item) = self.0 else {
+            return Value::deserialize(SeqAccessDeserializer::new(seq));
+        };
+        let mut kept = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(16));
+        while let Some(value) = seq.next_element_seed(Reader(item))? {
+            kept.push(value);
+        }
+        Ok(Value::Array(kept))
     }
 
     fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
@@ -104,11 +119,11 @@ impl<'de> Visitor<'de> for Reader {
     }
 }
 
-/// Reads an object's key: the field of `Keep::Fields` it names, `None` for one not kept.
+/// Reads an object's key: the field of `Keep::Fields` it names (or `*`), `None` for one not kept.
 struct FieldOf(&'static [(&'static str, Keep)]);
 
 impl<'de> DeserializeSeed<'de> for FieldOf {
-    type Value = Option<&'static (&'static str, Keep)>;
+    type Value = Option<(String, &'static Keep)>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_str(self)
@@ -116,13 +131,15 @@ impl<'de> DeserializeSeed<'de> for FieldOf {
 }
 
 impl<'de> Visitor<'de> for FieldOf {
-    type Value = Option<&'static (&'static str, Keep)>;
+    type Value = Option<(String, &'static Keep)>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a field name")
     }
 
     fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(self.0.iter().find(|(name, _)| *name == v))
+        let named = self.0.iter().find(|(name, _)| *name == v);
+        let field = named.or_else(|| self.0.iter().find(|(name, _)| *name == "*"));
+        Ok(field.map(|(_, keep)| (v.to_string(), keep)))
     }
 }
