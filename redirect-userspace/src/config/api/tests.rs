@@ -1,3 +1,5 @@
+//! Reading from the API as from a file: the fast reads of Pods and ServiceEntries against the
+//! reference way, on fixed cases and on any JSON.
 use std::sync::Arc;
 
 use proptest::prelude::*;
