@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::output::{self, Format};
 use crate::{
     config::{Address, ConfigError, Model},
-    visibility::{self, Condition, Resolved, Visibility},
+    visibility::{self, Resolved, ResolvedEntry, Visibility},
 };
 
 #[derive(Debug, clap::Args)]
@@ -30,21 +30,12 @@ pub struct ResolveReport {
     pub errors: Vec<ConfigError>,
 }
 
+/// One entry as resolved, and the addresses it is reached at (declared, else allocated).
 #[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
 pub struct EntryReport {
-    pub namespace: String,
-    pub name: String,
-    pub visibility: Visibility,
-    pub matched_policy: Option<usize>,
-    pub conditions: Vec<Condition>,
-    pub sidecar_export_to: Vec<String>,
+    #[serde(flatten)]
+    pub resolved: ResolvedEntry,
     pub addresses: Vec<Address>,
-    /// False when no `discoverySelectors` matches the entry's namespace: it reaches no data plane.
-    pub discovered: bool,
-    /// Hosts held by an older entry or a Service of the same namespace: not published.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub shadowed: Vec<visibility::Shadowed>,
 }
 
 /// The report for a model and its resolution (`visibility::resolve(model)`), errors left empty.
@@ -53,16 +44,9 @@ pub fn report(model: &Model, resolution: Resolved) -> ResolveReport {
         .service_entries
         .iter()
         .zip(resolution.entries)
-        .map(|(se, r)| EntryReport {
-            addresses: r.addresses(&se.addresses),
-            namespace: r.namespace,
-            name: r.name,
-            visibility: r.visibility,
-            matched_policy: r.matched_policy,
-            conditions: r.conditions,
-            sidecar_export_to: r.sidecar_export_to,
-            discovered: r.discovered,
-            shadowed: r.shadowed,
+        .map(|(se, resolved)| EntryReport {
+            addresses: resolved.addresses(&se.addresses),
+            resolved,
         })
         .collect();
     ResolveReport {
@@ -82,7 +66,9 @@ pub(crate) fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
     if let Some(ns) = &args.namespace {
         // The two lists hold the same entries in the same order: filtered alike, they stay paired.
         model.service_entries.retain(|se| se.meta.namespace == *ns);
-        report.service_entries.retain(|e| e.namespace == *ns);
+        report
+            .service_entries
+            .retain(|e| e.resolved.namespace == *ns);
     }
     match args.output {
         Format::Table => print!("{}", render_table(&model, &report)),
@@ -118,7 +104,8 @@ fn render_table(model: &Model, report: &ResolveReport) -> String {
         .service_entries
         .iter()
         .zip(&report.service_entries)
-        .map(|(se, e)| {
+        .map(|(se, report)| {
+            let e = &report.resolved;
             let hosts: Vec<String> = se.hosts.iter().map(|h| h.to_string()).collect();
             let conditions = if e.visibility == Visibility::None {
                 "none (NONE: delivered to no data plane)".to_string()
@@ -150,7 +137,7 @@ fn render_table(model: &Model, report: &ResolveReport) -> String {
                 e.matched_policy
                     .map_or("default".to_string(), |i| i.to_string()),
                 e.sidecar_export_to.join(","),
-                list_or_dash(&e.addresses),
+                list_or_dash(&report.addresses),
                 conditions,
             ]
         })
@@ -171,6 +158,7 @@ fn render_table(model: &Model, report: &ResolveReport) -> String {
     let refused: Vec<String> = report
         .service_entries
         .iter()
+        .map(|e| &e.resolved)
         .flat_map(|e| {
             e.conditions
                 .iter()
@@ -186,6 +174,7 @@ fn render_table(model: &Model, report: &ResolveReport) -> String {
     let shadowed: Vec<String> = report
         .service_entries
         .iter()
+        .map(|e| &e.resolved)
         .flat_map(|e| {
             e.shadowed.iter().map(move |s| {
                 format!(

@@ -36,7 +36,10 @@ pub struct Resolved {
     pub discovery: Discovery,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One entry as resolved. Serialized as `redirect resolve` reports it (a public interface): the
+/// allocations and the waypoint are reported in other words there.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ResolvedEntry {
     pub namespace: String,
     pub name: String,
@@ -46,12 +49,15 @@ pub struct ResolvedEntry {
     pub conditions: Vec<Condition>,
     pub sidecar_export_to: Vec<String>,
     /// Per host, the addresses allocated because none were declared (empty when declared).
+    #[serde(skip)]
     pub allocated: Vec<Allocation>,
     /// The waypoint the data plane uses: `None` without one or when the binding was refused.
+    #[serde(skip)]
     pub waypoint: Option<WaypointRef>,
-    /// Whether the control plane sees the entry's namespace (`discoverySelectors`).
+    /// False when no `discoverySelectors` matches the entry's namespace: it reaches no data plane.
     pub discovered: bool,
-    /// The hosts another definition of the same namespace holds (one namespace, one host).
+    /// Hosts held by an older entry or a Service of the same namespace: not published.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub shadowed: Vec<Shadowed>,
 }
 
