@@ -9,6 +9,7 @@
 //! the bench, the integration suite, the conformance cases and xtask drive.
 mod admin;
 mod agent;
+mod audit;
 mod budget;
 mod cli;
 mod clock;

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::lock::Locked;
 use crate::{
+    audit::Audit,
     clock::now_rfc3339,
     config::{ConfigError, Rejected},
     state::Snapshot,
@@ -27,6 +28,8 @@ pub(crate) struct LiveState {
     /// Whether a configuration is in force: set once the source gave its first (at once without
     /// a source), for whoever waits on it ([`LiveState::in_force`]).
     in_force: tokio::sync::watch::Sender<bool>,
+    /// With `--audit-mesh-config`: the policy audited beside the one in force.
+    audit: OnceLock<Arc<Audit>>,
 }
 
 type OnApply = Box<dyn Fn(&Arc<Snapshot>) + Send + Sync>;
@@ -114,7 +117,18 @@ impl LiveState {
             }),
             on_apply: OnceLock::new(),
             status_writer: OnceLock::new(),
+            audit: OnceLock::new(),
         })
+    }
+
+    /// Audits every decision against `audit`'s policy from now on (once; a second call is ignored).
+    pub(crate) fn set_audit(&self, audit: Arc<Audit>) {
+        let _ = self.audit.set(audit);
+    }
+
+    /// The audit, with `--audit-mesh-config`.
+    pub(crate) fn audit(&self) -> Option<&Arc<Audit>> {
+        self.audit.get()
     }
 
     pub(crate) fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {

@@ -153,6 +153,18 @@ pub(crate) async fn put_in_force(
     .await;
 }
 
+/// With an audit policy: builds it again for `model`, the configuration just put in force (off the
+/// async workers, as the snapshot was).
+pub(crate) async fn audit(live: &Arc<LiveState>, model: Model) {
+    let Some(audit) = live.audit().cloned() else {
+        return;
+    };
+    let enforced = live.snapshot_arc();
+    if let Err(e) = tokio::task::spawn_blocking(move || audit.rebuild(model, enforced)).await {
+        error!(error = %e, "building the audit policy panicked; the one before stays");
+    }
+}
+
 /// One line per error, naming file, object and field (each already bounded in length).
 pub(crate) fn log_errors(errors: &[ConfigError]) {
     for e in errors {

@@ -190,6 +190,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
     }
     match req.uri().path() {
         "/explain" => explain(req, state),
+        "/audit" => audit(req, state),
         "/config_dump" => {
             let mut held = state.live.snapshot().config_dump();
             if let Some(cgroups) = &state.cgroups {
@@ -236,7 +237,30 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
         },
         _ => text(
             StatusCode::NOT_FOUND,
-            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT])\n".into(),
+            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /audit[?namespace=NS] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT])\n".into(),
+        ),
+    }
+}
+
+/// `/audit[?namespace=NS]`: the changes the audit mesh config would make, by pair (those of client
+/// namespace `NS` only when given); 404 when the agent runs without one.
+fn audit(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+    let Some(audit) = state.live.audit() else {
+        return text(
+            StatusCode::NOT_FOUND,
+            "no audit: the agent runs without --audit-mesh-config\n".into(),
+        );
+    };
+    let namespace = req.uri().query().and_then(|q| {
+        form_urlencoded::parse(q.as_bytes())
+            .find(|(k, _)| k == "namespace")
+            .map(|(_, v)| v.into_owned())
+    });
+    match serde_json::to_string_pretty(&audit.report(namespace.as_deref())) {
+        Ok(body) => with_type(StatusCode::OK, "application/json", body + "\n"),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the audit failed: {e}\n"),
         ),
     }
 }

@@ -3,6 +3,7 @@
 //! programs over to a successor (`handover`) and drains.
 mod bind;
 mod dir_watch;
+mod file_watch;
 
 pub(crate) mod handover;
 mod opt_out;
@@ -21,6 +22,7 @@ use tracing::{info, warn};
 use self::opt_out::OptOutSync;
 use crate::{
     admin::{self, AdminState},
+    audit::{Audit, AuditMetrics},
     budget::{BudgetArgs, BudgetMetrics, Budgets, Limits, raise_fd_limit},
     dns::{AnswerCache, DnsMetrics, HostCache, Upstream, VisibleNames},
     drain::{Lifecycle, Phase, Watcher},
@@ -74,6 +76,8 @@ pub(crate) struct AgentConfig {
     pub fast_path_memory: usize,
     /// One info line per proxied connection when it ends.
     pub access_log: bool,
+    /// A second mesh config audited beside the one in force, never enforced.
+    pub audit_mesh_config: Option<PathBuf>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -135,7 +139,8 @@ impl Inputs {
 
 /// The configuration first: when the programs attach, the first answers are already right. A
 /// refused first configuration leaves the agent running but not ready, waiting for a fix.
-async fn start_inputs(config: &AgentConfig, metrics: &Arc<Metrics>) -> anyhow::Result<Inputs> {
+async fn start_inputs(config: &AgentConfig, families: &Families) -> anyhow::Result<Inputs> {
+    let metrics = &families.shared;
     let kube = match &config.kube {
         Some(source) => Some(crate::cluster::client_config(source).await?),
         None => None,
@@ -146,6 +151,12 @@ async fn start_inputs(config: &AgentConfig, metrics: &Arc<Metrics>) -> anyhow::R
         .or_else(|| config.config_dir.clone());
     let live = LiveState::new(source);
     let mut tasks = Vec::new();
+    // Before the first configuration: its policy is audited from the first decision on.
+    if let Some(file) = &config.audit_mesh_config {
+        let audit = Audit::new(file.clone(), families.audit.clone());
+        live.set_audit(audit.clone());
+        tasks.push(tokio::spawn(follow_audit_file(audit)));
+    }
     if let Some(dir) = config.config_dir.clone() {
         tasks.push(reload::start(dir, config.limits, live.clone(), metrics.clone()).await);
     }
@@ -160,6 +171,16 @@ async fn start_inputs(config: &AgentConfig, metrics: &Arc<Metrics>) -> anyhow::R
         tasks,
         status_lease,
     })
+}
+
+/// Reads the audit file again each time it changes.
+async fn follow_audit_file(audit: Arc<Audit>) {
+    let mut watch = file_watch::FileWatch::new(audit.file());
+    loop {
+        watch.changed().await;
+        let reading = audit.clone();
+        let _ = tokio::task::spawn_blocking(move || reading.reload_file()).await;
+    }
 }
 
 /// The agent serving: the owner of its running parts, until it shuts down or drains.
@@ -184,7 +205,7 @@ async fn start(
     let families = Families::default();
     let metrics = families.shared.clone();
     let budgets = Arc::new(Budgets::new(limits, &families.budgets));
-    let inputs = start_inputs(config, &metrics).await?;
+    let inputs = start_inputs(config, &families).await?;
     let live = inputs.live.clone();
     let lifecycle = Arc::new(Lifecycle::default());
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
@@ -433,6 +454,7 @@ struct Families {
     proxy: Arc<ProxyMetrics>,
     dns: Arc<DnsMetrics>,
     budgets: Arc<BudgetMetrics>,
+    audit: Arc<AuditMetrics>,
 }
 
 impl Families {
@@ -442,6 +464,7 @@ impl Families {
             self.proxy.register(r);
             self.dns.register(r);
             self.budgets.register(r);
+            self.audit.register(r);
         })
     }
 }

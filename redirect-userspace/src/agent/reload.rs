@@ -85,6 +85,7 @@ pub(super) async fn apply(
             return false;
         }
     };
+    let audited = live.audit().and(owned.in_force.clone());
     *reloader = Some(owned);
     match result {
         Ok(loaded) => {
@@ -97,6 +98,9 @@ pub(super) async fn apply(
                 loaded.rejected,
             )
             .await;
+            if let Some(model) = audited {
+                pipeline::audit(live, model).await;
+            }
             true
         }
         Err(errors) => {

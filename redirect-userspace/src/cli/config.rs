@@ -27,6 +27,21 @@ pub(crate) enum ConfigWhat {
     All(AllArgs),
     /// What the agent decides for a client, and why: `redirect explain` on the snapshot in force.
     Explain(LiveExplainArgs),
+    /// What the audit mesh config would change (`run --audit-mesh-config`): each client namespace,
+    /// service, kind and change with its count, first and last seen, and an example client.
+    Audit(AuditArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct AuditArgs {
+    /// Only the changes seen by clients of this namespace.
+    #[arg(long)]
+    pub namespace: Option<String>,
+    #[command(flatten)]
+    pub admin: AdminArg,
+    /// Output format (json and yaml are `/audit`'s document, unchanged).
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub output: Format,
 }
 
 /// The agent's admin server.
@@ -137,9 +152,84 @@ pub(super) fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
             }
         }
         ConfigWhat::Explain(args) => live_explain(&args)?,
+        ConfigWhat::Audit(args) => {
+            let path = match &args.namespace {
+                Some(ns) => format!(
+                    "/audit?{}",
+                    form_urlencoded::Serializer::new(String::new())
+                        .append_pair("namespace", ns)
+                        .finish()
+                ),
+                None => "/audit".to_string(),
+            };
+            let audit: Value = serde_json::from_str(&get(args.admin.admin, &path)?)
+                .context("/audit is not JSON")?;
+            match args.output {
+                Format::Json => output::json(&audit)? + "\n",
+                Format::Yaml => output::yaml(&audit)?,
+                Format::Table => audit_table(&audit),
+            }
+        }
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The audit's changes as a table, and what the policy is.
+pub(super) fn audit_table(audit: &Value) -> String {
+    let field = |v: &Value, k: &str| match &v[k] {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".to_string(),
+        other => other.to_string(),
+    };
+    let rows: Vec<Vec<String>> = audit["changes"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|c| {
+            vec![
+                field(c, "clientNamespace"),
+                format!("{}/{}", field(c, "serviceNamespace"), field(c, "service")),
+                field(c, "kind"),
+                field(c, "change"),
+                field(c, "count"),
+                field(c, "firstSeen"),
+                field(c, "lastSeen"),
+                field(c, "exampleClient"),
+            ]
+        })
+        .collect();
+    let mut out = format!(
+        "audit mesh config {} (read {}): {} entries seen otherwise\n",
+        field(audit, "file"),
+        field(audit, "loadedAt"),
+        field(audit, "entriesChanged"),
+    );
+    if !audit["lastError"].is_null() {
+        out.push_str(&format!(
+            "its last version was refused, the one before stays: {}\n",
+            audit["lastError"]
+        ));
+    }
+    if rows.is_empty() {
+        out.push_str("no decision would change yet\n");
+        return out;
+    }
+    out.push_str(&output::table(
+        &[
+            "CLIENT NAMESPACE",
+            "SERVICE",
+            "KIND",
+            "CHANGE",
+            "COUNT",
+            "FIRST SEEN",
+            "LAST SEEN",
+            "EXAMPLE CLIENT",
+        ],
+        &rows,
+    ));
+    out
 }
 
 /// GETs `path` from the agent; an answer other than 2xx is an error carrying its text.

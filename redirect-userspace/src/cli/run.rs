@@ -160,6 +160,12 @@ pub(crate) struct RunArgs {
     /// second).
     #[arg(long)]
     pub no_access_log: bool,
+    /// A second mesh config whose `serviceEntryVisibility` is audited beside the one in force and
+    /// never enforced: every DNS answer and connection it would change is counted
+    /// (`redirect_audit_changes_total`), logged and listed by `redirect config audit`. Read again
+    /// when it changes; a bad version is refused and the one before stays.
+    #[arg(long, value_name = "PATH")]
+    pub audit_mesh_config: Option<PathBuf>,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
@@ -250,6 +256,7 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             fast_path: !args.no_fast_path,
             fast_path_memory: args.fast_path_memory,
             access_log: !args.no_access_log,
+            audit_mesh_config: args.audit_mesh_config,
         },
         log_level,
     )?;

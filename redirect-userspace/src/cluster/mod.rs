@@ -317,8 +317,13 @@ impl Follower {
             selecting,
             allocation,
         });
-        // A model holds a pointer per Pod: freed off the async workers, after the change is in force.
-        drop(tokio::task::spawn_blocking(move || drop(model)));
+        if self.live.audit().is_some() {
+            pipeline::audit(&self.live, model).await;
+        } else {
+            // A model holds a pointer per Pod: freed off the async workers, after the change is in
+            // force.
+            drop(tokio::task::spawn_blocking(move || drop(model)));
+        }
         status_changed
     }
 }

@@ -15,6 +15,7 @@ mod labels;
 mod last_good;
 mod loader;
 mod mesh;
+mod mesh_file;
 mod model;
 mod service_entry;
 mod source;
@@ -38,6 +39,7 @@ pub(crate) use loader::load_dir;
 pub(crate) use loader::{Rejected, read_dir};
 pub use loader::{load_sources, read_sources};
 pub(crate) use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
+pub(crate) use mesh_file::read_mesh_file;
 pub use model::*;
 pub(crate) use service_entry::use_waypoint;
 #[cfg(test)]

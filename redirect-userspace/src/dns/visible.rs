@@ -80,6 +80,9 @@ impl Decide for VisibleNames {
         let client_ns = client.namespace();
         let qname = query.name.to_ascii();
         let decision = snapshot.decide_dns(client_ns, &qname);
+        if let Some(audit) = self.live.audit() {
+            audit.dns(client_ns, || client.workload_name(), &qname, &decision);
+        }
         if let Some(hidden) = decision.hidden() {
             self.metrics.clients.hidden(Lookup::Dns);
             limited!(

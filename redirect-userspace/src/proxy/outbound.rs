@@ -483,6 +483,10 @@ fn decide(
     let client_ns = who.namespace();
     let decision = snapshot.decide_outbound(client_ns, orig.ip(), orig.port());
     let outcome = decision.outcome();
+    if let Some(audit) = context.live.audit() {
+        let dst = (orig.ip(), orig.port());
+        audit.connect(client_ns, || who.workload_name(), dst, decision.service());
+    }
     if let Some(hidden) = decision.hidden {
         context.metrics.clients.hidden(Lookup::Outbound);
         debug!(

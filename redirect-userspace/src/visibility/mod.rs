@@ -23,7 +23,7 @@ pub(crate) use policy::visibility_for;
 pub(crate) use publish::Shadowed;
 
 pub(crate) use crate::config::Visibility;
-use crate::config::{Address, ConfigError, Model, ServiceEntry, WaypointRef};
+use crate::config::{Address, ConfigError, Model, ServiceEntry, VisibilityConfig, WaypointRef};
 
 /// What [`resolve`] gives: the visibility of every ServiceEntry of a model (not to be confused with
 /// a ServiceEntry's `resolution`, [`crate::config::Resolution`]), indexed like `model.service_entries`.
@@ -84,7 +84,17 @@ impl ResolvedEntry {
 
 /// Resolves every ServiceEntry of `model`, NONE ones included.
 pub fn resolve(model: &Model) -> Resolved {
-    let settings = Settings::of(model);
+    resolve_under(model, model.mesh.service_entry_visibility.as_ref())
+}
+
+/// [`resolve`] under another visibility configuration than the model's own (an audit policy: the
+/// same rules, never enforced). Discovery, shadowing and allocation are the model's either way.
+pub fn resolve_under(model: &Model, config: Option<&VisibilityConfig>) -> Resolved {
+    let settings = Settings {
+        config,
+        cap: config.is_some_and(|c| c.apply_to_sidecars),
+        ..Settings::of(model)
+    };
     // Entries are sorted by namespace: the policies are matched once per namespace.
     let mut current: Option<(&str, Visibility, Option<usize>)> = None;
     let policies: Vec<(Visibility, Option<usize>)> = model
