@@ -28,6 +28,10 @@ pub const NOT_HIDDEN: u32 = u32::MAX;
 /// Bytes of the ring buffer of hidden-service events (a power of two, a multiple of the page).
 pub const HIDDEN_EVENTS_BYTES: u32 = 64 * 1024;
 
+/// The most addresses (and networks) `FAST_AUDITED` holds; past it, the connections to those left
+/// out are audited only when the proxy decides them.
+pub const AUDITED_ENTRIES: u32 = 16 * 1024;
+
 /// `FAST_GENERATION` values: no tables in force (every connection goes to the proxy), or the set
 /// of maps in force.
 pub const GEN_OFF: u32 = 0;
@@ -89,8 +93,9 @@ pub struct Claim {
     pub hidden: u32,
 }
 
-/// One hide, as the kernel reports it to the agent: who connected where, which service it skipped,
-/// and what the kernel did instead (a `FastStat`). 40 bytes.
+/// One decision the kernel reports to the agent: a hide, or a connection to an address the agent
+/// audits. Who connected where, which service it skipped ([`NOT_HIDDEN`] for none), and what the
+/// kernel did (a `FastStat`). 40 bytes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HiddenEvent {

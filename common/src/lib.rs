@@ -41,6 +41,10 @@ pub mod maps {
     /// Ring buffer of [`super::fastpath::HiddenEvent`]s: each connection the kernel decided after
     /// skipping a hidden service, for the agent's debug log.
     pub const FAST_HIDDEN_EVENTS: &str = "FAST_HIDDEN_EVENTS";
+    /// LPM trie of the addresses whose decisions the agent audits (`run --audit-mesh-config`),
+    /// keyed as the CIDR tables are in the shared view ([`super::fastpath::AddrKey::lpm_bytes`]):
+    /// each connection the kernel decides to one is reported on [`FAST_HIDDEN_EVENTS`].
+    pub const FAST_AUDITED: &str = "FAST_AUDITED";
     /// The fast path's tables: each an array of two maps, one per generation (slot
     /// [`super::fastpath::generation_slot`]), that the agent creates at the size the tables need and
     /// swaps in while the generation is idle; then it flips [`FAST_GENERATION`].

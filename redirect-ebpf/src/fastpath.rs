@@ -19,8 +19,9 @@ use redirect_common::{
 
 use crate::{
     maps::{
-        CidrsMap, ExactMap, FAST_CIDRS, FAST_CLIENTS, FAST_CONFIG, FAST_EXACT, FAST_GENERATION,
-        FAST_HIDDEN_EVENTS, FAST_PORTS, FAST_WORKLOADS, PortsMap, count_fast, count_fast_slot,
+        CidrsMap, ExactMap, FAST_AUDITED, FAST_CIDRS, FAST_CLIENTS, FAST_CONFIG, FAST_EXACT,
+        FAST_GENERATION, FAST_HIDDEN_EVENTS, FAST_PORTS, FAST_WORKLOADS, PortsMap, count_fast,
+        count_fast_slot,
     },
     steer::Dest,
 };
@@ -53,10 +54,17 @@ pub(crate) fn decide(dst: &Dest, to: &mut Dest) -> Fast {
     }
     let (fast, stat) = lookup(generation_slot(generation), dst, to, &mut seen);
     count_fast(stat);
+    if fast == Fast::Proxy {
+        return fast;
+    }
     // A hide the kernel decided past is the proxy's to count and log no more: counted here and
-    // reported to the agent (which logs it as the proxy would).
-    if fast != Fast::Proxy && seen.hidden != NOT_HIDDEN {
+    // reported to the agent (which logs it as the proxy would). A decision on an address the agent
+    // audits is reported too (the agent makes the audit's decision itself).
+    let hidden = seen.hidden != NOT_HIDDEN;
+    if hidden {
         count_fast_slot(FAST_STAT_HIDDEN);
+    }
+    if hidden || audited(&dst.ip) {
         let event = HiddenEvent {
             cgroup: seen.cgroup,
             ns: seen.ns,
@@ -71,6 +79,13 @@ pub(crate) fn decide(dst: &Dest, to: &mut Dest) -> Fast {
         }
     }
     fast
+}
+
+/// Whether the agent audits connections to `ip` (`FAST_AUDITED` holds an address or network of it).
+#[inline(always)]
+fn audited(ip: &[u32; 4]) -> bool {
+    let key = addr_key(NS_UNKNOWN, &ip_key(ip));
+    FAST_AUDITED.get(&lpm_key(&key)).is_some()
 }
 
 /// What the lookup learned on the way, for the report of a hide. (An out-parameter the caller

@@ -3,12 +3,15 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     btf_maps::{ArrayOfMaps, HashMap as BtfHashMap, LpmTrie as BtfLpmTrie, SkStorage},
     macros::{btf_map, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use redirect_common::{
     FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, FlowEnds, OPTED_OUT_MAP_ENTRIES, OrigDst,
     SockAddr, Stat,
-    fastpath::{AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes, PortKey},
+    fastpath::{
+        AUDITED_ENTRIES, AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes,
+        PortKey,
+    },
 };
 
 /// Where the application meant to go, kept in the socket itself (socket local storage): it lives
@@ -54,6 +57,14 @@ pub(crate) static FAST_STATS: PerCpuArray<u64> = PerCpuArray::with_max_entries(F
 /// Bounded: when the agent falls behind, events are dropped (and counted), never waited for.
 #[map]
 pub(crate) static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_EVENTS_BYTES, 0);
+
+/// The addresses whose decisions the agent audits, keyed as the CIDR tables in the shared view:
+/// each connection the kernel decides to one is reported on `FAST_HIDDEN_EVENTS` too. Empty
+/// without an audit policy (a lookup in an empty trie finds nothing at once). One map for both
+/// generations: a report is only a prompt, and the agent decides the audit itself.
+#[map]
+pub(crate) static FAST_AUDITED: LpmTrie<LpmBytes, u8> =
+    LpmTrie::with_max_entries(AUDITED_ENTRIES, BPF_F_NO_PREALLOC);
 
 // The fast path's tables. Each is an array of two maps, one per generation: the agent creates the
 // maps at the size the tables need (the templates below give the kernel only their type, key,

@@ -83,8 +83,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_change_of_content_is_noticed_and_a_rewrite_of_the_same_is_not() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("audit.yaml");
+        let dir = std::env::temp_dir().join(format!("redirect-file-watch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("audit.yaml");
         std::fs::write(&path, "a").unwrap();
         let mut watch = FileWatch::new(&path);
         std::fs::write(&path, "a").unwrap();
@@ -94,5 +95,6 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), watch.changed())
             .await
             .expect("a new content is a change");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

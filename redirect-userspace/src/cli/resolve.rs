@@ -20,6 +20,10 @@ pub(crate) struct ResolveArgs {
     /// Only the ServiceEntries of this namespace (every namespace's still count for allocation).
     #[arg(short = 'n', long, value_name = "NAMESPACE")]
     pub namespace: Option<String>,
+    /// Also each entry's visibility under this mesh config's `serviceEntryVisibility` (the audit
+    /// policy `run --audit-mesh-config` would count against).
+    #[arg(long, value_name = "PATH")]
+    pub audit_mesh_config: Option<std::path::PathBuf>,
 }
 
 /// The JSON/YAML shape: a public interface, keep it stable.
@@ -36,6 +40,9 @@ pub struct EntryReport {
     #[serde(flatten)]
     pub resolved: ResolvedEntry,
     pub addresses: Vec<Address>,
+    /// With `--audit-mesh-config`: the visibility the audit policy gives the entry.
+    #[serde(rename = "auditVisibility", skip_serializing_if = "Option::is_none")]
+    pub audit_visibility: Option<Visibility>,
 }
 
 /// The report for a model and its resolution (`visibility::resolve(model)`), errors left empty.
@@ -47,6 +54,7 @@ pub fn report(model: &Model, resolution: Resolved) -> ResolveReport {
         .map(|(se, resolved)| EntryReport {
             addresses: resolved.addresses(&se.addresses),
             resolved,
+            audit_visibility: None,
         })
         .collect();
     ResolveReport {
@@ -63,6 +71,17 @@ pub(crate) fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
     };
     let mut report = report(&model, resolution);
     report.errors = errors;
+    if let Some(path) = &args.audit_mesh_config {
+        let audit = match crate::config::read_mesh_file(path) {
+            Ok(mesh) => mesh,
+            Err(errors) => return Ok(output::invalid_input(&errors.0)),
+        };
+        let config = audit.service_entry_visibility.as_ref();
+        let audited = visibility::resolve_under(&model, config);
+        for (entry, audited) in report.service_entries.iter_mut().zip(audited.entries) {
+            entry.audit_visibility = Some(audited.visibility);
+        }
+    }
     if let Some(ns) = &args.namespace {
         // The two lists hold the same entries in the same order: filtered alike, they stay paired.
         model.service_entries.retain(|se| se.meta.namespace == *ns);
@@ -107,33 +126,17 @@ fn render_table(model: &Model, report: &ResolveReport) -> String {
         .map(|(se, report)| {
             let e = &report.resolved;
             let hosts: Vec<String> = se.hosts.iter().map(|h| h.to_string()).collect();
-            let conditions = if e.visibility == Visibility::None {
-                "none (NONE: delivered to no data plane)".to_string()
-            } else if !e.discovered {
-                "none (namespace not discovered: delivered to no data plane)".to_string()
-            } else if e.shadowed.len() == se.hosts.len() {
-                "none (every host defined earlier in its namespace: not published)".to_string()
-            } else if e.conditions.is_empty() {
-                "-".to_string()
-            } else {
-                e.conditions
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "{}={}/{}",
-                            c.type_.trim_start_matches("istio.io/"),
-                            c.status,
-                            c.reason
-                        )
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
-            };
+            let conditions = conditions_cell(se, e);
             vec![
                 e.namespace.clone(),
                 e.name.clone(),
                 hosts.join(","),
-                e.visibility.as_str().to_string(),
+                match report.audit_visibility {
+                    Some(audit) if audit != e.visibility => {
+                        format!("{} (audit: {})", e.visibility.as_str(), audit.as_str())
+                    }
+                    _ => e.visibility.as_str().to_string(),
+                },
                 e.matched_policy
                     .map_or("default".to_string(), |i| i.to_string()),
                 e.sidecar_export_to.join(","),
@@ -201,4 +204,30 @@ fn list_or_dash(addresses: &[Address]) -> String {
         .map(|a| a.to_string())
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// The CONDITIONS cell: why an entry reaches no data plane, else its conditions.
+fn conditions_cell(se: &crate::config::ServiceEntry, e: &ResolvedEntry) -> String {
+    if e.visibility == Visibility::None {
+        "none (NONE: delivered to no data plane)".to_string()
+    } else if !e.discovered {
+        "none (namespace not discovered: delivered to no data plane)".to_string()
+    } else if e.shadowed.len() == se.hosts.len() {
+        "none (every host defined earlier in its namespace: not published)".to_string()
+    } else if e.conditions.is_empty() {
+        "-".to_string()
+    } else {
+        e.conditions
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}={}/{}",
+                    c.type_.trim_start_matches("istio.io/"),
+                    c.status,
+                    c.reason
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",")
+    }
 }

@@ -20,7 +20,8 @@ impl<V> Default for LpmTrie<V> {
     }
 }
 
-fn mask(bytes: LpmBytes, prefix_len: u32) -> LpmBytes {
+/// The first `prefix_len` bits of `bytes`, the rest zero.
+pub(super) fn mask(bytes: LpmBytes, prefix_len: u32) -> LpmBytes {
     let mut out = [0; 24];
     for (i, b) in bytes.iter().enumerate() {
         let bits = prefix_len.saturating_sub(i as u32 * 8).min(8);

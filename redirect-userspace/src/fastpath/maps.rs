@@ -115,6 +115,8 @@ pub(crate) struct FastMaps {
     stats: Arc<FastStats>,
     /// Until the agent's reader takes it.
     events: Option<RingBuf<MapData>>,
+    /// Until the audit's writer takes it.
+    audited: Option<LpmTrie<MapData, LpmBytes, u8>>,
 }
 
 /// The programs' fast-path counters: read without the maps' lock, which an update holds for as
@@ -187,6 +189,7 @@ impl FastMaps {
                 PerCpuArray::try_from,
             )?)),
             events: Some(take_map(ebpf, maps::FAST_HIDDEN_EVENTS, RingBuf::try_from)?),
+            audited: Some(take_map(ebpf, maps::FAST_AUDITED, LpmTrie::try_from)?),
         })
     }
 
@@ -284,6 +287,11 @@ impl FastMaps {
     /// The hide reports, once (their reader owns them).
     pub(crate) fn take_events(&mut self) -> Option<HiddenEvents> {
         self.events.take().map(HiddenEvents)
+    }
+
+    /// The audited addresses' trie, for the one task that writes it.
+    pub(crate) fn take_audited(&mut self) -> Option<super::audited::AuditedMap> {
+        self.audited.take().map(super::audited::AuditedMap::new)
     }
 }
 

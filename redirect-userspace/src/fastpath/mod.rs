@@ -10,6 +10,7 @@
 //! `redirect_common::fastpath`'s, the entries the programs read; `maps` writes them, one
 //! generation at a time, into the maps the loader (`redirect`) hands over before it attaches.
 pub(crate) mod ahead;
+mod audited;
 mod compile;
 mod dump;
 mod kernel;

@@ -20,14 +20,17 @@ use prometheus_client::{
     encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric},
     metrics::{counter::ConstCounter, gauge::ConstGauge},
 };
-use redirect_common::{FastStat, fastpath::HiddenEvent};
+use redirect_common::{
+    FastStat,
+    fastpath::{HiddenEvent, NOT_HIDDEN},
+};
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
 use super::maps::{FastMaps, FastStats};
 use crate::lock::Locked;
 use crate::{
-    config::WorkloadKind,
+    config::{Workload, WorkloadKind},
     fastpath::{
         self, Clients, Dump, Fallback, HostAddresses, Install, Limits, Stats, TableMemory, Tables,
         ahead::Ahead, fallback_name,
@@ -256,6 +259,14 @@ impl FastPath {
         };
         tokio::spawn(self.ahead.clone().run(changed, shutdown.clone()));
         tokio::spawn(self.clone().hides(shutdown.clone()));
+        let audited = self.maps.get().and_then(|m| m.locked().take_audited());
+        if let (Some(audit), Some(audited)) = (self.live.audit(), audited) {
+            tokio::spawn(super::audited::follow(
+                audited,
+                audit.clone(),
+                shutdown.clone(),
+            ));
+        }
         let mut tick = tokio::time::interval(RESCAN_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -301,6 +312,11 @@ impl FastPath {
             }
             let Some(events) = &mut events else { continue };
             let drained = events.drain();
+            if let Some(audit) = self.live.audit() {
+                for event in &drained {
+                    self.audit_decision(audit, event);
+                }
+            }
             if !tracing::enabled!(tracing::Level::DEBUG) {
                 continue;
             }
@@ -313,38 +329,52 @@ impl FastPath {
                 }
                 (window, logged, suppressed) = (Instant::now(), 0, 0);
             }
-            for event in drained {
+            for event in drained.iter().filter(|e| e.hidden != NOT_HIDDEN) {
                 if logged >= HIDES_LOGGED_PER_SECOND {
                     suppressed += 1;
                     continue;
                 }
                 logged += 1;
-                self.log_hide(&event);
+                self.log_hide(event);
             }
         }
     }
 
-    /// One hide the kernel reported, as the proxy logs it (the client by its pod's address).
-    fn log_hide(&self, event: &HiddenEvent) {
+    /// The snapshot the tables in force were compiled from, and the pod whose cgroup is `cgroup`
+    /// in it (`None` for a cgroup the client table did not name).
+    pub(super) fn compiled_client(
+        &self,
+        cgroup: u64,
+    ) -> Option<(Arc<Snapshot>, Option<Arc<Workload>>)> {
         let state = self.state.locked();
-        let Some((snapshot, ..)) = &state.compiled else {
-            return;
-        };
+        let (snapshot, ..) = state.compiled.as_ref()?;
         let uid = state
             .pods
             .iter()
-            .find(|(cgroup, _)| *cgroup == event.cgroup)
+            .find(|(id, _)| *id == cgroup)
             .map(|(_, uid)| *uid);
         let pod = uid.and_then(|uid| {
             snapshot
                 .workloads()
                 .iter()
                 .find(|w| w.meta.uid == Some(uid))
+                .cloned()
         });
+        Some((snapshot.clone(), pod))
+    }
+
+    /// One hide the kernel reported, as the proxy logs it (the client by its pod's address).
+    fn log_hide(&self, event: &HiddenEvent) {
+        let Some((snapshot, pod)) = self.compiled_client(event.cgroup) else {
+            return;
+        };
         let client = pod
+            .as_ref()
             .and_then(|w| w.ips.first())
             .map_or("<unknown>".to_string(), |ip| ip.to_string());
-        let client_ns = pod.map_or("<unknown>", |w| w.meta.namespace.as_str());
+        let client_ns = pod
+            .as_ref()
+            .map_or("<unknown>", |w| w.meta.namespace.as_str());
         let Some(hidden) = snapshot.services().nth(event.hidden as usize) else {
             return;
         };

@@ -89,7 +89,7 @@ pub fn resolve(model: &Model) -> Resolved {
 
 /// [`resolve`] under another visibility configuration than the model's own (an audit policy: the
 /// same rules, never enforced). Discovery, shadowing and allocation are the model's either way.
-pub fn resolve_under(model: &Model, config: Option<&VisibilityConfig>) -> Resolved {
+pub(crate) fn resolve_under(model: &Model, config: Option<&VisibilityConfig>) -> Resolved {
     let settings = Settings {
         config,
         cap: config.is_some_and(|c| c.apply_to_sidecars),
