@@ -916,3 +916,70 @@ fn json_logs_are_one_object_per_line() {
         }
     }
 }
+
+#[test]
+fn resolve_with_an_audit_mesh_config_gives_each_entry_its_audit_visibility_and_refuses_a_bad_one() {
+    let audit = Scratch::new(
+        "audit",
+        &[
+            (
+                "good.yaml",
+                "serviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n  policies:\n    - visibility: PUBLIC\n      matchingRules:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: team-a\n",
+            ),
+            (
+                "bad.yaml",
+                "serviceEntryVisibility:\n  defaultVisibility: SOMETIMES\n",
+            ),
+        ],
+    );
+    let examples = examples();
+    let examples = examples.to_str().unwrap();
+    let good = format!("{}/good.yaml", audit.path());
+    let out = redirect(&[
+        "resolve",
+        "-f",
+        examples,
+        "-o",
+        "json",
+        "--audit-mesh-config",
+        &good,
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = json(&out);
+    let entry = |ns: &str, name: &str| {
+        report["serviceEntries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["namespace"] == ns && e["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    let api = entry("team-a", "api-example");
+    assert_eq!(api["visibility"], "Namespace");
+    assert_eq!(api["auditVisibility"], "Public");
+    // istio-system publishes under the examples' policy, not under this one.
+    let metrics = entry("istio-system", "metrics");
+    assert_eq!(metrics["visibility"], "Public");
+    assert_eq!(metrics["auditVisibility"], "Namespace");
+    // The table says both where they differ.
+    let out = redirect(&["resolve", "-f", examples, "--audit-mesh-config", &good]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("Namespace (audit: Public)"), "{table}");
+    // Without the flag, no audit field at all.
+    let plain = json(&redirect(&["resolve", "-f", examples, "-o", "json"]));
+    assert!(plain["serviceEntries"][0].get("auditVisibility").is_none());
+
+    let bad = format!("{}/bad.yaml", audit.path());
+    let out = redirect(&["resolve", "-f", examples, "--audit-mesh-config", &bad]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&bad) && stderr.contains("serviceEntryVisibility.defaultVisibility"),
+        "{stderr}"
+    );
+}
