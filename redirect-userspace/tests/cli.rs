@@ -983,3 +983,40 @@ fn resolve_with_an_audit_mesh_config_gives_each_entry_its_audit_visibility_and_r
         "{stderr}"
     );
 }
+
+#[test]
+fn explain_with_an_audit_mesh_config_shows_both_answers_and_whether_they_differ() {
+    let audit = Scratch::new(
+        "explain-audit",
+        &[(
+            "audit.yaml",
+            "serviceEntryVisibility:\n  defaultVisibility: NAMESPACE\n  policies:\n    - visibility: PUBLIC\n      matchingRules:\n        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: team-a\n",
+        )],
+    );
+    let examples = examples();
+    let file = format!("{}/audit.yaml", audit.path());
+    let explain = |from: &str| {
+        let args = [
+            "explain",
+            "-f",
+            examples.to_str().unwrap(),
+            "--from",
+            from,
+            "--host",
+            "api.example.com",
+            "-o",
+            "json",
+            "--audit-mesh-config",
+            &file,
+        ];
+        json(&redirect(&args))
+    };
+    // team-b is forwarded now; under the audit policy team-a's entry would answer.
+    let b = explain("team-b");
+    assert_eq!(b["changes"], true);
+    assert_eq!(b["enforced"]["dns"]["action"], "forward");
+    assert_eq!(b["audit"]["dns"]["action"], "answer");
+    assert_eq!(b["audit"]["dns"]["service"], "team-a/api-example");
+    // team-a sees its own entry under both.
+    assert_eq!(explain("team-a")["changes"], false);
+}

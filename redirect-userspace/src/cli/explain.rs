@@ -23,6 +23,11 @@ pub(crate) struct ExplainArgs {
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = TableOrJson::Table)]
     pub output: TableOrJson,
+    /// Also what this client would get under this mesh config's `serviceEntryVisibility` (the
+    /// audit policy of `run --audit-mesh-config`), and whether it differs. JSON then holds both,
+    /// as `enforced` and `audit`.
+    #[arg(long, value_name = "PATH")]
+    pub audit_mesh_config: Option<std::path::PathBuf>,
 }
 
 /// Explains over everything valid; with any error, also lists every error (stderr) and exits 1.
@@ -32,20 +37,39 @@ pub(crate) fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         Err(unreadable) => return Ok(output::invalid_input(&[unreadable])),
     };
     let snapshot = Snapshot::build(&model, &resolution);
+    let audited = match &args.audit_mesh_config {
+        Some(path) => match crate::config::read_mesh_file(path) {
+            Ok(mesh) => {
+                let config = mesh.service_entry_visibility.as_ref();
+                let resolution = crate::visibility::resolve_under(&model, config);
+                Some((path, snapshot.with_services(&model, &resolution)))
+            }
+            Err(errors) => return Ok(output::invalid_input(&errors.0)),
+        },
+        None => None,
+    };
     let text = match (&args.host, args.ip) {
         (Some(host), _) => {
-            let e = explain_host(&snapshot, &args.from, host);
-            match args.output {
-                TableOrJson::Json => output::json(&e)?,
-                TableOrJson::Table => host_table(&e),
-            }
+            let under = |s: &Snapshot| explain_host(s, &args.from, host);
+            let used = |e: &HostExplanation| e.dns.service.clone();
+            render(
+                &snapshot,
+                audited.as_ref(),
+                args.output,
+                (under, used),
+                host_table,
+            )?
         }
         (None, Some(dst)) => {
-            let e = explain_ip(&snapshot, &args.from, dst);
-            match args.output {
-                TableOrJson::Json => output::json(&e)?,
-                TableOrJson::Table => ip_table(&e),
-            }
+            let under = |s: &Snapshot| explain_ip(s, &args.from, dst);
+            let used = |e: &IpExplanation| e.outbound.service.clone();
+            render(
+                &snapshot,
+                audited.as_ref(),
+                args.output,
+                (under, used),
+                ip_table,
+            )?
         }
         (None, None) => anyhow::bail!("one of --host and --ip is required"),
     };
@@ -55,6 +79,44 @@ pub(crate) fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     } else {
         Ok(output::invalid_input(&errors))
     }
+}
+
+/// The explanation under `snapshot`, and with an audit policy the one under it too, said apart.
+/// They differ, as the audit counts a change, when the service used (`used`) differs.
+fn render<E: serde::Serialize>(
+    snapshot: &Snapshot,
+    audited: Option<&(&std::path::PathBuf, Snapshot)>,
+    format: TableOrJson,
+    (explain, used): (impl Fn(&Snapshot) -> E, impl Fn(&E) -> Option<String>),
+    table: fn(&E) -> String,
+) -> anyhow::Result<String> {
+    let enforced = explain(snapshot);
+    let Some((path, audit_snapshot)) = audited else {
+        return Ok(match format {
+            TableOrJson::Json => output::json(&enforced)?,
+            TableOrJson::Table => table(&enforced),
+        });
+    };
+    let audit = explain(audit_snapshot);
+    let changes = used(&audit) != used(&enforced);
+    Ok(match format {
+        TableOrJson::Json => output::json(&serde_json::json!({
+            "enforced": enforced,
+            "audit": audit,
+            "changes": changes,
+        }))?,
+        TableOrJson::Table if changes => format!(
+            "{}\nUnder the audit policy ({}), this would change:\n{}",
+            table(&enforced),
+            path.display(),
+            table(&audit)
+        ),
+        TableOrJson::Table => format!(
+            "{}\nUnder the audit policy ({}): the same service.\n",
+            table(&enforced),
+            path.display()
+        ),
+    })
 }
 
 fn or_dash(v: &Option<String>) -> String {
