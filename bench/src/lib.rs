@@ -67,6 +67,11 @@ pub struct BenchArgs {
     /// Writes no files and skips the agent's memory and criterion.
     #[arg(long)]
     at_size_only: bool,
+    /// Measure only the direct path and the agent's fast path with and without
+    /// `--audit-mesh-config` (a policy that sees the bench's entry otherwise), over the TCP tests
+    /// (or those `--only` picks); print their table. Writes no files.
+    #[arg(long, conflicts_with = "at_size_only")]
+    audit_only: bool,
     /// Measure only the cluster as the source at scale (`run --kube`: 1,000 Namespaces, 10,000 Pods,
     /// 10,000 ServiceEntries) and write its section of BENCHMARKS.md, leaving the rest of the file as
     /// it is. A full run measures it too.
@@ -116,7 +121,7 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     let measuring = Instant::now();
     // `--only`, `--at-size-only`: the picked tests and paths and their table; no memory, no
     // criterion, no files.
-    let full = args.only.is_empty() && !args.at_size_only;
+    let full = args.only.is_empty() && !args.at_size_only && !args.audit_only;
     let mut picked = if args.only.is_empty() {
         rounds::Pick::ALL.to_vec()
     } else {
@@ -128,6 +133,9 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
             bail!("--at-size-only measures the TCP tests: --only dns leaves none");
         }
         rounds::Paths::AtSizeOnly
+    } else if args.audit_only {
+        picked.retain(|p| *p != rounds::Pick::Dns);
+        rounds::Paths::AuditOnly
     } else {
         rounds::Paths::All
     };

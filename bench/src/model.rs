@@ -25,6 +25,11 @@ pub(crate) enum Route {
     FastServiceAtSize,
     /// `FastPassthrough` with the same big config.
     FastPassthroughAtSize,
+    /// `FastService` with an audit policy that sees the entry otherwise: each connection is
+    /// reported by the kernel and audited.
+    FastServiceAudit,
+    /// `FastPassthrough` with the same audit policy (the destination is not audited).
+    FastPassthroughAudit,
     /// A `resolution: DNS` entry with an allocated address, as the agent runs by default: the
     /// kernel rewrites the VIP to the address the agent resolved ahead.
     FastDnsService,
@@ -51,6 +56,8 @@ impl Route {
             Route::FastPassthrough => "passthrough (default: fast path)",
             Route::FastServiceAtSize => "service (fast path, 20k entries, 100k pods)",
             Route::FastPassthroughAtSize => "passthrough (fast path, 20k entries, 100k pods)",
+            Route::FastServiceAudit => "service (fast path, audited)",
+            Route::FastPassthroughAudit => "passthrough (fast path, audit on)",
             Route::FastDnsService => "DNS-resolved service (default: fast path)",
             Route::DnsUpstream => "straight to upstream",
             Route::DnsForwarded => "forwarded by agent (TTL 0)",

@@ -57,6 +57,13 @@ const THROUGHPUT_ROUTES: [Route; 10] = [
     Route::Passthrough,
     Route::PassthroughCopy,
 ];
+const AUDIT_ROUTES: [Route; 5] = [
+    Route::Direct,
+    Route::FastService,
+    Route::FastServiceAudit,
+    Route::FastPassthrough,
+    Route::FastPassthroughAudit,
+];
 const DNS_ROUTES: [Route; 4] = [
     Route::DnsUpstream,
     Route::DnsForwarded,
@@ -125,6 +132,17 @@ impl BenchReport<'_> {
         match &self.at_size {
             Some(a) => s.push_str(&at_size_paragraph(a)),
             None => s.push_str("The agent at size: not started in this run.\n"),
+        }
+        let audited = [Metric::Throughput1, Metric::ConnRate]
+            .iter()
+            .any(|m| self.results.summary(*m, Route::FastServiceAudit).is_some());
+        if audited {
+            s.push_str("\n### Audit\n\nThe default agent with and without `--audit-mesh-config` (a policy under which the bench's entry is PUBLIC, so the kernel reports every connection to the service and the agent audits it), in the same run:\n\n");
+            self.table(
+                &mut s,
+                &AUDIT_ROUTES,
+                &[Metric::Throughput1, Metric::ConnRate],
+            );
         }
         s.push_str("\n## 4. DNS (dnsperf, UDP): queries/s with 64 outstanding; mean latency with 1 outstanding, µs\n\n");
         self.table(&mut s, &DNS_ROUTES, &[Metric::DnsQps, Metric::DnsLatency]);

@@ -43,6 +43,8 @@ pub(crate) enum Paths {
     All,
     /// Only the fast path at size (`--at-size-only`): TCP tests only.
     AtSizeOnly,
+    /// Only the fast path with audit on and off (`--audit-only`): TCP tests only.
+    AuditOnly,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -150,8 +152,12 @@ impl<'a> Runner<'a> {
                         phases.push(Phase::Agent(Relay::Copy));
                     }
                 }
-                if matches!(test, Test::Tcp(_)) {
+                if matches!(test, Test::Tcp(_)) && self.paths != Paths::AuditOnly {
                     phases.push(Phase::AtSize);
+                }
+                if matches!(test, Test::Tcp(_)) && self.paths == Paths::AuditOnly {
+                    phases.push(Phase::Agent(Relay::FastPath));
+                    phases.push(Phase::Agent(Relay::FastPathAudit));
                 }
                 if round % 2 == 1 {
                     phases.reverse();
@@ -203,6 +209,7 @@ impl<'a> Runner<'a> {
                 Route::FastPassthrough,
                 Route::FastDnsService,
             ],
+            (_, Relay::FastPathAudit) => vec![Route::FastServiceAudit, Route::FastPassthroughAudit],
         };
         if round % 2 == 1 {
             routes.reverse();
@@ -337,9 +344,11 @@ pub(crate) fn tcp_command(
     settings: Settings,
 ) -> (&'static str, Vec<String>) {
     let ip = match route {
-        Route::Service | Route::ServiceCopy | Route::FastService | Route::FastServiceAtSize => {
-            scene::VIP
-        }
+        Route::Service
+        | Route::ServiceCopy
+        | Route::FastService
+        | Route::FastServiceAtSize
+        | Route::FastServiceAudit => scene::VIP,
         Route::FastDnsService => scene::dns_vip(),
         _ => scene::SERVER_IP,
     };

@@ -68,12 +68,15 @@ pub(crate) enum Relay {
     /// `Splice` as the agent runs by default: the kernel decides what needs no proxy. (The other
     /// two are the proxy, `--no-fast-path`.)
     FastPath,
+    /// `FastPath` with `--audit-mesh-config`: a policy under which the bench's entry is seen
+    /// otherwise (PUBLIC), so the kernel reports every connection to it and the agent audits each.
+    FastPathAudit,
 }
 
 impl Relay {
     pub(crate) fn arg(self) -> &'static str {
         match self {
-            Relay::Splice | Relay::FastPath => "splice",
+            Relay::Splice | Relay::FastPath | Relay::FastPathAudit => "splice",
             Relay::Copy => "copy",
         }
     }
@@ -107,6 +110,7 @@ impl Scene {
         let config_dir = topo.scratch_path("config");
         fs::create_dir_all(&config_dir)?;
         fs::write(config_dir.join("bench.yaml"), bench_config())?;
+        fs::write(audit_file(&config_dir.to_string_lossy()), AUDIT_MESH_CONFIG)?;
 
         topo.ensure_ext_address(SERVER_IP)?;
         topo.ensure_ext_address(RESOLVER_IP)?;
@@ -300,6 +304,15 @@ pub(crate) fn start_agent(topo: &Topology, args: &[String], cpu: Option<u32>) ->
     Agent::launch(topo, &Launch::as_deployed(cpu), &args)
 }
 
+/// The audit policy of [`Relay::FastPathAudit`]: every entry PUBLIC, where the bench's own mesh
+/// config keeps them in their namespace.
+const AUDIT_MESH_CONFIG: &str = "serviceEntryVisibility: {defaultVisibility: PUBLIC}\n";
+
+/// Where the audit file of the config directory `config` is: beside it, never in it.
+pub(crate) fn audit_file(config: &str) -> String {
+    format!("{config}.audit.yaml")
+}
+
 /// The agent's arguments beyond the harness's own (`--cgroup`, `--gateway`, `--admin`).
 pub(crate) fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     vec![
@@ -312,7 +325,16 @@ pub(crate) fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     ]
     .into_iter()
     // The fast path is the agent's default; the proxy's routes turn it off.
-    .chain((relay != Relay::FastPath).then(|| integration::NO_FAST_PATH.into()))
+    .chain(
+        (!matches!(relay, Relay::FastPath | Relay::FastPathAudit))
+            .then(|| integration::NO_FAST_PATH.into()),
+    )
+    .chain(
+        (relay == Relay::FastPathAudit)
+            .then(|| ["--audit-mesh-config".into(), audit_file(config)])
+            .into_iter()
+            .flatten(),
+    )
     .collect()
 }
 

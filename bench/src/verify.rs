@@ -26,6 +26,8 @@ pub(crate) fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u
             | Route::FastDnsService
             | Route::FastServiceAtSize
             | Route::FastPassthroughAtSize
+            | Route::FastServiceAudit
+            | Route::FastPassthroughAudit
     ) {
         return in_kernel(route, before, after, opens);
     }
@@ -64,7 +66,10 @@ pub(crate) fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u
 /// and the proxy carried none.
 fn in_kernel(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
     let expected = match route {
-        Route::FastService | Route::FastDnsService | Route::FastServiceAtSize => "rewritten",
+        Route::FastService
+        | Route::FastDnsService
+        | Route::FastServiceAtSize
+        | Route::FastServiceAudit => "rewritten",
         _ => "passthrough",
     };
     let counted = delta(
