@@ -43,7 +43,7 @@ pub struct HostExplanation {
     pub dns: DnsReport,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DnsReport {
     pub action: DnsAction,
@@ -58,7 +58,7 @@ pub struct DnsReport {
     pub reason: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct QueryReport {
     pub name: String,
     pub action: DnsAction,
@@ -89,7 +89,7 @@ pub struct IpExplanation {
     pub outbound: OutboundReport,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutboundReport {
     /// Never `error`: that is the proxy's, when carrying the decision out fails.

@@ -51,7 +51,8 @@ pub mod report {
     pub use crate::{
         cli::{
             explain::{
-                Destination, DnsAction, HostExplanation, IpExplanation, explain_host, explain_ip,
+                Destination, DnsAction, DnsReport, HostExplanation, IpExplanation, OutboundReport,
+                explain_host, explain_ip,
             },
             resolve::report as resolve_report,
         },

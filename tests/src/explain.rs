@@ -1,45 +1,48 @@
 //! `redirect explain -o json` run offline over a manifest directory, read into the parts a scenario
 //! needs. The scenarios build what they expect of the agent from these answers, so the agent and the CLI
 //! (which share the state lookups) are held to the same outcome.
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, Result, bail};
 pub use redirect_userspace::model::OutboundOutcome;
 pub use redirect_userspace::report::{DecidedBy, DnsAction};
-use redirect_userspace::report::{HostExplanation, IpExplanation};
+use redirect_userspace::report::{DnsReport, HostExplanation, IpExplanation, OutboundReport};
 use serde_json::Value;
 
 use crate::Agent;
 
-/// What `explain --host` says the DNS proxy does.
+/// What `explain --host` says the DNS proxy does: its report (read through, `verdict.action`), and
+/// the JSON it came from.
 #[derive(Clone, Debug)]
 pub struct DnsVerdict {
-    pub action: DnsAction,
-    /// `namespace/name` of the service that answers.
-    pub service: Option<String>,
-    pub addresses: Vec<IpAddr>,
-    /// The (last) query name the client sends, absolute, e.g. `api.example.com.`.
-    pub query: String,
-    /// The full name a search-domain expansion is CNAMEd to.
-    pub cname: Option<String>,
-    /// A service that owns the name but is hidden from the client.
-    pub hidden: Option<String>,
+    pub report: DnsReport,
     pub json: Value,
 }
 
-/// What `explain --ip` says the outbound proxy does.
+/// What `explain --ip` says the outbound proxy does (and who decides with the fast path), and the
+/// JSON it came from.
 #[derive(Clone, Debug)]
 pub struct OutboundVerdict {
-    pub action: OutboundOutcome,
-    pub service: Option<String>,
-    /// Where the proxy connects: `ip:port`, or `host:port` for a DNS endpoint; none for a reset.
-    pub endpoint: Option<String>,
-    pub hidden: Option<String>,
-    /// Who decides with `--fast-path`.
-    pub decided_by: DecidedBy,
+    pub report: OutboundReport,
     pub json: Value,
+}
+
+impl std::ops::Deref for DnsVerdict {
+    type Target = DnsReport;
+
+    fn deref(&self) -> &DnsReport {
+        &self.report
+    }
+}
+
+impl std::ops::Deref for OutboundVerdict {
+    type Target = OutboundReport;
+
+    fn deref(&self) -> &OutboundReport {
+        &self.report
+    }
 }
 
 /// `redirect explain` over one manifest directory (read afresh on every call, so it follows edits).
@@ -65,15 +68,7 @@ impl Explain {
         let dns = serde_json::from_value::<HostExplanation>(json.clone())
             .with_context(|| format!("explain --host {host}: unexpected shape: {json}"))?
             .dns;
-        Ok(DnsVerdict {
-            action: dns.action,
-            service: dns.service,
-            addresses: dns.addresses,
-            query: dns.query,
-            cname: dns.cname,
-            hidden: dns.hidden,
-            json,
-        })
+        Ok(DnsVerdict { report: dns, json })
     }
 
     /// `explain --from <from> --ip <dest>`.
@@ -82,14 +77,7 @@ impl Explain {
         let out = serde_json::from_value::<IpExplanation>(json.clone())
             .with_context(|| format!("explain --ip {dest}: unexpected shape: {json}"))?
             .outbound;
-        Ok(OutboundVerdict {
-            action: out.action,
-            service: out.service,
-            endpoint: out.endpoint,
-            hidden: out.hidden,
-            decided_by: out.decided_by,
-            json,
-        })
+        Ok(OutboundVerdict { report: out, json })
     }
 
     fn run(&self, from: &str, flag: &str, what: &str) -> Result<Value> {
