@@ -15,7 +15,7 @@ use std::{
 use tracing::{error, info, warn};
 
 use crate::{
-    config::{ConfigError, Model, Rejected, ServiceEntry},
+    config::{self, ConfigError, Model, Rejected, ServiceEntry},
     live::LiveState,
     metrics::{Metrics, ReloadResult},
     state::Snapshot,
@@ -115,7 +115,7 @@ pub(crate) async fn put_in_force(
 ) {
     let services = snapshot.services().count();
     let workloads = snapshot.workloads().len();
-    log_errors(&errors);
+    config::log_errors(&errors, "");
     metrics.config.rejected(rejected.iter().map(|r| r.kind));
     let result = if errors.is_empty() {
         info!(source, services, workloads, "configuration applied");
@@ -162,18 +162,5 @@ pub(crate) async fn audit(live: &Arc<LiveState>, model: Model) {
     let enforced = live.snapshot_arc();
     if let Err(e) = tokio::task::spawn_blocking(move || audit.rebuild(model, enforced)).await {
         error!(error = %e, "building the audit policy panicked; the one before stays");
-    }
-}
-
-/// One line per error, naming file, object and field (each already bounded in length).
-pub(crate) fn log_errors(errors: &[ConfigError]) {
-    for e in errors {
-        error!(
-            file = %e.file,
-            object = e.object.as_deref().unwrap_or("-"),
-            field = e.field.as_deref().unwrap_or("-"),
-            "{}",
-            e.message
-        );
     }
 }

@@ -104,7 +104,7 @@ pub(super) async fn apply(
             true
         }
         Err(errors) => {
-            pipeline::log_errors(&errors);
+            config::log_errors(&errors, "");
             warn!(dir = %shown, "configuration not readable; the configuration in force stays");
             live.refuse(errors);
             metrics.config.reload(ReloadResult::Failed);

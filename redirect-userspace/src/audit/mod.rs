@@ -19,7 +19,7 @@ use std::{
 use arc_swap::ArcSwapOption;
 use ipnet::IpNet;
 use serde::Serialize;
-use tracing::{error, info};
+use tracing::info;
 
 use change::{Change, Differs, Lookup, compare};
 use ledger::{Ledger, PairReport, Recorded};
@@ -190,15 +190,10 @@ impl Audit {
                 true
             }
             Err(errors) => {
-                for e in errors.iter() {
-                    error!(
-                        file = %e.file,
-                        object = e.object.as_deref().unwrap_or("-"),
-                        field = e.field.as_deref().unwrap_or("-"),
-                        "audit mesh config refused, the one before stays (enforcement is untouched): {}",
-                        e.message
-                    );
-                }
+                config::log_errors(
+                    &errors.0,
+                    "audit mesh config refused, the one before stays (enforcement is untouched): ",
+                );
                 self.state.locked().last_error = Some(errors.0);
                 false
             }

@@ -122,15 +122,7 @@ pub(super) fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
             render(&workloads, args.output, workload_table)?
         }
         ConfigWhat::Log(args) => {
-            let path = match &args.level {
-                Some(level) => format!(
-                    "/logging?{}",
-                    form_urlencoded::Serializer::new(String::new())
-                        .append_pair("level", level)
-                        .finish()
-                ),
-                None => "/logging".to_string(),
-            };
+            let path = with_query("/logging", "level", args.level.as_deref());
             get(args.admin.admin, &path)?
         }
         ConfigWhat::All(args) => {
@@ -153,15 +145,7 @@ pub(super) fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
         }
         ConfigWhat::Explain(args) => live_explain(&args)?,
         ConfigWhat::Audit(args) => {
-            let path = match &args.namespace {
-                Some(ns) => format!(
-                    "/audit?{}",
-                    form_urlencoded::Serializer::new(String::new())
-                        .append_pair("namespace", ns)
-                        .finish()
-                ),
-                None => "/audit".to_string(),
-            };
+            let path = with_query("/audit", "namespace", args.namespace.as_deref());
             let audit: Value = serde_json::from_str(&get(args.admin.admin, &path)?)
                 .context("/audit is not JSON")?;
             match args.output {
@@ -173,6 +157,19 @@ pub(super) fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// `path`, with `?key=value` (encoded) when a value is given.
+fn with_query(path: &str, key: &str, value: Option<&str>) -> String {
+    match value {
+        Some(value) => format!(
+            "{path}?{}",
+            form_urlencoded::Serializer::new(String::new())
+                .append_pair(key, value)
+                .finish()
+        ),
+        None => path.to_string(),
+    }
 }
 
 /// The audit's changes as a table, and what the policy is.

@@ -16,6 +16,20 @@ pub struct ConfigError {
     pub message: String,
 }
 
+/// One error line per error, naming file, object and field (each already bounded in length), its
+/// message after `context`.
+pub(crate) fn log_errors(errors: &[ConfigError], context: &str) {
+    for e in errors {
+        tracing::error!(
+            file = %e.file,
+            object = e.object.as_deref().unwrap_or("-"),
+            field = e.field.as_deref().unwrap_or("-"),
+            "{context}{}",
+            e.message
+        );
+    }
+}
+
 impl ConfigError {
     pub fn new(
         file: impl Into<String>,

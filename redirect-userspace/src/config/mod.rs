@@ -24,10 +24,10 @@ mod yaml;
 pub(crate) use api::{ENTRY, POD, Reader, check_api_entry, check_api_pod, read_api_object};
 pub(crate) use elsewhere::{PodGroup, PodRef, PodsElsewhere};
 pub(crate) use endpoint_slice::SERVICE_NAME_LABEL;
-pub(crate) use error::ConfigError;
 pub use error::ConfigErrors;
 #[cfg(test)]
 pub(crate) use error::MAX_MESSAGE;
+pub(crate) use error::{ConfigError, log_errors};
 pub(crate) use inputs::read_inputs;
 /// `metadata.creationTimestamp`: only its order matters (the ranking rule).
 pub(crate) use jiff::Timestamp;
