@@ -360,3 +360,40 @@ fn getpeername_on_an_mptcp_socket_shows_the_original_destination() -> Result<()>
     }
     Ok(())
 }
+
+/// `/explain` (what `redirect config explain` asks) reads who decides from the tables in force: an
+/// endpoint host name the agent resolved ahead is the kernel's, and the kernel's counter is the one
+/// that moves. (A compilation of the manifests alone, as the offline explain makes, has no answer
+/// for the name and would say proxy.)
+#[test]
+fn the_live_explain_names_the_kernel_for_an_endpoint_resolved_ahead_and_its_counter_moves()
+-> Result<()> {
+    const CDN: &str = "203.0.113.60:80";
+    let w = World::start_launched(&launch(true))?;
+    let decided_by = || -> Result<String> {
+        let r = w.agent.admin_get(&format!("/explain?from=team-a&ip={CDN}"))?;
+        ensure!(r.status == 200, "/explain answered {}: {}", r.status, r.text());
+        let e: serde_json::Value = serde_json::from_str(&r.text())?;
+        Ok(e["outbound"]["decidedBy"].as_str().unwrap_or_default().to_string())
+    };
+    // The name is resolved within the agent's first second; its tables follow.
+    let deadline = std::time::Instant::now() + pace::scaled(Duration::from_secs(5));
+    while decided_by()? != "kernel" {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "/explain never said kernel for {CDN}: {}",
+            decided_by()?
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = w.agent.metrics()?;
+    let connections = 5;
+    for _ in 0..connections {
+        let reach = w.curl("team-a", &format!("http://{CDN}/"))?;
+        ensure!(matches!(reach, world::Reach::Server(_)), "{reach:?}");
+    }
+    let after = w.agent.metrics()?;
+    assert_eq!(delta(&before, &after, KERNEL_REWRITTEN), f64::from(connections));
+    assert_eq!(delta(&before, &after, PROXY_SERVICE), 0.0, "the proxy decided none");
+    Ok(())
+}

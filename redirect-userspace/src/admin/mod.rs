@@ -36,8 +36,8 @@ pub(crate) struct AdminState {
     pub log_level: Option<LogLevel>,
     /// When the proxy is at its limits it says so: a new connection would be refused.
     pub budgets: Option<Arc<Budgets>>,
-    /// With `--fast-path`: what the kernel's tables hold and who decides what.
-    pub fast_path: Option<Box<dyn Fn() -> Option<fastpath::Dump> + Send + Sync>>,
+    /// With the fast path: what the kernel's tables hold and who decides what.
+    pub fast_path: Option<Arc<fastpath::FastPath>>,
     /// The agent's: whether a successor can take over.
     pub handover: Option<crate::redirect::bpffs::Handover>,
     /// The pods' cgroups the agent has found: `/config_dump` says which pod it knows by its cgroup.
@@ -205,7 +205,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
                 state: held,
                 fast_path: FastPathDump {
                     enabled: state.fast_path.is_some(),
-                    in_force: state.fast_path.as_ref().and_then(|dump| dump()),
+                    in_force: state.fast_path.as_ref().and_then(|fast| fast.dump()),
                 },
                 handover: state.handover.clone(),
             };
@@ -301,10 +301,14 @@ fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
             };
             let mut e = crate::explain::explain_ip(&snapshot, &client.namespace, dst);
             e.client = client;
-            // Without the fast path every connection is the proxy's, whatever the tables would say.
-            if state.fast_path.is_none() {
-                e.outbound.decided_by = fastpath::DecidedBy::Proxy;
-            }
+            // Who decides is what the tables in force say (the host names resolved ahead
+            // included), not a compilation of the snapshot; without the fast path, the proxy.
+            let port = e.outbound.port.unwrap_or(0);
+            e.outbound.decided_by = state
+                .fast_path
+                .as_ref()
+                .and_then(|fast| fast.decided_by(&e.client.namespace, dst.ip, port))
+                .unwrap_or(fastpath::DecidedBy::Proxy);
             serde_json::to_string_pretty(&e)
         }
         _ => {

@@ -248,9 +248,7 @@ async fn start(
     let admin_state = AdminState {
         cgroups: Some(cgroups),
         handover: Some(config.handover.clone()),
-        fast_path: fast_path
-            .clone()
-            .map(|fast| Box::new(move || fast.dump()) as Box<dyn Fn() -> _ + Send + Sync>),
+        fast_path: fast_path.clone(),
         registry: registry(config, &families, redirector, fast_path.as_ref()),
         phase: lifecycle.admin(),
         live: live.clone(),

@@ -10,7 +10,7 @@
 use std::{
     collections::{BTreeMap, HashMap},
     fmt,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     sync::{Arc, Mutex, OnceLock, atomic::Ordering},
     time::{Duration, Instant},
 };
@@ -32,7 +32,7 @@ use crate::lock::Locked;
 use crate::{
     config::{Workload, WorkloadKind},
     fastpath::{
-        self, Clients, Dump, Fallback, HostAddresses, Install, Limits, Stats, TableMemory, Tables,
+        self, Clients, DecidedBy, Dump, Fallback, HostAddresses, Install, Limits, Stats, TableMemory, Tables,
         ahead::Ahead, fallback_name,
     },
     identity::CgroupPods,
@@ -410,6 +410,13 @@ impl FastPath {
         drop(published);
         let dump = Dump::new(&snapshot, &tables, &stats, in_force);
         Some(dump.with_memory(memory, self.limits.bytes.saturating_mul(2)))
+    }
+
+    /// Who decides a connection of a pod of `namespace` to `ip:port` under the tables last put in
+    /// force (`None` before any).
+    pub(crate) fn decided_by(&self, namespace: &str, ip: IpAddr, port: u16) -> Option<DecidedBy> {
+        let (_, tables, _) = self.published.locked().compiled.clone()?;
+        Some(fastpath::decided_by(&tables, Some(namespace), ip, port))
     }
 
     /// What the maps take in the kernel, by table (both generations).
