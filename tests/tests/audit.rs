@@ -289,3 +289,22 @@ fn with_namespace_enforced_an_audit_publishing_team_a_counts_would_show_and_a_ba
     ensure!(pairs(&report, "team-a").is_empty(), "{report:#}");
     Ok(())
 }
+
+#[test]
+fn the_audit_follows_the_kubernetes_api_source_too() -> Result<()> {
+    let audit = AuditFile::new("kube", NAMESPACE_DEFAULT)?;
+    let w = World::start_kube_args(
+        |dir| replace_mesh(dir, FEATURE_OFF),
+        &["--audit-mesh-config", &audit.arg()],
+    )?;
+    ensure!(dig_short(&w, "team-b", "api.example.com")? == "203.0.113.10");
+    let dns = change_key("team-b", ("team-a", "api-example"), "dns", "would_hide");
+    w.agent.wait_metrics(
+        "team-b's query audited",
+        pace::scaled(Duration::from_secs(5)),
+        |m| m.get_or_zero(&dns) >= 1.0,
+    )?;
+    let report = config_audit(&w, &[])?;
+    ensure!(report["entriesChanged"].as_u64() >= Some(1), "{report:#}");
+    Ok(())
+}
