@@ -149,6 +149,7 @@ impl Drop for ConnectionResult<'_> {
             bytes_received = self.received,
             duration_ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
             end = self.end,
+            decided_by = "proxy",
             lines_dropped_before = dropped,
             "connection"
         );
