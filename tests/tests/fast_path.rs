@@ -371,10 +371,20 @@ fn the_live_explain_names_the_kernel_for_an_endpoint_resolved_ahead_and_its_coun
     const CDN: &str = "203.0.113.60:80";
     let w = World::start_launched(&launch(true))?;
     let decided_by = || -> Result<String> {
-        let r = w.agent.admin_get(&format!("/explain?from=team-a&ip={CDN}"))?;
-        ensure!(r.status == 200, "/explain answered {}: {}", r.status, r.text());
+        let r = w
+            .agent
+            .admin_get(&format!("/explain?from=team-a&ip={CDN}"))?;
+        ensure!(
+            r.status == 200,
+            "/explain answered {}: {}",
+            r.status,
+            r.text()
+        );
         let e: serde_json::Value = serde_json::from_str(&r.text())?;
-        Ok(e["outbound"]["decidedBy"].as_str().unwrap_or_default().to_string())
+        Ok(e["outbound"]["decidedBy"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string())
     };
     // The name is resolved within the agent's first second; its tables follow.
     let deadline = std::time::Instant::now() + pace::scaled(Duration::from_secs(5));
@@ -393,7 +403,14 @@ fn the_live_explain_names_the_kernel_for_an_endpoint_resolved_ahead_and_its_coun
         ensure!(matches!(reach, world::Reach::Server(_)), "{reach:?}");
     }
     let after = w.agent.metrics()?;
-    assert_eq!(delta(&before, &after, KERNEL_REWRITTEN), f64::from(connections));
-    assert_eq!(delta(&before, &after, PROXY_SERVICE), 0.0, "the proxy decided none");
+    assert_eq!(
+        delta(&before, &after, KERNEL_REWRITTEN),
+        f64::from(connections)
+    );
+    assert_eq!(
+        delta(&before, &after, PROXY_SERVICE),
+        0.0,
+        "the proxy decided none"
+    );
     Ok(())
 }

@@ -8,6 +8,8 @@
 mod change;
 mod ledger;
 mod metrics;
+#[cfg(test)]
+mod tests;
 
 use std::{
     net::IpAddr,

@@ -39,6 +39,8 @@ pub(crate) use loader::load_dir;
 pub(crate) use loader::{Rejected, read_dir};
 pub use loader::{load_sources, read_sources};
 pub(crate) use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
+#[cfg(test)]
+pub(crate) use mesh_file::mesh_of;
 pub(crate) use mesh_file::read_mesh_file;
 pub use model::*;
 pub(crate) use service_entry::use_waypoint;

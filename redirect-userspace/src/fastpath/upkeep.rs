@@ -32,8 +32,8 @@ use crate::lock::Locked;
 use crate::{
     config::{Workload, WorkloadKind},
     fastpath::{
-        self, Clients, DecidedBy, Dump, Fallback, HostAddresses, Install, Limits, Stats, TableMemory, Tables,
-        ahead::Ahead, fallback_name,
+        self, Clients, DecidedBy, Dump, Fallback, HostAddresses, Install, Limits, Stats,
+        TableMemory, Tables, ahead::Ahead, fallback_name,
     },
     identity::CgroupPods,
     live::LiveState,
