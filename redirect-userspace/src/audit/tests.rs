@@ -34,7 +34,7 @@ const OFF: &str = "kind: MeshConfig\n";
 const NAMESPACE: &str =
     "kind: MeshConfig\nserviceEntryVisibility: {defaultVisibility: NAMESPACE}\n";
 
-fn policy(mesh: &str, audit: &str) -> (Snapshot, Policy) {
+fn built(mesh: &str, audit: &str) -> (Snapshot, Policy) {
     let model = model(mesh);
     let enforced = Snapshot::build(&model, &visibility::resolve(&model));
     let policy = Policy::build(Some(&visibility(audit)), &model, &enforced);
@@ -43,20 +43,20 @@ fn policy(mesh: &str, audit: &str) -> (Snapshot, Policy) {
 
 #[test]
 fn the_entries_seen_otherwise_and_their_addresses_are_what_the_kernel_is_told() {
-    let (_, policy) = policy(OFF, "NAMESPACE");
+    let (_, policy) = built(OFF, "NAMESPACE");
     assert_eq!(policy.differs.len(), 1);
     assert_eq!(
         policy.addresses(),
         ["203.0.113.10/32".parse::<IpNet>().unwrap()]
     );
     // The same policy twice: nothing differs, nothing for the kernel.
-    let (_, same) = policy(NAMESPACE, "NAMESPACE");
+    let (_, same) = built(NAMESPACE, "NAMESPACE");
     assert!(same.differs.is_empty() && same.addresses().is_empty());
 }
 
 #[test]
 fn with_the_feature_off_a_namespace_audit_would_hide_team_as_entry_from_team_b_only() {
-    let (enforced, policy) = policy(OFF, "NAMESPACE");
+    let (enforced, policy) = built(OFF, "NAMESPACE");
     let ip: IpAddr = "203.0.113.10".parse().unwrap();
     let change = |client: &str| {
         let now = enforced.decide_outbound_with(Some(client), ip, 80, Pick::Peek);
@@ -103,7 +103,7 @@ fn with_the_feature_off_a_namespace_audit_would_hide_team_as_entry_from_team_b_o
 
 #[test]
 fn with_namespace_enforced_a_public_audit_would_show_it_and_the_enforced_answer_is_kept() {
-    let (enforced, policy) = policy(NAMESPACE, "PUBLIC");
+    let (enforced, policy) = built(NAMESPACE, "PUBLIC");
     let now = enforced.decide_dns(Some("team-b"), "api.example.com.");
     let audit = policy
         .snapshot
