@@ -251,11 +251,7 @@ fn audit(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
             "no audit: the agent runs without --audit-mesh-config\n".into(),
         );
     };
-    let namespace = req.uri().query().and_then(|q| {
-        form_urlencoded::parse(q.as_bytes())
-            .find(|(k, _)| k == "namespace")
-            .map(|(_, v)| v.into_owned())
-    });
+    let namespace = query_param(req, "namespace");
     match serde_json::to_string_pretty(&audit.report(namespace.as_deref())) {
         Ok(body) => with_type(StatusCode::OK, "application/json", body + "\n"),
         Err(e) => text(
@@ -263,6 +259,14 @@ fn audit(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
             format!("encoding the audit failed: {e}\n"),
         ),
     }
+}
+
+/// The (percent-decoded) value of the query parameter `key`, if given.
+fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
+    let query = req.uri().query()?;
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
 }
 
 /// `/explain?from=CLIENT&host=NAME` or `&ip=IP[:PORT]`: `redirect explain`'s report, computed on
@@ -336,11 +340,7 @@ fn logging(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
         );
     };
     // Filters like `info,redirect=debug` arrive percent-encoded from most clients.
-    let level = req.uri().query().and_then(|query| {
-        form_urlencoded::parse(query.as_bytes())
-            .find(|(key, _)| key == "level")
-            .map(|(_, value)| value.into_owned())
-    });
+    let level = query_param(req, "level");
     match level {
         None => text(StatusCode::OK, format!("{}\n", log_level.current())),
         Some(level) => match log_level.set(&level) {
