@@ -85,7 +85,8 @@ pub(super) async fn apply(
             return false;
         }
     };
-    let audited = live.audit().and(owned.in_force.clone());
+    // The model is copied only for an audit (a pointer per object).
+    let audited = live.audit().and_then(|_| owned.in_force.clone());
     *reloader = Some(owned);
     match result {
         Ok(loaded) => {

@@ -53,16 +53,17 @@ impl Policy {
         model: &Model,
         enforced: &Snapshot,
     ) -> Policy {
-        let now = visibility::resolve(model);
+        // The enforced side needs only each entry's visibility; the audit side its whole
+        // resolution, for its snapshot.
+        let now = visibility::visibilities(model);
         let audited = visibility::resolve_under(model, config);
         let differs = Differs::new(
-            now.entries
-                .iter()
+            now.iter()
                 .zip(&audited.entries)
-                .filter(|(now, audit)| now.visibility != audit.visibility)
+                .filter(|(now, audit)| **now != audit.visibility)
                 .map(|(now, audit)| {
-                    let key = (now.namespace.clone(), now.name.clone());
-                    (key, (now.visibility, audit.visibility))
+                    let key = (audit.namespace.clone(), audit.name.clone());
+                    (key, (*now, audit.visibility))
                 }),
         );
         let snapshot = enforced.with_services(model, &audited);
@@ -84,14 +85,6 @@ impl Policy {
     /// The addresses the kernel must report its decisions for.
     pub(crate) fn addresses(&self) -> &[IpNet] {
         &self.addresses
-    }
-}
-
-/// The service whose addresses answer the name, if the agent answers it.
-fn answered_by<'a>(decision: &DnsDecision<'a, '_>) -> Option<&'a Service> {
-    match decision {
-        DnsDecision::Answer(a) => Some(a.service),
-        DnsDecision::Forward { .. } => None,
     }
 }
 
@@ -240,7 +233,9 @@ impl Audit {
         qname: &str,
         enforced: &DnsDecision<'_, '_>,
     ) {
-        let Some(policy) = self.policy.load().clone() else {
+        // A guard, not a clone of the `Arc`: this runs for every query.
+        let policy = self.policy.load();
+        let Some(policy) = policy.as_deref() else {
             return;
         };
         if policy.differs.is_empty() {
@@ -248,8 +243,8 @@ impl Audit {
         }
         let audited = policy.snapshot.decide_dns(client_ns, qname);
         let change = compare(
-            answered_by(enforced),
-            answered_by(&audited),
+            enforced.service(),
+            audited.service(),
             client_ns,
             &policy.differs,
         );
@@ -267,7 +262,8 @@ impl Audit {
         (ip, port): (IpAddr, u16),
         enforced: Option<&Service>,
     ) {
-        let Some(policy) = self.policy.load().clone() else {
+        let policy = self.policy.load();
+        let Some(policy) = policy.as_deref() else {
             return;
         };
         if policy.differs.is_empty() {

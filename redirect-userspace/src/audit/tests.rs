@@ -90,8 +90,8 @@ fn with_the_feature_off_a_namespace_audit_would_hide_team_as_entry_from_team_b_o
         let now = enforced.decide_dns(Some(client), "api.example.com.");
         let audit = policy.snapshot.decide_dns(Some(client), "api.example.com.");
         compare(
-            answered_by(&now),
-            answered_by(&audit),
+            now.service(),
+            audit.service(),
             Some(client),
             &policy.differs,
         )
@@ -113,8 +113,8 @@ fn with_namespace_enforced_a_public_audit_would_show_it_and_the_enforced_answer_
         "enforced: forwarded"
     );
     let change = compare(
-        answered_by(&now),
-        answered_by(&audit),
+        now.service(),
+        audit.service(),
         Some("team-b"),
         &policy.differs,
     );
@@ -132,4 +132,17 @@ fn with_namespace_enforced_a_public_audit_would_show_it_and_the_enforced_answer_
         visibility::resolve(&model(NAMESPACE)).entries[0].visibility,
         Visibility::Namespace
     );
+}
+
+#[test]
+fn the_enforced_visibilities_are_what_the_whole_resolution_gives() {
+    for mesh in [OFF, NAMESPACE] {
+        let model = model(mesh);
+        let whole: Vec<Visibility> = visibility::resolve(&model)
+            .entries
+            .iter()
+            .map(|e| e.visibility)
+            .collect();
+        assert_eq!(visibility::visibilities(&model), whole);
+    }
 }

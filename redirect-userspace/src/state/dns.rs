@@ -58,6 +58,14 @@ impl<'a> DnsAnswer<'a, '_> {
 }
 
 impl<'a> DnsDecision<'a, '_> {
+    /// The service whose addresses answer, when the agent answers.
+    pub fn service(&self) -> Option<&'a Service> {
+        match self {
+            DnsDecision::Answer(a) => Some(a.service),
+            DnsDecision::Forward { .. } => None,
+        }
+    }
+
     pub fn hidden(&self) -> Option<&'a Service> {
         match self {
             DnsDecision::Answer(a) => a.hidden,

@@ -87,6 +87,17 @@ pub fn resolve(model: &Model) -> Resolved {
     resolve_under(model, model.mesh.service_entry_visibility.as_ref())
 }
 
+/// Each entry's visibility under the model's own mesh config, in the model's order: what
+/// [`resolve`] gives each entry's `visibility`, without the rest of the resolution.
+pub(crate) fn visibilities(model: &Model) -> Vec<Visibility> {
+    let settings = Settings::of_mesh(model);
+    settings
+        .policies(model)
+        .into_iter()
+        .map(|(v, _)| v)
+        .collect()
+}
+
 /// [`resolve`] under another visibility configuration than the model's own (an audit policy: the
 /// same rules, never enforced). Discovery, shadowing and allocation are the model's either way.
 pub(crate) fn resolve_under(model: &Model, config: Option<&VisibilityConfig>) -> Resolved {
@@ -95,23 +106,7 @@ pub(crate) fn resolve_under(model: &Model, config: Option<&VisibilityConfig>) ->
         cap: config.is_some_and(|c| c.apply_to_sidecars),
         ..Settings::of(model)
     };
-    // Entries are sorted by namespace: the policies are matched once per namespace.
-    let mut current: Option<(&str, Visibility, Option<usize>)> = None;
-    let policies: Vec<(Visibility, Option<usize>)> = model
-        .service_entries
-        .iter()
-        .map(|entry| {
-            let ns = entry.meta.namespace.as_str();
-            match current {
-                Some((name, visibility, matched)) if name == ns => (visibility, matched),
-                _ => {
-                    let (visibility, matched) = settings.policy(model, ns);
-                    current = Some((ns, visibility, matched));
-                    (visibility, matched)
-                }
-            }
-        })
-        .collect();
+    let policies = settings.policies(model);
     let visibilities: Vec<Visibility> = policies.iter().map(|(v, _)| *v).collect();
     let mut shadowed = publish::shadowed(model, &visibilities, &settings.discovery).into_iter();
     let mut allocations = allocate(model, &settings.discovery).into_iter();
@@ -185,6 +180,27 @@ impl<'m> Settings<'m> {
             cap: config.is_some_and(|c| c.apply_to_sidecars),
             discovery: Discovery::default(),
         }
+    }
+
+    /// Each entry's visibility and the policy that gave it, in the model's order. Entries are
+    /// sorted by namespace: the policies are matched once per namespace.
+    fn policies(&self, model: &Model) -> Vec<(Visibility, Option<usize>)> {
+        let mut current: Option<(&str, Visibility, Option<usize>)> = None;
+        model
+            .service_entries
+            .iter()
+            .map(|entry| {
+                let ns = entry.meta.namespace.as_str();
+                match current {
+                    Some((name, visibility, matched)) if name == ns => (visibility, matched),
+                    _ => {
+                        let (visibility, matched) = self.policy(model, ns);
+                        current = Some((ns, visibility, matched));
+                        (visibility, matched)
+                    }
+                }
+            })
+            .collect()
     }
 
     /// The visibility of a namespace's entries, and the policy that gave it.
