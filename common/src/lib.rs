@@ -45,6 +45,15 @@ pub mod maps {
     /// keyed as the CIDR tables are in the shared view ([`super::fastpath::AddrKey::lpm_bytes`]):
     /// each connection the kernel decides to one is reported on [`FAST_HIDDEN_EVENTS`].
     pub const FAST_AUDITED: &str = "FAST_AUDITED";
+    /// Socket local storage holding a [`super::records::ConnRecord`] in each socket the kernel
+    /// decided while records are on: written at connect(), closed by sock_ops.
+    pub const SOCKET_RECORD: &str = "SOCKET_RECORD";
+    /// Ring buffer of [`super::records::ConnRecord`]s: each kernel-decided connection when it is
+    /// made and when it closes.
+    pub const CONN_RECORDS: &str = "CONN_RECORDS";
+    /// One u32, written by the agent: 0, no records; 1, every kernel-decided connection; N, one
+    /// in N (chosen at random per connection).
+    pub const RECORDS_SAMPLE: &str = "RECORDS_SAMPLE";
     /// The fast path's tables: each an array of two maps, one per generation (slot
     /// [`super::fastpath::generation_slot`]), that the agent creates at the size the tables need and
     /// swaps in while the generation is idle; then it flips [`FAST_GENERATION`].
@@ -172,8 +181,11 @@ pub enum FastStat {
 pub const FAST_STAT_HIDDEN: u32 = 6;
 /// The `FAST_STATS` slot counting hides not reported on `FAST_HIDDEN_EVENTS` (the ring was full).
 pub const FAST_STAT_HIDDEN_DROPPED: u32 = 7;
+/// The `FAST_STATS` slot counting connection records the kernel could not report (the ring was
+/// full, or the socket's storage could not be made).
+pub const FAST_STAT_RECORDS_LOST: u32 = 8;
 /// Slots of `FAST_STATS`.
-pub const FAST_STAT_SLOTS: u32 = 8;
+pub const FAST_STAT_SLOTS: u32 = 9;
 
 impl FastStat {
     pub const COUNT: u32 = 6;
@@ -210,6 +222,7 @@ impl FastStat {
 }
 
 pub mod fastpath;
+pub mod records;
 
 /// An IPv6 address as the kernel hands it (`user_ip6`, `local_ip6`: four words in network order)
 /// as its sixteen bytes.
@@ -431,6 +444,9 @@ mod user {
     unsafe impl aya::Pod for super::fastpath::Backends {}
     // SAFETY: four u8s, the last the explicit `_pad`: 4 bytes, no padding.
     unsafe impl aya::Pod for super::fastpath::Config {}
+    // SAFETY: six u64s, three `IpKey`s, three u16s, four u8s and the explicit two-byte `_pad`:
+    // 120 bytes, no padding (`records`' layout test).
+    unsafe impl aya::Pod for super::records::ConnRecord {}
 }
 
 #[cfg(test)]

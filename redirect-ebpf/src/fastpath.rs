@@ -39,10 +39,11 @@ pub(crate) enum Fast {
 
 /// The decision under the generation in force; with none (`--fast-path` off, or before the
 /// agent's first tables) the proxy decides and nothing is counted. On `Rewrite`, `to` holds the
-/// endpoint. (An out-parameter the caller initialised, not a payload: Linux 5.10's verifier
-/// refuses reading a stack slot one path never wrote, which an enum payload leads LLVM to do.)
+/// endpoint; `outcome` the decision's `FastStat` (for its record). (Out-parameters the caller
+/// initialised, not payloads: Linux 5.10's verifier refuses reading a stack slot one path never
+/// wrote, which an enum payload leads LLVM to do.)
 #[inline(always)]
-pub(crate) fn decide(dst: &Dest, to: &mut Dest) -> Fast {
+pub(crate) fn decide(dst: &Dest, to: &mut Dest, outcome: &mut u8) -> Fast {
     let generation = FAST_GENERATION.get(0).copied().unwrap_or(0);
     let mut seen = Seen {
         cgroup: 0,
@@ -54,6 +55,7 @@ pub(crate) fn decide(dst: &Dest, to: &mut Dest) -> Fast {
     }
     let (fast, stat) = lookup(generation_slot(generation), dst, to, &mut seen);
     count_fast(stat);
+    *outcome = stat as u8;
     if fast == Fast::Proxy {
         return fast;
     }
@@ -280,7 +282,7 @@ fn from_words<T, const N: usize>(words: [u32; N]) -> T {
 /// The tables' form of an address in `user_ip6` form: IPv4 (v4-mapped included) in the first four
 /// bytes, IPv6 in all sixteen.
 #[inline(always)]
-fn ip_key(ip: &[u32; 4]) -> IpKey {
+pub(crate) fn ip_key(ip: &[u32; 4]) -> IpKey {
     let (family, words) = if is_v4_mapped(ip) {
         (FAMILY_V4, [ip[3], 0, 0, 0])
     } else {

@@ -6,7 +6,8 @@
 //!   gateway:DNS port. A v4-mapped destination in connect6 is an IPv4 one (IPv4 gateway, v4-mapped).
 //! - `sendmsg4`/`sendmsg6`: unconnected UDP sendmsg() to port 53 -> gateway:DNS port.
 //! - `sock_ops`: files the original destination under the client ip:port once the agent answered
-//!   the handshake, before the client's last ACK leaves.
+//!   the handshake, before the client's last ACK leaves; reports a kernel-decided connection's
+//!   close (`records`).
 //! - `getpeername4`/`getpeername6`, `recvmsg4`/`recvmsg6`: the application still sees the peer it
 //!   asked for.
 //! - `netns_probe`: run once at start on kernels before 5.14, to learn the node's netns cookie.
@@ -28,6 +29,7 @@ mod inet6;
 mod maps;
 mod netns_probe;
 mod origin;
+mod records;
 mod recvmsg4;
 mod recvmsg6;
 mod sendmsg4;

@@ -12,6 +12,7 @@ use redirect_common::{
         AUDITED_ENTRIES, AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes,
         PortKey,
     },
+    records::{ConnRecord, RECORDS_BYTES},
 };
 
 /// Where the application meant to go, kept in the socket itself (socket local storage): it lives
@@ -65,6 +66,20 @@ pub(crate) static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_E
 #[map]
 pub(crate) static FAST_AUDITED: LpmTrie<LpmBytes, u8> =
     LpmTrie::with_max_entries(AUDITED_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Each socket the kernel decided while records are on: its open record, written at connect()
+/// and read again by sock_ops when the socket closes. It goes with the socket.
+#[btf_map]
+pub(crate) static SOCKET_RECORD: SkStorage<ConnRecord> = SkStorage::new();
+
+/// The kernel's connection records, to the agent: a connection when it is decided and when it
+/// closes. Bounded: when the agent falls behind, records are lost (and counted), never waited for.
+#[map]
+pub(crate) static CONN_RECORDS: RingBuf = RingBuf::with_byte_size(RECORDS_BYTES, 0);
+
+/// How many of the kernel's decisions are recorded: 0 none, 1 all, N one in N (set by the agent).
+#[map]
+pub(crate) static RECORDS_SAMPLE: Array<u32> = Array::with_max_entries(1, 0);
 
 // The fast path's tables. Each is an array of two maps, one per generation: the agent creates the
 // maps at the size the tables need (the templates below give the kernel only their type, key,

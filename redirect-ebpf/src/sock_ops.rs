@@ -3,7 +3,10 @@
 //! only learns the peer address on `accept()`, and this is the key it looks the destination up by;
 //! filed before the handshake, the entry is always there when the proxy asks.
 use aya_ebpf::{
-    bindings::{BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_TCP_CONNECT_CB},
+    bindings::{
+        BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, BPF_SOCK_OPS_STATE_CB, BPF_SOCK_OPS_TCP_CONNECT_CB,
+        BPF_TCP_CLOSE,
+    },
     macros::sock_ops,
     programs::SockOpsContext,
 };
@@ -12,6 +15,7 @@ use redirect_common::{FlowEnds, ORIG_REWRITTEN, SockAddr, Stat};
 use crate::{
     maps::{FLOW_ORIG_DST, SUBFLOW_ORIG_DST, count, proxy_port},
     origin,
+    records::{self, Closing},
     steer::{gateway_for, same_ip},
 };
 
@@ -27,11 +31,16 @@ const AF_INET6: u32 = 10;
 /// its accept queue.
 ///
 /// At TCP_CONNECT_CB (the SYN has not left) a socket connecting to the proxy's port by itself
-/// drops what an earlier connection with its address and port filed.
+/// drops what an earlier connection with its address and port filed, and a socket the kernel
+/// decided with a record asks for its state changes; at STATE_CB to TCP_CLOSE its record is
+/// reported with what the connection carried (`records`).
 #[sock_ops]
 pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
-    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB {
+    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
+        && op != BPF_SOCK_OPS_TCP_CONNECT_CB
+        && op != BPF_SOCK_OPS_STATE_CB
+    {
         return 1;
     }
     let family = ctx.family();
@@ -51,10 +60,25 @@ pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
     } else {
         SockAddr::from_ip6_words(v6, port)
     };
-    // SAFETY: `ops` is the program's context; `sk` is read in place (null-checked in `recall_sock`).
+    // SAFETY: `ops` is the program's context; `sk` is read in place (null-checked where used).
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
+    if op == BPF_SOCK_OPS_STATE_CB {
+        // args: the state left, the state entered.
+        if ctx.arg(1) == BPF_TCP_CLOSE {
+            let (bytes_sent, bytes_received) = byte_counts(&ctx);
+            let closing = Closing {
+                client,
+                last_state: ctx.arg(0),
+                bytes_sent,
+                bytes_received,
+            };
+            records::closed(sk, &closing);
+        }
+        return 1;
+    }
     let orig = origin::recall_sock(sk);
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
+        records::watch_close(&ctx, sk);
         match orig {
             // Filed under both ends too, for getpeername() on an MPTCP socket whose subflow this is.
             Some(orig) => {
@@ -123,6 +147,21 @@ fn remote_fields(ctx: &SockOpsContext) -> (u32, u32, [u32; 4]) {
                 core::ptr::read_volatile(&(*ops).remote_ip6[2]),
                 core::ptr::read_volatile(&(*ops).remote_ip6[3]),
             ],
+        )
+    }
+}
+
+/// The bytes the peer acknowledged and the bytes received (`bytes_acked`, `bytes_received`; the
+/// kernel reads them from a full socket, 0 otherwise). Volatile loads at their fixed offsets, as
+/// in `remote_fields`.
+#[inline(always)]
+fn byte_counts(ctx: &SockOpsContext) -> (u64, u64) {
+    let ops = ctx.ops;
+    // SAFETY: `ops` is the program's context, valid for the whole call; fields read in place.
+    unsafe {
+        (
+            core::ptr::read_volatile(&(*ops).bytes_acked),
+            core::ptr::read_volatile(&(*ops).bytes_received),
         )
     }
 }

@@ -22,7 +22,7 @@ use crate::{
         OPTED_OUT_CGROUPS, SUBFLOW_ORIG_DST, count, dns_proxy_port, gateway_v4, gateway_v6,
         node_netns_cookie, proxy_port,
     },
-    origin,
+    origin, records,
 };
 
 pub(crate) const IPPROTO_TCP: u32 = 6;
@@ -132,9 +132,16 @@ pub(crate) fn steer(ctx: &SockAddrContext, hook: Hook, dst: Dest) -> Option<Dest
     };
     let mut rewritten = 0;
     if !is_dns {
-        match fastpath::decide(&dst, &mut to) {
-            Fast::Leave => return None,
-            Fast::Rewrite => rewritten = ORIG_REWRITTEN,
+        let mut outcome = 0;
+        match fastpath::decide(&dst, &mut to, &mut outcome) {
+            Fast::Leave => {
+                records::opened(ctx, &dst, &dst, outcome);
+                return None;
+            }
+            Fast::Rewrite => {
+                records::opened(ctx, &dst, &to, outcome);
+                rewritten = ORIG_REWRITTEN;
+            }
             Fast::Proxy => {}
         }
     }

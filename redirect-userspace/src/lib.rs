@@ -27,6 +27,7 @@ mod metrics;
 mod net;
 mod pipeline;
 mod proxy;
+mod records;
 mod redirect;
 mod state;
 mod status;

@@ -3,6 +3,7 @@
 //! It runs on its own thread with its own single-threaded runtime, apart from the data path: a busy
 //! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
 pub(crate) mod client;
+mod connections;
 
 use std::{convert::Infallible, io, net::SocketAddr, sync::Arc, thread};
 
@@ -15,6 +16,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 use tracing::{debug, info, warn};
 
+use self::connections::Body;
 use crate::{
     budget::Budgets,
     fastpath,
@@ -42,6 +44,8 @@ pub(crate) struct AdminState {
     pub handover: Option<crate::redirect::bpffs::Handover>,
     /// The pods' cgroups the agent has found: `/config_dump` says which pod it knows by its cgroup.
     pub cgroups: Option<Arc<crate::identity::CgroupPods>>,
+    /// The connection records, kernel's and proxy's (`/connections`).
+    pub connections: Option<Arc<crate::records::Connections>>,
 }
 
 impl AdminState {
@@ -181,7 +185,7 @@ async fn serve(
     }
 }
 
-fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
     if req.uri().path() == "/logging" {
         return logging(req, state);
     }
@@ -189,6 +193,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
         return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n".into());
     }
     match req.uri().path() {
+        "/connections" => connections(req, state),
         "/explain" => explain(req, state),
         "/audit" => audit(req, state),
         "/config_dump" => {
@@ -237,14 +242,14 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
         },
         _ => text(
             StatusCode::NOT_FOUND,
-            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /audit[?namespace=NS] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT])\n".into(),
+            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /audit[?namespace=NS] /connections[?namespace=NS][&service=NS/NAME][&follow=1] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT])\n".into(),
         ),
     }
 }
 
 /// `/audit[?namespace=NS]`: the changes the audit mesh config would make, by pair (those of client
 /// namespace `NS` only when given); 404 when the agent runs without one.
-fn audit(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+fn audit(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
     let Some(audit) = state.live.audit() else {
         return text(
             StatusCode::NOT_FOUND,
@@ -261,6 +266,25 @@ fn audit(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
     }
 }
 
+/// `/connections`: the recent connection records (`connections.rs`); 404 without records (an
+/// agent always keeps them; the offline admin state has none).
+fn connections(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
+    let Some(records) = &state.connections else {
+        return text(StatusCode::NOT_FOUND, "no connection records here\n".into());
+    };
+    let filter = connections::filter_of(|key| query_param(req, key));
+    if query_param(req, "follow").is_some_and(|v| v != "0" && v != "false") {
+        return connections::follow(records, filter, state.phase.clone());
+    }
+    match connections::recent(records, &filter) {
+        Ok(body) => with_type(StatusCode::OK, "application/json", body),
+        Err(e) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding the records failed: {e}\n"),
+        ),
+    }
+}
+
 /// The (percent-decoded) value of the query parameter `key`, if given.
 fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
     let query = req.uri().query()?;
@@ -272,7 +296,7 @@ fn query_param(req: &Request<Incoming>, key: &str) -> Option<String> {
 /// `/explain?from=CLIENT&host=NAME` or `&ip=IP[:PORT]`: `redirect explain`'s report, computed on
 /// the snapshot in force by the same lookups the proxy and the DNS proxy make. The client is a
 /// namespace, a pod (`namespace/name`) or a pod's address, as the agent knows it.
-fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
     let query: Vec<(String, String)> = req
         .uri()
         .query()
@@ -332,7 +356,7 @@ fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
 }
 
 /// `/logging` shows the log filter; `/logging?level=FILTER` (RUST_LOG syntax) replaces it.
-fn logging(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>> {
+fn logging(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
     let Some(log_level) = &state.log_level else {
         return text(
             StatusCode::NOT_FOUND,
@@ -353,16 +377,12 @@ fn logging(req: &Request<Incoming>, state: &AdminState) -> Response<Full<Bytes>>
     }
 }
 
-fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+fn text(status: StatusCode, body: String) -> Response<Body> {
     with_type(status, "text/plain; charset=utf-8", body)
 }
 
-fn with_type(
-    status: StatusCode,
-    content_type: &'static str,
-    body: String,
-) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn with_type(status: StatusCode, content_type: &'static str, body: String) -> Response<Body> {
+    let mut response = Response::new(connections::whole(Full::new(Bytes::from(body))));
     *response.status_mut() = status;
     response.headers_mut().insert(
         hyper::header::CONTENT_TYPE,

@@ -26,15 +26,13 @@ use crate::{
     budget::{BudgetArgs, BudgetMetrics, Budgets, Limits, raise_fd_limit},
     dns::{AnswerCache, DnsMetrics, HostCache, Upstream, VisibleNames},
     drain::{Lifecycle, Phase, Watcher},
-    fastpath::{FastMaps, FastPath, ahead::Ahead},
+    fastpath::{FastMaps, FastPath, KernelRecords, ahead::Ahead},
     identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{
-        DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts,
-        access::AccessLog,
-    },
+    proxy::{DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts},
+    records::{Connections, RecordMetrics},
     redirect::{Gateways, RedirectConfig, Redirector, Release},
 };
 
@@ -74,8 +72,10 @@ pub(crate) struct AgentConfig {
     pub fast_path: bool,
     /// Kernel memory the fast path's tables may take, both generations together.
     pub fast_path_memory: usize,
-    /// One info line per proxied connection when it ends.
+    /// One access-log line per connection when it ends (the proxy's and the kernel's).
     pub access_log: bool,
+    /// How many of the connections the kernel decides it records.
+    pub kernel_records: KernelRecords,
     /// A second mesh config audited beside the one in force, never enforced.
     pub audit_mesh_config: Option<PathBuf>,
 }
@@ -216,13 +216,7 @@ async fn start(
     let identity = handover::Identity::current(&config.cgroup)
         .with_context(|| format!("reading the identity of {}", config.cgroup.display()))?;
     let (predecessor, inherited) = bind::inherit(config, identity);
-    let dns_parts = bind::DnsParts {
-        upstream: upstream.clone(),
-        decide: visible_names.clone(),
-        cache: answer_cache(config, &families),
-        budgets: budgets.clone(),
-        metrics: families.dns.clone(),
-    };
+    let dns_parts = dns_parts(config, &families, &upstream, &visible_names, &budgets);
     let bound = bind::bind(config, inherited, &dns_parts).await?;
 
     let Attached {
@@ -230,8 +224,9 @@ async fn start(
         cgroups,
         endpoint_hosts,
         fast_path,
+        connections,
         mut opt_out,
-    } = attach(config, &live, &upstream, &metrics, predecessor.is_some()).await?;
+    } = attach(config, &live, &upstream, &families, predecessor.is_some()).await?;
     let redirector = starting.redirector()?;
     // Pods that opted out are left alone before the agent calls itself ready.
     opt_out.sync().await;
@@ -243,7 +238,7 @@ async fn start(
         &families,
         endpoint_hosts,
         cgroups.clone(),
-        &budgets,
+        (&budgets, &connections),
     ));
     let admin_state = AdminState {
         cgroups: Some(cgroups),
@@ -254,6 +249,7 @@ async fn start(
         live: live.clone(),
         log_level: Some(log_level),
         budgets: Some(budgets.clone()),
+        connections: Some(connections),
     };
 
     if predecessor.is_some() {
@@ -331,6 +327,24 @@ fn spawn_serving(
     serving
 }
 
+/// What every DNS listener shares: the upstream, the names visible to each client, the cache, the
+/// budgets and the counters.
+fn dns_parts(
+    config: &AgentConfig,
+    families: &Families,
+    upstream: &Arc<Upstream>,
+    visible_names: &Arc<VisibleNames>,
+    budgets: &Arc<Budgets>,
+) -> bind::DnsParts {
+    bind::DnsParts {
+        upstream: upstream.clone(),
+        decide: visible_names.clone(),
+        cache: answer_cache(config, families),
+        budgets: budgets.clone(),
+        metrics: families.dns.clone(),
+    }
+}
+
 /// One cache of upstream answers for every DNS listener: a family's answers serve the other's
 /// askers too.
 fn answer_cache(config: &AgentConfig, families: &Families) -> Option<Arc<AnswerCache>> {
@@ -376,6 +390,8 @@ struct Attached {
     /// Endpoint host names: what the agent resolves ahead for the kernel, the proxy uses too.
     endpoint_hosts: Arc<HostCache>,
     fast_path: Option<Arc<FastPath>>,
+    /// Where every connection record goes, the kernel's and the proxy's.
+    connections: Arc<Connections>,
     opt_out: OptOutSync,
 }
 
@@ -385,9 +401,14 @@ async fn attach(
     config: &AgentConfig,
     live: &Arc<LiveState>,
     upstream: &Arc<Upstream>,
-    metrics: &Arc<Metrics>,
+    families: &Families,
     has_predecessor: bool,
 ) -> anyhow::Result<Attached> {
+    let metrics = &families.shared;
+    let connections = Arc::new(Connections::new(
+        config.access_log,
+        families.records.clone(),
+    ));
     let cgroup_root = config.cgroup.clone();
     let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
         .await
@@ -403,6 +424,7 @@ async fn attach(
                 ahead,
                 metrics.clone(),
                 crate::fastpath::Limits::within(config.fast_path_memory),
+                connections.clone(),
             )
             .await;
             (Some(fast), Some(tables))
@@ -420,7 +442,11 @@ async fn attach(
     // The first tables go in force before the programs are attached (or swapped in for a
     // predecessor's): the kernel decides from the first connection.
     let redirector = Redirector::attach(&redirect, |ebpf| {
-        fast_maps = Some(FastMaps::take_with(ebpf, fast_tables.as_ref())?);
+        fast_maps = Some(FastMaps::take_with(
+            ebpf,
+            fast_tables.as_ref(),
+            config.kernel_records.sample(),
+        )?);
         Ok(())
     })
     .context("attaching the eBPF programs")?;
@@ -441,6 +467,7 @@ async fn attach(
         cgroups,
         endpoint_hosts,
         fast_path,
+        connections,
         opt_out,
     })
 }
@@ -453,6 +480,7 @@ struct Families {
     dns: Arc<DnsMetrics>,
     budgets: Arc<BudgetMetrics>,
     audit: Arc<AuditMetrics>,
+    records: Arc<RecordMetrics>,
 }
 
 impl Families {
@@ -463,6 +491,7 @@ impl Families {
             self.dns.register(r);
             self.budgets.register(r);
             self.audit.register(r);
+            self.records.register(r);
         })
     }
 }
@@ -475,7 +504,7 @@ fn proxy_context(
     families: &Families,
     endpoint_hosts: Arc<HostCache>,
     cgroups: Arc<CgroupPods>,
-    budgets: &Arc<Budgets>,
+    (budgets, connections): (&Arc<Budgets>, &Arc<Connections>),
 ) -> ProxyContext {
     ProxyContext {
         flows: redirector.maps(),
@@ -495,7 +524,7 @@ fn proxy_context(
         // SO_SNDBUF and SO_RCVBUF are doubled by the kernel (its bookkeeping): ask for half.
         buffer: (config.budget.connection_buffer > 0)
             .then_some(config.budget.connection_buffer / 2),
-        access_log: AccessLog::new(config.access_log),
+        records: connections.clone(),
     }
 }
 

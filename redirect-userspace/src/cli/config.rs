@@ -30,6 +30,9 @@ pub(crate) enum ConfigWhat {
     /// What the audit mesh config would change (`run --audit-mesh-config`): each client namespace,
     /// service, kind and change with its count, first and last seen, and an example client.
     Audit(AuditArgs),
+    /// The recent connection records, the kernel's and the proxy's (who, where, which service and
+    /// endpoint, bytes, how it ended); with --follow, each new one as it happens.
+    Connections(super::connections::ConnectionsArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -112,6 +115,7 @@ pub(crate) struct LiveExplainArgs {
 
 pub(super) fn config(args: ConfigArgs) -> anyhow::Result<ExitCode> {
     let text = match args.what {
+        ConfigWhat::Connections(args) => return super::connections::connections(&args),
         ConfigWhat::Service(args) => {
             let services = services(&dump(args.admin.admin)?, args.service_namespace.as_deref())?;
             render(&services, args.output, table)?

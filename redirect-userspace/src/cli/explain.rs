@@ -179,7 +179,7 @@ pub(crate) fn ip_table(e: &IpExplanation) -> String {
         ("hidden", or_dash(&o.hidden)),
         (
             "decided by",
-            format!("{} (the proxy with --no-fast-path)", o.decided_by.name()),
+            format!("{} (the proxy with --no-fast-path)", o.decided_by.as_str()),
         ),
         ("why", o.reason.clone()),
     ];

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 use crate::config::Limits;
 
 mod config;
+mod connections;
 /// `explain` and `resolve` are public for the conformance suite, which checks their reports.
 pub(crate) mod explain;
 mod output;

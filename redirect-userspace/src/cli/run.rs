@@ -156,10 +156,14 @@ pub(crate) struct RunArgs {
     /// in the kernel.
     #[arg(long, value_name = "SIZE", default_value = "64MiB", value_parser = parse_size)]
     pub fast_path_memory: usize,
-    /// No access log (by default one info line per proxied connection when it ends, at most 100 a
-    /// second).
+    /// No access log (by default one info line per connection when it ends, whoever decided it,
+    /// at most 100 a second for the kernel and the proxy together).
     #[arg(long)]
     pub no_access_log: bool,
+    /// Which of the connections the kernel decides it records (access log, `redirect config
+    /// connections`, the by-service counters): `all`, `off`, or `1/N` (one in N, at random).
+    #[arg(long, value_name = "all|off|1/N", default_value = "all")]
+    pub kernel_records: crate::fastpath::KernelRecords,
     /// A second mesh config whose `serviceEntryVisibility` is audited beside the one in force and
     /// never enforced: every DNS answer and connection it would change is counted
     /// (`redirect_audit_changes_total`), logged and listed by `redirect config audit`. Read again
@@ -256,6 +260,7 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             fast_path: !args.no_fast_path,
             fast_path_memory: args.fast_path_memory,
             access_log: !args.no_access_log,
+            kernel_records: args.kernel_records,
             audit_mesh_config: args.audit_mesh_config,
         },
         log_level,

@@ -25,12 +25,7 @@ pub(crate) enum FastDecision<'t> {
 }
 
 /// Who decides a connection with `--fast-path` (`explain` and `/config_dump` show it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DecidedBy {
-    Kernel,
-    Proxy,
-}
+pub use crate::records::DecidedBy;
 
 /// The program for a socket of the process in cgroup `cgroup`.
 #[cfg(test)]
@@ -114,15 +109,6 @@ fn decide_claim<'t>(
             _ => FastDecision::Proxy,
         },
         _ => FastDecision::Proxy,
-    }
-}
-
-impl DecidedBy {
-    pub fn name(self) -> &'static str {
-        match self {
-            DecidedBy::Kernel => "kernel",
-            DecidedBy::Proxy => "proxy",
-        }
     }
 }
 

@@ -25,7 +25,7 @@ use aya::{
     },
 };
 use redirect_common::{
-    FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
+    FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FAST_STAT_RECORDS_LOST, FastStat,
     fastpath::{
         AddrKey, Backends, Claim, Config, GEN_A, GEN_B, HiddenEvent, IpKey, LpmBytes, PortKey,
         generation_slot,
@@ -117,6 +117,8 @@ pub(crate) struct FastMaps {
     events: Option<RingBuf<MapData>>,
     /// Until the audit's writer takes it.
     audited: Option<LpmTrie<MapData, LpmBytes, u8>>,
+    /// The kernel's connection records, until their reader takes them.
+    records: Option<RingBuf<MapData>>,
 }
 
 /// The programs' fast-path counters: read without the maps' lock, which an update holds for as
@@ -137,6 +139,11 @@ impl FastStats {
             |slot| slot,
         );
         (totals[0].1, totals[1].1)
+    }
+
+    /// Connection records the kernel could not report.
+    pub(crate) fn records_lost(&self) -> u64 {
+        per_cpu_totals(&self.0, &[FAST_STAT_RECORDS_LOST], |slot| slot)[0].1
     }
 }
 
@@ -159,7 +166,17 @@ impl HiddenEvents {
 }
 
 impl FastMaps {
-    pub(crate) fn take(ebpf: &mut Ebpf) -> Result<FastMaps, RedirectError> {
+    /// The fast path's maps out of the loaded object; the kernel records one connection in
+    /// `records_sample` of those it decides (0: none).
+    pub(crate) fn take(ebpf: &mut Ebpf, records_sample: u32) -> Result<FastMaps, RedirectError> {
+        let mut sample: Array<MapData, u32> =
+            take_map(ebpf, maps::RECORDS_SAMPLE, Array::try_from)?;
+        sample
+            .set(0, records_sample, 0)
+            .map_err(|source| RedirectError::Map {
+                name: maps::RECORDS_SAMPLE,
+                source,
+            })?;
         let mut outers = Outers {
             clients: take_map(ebpf, maps::FAST_CLIENTS, ArrayOfMaps::try_from)?,
             exact: take_map(ebpf, maps::FAST_EXACT, ArrayOfMaps::try_from)?,
@@ -190,6 +207,7 @@ impl FastMaps {
             )?)),
             events: Some(take_map(ebpf, maps::FAST_HIDDEN_EVENTS, RingBuf::try_from)?),
             audited: Some(take_map(ebpf, maps::FAST_AUDITED, LpmTrie::try_from)?),
+            records: Some(take_map(ebpf, maps::CONN_RECORDS, RingBuf::try_from)?),
         })
     }
 
@@ -198,8 +216,9 @@ impl FastMaps {
     pub(crate) fn take_with(
         ebpf: &mut Ebpf,
         first: Option<&Install>,
+        records_sample: u32,
     ) -> Result<FastMaps, RedirectError> {
-        let mut maps = FastMaps::take(ebpf)?;
+        let mut maps = FastMaps::take(ebpf, records_sample)?;
         if let Some(first) = first {
             match maps.install(first) {
                 Ok(()) => tracing::info!(
@@ -287,6 +306,11 @@ impl FastMaps {
     /// The hide reports, once (their reader owns them).
     pub(crate) fn take_events(&mut self) -> Option<HiddenEvents> {
         self.events.take().map(HiddenEvents)
+    }
+
+    /// The kernel's connection records, once (their reader owns them).
+    pub(crate) fn take_records(&mut self) -> Option<RingBuf<MapData>> {
+        self.records.take()
     }
 
     /// The audited addresses' trie, for the one task that writes it.

@@ -19,6 +19,7 @@ mod lpm;
 mod maps;
 mod memory;
 mod patch;
+mod records;
 mod tables;
 mod upkeep;
 
@@ -33,6 +34,7 @@ pub(crate) use kernel::{FastDecision, decide, decide_for, decide_hidden};
 pub(crate) use limits::{DEFAULT_MEMORY, Fallback, Limits, Stats};
 pub(crate) use maps::FastMaps;
 pub(crate) use memory::{TableMemory, kernel_bytes};
+pub(crate) use records::KernelRecords;
 #[cfg(test)]
 pub(crate) use tables::ClientsFull;
 pub(crate) use tables::{Clients, Install, PortEndpoints, Tables};

@@ -38,6 +38,7 @@ use crate::{
     identity::CgroupPods,
     live::LiveState,
     metrics::{Lookup, Metrics},
+    records::Connections,
     state::Snapshot,
 };
 
@@ -71,6 +72,8 @@ struct Published {
     in_force: Option<BTreeMap<&'static str, usize>>,
     /// What the maps take in the kernel, both generations.
     memory: BTreeMap<&'static str, TableMemory>,
+    /// The pods the client table in force names, by cgroup.
+    clients: Arc<super::records::PodsByCgroup>,
 }
 
 /// The compiled snapshot in force and the cgroups its client table was filled from.
@@ -99,6 +102,8 @@ pub(crate) struct FastPath {
     metrics: Arc<Metrics>,
     /// What the tables may hold (from the kernel memory they may take).
     limits: Limits,
+    /// Where the kernel's connection records go, joined to names.
+    connections: Arc<Connections>,
     state: Mutex<State>,
 }
 
@@ -112,6 +117,7 @@ impl FastPath {
         ahead: Arc<Ahead>,
         metrics: Arc<Metrics>,
         limits: Limits,
+        connections: Arc<Connections>,
     ) -> (Arc<FastPath>, Install) {
         let pods = cgroups.rescan().await;
         ahead.follow(&live.snapshot_arc());
@@ -125,6 +131,7 @@ impl FastPath {
             ahead,
             metrics,
             limits,
+            connections,
             state: Mutex::new(State {
                 pods,
                 ..State::default()
@@ -202,7 +209,8 @@ impl FastPath {
         let Some((snapshot, tables, stats)) = &state.compiled else {
             return None;
         };
-        let (install, left_out) = with_clients(snapshot, tables, &state.pods);
+        let (install, clients, left_out) = with_clients(snapshot, tables, &state.pods);
+        self.published.locked().clients = Arc::new(clients);
         let compiled_in = started.elapsed();
         let Some(maps) = self.maps.get() else {
             state.clients_left_out = left_out;
@@ -259,6 +267,14 @@ impl FastPath {
         };
         tokio::spawn(self.ahead.clone().run(changed, shutdown.clone()));
         tokio::spawn(self.clone().hides(shutdown.clone()));
+        if let Some(ring) = self.maps.get().and_then(|m| m.locked().take_records()) {
+            tokio::spawn(super::records::follow(
+                ring,
+                self.clone(),
+                self.connections.clone(),
+                shutdown.clone(),
+            ));
+        }
         let audited = self.maps.get().and_then(|m| m.locked().take_audited());
         if let (Some(audit), Some(audited)) = (self.live.audit(), audited) {
             tokio::spawn(super::audited::follow(
@@ -346,21 +362,8 @@ impl FastPath {
         &self,
         cgroup: u64,
     ) -> Option<(Arc<Snapshot>, Option<Arc<Workload>>)> {
-        let state = self.state.locked();
-        let (snapshot, ..) = state.compiled.as_ref()?;
-        let uid = state
-            .pods
-            .iter()
-            .find(|(id, _)| *id == cgroup)
-            .map(|(_, uid)| *uid);
-        let pod = uid.and_then(|uid| {
-            snapshot
-                .workloads()
-                .iter()
-                .find(|w| w.meta.uid == Some(uid))
-                .cloned()
-        });
-        Some((snapshot.clone(), pod))
+        let (snapshot, clients) = super::records::Names::names(self)?;
+        Some((snapshot, clients.get(&cgroup).cloned()))
     }
 
     /// One hide the kernel reported, as the proxy logs it (the client by its pod's address).
@@ -431,34 +434,46 @@ impl FastPath {
     }
 }
 
-/// The compiled tables with a client entry for every pod cgroup whose pod the snapshot knows;
-/// also how many did not fit.
+/// The compiled tables with a client entry for every pod cgroup whose pod the snapshot knows,
+/// those pods by cgroup (for the records' and hides' names), and how many did not fit.
 fn with_clients(
     snapshot: &Snapshot,
     tables: &Arc<Tables>,
     pods: &[(u64, Uuid)],
-) -> (Install, usize) {
-    let namespaces: HashMap<Uuid, &str> = snapshot
+) -> (Install, super::records::PodsByCgroup, usize) {
+    let by_uid: HashMap<Uuid, &Arc<Workload>> = snapshot
         .workloads()
         .iter()
         .filter(|w| w.kind == WorkloadKind::Pod)
-        .filter_map(|w| Some((w.meta.uid?, w.meta.namespace.as_str())))
+        .filter_map(|w| Some((w.meta.uid?, w)))
         .collect();
     let mut clients = Clients::new(tables);
+    let mut named = HashMap::with_capacity(pods.len());
     let mut left_out = 0;
     for (cgroup, uid) in pods {
         // A pod the snapshot does not know stays out: the proxy knows it by address, if at all.
-        if let Some(ns) = namespaces.get(uid)
-            && clients.set(tables, *cgroup, ns).is_err()
-        {
+        let Some(pod) = by_uid.get(uid) else {
+            continue;
+        };
+        if clients.set(tables, *cgroup, &pod.meta.namespace).is_err() {
             left_out += 1;
+            continue;
         }
+        named.insert(*cgroup, Arc::clone(pod));
     }
     let install = Install {
         tables: tables.clone(),
         clients: Arc::new(clients),
     };
-    (install, left_out)
+    (install, named, left_out)
+}
+
+impl super::records::Names for FastPath {
+    fn names(&self) -> Option<super::records::NamesInForce> {
+        let published = self.published.locked();
+        let (snapshot, ..) = published.compiled.as_ref()?;
+        Some((snapshot.clone(), published.clients.clone()))
+    }
 }
 
 struct FastPathMetrics(Arc<FastPath>);
@@ -559,6 +574,14 @@ impl Collector for FastPathMetrics {
             };
             ConstCounter::new(total).encode(family.encode_family(&labels)?)?;
         }
+        let lost = self.0.stats.get().map_or(0, |stats| stats.records_lost());
+        let family = encoder.encode_descriptor(
+            "connection_records_lost",
+            "Connection records of kernel-decided connections the kernel could not report (its ring buffer was full: the agent fell behind)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        ConstCounter::new(lost).encode(family)?;
         let mut family = encoder.encode_descriptor(
             "fast_path_fallbacks",
             "What the snapshot in force leaves to the proxy that the kernel could otherwise decide, by reason",

@@ -1,9 +1,9 @@
 //! The outbound proxy: accepts the connections the eBPF programs steered to the gateway, finds where
 //! each client meant to go, and carries the bytes there.
-pub(crate) mod access;
 mod forbidden;
 mod metrics;
 mod outbound;
+mod record;
 mod relay;
 mod splice;
 #[cfg(test)]

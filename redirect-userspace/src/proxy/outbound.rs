@@ -13,8 +13,7 @@ use tracing::{debug, warn};
 
 use super::{
     DialGuard, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
-    access::{AccessLog, ConnectionResult},
-    relay, splice_relay,
+    record::ConnectionResult, relay, splice_relay,
 };
 use crate::{
     budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
@@ -24,6 +23,7 @@ use crate::{
     metrics::{Lookup, Metrics},
     net::{CONNECT_TIMEOUT, SocketFactory},
     proxy::ProxyMetrics,
+    records::Connections,
     redirect::Flows,
     state::{OutboundOutcome, Snapshot, Target},
 };
@@ -54,8 +54,8 @@ pub(crate) struct ProxyContext {
     pub guard: Arc<DialGuard>,
     /// Send and receive buffer of each proxied socket, bytes; `None`: the kernel's autotuning.
     pub buffer: Option<usize>,
-    /// One line per connection when it ends.
-    pub access_log: AccessLog,
+    /// Where each connection's records go (the access log among them).
+    pub records: Arc<Connections>,
 }
 
 pub(crate) struct OutboundProxy {
@@ -193,7 +193,7 @@ async fn handle(
     // A v4-mapped peer is the IPv4 client it stands for, in every lookup and log line.
     let peer = SocketAddr::new(peer.ip().to_canonical(), peer.port());
     let _active = context.proxy_metrics.track_active();
-    let mut result = ConnectionResult::start(&context.proxy_metrics, &context.access_log, peer);
+    let mut result = ConnectionResult::start(&context.proxy_metrics, &context.records, peer);
     // Every refusal returns here and drops the client, which resets it: accepted sockets have the
     // listener's linger 0, kept until a relay ends cleanly.
     if let Err(refused) = proxy(&context, &client, peer, admitted.share, &mut result).await {
@@ -336,6 +336,7 @@ async fn carry(
     };
     result.decided(route.outcome);
     result.endpoint = Some(dst);
+    result.opened();
     // The client socket has linger 0 from the listener; the upstream gets it too.
     let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
     let pipes = match context.relay {

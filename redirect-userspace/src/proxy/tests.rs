@@ -14,10 +14,7 @@ use tokio::{
     net::{TcpListener, TcpSocket, TcpStream},
 };
 
-use super::{
-    DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts, access::AccessLog,
-    listen,
-};
+use super::{DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts, listen};
 use crate::{
     budget::{BudgetArgs, BudgetMetrics, Budgets, Limits},
     config::{WorkloadAddress, load_sources},
@@ -26,6 +23,7 @@ use crate::{
     live::LiveState,
     metrics::{Metrics, encode},
     net::PlainSockets,
+    records::{Connections, DecidedBy, Event, Filter, RecordMetrics},
     redirect::FiledFlows,
     state::Snapshot,
 };
@@ -42,6 +40,7 @@ struct Proxy {
     metrics: Arc<Metrics>,
     proxy_metrics: Arc<ProxyMetrics>,
     budget_metrics: Arc<BudgetMetrics>,
+    records: Arc<Connections>,
     _stop: crate::drain::Lifecycle,
 }
 
@@ -95,6 +94,7 @@ async fn start(setup: Setup) -> Proxy {
         ..BudgetArgs::default()
     };
     let flows = Arc::new(FiledFlows::default());
+    let records = Arc::new(Connections::new(false, Arc::new(RecordMetrics::default())));
     let context = Arc::new(ProxyContext {
         flows: flows.clone(),
         sockets: Arc::new(PlainSockets),
@@ -114,7 +114,7 @@ async fn start(setup: Setup) -> Proxy {
         timeouts: setup.timeouts,
         guard: Arc::new(DialGuard::allowing_loopback(setup.denied)),
         buffer: Some(64 * 1024),
-        access_log: AccessLog::new(false),
+        records: records.clone(),
     });
     let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let proxy = OutboundProxy::new(listener, context);
@@ -127,6 +127,7 @@ async fn start(setup: Setup) -> Proxy {
         metrics,
         proxy_metrics,
         budget_metrics,
+        records,
         _stop: stop,
     }
 }
@@ -361,4 +362,46 @@ async fn a_client_that_stops_reading_after_closing_ends_at_the_write_timeout() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("no write timeout counted");
+}
+
+#[tokio::test]
+async fn a_proxied_connection_is_recorded_when_its_upstream_answers_and_again_with_its_bytes_when_it_ends()
+ {
+    let endpoint = upstream("endpoint").await;
+    let proxy = start(Setup {
+        config: public_entry(endpoint.port()),
+        ..Setup::default()
+    })
+    .await;
+    let orig: SocketAddr = format!("{VIP}:80").parse().unwrap();
+    let mut conn = proxy.connect(orig).await;
+    let client = conn.local_addr().unwrap();
+    assert_eq!(greeting(&mut conn).await, "endpoint");
+    conn.write_all(b"ping\n").await.unwrap();
+    assert_eq!(greeting(&mut conn).await, "ping");
+    drop(conn);
+    let mut records = Vec::new();
+    for _ in 0..200 {
+        records = proxy.records.recent(&Filter::default());
+        if records.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let events: Vec<Event> = records.iter().map(|r| r.event).collect();
+    assert_eq!(events, [Event::Open, Event::Close], "{records:?}");
+    let close = &records[1];
+    assert_eq!(close.decided_by, DecidedBy::Proxy);
+    assert_eq!(close.client, Some(client));
+    assert_eq!(close.orig_dst, Some(orig));
+    assert_eq!(close.endpoint, Some(endpoint));
+    assert_eq!(close.service.as_deref(), Some("team-a/api"));
+    // "ping\n" each way, and the greeting "endpoint\n" back.
+    assert_eq!((close.bytes_sent, close.bytes_received), (5, 14));
+    assert_eq!(close.end, Some("closed"));
+    let other_namespace = Filter {
+        namespace: Some("team-b".into()),
+        ..Filter::default()
+    };
+    assert!(proxy.records.recent(&other_namespace).is_empty());
 }
