@@ -54,6 +54,9 @@ pub mod maps {
     /// One u32, written by the agent: 0, no records; 1, every kernel-decided connection; N, one
     /// in N (chosen at random per connection).
     pub const RECORDS_SAMPLE: &str = "RECORDS_SAMPLE";
+    /// One per-CPU u64: the records the kernel could not report (the ring was full, or the
+    /// socket's storage could not be made). The agent's own, like the ring: not pinned.
+    pub const RECORDS_LOST: &str = "RECORDS_LOST";
     /// The fast path's tables: each an array of two maps, one per generation (slot
     /// [`super::fastpath::generation_slot`]), that the agent creates at the size the tables need and
     /// swaps in while the generation is idle; then it flips [`FAST_GENERATION`].
@@ -181,11 +184,8 @@ pub enum FastStat {
 pub const FAST_STAT_HIDDEN: u32 = 6;
 /// The `FAST_STATS` slot counting hides not reported on `FAST_HIDDEN_EVENTS` (the ring was full).
 pub const FAST_STAT_HIDDEN_DROPPED: u32 = 7;
-/// The `FAST_STATS` slot counting connection records the kernel could not report (the ring was
-/// full, or the socket's storage could not be made).
-pub const FAST_STAT_RECORDS_LOST: u32 = 8;
 /// Slots of `FAST_STATS`.
-pub const FAST_STAT_SLOTS: u32 = 9;
+pub const FAST_STAT_SLOTS: u32 = 8;
 
 impl FastStat {
     pub const COUNT: u32 = 6;

@@ -42,9 +42,11 @@ pub struct ConnRecord {
     pub opened_ns: u64,
     /// `CLOCK_MONOTONIC` nanoseconds at the close; 0 in an open record.
     pub closed_ns: u64,
-    /// Bytes the peer acknowledged (what the client sent); 0 in an open record.
+    /// Sequence space the peer acknowledged (`bytes_acked`: what the client sent, with its SYN and,
+    /// once acknowledged, its FIN); 0 in an open record.
     pub bytes_sent: u64,
-    /// Bytes the client received; 0 in an open record.
+    /// Sequence space received (`bytes_received`: with the peer's FIN once it came); 0 in an open
+    /// record.
     pub bytes_received: u64,
     /// Where the application meant to go.
     pub dst: IpKey,

@@ -81,6 +81,18 @@ pub(crate) static CONN_RECORDS: RingBuf = RingBuf::with_byte_size(RECORDS_BYTES,
 #[map]
 pub(crate) static RECORDS_SAMPLE: Array<u32> = Array::with_max_entries(1, 0);
 
+/// Records the kernel could not report.
+#[map]
+pub(crate) static RECORDS_LOST: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+#[inline(always)]
+pub(crate) fn count_record_lost() {
+    if let Some(slot) = RECORDS_LOST.get_ptr_mut(0) {
+        // SAFETY: as in `count_fast_slot`: this CPU's slot, no other writer while this runs.
+        unsafe { *slot += 1 }
+    }
+}
+
 // The fast path's tables. Each is an array of two maps, one per generation: the agent creates the
 // maps at the size the tables need (the templates below give the kernel only their type, key,
 // value and flags), fills the idle generation's, puts them in its slot, then flips

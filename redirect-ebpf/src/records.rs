@@ -13,13 +13,13 @@ use aya_ebpf::{
     programs::{SockAddrContext, SockOpsContext},
 };
 use redirect_common::{
-    FAST_STAT_RECORDS_LOST, SockAddr,
+    SockAddr,
     records::{ConnRecord, RECORD_CLOSE, RECORD_OPEN},
 };
 
 use crate::{
     fastpath::ip_key,
-    maps::{CONN_RECORDS, RECORDS_SAMPLE, SOCKET_RECORD, count_fast_slot},
+    maps::{CONN_RECORDS, RECORDS_SAMPLE, SOCKET_RECORD, count_record_lost},
     steer::Dest,
 };
 
@@ -50,7 +50,7 @@ pub(crate) fn opened(ctx: &SockAddrContext, dst: &Dest, to: &Dest, outcome: u8) 
     // value the kernel zero-fills a new slot.
     let slot = unsafe { SOCKET_RECORD.get_or_insert_ptr_mut(ctx, None) };
     if slot.is_null() {
-        count_fast_slot(FAST_STAT_RECORDS_LOST);
+        count_record_lost();
         return;
     }
     // SAFETY: helpers on the context the kernel passed the program, and ones without arguments.
@@ -133,7 +133,7 @@ fn record_of(sk: *mut bpf_sock) -> *mut ConnRecord {
 #[inline(always)]
 fn report(slot: *mut ConnRecord, closing: Option<&Closing>) {
     let Some(mut entry) = CONN_RECORDS.reserve::<ConnRecord>(0) else {
-        count_fast_slot(FAST_STAT_RECORDS_LOST);
+        count_record_lost();
         return;
     };
     let out = entry.as_mut_ptr();

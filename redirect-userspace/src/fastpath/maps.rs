@@ -25,7 +25,7 @@ use aya::{
     },
 };
 use redirect_common::{
-    FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FAST_STAT_RECORDS_LOST, FastStat,
+    FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
     fastpath::{
         AddrKey, Backends, Claim, Config, GEN_A, GEN_B, HiddenEvent, IpKey, LpmBytes, PortKey,
         generation_slot,
@@ -119,6 +119,9 @@ pub(crate) struct FastMaps {
     audited: Option<LpmTrie<MapData, LpmBytes, u8>>,
     /// The kernel's connection records, until their reader takes them.
     records: Option<RingBuf<MapData>>,
+    /// How many of its decisions the kernel records; held, so the programs keep reading it.
+    _records_sample: Array<MapData, u32>,
+    records_lost: Arc<RecordsLost>,
 }
 
 /// The programs' fast-path counters: read without the maps' lock, which an update holds for as
@@ -140,10 +143,14 @@ impl FastStats {
         );
         (totals[0].1, totals[1].1)
     }
+}
 
-    /// Connection records the kernel could not report.
-    pub(crate) fn records_lost(&self) -> u64 {
-        per_cpu_totals(&self.0, &[FAST_STAT_RECORDS_LOST], |slot| slot)[0].1
+/// The kernel's count of the connection records it could not report (`RECORDS_LOST`).
+pub(crate) struct RecordsLost(PerCpuArray<MapData, u64>);
+
+impl RecordsLost {
+    pub(crate) fn count(&self) -> u64 {
+        per_cpu_totals(&self.0, &[0u32], |slot| slot)[0].1
     }
 }
 
@@ -208,6 +215,12 @@ impl FastMaps {
             events: Some(take_map(ebpf, maps::FAST_HIDDEN_EVENTS, RingBuf::try_from)?),
             audited: Some(take_map(ebpf, maps::FAST_AUDITED, LpmTrie::try_from)?),
             records: Some(take_map(ebpf, maps::CONN_RECORDS, RingBuf::try_from)?),
+            _records_sample: sample,
+            records_lost: Arc::new(RecordsLost(take_map(
+                ebpf,
+                maps::RECORDS_LOST,
+                PerCpuArray::try_from,
+            )?)),
         })
     }
 
@@ -306,6 +319,11 @@ impl FastMaps {
     /// The hide reports, once (their reader owns them).
     pub(crate) fn take_events(&mut self) -> Option<HiddenEvents> {
         self.events.take().map(HiddenEvents)
+    }
+
+    /// The kernel's count of the records it could not report.
+    pub(crate) fn records_lost(&self) -> Arc<RecordsLost> {
+        self.records_lost.clone()
     }
 
     /// The kernel's connection records, once (their reader owns them).

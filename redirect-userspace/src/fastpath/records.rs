@@ -170,8 +170,7 @@ impl Joiner {
         if event == Event::Close {
             record.client =
                 (raw.client.family != 0).then(|| SocketAddr::new(raw.client.ip(), raw.client_port));
-            record.bytes_sent = raw.bytes_sent;
-            record.bytes_received = raw.bytes_received;
+            (record.bytes_sent, record.bytes_received) = payload(raw);
             record.duration = Some(Duration::from_nanos(
                 raw.closed_ns.saturating_sub(raw.opened_ns),
             ));
@@ -216,6 +215,24 @@ fn decided(raw: &ConnRecord, names: Option<&NamesInForce>) -> Opened {
             .service()
             .map(|s| format!("{}/{}", s.namespace, s.name)),
     }
+}
+
+/// The bytes the application sent and received, from the kernel's counts of sequence space: the
+/// peer's acknowledgements count our SYN, and our FIN once it is acknowledged; what we received
+/// counts the peer's FIN. Which of those happened follows from the state the socket left.
+pub(super) fn payload(raw: &ConnRecord) -> (u64, u64) {
+    use tcp_state::*;
+    let established = !matches!(raw.last_state, SYN_SENT | SYN_RECV);
+    let our_fin_acked = matches!(raw.last_state, FIN_WAIT2 | CLOSING | LAST_ACK);
+    let their_fin = matches!(raw.last_state, FIN_WAIT2 | CLOSING | LAST_ACK | CLOSE_WAIT);
+    let sent = match established {
+        true => raw.bytes_sent.saturating_sub(1 + u64::from(our_fin_acked)),
+        false => 0,
+    };
+    (
+        sent,
+        raw.bytes_received.saturating_sub(u64::from(their_fin)),
+    )
 }
 
 /// How a connection ended, from the TCP state its socket left for CLOSE.

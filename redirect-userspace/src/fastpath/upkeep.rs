@@ -27,7 +27,7 @@ use redirect_common::{
 use tracing::{debug, info, warn};
 use uuid::Uuid;
 
-use super::maps::{FastMaps, FastStats};
+use super::maps::{FastMaps, FastStats, RecordsLost};
 use crate::lock::Locked;
 use crate::{
     config::{Workload, WorkloadKind},
@@ -94,6 +94,8 @@ pub(crate) struct FastPath {
     maps: OnceLock<Arc<Mutex<FastMaps>>>,
     /// The programs' counters, read without the maps' lock.
     stats: OnceLock<Arc<FastStats>>,
+    /// The kernel's count of the connection records it could not report.
+    records_lost: OnceLock<Arc<RecordsLost>>,
     /// What the metrics say of the tables in force, kept apart from `state`, which a compilation
     /// holds for as long as it runs.
     published: Arc<Mutex<Published>>,
@@ -127,6 +129,7 @@ impl FastPath {
             cgroups,
             maps: OnceLock::new(),
             stats: OnceLock::new(),
+            records_lost: OnceLock::new(),
             published: Arc::default(),
             ahead,
             metrics,
@@ -147,8 +150,12 @@ impl FastPath {
         self.publish_maps(&maps);
         // The first tables went in before the programs: the other generation catches up now.
         self.catch_up_later(maps.clone());
-        let stats = maps.locked().stats();
+        let (stats, records_lost) = {
+            let maps = maps.locked();
+            (maps.stats(), maps.records_lost())
+        };
         let _ = self.stats.set(stats);
+        let _ = self.records_lost.set(records_lost);
         let _ = self.maps.set(maps);
         let fast = self;
         let live = &self.live;
@@ -574,7 +581,7 @@ impl Collector for FastPathMetrics {
             };
             ConstCounter::new(total).encode(family.encode_family(&labels)?)?;
         }
-        let lost = self.0.stats.get().map_or(0, |stats| stats.records_lost());
+        let lost = self.0.records_lost.get().map_or(0, |lost| lost.count());
         let family = encoder.encode_descriptor(
             "connection_records_lost",
             "Connection records of kernel-decided connections the kernel could not report (its ring buffer was full: the agent fell behind)",

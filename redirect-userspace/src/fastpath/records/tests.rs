@@ -52,8 +52,9 @@ fn raw(kind: u8, cookie: u64) -> ConnRecord {
         cgroup: CGROUP_A1,
         opened_ns: 1_000_000,
         closed_ns: if kind == RECORD_CLOSE { 4_000_000 } else { 0 },
-        bytes_sent: if kind == RECORD_CLOSE { 77 } else { 0 },
-        bytes_received: if kind == RECORD_CLOSE { 320 } else { 0 },
+        // 77 bytes, and the SYN and the FIN acknowledged; 320 and the peer's FIN received.
+        bytes_sent: if kind == RECORD_CLOSE { 79 } else { 0 },
+        bytes_received: if kind == RECORD_CLOSE { 321 } else { 0 },
         dst: key("203.0.113.10"),
         endpoint: key("198.51.100.20"),
         client: if kind == RECORD_CLOSE {
@@ -130,6 +131,23 @@ fn a_cgroup_the_tables_do_not_name_and_a_kind_never_written_are_handled() {
     assert!(joiner.join(&raw(0, 12), Some(&names(WORLD))).is_none());
     let before_tables = joiner.join(&raw(RECORD_OPEN, 13), None).unwrap();
     assert_eq!(before_tables.service, None);
+}
+
+#[test]
+fn the_bytes_are_the_applications_without_the_syn_and_the_fins_the_state_says_were_counted() {
+    let closed = |last_state, sent, received| {
+        let mut r = raw(RECORD_CLOSE, 1);
+        (r.last_state, r.bytes_sent, r.bytes_received) = (last_state, sent, received);
+        payload(&r)
+    };
+    // Our FIN acknowledged, theirs received: the client closed first, or the server did.
+    assert_eq!(closed(tcp_state::FIN_WAIT2, 81, 116), (79, 115));
+    assert_eq!(closed(tcp_state::LAST_ACK, 81, 116), (79, 115));
+    // Reset while established: only the SYN; reset after their FIN: the SYN, and their FIN.
+    assert_eq!(closed(tcp_state::ESTABLISHED, 81, 116), (80, 116));
+    assert_eq!(closed(tcp_state::CLOSE_WAIT, 81, 116), (80, 115));
+    // Never established: nothing went either way.
+    assert_eq!(closed(tcp_state::SYN_SENT, 0, 0), (0, 0));
 }
 
 #[test]
