@@ -72,6 +72,12 @@ pub struct BenchArgs {
     /// (or those `--only` picks); print their table. Writes no files.
     #[arg(long, conflicts_with = "at_size_only")]
     audit_only: bool,
+    /// Measure only the direct path and the agent's fast path with its kernel connection records
+    /// on (the default) and off (`--kernel-records off`), over the TCP tests (or those `--only`
+    /// picks), with the agent's CPU under new connections and the access log's budget; print their
+    /// table. Writes no files.
+    #[arg(long, conflicts_with_all = ["at_size_only", "audit_only"])]
+    records_only: bool,
     /// Measure only the cluster as the source at scale (`run --kube`: 1,000 Namespaces, 10,000 Pods,
     /// 10,000 ServiceEntries) and write its section of BENCHMARKS.md, leaving the rest of the file as
     /// it is. A full run measures it too.
@@ -121,7 +127,7 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     let measuring = Instant::now();
     // `--only`, `--at-size-only`: the picked tests and paths and their table; no memory, no
     // criterion, no files.
-    let full = args.only.is_empty() && !args.at_size_only && !args.audit_only;
+    let full = args.only.is_empty() && !args.at_size_only && !args.audit_only && !args.records_only;
     let mut picked = if args.only.is_empty() {
         rounds::Pick::ALL.to_vec()
     } else {
@@ -136,6 +142,9 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     } else if args.audit_only {
         picked.retain(|p| *p != rounds::Pick::Dns);
         rounds::Paths::AuditOnly
+    } else if args.records_only {
+        picked.retain(|p| *p != rounds::Pick::Dns);
+        rounds::Paths::RecordsOnly
     } else {
         rounds::Paths::All
     };

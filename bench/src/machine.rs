@@ -62,3 +62,22 @@ pub(crate) fn load_average() -> String {
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
+
+/// The CPU time process `pid` has used so far (user and system, every thread), in seconds.
+pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // After the command name (in parentheses, which may hold spaces) come fields 3 on; utime and
+    // stime are the 14th and 15th, in clock ticks.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow::anyhow!("/proc/{pid}/stat: no command name"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |field: usize| -> anyhow::Result<f64> {
+        let text = fields.get(field - 3).copied().unwrap_or("");
+        Ok(text.parse::<u64>()? as f64)
+    };
+    // SAFETY: sysconf reads a constant of the system; no memory is involved.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok((ticks(14)? + ticks(15)?) / per_second.max(1.0))
+}

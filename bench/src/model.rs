@@ -30,6 +30,10 @@ pub(crate) enum Route {
     FastServiceAudit,
     /// `FastPassthrough` with the same audit policy (the destination is not audited).
     FastPassthroughAudit,
+    /// `FastService` with `--kernel-records off` (the default records every connection).
+    FastServiceNoRecords,
+    /// `FastPassthrough` with `--kernel-records off`.
+    FastPassthroughNoRecords,
     /// A `resolution: DNS` entry with an allocated address, as the agent runs by default: the
     /// kernel rewrites the VIP to the address the agent resolved ahead.
     FastDnsService,
@@ -58,6 +62,8 @@ impl Route {
             Route::FastPassthroughAtSize => "passthrough (fast path, 20k entries, 100k pods)",
             Route::FastServiceAudit => "service (fast path, audited)",
             Route::FastPassthroughAudit => "passthrough (fast path, audit on)",
+            Route::FastServiceNoRecords => "service (fast path, kernel records off)",
+            Route::FastPassthroughNoRecords => "passthrough (fast path, kernel records off)",
             Route::FastDnsService => "DNS-resolved service (default: fast path)",
             Route::DnsUpstream => "straight to upstream",
             Route::DnsForwarded => "forwarded by agent (TTL 0)",
@@ -94,6 +100,9 @@ pub(crate) enum Metric {
     DnsQps,
     /// dnsperf mean latency with one query outstanding, µs.
     DnsLatency,
+    /// The agent's CPU (user and system, every thread) while wrk opened new connections, in
+    /// percent of one CPU.
+    AgentCpu,
 }
 
 impl Metric {
@@ -107,6 +116,7 @@ impl Metric {
             Metric::ConnRate => "new connections",
             Metric::DnsQps => "DNS queries",
             Metric::DnsLatency => "DNS latency (1 outstanding)",
+            Metric::AgentCpu => "agent CPU under new connections",
         }
     }
 
@@ -117,6 +127,7 @@ impl Metric {
             Metric::ConnRate => "conn/s",
             Metric::DnsQps => "queries/s",
             Metric::DnsLatency => "µs",
+            Metric::AgentCpu => "% of a CPU",
         }
     }
 }

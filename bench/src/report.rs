@@ -64,6 +64,13 @@ const AUDIT_ROUTES: [Route; 5] = [
     Route::FastPassthrough,
     Route::FastPassthroughAudit,
 ];
+const RECORDS_ROUTES: [Route; 5] = [
+    Route::Direct,
+    Route::FastService,
+    Route::FastServiceNoRecords,
+    Route::FastPassthrough,
+    Route::FastPassthroughNoRecords,
+];
 const DNS_ROUTES: [Route; 4] = [
     Route::DnsUpstream,
     Route::DnsForwarded,
@@ -142,6 +149,19 @@ impl BenchReport<'_> {
                 &mut s,
                 &AUDIT_ROUTES,
                 &[Metric::Throughput1, Metric::ConnRate],
+            );
+        }
+        let recorded = [Metric::Throughput1, Metric::ConnRate].iter().any(|m| {
+            self.results
+                .summary(*m, Route::FastServiceNoRecords)
+                .is_some()
+        });
+        if recorded {
+            s.push_str("\n### Connection records\n\nThe default agent (the kernel records every connection it decides: an open and a close record each, joined to names, logged within the budget, counted by service) and the same with `--kernel-records off`, in the same run; the agent's CPU is its user and system time over the wrk run:\n\n");
+            self.table(
+                &mut s,
+                &RECORDS_ROUTES,
+                &[Metric::Throughput1, Metric::ConnRate, Metric::AgentCpu],
             );
         }
         s.push_str("\n## 4. DNS (dnsperf, UDP): queries/s with 64 outstanding; mean latency with 1 outstanding, µs\n\n");
@@ -482,7 +502,11 @@ fn ratio_cell(r: &Summary) -> String {
 fn value_cell(metric: Metric, v: &Summary) -> String {
     let digits = match metric {
         Metric::Throughput1 | Metric::Throughput8 => 2,
-        Metric::LatencyP50 | Metric::LatencyP99 | Metric::LatencyP999 | Metric::DnsLatency => 1,
+        Metric::LatencyP50
+        | Metric::LatencyP99
+        | Metric::LatencyP999
+        | Metric::DnsLatency
+        | Metric::AgentCpu => 1,
         Metric::ConnRate | Metric::DnsQps => 0,
     };
     format!("{:.d$} ({:.d$}–{:.d$})", v.median, v.min, v.max, d = digits)

@@ -45,6 +45,9 @@ pub(crate) enum Paths {
     AtSizeOnly,
     /// Only the fast path with audit on and off (`--audit-only`): TCP tests only.
     AuditOnly,
+    /// Only the fast path with the kernel's connection records on (the default) and off
+    /// (`--records-only`): TCP tests only.
+    RecordsOnly,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,12 +155,18 @@ impl<'a> Runner<'a> {
                         phases.push(Phase::Agent(Relay::Copy));
                     }
                 }
-                if matches!(test, Test::Tcp(_)) && self.paths != Paths::AuditOnly {
-                    phases.push(Phase::AtSize);
-                }
-                if matches!(test, Test::Tcp(_)) && self.paths == Paths::AuditOnly {
-                    phases.push(Phase::Agent(Relay::FastPath));
-                    phases.push(Phase::Agent(Relay::FastPathAudit));
+                if matches!(test, Test::Tcp(_)) {
+                    phases.extend(match self.paths {
+                        Paths::All | Paths::AtSizeOnly => vec![Phase::AtSize],
+                        Paths::AuditOnly => vec![
+                            Phase::Agent(Relay::FastPath),
+                            Phase::Agent(Relay::FastPathAudit),
+                        ],
+                        Paths::RecordsOnly => vec![
+                            Phase::Agent(Relay::FastPath),
+                            Phase::Agent(Relay::FastPathNoRecords),
+                        ],
+                    });
                 }
                 if round % 2 == 1 {
                     phases.reverse();
@@ -210,6 +219,9 @@ impl<'a> Runner<'a> {
                 Route::FastDnsService,
             ],
             (_, Relay::FastPathAudit) => vec![Route::FastServiceAudit, Route::FastPassthroughAudit],
+            (_, Relay::FastPathNoRecords) => {
+                vec![Route::FastServiceNoRecords, Route::FastPassthroughNoRecords]
+            }
         };
         if round % 2 == 1 {
             routes.reverse();
@@ -228,10 +240,22 @@ impl<'a> Runner<'a> {
         let (tool, args) = tcp_command(test, route, self.settings);
         let before = agent.map(Agent::metrics).transpose()?;
         let opens_before = self.scene.pod_active_opens()?;
+        let agent_before = agent.map(AgentUse::now).transpose()?;
         let out = self.client(tool, &args);
         let opens = self.scene.pod_active_opens()? - opens_before;
-        if let (Some(agent), Some(before)) = (agent, &before) {
-            verify::outbound(route, before, &agent.metrics()?, opens)?;
+        let mut agent_cpu = None;
+        if let (Some(agent), Some(before), Some(used)) = (agent, &before, agent_before) {
+            let after = agent.metrics()?;
+            verify::outbound(route, before, &after, opens)?;
+            agent_cpu = Some(used.cpu_percent(agent)?);
+            if test == Tcp::ConnRate && records_every_connection(route) {
+                let lines = used.lines_since(agent);
+                let budget = verify::log_budget(lines, before, &after, self.settings.secs, opens)?;
+                println!(
+                    "xtask bench:   access log over {opens} connections: {} lines written, {} left out and counted, {} records lost",
+                    budget.lines, budget.dropped, budget.lost
+                );
+            }
         }
         let parsed: Result<Vec<(Metric, f64)>> = out.and_then(|out| match test {
             Tcp::Throughput(1) => Ok(vec![(Metric::Throughput1, iperf::parse(&out)?)]),
@@ -247,7 +271,9 @@ impl<'a> Runner<'a> {
             Tcp::ConnRate => {
                 let r = wrk::parse(&out)?;
                 verify::new_connections(&r, opens)?;
-                Ok(vec![(Metric::ConnRate, r.per_second)])
+                let mut values = vec![(Metric::ConnRate, r.per_second)];
+                values.extend(agent_cpu.map(|cpu| (Metric::AgentCpu, cpu)));
+                Ok(values)
             }
         });
         self.file(round, route, test_metrics(test), parsed);
@@ -337,6 +363,48 @@ impl<'a> Runner<'a> {
     }
 }
 
+/// Whether the agent of `route` records every connection its kernel decides (its default).
+fn records_every_connection(route: Route) -> bool {
+    matches!(route, Route::FastService | Route::FastPassthrough)
+}
+
+/// What the agent had used when a run began: its CPU time and its log's access lines.
+#[derive(Clone, Copy)]
+struct AgentUse {
+    at: std::time::Instant,
+    cpu_seconds: f64,
+    lines: u64,
+}
+
+impl AgentUse {
+    fn now(agent: &Agent) -> Result<AgentUse> {
+        Ok(AgentUse {
+            at: std::time::Instant::now(),
+            cpu_seconds: crate::machine::cpu_seconds(agent.pid())?,
+            lines: access_lines(agent),
+        })
+    }
+
+    /// The agent's CPU since, in percent of one CPU.
+    fn cpu_percent(&self, agent: &Agent) -> Result<f64> {
+        let used = crate::machine::cpu_seconds(agent.pid())? - self.cpu_seconds;
+        Ok(100.0 * used / self.at.elapsed().as_secs_f64().max(1e-3))
+    }
+
+    /// Access-log lines written since.
+    fn lines_since(&self, agent: &Agent) -> u64 {
+        access_lines(agent).saturating_sub(self.lines)
+    }
+}
+
+fn access_lines(agent: &Agent) -> u64 {
+    agent
+        .log()
+        .lines()
+        .filter(|l| l.contains("access: connection"))
+        .count() as u64
+}
+
 /// The client tool and its arguments for `test` over `route`.
 pub(crate) fn tcp_command(
     test: Tcp,
@@ -348,7 +416,8 @@ pub(crate) fn tcp_command(
         | Route::ServiceCopy
         | Route::FastService
         | Route::FastServiceAtSize
-        | Route::FastServiceAudit => scene::VIP,
+        | Route::FastServiceAudit
+        | Route::FastServiceNoRecords => scene::VIP,
         Route::FastDnsService => scene::dns_vip(),
         _ => scene::SERVER_IP,
     };
@@ -378,7 +447,7 @@ fn test_metrics(test: Tcp) -> &'static [Metric] {
         Tcp::Throughput(1) => &[Metric::Throughput1],
         Tcp::Throughput(_) => &[Metric::Throughput8],
         Tcp::Latency => &[Metric::LatencyP50, Metric::LatencyP99, Metric::LatencyP999],
-        Tcp::ConnRate => &[Metric::ConnRate],
+        Tcp::ConnRate => &[Metric::ConnRate, Metric::AgentCpu],
     }
 }
 

@@ -71,12 +71,17 @@ pub(crate) enum Relay {
     /// `FastPath` with `--audit-mesh-config`: a policy under which the bench's entry is seen
     /// otherwise (PUBLIC), so the kernel reports every connection to it and the agent audits each.
     FastPathAudit,
+    /// `FastPath` with `--kernel-records off`: the kernel records none of its decisions (the
+    /// default records all).
+    FastPathNoRecords,
 }
 
 impl Relay {
     pub(crate) fn arg(self) -> &'static str {
         match self {
-            Relay::Splice | Relay::FastPath | Relay::FastPathAudit => "splice",
+            Relay::Splice | Relay::FastPath | Relay::FastPathAudit | Relay::FastPathNoRecords => {
+                "splice"
+            }
             Relay::Copy => "copy",
         }
     }
@@ -326,8 +331,17 @@ pub(crate) fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     .into_iter()
     // The fast path is the agent's default; the proxy's routes turn it off.
     .chain(
-        (!matches!(relay, Relay::FastPath | Relay::FastPathAudit))
-            .then(|| integration::NO_FAST_PATH.into()),
+        (!matches!(
+            relay,
+            Relay::FastPath | Relay::FastPathAudit | Relay::FastPathNoRecords
+        ))
+        .then(|| integration::NO_FAST_PATH.into()),
+    )
+    .chain(
+        (relay == Relay::FastPathNoRecords)
+            .then(|| ["--kernel-records".into(), "off".into()])
+            .into_iter()
+            .flatten(),
     )
     .chain(
         (relay == Relay::FastPathAudit)

@@ -28,6 +28,8 @@ pub(crate) fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u
             | Route::FastPassthroughAtSize
             | Route::FastServiceAudit
             | Route::FastPassthroughAudit
+            | Route::FastServiceNoRecords
+            | Route::FastPassthroughNoRecords
     ) {
         return in_kernel(route, before, after, opens);
     }
@@ -69,7 +71,8 @@ fn in_kernel(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Res
         Route::FastService
         | Route::FastDnsService
         | Route::FastServiceAtSize
-        | Route::FastServiceAudit => "rewritten",
+        | Route::FastServiceAudit
+        | Route::FastServiceNoRecords => "rewritten",
         _ => "passthrough",
     };
     let counted = delta(
@@ -124,6 +127,48 @@ pub(crate) fn dns(route: Route, before: &Metrics, after: &Metrics, completed: u6
         );
     }
     Ok(())
+}
+
+/// What the records of a run with the kernel recording every connection cost the log.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LogBudget {
+    /// Access-log lines written during the run.
+    pub lines: u64,
+    /// Lines left out for the budget, as the agent counted them.
+    pub dropped: u64,
+    /// Records the kernel could not report.
+    pub lost: u64,
+}
+
+/// The access log stayed within its budget (100 lines a second and a burst of as many) over a
+/// run of `secs` that opened `opens` connections, and every connection's line was either written
+/// or counted as left out (or its record counted lost).
+pub(crate) fn log_budget(
+    lines: u64,
+    before: &Metrics,
+    after: &Metrics,
+    secs: u32,
+    opens: u64,
+) -> Result<LogBudget> {
+    let budget = LogBudget {
+        lines,
+        dropped: delta(before, after, "redirect_access_log_lines_dropped_total") as u64,
+        lost: delta(before, after, "redirect_connection_records_lost_total") as u64,
+    };
+    let most = 100 * (u64::from(secs) + 2);
+    if lines > most {
+        bail!(
+            "the access log wrote {lines} lines in a {secs} s run: more than the budget's {most}"
+        );
+    }
+    // A close still in the ring when the counters were read is neither: allow 1 %.
+    let accounted = lines + budget.dropped + budget.lost;
+    if (accounted as f64) < opens as f64 * 0.99 {
+        bail!(
+            "{opens} connections, but only {accounted} access-log lines written, left out or lost: {budget:?}"
+        );
+    }
+    Ok(budget)
 }
 
 /// wrk's requests were each a connection of their own (the pod's kernel opened about as many), and
@@ -183,6 +228,21 @@ mod tests {
         assert!(dns(Route::DnsAnswered, &before, &metrics(0, 0, 200, 101), 100).is_err());
         assert!(dns(Route::DnsForwarded, &before, &metrics(0, 0, 100, 150), 100).is_err());
         assert!(dns(Route::DnsForwarded, &before, &metrics(0, 0, 100, 300), 200).is_ok());
+    }
+
+    #[test]
+    fn the_log_holds_its_budget_and_every_connection_is_written_or_counted() {
+        let counters = |dropped: u32, lost: u32| {
+            Metrics::parse(&format!(
+                "redirect_access_log_lines_dropped_total {dropped}\nredirect_connection_records_lost_total {lost}\n"
+            ))
+            .unwrap()
+        };
+        let before = counters(0, 0);
+        let ok = log_budget(500, &before, &counters(59_500, 0), 4, 60_000).unwrap();
+        assert_eq!((ok.lines, ok.dropped, ok.lost), (500, 59_500, 0));
+        assert!(log_budget(500, &before, &counters(40_000, 10_000), 4, 60_000).is_err());
+        assert!(log_budget(700, &before, &counters(59_300, 0), 4, 60_000).is_err());
     }
 
     #[test]
