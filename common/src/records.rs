@@ -9,6 +9,10 @@ use crate::fastpath::IpKey;
 /// 128 bytes a record, about 16,000 records, some hundreds of milliseconds of a busy node.
 pub const RECORDS_BYTES: u32 = 2 * 1024 * 1024;
 
+/// Bytes of records waiting before the kernel wakes the agent; below it the agent collects them on
+/// its own short tick (`fastpath::records` in the agent).
+pub const RECORDS_WAKE_AT: u32 = 256 * 1024;
+
 /// [`ConnRecord::kind`]: the connection was decided at connect().
 pub const RECORD_OPEN: u8 = 1;
 /// [`ConnRecord::kind`]: the socket closed.

@@ -5,7 +5,10 @@
 //! state it left. Nothing is waited for: a record the ring has no room for is counted as lost.
 use aya_ebpf::{
     EbpfContext,
-    bindings::{BPF_SOCK_OPS_STATE_CB_FLAG, bpf_sock},
+    bindings::{
+        BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_SOCK_OPS_STATE_CB_FLAG,
+        bpf_sock,
+    },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
         generated::bpf_sk_storage_get,
@@ -14,7 +17,7 @@ use aya_ebpf::{
 };
 use redirect_common::{
     SockAddr,
-    records::{ConnRecord, RECORD_CLOSE, RECORD_OPEN},
+    records::{ConnRecord, RECORD_CLOSE, RECORD_OPEN, RECORDS_WAKE_AT},
 };
 
 use crate::{
@@ -155,5 +158,13 @@ fn report(slot: *mut ConnRecord, closing: Option<&Closing>) {
             write_volatile(addr_of_mut!((*out).last_state), c.last_state as u8);
         }
     }
-    entry.submit(0);
+    // The agent is woken once a batch waits, not for each record (it collects the rest on a
+    // short tick): a busy node's records cost it a wakeup per batch.
+    let waiting = CONN_RECORDS.query(u64::from(BPF_RB_AVAIL_DATA));
+    let wake = if waiting >= u64::from(RECORDS_WAKE_AT) {
+        BPF_RB_FORCE_WAKEUP
+    } else {
+        BPF_RB_NO_WAKEUP
+    };
+    entry.submit(u64::from(wake));
 }

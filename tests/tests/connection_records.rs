@@ -258,3 +258,64 @@ fn with_kernel_records_off_the_kernel_decides_as_before_and_records_nothing() ->
     );
     Ok(())
 }
+
+/// Every metric the Grafana dashboard in deploy/ queries is one a running agent serves (with the
+/// fast path, after connections were recorded): a renamed family fails here, not on a dashboard.
+#[test]
+fn the_dashboard_queries_only_families_the_agent_serves() -> Result<()> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/grafana/redirect-dashboard.json");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let dashboard: Value = serde_json::from_str(&text).context("the dashboard is not JSON")?;
+    let mut queried = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().context("no panels")? {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().context("a target without expr")?;
+            let mut rest = expr;
+            while let Some(at) = rest.find("redirect_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len()..];
+                queried.insert(name);
+            }
+        }
+    }
+    ensure!(queried.len() >= 10, "{queried:?}");
+    // Every family with something to show, with the fast path and without (the proxy's budgets):
+    // team-a reaches its entry; team-b the address of an entry hidden from it, which the audit
+    // policy (every entry PUBLIC) would show it.
+    let audit =
+        std::env::temp_dir().join(format!("rdt-dashboard-audit-{}.yaml", std::process::id()));
+    std::fs::write(
+        &audit,
+        "serviceEntryVisibility: {defaultVisibility: PUBLIC}\n",
+    )?;
+    let mut served = String::new();
+    for fast_path in [true, false] {
+        let w = World::start_args(
+            |_| Ok(()),
+            &launch(fast_path),
+            &["--audit-mesh-config", &audit.to_string_lossy()],
+        )?;
+        curls(&w, 2)?;
+        w.curl("team-b", "http://203.0.113.10/")?;
+        served.push_str(&w.agent.admin_get("/metrics")?.text());
+    }
+    let _ = std::fs::remove_file(&audit);
+    for name in &queried {
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        let shown = served.lines().any(|l| {
+            l.starts_with(&format!("# HELP {name} "))
+                || l.starts_with(&format!("# HELP {family} "))
+                || l.starts_with(&format!("{name}{{"))
+                || l.starts_with(&format!("{name} "))
+        });
+        ensure!(
+            shown,
+            "the dashboard queries {name}, which the agent does not serve:\n{served}"
+        );
+    }
+    Ok(())
+}

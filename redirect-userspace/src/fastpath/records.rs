@@ -1,7 +1,7 @@
-//! The kernel's connection records, user side: read off `CONN_RECORDS` as they come (the ring
-//! wakes the reader; nothing polls), joined to the pod by its cgroup and to the service by the
-//! decision the tables in force were compiled from, and handed to the agent's [`Connections`] as
-//! `decided_by=kernel` records. A close is joined to its open by the socket's cookie, so it names
+//! The kernel's connection records, user side: read off `CONN_RECORDS` in batches (the kernel
+//! wakes the reader once a batch waits, and the reader collects what waits below one every 100 ms),
+//! joined to the pod by its cgroup and to the service by the decision the tables in force were
+//! compiled from, and handed to the agent's [`Connections`] as `decided_by=kernel` records. A close is joined to its open by the socket's cookie, so it names
 //! the service the connection was decided for even when the configuration changed since.
 use std::{
     collections::HashMap,
@@ -23,7 +23,7 @@ use tracing::warn;
 
 use crate::{
     config::Workload,
-    records::{Connections, DecidedBy, Event, Record},
+    records::{Connections, DecidedBy, Event, Name, Record},
     state::{OutboundOutcome, Pick, Snapshot},
 };
 
@@ -70,8 +70,28 @@ impl std::str::FromStr for KernelRecords {
     }
 }
 
+/// A pod the client table in force names, with the names its records carry (made once per
+/// install, shared by every record).
+#[derive(Debug, Clone)]
+pub(crate) struct ClientPod {
+    pub pod: Arc<Workload>,
+    /// `namespace/name`.
+    pub workload: Name,
+    pub namespace: Name,
+}
+
+impl ClientPod {
+    pub(crate) fn new(pod: &Arc<Workload>) -> ClientPod {
+        ClientPod {
+            pod: pod.clone(),
+            workload: Name::from(format!("{}/{}", pod.meta.namespace, pod.meta.name)),
+            namespace: Name::from(pod.meta.namespace.as_str()),
+        }
+    }
+}
+
 /// The pods the client table in force names, by cgroup.
-pub(super) type PodsByCgroup = HashMap<u64, Arc<Workload>>;
+pub(super) type PodsByCgroup = HashMap<u64, ClientPod>;
 
 /// The snapshot the tables in force came from, and the pods they name.
 pub(super) type NamesInForce = (Arc<Snapshot>, Arc<PodsByCgroup>);
@@ -81,15 +101,22 @@ pub(super) trait Names: Send + Sync {
     fn names(&self) -> Option<NamesInForce>;
 }
 
+/// How often the agent collects the records waiting below
+/// [`redirect_common::records::RECORDS_WAKE_AT`] (the kernel wakes it
+/// at once past that): a record reaches the log and the followers within this.
+const COLLECT_EVERY: Duration = Duration::from_millis(100);
+
 /// What an open record learned, kept for its close.
+#[derive(Clone)]
 struct Opened {
-    workload: Option<String>,
-    namespace: Option<String>,
+    workload: Option<Name>,
+    namespace: Option<Name>,
     outcome: OutboundOutcome,
-    service: Option<String>,
+    service: Option<Name>,
 }
 
-/// Reads the ring until `shutdown` changes.
+/// Reads the ring until `shutdown` changes: when the kernel wakes it for a batch, and every
+/// [`COLLECT_EVERY`] for what waits below one.
 pub(super) async fn follow(
     ring: RingBuf<MapData>,
     names: Arc<dyn Names>,
@@ -108,48 +135,72 @@ pub(super) async fn follow(
         }
     };
     let mut joiner = Joiner::new();
+    let mut tick = tokio::time::interval(COLLECT_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let mut guard = tokio::select! {
+        tokio::select! {
             () = shutdown.stopped() => return,
             ready = ring.readable_mut() => match ready {
-                Ok(guard) => guard,
+                Ok(mut guard) => {
+                    collect(guard.get_inner_mut(), &mut joiner, names.as_ref(), &connections);
+                    guard.clear_ready();
+                }
                 Err(e) => {
                     warn!(error = %e, fd = ring.get_ref().as_raw_fd(), "fast path: waiting on the connection records failed; they are lost from now on");
                     return;
                 }
             },
-        };
-        let ring = guard.get_inner_mut();
-        let names = names.names();
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<ConnRecord>() {
-                continue;
-            }
-            // SAFETY: the programs write whole `ConnRecord`s (plain integers, any bit pattern
-            // valid); the item may be unaligned.
-            let raw = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ConnRecord>()) };
-            drop(item);
-            if let Some(record) = joiner.join(&raw, names.as_ref()) {
-                connections.record(record);
-            }
+            _ = tick.tick() => collect(ring.get_mut(), &mut joiner, names.as_ref(), &connections),
         }
-        guard.clear_ready();
+    }
+}
+
+/// Every record waiting, joined and handed over together.
+fn collect(
+    ring: &mut RingBuf<MapData>,
+    joiner: &mut Joiner,
+    names: &dyn Names,
+    connections: &Connections,
+) {
+    let names = names.names();
+    let clock = Clock::now();
+    let mut records = Vec::new();
+    while let Some(item) = ring.next() {
+        if item.len() < std::mem::size_of::<ConnRecord>() {
+            continue;
+        }
+        // SAFETY: the programs write whole `ConnRecord`s (plain integers, any bit pattern
+        // valid); the item may be unaligned.
+        let raw = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ConnRecord>()) };
+        drop(item);
+        records.extend(joiner.join(&raw, names.as_ref(), &clock));
+    }
+    if !records.is_empty() {
+        connections.record_all(records);
     }
 }
 
 /// Joins records to names, and closes to their opens.
 struct Joiner {
     open: LruCache<u64, Opened>,
+    /// The service names made for the snapshot at this address (its services, by address).
+    services: (usize, HashMap<usize, Name>),
 }
 
 impl Joiner {
     fn new() -> Joiner {
         Joiner {
             open: LruCache::new(OPEN_JOINED),
+            services: (0, HashMap::new()),
         }
     }
 
-    fn join(&mut self, raw: &ConnRecord, names: Option<&NamesInForce>) -> Option<Record> {
+    fn join(
+        &mut self,
+        raw: &ConnRecord,
+        names: Option<&NamesInForce>,
+        clock: &Clock,
+    ) -> Option<Record> {
         let event = match raw.kind {
             RECORD_OPEN => Event::Open,
             RECORD_CLOSE => Event::Close,
@@ -159,9 +210,9 @@ impl Joiner {
             Event::Close => self.open.pop(&raw.cookie),
             Event::Open => None,
         };
-        let opened = opened.unwrap_or_else(|| decided(raw, names));
+        let opened = opened.unwrap_or_else(|| self.decided(raw, names));
         let mut record = Record::new(event, DecidedBy::Kernel);
-        record.time = monotonic_to_wall(match event {
+        record.time = clock.wall(match event {
             Event::Open => raw.opened_ns,
             Event::Close => raw.closed_ns,
         });
@@ -175,45 +226,91 @@ impl Joiner {
                 raw.closed_ns.saturating_sub(raw.opened_ns),
             ));
             record.end = Some(end_of(raw.last_state));
+        } else {
+            self.open.put(raw.cookie, opened.clone());
         }
-        record.workload = opened.workload.clone();
-        record.namespace = opened.namespace.clone();
+        record.workload = opened.workload;
+        record.namespace = opened.namespace;
         record.outcome = opened.outcome;
-        record.service = opened.service.clone();
-        if event == Event::Open {
-            self.open.put(raw.cookie, opened);
-        }
+        record.service = opened.service;
         Some(record)
+    }
+
+    /// The pod of the record's cgroup and the service of its decision, as the tables in force
+    /// know them. The outcome is the kernel's (what it did); the service, the decision's it made
+    /// it from.
+    fn decided(&mut self, raw: &ConnRecord, names: Option<&NamesInForce>) -> Opened {
+        let outcome = match FastStat::ALL.get(usize::from(raw.outcome)) {
+            Some(FastStat::Rewritten) => OutboundOutcome::Service,
+            Some(FastStat::Workload) => OutboundOutcome::Workload,
+            _ => OutboundOutcome::Passthrough,
+        };
+        let Some((snapshot, pods)) = names else {
+            return Opened {
+                workload: None,
+                namespace: None,
+                outcome,
+                service: None,
+            };
+        };
+        let pod = pods.get(&raw.cgroup);
+        let namespace = pod.map(|p| p.pod.meta.namespace.as_str());
+        let dst: IpAddr = raw.dst.ip();
+        let decision = snapshot.decide_outbound_with(namespace, dst, raw.dst_port, Pick::Peek);
+        let snapshot_at = Arc::as_ptr(snapshot) as usize;
+        if self.services.0 != snapshot_at {
+            self.services = (snapshot_at, HashMap::new());
+        }
+        let service = decision.service().map(|s| {
+            let at = std::ptr::from_ref(s) as usize;
+            self.services
+                .1
+                .entry(at)
+                .or_insert_with(|| Name::from(format!("{}/{}", s.namespace, s.name)))
+                .clone()
+        });
+        Opened {
+            workload: pod.map(|p| p.workload.clone()),
+            namespace: pod.map(|p| p.namespace.clone()),
+            outcome,
+            service,
+        }
     }
 }
 
-/// The pod of the record's cgroup and the service of its decision, as the tables in force know
-/// them. The outcome is the kernel's (what it did); the service, the decision's it made it from.
-fn decided(raw: &ConnRecord, names: Option<&NamesInForce>) -> Opened {
-    let outcome = match FastStat::ALL.get(usize::from(raw.outcome)) {
-        Some(FastStat::Rewritten) => OutboundOutcome::Service,
-        Some(FastStat::Workload) => OutboundOutcome::Workload,
-        _ => OutboundOutcome::Passthrough,
-    };
-    let Some((snapshot, pods)) = names else {
-        return Opened {
-            workload: None,
-            namespace: None,
-            outcome,
-            service: None,
+/// The wall clock against the kernel's `CLOCK_MONOTONIC` (`bpf_ktime_get_ns`), read once per batch.
+struct Clock {
+    wall: SystemTime,
+    monotonic_ns: u64,
+}
+
+impl Clock {
+    fn now() -> Clock {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
         };
-    };
-    let pod = pods.get(&raw.cgroup);
-    let namespace = pod.map(|w| w.meta.namespace.as_str());
-    let dst: IpAddr = raw.dst.ip();
-    let decision = snapshot.decide_outbound_with(namespace, dst, raw.dst_port, Pick::Peek);
-    Opened {
-        workload: pod.map(|w| format!("{}/{}", w.meta.namespace, w.meta.name)),
-        namespace: namespace.map(str::to_string),
-        outcome,
-        service: decision
-            .service()
-            .map(|s| format!("{}/{}", s.namespace, s.name)),
+        // SAFETY: `now` is a valid timespec to write; CLOCK_MONOTONIC is always available.
+        let read = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } == 0;
+        let monotonic_ns = match read {
+            true => {
+                u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000
+                    + u64::try_from(now.tv_nsec).unwrap_or(0)
+            }
+            false => 0,
+        };
+        Clock {
+            wall: SystemTime::now(),
+            monotonic_ns,
+        }
+    }
+
+    /// The wall-clock time of the monotonic reading `ns`.
+    fn wall(&self, ns: u64) -> SystemTime {
+        if self.monotonic_ns == 0 || ns == 0 {
+            return self.wall;
+        }
+        self.wall - Duration::from_nanos(self.monotonic_ns.saturating_sub(ns))
     }
 }
 
@@ -247,23 +344,6 @@ pub(super) fn end_of(last_state: u8) -> &'static str {
         // Torn down while data could still flow: a reset, sent or received.
         _ => "reset",
     }
-}
-
-/// The wall-clock time of a `CLOCK_MONOTONIC` reading in nanoseconds (`bpf_ktime_get_ns`).
-fn monotonic_to_wall(ns: u64) -> SystemTime {
-    let mut now = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `now` is a valid timespec to write; CLOCK_MONOTONIC is always available.
-    let ok = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) } == 0;
-    let wall = SystemTime::now();
-    if !ok || ns == 0 {
-        return wall;
-    }
-    let mono_now = u64::try_from(now.tv_sec).unwrap_or(0) * 1_000_000_000
-        + u64::try_from(now.tv_nsec).unwrap_or(0);
-    wall - Duration::from_nanos(mono_now.saturating_sub(ns))
 }
 
 #[cfg(test)]

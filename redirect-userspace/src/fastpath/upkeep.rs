@@ -370,7 +370,7 @@ impl FastPath {
         cgroup: u64,
     ) -> Option<(Arc<Snapshot>, Option<Arc<Workload>>)> {
         let (snapshot, clients) = super::records::Names::names(self)?;
-        Some((snapshot, clients.get(&cgroup).cloned()))
+        Some((snapshot, clients.get(&cgroup).map(|c| c.pod.clone())))
     }
 
     /// One hide the kernel reported, as the proxy logs it (the client by its pod's address).
@@ -466,7 +466,7 @@ fn with_clients(
             left_out += 1;
             continue;
         }
-        named.insert(*cgroup, Arc::clone(pod));
+        named.insert(*cgroup, super::records::ClientPod::new(pod));
     }
     let install = Install {
         tables: tables.clone(),

@@ -23,7 +23,7 @@ use crate::{
     metrics::{Lookup, Metrics},
     net::{CONNECT_TIMEOUT, SocketFactory},
     proxy::ProxyMetrics,
-    records::Connections,
+    records::{Connections, Name},
     redirect::Flows,
     state::{OutboundOutcome, Snapshot, Target},
 };
@@ -262,15 +262,15 @@ async fn route(
     let snapshot = context.live.snapshot_arc();
     let who = Client::of_connection(&snapshot, &context.cgroups, peer.ip(), cgroup_id).await;
     who.report_mismatch(&context.cgroups, &context.metrics, "outbound connection");
-    result.workload = who.workload_name();
-    result.namespace = who.namespace().map(str::to_string);
+    result.workload = who.workload_name().map(Name::from);
+    result.namespace = who.namespace().map(Name::from);
     let Some(plan) = decide(context, &snapshot, peer, &who, orig) else {
         return Err(Refused {
             outcome: OutboundOutcome::NoHealthyUpstream,
             why: "no healthy upstream",
         });
     };
-    result.service = plan.service;
+    result.service = plan.service.map(Name::from);
     let (first, fallback) = match plan.target {
         Dst::Addr(addr) => (addr, None),
         Dst::Host { name, port } => match context.endpoint_hosts.pick(&name).await {

@@ -5,7 +5,7 @@ use std::{net::SocketAddr, time::Instant};
 
 use super::ProxyMetrics;
 use crate::{
-    records::{Connections, DecidedBy, Event, Record},
+    records::{Connections, DecidedBy, Event, Name, Record},
     state::OutboundOutcome,
 };
 
@@ -20,12 +20,12 @@ pub(crate) struct ConnectionResult<'a> {
     counted: bool,
     pub client: SocketAddr,
     /// `namespace/name` of the workload the agent took the client for.
-    pub workload: Option<String>,
-    pub namespace: Option<String>,
+    pub workload: Option<Name>,
+    pub namespace: Option<Name>,
     pub orig_dst: Option<SocketAddr>,
     outcome: OutboundOutcome,
     /// `namespace/name`.
-    pub service: Option<String>,
+    pub service: Option<Name>,
     pub endpoint: Option<SocketAddr>,
     pub sent: u64,
     pub received: u64,

@@ -72,7 +72,9 @@ impl AccessLog {
         let Some(dropped) = self.admit(Instant::now()) else {
             return;
         };
-        let or_dash = |v: &Option<String>| v.as_deref().unwrap_or("-").to_string();
+        fn or_dash(name: &Option<super::Name>) -> &str {
+            name.as_ref().map_or("-", super::Name::as_str)
+        }
         let addr_or_dash =
             |v: Option<std::net::SocketAddr>| v.map_or("-".to_string(), |a| a.to_string());
         info!(

@@ -2,7 +2,7 @@
 //! the kernel's decisions as for the proxy's, so a dashboard sees the default path too. Their label
 //! sets are bounded ([`MAX_SERVICE_SERIES`]): a record past the bound is counted apart, never
 //! making a new series. Access-log lines left out for want of budget are counted here too.
-use std::sync::Mutex;
+use std::{collections::HashMap, sync::Mutex};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,
@@ -10,7 +10,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::{DecidedBy, Event, Record};
+use super::{DecidedBy, Event, Name, Record};
 use crate::{lock::Locked, metrics::label_value_as_str};
 
 /// Label sets of the by-service families, at most (client namespace, service, decider).
@@ -35,6 +35,15 @@ struct BytesLabels {
     direction: &'static str,
 }
 
+/// What a batch's records of one series add up to (`record`: one of them, for the labels).
+#[derive(Default)]
+struct Sums<'r> {
+    record: Option<&'r Record>,
+    connections: u64,
+    sent: u64,
+    received: u64,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct RecordMetrics {
     connections: Family<ServiceLabels, Counter>,
@@ -46,15 +55,50 @@ pub(crate) struct RecordMetrics {
 }
 
 impl RecordMetrics {
-    /// Counts `record` by its service, if it has one: a connection at its open, its bytes at its
-    /// close.
-    pub(super) fn count(&self, record: &Record) {
+    /// Counts each record by its service, if it has one: a connection at its open, its bytes at
+    /// its close. Records naming the same shared names are summed first, so a batch of a busy
+    /// node's records touches each series once.
+    pub(super) fn count(&self, records: &[Record]) {
+        let mut sums: HashMap<(DecidedBy, usize, usize), Sums<'_>> = HashMap::new();
+        for record in records {
+            let Some(service) = &record.service else {
+                continue;
+            };
+            let namespace = record.namespace.as_ref();
+            let key = (
+                record.decided_by,
+                namespace.map_or(0, Name::address),
+                service.address(),
+            );
+            let sum = sums.entry(key).or_insert(Sums {
+                record: Some(record),
+                ..Sums::default()
+            });
+            match record.event {
+                Event::Open => sum.connections += 1,
+                Event::Close => {
+                    sum.sent += record.bytes_sent;
+                    sum.received += record.bytes_received;
+                }
+            }
+        }
+        for sum in sums.into_values() {
+            self.add(&sum);
+        }
+    }
+
+    fn add(&self, sum: &Sums<'_>) {
+        let Some(record) = sum.record else { return };
         let Some((service_namespace, service)) = record.service_parts() else {
             return;
         };
         let labels = ServiceLabels {
             decided_by: record.decided_by,
-            client_namespace: record.namespace.as_deref().unwrap_or("<unknown>").into(),
+            client_namespace: record
+                .namespace
+                .as_ref()
+                .map_or("<unknown>", Name::as_str)
+                .into(),
             service_namespace: service_namespace.into(),
             service: service.into(),
         };
@@ -62,25 +106,23 @@ impl RecordMetrics {
             self.unrecorded.inc();
             return;
         }
-        match record.event {
-            Event::Open => {
-                self.connections.get_or_create(&labels).inc();
+        if sum.connections > 0 {
+            self.connections
+                .get_or_create(&labels)
+                .inc_by(sum.connections);
+        }
+        for (direction, n) in [("sent", sum.sent), ("received", sum.received)] {
+            if n == 0 {
+                continue;
             }
-            Event::Close => {
-                for (direction, n) in [
-                    ("sent", record.bytes_sent),
-                    ("received", record.bytes_received),
-                ] {
-                    let bytes = BytesLabels {
-                        decided_by: labels.decided_by,
-                        client_namespace: labels.client_namespace.clone(),
-                        service_namespace: labels.service_namespace.clone(),
-                        service: labels.service.clone(),
-                        direction,
-                    };
-                    self.bytes.get_or_create(&bytes).inc_by(n);
-                }
-            }
+            let bytes = BytesLabels {
+                decided_by: labels.decided_by,
+                client_namespace: labels.client_namespace.clone(),
+                service_namespace: labels.service_namespace.clone(),
+                service: labels.service.clone(),
+                direction,
+            };
+            self.bytes.get_or_create(&bytes).inc_by(n);
         }
     }
 

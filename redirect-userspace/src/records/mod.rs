@@ -48,6 +48,55 @@ pub(crate) enum Event {
     Close,
 }
 
+/// A name a record carries (a pod's `namespace/name`, a namespace, a service's `namespace/name`):
+/// shared by every record that names it, never copied per record.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Name(Arc<str>);
+
+impl Name {
+    pub(crate) fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The same name, by address: two records naming one shared `Name` are counted together
+    /// without comparing the text.
+    fn address(&self) -> usize {
+        Arc::as_ptr(&self.0).cast::<u8>() as usize
+    }
+}
+
+impl From<&str> for Name {
+    fn from(name: &str) -> Name {
+        Name(Arc::from(name))
+    }
+}
+
+impl From<String> for Name {
+    fn from(name: String) -> Name {
+        Name(Arc::from(name))
+    }
+}
+
+impl std::ops::Deref for Name {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Name {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
 /// One connection record: the decision, and at the close what the connection carried.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -60,13 +109,13 @@ pub(crate) struct Record {
     /// The client's address and port (the kernel learns the port only by the close).
     pub client: Option<SocketAddr>,
     /// `namespace/name` of the pod the agent took the client for.
-    pub workload: Option<String>,
-    pub namespace: Option<String>,
+    pub workload: Option<Name>,
+    pub namespace: Option<Name>,
     pub orig_dst: Option<SocketAddr>,
     #[serde(serialize_with = "outcome_label")]
     pub outcome: OutboundOutcome,
     /// `namespace/name`.
-    pub service: Option<String>,
+    pub service: Option<Name>,
     /// Where the connection went: the endpoint chosen, or the original destination.
     pub endpoint: Option<SocketAddr>,
     /// Bytes from the client to the endpoint (the kernel: those the peer acknowledged).
@@ -102,7 +151,7 @@ impl Record {
 
     /// The service's namespace and name.
     fn service_parts(&self) -> Option<(&str, &str)> {
-        self.service.as_deref()?.split_once('/')
+        self.service.as_ref()?.as_str().split_once('/')
     }
 }
 
@@ -149,15 +198,23 @@ impl Connections {
     /// Takes one record: a close is logged (within the budget) and its bytes counted, an open
     /// counts a connection of its service; both are kept and followed.
     pub(crate) fn record(&self, record: Record) {
-        self.metrics.count(&record);
-        if record.event == Event::Close {
-            self.log.write(&record);
+        self.record_all(vec![record]);
+    }
+
+    /// Takes records in the order they happened, as [`Connections::record`] each, counted together
+    /// and kept under one lock.
+    pub(crate) fn record_all(&self, records: Vec<Record>) {
+        self.metrics.count(&records);
+        for record in records.iter().filter(|r| r.event == Event::Close) {
+            self.log.write(record);
         }
-        let record = Arc::new(record);
-        self.recent.push(record.clone());
+        let records: Vec<Arc<Record>> = records.into_iter().map(Arc::new).collect();
         if self.follow.receiver_count() > 0 {
-            let _ = self.follow.send(record);
+            for record in &records {
+                let _ = self.follow.send(record.clone());
+            }
         }
+        self.recent.push_all(records);
     }
 
     /// The recent records `filter` lets through, oldest first.

@@ -16,8 +16,8 @@ pub(crate) struct Filter {
 
 impl Filter {
     pub(crate) fn matches(&self, record: &Record) -> bool {
-        let same = |want: &Option<String>, have: &Option<String>| match want {
-            Some(want) => have.as_deref() == Some(want.as_str()),
+        let same = |want: &Option<String>, have: &Option<super::Name>| match want {
+            Some(want) => have.as_ref().map(super::Name::as_str) == Some(want.as_str()),
             None => true,
         };
         same(&self.namespace, &record.namespace) && same(&self.service, &record.service)
@@ -38,12 +38,15 @@ impl Recent {
         }
     }
 
-    pub(super) fn push(&self, record: Arc<Record>) {
+    pub(super) fn push_all(&self, new: Vec<Arc<Record>>) {
         let mut records = self.records.locked();
-        if records.len() == self.capacity {
-            records.pop_front();
+        let room = self.capacity.saturating_sub(new.len());
+        if records.len() > room {
+            let over = records.len() - room;
+            records.drain(..over);
         }
-        records.push_back(record);
+        let skip = new.len().saturating_sub(self.capacity);
+        records.extend(new.into_iter().skip(skip));
     }
 
     /// Those `filter` lets through, oldest first.

@@ -12,7 +12,7 @@ fn hub() -> (Connections, Arc<RecordMetrics>) {
 fn record(event: Event, namespace: &str, service: Option<&str>) -> Record {
     let mut r = Record::new(event, DecidedBy::Kernel);
     r.namespace = Some(namespace.into());
-    r.service = service.map(str::to_string);
+    r.service = service.map(Name::from);
     r.outcome = OutboundOutcome::Service;
     if event == Event::Close {
         (r.bytes_sent, r.bytes_received) = (10, 200);

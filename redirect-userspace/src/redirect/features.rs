@@ -121,7 +121,7 @@ pub(crate) const NEEDS: &[Need] = &[
         probe: Probe::Map(MapType::PerCpuArray),
     },
     Need {
-        what: "ring buffer maps (the fast path's reports of hidden services)",
+        what: "ring buffer maps (the fast path's reports of hidden services, the connection records)",
         since: (5, 8),
         probe: Probe::Map(MapType::RingBuf),
     },
@@ -129,6 +129,21 @@ pub(crate) const NEEDS: &[Need] = &[
         what: "bpf_ringbuf_output in cgroup/sock_addr programs",
         since: (5, 8),
         probe: Probe::Helper(CgroupSockAddr, BpfHelper::BPF_FUNC_ringbuf_output),
+    },
+    Need {
+        what: "bpf_ringbuf_reserve in cgroup/sock_addr programs (the connection records)",
+        since: (5, 8),
+        probe: Probe::Helper(CgroupSockAddr, BpfHelper::BPF_FUNC_ringbuf_reserve),
+    },
+    Need {
+        what: "bpf_ringbuf_reserve in sock_ops programs (a connection's close record)",
+        since: (5, 8),
+        probe: Probe::Helper(SockOps, BpfHelper::BPF_FUNC_ringbuf_reserve),
+    },
+    Need {
+        what: "bpf_sock_ops_cb_flags_set (a connection's state changes, for its close record)",
+        since: (4, 16),
+        probe: Probe::Helper(SockOps, BpfHelper::BPF_FUNC_sock_ops_cb_flags_set),
     },
 ];
 

@@ -42,7 +42,10 @@ fn names(world: &str) -> NamesInForce {
         .find(|w| w.meta.name == "a1")
         .cloned()
         .unwrap();
-    (snapshot, Arc::new(HashMap::from([(CGROUP_A1, a1)])))
+    (
+        snapshot,
+        Arc::new(HashMap::from([(CGROUP_A1, ClientPod::new(&a1))])),
+    )
 }
 
 fn raw(kind: u8, cookie: u64) -> ConnRecord {
@@ -84,7 +87,9 @@ fn raw(kind: u8, cookie: u64) -> ConnRecord {
 fn an_open_names_the_pod_and_the_service_and_its_close_carries_the_bytes_and_the_end() {
     let names = names(WORLD);
     let mut joiner = Joiner::new();
-    let open = joiner.join(&raw(RECORD_OPEN, 7), Some(&names)).unwrap();
+    let open = joiner
+        .join(&raw(RECORD_OPEN, 7), Some(&names), &Clock::now())
+        .unwrap();
     assert_eq!(open.event, Event::Open);
     assert_eq!(open.decided_by, DecidedBy::Kernel);
     assert_eq!(open.workload.as_deref(), Some("team-a/a1"));
@@ -95,7 +100,9 @@ fn an_open_names_the_pod_and_the_service_and_its_close_carries_the_bytes_and_the
     assert_eq!(open.endpoint, Some("198.51.100.20:80".parse().unwrap()));
     assert_eq!(open.client, None, "the port is not bound at connect()");
 
-    let close = joiner.join(&raw(RECORD_CLOSE, 7), Some(&names)).unwrap();
+    let close = joiner
+        .join(&raw(RECORD_CLOSE, 7), Some(&names), &Clock::now())
+        .unwrap();
     assert_eq!(close.event, Event::Close);
     assert_eq!(close.client, Some("10.244.1.10:40000".parse().unwrap()));
     assert_eq!((close.bytes_sent, close.bytes_received), (77, 320));
@@ -107,16 +114,20 @@ fn an_open_names_the_pod_and_the_service_and_its_close_carries_the_bytes_and_the
 #[test]
 fn a_close_names_the_service_its_open_was_decided_for_even_after_the_entry_went() {
     let mut joiner = Joiner::new();
-    joiner.join(&raw(RECORD_OPEN, 9), Some(&names(WORLD)));
+    joiner.join(&raw(RECORD_OPEN, 9), Some(&names(WORLD)), &Clock::now());
     let without_entry = WORLD
         .split("---\napiVersion: networking.istio.io/v1")
         .next()
         .unwrap();
     let later = names(without_entry);
-    let close = joiner.join(&raw(RECORD_CLOSE, 9), Some(&later)).unwrap();
+    let close = joiner
+        .join(&raw(RECORD_CLOSE, 9), Some(&later), &Clock::now())
+        .unwrap();
     assert_eq!(close.service.as_deref(), Some("team-a/api"));
     // A close whose open was never seen is named by the tables in force: no entry, no service.
-    let unjoined = joiner.join(&raw(RECORD_CLOSE, 10), Some(&later)).unwrap();
+    let unjoined = joiner
+        .join(&raw(RECORD_CLOSE, 10), Some(&later), &Clock::now())
+        .unwrap();
     assert_eq!(unjoined.service, None);
     assert_eq!(unjoined.workload.as_deref(), Some("team-a/a1"));
 }
@@ -126,10 +137,18 @@ fn a_cgroup_the_tables_do_not_name_and_a_kind_never_written_are_handled() {
     let mut joiner = Joiner::new();
     let mut stranger = raw(RECORD_OPEN, 11);
     stranger.cgroup = 1;
-    let record = joiner.join(&stranger, Some(&names(WORLD))).unwrap();
+    let record = joiner
+        .join(&stranger, Some(&names(WORLD)), &Clock::now())
+        .unwrap();
     assert_eq!((record.workload, record.namespace), (None, None));
-    assert!(joiner.join(&raw(0, 12), Some(&names(WORLD))).is_none());
-    let before_tables = joiner.join(&raw(RECORD_OPEN, 13), None).unwrap();
+    assert!(
+        joiner
+            .join(&raw(0, 12), Some(&names(WORLD)), &Clock::now())
+            .is_none()
+    );
+    let before_tables = joiner
+        .join(&raw(RECORD_OPEN, 13), None, &Clock::now())
+        .unwrap();
     assert_eq!(before_tables.service, None);
 }
 
