@@ -249,6 +249,9 @@ impl<'a> Runner<'a> {
             verify::outbound(route, before, &after, opens)?;
             agent_cpu = Some(used.cpu_percent(agent)?);
             if test == Tcp::ConnRate && records_every_connection(route) {
+                // The last records of the run wait up to the agent's collection tick.
+                std::thread::sleep(RECORDS_COLLECTED);
+                let after = agent.metrics()?;
                 let lines = used.lines_since(agent);
                 let budget = verify::log_budget(lines, before, &after, self.settings.secs, opens)?;
                 println!(
@@ -362,6 +365,10 @@ impl<'a> Runner<'a> {
         }
     }
 }
+
+/// Past the agent's tick for collecting the kernel's records (100 ms): every record of a run is
+/// counted by then.
+const RECORDS_COLLECTED: Duration = Duration::from_millis(300);
 
 /// Whether the agent of `route` records every connection its kernel decides (its default).
 fn records_every_connection(route: Route) -> bool {

@@ -4,16 +4,14 @@
 //! compiled from, and handed to the agent's [`Connections`] as `decided_by=kernel` records. A close is joined to its open by the socket's cookie, so it names
 //! the service the connection was decided for even when the configuration changed since.
 use std::{
-    collections::HashMap,
     net::{IpAddr, SocketAddr},
-    num::NonZeroUsize,
     os::fd::AsRawFd,
     sync::Arc,
     time::{Duration, SystemTime},
 };
 
 use aya::maps::{MapData, RingBuf};
-use lru::LruCache;
+use foldhash::{HashMap, HashMapExt};
 use redirect_common::{
     FastStat,
     records::{ConnRecord, RECORD_CLOSE, RECORD_OPEN, tcp_state},
@@ -27,10 +25,10 @@ use crate::{
     state::{OutboundOutcome, Pick, Snapshot},
 };
 
-/// Open connections remembered for their close, at most (the longest unclosed go first: a
-/// connect() that failed before its handshake never closes); a close not found is joined by
-/// deciding again on the tables in force.
-const OPEN_JOINED: NonZeroUsize = NonZeroUsize::new(65_536).unwrap();
+/// Open connections remembered for their close, at most about this many: past it the older half is
+/// let go (a connect() that failed before its handshake never closes). A close not found is joined
+/// by deciding again on the tables in force.
+const OPEN_JOINED: usize = 65_536;
 
 /// How many of the kernel's decisions it records (`run --kernel-records`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -182,15 +180,41 @@ fn collect(
 
 /// Joins records to names, and closes to their opens.
 struct Joiner {
-    open: LruCache<u64, Opened>,
+    open: Opens,
     /// The service names made for the snapshot at this address (its services, by address).
     services: (usize, HashMap<usize, Name>),
+}
+
+/// The open connections by cookie, in two halves: the newer takes the opens, a close looks in
+/// both; when the newer is full the older is let go and the newer takes its place. Bounded, and
+/// no bookkeeping per record beyond a hash insert and remove.
+struct Opens {
+    newer: HashMap<u64, Opened>,
+    older: HashMap<u64, Opened>,
+}
+
+impl Opens {
+    fn put(&mut self, cookie: u64, opened: Opened) {
+        if self.newer.len() >= OPEN_JOINED / 2 {
+            self.older = std::mem::take(&mut self.newer);
+        }
+        self.newer.insert(cookie, opened);
+    }
+
+    fn take(&mut self, cookie: u64) -> Option<Opened> {
+        self.newer
+            .remove(&cookie)
+            .or_else(|| self.older.remove(&cookie))
+    }
 }
 
 impl Joiner {
     fn new() -> Joiner {
         Joiner {
-            open: LruCache::new(OPEN_JOINED),
+            open: Opens {
+                newer: HashMap::new(),
+                older: HashMap::new(),
+            },
             services: (0, HashMap::new()),
         }
     }
@@ -207,7 +231,7 @@ impl Joiner {
             _ => return None,
         };
         let opened = match event {
-            Event::Close => self.open.pop(&raw.cookie),
+            Event::Close => self.open.take(raw.cookie),
             Event::Open => None,
         };
         let opened = opened.unwrap_or_else(|| self.decided(raw, names));

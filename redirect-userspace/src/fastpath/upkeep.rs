@@ -455,7 +455,8 @@ fn with_clients(
         .filter_map(|w| Some((w.meta.uid?, w)))
         .collect();
     let mut clients = Clients::new(tables);
-    let mut named = HashMap::with_capacity(pods.len());
+    let mut named =
+        <super::records::PodsByCgroup as foldhash::HashMapExt>::with_capacity(pods.len());
     let mut left_out = 0;
     for (cgroup, uid) in pods {
         // A pod the snapshot does not know stays out: the proxy knows it by address, if at all.

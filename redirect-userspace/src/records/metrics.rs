@@ -2,7 +2,9 @@
 //! the kernel's decisions as for the proxy's, so a dashboard sees the default path too. Their label
 //! sets are bounded ([`MAX_SERVICE_SERIES`]): a record past the bound is counted apart, never
 //! making a new series. Access-log lines left out for want of budget are counted here too.
-use std::{collections::HashMap, sync::Mutex};
+use std::sync::Mutex;
+
+use foldhash::{HashMap, HashMapExt};
 
 use prometheus_client::{
     encoding::EncodeLabelSet,

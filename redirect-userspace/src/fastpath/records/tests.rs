@@ -44,7 +44,7 @@ fn names(world: &str) -> NamesInForce {
         .unwrap();
     (
         snapshot,
-        Arc::new(HashMap::from([(CGROUP_A1, ClientPod::new(&a1))])),
+        Arc::new([(CGROUP_A1, ClientPod::new(&a1))].into_iter().collect()),
     )
 }
 
