@@ -37,10 +37,9 @@ const AF_INET6: u32 = 10;
 #[sock_ops]
 pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
-    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB
-        && op != BPF_SOCK_OPS_TCP_CONNECT_CB
-        && op != BPF_SOCK_OPS_STATE_CB
-    {
+    // A recorded socket's every state change runs this: all but its close leave at once.
+    let closed = op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == BPF_TCP_CLOSE;
+    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB && !closed {
         return 1;
     }
     let family = ctx.family();
@@ -62,18 +61,16 @@ pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
     };
     // SAFETY: `ops` is the program's context; `sk` is read in place (null-checked where used).
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    if op == BPF_SOCK_OPS_STATE_CB {
+    if closed {
         // args: the state left, the state entered.
-        if ctx.arg(1) == BPF_TCP_CLOSE {
-            let (bytes_sent, bytes_received) = byte_counts(&ctx);
-            let closing = Closing {
-                client,
-                last_state: ctx.arg(0),
-                bytes_sent,
-                bytes_received,
-            };
-            records::closed(sk, &closing);
-        }
+        let (bytes_sent, bytes_received) = byte_counts(&ctx);
+        let closing = Closing {
+            client,
+            last_state: ctx.arg(0),
+            bytes_sent,
+            bytes_received,
+        };
+        records::closed(sk, &closing);
         return 1;
     }
     let orig = origin::recall_sock(sk);

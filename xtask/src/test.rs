@@ -50,6 +50,12 @@ const SMOKE: &[(&str, &[&str])] = &[
             "--exact",
         ],
     ),
+    // The kernel's records: a socket's state callbacks, its byte counts and the ring, on the
+    // oldest kernel.
+    (
+        "connection_records",
+        &["kernel_decided_connections_each_have_an_access_log_line_with_bytes_and_end"],
+    ),
 ];
 
 pub(crate) fn test(args: TestArgs) -> anyhow::Result<()> {
