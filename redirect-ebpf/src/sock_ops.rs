@@ -37,9 +37,12 @@ const AF_INET6: u32 = 10;
 #[sock_ops]
 pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
     let op = ctx.op();
-    // A recorded socket's every state change runs this: all but its close leave at once.
-    let closed = op == BPF_SOCK_OPS_STATE_CB && ctx.arg(1) == BPF_TCP_CLOSE;
-    if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB && !closed {
+    if op == BPF_SOCK_OPS_STATE_CB {
+        // A recorded socket's every state change runs this: all but its close leave at once.
+        if ctx.arg(1) != BPF_TCP_CLOSE {
+            return 1;
+        }
+    } else if op != BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB && op != BPF_SOCK_OPS_TCP_CONNECT_CB {
         return 1;
     }
     let family = ctx.family();
@@ -61,8 +64,8 @@ pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
     };
     // SAFETY: `ops` is the program's context; `sk` is read in place (null-checked where used).
     let sk = unsafe { (*ctx.ops).__bindgen_anon_2.sk };
-    if closed {
-        // args: the state left, the state entered.
+    if op == BPF_SOCK_OPS_STATE_CB {
+        // args: the state left, the state entered (CLOSE).
         let (bytes_sent, bytes_received) = byte_counts(&ctx);
         let closing = Closing {
             client,
