@@ -202,10 +202,18 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
             .map(|p| p.port)
     });
     let d = snapshot.decide_outbound_with(client, dst.ip, port.unwrap_or(0), Pick::Peek);
-    let endpoint = d.target().map(|t| match port {
-        Some(_) => t.to_string(),
-        None => dst.ip.to_string(),
-    });
+    let waypoint = match d.action {
+        Outbound::Service { service, .. } => service.waypoint_route(),
+        _ => None,
+    };
+    let endpoint = match waypoint {
+        // The waypoint picks the endpoint; the connection goes to it.
+        Some((_, ip)) => Some(std::net::SocketAddr::new(ip, crate::hbone::PORT).to_string()),
+        None => d.target().map(|t| match port {
+            Some(_) => t.to_string(),
+            None => dst.ip.to_string(),
+        }),
+    };
     let hidden = d.hidden.map(|s| s.to_string());
     let mut reason = match d.hidden {
         Some(h) => format!(
@@ -216,6 +224,14 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
         None => String::new(),
     };
     reason.push_str(&why(&d, namespace, dst.ip, port));
+    if let Some((name, ip)) = waypoint {
+        reason.push_str(&format!(
+            "; bound to waypoint {name}: the connection goes over HBONE to {}, CONNECT {}:{}, as the client pod's workload identity",
+            std::net::SocketAddr::new(ip, crate::hbone::PORT),
+            dst.ip,
+            port.unwrap_or(0)
+        ));
+    }
     let (workload, candidates) = match d.action {
         Outbound::Service { port, .. } => (
             None,

@@ -19,6 +19,7 @@ mod dns;
 mod drain;
 mod explain;
 mod fastpath;
+mod hbone;
 mod identity;
 mod live;
 mod lock;

@@ -78,6 +78,9 @@ pub(crate) struct AgentConfig {
     pub kernel_records: KernelRecords,
     /// A second mesh config audited beside the one in force, never enforced.
     pub audit_mesh_config: Option<PathBuf>,
+    /// The pods' workload certificates (HBONE to waypoints); `None`: none.
+    pub identity_dir: Option<PathBuf>,
+    pub trust_domain: String,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -481,6 +484,7 @@ struct Families {
     budgets: Arc<BudgetMetrics>,
     audit: Arc<AuditMetrics>,
     records: Arc<RecordMetrics>,
+    hbone: Arc<crate::hbone::HboneMetrics>,
 }
 
 impl Families {
@@ -492,6 +496,7 @@ impl Families {
             self.budgets.register(r);
             self.audit.register(r);
             self.records.register(r);
+            self.hbone.register(r);
         })
     }
 }
@@ -525,6 +530,16 @@ fn proxy_context(
         buffer: (config.budget.connection_buffer > 0)
             .then_some(config.budget.connection_buffer / 2),
         records: connections.clone(),
+        hbone: Arc::new(crate::hbone::HboneClient::new(
+            config.identity_dir.as_ref().map(|dir| {
+                Arc::new(crate::hbone::IdentityDir::new(
+                    dir.clone(),
+                    config.trust_domain.clone(),
+                ))
+            }),
+            Arc::new(crate::net::MarkedSockets),
+            families.hbone.clone(),
+        )),
     }
 }
 

@@ -160,6 +160,7 @@ mod tests {
             cidrs: Vec::new(),
             ports: Vec::new(),
             waypoint: None,
+            waypoint_address: None,
             created: None,
             next_endpoint: Default::default(),
         }

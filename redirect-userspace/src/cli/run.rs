@@ -170,6 +170,16 @@ pub(crate) struct RunArgs {
     /// when it changes; a bad version is refused and the one before stays.
     #[arg(long, value_name = "PATH")]
     pub audit_mesh_config: Option<PathBuf>,
+    /// The node's pods' workload certificates, for HBONE to waypoints: `DIR/root-cert.pem`
+    /// and `DIR/<namespace>/<service account>/{cert-chain.pem,key.pem}`, read again when they
+    /// change. Without it, a connection to a service bound to a waypoint whose address is known is
+    /// reset, never sent around the waypoint.
+    #[arg(long, value_name = "DIR", env = "REDIRECT_IDENTITY_DIR")]
+    pub identity_dir: Option<PathBuf>,
+    /// The mesh's trust domain: the workload identities presented and accepted are
+    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+    #[arg(long, value_name = "DOMAIN", default_value = crate::hbone::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
@@ -262,6 +272,8 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             access_log: !args.no_access_log,
             kernel_records: args.kernel_records,
             audit_mesh_config: args.audit_mesh_config,
+            identity_dir: args.identity_dir,
+            trust_domain: args.trust_domain,
         },
         log_level,
     )?;

@@ -55,6 +55,7 @@ impl PodRef<'_> {
             },
             ips: self.ips.to_vec(),
             node_name: None,
+            service_account: None,
             ports: (**self.ports).clone(),
             other_address: None,
         }

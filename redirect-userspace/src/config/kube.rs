@@ -13,6 +13,9 @@ use super::{
     },
 };
 
+/// The service account Kubernetes gives a Pod that names none.
+const DEFAULT_SERVICE_ACCOUNT: &str = "default";
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct RawNamespace {
     metadata: Option<RawMeta>,
@@ -147,6 +150,7 @@ pub(crate) struct RawPod {
 #[serde(rename_all = "camelCase")]
 pub(super) struct RawPodSpec {
     pub(super) node_name: Option<String>,
+    pub(super) service_account_name: Option<String>,
     pub(super) containers: Option<Vec<RawContainer>>,
 }
 
@@ -186,6 +190,7 @@ impl RawPod {
         }
         if let Some(spec) = &mut self.spec {
             spec.node_name = None;
+            spec.service_account_name = None;
         }
     }
 
@@ -232,6 +237,12 @@ impl RawPod {
             kind: WorkloadKind::Pod,
             meta,
             ips,
+            // Kubernetes fills in `default`; a Pod written by hand may leave it out.
+            service_account: Some(
+                spec.service_account_name
+                    .filter(|sa| !sa.is_empty())
+                    .unwrap_or_else(|| DEFAULT_SERVICE_ACCOUNT.to_string()),
+            ),
             node_name: spec.node_name,
             ports,
             other_address: None,

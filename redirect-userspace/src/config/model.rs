@@ -339,6 +339,10 @@ pub struct Workload {
     pub meta: ObjectMeta,
     pub ips: Vec<IpAddr>,
     pub node_name: Option<String>,
+    /// The service account its workload identity names (`spec.serviceAccountName` of a Pod,
+    /// `default` when unset as Kubernetes sets it; `spec.serviceAccount` of a WorkloadEntry).
+    /// `None` for a Pod of another node, whose identity this node never presents.
+    pub service_account: Option<String>,
     /// Named ports: container ports of a Pod, `spec.ports` of a WorkloadEntry.
     pub ports: BTreeMap<String, u16>,
     /// A WorkloadEntry's `spec.address` when it is not an IP (a host name or a unix socket);

@@ -74,6 +74,8 @@ pub(crate) struct RawWorkloadEntrySpec {
     ports: Option<BTreeMap<String, i64>>,
     labels: Option<Labels>,
     network: Option<String>,
+    #[serde(rename = "serviceAccount")]
+    service_account: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -551,6 +553,7 @@ impl RawWorkloadEntry {
         if let Some(labels) = spec.labels {
             meta.labels = labels;
         }
+        let service_account = spec.service_account.filter(|sa| !sa.is_empty());
         (ctx.error_count() == before).then(|| Workload {
             kind: WorkloadKind::WorkloadEntry,
             meta,
@@ -559,6 +562,7 @@ impl RawWorkloadEntry {
                 _ => Vec::new(),
             },
             node_name: None,
+            service_account,
             ports,
             other_address: address.filter(|a| !matches!(a, WorkloadAddress::Ip(_))),
         })

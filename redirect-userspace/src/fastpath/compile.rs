@@ -593,7 +593,16 @@ pub(super) fn service_claim(
     svc: &Service,
     hosts: &HostAddresses,
 ) -> (ServiceClaim, Vec<Fallback>) {
-    let mut action = if svc.resolution == Resolution::None {
+    let mut action = if svc.waypoint_route().is_some() {
+        // Its connections go over HBONE to the waypoint: only the proxy speaks it.
+        return (
+            ServiceClaim {
+                claim: Claim::new(ACTION_PROXY, id),
+                ports: Vec::new(),
+            },
+            Vec::new(),
+        );
+    } else if svc.resolution == Resolution::None {
         ACTION_PASSTHROUGH
     } else {
         ACTION_PROXY

@@ -920,3 +920,40 @@ fn the_kernel_reports_the_hidden_service_the_proxy_would() {
     assert_eq!(hidden("ns-c", "203.0.113.10"), None);
     assert_eq!(hidden("pub-a", "192.0.2.1"), None);
 }
+
+/// A NAMESPACE entry of `ns-a` bound to waypoint `wp` of its namespace, and, with `service`, the
+/// waypoint's Service.
+fn waypoint_bound(service: bool) -> String {
+    let mut objects = String::from(
+        "---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: api, namespace: ns-a, labels: {istio.io/use-waypoint: wp}}\nspec: {hosts: [api.example.com], addresses: [203.0.113.10], ports: [{number: 80, name: http}], resolution: STATIC, endpoints: [{address: 198.51.100.1}]}\n",
+    );
+    if service {
+        objects.push_str("---\napiVersion: v1\nkind: Service\nmetadata: {name: wp, namespace: ns-a}\nspec: {clusterIP: 10.96.0.50, ports: [{port: 15008}]}\n");
+    }
+    objects
+}
+
+#[test]
+fn a_service_bound_to_a_known_waypoint_goes_to_the_proxy_and_otherwise_stays_a_rewrite() {
+    let (snap, t, stats) = compiled(&waypoint_bound(true));
+    assert_eq!(kernel(&snap, &t, Some("ns-a"), "203.0.113.10", 80), "proxy");
+    let api = snap.services().find(|s| s.name == "api").unwrap();
+    let (waypoint, address) = api.waypoint_route().unwrap();
+    assert_eq!(
+        (waypoint.to_string(), address),
+        ("ns-a/wp".to_string(), ip("10.96.0.50"))
+    );
+    // By design, not for want of room: no fallback is counted for it (the one counted is the
+    // waypoint Service's own port, which has no endpoints here).
+    assert_eq!(stats.fallbacks.len(), 1, "{:?}", stats.fallbacks);
+    assert_eq!(stats.fallbacks.get(&Fallback::NoEndpoints), Some(&1));
+
+    // Bound, but no waypoint Service is known: reached without it, as upstream does.
+    let (snap, t, _) = compiled(&waypoint_bound(false));
+    assert_eq!(
+        kernel(&snap, &t, Some("ns-a"), "203.0.113.10", 80),
+        "198.51.100.1:80"
+    );
+    let api = snap.services().find(|s| s.name == "api").unwrap();
+    assert!(api.waypoint.is_some() && api.waypoint_route().is_none());
+}

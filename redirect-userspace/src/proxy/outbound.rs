@@ -18,6 +18,7 @@ use super::{
 use crate::{
     budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
     dns::HostCache,
+    hbone::{HboneClient, Identity},
     identity::{CgroupPods, Client},
     live::LiveState,
     metrics::{Lookup, Metrics},
@@ -25,7 +26,7 @@ use crate::{
     proxy::ProxyMetrics,
     records::{Connections, Name},
     redirect::Flows,
-    state::{OutboundOutcome, Snapshot, Target},
+    state::{Outbound, OutboundOutcome, Snapshot, Target},
 };
 
 /// Pending connections the kernel queues for us: bursts of new connections from many pods.
@@ -56,6 +57,8 @@ pub(crate) struct ProxyContext {
     pub buffer: Option<usize>,
     /// Where each connection's records go (the access log among them).
     pub records: Arc<Connections>,
+    /// Tunnels to waypoints, for the services bound to one.
+    pub hbone: Arc<HboneClient>,
 }
 
 pub(crate) struct OutboundProxy {
@@ -185,7 +188,7 @@ fn admit(context: &ProxyContext, peer: SocketAddr) -> Option<Admitted> {
 }
 
 async fn handle(
-    client: TcpStream,
+    mut client: TcpStream,
     peer: SocketAddr,
     admitted: Admitted,
     context: Arc<ProxyContext>,
@@ -196,7 +199,7 @@ async fn handle(
     let mut result = ConnectionResult::start(&context.proxy_metrics, &context.records, peer);
     // Every refusal returns here and drops the client, which resets it: accepted sockets have the
     // listener's linger 0, kept until a relay ends cleanly.
-    if let Err(refused) = proxy(&context, &client, peer, admitted.share, &mut result).await {
+    if let Err(refused) = proxy(&context, &mut client, peer, admitted.share, &mut result).await {
         result.refused(refused.outcome, refused.why);
     }
 }
@@ -220,13 +223,16 @@ impl Refused {
 /// filling in `result` on the way.
 async fn proxy(
     context: &ProxyContext,
-    client: &TcpStream,
+    client: &mut TcpStream,
     peer: SocketAddr,
     share: IpAddr,
     result: &mut ConnectionResult<'_>,
 ) -> Result<(), Refused> {
-    let route = route(context, peer, result).await?;
-    carry(context, client, peer, share, route, result).await
+    let mut route = route(context, peer, result).await?;
+    match route.via.take() {
+        Some(via) => carry_through_waypoint(context, client, peer, route, via, result).await,
+        None => carry(context, client, peer, share, route, result).await,
+    }
 }
 
 /// Where a decided connection goes: the decision's outcome and the addresses it may dial.
@@ -235,6 +241,14 @@ struct Route {
     orig: SocketAddr,
     first: SocketAddr,
     fallback: Option<SocketAddr>,
+    /// The waypoint it goes through (`first` is then the waypoint's HBONE address).
+    via: Option<Via>,
+}
+
+/// A connection's way through a waypoint: as whom, and which waypoint.
+struct Via {
+    client: Identity,
+    waypoint_namespace: String,
 }
 
 /// The decision for the connection from `peer`, with no byte moved: its original destination,
@@ -271,6 +285,9 @@ async fn route(
         });
     };
     result.service = plan.service.map(Name::from);
+    if let Some(waypoint) = plan.waypoint {
+        return through_waypoint(context, peer, orig, &who, waypoint, plan.outcome, result);
+    }
     let (first, fallback) = match plan.target {
         Dst::Addr(addr) => (addr, None),
         Dst::Host { name, port } => match context.endpoint_hosts.pick(&name).await {
@@ -293,7 +310,88 @@ async fn route(
         orig,
         first,
         fallback,
+        via: None,
     })
+}
+
+/// The route of a connection to a service bound to `waypoint`: over HBONE to its address, as the
+/// client pod's workload identity. A client with no identity (not a pod of this node with a
+/// service account) cannot be carried, and is refused rather than sent around the waypoint.
+fn through_waypoint(
+    context: &ProxyContext,
+    peer: SocketAddr,
+    orig: SocketAddr,
+    who: &Client<'_>,
+    waypoint: WaypointPlan,
+    outcome: OutboundOutcome,
+    result: &mut ConnectionResult<'_>,
+) -> Result<Route, Refused> {
+    result.waypoint = Some(Name::from(waypoint.name));
+    let identity = who.workload.and_then(|w| {
+        let account = w.service_account.as_deref()?;
+        context.hbone.identity(&w.meta.namespace, account)
+    });
+    let Some(client) = identity else {
+        context.hbone.metrics.tunnel("no_identity");
+        debug!(client = %peer, orig_dst = %orig, "no workload identity for the client of a waypoint-bound service; resetting it");
+        return Err(Refused::error("no workload identity for the waypoint"));
+    };
+    let (first, _) = allowed(context, peer, orig, waypoint.addr, None)
+        .ok_or(Refused::error("destination refused"))?;
+    Ok(Route {
+        outcome,
+        orig,
+        first,
+        fallback: None,
+        via: Some(Via {
+            client,
+            waypoint_namespace: waypoint.namespace,
+        }),
+    })
+}
+
+/// Carries a connection through its waypoint: a tunnel (an HTTP/2 stream of a pooled mutual-TLS
+/// connection) to the original destination, the bytes relayed both ways until either side ends.
+async fn carry_through_waypoint(
+    context: &ProxyContext,
+    client: &mut TcpStream,
+    peer: SocketAddr,
+    route: Route,
+    via: Via,
+    result: &mut ConnectionResult<'_>,
+) -> Result<(), Refused> {
+    result.endpoint = Some(route.first);
+    let tunnel = context
+        .hbone
+        .tunnel(
+            &via.client,
+            route.first,
+            &via.waypoint_namespace,
+            route.orig,
+        )
+        .await;
+    let mut tunnel = match tunnel {
+        Ok(tunnel) => tunnel,
+        Err(e) => {
+            warn!(client = %peer, orig_dst = %route.orig, waypoint = %route.first, identity = %via.client, error = %e, "no tunnel through the waypoint; resetting the connection");
+            return Err(Refused::error("waypoint tunnel failed"));
+        }
+    };
+    result.decided(route.outcome);
+    result.opened();
+    match tokio::io::copy_bidirectional(client, &mut tunnel).await {
+        Ok((sent, received)) => {
+            context.proxy_metrics.bytes(Direction::Sent, sent);
+            context.proxy_metrics.bytes(Direction::Received, received);
+            (result.sent, result.received, result.end) = (sent, received, "closed");
+            let _ = socket2::SockRef::from(&*client).set_linger(None);
+        }
+        Err(e) => {
+            result.end = "reset";
+            debug!(client = %peer, waypoint = %route.first, error = %e, "tunnelled connection ended with an error; resetting the client");
+        }
+    }
+    Ok(())
 }
 
 /// Carries a routed connection: a port toward the upstream within the client's share, the
@@ -468,6 +566,16 @@ struct Plan {
     target: Dst,
     /// `namespace/name` of the service decided on, for the access log.
     service: Option<String>,
+    /// The waypoint the service is bound to, when its address is known.
+    waypoint: Option<WaypointPlan>,
+}
+
+struct WaypointPlan {
+    /// `namespace/name`.
+    name: String,
+    namespace: String,
+    /// Its HBONE address.
+    addr: SocketAddr,
 }
 
 /// The decision for this connection (`docs/data-plane.md#destination-ip-lookup`),
@@ -519,10 +627,21 @@ fn decide(
             port,
         },
     };
+    let waypoint = match decision.action {
+        Outbound::Service { service, .. } => {
+            service.waypoint_route().map(|(waypoint, ip)| WaypointPlan {
+                name: waypoint.to_string(),
+                namespace: waypoint.namespace.clone(),
+                addr: SocketAddr::new(ip, crate::hbone::PORT),
+            })
+        }
+        _ => None,
+    };
     Some(Plan {
         outcome,
         target,
         service,
+        waypoint,
     })
 }
 

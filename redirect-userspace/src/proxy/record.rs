@@ -27,6 +27,8 @@ pub(crate) struct ConnectionResult<'a> {
     /// `namespace/name`.
     pub service: Option<Name>,
     pub endpoint: Option<SocketAddr>,
+    /// `namespace/name` of the waypoint it went through.
+    pub waypoint: Option<Name>,
     pub sent: u64,
     pub received: u64,
     /// How it ended: `closed`, `reset`, `idle timeout`, `write timeout`, or why it was refused.
@@ -51,6 +53,7 @@ impl<'a> ConnectionResult<'a> {
             outcome: OutboundOutcome::Error,
             service: None,
             endpoint: None,
+            waypoint: None,
             sent: 0,
             received: 0,
             end: "reset",
@@ -88,6 +91,7 @@ impl<'a> ConnectionResult<'a> {
         record.outcome = self.outcome;
         record.service = self.service.clone();
         record.endpoint = self.endpoint;
+        record.waypoint = self.waypoint.clone();
         if event == Event::Close {
             record.bytes_sent = self.sent;
             record.bytes_received = self.received;

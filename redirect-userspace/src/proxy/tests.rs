@@ -115,6 +115,11 @@ async fn start(setup: Setup) -> Proxy {
         guard: Arc::new(DialGuard::allowing_loopback(setup.denied)),
         buffer: Some(64 * 1024),
         records: records.clone(),
+        hbone: Arc::new(crate::hbone::HboneClient::new(
+            None,
+            Arc::new(PlainSockets),
+            Arc::default(),
+        )),
     });
     let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let proxy = OutboundProxy::new(listener, context);

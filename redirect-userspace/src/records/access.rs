@@ -86,6 +86,7 @@ impl AccessLog {
             outcome = record.outcome.metric_label(),
             service = %or_dash(&record.service),
             endpoint = %addr_or_dash(record.endpoint),
+            waypoint = %or_dash(&record.waypoint),
             bytes_sent = record.bytes_sent,
             bytes_received = record.bytes_received,
             duration_ms = record

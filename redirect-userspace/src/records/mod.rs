@@ -118,6 +118,10 @@ pub(crate) struct Record {
     pub service: Option<Name>,
     /// Where the connection went: the endpoint chosen, or the original destination.
     pub endpoint: Option<SocketAddr>,
+    /// `namespace/name` of the waypoint the connection went through (`endpoint` is then the
+    /// waypoint's HBONE address).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waypoint: Option<Name>,
     /// Bytes from the client to the endpoint (the kernel: those the peer acknowledged).
     pub bytes_sent: u64,
     pub bytes_received: u64,
@@ -142,6 +146,7 @@ impl Record {
             outcome: OutboundOutcome::Error,
             service: None,
             endpoint: None,
+            waypoint: None,
             bytes_sent: 0,
             bytes_received: 0,
             duration: None,

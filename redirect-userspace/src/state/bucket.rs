@@ -146,6 +146,7 @@ mod tests {
             cidrs: Vec::new(),
             ports: Vec::new(),
             waypoint: None,
+            waypoint_address: None,
             created: None,
             next_endpoint: AtomicUsize::new(0),
         }

@@ -10,7 +10,7 @@ use super::service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility};
 use crate::{
     config::{
         Address, EndpointAddress, EndpointSlice, Host, Model, Resolution, ServiceEntry,
-        ServiceEntryPort, ServicePort, TargetPort, Visibility, Workload, selects,
+        ServiceEntryPort, ServicePort, TargetPort, Visibility, WaypointRef, Workload, selects,
     },
     visibility::{Discovery, ResolvedEntry},
 };
@@ -38,6 +38,7 @@ pub(crate) fn entry_services<'a>(
     entries: impl IntoIterator<Item = (&'a ServiceEntry, &'a ResolvedEntry)>,
 ) -> Vec<Arc<Service>> {
     let mut out = Vec::new();
+    let waypoints = WaypointAddresses::new(model);
     for (entry, resolved) in entries {
         let visibility = match resolved.visibility {
             Visibility::None => continue,
@@ -47,13 +48,47 @@ pub(crate) fn entry_services<'a>(
         for host in &entry.hosts {
             let hostname = host.to_string();
             if resolved.publishes(&hostname) {
-                out.push(Arc::new(from_service_entry(
-                    model, entry, resolved, host, hostname, visibility,
-                )));
+                let mut service =
+                    from_service_entry(model, entry, resolved, host, hostname, visibility);
+                service.waypoint_address = service.waypoint.as_ref().and_then(|w| waypoints.get(w));
+                out.push(Arc::new(service));
             }
         }
     }
     out
+}
+
+/// The address of each waypoint by `(namespace, name)`: the first cluster IP (IPv4 first) of the
+/// Service of that name. Indexed on first use: most models bind no waypoint.
+struct WaypointAddresses<'m> {
+    model: &'m Model,
+    index: std::cell::OnceCell<HashMap<(&'m str, &'m str), IpAddr>>,
+}
+
+impl<'m> WaypointAddresses<'m> {
+    fn new(model: &'m Model) -> Self {
+        WaypointAddresses {
+            model,
+            index: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn get(&self, waypoint: &WaypointRef) -> Option<IpAddr> {
+        let index = self.index.get_or_init(|| {
+            self.model
+                .services
+                .iter()
+                .filter_map(|svc| {
+                    let ips = &svc.cluster_ips;
+                    let ip = ips.iter().find(|ip| ip.is_ipv4()).or(ips.first())?;
+                    Some(((svc.meta.namespace.as_str(), svc.meta.name.as_str()), *ip))
+                })
+                .collect()
+        });
+        index
+            .get(&(waypoint.namespace.as_str(), waypoint.name.as_str()))
+            .copied()
+    }
 }
 
 /// The services of the Kubernetes Services of the namespaces `discovery` sees.
@@ -127,6 +162,7 @@ pub(crate) fn kube_services(model: &Model, discovery: &Discovery) -> Vec<Arc<Ser
             cidrs: Vec::new(),
             ports,
             waypoint: None,
+            waypoint_address: None,
             created: svc.meta.creation_timestamp,
             next_endpoint: AtomicUsize::new(0),
         }));
@@ -208,6 +244,7 @@ fn from_service_entry(
         cidrs,
         ports,
         waypoint: resolved.waypoint.clone(),
+        waypoint_address: None,
         created: entry.meta.creation_timestamp,
         next_endpoint: AtomicUsize::new(0),
     }

@@ -22,6 +22,10 @@ pub struct ServiceDump {
     pub endpoints: Vec<EndpointDump>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<WaypointRef>,
+    /// Where the waypoint is reached over HBONE (`ip:15008`); absent while its Service is unknown
+    /// (connections then go without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waypoint_address: Option<String>,
     pub visibility: ServiceVisibility,
     pub kind: ServiceKind,
     pub resolution: Resolution,
@@ -109,6 +113,9 @@ impl ServiceDump {
             ports: svc.ports.iter().map(|p| (p.port, p.target_port)).collect(),
             endpoints,
             waypoint: svc.waypoint.clone(),
+            waypoint_address: svc
+                .waypoint_route()
+                .map(|(_, ip)| std::net::SocketAddr::new(ip, crate::hbone::PORT).to_string()),
             visibility: svc.visibility,
             kind: svc.kind,
             resolution: svc.resolution,

@@ -40,6 +40,10 @@ pub struct Service {
     pub ports: Vec<Port>,
     /// The bound waypoint; `None` without one or when the binding was refused.
     pub waypoint: Option<WaypointRef>,
+    /// Where the bound waypoint is reached: the cluster IP of its Service (the Service Istio
+    /// deploys beside a waypoint Gateway, of the same name), IPv4 first. `None` while no such
+    /// Service is known: as upstream, the service is then reached without a waypoint.
+    pub waypoint_address: Option<IpAddr>,
     pub created: Option<Timestamp>,
     /// Round-robin position, shared by all ports; relaxed ordering is enough to spread load.
     pub(crate) next_endpoint: AtomicUsize,
@@ -57,6 +61,11 @@ impl Service {
 
     pub fn has_addresses(&self) -> bool {
         !self.vips_v4.is_empty() || !self.vips_v6.is_empty()
+    }
+
+    /// The waypoint a connection to this service goes through: bound, and its address known.
+    pub fn waypoint_route(&self) -> Option<(&WaypointRef, IpAddr)> {
+        Some((self.waypoint.as_ref()?, self.waypoint_address?))
     }
 
     pub fn vips(&self) -> impl Iterator<Item = IpAddr> + '_ {

@@ -44,6 +44,7 @@ pub(crate) const POD: Keep = Fields(&[
         "spec",
         Fields(&[
             ("nodeName", All),
+            ("serviceAccountName", All),
             (
                 "containers",
                 Each(&Fields(&[(

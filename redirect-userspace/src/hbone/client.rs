@@ -1,0 +1,208 @@
+//! The HBONE client: a tunnel to `authority` through a waypoint, for one client identity. Tunnels
+//! of one identity to one waypoint share an HTTP/2 connection (one stream each), as ztunnel pools
+//! them; a connection is opened again when it closed or when the identity's certificate changed.
+use std::{
+    collections::HashMap,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::{Method, Request, StatusCode, client::conn::http2::SendRequest};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::ServerName;
+use tracing::debug;
+
+use super::{CertError, HboneMetrics, Identity, IdentityDir};
+use crate::{lock::Locked, net::SocketFactory};
+
+/// How long the TLS and HTTP/2 handshakes, and the waypoint's answer to a `CONNECT`, may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The tunnel: a byte stream to `authority`, as a TCP stream is.
+pub(crate) type Tunnel = TokioIo<hyper::upgrade::Upgraded>;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HboneError {
+    #[error("no workload identities configured (--identity-dir)")]
+    NoIdentities,
+    #[error("the client's certificate: {0}")]
+    Certificate(#[from] CertError),
+    #[error("connecting to the waypoint: {0}")]
+    Connect(std::io::Error),
+    #[error("TLS with the waypoint: {0}")]
+    Tls(std::io::Error),
+    #[error("the waypoint presented {presented}, not an identity of namespace {expected}")]
+    Peer { presented: String, expected: String },
+    #[error("HTTP/2 with the waypoint: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("the waypoint answered CONNECT with {0}")]
+    Status(StatusCode),
+    #[error("the waypoint did not answer within {HANDSHAKE_TIMEOUT:?}")]
+    Timeout,
+}
+
+impl HboneError {
+    /// Its `result` label.
+    fn label(&self) -> &'static str {
+        match self {
+            HboneError::NoIdentities | HboneError::Certificate(_) => "no_identity",
+            HboneError::Connect(_) | HboneError::Timeout => "connect_failed",
+            HboneError::Tls(_) | HboneError::Http(_) => "tls_refused",
+            HboneError::Peer { .. } => "peer_refused",
+            HboneError::Status(_) => "status",
+        }
+    }
+}
+
+/// One pooled connection: by client identity, waypoint, and the certificate configuration in use.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PoolKey {
+    client: Identity,
+    waypoint: SocketAddr,
+    config: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct HboneClient {
+    pub(super) identities: Option<Arc<IdentityDir>>,
+    sockets: Arc<dyn SocketFactory>,
+    pool: Mutex<HashMap<PoolKey, SendRequest<Empty<Bytes>>>>,
+    pub metrics: Arc<HboneMetrics>,
+}
+
+impl HboneClient {
+    pub(crate) fn new(
+        identities: Option<Arc<IdentityDir>>,
+        sockets: Arc<dyn SocketFactory>,
+        metrics: Arc<HboneMetrics>,
+    ) -> Self {
+        HboneClient {
+            identities,
+            sockets,
+            pool: Mutex::new(HashMap::new()),
+            metrics,
+        }
+    }
+
+    /// The identity of a pod of `namespace` running as `account`, in this mesh's trust domain.
+    pub(crate) fn identity(&self, namespace: &str, account: &str) -> Option<Identity> {
+        Some(Identity {
+            trust_domain: self.identities.as_ref()?.trust_domain().to_string(),
+            namespace: namespace.to_string(),
+            service_account: account.to_string(),
+        })
+    }
+
+    /// A tunnel to `authority` through the waypoint at `waypoint` (of namespace
+    /// `waypoint_namespace`), as `client`. Counted by result.
+    pub(crate) async fn tunnel(
+        &self,
+        client: &Identity,
+        waypoint: SocketAddr,
+        waypoint_namespace: &str,
+        authority: SocketAddr,
+    ) -> Result<Tunnel, HboneError> {
+        let result = self
+            .open(client, waypoint, waypoint_namespace, authority)
+            .await;
+        self.metrics.tunnel(match &result {
+            Ok(_) => "ok",
+            Err(e) => e.label(),
+        });
+        result
+    }
+
+    async fn open(
+        &self,
+        client: &Identity,
+        waypoint: SocketAddr,
+        waypoint_namespace: &str,
+        authority: SocketAddr,
+    ) -> Result<Tunnel, HboneError> {
+        let identities = self.identities.as_ref().ok_or(HboneError::NoIdentities)?;
+        let config = identities.client_config(&client.namespace, &client.service_account)?;
+        let key = PoolKey {
+            client: client.clone(),
+            waypoint,
+            config: Arc::as_ptr(&config) as usize,
+        };
+        let pooled = self.pool.locked().get(&key).cloned();
+        let mut sender = match pooled {
+            Some(sender) if !sender.is_closed() => sender,
+            _ => {
+                let sender = self.connect(config, waypoint, waypoint_namespace).await?;
+                let mut pool = self.pool.locked();
+                // Connections of a configuration replaced since are not reused: drop them.
+                pool.retain(|k, s| !s.is_closed() && (k.client != key.client || k == &key));
+                pool.insert(key, sender.clone());
+                sender
+            }
+        };
+        let request = Request::builder()
+            .method(Method::CONNECT)
+            .uri(authority.to_string())
+            .body(Empty::<Bytes>::new())
+            .map_err(|_| HboneError::Status(StatusCode::BAD_REQUEST))?;
+        let response = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            sender.ready().await?;
+            sender.send_request(request).await
+        })
+        .await
+        .map_err(|_| HboneError::Timeout)??;
+        if response.status() != StatusCode::OK {
+            return Err(HboneError::Status(response.status()));
+        }
+        let upgraded = hyper::upgrade::on(response).await?;
+        Ok(TokioIo::new(upgraded))
+    }
+
+    /// A mutual-TLS HTTP/2 connection to the waypoint, its certificate checked to name an
+    /// identity of `waypoint_namespace`.
+    async fn connect(
+        &self,
+        config: Arc<rustls::ClientConfig>,
+        waypoint: SocketAddr,
+        waypoint_namespace: &str,
+    ) -> Result<SendRequest<Empty<Bytes>>, HboneError> {
+        let tcp = crate::net::connect(&*self.sockets, waypoint, HANDSHAKE_TIMEOUT, None)
+            .await
+            .map_err(HboneError::Connect)?;
+        let connector = tokio_rustls::TlsConnector::from(config);
+        let handshake = connector.connect(ServerName::IpAddress(waypoint.ip().into()), tcp);
+        let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
+            .await
+            .map_err(|_| HboneError::Timeout)?
+            .map_err(HboneError::Tls)?;
+        let peer = tls
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| Identity::of_certificate(leaf));
+        match peer {
+            Some(id) if id.namespace == waypoint_namespace => {}
+            other => {
+                return Err(HboneError::Peer {
+                    presented: other.map_or_else(|| "no identity".to_string(), |id| id.to_string()),
+                    expected: waypoint_namespace.to_string(),
+                });
+            }
+        }
+        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+            // The keep-alive pings need a timer (without one hyper panics).
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .handshake(TokioIo::new(tls))
+            .await?;
+        self.metrics.connection();
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                debug!(%waypoint, error = %e, "HBONE connection ended");
+            }
+        });
+        Ok(sender)
+    }
+}

@@ -1,0 +1,93 @@
+//! A workload identity, as SPIFFE writes it and Istio issues it.
+use std::fmt;
+
+use x509_parser::{extensions::GeneralName, prelude::FromDer};
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Identity {
+    pub trust_domain: String,
+    pub namespace: String,
+    pub service_account: String,
+}
+
+impl Identity {
+    /// `spiffe://<td>/ns/<namespace>/sa/<account>`, or `None` for any other URI.
+    pub(crate) fn parse(uri: &str) -> Option<Identity> {
+        let rest = uri.strip_prefix("spiffe://")?;
+        let mut parts = rest.split('/');
+        let (td, ns_tag, namespace, sa_tag, account) = (
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+            parts.next()?,
+        );
+        let valid = parts.next().is_none()
+            && ns_tag == "ns"
+            && sa_tag == "sa"
+            && [td, namespace, account].iter().all(|p| !p.is_empty());
+        valid.then(|| Identity {
+            trust_domain: td.to_string(),
+            namespace: namespace.to_string(),
+            service_account: account.to_string(),
+        })
+    }
+
+    /// The identity a certificate (DER) names in its URI SAN; `None` when it names none, or more
+    /// than one (no single identity then).
+    pub(crate) fn of_certificate(der: &[u8]) -> Option<Identity> {
+        let (_, cert) = x509_parser::certificate::X509Certificate::from_der(der).ok()?;
+        let san = cert.subject_alternative_name().ok()??;
+        let mut identities = san
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::URI(uri) => Identity::parse(uri),
+                _ => None,
+            });
+        let first = identities.next()?;
+        identities.next().is_none().then_some(first)
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "spiffe://{}/ns/{}/sa/{}",
+            self.trust_domain, self.namespace, self.service_account
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_spiffe_uri_reads_back_as_it_is_written() {
+        let id = Identity::parse("spiffe://cluster.local/ns/team-a/sa/default").unwrap();
+        assert_eq!(id.trust_domain, "cluster.local");
+        assert_eq!(id.namespace, "team-a");
+        assert_eq!(id.service_account, "default");
+        assert_eq!(
+            id.to_string(),
+            "spiffe://cluster.local/ns/team-a/sa/default"
+        );
+    }
+
+    #[test]
+    fn anything_else_is_no_identity() {
+        for uri in [
+            "https://cluster.local/ns/a/sa/b",
+            "spiffe://cluster.local/ns/a",
+            "spiffe://cluster.local/ns/a/sa/b/extra",
+            "spiffe://cluster.local/namespace/a/sa/b",
+            "spiffe:///ns/a/sa/b",
+            "spiffe://td/ns//sa/b",
+        ] {
+            assert_eq!(Identity::parse(uri), None, "{uri}");
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! What HBONE counts: tunnels opened to a waypoint by result.
+use prometheus_client::{
+    encoding::EncodeLabelSet, metrics::counter::Counter, metrics::family::Family,
+    registry::Registry,
+};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: &'static str,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct HboneMetrics {
+    tunnels: Family<ResultLabel, Counter>,
+    connections: Counter,
+}
+
+impl HboneMetrics {
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "redirect_hbone_tunnels",
+            "HBONE tunnels (HTTP/2 CONNECT streams) opened toward waypoints, by result: ok, no_identity, connect_failed, tls_refused, peer_refused (the waypoint's certificate named another namespace), status (not 200)",
+            self.tunnels.clone(),
+        );
+        registry.register(
+            "redirect_hbone_connections",
+            "Mutual-TLS HTTP/2 connections opened toward waypoints (tunnels share them)",
+            self.connections.clone(),
+        );
+    }
+
+    pub(crate) fn tunnel(&self, result: &'static str) {
+        self.tunnels.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    pub(crate) fn connection(&self) {
+        self.connections.inc();
+    }
+
+    #[cfg(test)]
+    pub(crate) fn connections(&self) -> u64 {
+        self.connections.get()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn tunnels(&self, result: &'static str) -> u64 {
+        self.tunnels.get_or_create(&ResultLabel { result }).get()
+    }
+}

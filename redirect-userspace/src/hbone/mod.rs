@@ -1,0 +1,24 @@
+//! HBONE, the ambient mesh's tunnel (`docs/data-plane.md#waypoints`): an HTTP/2 `CONNECT` to the
+//! original destination, over mutual TLS 1.3 to port 15008, each side authenticated by a
+//! certificate naming its workload identity `spiffe://<trust domain>/ns/<namespace>/sa/<account>`.
+//! The proxy carries a connection to a service bound to a waypoint this way, as ztunnel does.
+mod certs;
+mod client;
+mod identity;
+mod metrics;
+
+pub(crate) use certs::{CertError, IdentityDir};
+pub(crate) use client::HboneClient;
+#[cfg(test)]
+use client::HboneError;
+pub(crate) use identity::Identity;
+pub(crate) use metrics::HboneMetrics;
+
+/// The port a waypoint (and ztunnel) accepts HBONE on.
+pub(crate) const PORT: u16 = 15008;
+
+/// The trust domain of a mesh that configures none.
+pub(crate) const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
+
+#[cfg(test)]
+mod tests;
