@@ -50,6 +50,7 @@ pub mod netns;
 pub mod pace;
 pub mod pattern;
 pub mod peer;
+pub mod pki;
 pub mod proc;
 pub mod procfs;
 pub mod run;

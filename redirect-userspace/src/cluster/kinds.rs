@@ -292,7 +292,8 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
             if let Some(Value::Object(mut spec)) = spec {
                 let containers = spec.remove("containers");
                 let node_fields: &[&str] = match kind {
-                    Kind::Pod => &["nodeName"],
+                    // A client's service account names its workload identity (HBONE).
+                    Kind::Pod => &["nodeName", "serviceAccountName"],
                     _ => &[],
                 };
                 let mut kept = keep(spec, node_fields);

@@ -18,12 +18,12 @@ pub(crate) struct HboneMetrics {
 impl HboneMetrics {
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
-            "redirect_hbone_tunnels",
+            "hbone_tunnels",
             "HBONE tunnels (HTTP/2 CONNECT streams) opened toward waypoints, by result: ok, no_identity, connect_failed, tls_refused, peer_refused (the waypoint's certificate named another namespace), status (not 200)",
             self.tunnels.clone(),
         );
         registry.register(
-            "redirect_hbone_connections",
+            "hbone_connections",
             "Mutual-TLS HTTP/2 connections opened toward waypoints (tunnels share them)",
             self.connections.clone(),
         );

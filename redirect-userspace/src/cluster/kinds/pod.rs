@@ -281,6 +281,7 @@ mod tests {
                 },
                 "spec": {
                     "nodeName": "node-1",
+                    "serviceAccountName": "default",
                     "containers": [
                         {"ports": [{"name": "http", "containerPort": 8080},
                                    {"name": "metrics", "containerPort": 9090}]},

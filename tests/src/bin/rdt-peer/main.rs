@@ -2,14 +2,18 @@
 //!
 //! `serve` answers HTTP on every `--listen` address (`GET /` -> name, `GET /peer` -> the client address it
 //! saw, `GET /blob/<n>` -> n pattern bytes, `POST /sha256` -> hex sha256 of the body) and echoes raw TCP on
-//! every `--echo` address. The client subcommands do what curl cannot: see `--help`.
+//! every `--echo` address. `hbone` terminates HBONE (HTTP/2 CONNECT over mutual TLS) as a waypoint
+//! would; `hbone-client` opens one such tunnel. The client subcommands do what curl cannot: see
+//! `--help`.
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 mod client;
 mod dns;
+mod hbone;
 mod load;
 mod mix;
 mod serve;
@@ -187,6 +191,54 @@ enum Command {
         #[arg(long)]
         count: u32,
     },
+    /// Terminate HBONE until killed: mutual TLS 1.3 (ALPN h2, a client certificate chaining to
+    /// `--root` required), then HTTP/2 CONNECT, each tunnel carried to its `--route` backend over
+    /// TCP. Prints `listening ADDR`, then per event `connect authority= identity= backend= status=`,
+    /// `closed authority= sent= received=`, `refused tls error=`, `refused method=`.
+    Hbone {
+        /// Name for the logs.
+        #[arg(long)]
+        name: String,
+        /// Listen address (repeatable).
+        #[arg(long)]
+        listen: Vec<SocketAddr>,
+        /// Own certificate chain (PEM, leaf first).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Own private key (PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// Roots client certificates must chain to (PEM).
+        #[arg(long)]
+        root: PathBuf,
+        /// `AUTHORITY=BACKEND`: a CONNECT to AUTHORITY (IP:PORT) is carried to BACKEND (IP:PORT)
+        /// (repeatable); any other authority gets 503.
+        #[arg(long = "route")]
+        routes: Vec<String>,
+    },
+    /// One HBONE tunnel: mutual TLS 1.3 to `--connect` (the server's certificate must chain to
+    /// `--root`; its names are not checked), HTTP/2 CONNECT `--authority`. Prints
+    /// `peer identity=URI`, `status N`; on 200 sends `--send`, half-closes and prints
+    /// `got TEXT` with everything read back. Exits 1 unless the status is 200 and the tunnel ends cleanly.
+    HboneClient {
+        #[arg(long)]
+        connect: SocketAddr,
+        /// Own certificate chain (PEM, leaf first).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Own private key (PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// Roots the server's certificate must chain to (PEM).
+        #[arg(long)]
+        root: PathBuf,
+        /// The CONNECT target, `IP:PORT`.
+        #[arg(long)]
+        authority: String,
+        /// Text to send through the tunnel before half-closing it.
+        #[arg(long)]
+        send: Option<String>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -252,6 +304,36 @@ fn main() -> ExitCode {
             from,
             count,
         } => client::dns_forge(server, &name, from, count),
+        Command::Hbone {
+            name,
+            listen,
+            cert,
+            key,
+            root,
+            routes,
+        } => hbone::serve(hbone::ServeArgs {
+            name,
+            listen,
+            cert,
+            key,
+            root,
+            routes,
+        }),
+        Command::HboneClient {
+            connect,
+            cert,
+            key,
+            root,
+            authority,
+            send,
+        } => hbone::client(hbone::ClientArgs {
+            connect,
+            cert,
+            key,
+            root,
+            authority,
+            send,
+        }),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,327 @@
+//! Waypoints on the data path (`docs/data-plane.md#waypoints`): a service bound to a waypoint is
+//! reached through it, over HBONE (HTTP/2 `CONNECT` over mutual TLS to port 15008) as the client
+//! pod's workload identity. The waypoint is `rdt-peer hbone`, a stand-in that records each
+//! `CONNECT`'s authority and the client's SPIFFE identity and carries the stream to the service's
+//! endpoint; the certificates come from the suite's test CA.
+use std::{path::Path, time::Duration};
+
+use anyhow::{Context, Result, ensure};
+use integration::pki::TestCa;
+use integration::proc::Proc;
+use integration::world::{Reach, World};
+use integration::{pace, peer};
+
+/// team-a's waypoint (the Service `team-a/team-a-waypoint` the entry `api-example` binds) and
+/// istio-system's (`egress-waypoint`, which the PUBLIC `metrics` binds and team-b's NAMESPACE
+/// `payments` may not).
+const TEAM_A_WAYPOINT: &str = "198.51.100.95";
+const EGRESS_WAYPOINT: &str = "198.51.100.96";
+const API_VIP: &str = "203.0.113.10:80";
+const API_ENDPOINT: &str = "198.51.100.20:80";
+const METRICS_VIP: &str = "203.0.113.30:80";
+const METRICS_ENDPOINT: &str = "198.51.100.30:80";
+const PAYMENTS_VIP: &str = "203.0.113.70:443";
+const PAYMENTS_ENDPOINT: &str = "198.51.100.70:443";
+const TRUST_DOMAIN: &str = "cluster.local";
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The waypoints' Services, as Istio deploys one beside each waypoint Gateway.
+fn waypoint_services() -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: team-a-waypoint, namespace: team-a}}\nspec: {{clusterIP: {TEAM_A_WAYPOINT}, ports: [{{port: 15008, name: mesh}}]}}\n---\napiVersion: v1\nkind: Service\nmetadata: {{name: egress-waypoint, namespace: istio-system}}\nspec: {{clusterIP: {EGRESS_WAYPOINT}, ports: [{{port: 15008, name: mesh}}]}}\n"
+    )
+}
+
+/// A world whose agent has the waypoints' Services and the pods' certificates from `ca`.
+fn world(ca: &TestCa, identities: &Path) -> Result<World> {
+    ca.write_identity_dir(
+        identities,
+        &[
+            ("team-a", "default"),
+            ("team-b", "default"),
+            ("team-c", "default"),
+        ],
+        DAY,
+    )?;
+    let dir = identities.to_string_lossy().to_string();
+    World::start_args(
+        |config| {
+            std::fs::write(config.join("90-waypoints.yaml"), waypoint_services())
+                .context("writing the waypoints' Services")
+        },
+        &integration::Launch::default(),
+        &["--identity-dir", &dir, "--trust-domain", TRUST_DOMAIN],
+    )
+}
+
+/// A waypoint stand-in in ext at `ip`:15008 with the certificate of `namespace/account` from `ca`,
+/// carrying each `CONNECT` of `routes` (authority, endpoint) to its endpoint.
+fn stand_in(
+    w: &World,
+    ca: &TestCa,
+    name: &str,
+    ip: &str,
+    (namespace, account): (&str, &str),
+    routes: &[(&str, &str)],
+) -> Result<Proc> {
+    let files = w.topo.scratch_path(&format!("waypoint-{name}"));
+    std::fs::create_dir_all(&files)?;
+    ca.write_server_files(&files, namespace, account, DAY)?;
+    w.topo.ensure_ext_address(ip.parse::<std::net::IpAddr>()?)?;
+    let listen = format!("{ip}:15008");
+    let file = |f: &str| files.join(f).to_string_lossy().to_string();
+    let mut cmd = peer::cmd(w.topo.ext())?.args([
+        "hbone",
+        "--name",
+        name,
+        "--listen",
+        &listen,
+        "--cert",
+        &file("cert-chain.pem"),
+        "--key",
+        &file("key.pem"),
+        "--root",
+        &file("root-cert.pem"),
+    ]);
+    for (authority, endpoint) in routes {
+        cmd = cmd.args(["--route", &format!("{authority}={endpoint}")]);
+    }
+    let mut proc = cmd.spawn()?;
+    proc.wait_for_log(
+        &format!("listening {listen}"),
+        pace::scaled(Duration::from_secs(10)),
+    )?;
+    Ok(proc)
+}
+
+/// The `connect` lines a stand-in printed.
+fn connects(proc: &Proc) -> Vec<String> {
+    proc.log()
+        .lines()
+        .filter(|l| l.starts_with("connect "))
+        .map(str::to_string)
+        .collect()
+}
+
+fn spiffe(namespace: &str) -> String {
+    format!("spiffe://{TRUST_DOMAIN}/ns/{namespace}/sa/default")
+}
+
+#[test]
+fn a_bound_service_is_reached_through_its_waypoint_as_the_client_identity() -> Result<()> {
+    let ca = TestCa::new(TRUST_DOMAIN)?;
+    let scratch = tempdir("through")?;
+    let w = world(&ca, &scratch)?;
+    let team_a = stand_in(
+        &w,
+        &ca,
+        "team-a",
+        TEAM_A_WAYPOINT,
+        ("team-a", "team-a-waypoint"),
+        &[(API_VIP, API_ENDPOINT)],
+    )?;
+    let egress = stand_in(
+        &w,
+        &ca,
+        "egress",
+        EGRESS_WAYPOINT,
+        ("istio-system", "egress-waypoint"),
+        &[
+            (METRICS_VIP, METRICS_ENDPOINT),
+            (PAYMENTS_VIP, PAYMENTS_ENDPOINT),
+        ],
+    )?;
+
+    // team-a's NAMESPACE entry, bound to team-a's waypoint: through it, as team-a's pod.
+    for _ in 0..3 {
+        let reach = w.curl("team-a", "http://api.example.com/")?;
+        ensure!(reach == Reach::server("api-endpoint"), "{reach:?}");
+    }
+    let seen = connects(&team_a);
+    ensure!(
+        seen.len() == 3,
+        "three CONNECTs: {seen:#?}\n{}",
+        team_a.log()
+    );
+    for line in &seen {
+        ensure!(
+            line.contains(&format!("authority={API_VIP} "))
+                && line.contains(&format!("identity={} ", spiffe("team-a")))
+                && line.contains("status=200"),
+            "{line}"
+        );
+    }
+    // The decision is the proxy's (the kernel hands bound services over), and the access log says
+    // which waypoint carried it.
+    let explained = w
+        .agent
+        .admin_get(&format!("/explain?from=team-a&ip={API_VIP}"))?
+        .text();
+    let compact: String = explained.split_whitespace().collect();
+    ensure!(compact.contains("\"decidedBy\":\"proxy\""), "{explained}");
+    ensure!(
+        explained.contains("waypoint team-a/team-a-waypoint"),
+        "{explained}"
+    );
+    let log = w.agent.log();
+    ensure!(
+        log.lines().any(|l| l.contains("access:")
+            && l.contains("waypoint=team-a/team-a-waypoint")
+            && l.contains(&format!("endpoint={TEAM_A_WAYPOINT}:15008"))),
+        "no access-log line names the waypoint:\n{log}"
+    );
+
+    // team-b cannot see it: its name is answered upstream and the connection passes through to
+    // the real host, never to a waypoint.
+    let (_, reach) = w.check_host("team-b", "api.example.com", 80)?;
+    ensure!(reach == Reach::server("public-api"), "{reach:?}");
+    let reach = w.curl("team-b", &format!("http://{API_VIP}/"))?;
+    ensure!(reach == Reach::server("real-203.0.113.10"), "{reach:?}");
+    ensure!(
+        connects(&team_a).len() == 3,
+        "team-b went through team-a's waypoint"
+    );
+
+    // A PUBLIC entry binds a waypoint of another namespace: every client goes through it, each
+    // as itself.
+    for ns in ["team-a", "team-c"] {
+        let reach = w.curl(ns, "http://metrics.example.com/")?;
+        ensure!(
+            reach == Reach::server("metrics-endpoint"),
+            "{ns}: {reach:?}"
+        );
+    }
+    let seen = connects(&egress);
+    for ns in ["team-a", "team-c"] {
+        ensure!(
+            seen.iter()
+                .any(|l| l.contains(&format!("authority={METRICS_VIP} "))
+                    && l.contains(&format!("identity={} ", spiffe(ns)))),
+            "{ns} not seen at the egress waypoint: {seen:#?}"
+        );
+    }
+
+    // team-b's NAMESPACE entry asks for istio-system's waypoint: refused, so reached directly.
+    let echoed = peer::cmd(w.client("team-b").place())?
+        .args(["echo", PAYMENTS_VIP, "--bytes", "1000"])
+        .timeout(pace::scaled(Duration::from_secs(20)))
+        .output()?;
+    ensure!(echoed.success(), "{echoed}");
+    ensure!(
+        !connects(&egress).iter().any(|l| l.contains(PAYMENTS_VIP)),
+        "a refused binding went through the waypoint: {:#?}",
+        connects(&egress)
+    );
+    let out = std::process::Command::new(integration::Agent::bin()?)
+        .args(["resolve", "-o", "json", "-f"])
+        .arg(w.config_dir())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resolved: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let payments = resolved["serviceEntries"]
+        .as_array()
+        .and_then(|entries| {
+            entries
+                .iter()
+                .find(|e| e["name"] == "payments" && e["namespace"] == "team-b")
+        })
+        .context("payments in resolve's output")?;
+    ensure!(
+        payments["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| {
+                c["type"] == "istio.io/WaypointBound"
+                    && c["status"] == "False"
+                    && c["reason"] == "CrossNamespaceWaypointForbidden"
+            })),
+        "{payments}"
+    );
+
+    let metrics = w.agent.metrics()?;
+    ensure!(
+        metrics.get_or_zero(r#"redirect_hbone_tunnels_total{result="ok"}"#) >= 5.0,
+        "{:#?}",
+        metrics.samples()
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+#[test]
+fn a_waypoint_with_another_trust_domains_certificate_is_refused_and_counted() -> Result<()> {
+    let ca = TestCa::new(TRUST_DOMAIN)?;
+    let foreign = TestCa::new("other.example")?;
+    let scratch = tempdir("foreign")?;
+    let w = world(&ca, &scratch)?;
+    let impostor = stand_in(
+        &w,
+        &foreign,
+        "impostor",
+        TEAM_A_WAYPOINT,
+        ("team-a", "team-a-waypoint"),
+        &[(API_VIP, API_ENDPOINT)],
+    )?;
+    let reach = w.curl("team-a", &format!("http://{API_VIP}/"))?;
+    ensure!(reach == Reach::Reset, "{reach:?}");
+    ensure!(connects(&impostor).is_empty(), "{}", impostor.log());
+    // The impostor does not trust our pod either: it saw a handshake fail.
+    w.agent
+        .wait_metrics("a refused HBONE handshake", Duration::from_secs(5), |m| {
+            m.get_or_zero(r#"redirect_hbone_tunnels_total{result="tls_refused"}"#) >= 1.0
+        })?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+#[test]
+fn certificates_rotate_without_a_failed_connection() -> Result<()> {
+    let ca = TestCa::new(TRUST_DOMAIN)?;
+    let scratch = tempdir("rotate")?;
+    let w = world(&ca, &scratch)?;
+    let team_a = stand_in(
+        &w,
+        &ca,
+        "team-a",
+        TEAM_A_WAYPOINT,
+        ("team-a", "team-a-waypoint"),
+        &[(API_VIP, API_ENDPOINT)],
+    )?;
+    // Curls in a loop while the pod's certificate is replaced twice.
+    let script = format!(
+        "for i in $(seq 60); do curl -sS -o /dev/null --max-time {} http://api.example.com/ || exit 1; sleep 0.05; done",
+        pace::scaled_secs(10)
+    );
+    let curls = w.client("team-a").cmd("sh").args(["-c", &script]).spawn()?;
+    for _ in 0..2 {
+        std::thread::sleep(Duration::from_millis(1200));
+        ca.write_identity_dir(&scratch, &[("team-a", "default")], DAY)?;
+    }
+    let mut curls = curls;
+    let status = curls.wait(pace::scaled(Duration::from_secs(60)))?;
+    ensure!(
+        status.success(),
+        "a curl failed during rotation:\n{}",
+        curls.log()
+    );
+    ensure!(connects(&team_a).len() == 60, "{}", team_a.log());
+    let metrics = w.agent.metrics()?;
+    ensure!(
+        metrics.get_or_zero("redirect_hbone_connections_total") >= 2.0,
+        "a rotation opens a new connection: {:#?}",
+        metrics.samples()
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// A fresh directory for one test's certificates.
+fn tempdir(name: &str) -> Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("rdt-waypoint-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
