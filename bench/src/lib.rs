@@ -78,6 +78,12 @@ pub struct BenchArgs {
     /// table. Writes no files.
     #[arg(long, conflicts_with_all = ["at_size_only", "audit_only"])]
     records_only: bool,
+    /// Measure only the direct path and the agent's fast path to the bench's service and to a
+    /// second entry of the same server bound to a waypoint (carried over HBONE to `rdt-peer hbone`
+    /// standing in for the waypoint beside the servers), over the TCP tests (or those `--only`
+    /// picks); print their table. Writes no files.
+    #[arg(long, conflicts_with_all = ["at_size_only", "audit_only", "records_only"])]
+    waypoint_only: bool,
     /// Measure only the cluster as the source at scale (`run --kube`: 1,000 Namespaces, 10,000 Pods,
     /// 10,000 ServiceEntries) and write its section of BENCHMARKS.md, leaving the rest of the file as
     /// it is. A full run measures it too.
@@ -127,7 +133,11 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     let measuring = Instant::now();
     // `--only`, `--at-size-only`: the picked tests and paths and their table; no memory, no
     // criterion, no files.
-    let full = args.only.is_empty() && !args.at_size_only && !args.audit_only && !args.records_only;
+    let full = args.only.is_empty()
+        && !args.at_size_only
+        && !args.audit_only
+        && !args.records_only
+        && !args.waypoint_only;
     let mut picked = if args.only.is_empty() {
         rounds::Pick::ALL.to_vec()
     } else {
@@ -145,12 +155,23 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     } else if args.records_only {
         picked.retain(|p| *p != rounds::Pick::Dns);
         rounds::Paths::RecordsOnly
+    } else if args.waypoint_only {
+        picked.retain(|p| *p != rounds::Pick::Dns);
+        if picked.is_empty() {
+            bail!("--waypoint-only measures the TCP tests: --only dns leaves none");
+        }
+        rounds::Paths::WaypointOnly
     } else {
         rounds::Paths::All
     };
     let (results, commands, memory, at_size) = {
-        let scene =
+        let mut scene =
             scene::Scene::build(peer, args.agent_cpu).context("building the bench topology")?;
+        if paths == rounds::Paths::WaypointOnly {
+            scene
+                .add_waypoint(peer)
+                .context("the waypoint and its certificates")?;
+        }
         let config = scene.write_at_size_config()?;
         println!(
             "xtask bench: the agent at size ({} files beside bench.yaml, {:.1} MiB)",

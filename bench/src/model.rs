@@ -34,6 +34,10 @@ pub(crate) enum Route {
     FastServiceNoRecords,
     /// `FastPassthrough` with `--kernel-records off`.
     FastPassthroughNoRecords,
+    /// A second entry of the same server, bound to a waypoint, as the agent runs by default: the
+    /// kernel hands it to the proxy, which tunnels it over HBONE to the waypoint's stand-in, which
+    /// connects to the server.
+    FastWaypoint,
     /// A `resolution: DNS` entry with an allocated address, as the agent runs by default: the
     /// kernel rewrites the VIP to the address the agent resolved ahead.
     FastDnsService,
@@ -64,6 +68,7 @@ impl Route {
             Route::FastPassthroughAudit => "passthrough (fast path, audit on)",
             Route::FastServiceNoRecords => "service (fast path, kernel records off)",
             Route::FastPassthroughNoRecords => "passthrough (fast path, kernel records off)",
+            Route::FastWaypoint => "service through a waypoint (HBONE)",
             Route::FastDnsService => "DNS-resolved service (default: fast path)",
             Route::DnsUpstream => "straight to upstream",
             Route::DnsForwarded => "forwarded by agent (TTL 0)",

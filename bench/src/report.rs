@@ -71,6 +71,7 @@ const RECORDS_ROUTES: [Route; 5] = [
     Route::FastPassthrough,
     Route::FastPassthroughNoRecords,
 ];
+const WAYPOINT_ROUTES: [Route; 3] = [Route::Direct, Route::FastService, Route::FastWaypoint];
 const DNS_ROUTES: [Route; 4] = [
     Route::DnsUpstream,
     Route::DnsForwarded,
@@ -162,6 +163,33 @@ impl BenchReport<'_> {
                 &mut s,
                 &RECORDS_ROUTES,
                 &[Metric::Throughput1, Metric::ConnRate, Metric::AgentCpu],
+            );
+        }
+        let waypoint = [Metric::Throughput1, Metric::LatencyP50, Metric::ConnRate]
+            .iter()
+            .any(|m| self.results.summary(*m, Route::FastWaypoint).is_some());
+        if waypoint {
+            let _ = write!(
+                s,
+                "\n### Waypoint (HBONE)\n\nThe default agent with the pods' certificates (`--identity-dir`, `--trust-domain {td}`) and a second entry of the same server (VIP {vip}) bound to the waypoint `{ns}/{name}` (its Service at {wp}:{port}): the kernel hands its connections to the proxy, which carries each as an HTTP/2 CONNECT stream over one pooled mutual-TLS 1.3 connection to the harness's `rdt-peer hbone` standing in for the waypoint (in ext beside the servers, on CPU {cpu}), which connects to the server. Beside it, the same agent's fast path to the unbound entry, in the same run; the agent's CPU is its user and system time over the wrk run:\n\n",
+                td = scene::TRUST_DOMAIN,
+                vip = scene::WAYPOINT_VIP,
+                ns = scene::pod_namespace(),
+                name = scene::WAYPOINT_NAME,
+                wp = scene::WAYPOINT_IP,
+                port = scene::HBONE_PORT,
+                cpu = scene::SERVER_CPU,
+            );
+            self.table(
+                &mut s,
+                &WAYPOINT_ROUTES,
+                &[
+                    Metric::Throughput1,
+                    Metric::LatencyP50,
+                    Metric::LatencyP99,
+                    Metric::ConnRate,
+                    Metric::AgentCpu,
+                ],
             );
         }
         s.push_str("\n## 4. DNS (dnsperf, UDP): queries/s with 64 outstanding; mean latency with 1 outstanding, µs\n\n");
@@ -552,6 +580,7 @@ mod tests {
         for round in 0..2 {
             results.record(round, Metric::Throughput1, Route::Direct, Some(20.0));
             results.record(round, Metric::Throughput1, Route::Service, Some(16.0));
+            results.record(round, Metric::Throughput1, Route::FastWaypoint, Some(5.0));
         }
         let machine = Machine {
             cpu: "Test CPU".into(),
@@ -593,6 +622,8 @@ mod tests {
             "Test CPU, 2 CPUs",
             "kept analysis",
             "| service (fast path, 20k entries, 100k pods) | – | – |",
+            "### Waypoint (HBONE)",
+            "| service through a waypoint (HBONE) | 5.00 (5.00–5.00) | 0.25× (0.25–0.25) |",
             "VmRSS **120.0 MiB** (peak 150.0 MiB)",
             "**6.0 MiB** of the 64.0 MiB budget: exact 40,004 entries in room for 65,536, 4.0 MiB; workloads 200,002 entries in room for 262,144, ~2.0 MiB",
             "20,000 STATIC ServiceEntries",

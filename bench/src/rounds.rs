@@ -48,6 +48,9 @@ pub(crate) enum Paths {
     /// Only the fast path with the kernel's connection records on (the default) and off
     /// (`--records-only`): TCP tests only.
     RecordsOnly,
+    /// Only the fast path's service and the same server through a waypoint (`--waypoint-only`),
+    /// one agent: TCP tests only.
+    WaypointOnly,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +169,7 @@ impl<'a> Runner<'a> {
                             Phase::Agent(Relay::FastPath),
                             Phase::Agent(Relay::FastPathNoRecords),
                         ],
+                        Paths::WaypointOnly => vec![Phase::Agent(Relay::FastPathWaypoint)],
                     });
                 }
                 if round % 2 == 1 {
@@ -222,6 +226,7 @@ impl<'a> Runner<'a> {
             (_, Relay::FastPathNoRecords) => {
                 vec![Route::FastServiceNoRecords, Route::FastPassthroughNoRecords]
             }
+            (_, Relay::FastPathWaypoint) => vec![Route::FastService, Route::FastWaypoint],
         };
         if round % 2 == 1 {
             routes.reverse();
@@ -248,6 +253,13 @@ impl<'a> Runner<'a> {
             let after = agent.metrics()?;
             verify::outbound(route, before, &after, opens)?;
             agent_cpu = Some(used.cpu_percent(agent)?);
+            if route == Route::FastWaypoint {
+                let (tunnels, connections) = verify::hbone_use(before, &after);
+                let (lines, resets) = used.waypoint_lines_since(agent);
+                println!(
+                    "xtask bench:   HBONE over {opens} connections: {tunnels} tunnels on {connections} new connections to the waypoint; access log: {lines} lines through it, {resets} ended `reset`"
+                );
+            }
             if test == Tcp::ConnRate && records_every_connection(route) {
                 // The last records of the run wait up to the agent's collection tick.
                 std::thread::sleep(RECORDS_COLLECTED);
@@ -402,6 +414,25 @@ impl AgentUse {
     fn lines_since(&self, agent: &Agent) -> u64 {
         access_lines(agent).saturating_sub(self.lines)
     }
+
+    /// Of the access-log lines written since, those through the bench's waypoint, and how many of
+    /// them ended `reset`.
+    fn waypoint_lines_since(&self, agent: &Agent) -> (u64, u64) {
+        let through = format!(
+            "waypoint={}/{}",
+            scene::pod_namespace(),
+            scene::WAYPOINT_NAME
+        );
+        let log = agent.log();
+        let lines = log
+            .lines()
+            .filter(|l| l.contains("access: connection"))
+            .skip(self.lines as usize)
+            .filter(|l| l.contains(&through));
+        lines.fold((0, 0), |(n, resets), l| {
+            (n + 1, resets + u64::from(l.contains("end=reset")))
+        })
+    }
 }
 
 fn access_lines(agent: &Agent) -> u64 {
@@ -426,6 +457,7 @@ pub(crate) fn tcp_command(
         | Route::FastServiceAudit
         | Route::FastServiceNoRecords => scene::VIP,
         Route::FastDnsService => scene::dns_vip(),
+        Route::FastWaypoint => scene::WAYPOINT_VIP,
         _ => scene::SERVER_IP,
     };
     let secs = settings.secs;

@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use integration::pki::TestCa;
 use integration::procfs::{self, Proto};
-use integration::{Agent, Launch, Pod, Proc, RESOLVER_IP, Topology};
+use integration::{Agent, Launch, Place, Pod, Proc, RESOLVER_IP, Topology};
 
 use super::{iperf, sockperf, synthetic};
 
@@ -42,6 +43,22 @@ pub(crate) const RESOLVED_NAME: &str = "resolved.bench.example";
 const RESOLVED_ENTRY: &str = "resolved";
 /// The TTL dnsmasq gives [`CACHED_NAME`] and [`RESOLVED_NAME`] (a cluster DNS's usual).
 pub(crate) const CACHED_TTL: u32 = 30;
+
+/// `--waypoint-only`: the waypoint (its Service in the bench's namespace, as Istio deploys one
+/// beside a waypoint Gateway) and the entry bound to it, whose VIP leads to the same server.
+pub(crate) const WAYPOINT_NAME: &str = "bench-waypoint";
+/// The waypoint's address (its Service's cluster IP): an address of ext, beside the servers,
+/// where `rdt-peer hbone` stands in for it on port 15008.
+pub(crate) const WAYPOINT_IP: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 21);
+pub(crate) const HBONE_PORT: u16 = 15008;
+/// The bound entry's VIP: routed nowhere, like [`VIP`].
+pub(crate) const WAYPOINT_VIP: Ipv4Addr = Ipv4Addr::new(100, 64, 0, 11);
+const WAYPOINT_ENTRY: &str = "backend-waypoint";
+const WAYPOINT_HOST: &str = "waypoint.bench.example";
+/// The trust domain of the pods' and the waypoint's certificates (the agent's default).
+pub(crate) const TRUST_DOMAIN: &str = "cluster.local";
+/// How long the bench's certificates are valid: longer than any run.
+const CERT_LIFETIME: Duration = Duration::from_secs(24 * 3600);
 
 /// How long the agent with the config at size may take to be ready: it loads, checks and compiles
 /// 120,000 objects first (seconds in a release build, more on a busy machine).
@@ -74,14 +91,20 @@ pub(crate) enum Relay {
     /// `FastPath` with `--kernel-records off`: the kernel records none of its decisions (the
     /// default records all).
     FastPathNoRecords,
+    /// `FastPath` on the waypoint config (the bench's and an entry bound to a waypoint, see
+    /// [`Scene::add_waypoint`]) with the pods' certificates (`--identity-dir`, `--trust-domain`):
+    /// the kernel hands the bound entry's connections to the proxy, which tunnels them over HBONE.
+    FastPathWaypoint,
 }
 
 impl Relay {
     pub(crate) fn arg(self) -> &'static str {
         match self {
-            Relay::Splice | Relay::FastPath | Relay::FastPathAudit | Relay::FastPathNoRecords => {
-                "splice"
-            }
+            Relay::Splice
+            | Relay::FastPath
+            | Relay::FastPathAudit
+            | Relay::FastPathNoRecords
+            | Relay::FastPathWaypoint => "splice",
             Relay::Copy => "copy",
         }
     }
@@ -93,6 +116,8 @@ pub(crate) struct Scene {
     topo: Topology,
     pod: Pod,
     config_dir: PathBuf,
+    /// The config directory of [`Relay::FastPathWaypoint`], once [`Scene::add_waypoint`] wrote it.
+    waypoint_config_dir: Option<PathBuf>,
     /// Where the agent runs for the TCP tests (None: wherever the scheduler puts it).
     agent_cpu: Option<u32>,
 }
@@ -123,17 +148,7 @@ impl Scene {
         let ext = topo.ext();
         let mut servers = Vec::new();
         let start = |program: &str, args: Vec<String>, proto: Proto, addr: SocketAddrV4| {
-            let mut proc = ext
-                .cmd("taskset")
-                .args(["-c", &SERVER_CPU.to_string(), program])
-                .args(args)
-                .spawn()?;
-            let pid = proc.pid();
-            procfs::wait_bound(pid, proto, &[addr], Duration::from_secs(10), || {
-                proc.is_running()
-            })
-            .with_context(|| format!("{program} in ext; log:\n{}", proc.log()))?;
-            anyhow::Ok(proc)
+            start_server(ext, program, args, proto, addr)
         };
         servers.push(start(
             "iperf3",
@@ -172,8 +187,58 @@ impl Scene {
             topo,
             pod,
             config_dir,
+            waypoint_config_dir: None,
             agent_cpu,
         })
+    }
+
+    /// For [`Relay::FastPathWaypoint`]: a test CA's certificates for the pod (`bench/default`)
+    /// and the waypoint (`bench/bench-waypoint`), the config directory with the bound entry, and
+    /// the waypoint's stand-in (`peer hbone`, pinned beside the servers) on [`WAYPOINT_IP`],
+    /// carrying each `CONNECT` to the bound entry's VIP and port to the server's same port.
+    pub(crate) fn add_waypoint(&mut self, peer: &Path) -> Result<()> {
+        let ca = TestCa::new(TRUST_DOMAIN)?;
+        let config_dir = self.topo.scratch_path("config-waypoint");
+        fs::create_dir_all(&config_dir)?;
+        fs::write(config_dir.join("bench.yaml"), bench_config())?;
+        fs::write(config_dir.join("waypoint.yaml"), waypoint_config())?;
+        let ns = pod_namespace();
+        let identities = identity_dir(&config_dir.to_string_lossy());
+        ca.write_identity_dir(Path::new(&identities), &[(ns, "default")], CERT_LIFETIME)?;
+        let files = self.topo.scratch_path("waypoint-certs");
+        ca.write_server_files(&files, ns, WAYPOINT_NAME, CERT_LIFETIME)?;
+
+        self.topo.ensure_ext_address(WAYPOINT_IP)?;
+        let file = |name: &str| files.join(name).to_string_lossy().into_owned();
+        let listen = SocketAddrV4::new(WAYPOINT_IP, HBONE_PORT);
+        let mut args: Vec<String> = [
+            "hbone",
+            "--name",
+            WAYPOINT_NAME,
+            "--listen",
+            &listen.to_string(),
+            "--cert",
+            &file("cert-chain.pem"),
+            "--key",
+            &file("key.pem"),
+            "--root",
+            &file("root-cert.pem"),
+        ]
+        .map(String::from)
+        .to_vec();
+        for port in [HTTP_PORT, IPERF_PORT, SOCKPERF_PORT] {
+            args.push("--route".into());
+            args.push(format!(
+                "{}={}",
+                SocketAddrV4::new(WAYPOINT_VIP, port),
+                SocketAddrV4::new(SERVER_IP, port)
+            ));
+        }
+        let program = peer.to_string_lossy();
+        let proc = start_server(self.topo.ext(), &program, args, Proto::Tcp, listen)?;
+        self._servers.push(proc);
+        self.waypoint_config_dir = Some(config_dir);
+        Ok(())
     }
 
     pub(crate) fn topo(&self) -> &Topology {
@@ -185,9 +250,17 @@ impl Scene {
         self.start_agent_on(relay, self.agent_cpu)
     }
 
-    /// Starts the agent with the bench config, every thread on `cpu` (None: unpinned).
+    /// Starts the agent with the bench config (the waypoint's for [`Relay::FastPathWaypoint`]),
+    /// every thread on `cpu` (None: unpinned).
     pub(crate) fn start_agent_on(&self, relay: Relay, cpu: Option<u32>) -> Result<Agent> {
-        let config = self.config_dir.to_string_lossy().into_owned();
+        let config = match relay {
+            Relay::FastPathWaypoint => self
+                .waypoint_config_dir
+                .as_ref()
+                .context("the waypoint is not set up (Scene::add_waypoint)")?,
+            _ => &self.config_dir,
+        };
+        let config = config.to_string_lossy().into_owned();
         start_agent(&self.topo, &agent_args(&config, relay), cpu)
     }
 
@@ -302,6 +375,27 @@ pub(crate) fn agent_command_with(prefix: &str, config: &str, relay: Relay) -> St
     )
 }
 
+/// Starts `program` with `args` in ext pinned to the server CPU; returns once it listens on `addr`.
+fn start_server(
+    ext: &Place,
+    program: &str,
+    args: Vec<String>,
+    proto: Proto,
+    addr: SocketAddrV4,
+) -> Result<Proc> {
+    let mut proc = ext
+        .cmd("taskset")
+        .args(["-c", &SERVER_CPU.to_string(), program])
+        .args(args)
+        .spawn()?;
+    let pid = proc.pid();
+    procfs::wait_bound(pid, proto, &[addr], Duration::from_secs(10), || {
+        proc.is_running()
+    })
+    .with_context(|| format!("{program} in ext; log:\n{}", proc.log()))?;
+    Ok(proc)
+}
+
 /// The agent as a node runs it (the harness's launcher, [`Launch::as_deployed`]) with `args`,
 /// pinned to `cpu` if given; returns once it is ready.
 pub(crate) fn start_agent(topo: &Topology, args: &[String], cpu: Option<u32>) -> Result<Agent> {
@@ -316,6 +410,11 @@ const AUDIT_MESH_CONFIG: &str = "serviceEntryVisibility: {defaultVisibility: PUB
 /// Where the audit file of the config directory `config` is: beside it, never in it.
 pub(crate) fn audit_file(config: &str) -> String {
     format!("{config}.audit.yaml")
+}
+
+/// Where the pods' certificates of the config directory `config` are: beside it, never in it.
+pub(crate) fn identity_dir(config: &str) -> String {
+    format!("{config}.identities")
 }
 
 /// The agent's arguments beyond the harness's own (`--cgroup`, `--gateway`, `--admin`).
@@ -333,7 +432,10 @@ pub(crate) fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     .chain(
         (!matches!(
             relay,
-            Relay::FastPath | Relay::FastPathAudit | Relay::FastPathNoRecords
+            Relay::FastPath
+                | Relay::FastPathAudit
+                | Relay::FastPathNoRecords
+                | Relay::FastPathWaypoint
         ))
         .then(|| integration::NO_FAST_PATH.into()),
     )
@@ -346,6 +448,19 @@ pub(crate) fn agent_args(config: &str, relay: Relay) -> Vec<String> {
     .chain(
         (relay == Relay::FastPathAudit)
             .then(|| ["--audit-mesh-config".into(), audit_file(config)])
+            .into_iter()
+            .flatten(),
+    )
+    .chain(
+        (relay == Relay::FastPathWaypoint)
+            .then(|| {
+                [
+                    "--identity-dir".into(),
+                    identity_dir(config),
+                    "--trust-domain".into(),
+                    TRUST_DOMAIN.into(),
+                ]
+            })
             .into_iter()
             .flatten(),
     )
@@ -454,6 +569,42 @@ spec:
     )
 }
 
+/// The client pod's namespace (the bench's entries' and the waypoint's).
+pub(crate) fn pod_namespace() -> &'static str {
+    POD.0.split_once('/').map_or("bench", |(ns, _)| ns)
+}
+
+/// What the waypoint config adds to [`bench_config`]: the waypoint's Service and a second entry of
+/// the same server, bound to it (a same-namespace binding of a NAMESPACE entry).
+pub(crate) fn waypoint_config() -> String {
+    let ns = pod_namespace();
+    format!(
+        "apiVersion: v1
+kind: Service
+metadata: {{name: {WAYPOINT_NAME}, namespace: {ns}}}
+spec: {{clusterIP: {WAYPOINT_IP}, ports: [{{port: {HBONE_PORT}, name: mesh}}]}}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata:
+  name: {WAYPOINT_ENTRY}
+  namespace: {ns}
+  labels: {{istio.io/use-waypoint: {WAYPOINT_NAME}}}
+spec:
+  hosts: [{WAYPOINT_HOST}]
+  addresses: [{WAYPOINT_VIP}]
+  ports:
+    - {{number: {HTTP_PORT}, name: http, protocol: HTTP}}
+    - {{number: {IPERF_PORT}, name: tcp-iperf, protocol: TCP}}
+    - {{number: {SOCKPERF_PORT}, name: tcp-sockperf, protocol: TCP}}
+  location: MESH_EXTERNAL
+  resolution: STATIC
+  endpoints:
+    - address: {SERVER_IP}
+"
+    )
+}
+
 /// The address allocated to the `resolution: DNS` entry (no addresses of its own), as the agent
 /// allocates it from the same configuration.
 pub(crate) fn dns_vip() -> Ipv4Addr {
@@ -493,6 +644,25 @@ mod tests {
     #[test]
     fn the_dns_entry_gets_an_allocated_address() {
         assert_eq!(dns_vip().octets()[..2], [240, 240]);
+    }
+
+    #[test]
+    fn the_waypoint_entry_goes_through_the_waypoint_and_the_plain_one_does_not() {
+        let (bench, waypoint) = (bench_config(), waypoint_config());
+        let model = redirect_userspace::model::load_sources([
+            ("bench.yaml", bench.as_str()),
+            ("waypoint.yaml", waypoint.as_str()),
+        ])
+        .unwrap();
+        let snapshot = redirect_userspace::model::Snapshot::from_model(&model);
+        let service = |name: &str| snapshot.services().find(|s| s.name == name).unwrap();
+        let (via, address) = service(WAYPOINT_ENTRY).waypoint_route().unwrap();
+        assert_eq!(
+            (via.to_string(), address),
+            (format!("bench/{WAYPOINT_NAME}"), WAYPOINT_IP.into())
+        );
+        assert!(service("backend").waypoint_route().is_none());
+        assert!(agent_args("/c", Relay::FastPathWaypoint).contains(&"/c.identities".to_string()));
     }
 
     #[test]

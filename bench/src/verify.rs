@@ -8,6 +8,14 @@ use super::wrk;
 
 const OUTCOME: &str = "redirect_outbound_connections_total";
 const DNS_OUTCOME: &str = "redirect_dns_queries_total";
+/// `redirect_hbone_tunnels_total`'s results other than `ok`.
+const TUNNEL_FAILURES: [&str; 5] = [
+    "no_identity",
+    "connect_failed",
+    "tls_refused",
+    "peer_refused",
+    "status",
+];
 const OUTCOMES: [&str; 5] = [
     "service",
     "workload",
@@ -19,6 +27,9 @@ const OUTCOMES: [&str; 5] = [
 /// The agent carried every connection the pod opened (`opens`, from its `ActiveOpens`) under the route's
 /// outcome, and none under another.
 pub(crate) fn outbound(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
+    if route == Route::FastWaypoint {
+        return through_waypoint(route, before, after, opens);
+    }
     if matches!(
         route,
         Route::FastService
@@ -100,6 +111,69 @@ fn in_kernel(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Res
         );
     }
     Ok(())
+}
+
+/// Through a waypoint: the kernel handed every connection the pod opened to the proxy (a service
+/// it does not rewrite), the proxy carried each as `service` and nothing else, and opened an HBONE
+/// tunnel for each (the waypoint answered 200), none failing.
+fn through_waypoint(route: Route, before: &Metrics, after: &Metrics, opens: u64) -> Result<()> {
+    for result in TUNNEL_FAILURES {
+        let d = delta(
+            before,
+            after,
+            &format!("redirect_hbone_tunnels_total{{result=\"{result}\"}}"),
+        );
+        if d > 0.0 {
+            bail!(
+                "a {} run: {d} HBONE tunnels failed `{result}`",
+                route.label()
+            );
+        }
+    }
+    let mut service = 0.0;
+    for outcome in OUTCOMES {
+        let d = delta(
+            before,
+            after,
+            &format!("{OUTCOME}{{outcome=\"{outcome}\"}}"),
+        );
+        if outcome == "service" {
+            service = d;
+        } else if d > 0.0 {
+            bail!(
+                "a {} run made {d} `{outcome}` connections in the agent",
+                route.label()
+            );
+        }
+    }
+    let handed = delta(
+        before,
+        after,
+        "redirect_fast_path_connections_total{outcome=\"proxy\",reason=\"service\"}",
+    );
+    let tunnels = delta(before, after, "redirect_hbone_tunnels_total{result=\"ok\"}");
+    for (counted, what) in [
+        (handed, "the kernel handed to the proxy"),
+        (service, "the proxy counted as `service`"),
+        (tunnels, "HBONE tunnels opened"),
+    ] {
+        if counted < 1.0 || counted + 0.5 < opens as f64 * 0.99 {
+            bail!(
+                "a {} run: the pod opened {opens} connections, {what}: {counted}",
+                route.label()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// HBONE tunnels opened, and mutual-TLS connections to waypoints opened (the tunnels share them),
+/// between two readings.
+pub(crate) fn hbone_use(before: &Metrics, after: &Metrics) -> (u64, u64) {
+    (
+        delta(before, after, "redirect_hbone_tunnels_total{result=\"ok\"}") as u64,
+        delta(before, after, "redirect_hbone_connections_total") as u64,
+    )
 }
 
 /// The agent answered, forwarded or served from its cache at least every query dnsperf got an
@@ -219,6 +293,28 @@ mod tests {
         assert!(e.to_string().contains("opened 9"), "{e}");
         assert!(outbound(Route::Passthrough, &before, &before, 0).is_err());
         assert!(outbound(Route::Direct, &before, &before, 0).is_err());
+    }
+
+    #[test]
+    fn a_waypoint_run_must_be_handed_over_and_tunnelled() {
+        let counters = |handed: u32, service: u32, ok: u32, refused: u32| {
+            Metrics::parse(&format!(
+                "redirect_fast_path_connections_total{{outcome=\"proxy\",reason=\"service\"}} {handed}\n\
+                 redirect_outbound_connections_total{{outcome=\"service\"}} {service}\n\
+                 redirect_hbone_tunnels_total{{result=\"ok\"}} {ok}\n\
+                 redirect_hbone_tunnels_total{{result=\"tls_refused\"}} {refused}\n"
+            ))
+            .unwrap()
+        };
+        let before = counters(0, 0, 0, 0);
+        let waypoint = |after| outbound(Route::FastWaypoint, &before, &after, 100);
+        assert!(waypoint(counters(100, 100, 100, 0)).is_ok());
+        let e = waypoint(counters(100, 100, 0, 0)).unwrap_err();
+        assert!(e.to_string().contains("HBONE tunnels opened: 0"), "{e}");
+        let e = waypoint(counters(0, 100, 100, 0)).unwrap_err();
+        assert!(e.to_string().contains("handed to the proxy"), "{e}");
+        let e = waypoint(counters(100, 100, 99, 1)).unwrap_err();
+        assert!(e.to_string().contains("`tls_refused`"), "{e}");
     }
 
     #[test]
