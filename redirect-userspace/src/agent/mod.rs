@@ -79,7 +79,8 @@ pub(crate) struct AgentConfig {
     /// A second mesh config audited beside the one in force, never enforced.
     pub audit_mesh_config: Option<PathBuf>,
     /// The pods' workload certificates (HBONE to waypoints); `None`: none.
-    pub identity_dir: Option<PathBuf>,
+    /// Where the node's pods' certificates for HBONE come from, when from anywhere.
+    pub cert_source: Option<crate::hbone::CertSource>,
     pub trust_domain: String,
 }
 
@@ -208,6 +209,13 @@ async fn start(
     let families = Families::default();
     let metrics = families.shared.clone();
     let budgets = Arc::new(Budgets::new(limits, &families.budgets));
+    let workload_certs = match &config.cert_source {
+        Some(source) => Some(Arc::new(crate::hbone::WorkloadCerts::open(
+            source.clone(),
+            config.trust_domain.clone(),
+        )?)),
+        None => None,
+    };
     let inputs = start_inputs(config, &families).await?;
     let live = inputs.live.clone();
     let lifecycle = Arc::new(Lifecycle::default());
@@ -242,6 +250,7 @@ async fn start(
         endpoint_hosts,
         cgroups.clone(),
         (&budgets, &connections),
+        workload_certs,
     ));
     let admin_state = AdminState {
         cgroups: Some(cgroups),
@@ -510,6 +519,7 @@ fn proxy_context(
     endpoint_hosts: Arc<HostCache>,
     cgroups: Arc<CgroupPods>,
     (budgets, connections): (&Arc<Budgets>, &Arc<Connections>),
+    workload_certs: Option<Arc<crate::hbone::WorkloadCerts>>,
 ) -> ProxyContext {
     ProxyContext {
         flows: redirector.maps(),
@@ -531,12 +541,7 @@ fn proxy_context(
             .then_some(config.budget.connection_buffer / 2),
         records: connections.clone(),
         hbone: Arc::new(crate::hbone::HboneClient::new(
-            config.identity_dir.as_ref().map(|dir| {
-                Arc::new(crate::hbone::IdentityDir::new(
-                    dir.clone(),
-                    config.trust_domain.clone(),
-                ))
-            }),
+            workload_certs,
             Arc::new(crate::net::MarkedSockets),
             families.hbone.clone(),
         )),

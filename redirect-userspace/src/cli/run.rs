@@ -170,20 +170,69 @@ pub(crate) struct RunArgs {
     /// when it changes; a bad version is refused and the one before stays.
     #[arg(long, value_name = "PATH")]
     pub audit_mesh_config: Option<PathBuf>,
-    /// The node's pods' workload certificates, for HBONE to waypoints: `DIR/root-cert.pem`
-    /// and `DIR/<namespace>/<service account>/{cert-chain.pem,key.pem}`, read again when they
-    /// change. Without it, a connection to a service bound to a waypoint whose address is known is
-    /// reset, never sent around the waypoint.
-    #[arg(long, value_name = "DIR", env = "REDIRECT_IDENTITY_DIR")]
-    pub identity_dir: Option<PathBuf>,
-    /// The mesh's trust domain: the workload identities presented and accepted are
-    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
-    #[arg(long, value_name = "DOMAIN", default_value = crate::hbone::DEFAULT_TRUST_DOMAIN)]
-    pub trust_domain: String,
+    #[command(flatten)]
+    pub identity: IdentityArgs,
     #[command(flatten)]
     pub budget: BudgetArgs,
     #[command(flatten)]
     pub limits: super::LimitArgs,
+}
+
+/// Where the node's pods' workload certificates come from, for HBONE to waypoints. Without
+/// either source, a connection to a service bound to a waypoint whose address is known is reset,
+/// never sent around the waypoint.
+#[derive(clap::Args, Debug)]
+pub(crate) struct IdentityArgs {
+    /// A directory kept by another issuer: `DIR/root-cert.pem` and
+    /// `DIR/<namespace>/<service account>/{cert-chain.pem,key.pem}`, read again when they change.
+    #[arg(long, value_name = "DIR", env = "REDIRECT_IDENTITY_DIR", conflicts_with = "ca_address")]
+    pub identity_dir: Option<PathBuf>,
+    /// Istio's CA, asked for each pod identity's certificate as ztunnel asks it (a CSR over gRPC,
+    /// this agent's token, the pod's identity impersonated); renewed at half its lifetime.
+    #[arg(long, value_name = "URL", env = "CA_ADDRESS")]
+    pub ca_address: Option<String>,
+    /// The mesh's root certificates: the CA's TLS and every HBONE peer chain to them.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/var/run/secrets/istio/root-cert.pem"
+    )]
+    pub ca_root: PathBuf,
+    /// This agent's projected service-account token (audience `istio-ca`), read for every call.
+    #[arg(
+        long,
+        value_name = "PATH",
+        default_value = "/var/run/secrets/tokens/istio-token"
+    )]
+    pub ca_token: PathBuf,
+    /// The cluster istiod finds the pods in (its `ClusterID` header).
+    #[arg(long, value_name = "NAME", env = "CLUSTER_ID", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    /// The lifetime asked of the CA for each workload certificate.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub workload_cert_ttl: std::time::Duration,
+    /// The mesh's trust domain: the workload identities presented and accepted are
+    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
+    #[arg(long, value_name = "DOMAIN", default_value = crate::hbone::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+}
+
+impl IdentityArgs {
+    fn source(&self) -> Option<crate::hbone::CertSource> {
+        use crate::hbone::{CaSettings, CertSource};
+        if let Some(dir) = &self.identity_dir {
+            return Some(CertSource::Dir(dir.clone()));
+        }
+        self.ca_address.as_ref().map(|address| {
+            CertSource::IstioCa(CaSettings {
+                address: address.clone(),
+                root: self.ca_root.clone(),
+                token: self.ca_token.clone(),
+                cluster_id: self.cluster_id.clone(),
+                validity: self.workload_cert_ttl,
+            })
+        })
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -272,8 +321,8 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             access_log: !args.no_access_log,
             kernel_records: args.kernel_records,
             audit_mesh_config: args.audit_mesh_config,
-            identity_dir: args.identity_dir,
-            trust_domain: args.trust_domain,
+            cert_source: args.identity.source(),
+            trust_domain: args.identity.trust_domain,
         },
         log_level,
     )?;

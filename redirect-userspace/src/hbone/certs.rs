@@ -18,14 +18,15 @@ use std::{
 };
 
 use rustls::{
-    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
-    client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
+    ClientConfig,
     crypto::CryptoProvider,
-    pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
-    server::ParsedCertificate,
+    pki_types::{PrivateKeyDer, pem::PemObject},
 };
 
-use super::Identity;
+use super::{
+    Identity,
+    tls::{self, check_names, read_chain, read_roots},
+};
 use crate::lock::Locked;
 
 /// How often a kept configuration's files are looked at again.
@@ -39,7 +40,7 @@ pub(crate) struct CertError {
 }
 
 impl CertError {
-    fn at(path: &Path, why: impl std::fmt::Display) -> CertError {
+    pub(super) fn at(path: &Path, why: impl std::fmt::Display) -> CertError {
         CertError {
             path: path.display().to_string(),
             why: why.to_string(),
@@ -134,132 +135,15 @@ impl IdentityDir {
             namespace: namespace.to_string(),
             service_account: account.to_string(),
         };
-        match Identity::of_certificate(&chain[0]) {
-            Some(named) if named == expected => {}
-            Some(named) => {
-                return Err(CertError::at(
-                    chain_path,
-                    format!("the certificate names {named}, not {expected}"),
-                ));
-            }
-            None => {
-                return Err(CertError::at(
-                    chain_path,
-                    "the certificate names no single SPIFFE identity in its URI SAN",
-                ));
-            }
-        }
-        let roots = read_roots(roots_path)?;
-        let verifier = Arc::new(PeerVerifier {
-            roots: Arc::new(roots),
-            trust_domain: self.trust_domain.clone(),
-            provider: self.provider.clone(),
-        });
-        let mut config = ClientConfig::builder_with_provider(self.provider.clone())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| CertError::at(chain_path, e))?
-            .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_client_auth_cert(chain, key)
-            .map_err(|e| CertError::at(key_path, format!("does not fit the certificate: {e}")))?;
-        // As ztunnel: HTTP/2 only, no server name sent.
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        config.enable_sni = false;
-        Ok(config)
+        check_names(&chain, &expected).map_err(|why| CertError::at(chain_path, why))?;
+        let roots = Arc::new(read_roots(roots_path)?);
+        tls::client_config(&self.provider, &self.trust_domain, chain, key, roots)
+            .map_err(|e| CertError::at(key_path, format!("does not fit the certificate: {e}")))
     }
 }
+
 
 fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
-fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, CertError> {
-    let chain = CertificateDer::pem_file_iter(path)
-        .map_err(|e| CertError::at(path, e))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CertError::at(path, e))?;
-    if chain.is_empty() {
-        return Err(CertError::at(path, "holds no certificate"));
-    }
-    Ok(chain)
-}
-
-fn read_roots(path: &Path) -> Result<RootCertStore, CertError> {
-    let mut roots = RootCertStore::empty();
-    for cert in read_chain(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| CertError::at(path, format!("not a usable trust anchor: {e}")))?;
-    }
-    Ok(roots)
-}
-
-/// A peer is trusted when its chain ends at the roots and its certificate names an identity of
-/// this trust domain. Which identity is the caller's to check (the waypoint's namespace); a
-/// server name plays no part (HBONE sends none).
-#[derive(Debug)]
-struct PeerVerifier {
-    roots: Arc<RootCertStore>,
-    trust_domain: String,
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for PeerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let parsed = ParsedCertificate::try_from(end_entity)?;
-        rustls::client::verify_server_cert_signed_by_trust_anchor(
-            &parsed,
-            &self.roots,
-            intermediates,
-            now,
-            self.provider.signature_verification_algorithms.all,
-        )?;
-        match Identity::of_certificate(end_entity) {
-            Some(id) if id.trust_domain == self.trust_domain => Ok(ServerCertVerified::assertion()),
-            _ => Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::NotValidForName,
-            )),
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}

@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
 use tracing::debug;
 
-use super::{CertError, HboneMetrics, Identity, IdentityDir};
+use super::{HboneMetrics, Identity, IdentityError, WorkloadCerts};
 use crate::{lock::Locked, net::SocketFactory};
 
 /// How long the TLS and HTTP/2 handshakes, and the waypoint's answer to a `CONNECT`, may take.
@@ -26,10 +26,10 @@ pub(crate) type Tunnel = TokioIo<hyper::upgrade::Upgraded>;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum HboneError {
-    #[error("no workload identities configured (--identity-dir)")]
+    #[error("no workload identities configured (--identity-dir or --ca-address)")]
     NoIdentities,
     #[error("the client's certificate: {0}")]
-    Certificate(#[from] CertError),
+    Certificate(#[from] IdentityError),
     #[error("connecting to the waypoint: {0}")]
     Connect(std::io::Error),
     #[error("TLS with the waypoint: {0}")]
@@ -48,12 +48,45 @@ impl HboneError {
     /// Its `result` label.
     fn label(&self) -> &'static str {
         match self {
-            HboneError::NoIdentities | HboneError::Certificate(_) => "no_identity",
+            HboneError::NoIdentities | HboneError::Certificate(IdentityError::Files(_)) => {
+                "no_identity"
+            }
+            HboneError::Certificate(IdentityError::Ca(_)) => "ca_failed",
             HboneError::Connect(_) | HboneError::Timeout => "connect_failed",
             HboneError::Tls(_) | HboneError::Http(_) => "tls_refused",
             HboneError::Peer { .. } => "peer_refused",
             HboneError::Status(_) => "status",
         }
+    }
+}
+
+/// One pooled connection, dialled once however many tunnels ask for it at the same time (a
+/// burst of first connections waits for one handshake rather than making one each).
+#[derive(Debug, Default)]
+struct Pooled {
+    sender: tokio::sync::Mutex<Option<SendRequest<Empty<Bytes>>>>,
+}
+
+impl Pooled {
+    /// The open connection, or a new one from `dial` when there is none or it closed.
+    async fn sender<F>(&self, dial: impl FnOnce() -> F) -> Result<SendRequest<Empty<Bytes>>, HboneError>
+    where
+        F: Future<Output = Result<SendRequest<Empty<Bytes>>, HboneError>>,
+    {
+        let mut held = self.sender.lock().await;
+        if let Some(sender) = held.as_ref().filter(|s| !s.is_closed()) {
+            return Ok(sender.clone());
+        }
+        let sender = dial().await?;
+        *held = Some(sender.clone());
+        Ok(sender)
+    }
+
+    /// Whether it has a connection that ended (one being dialled, or never dialled, is kept).
+    fn is_closed(&self) -> bool {
+        self.sender
+            .try_lock()
+            .is_ok_and(|s| s.as_ref().is_some_and(|s| s.is_closed()))
     }
 }
 
@@ -67,15 +100,15 @@ struct PoolKey {
 
 #[derive(Debug)]
 pub(crate) struct HboneClient {
-    pub(super) identities: Option<Arc<IdentityDir>>,
+    pub(super) identities: Option<Arc<WorkloadCerts>>,
     sockets: Arc<dyn SocketFactory>,
-    pool: Mutex<HashMap<PoolKey, SendRequest<Empty<Bytes>>>>,
+    pool: Mutex<HashMap<PoolKey, Arc<Pooled>>>,
     pub metrics: Arc<HboneMetrics>,
 }
 
 impl HboneClient {
     pub(crate) fn new(
-        identities: Option<Arc<IdentityDir>>,
+        identities: Option<Arc<WorkloadCerts>>,
         sockets: Arc<dyn SocketFactory>,
         metrics: Arc<HboneMetrics>,
     ) -> Self {
@@ -123,24 +156,23 @@ impl HboneClient {
         authority: SocketAddr,
     ) -> Result<Tunnel, HboneError> {
         let identities = self.identities.as_ref().ok_or(HboneError::NoIdentities)?;
-        let config = identities.client_config(&client.namespace, &client.service_account)?;
+        let config = identities
+            .client_config(&client.namespace, &client.service_account)
+            .await?;
         let key = PoolKey {
             client: client.clone(),
             waypoint,
             config: Arc::as_ptr(&config) as usize,
         };
-        let pooled = self.pool.locked().get(&key).cloned();
-        let mut sender = match pooled {
-            Some(sender) if !sender.is_closed() => sender,
-            _ => {
-                let sender = self.connect(config, waypoint, waypoint_namespace).await?;
-                let mut pool = self.pool.locked();
-                // Connections of a configuration replaced since are not reused: drop them.
-                pool.retain(|k, s| !s.is_closed() && (k.client != key.client || k == &key));
-                pool.insert(key, sender.clone());
-                sender
-            }
+        let pooled = {
+            let mut pool = self.pool.locked();
+            // Connections of a configuration replaced since are not reused: drop them.
+            pool.retain(|k, p| !p.is_closed() && (k.client != key.client || k == &key));
+            pool.entry(key).or_default().clone()
         };
+        let mut sender = pooled
+            .sender(|| self.connect(config, waypoint, waypoint_namespace))
+            .await?;
         let request = Request::builder()
             .method(Method::CONNECT)
             .uri(authority.to_string())

@@ -2,17 +2,23 @@
 //! original destination, over mutual TLS 1.3 to port 15008, each side authenticated by a
 //! certificate naming its workload identity `spiffe://<trust domain>/ns/<namespace>/sa/<account>`.
 //! The proxy carries a connection to a service bound to a waypoint this way, as ztunnel does.
+mod ca;
+mod ca_cache;
 mod certs;
 mod client;
 mod identity;
 mod metrics;
+mod source;
+mod tls;
 
+pub(crate) use ca::{CaError, CaSettings, IstioCa};
 pub(crate) use certs::{CertError, IdentityDir};
 pub(crate) use client::HboneClient;
 #[cfg(test)]
 use client::HboneError;
 pub(crate) use identity::Identity;
 pub(crate) use metrics::HboneMetrics;
+pub(crate) use source::{CertSource, IdentityError, WorkloadCerts};
 
 /// The port a waypoint (and ztunnel) accepts HBONE on.
 pub(crate) const PORT: u16 = 15008;

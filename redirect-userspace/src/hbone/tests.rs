@@ -169,7 +169,7 @@ async fn waypoint(trusted: &Ca, leaf: Leaf) -> (SocketAddr, Seen) {
 fn client(dir: &Path, trust_domain: &str) -> HboneClient {
     let identities = IdentityDir::new(dir.to_path_buf(), trust_domain.to_string());
     HboneClient::new(
-        Some(Arc::new(identities)),
+        Some(Arc::new(WorkloadCerts::Files(identities))),
         Arc::new(PlainSockets),
         Arc::default(),
     )
@@ -284,13 +284,13 @@ async fn a_rotated_certificate_is_used_by_the_next_connection_and_none_fails() {
     let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
     let mut open = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
     let identities = hbone.identities.clone().unwrap();
-    let before = identities.client_config("team-a", "sleep").unwrap();
+    let before = identities.client_config("team-a", "sleep").await.unwrap();
 
     // A new certificate renamed into place, its modification time surely another.
     std::thread::sleep(Duration::from_millis(20));
     ca.write_identity(&dir, "team-a", "sleep");
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let after = identities.client_config("team-a", "sleep").unwrap();
+    let after = identities.client_config("team-a", "sleep").await.unwrap();
     assert!(!Arc::ptr_eq(&before, &after), "the new files were not read");
 
     let mut next = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
