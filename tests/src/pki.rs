@@ -34,6 +34,7 @@ const ROOT_LIFETIME: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub struct TestCa {
     trust_domain: String,
     root_pem: String,
+    root_key_pem: String,
     issuer: Issuer<'static, KeyPair>,
 }
 
@@ -96,7 +97,66 @@ impl TestCa {
         Ok(TestCa {
             trust_domain: trust_domain.to_string(),
             root_pem: root.pem(),
+            root_key_pem: key.serialize_pem(),
             issuer: Issuer::new(params, key),
+        })
+    }
+
+    /// Writes `root-cert.pem` and `root-key.pem` into `dir`, for another process to
+    /// [`TestCa::load`] (the CA stand-in, `rdt-peer ca`).
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        write_atomic(&dir.join("root-cert.pem"), &self.root_pem, 0o644)?;
+        write_atomic(&dir.join("root-key.pem"), &self.root_key_pem, 0o600)
+    }
+
+    /// The CA [`TestCa::save`] wrote into `dir`.
+    pub fn load(trust_domain: &str, dir: &Path) -> Result<TestCa> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+        };
+        let (root_pem, root_key_pem) = (read("root-cert.pem")?, read("root-key.pem")?);
+        let key = KeyPair::from_pem(&root_key_pem).context("root-key.pem")?;
+        let issuer = Issuer::from_ca_cert_pem(&root_pem, key).context("root-cert.pem")?;
+        Ok(TestCa {
+            trust_domain: trust_domain.to_string(),
+            root_pem,
+            root_key_pem,
+            issuer,
+        })
+    }
+
+    /// Signs a PEM certificate request as a workload certificate (the CSR's key and SANs, this
+    /// CA's usages), valid for `valid_for`; the chain PEM (leaf, root) and the URI SANs it names.
+    pub fn sign_csr(&self, csr_pem: &str, valid_for: Duration) -> Result<(String, Vec<String>)> {
+        let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
+            .context("the CSR does not parse or its signature does not verify")?;
+        let uris = csr
+            .params
+            .subject_alt_names
+            .iter()
+            .filter_map(|san| match san {
+                SanType::URI(uri) => Some(uri.as_str().to_string()),
+                _ => None,
+            })
+            .collect();
+        workload_usages(&mut csr.params, valid_for)?;
+        let leaf = csr.signed_by(&self.issuer).context("signing the CSR")?;
+        Ok((format!("{}{}", leaf.pem(), self.root_pem), uris))
+    }
+
+    /// A serving certificate for a control plane (istiod's): DNS and IP SANs, serverAuth.
+    pub fn issue_server(&self, names: &[&str], valid_for: Duration) -> Result<Issued> {
+        let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256).context("generating a key")?;
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .context("the server's names")?;
+        workload_usages(&mut params, valid_for)?;
+        let leaf = params.signed_by(&key, &self.issuer).context("signing")?;
+        Ok(Issued {
+            cert_chain_pem: format!("{}{}", leaf.pem(), self.root_pem),
+            key_pem: key.serialize_pem(),
         })
     }
 
@@ -137,19 +197,7 @@ impl TestCa {
                 .try_into()
                 .with_context(|| format!("{uri} as a URI SAN"))?,
         )];
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        let now = now()?;
-        params.not_before = rcgen::date_time_ymd(1970, 1, 1) + (now - BACKDATE);
-        params.not_after = rcgen::date_time_ymd(1970, 1, 1) + (now + valid_for);
+        workload_usages(&mut params, valid_for)?;
         let leaf = params
             .signed_by(&key, &self.issuer)
             .with_context(|| format!("signing {uri}"))?;
@@ -199,6 +247,25 @@ impl TestCa {
         write_atomic(&dir.join("key.pem"), &issued.key_pem, 0o600)?;
         write_atomic(&dir.join("root-cert.pem"), &self.root_pem, 0o644)
     }
+}
+
+/// A leaf's constraints, as Istio's CA sets them: not a CA, digitalSignature + keyEncipherment,
+/// serverAuth + clientAuth, valid from a minute ago for `valid_for` from now.
+fn workload_usages(params: &mut CertificateParams, valid_for: Duration) -> Result<()> {
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    let now = now()?;
+    params.not_before = rcgen::date_time_ymd(1970, 1, 1) + (now - BACKDATE);
+    params.not_after = rcgen::date_time_ymd(1970, 1, 1) + (now + valid_for);
+    Ok(())
 }
 
 /// Time since the Unix epoch.

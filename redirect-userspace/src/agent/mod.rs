@@ -27,6 +27,7 @@ use crate::{
     dns::{AnswerCache, DnsMetrics, HostCache, Upstream, VisibleNames},
     drain::{Lifecycle, Phase, Watcher},
     fastpath::{FastMaps, FastPath, KernelRecords, ahead::Ahead},
+    hbone::HboneClient,
     identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
@@ -216,6 +217,11 @@ async fn start(
         )?)),
         None => None,
     };
+    let hbone = Arc::new(HboneClient::new(
+        workload_certs,
+        Arc::new(crate::net::MarkedSockets),
+        families.hbone.clone(),
+    ));
     let inputs = start_inputs(config, &families).await?;
     let live = inputs.live.clone();
     let lifecycle = Arc::new(Lifecycle::default());
@@ -249,8 +255,7 @@ async fn start(
         &families,
         endpoint_hosts,
         cgroups.clone(),
-        (&budgets, &connections),
-        workload_certs,
+        (&budgets, &connections, hbone),
     ));
     let admin_state = AdminState {
         cgroups: Some(cgroups),
@@ -518,8 +523,7 @@ fn proxy_context(
     families: &Families,
     endpoint_hosts: Arc<HostCache>,
     cgroups: Arc<CgroupPods>,
-    (budgets, connections): (&Arc<Budgets>, &Arc<Connections>),
-    workload_certs: Option<Arc<crate::hbone::WorkloadCerts>>,
+    (budgets, connections, hbone): (&Arc<Budgets>, &Arc<Connections>, Arc<HboneClient>),
 ) -> ProxyContext {
     ProxyContext {
         flows: redirector.maps(),
@@ -540,11 +544,7 @@ fn proxy_context(
         buffer: (config.budget.connection_buffer > 0)
             .then_some(config.budget.connection_buffer / 2),
         records: connections.clone(),
-        hbone: Arc::new(crate::hbone::HboneClient::new(
-            workload_certs,
-            Arc::new(crate::net::MarkedSockets),
-            families.hbone.clone(),
-        )),
+        hbone,
     }
 }
 

@@ -185,7 +185,12 @@ pub(crate) struct RunArgs {
 pub(crate) struct IdentityArgs {
     /// A directory kept by another issuer: `DIR/root-cert.pem` and
     /// `DIR/<namespace>/<service account>/{cert-chain.pem,key.pem}`, read again when they change.
-    #[arg(long, value_name = "DIR", env = "REDIRECT_IDENTITY_DIR", conflicts_with = "ca_address")]
+    #[arg(
+        long,
+        value_name = "DIR",
+        env = "REDIRECT_IDENTITY_DIR",
+        conflicts_with = "ca_address"
+    )]
     pub identity_dir: Option<PathBuf>,
     /// Istio's CA, asked for each pod identity's certificate as ztunnel asks it (a CSR over gRPC,
     /// this agent's token, the pod's identity impersonated); renewed at half its lifetime.
@@ -206,7 +211,12 @@ pub(crate) struct IdentityArgs {
     )]
     pub ca_token: PathBuf,
     /// The cluster istiod finds the pods in (its `ClusterID` header).
-    #[arg(long, value_name = "NAME", env = "CLUSTER_ID", default_value = "Kubernetes")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "CLUSTER_ID",
+        default_value = "Kubernetes"
+    )]
     pub cluster_id: String,
     /// The lifetime asked of the CA for each workload certificate.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]

@@ -106,7 +106,9 @@ impl IstioCa {
             why,
         };
         if !settings.address.starts_with("https://") {
-            return Err(bad_address("the CA is reached over TLS: https://HOST:PORT".into()));
+            return Err(bad_address(
+                "the CA is reached over TLS: https://HOST:PORT".into(),
+            ));
         }
         let root = std::fs::read(&settings.root).map_err(|e| CaError::File {
             path: settings.root.display().to_string(),
@@ -214,7 +216,10 @@ fn impersonating(identity: &Identity) -> prost_types::Struct {
 
 /// The chain as the CA sent it, each entry PEM (an entry may hold more than one certificate); the
 /// leaf must name exactly the identity asked for.
-fn read_issued(pems: &[String], identity: &Identity) -> Result<Vec<CertificateDer<'static>>, String> {
+fn read_issued(
+    pems: &[String],
+    identity: &Identity,
+) -> Result<Vec<CertificateDer<'static>>, String> {
     let mut chain = Vec::new();
     for (i, pem) in pems.iter().enumerate() {
         for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
@@ -236,7 +241,10 @@ fn validity(leaf: &CertificateDer<'_>) -> Option<(SystemTime, SystemTime)> {
         let secs = u64::try_from(t.timestamp()).ok()?;
         Some(UNIX_EPOCH + Duration::from_secs(secs))
     };
-    Some((at(cert.validity().not_before)?, at(cert.validity().not_after)?))
+    Some((
+        at(cert.validity().not_before)?,
+        at(cert.validity().not_after)?,
+    ))
 }
 
 #[cfg(test)]
@@ -282,9 +290,12 @@ mod tests {
             .into_iter()
             .flatten()
             .filter_map(|ext| match ext {
-                x509_parser::extensions::ParsedExtension::SubjectAlternativeName(san) => {
-                    Some(san.general_names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-                }
+                x509_parser::extensions::ParsedExtension::SubjectAlternativeName(san) => Some(
+                    san.general_names
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect::<Vec<_>>(),
+                ),
                 _ => None,
             })
             .flatten()
@@ -294,11 +305,17 @@ mod tests {
 
     #[test]
     fn a_chain_for_someone_else_or_empty_is_refused() {
-        assert!(read_issued(&[], &team_a()).unwrap_err().contains("no certificate"));
+        assert!(
+            read_issued(&[], &team_a())
+                .unwrap_err()
+                .contains("no certificate")
+        );
         let other = rcgen::CertificateParams::new(Vec::<String>::new())
             .map(|mut p| {
                 p.subject_alt_names = vec![SanType::URI(
-                    "spiffe://cluster.local/ns/team-b/sa/sleep".try_into().unwrap(),
+                    "spiffe://cluster.local/ns/team-b/sa/sleep"
+                        .try_into()
+                        .unwrap(),
                 )];
                 p
             })

@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use super::{
     CertError, Identity,
-    ca::{CaError, IstioCa, Issued},
+    ca::{CaError, Issued, IstioCa},
     tls,
 };
 use crate::lock::Locked;
@@ -109,6 +109,7 @@ impl CaIdentities {
             service_account: account.to_string(),
         };
         let issued = self.ca.issue(&identity).await?;
+        let received = SystemTime::now();
         let Issued {
             chain,
             key,
@@ -126,11 +127,14 @@ impl CaIdentities {
             address: self.ca.settings().address.clone(),
             why: format!("the certificate does not fit its key: {e}"),
         })?;
-        let lifetime = not_after.duration_since(not_before).unwrap_or_default();
-        info!(%identity, valid_for = ?lifetime, "workload certificate issued");
+        // Half the lifetime left from now: a CA backdates notBefore for clocks apart, which is
+        // no lifetime this agent ever had.
+        let start = not_before.max(received);
+        let left = not_after.duration_since(start).unwrap_or_default();
+        info!(%identity, valid_for = ?left, "workload certificate issued");
         Ok(Current {
             config: Arc::new(config),
-            renew_at: not_before + lifetime / 2,
+            renew_at: start + left / 2,
             not_after,
             renewing: false,
         })

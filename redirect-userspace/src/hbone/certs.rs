@@ -142,8 +142,6 @@ impl IdentityDir {
     }
 }
 
-
 fn modified(path: &Path) -> Option<SystemTime> {
     std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
-

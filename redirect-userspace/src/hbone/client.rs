@@ -69,7 +69,10 @@ struct Pooled {
 
 impl Pooled {
     /// The open connection, or a new one from `dial` when there is none or it closed.
-    async fn sender<F>(&self, dial: impl FnOnce() -> F) -> Result<SendRequest<Empty<Bytes>>, HboneError>
+    async fn sender<F>(
+        &self,
+        dial: impl FnOnce() -> F,
+    ) -> Result<SendRequest<Empty<Bytes>>, HboneError>
     where
         F: Future<Output = Result<SendRequest<Empty<Bytes>>, HboneError>>,
     {

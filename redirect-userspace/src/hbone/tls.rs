@@ -62,11 +62,11 @@ pub(super) fn read_roots(path: &Path) -> Result<RootCertStore, CertError> {
 
 /// The identity a chain's leaf must name, checked before it is ever presented: a certificate
 /// issued for someone else is refused with what it names instead.
-pub(super) fn check_names(
-    chain: &[CertificateDer<'_>],
-    expected: &Identity,
-) -> Result<(), String> {
-    match chain.first().and_then(|leaf| Identity::of_certificate(leaf)) {
+pub(super) fn check_names(chain: &[CertificateDer<'_>], expected: &Identity) -> Result<(), String> {
+    match chain
+        .first()
+        .and_then(|leaf| Identity::of_certificate(leaf))
+    {
         Some(named) if &named == expected => Ok(()),
         Some(named) => Err(format!("the certificate names {named}, not {expected}")),
         None => Err("the certificate names no single SPIFFE identity in its URI SAN".to_string()),

@@ -58,7 +58,7 @@ pub(crate) struct ClientArgs {
 }
 
 /// One line to stdout, flushed at once (the harness reads it as it comes).
-fn say(line: &str) {
+pub(crate) fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod ca;
 mod client;
 mod dns;
 mod hbone;
@@ -216,6 +217,27 @@ enum Command {
         #[arg(long = "route")]
         routes: Vec<String>,
     },
+    /// Serve Istio's CA service (`CreateCertificate`) on TLS until killed, signing with the
+    /// suite's CA saved in `--ca-dir`. Prints `listening ADDR`, then per call
+    /// `issued identity= ttl=Ns cluster=` or `refused code= why=`.
+    Ca {
+        #[arg(long)]
+        listen: SocketAddr,
+        /// `root-cert.pem` and `root-key.pem` (`TestCa::save`).
+        #[arg(long)]
+        ca_dir: PathBuf,
+        #[arg(long)]
+        trust_domain: String,
+        /// A name of the serving certificate (repeatable): a host name or an IP.
+        #[arg(long = "name")]
+        names: Vec<String>,
+        /// The file holding the one bearer token accepted.
+        #[arg(long)]
+        token: PathBuf,
+        /// `NAMESPACE/ACCOUNT` a caller may ask a certificate for (repeatable).
+        #[arg(long)]
+        allow: Vec<String>,
+    },
     /// One HBONE tunnel: mutual TLS 1.3 to `--connect` (the server's certificate must chain to
     /// `--root`; its names are not checked), HTTP/2 CONNECT `--authority`. Prints
     /// `peer identity=URI`, `status N`; on 200 sends `--send`, half-closes and prints
@@ -318,6 +340,21 @@ fn main() -> ExitCode {
             key,
             root,
             routes,
+        }),
+        Command::Ca {
+            listen,
+            ca_dir,
+            trust_domain,
+            names,
+            token,
+            allow,
+        } => ca::serve(ca::CaArgs {
+            listen,
+            ca_dir,
+            trust_domain,
+            names,
+            token,
+            allow,
         }),
         Command::HboneClient {
             connect,
