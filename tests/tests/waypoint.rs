@@ -467,7 +467,10 @@ fn pods_certificates_come_from_istios_ca_and_are_renewed_before_they_expire() ->
     );
     let metrics = w.agent.metrics()?;
     ensure!(
-        metrics.get_or_zero(r#"redirect_hbone_tunnels_total{result="ca_failed"}"#) >= 1.0,
+        metrics.get_or_zero(r#"redirect_hbone_tunnels_total{result="ca_failed"}"#) >= 1.0
+            && metrics.get_or_zero(r#"redirect_hbone_certificates_total{result="issued"}"#) == 2.0
+            && metrics.get_or_zero(r#"redirect_hbone_certificates_total{result="renewed"}"#) >= 2.0
+            && metrics.get_or_zero(r#"redirect_hbone_certificates_total{result="failed"}"#) >= 1.0,
         "{:#?}",
         metrics.samples()
     );

@@ -214,6 +214,7 @@ async fn start(
         Some(source) => Some(Arc::new(crate::hbone::WorkloadCerts::open(
             source.clone(),
             config.trust_domain.clone(),
+            families.hbone.clone(),
         )?)),
         None => None,
     };

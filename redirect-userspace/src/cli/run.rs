@@ -366,6 +366,76 @@ mod tests {
 
     use super::super::{Cli, Command};
 
+    fn run_args(extra: &[&str]) -> Result<super::RunArgs, clap::Error> {
+        let args = [
+            "redirect",
+            "run",
+            "--cgroup",
+            "/x",
+            "--gateway",
+            "169.254.7.1",
+        ];
+        match Cli::try_parse_from(args.iter().chain(extra))?.command {
+            Command::Run(run) => Ok(run),
+            _ => panic!("not run"),
+        }
+    }
+
+    #[test]
+    fn the_daemonsets_commented_identity_flags_are_the_agents() {
+        let manifest = include_str!("../../../deploy/manifests/30-daemonset.yaml");
+        let flags: Vec<&str> = manifest
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("#   - --"))
+            .filter(|f| {
+                ["ca-", "trust-domain", "identity-dir"]
+                    .iter()
+                    .any(|p| f.starts_with(p))
+            })
+            .collect();
+        assert!(flags.len() >= 5, "{flags:?}");
+        // Two alternatives, in this order: istiod's CA, then a directory.
+        let split = flags
+            .iter()
+            .position(|f| f.starts_with("identity-dir"))
+            .expect("the --identity-dir alternative");
+        let (ca, dir) = flags.split_at(split);
+        for group in [ca, dir] {
+            let given: Vec<String> = group.iter().map(|f| format!("--{f}")).collect();
+            let given: Vec<&str> = given.iter().map(String::as_str).collect();
+            let run = run_args(&given).unwrap_or_else(|e| panic!("{given:?}: {e}"));
+            assert!(run.identity.source().is_some(), "{given:?}");
+        }
+    }
+
+    #[test]
+    fn one_source_of_certificates_at_a_time() {
+        let run = run_args(&["--ca-address", "https://istiod.istio-system.svc:15012"]).unwrap();
+        match run.identity.source() {
+            Some(crate::hbone::CertSource::IstioCa(ca)) => {
+                assert_eq!(
+                    ca.root.to_str(),
+                    Some("/var/run/secrets/istio/root-cert.pem")
+                );
+                assert_eq!(
+                    ca.token.to_str(),
+                    Some("/var/run/secrets/tokens/istio-token")
+                );
+                assert_eq!(ca.cluster_id, "Kubernetes");
+                assert_eq!(ca.validity, std::time::Duration::from_secs(24 * 3600));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(run_args(&[]).unwrap().identity.source().is_none());
+        let both = [
+            "--identity-dir",
+            "/d",
+            "--ca-address",
+            "https://istiod:15012",
+        ];
+        assert!(run_args(&both).is_err());
+    }
+
     fn fast_path(extra: &[&str]) -> Result<bool, clap::Error> {
         let args = [
             "redirect",

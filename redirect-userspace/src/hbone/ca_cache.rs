@@ -12,7 +12,7 @@ use rustls::{ClientConfig, RootCertStore, crypto::CryptoProvider};
 use tracing::{info, warn};
 
 use super::{
-    CertError, Identity,
+    CertError, HboneMetrics, Identity,
     ca::{CaError, Issued, IstioCa},
     tls,
 };
@@ -27,6 +27,7 @@ pub(crate) struct CaIdentities {
     trust_domain: String,
     roots: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
+    metrics: Arc<HboneMetrics>,
     slots: Mutex<HashMap<(String, String), Arc<Slot>>>,
 }
 
@@ -45,13 +46,18 @@ struct Current {
 }
 
 impl CaIdentities {
-    pub(crate) fn new(ca: IstioCa, trust_domain: String) -> Result<CaIdentities, CertError> {
+    pub(crate) fn new(
+        ca: IstioCa,
+        trust_domain: String,
+        metrics: Arc<HboneMetrics>,
+    ) -> Result<CaIdentities, CertError> {
         let roots = tls::read_roots(&ca.settings().root)?;
         Ok(CaIdentities {
             ca,
             trust_domain,
             roots: Arc::new(roots),
             provider: Arc::new(rustls::crypto::ring::default_provider()),
+            metrics,
             slots: Mutex::new(HashMap::new()),
         })
     }
@@ -79,7 +85,12 @@ impl CaIdentities {
             }
             return Ok(kept.config.clone());
         }
-        let fresh = self.ask(namespace, account).await?;
+        let fresh = self.ask(namespace, account).await;
+        self.metrics.certificate(match fresh {
+            Ok(_) => "issued",
+            Err(_) => "failed",
+        });
+        let fresh = fresh?;
         let config = fresh.config.clone();
         *current = Some(fresh);
         Ok(config)
@@ -89,6 +100,10 @@ impl CaIdentities {
     fn renew_later(self: Arc<Self>, slot: Arc<Slot>, namespace: String, account: String) {
         tokio::spawn(async move {
             let renewed = self.ask(&namespace, &account).await;
+            self.metrics.certificate(match renewed {
+                Ok(_) => "renewed",
+                Err(_) => "failed",
+            });
             let mut current = slot.current.lock().await;
             match (renewed, current.as_mut()) {
                 (Ok(fresh), _) => *current = Some(fresh),

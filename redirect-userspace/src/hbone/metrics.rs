@@ -1,4 +1,4 @@
-//! What HBONE counts: tunnels opened to a waypoint by result.
+//! What HBONE counts: tunnels opened to a waypoint by result, and certificates asked of the CA.
 use prometheus_client::{
     encoding::EncodeLabelSet, metrics::counter::Counter, metrics::family::Family,
     registry::Registry,
@@ -13,13 +13,14 @@ struct ResultLabel {
 pub(crate) struct HboneMetrics {
     tunnels: Family<ResultLabel, Counter>,
     connections: Counter,
+    certificates: Family<ResultLabel, Counter>,
 }
 
 impl HboneMetrics {
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "hbone_tunnels",
-            "HBONE tunnels (HTTP/2 CONNECT streams) opened toward waypoints, by result: ok, no_identity, connect_failed, tls_refused, peer_refused (the waypoint's certificate named another namespace), status (not 200)",
+            "HBONE tunnels (HTTP/2 CONNECT streams) opened toward waypoints, by result: ok, no_identity, ca_failed, connect_failed, tls_refused, peer_refused (the waypoint's certificate named another namespace), status (not 200)",
             self.tunnels.clone(),
         );
         registry.register(
@@ -27,6 +28,17 @@ impl HboneMetrics {
             "Mutual-TLS HTTP/2 connections opened toward waypoints (tunnels share them)",
             self.connections.clone(),
         );
+        registry.register(
+            "hbone_certificates",
+            "Workload certificates asked of Istio's CA (--ca-address), by result: issued (an identity's first), renewed, failed",
+            self.certificates.clone(),
+        );
+    }
+
+    pub(crate) fn certificate(&self, result: &'static str) {
+        self.certificates
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     pub(crate) fn tunnel(&self, result: &'static str) {

@@ -4,7 +4,9 @@ use std::{path::PathBuf, sync::Arc};
 
 use rustls::ClientConfig;
 
-use super::{CaError, CaSettings, CertError, IdentityDir, IstioCa, ca_cache::CaIdentities};
+use super::{
+    CaError, CaSettings, CertError, HboneMetrics, IdentityDir, IstioCa, ca_cache::CaIdentities,
+};
 
 /// A source as configured, not yet opened.
 #[derive(Debug, Clone)]
@@ -33,12 +35,13 @@ impl WorkloadCerts {
     pub(crate) fn open(
         source: CertSource,
         trust_domain: String,
+        metrics: Arc<HboneMetrics>,
     ) -> Result<WorkloadCerts, IdentityError> {
         Ok(match source {
             CertSource::Dir(dir) => WorkloadCerts::Files(IdentityDir::new(dir, trust_domain)),
             CertSource::IstioCa(settings) => {
                 let ca = IstioCa::new(settings)?;
-                WorkloadCerts::IstioCa(Arc::new(CaIdentities::new(ca, trust_domain)?))
+                WorkloadCerts::IstioCa(Arc::new(CaIdentities::new(ca, trust_domain, metrics)?))
             }
         })
     }

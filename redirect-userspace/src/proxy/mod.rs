@@ -8,6 +8,7 @@ mod relay;
 mod splice;
 #[cfg(test)]
 mod tests;
+mod tunnel_relay;
 
 pub(crate) use forbidden::{DialGuard, Forbidden};
 pub(crate) use metrics::{Direction, ProxyMetrics, Timeout};

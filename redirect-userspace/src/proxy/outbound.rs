@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use super::{
     DialGuard, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
-    record::ConnectionResult, relay, splice_relay,
+    record::ConnectionResult, relay, splice_relay, tunnel_relay::relay_tunnel,
 };
 use crate::{
     budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
@@ -379,15 +379,23 @@ async fn carry_through_waypoint(
     };
     result.decided(route.outcome);
     result.opened();
-    match tokio::io::copy_bidirectional(client, &mut tunnel).await {
-        Ok((sent, received)) => {
-            context.proxy_metrics.bytes(Direction::Sent, sent);
-            context.proxy_metrics.bytes(Direction::Received, received);
-            (result.sent, result.received, result.end) = (sent, received, "closed");
+    match relay_tunnel(client, &mut tunnel, context.timeouts).await {
+        Ok(carried) => {
+            context.proxy_metrics.bytes(Direction::Sent, carried.sent);
+            context
+                .proxy_metrics
+                .bytes(Direction::Received, carried.received);
+            (result.sent, result.received, result.end) = (carried.sent, carried.received, "closed");
             let _ = socket2::SockRef::from(&*client).set_linger(None);
         }
         Err(e) => {
-            result.end = "reset";
+            result.end = match e {
+                RelayError::Idle(_) => {
+                    context.proxy_metrics.timed_out(Timeout::Idle);
+                    "idle timeout"
+                }
+                RelayError::Write(_) | RelayError::Io(_) => "reset",
+            };
             debug!(client = %peer, waypoint = %route.first, error = %e, "tunnelled connection ended with an error; resetting the client");
         }
     }

@@ -152,26 +152,26 @@ pub(super) async fn carry(
 }
 
 /// When bytes last moved, either way.
-struct Activity {
+pub(super) struct Activity {
     start: Instant,
     last_ms: AtomicU64,
 }
 
 impl Activity {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         Activity {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
         }
     }
 
-    fn progress(&self) {
+    pub(super) fn progress(&self) {
         let ms = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_ms.store(ms, Ordering::Relaxed);
     }
 
     /// Resolves once nothing has moved for `idle`.
-    async fn idle_for(&self, idle: Duration) -> RelayError {
+    pub(super) async fn idle_for(&self, idle: Duration) -> RelayError {
         loop {
             let last = self.start + Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
             let due = last + idle;
