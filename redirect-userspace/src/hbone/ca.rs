@@ -326,6 +326,39 @@ mod tests {
         assert!(why.contains("ns/team-b"), "{why}");
     }
 
+    #[tokio::test]
+    async fn an_unreachable_ca_is_an_error_naming_it_not_a_hang() {
+        let dir = std::env::temp_dir().join(format!("rdt-ca-unreachable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = rcgen::CertificateParams::new(Vec::<String>::new())
+            .unwrap()
+            .self_signed(&KeyPair::generate().unwrap())
+            .unwrap();
+        std::fs::write(dir.join("root-cert.pem"), root.pem()).unwrap();
+        std::fs::write(dir.join("token"), "t\n").unwrap();
+        // Nothing listens on port 1 of loopback: refused at once.
+        let ca = IstioCa::new(CaSettings {
+            address: "https://127.0.0.1:1".into(),
+            root: dir.join("root-cert.pem"),
+            token: dir.join("token"),
+            cluster_id: "Kubernetes".into(),
+            validity: Duration::from_secs(3600),
+        })
+        .unwrap();
+        let started = std::time::Instant::now();
+        let failed = ca.issue(&team_a()).await.unwrap_err().to_string();
+        assert!(failed.contains("https://127.0.0.1:1"), "{failed}");
+        assert!(started.elapsed() < CALL_TIMEOUT + Duration::from_secs(1));
+        // An empty token is said before anything is sent.
+        std::fs::write(dir.join("token"), "").unwrap();
+        let empty = ca.issue(&team_a()).await.unwrap_err().to_string();
+        assert!(
+            empty.contains("token") && empty.contains("empty"),
+            "{empty}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn a_bad_address_or_missing_root_is_said_at_start() {
         let settings = CaSettings {
