@@ -44,13 +44,27 @@ fn world(ca: &TestCa, identities: &Path) -> Result<World> {
         DAY,
     )?;
     let dir = identities.to_string_lossy().to_string();
-    world_with(&["--identity-dir", &dir, "--trust-domain", TRUST_DOMAIN])
+    world_with(
+        &["--identity-dir", &dir, "--trust-domain", TRUST_DOMAIN],
+        None,
+    )
 }
 
-/// A world whose agent has the waypoints' Services and `args`.
-fn world_with(args: &[&str]) -> Result<World> {
+/// A world whose agent has the waypoints' Services and `args`, and whose mesh config names
+/// `trust_domain` when given.
+fn world_with(args: &[&str], trust_domain: Option<&str>) -> Result<World> {
     World::start_args(
         |config| {
+            if let Some(domain) = trust_domain {
+                let mesh = config.join("01-mesh-config.yaml");
+                let text = std::fs::read_to_string(&mesh).context("the mesh config")?;
+                ensure!(text.contains("  meshConfig:\n"), "{text}");
+                let named = text.replace(
+                    "  meshConfig:\n",
+                    &format!("  meshConfig:\n    trustDomain: {domain}\n"),
+                );
+                std::fs::write(&mesh, named).context("naming the trust domain")?;
+            }
             std::fs::write(config.join("90-waypoints.yaml"), waypoint_services())
                 .context("writing the waypoints' Services")
         },
@@ -324,6 +338,13 @@ fn certificates_rotate_without_a_failed_connection() -> Result<()> {
 }
 
 /// A fresh directory for one test's certificates.
+/// The trust domain the CA test's mesh config names.
+const MESH_TRUST_DOMAIN: &str = "mesh.example";
+
+fn mesh_spiffe(namespace: &str) -> String {
+    format!("spiffe://{MESH_TRUST_DOMAIN}/ns/{namespace}/sa/default")
+}
+
 /// The CA's address: istiod's stand-in in ext.
 const ISTIOD: &str = "198.51.100.97:15012";
 
@@ -334,30 +355,40 @@ const ISTIOD: &str = "198.51.100.97:15012";
 /// refuses is reset (never sent around the waypoint) and counted.
 #[test]
 fn pods_certificates_come_from_istios_ca_and_are_renewed_before_they_expire() -> Result<()> {
-    let ca = TestCa::new(TRUST_DOMAIN)?;
+    // The trust domain is the mesh config's: no --trust-domain.
+    let ca = TestCa::new(MESH_TRUST_DOMAIN)?;
     let scratch = tempdir("ca")?;
     let ca_dir = scratch.join("ca");
     ca.save(&ca_dir)?;
     let token = scratch.join("istio-token");
     std::fs::write(&token, "node-agent-token\n")?;
     let path = |p: &Path| p.to_string_lossy().to_string();
-    let w = world_with(&[
-        "--ca-address",
-        &format!("https://{ISTIOD}"),
-        "--ca-root",
-        &path(&ca_dir.join("root-cert.pem")),
-        "--ca-token",
-        &path(&token),
-        "--cluster-id",
-        "rdt-cluster",
-        "--workload-cert-ttl",
-        "6s",
-    ])?;
+    let w = world_with(
+        &[
+            "--ca-address",
+            &format!("https://{ISTIOD}"),
+            "--ca-root",
+            &path(&ca_dir.join("root-cert.pem")),
+            "--ca-token",
+            &path(&token),
+            "--cluster-id",
+            "rdt-cluster",
+            "--workload-cert-ttl",
+            "6s",
+        ],
+        Some(MESH_TRUST_DOMAIN),
+    )?;
     let (istiod_ip, _) = ISTIOD.split_once(':').context("ISTIOD")?;
     w.topo
         .ensure_ext_address(istiod_ip.parse::<std::net::IpAddr>()?)?;
     let mut istiod = peer::cmd(w.topo.ext())?
-        .args(["ca", "--listen", ISTIOD, "--trust-domain", TRUST_DOMAIN])
+        .args([
+            "ca",
+            "--listen",
+            ISTIOD,
+            "--trust-domain",
+            MESH_TRUST_DOMAIN,
+        ])
         .args(["--ca-dir", &path(&ca_dir), "--token", &path(&token)])
         .args(["--name", istiod_ip, "--name", "istiod.istio-system.svc"])
         .args(["--allow", "team-a/default", "--allow", "team-c/default"])
@@ -386,7 +417,7 @@ fn pods_certificates_come_from_istios_ca_and_are_renewed_before_they_expire() ->
         proc.log()
             .lines()
             .filter(|l| {
-                l.starts_with(&format!("issued identity={} ", spiffe(ns)))
+                l.starts_with(&format!("issued identity={} ", mesh_spiffe(ns)))
                     && l.contains("ttl=6s cluster=rdt-cluster")
             })
             .count()
@@ -437,7 +468,7 @@ fn pods_certificates_come_from_istios_ca_and_are_renewed_before_they_expire() ->
     ensure!(
         connects(&team_a)
             .iter()
-            .all(|l| l.contains(&format!("identity={} ", spiffe("team-a")))),
+            .all(|l| l.contains(&format!("identity={} ", mesh_spiffe("team-a")))),
         "{}",
         team_a.log()
     );
@@ -452,16 +483,18 @@ fn pods_certificates_come_from_istios_ca_and_are_renewed_before_they_expire() ->
         "team-b without a certificate got {reach:?}"
     );
     ensure!(
-        istiod.log().lines().any(
-            |l| l.starts_with("refused code=PermissionDenied") && l.contains(&spiffe("team-b"))
-        ),
+        istiod
+            .log()
+            .lines()
+            .any(|l| l.starts_with("refused code=PermissionDenied")
+                && l.contains(&mesh_spiffe("team-b"))),
         "{}",
         istiod.log()
     );
     ensure!(
         !connects(&egress)
             .iter()
-            .any(|l| l.contains(&spiffe("team-b"))),
+            .any(|l| l.contains(&mesh_spiffe("team-b"))),
         "{}",
         egress.log()
     );

@@ -82,7 +82,8 @@ pub(crate) struct AgentConfig {
     /// The pods' workload certificates (HBONE to waypoints); `None`: none.
     /// Where the node's pods' certificates for HBONE come from, when from anywhere.
     pub cert_source: Option<crate::hbone::CertSource>,
-    pub trust_domain: String,
+    /// `--trust-domain`; unset, the mesh config's as the agent starts.
+    pub trust_domain: Option<String>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -210,10 +211,12 @@ async fn start(
     let families = Families::default();
     let metrics = families.shared.clone();
     let budgets = Arc::new(Budgets::new(limits, &families.budgets));
+    let inputs = start_inputs(config, &families).await?;
+    let live = inputs.live.clone();
     let workload_certs = match &config.cert_source {
         Some(source) => Some(Arc::new(crate::hbone::WorkloadCerts::open(
             source.clone(),
-            config.trust_domain.clone(),
+            trust_domain(config, &live),
             families.hbone.clone(),
         )?)),
         None => None,
@@ -223,8 +226,6 @@ async fn start(
         Arc::new(crate::net::MarkedSockets),
         families.hbone.clone(),
     ));
-    let inputs = start_inputs(config, &families).await?;
-    let live = inputs.live.clone();
     let lifecycle = Arc::new(Lifecycle::default());
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
@@ -514,6 +515,26 @@ impl Families {
             self.hbone.register(r);
         })
     }
+}
+
+/// The trust domain of the workload identities: the flag's, else the mesh config's as it is at
+/// the first tunnel (for an API source the mesh config may not be in force yet as the agent
+/// starts), else `cluster.local`. Kept once chosen.
+fn trust_domain(config: &AgentConfig, live: &Arc<LiveState>) -> Arc<crate::hbone::TrustDomain> {
+    use crate::hbone::{DEFAULT_TRUST_DOMAIN, TrustDomain};
+    Arc::new(match &config.trust_domain {
+        Some(domain) => TrustDomain::fixed(domain.clone()),
+        None => {
+            let live = live.clone();
+            TrustDomain::chosen_by(move || {
+                let snapshot = live.snapshot();
+                snapshot
+                    .trust_domain()
+                    .unwrap_or(DEFAULT_TRUST_DOMAIN)
+                    .to_string()
+            })
+        }
+    })
 }
 
 /// What every proxied connection needs, from the agent's configuration and its running parts.

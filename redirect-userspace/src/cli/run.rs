@@ -222,9 +222,10 @@ pub(crate) struct IdentityArgs {
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]
     pub workload_cert_ttl: std::time::Duration,
     /// The mesh's trust domain: the workload identities presented and accepted are
-    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`.
-    #[arg(long, value_name = "DOMAIN", default_value = crate::hbone::DEFAULT_TRUST_DOMAIN)]
-    pub trust_domain: String,
+    /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`. Unset: the mesh config's
+    /// `trustDomain` as the agent starts, else `cluster.local`.
+    #[arg(long, value_name = "DOMAIN")]
+    pub trust_domain: Option<String>,
 }
 
 impl IdentityArgs {

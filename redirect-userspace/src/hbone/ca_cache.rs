@@ -12,7 +12,7 @@ use rustls::{ClientConfig, RootCertStore, crypto::CryptoProvider};
 use tracing::{info, warn};
 
 use super::{
-    CertError, HboneMetrics, Identity,
+    CertError, HboneMetrics, Identity, TrustDomain,
     ca::{CaError, Issued, IstioCa},
     tls,
 };
@@ -24,7 +24,7 @@ const RETRY: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 pub(crate) struct CaIdentities {
     ca: IstioCa,
-    trust_domain: String,
+    trust_domain: Arc<TrustDomain>,
     roots: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
     metrics: Arc<HboneMetrics>,
@@ -48,7 +48,7 @@ struct Current {
 impl CaIdentities {
     pub(crate) fn new(
         ca: IstioCa,
-        trust_domain: String,
+        trust_domain: Arc<TrustDomain>,
         metrics: Arc<HboneMetrics>,
     ) -> Result<CaIdentities, CertError> {
         let roots = tls::read_roots(&ca.settings().root)?;
@@ -63,7 +63,7 @@ impl CaIdentities {
     }
 
     pub(crate) fn trust_domain(&self) -> &str {
-        &self.trust_domain
+        self.trust_domain.get()
     }
 
     /// The TLS client configuration presenting `namespace/account`'s certificate: the one kept
@@ -119,7 +119,7 @@ impl CaIdentities {
 
     async fn ask(&self, namespace: &str, account: &str) -> Result<Current, CaError> {
         let identity = Identity {
-            trust_domain: self.trust_domain.clone(),
+            trust_domain: self.trust_domain.get().to_string(),
             namespace: namespace.to_string(),
             service_account: account.to_string(),
         };
@@ -133,7 +133,7 @@ impl CaIdentities {
         } = issued;
         let config = tls::client_config(
             &self.provider,
-            &self.trust_domain,
+            self.trust_domain.get(),
             chain,
             key,
             self.roots.clone(),

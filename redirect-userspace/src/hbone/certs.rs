@@ -24,7 +24,7 @@ use rustls::{
 };
 
 use super::{
-    Identity,
+    Identity, TrustDomain,
     tls::{self, check_names, read_chain, read_roots},
 };
 use crate::lock::Locked;
@@ -51,7 +51,7 @@ impl CertError {
 #[derive(Debug)]
 pub(crate) struct IdentityDir {
     dir: PathBuf,
-    trust_domain: String,
+    trust_domain: Arc<TrustDomain>,
     provider: Arc<CryptoProvider>,
     kept: Mutex<HashMap<(String, String), Kept>>,
 }
@@ -65,7 +65,7 @@ struct Kept {
 }
 
 impl IdentityDir {
-    pub(crate) fn new(dir: PathBuf, trust_domain: String) -> IdentityDir {
+    pub(crate) fn new(dir: PathBuf, trust_domain: Arc<TrustDomain>) -> IdentityDir {
         IdentityDir {
             dir,
             trust_domain,
@@ -75,7 +75,7 @@ impl IdentityDir {
     }
 
     pub(crate) fn trust_domain(&self) -> &str {
-        &self.trust_domain
+        self.trust_domain.get()
     }
 
     /// The TLS client configuration presenting `namespace/account`'s certificate, and trusting
@@ -131,13 +131,13 @@ impl IdentityDir {
         let key = PrivateKeyDer::from_pem_file(key_path)
             .map_err(|e| CertError::at(key_path, format!("no private key read: {e}")))?;
         let expected = Identity {
-            trust_domain: self.trust_domain.clone(),
+            trust_domain: self.trust_domain.get().to_string(),
             namespace: namespace.to_string(),
             service_account: account.to_string(),
         };
         check_names(&chain, &expected).map_err(|why| CertError::at(chain_path, why))?;
         let roots = Arc::new(read_roots(roots_path)?);
-        tls::client_config(&self.provider, &self.trust_domain, chain, key, roots)
+        tls::client_config(&self.provider, self.trust_domain.get(), chain, key, roots)
             .map_err(|e| CertError::at(key_path, format!("does not fit the certificate: {e}")))
     }
 }

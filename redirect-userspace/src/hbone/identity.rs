@@ -1,5 +1,5 @@
-//! A workload identity, as SPIFFE writes it and Istio issues it.
-use std::fmt;
+//! A workload identity, as SPIFFE writes it and Istio issues it, and the mesh's trust domain.
+use std::{fmt, sync::OnceLock};
 
 use x509_parser::{extensions::GeneralName, prelude::FromDer};
 
@@ -61,6 +61,46 @@ impl fmt::Display for Identity {
     }
 }
 
+/// The mesh's trust domain, chosen on first use and kept: the flag's, or what `choose` says then
+/// (the mesh config's, in force by the first tunnel even when it was not as the agent started).
+/// Kept, because certificates and pooled connections are made for one.
+pub(crate) struct TrustDomain {
+    chosen: OnceLock<String>,
+    choose: Box<dyn Fn() -> String + Send + Sync>,
+}
+
+impl TrustDomain {
+    pub(crate) fn fixed(domain: String) -> TrustDomain {
+        TrustDomain {
+            chosen: OnceLock::from(domain),
+            choose: Box::new(String::new),
+        }
+    }
+
+    pub(crate) fn chosen_by(choose: impl Fn() -> String + Send + Sync + 'static) -> TrustDomain {
+        TrustDomain {
+            chosen: OnceLock::new(),
+            choose: Box::new(choose),
+        }
+    }
+
+    pub(crate) fn get(&self) -> &str {
+        self.chosen.get_or_init(|| {
+            let domain = (self.choose)();
+            tracing::info!(trust_domain = %domain, "the workload identities' trust domain");
+            domain
+        })
+    }
+}
+
+impl fmt::Debug for TrustDomain {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("TrustDomain")
+            .field(&self.chosen.get())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +115,20 @@ mod tests {
             id.to_string(),
             "spiffe://cluster.local/ns/team-a/sa/default"
         );
+    }
+
+    #[test]
+    fn a_chosen_trust_domain_is_asked_once_and_kept() {
+        let asked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = asked.clone();
+        let domain = TrustDomain::chosen_by(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            "mesh.example".to_string()
+        });
+        assert_eq!(domain.get(), "mesh.example");
+        assert_eq!(domain.get(), "mesh.example");
+        assert_eq!(asked.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert_eq!(TrustDomain::fixed("a.b".into()).get(), "a.b");
     }
 
     #[test]

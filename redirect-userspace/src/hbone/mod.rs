@@ -16,7 +16,7 @@ pub(crate) use certs::{CertError, IdentityDir};
 pub(crate) use client::HboneClient;
 #[cfg(test)]
 use client::HboneError;
-pub(crate) use identity::Identity;
+pub(crate) use identity::{Identity, TrustDomain};
 pub(crate) use metrics::HboneMetrics;
 pub(crate) use source::{CertSource, IdentityError, WorkloadCerts};
 

@@ -5,7 +5,8 @@ use std::{path::PathBuf, sync::Arc};
 use rustls::ClientConfig;
 
 use super::{
-    CaError, CaSettings, CertError, HboneMetrics, IdentityDir, IstioCa, ca_cache::CaIdentities,
+    CaError, CaSettings, CertError, HboneMetrics, IdentityDir, IstioCa, TrustDomain,
+    ca_cache::CaIdentities,
 };
 
 /// A source as configured, not yet opened.
@@ -34,7 +35,7 @@ impl WorkloadCerts {
     /// Inside the runtime (the CA's channel starts a task).
     pub(crate) fn open(
         source: CertSource,
-        trust_domain: String,
+        trust_domain: Arc<TrustDomain>,
         metrics: Arc<HboneMetrics>,
     ) -> Result<WorkloadCerts, IdentityError> {
         Ok(match source {

@@ -167,7 +167,10 @@ async fn waypoint(trusted: &Ca, leaf: Leaf) -> (SocketAddr, Seen) {
 }
 
 fn client(dir: &Path, trust_domain: &str) -> HboneClient {
-    let identities = IdentityDir::new(dir.to_path_buf(), trust_domain.to_string());
+    let identities = IdentityDir::new(
+        dir.to_path_buf(),
+        Arc::new(TrustDomain::fixed(trust_domain.to_string())),
+    );
     HboneClient::new(
         Some(Arc::new(WorkloadCerts::Files(identities))),
         Arc::new(PlainSockets),
@@ -306,7 +309,10 @@ async fn a_rotated_certificate_is_used_by_the_next_connection_and_none_fails() {
 fn a_missing_or_misfiled_certificate_is_an_error_naming_the_file() {
     let ca = Ca::new("cluster.local");
     let dir = temp_dir("misfiled");
-    let identities = IdentityDir::new(dir.clone(), "cluster.local".to_string());
+    let identities = IdentityDir::new(
+        dir.clone(),
+        Arc::new(TrustDomain::fixed("cluster.local".to_string())),
+    );
     let missing = identities.client_config("team-a", "sleep").unwrap_err();
     assert!(
         missing.path.ends_with("team-a/sleep/cert-chain.pem"),

@@ -66,6 +66,8 @@ pub struct Snapshot {
     visibility: Option<VisibilityConfig>,
     /// The mesh config's `discoverySelectors`, for dumps.
     discovery_selectors: Vec<LabelSelector>,
+    /// The mesh config's `trustDomain`, when it names one.
+    trust_domain: Option<String>,
 }
 
 impl Default for Snapshot {
@@ -77,6 +79,7 @@ impl Default for Snapshot {
             cluster_domain: DEFAULT_CLUSTER_DOMAIN.to_string(),
             visibility: None,
             discovery_selectors: Vec::new(),
+            trust_domain: None,
         }
     }
 }
@@ -160,7 +163,13 @@ impl Snapshot {
             cluster_domain: model.cluster_domain.clone(),
             visibility: model.mesh.service_entry_visibility.clone(),
             discovery_selectors: model.mesh.discovery_selectors.clone(),
+            trust_domain: model.mesh.trust_domain.clone(),
         }
+    }
+
+    /// The mesh config's `trustDomain`, when it names one.
+    pub fn trust_domain(&self) -> Option<&str> {
+        self.trust_domain.as_deref()
     }
 
     /// Whether `other` holds these very services (shared, as [`Snapshot::with_pods`] leaves them).
