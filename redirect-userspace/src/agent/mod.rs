@@ -213,19 +213,7 @@ async fn start(
     let budgets = Arc::new(Budgets::new(limits, &families.budgets));
     let inputs = start_inputs(config, &families).await?;
     let live = inputs.live.clone();
-    let workload_certs = match &config.cert_source {
-        Some(source) => Some(Arc::new(crate::hbone::WorkloadCerts::open(
-            source.clone(),
-            trust_domain(config, &live),
-            families.hbone.clone(),
-        )?)),
-        None => None,
-    };
-    let hbone = Arc::new(HboneClient::new(
-        workload_certs,
-        Arc::new(crate::net::MarkedSockets),
-        families.hbone.clone(),
-    ));
+    let hbone = hbone_client(config, &live, &families)?;
     let lifecycle = Arc::new(Lifecycle::default());
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
@@ -515,6 +503,28 @@ impl Families {
             self.hbone.register(r);
         })
     }
+}
+
+/// The HBONE client, with the node's pods' certificates from the source configured (a bad one
+/// stops the agent here, before anything is attached).
+fn hbone_client(
+    config: &AgentConfig,
+    live: &Arc<LiveState>,
+    families: &Families,
+) -> anyhow::Result<Arc<HboneClient>> {
+    let workload_certs = match &config.cert_source {
+        Some(source) => Some(Arc::new(crate::hbone::WorkloadCerts::open(
+            source.clone(),
+            trust_domain(config, live),
+            families.hbone.clone(),
+        )?)),
+        None => None,
+    };
+    Ok(Arc::new(HboneClient::new(
+        workload_certs,
+        Arc::new(crate::net::MarkedSockets),
+        families.hbone.clone(),
+    )))
 }
 
 /// The trust domain of the workload identities: the flag's, else the mesh config's as it is at
