@@ -93,11 +93,13 @@ impl Pooled {
     }
 }
 
-/// One pooled connection: by client identity, waypoint, and the certificate configuration in use.
+/// One pooled connection: by client identity, waypoint, the namespace its certificate was checked
+/// against, and the certificate configuration in use.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     client: Identity,
     waypoint: SocketAddr,
+    waypoint_namespace: String,
     config: usize,
 }
 
@@ -165,12 +167,16 @@ impl HboneClient {
         let key = PoolKey {
             client: client.clone(),
             waypoint,
+            waypoint_namespace: waypoint_namespace.to_string(),
             config: Arc::as_ptr(&config) as usize,
         };
         let pooled = {
             let mut pool = self.pool.locked();
-            // Connections of a configuration replaced since are not reused: drop them.
-            pool.retain(|k, p| !p.is_closed() && (k.client != key.client || k == &key));
+            // Connections of a configuration replaced since are not reused: drop them (the
+            // client's connections to other waypoints on this configuration stay).
+            pool.retain(|k, p| {
+                !p.is_closed() && (k.client != key.client || k.config == key.config)
+            });
             pool.entry(key).or_default().clone()
         };
         let mut sender = pooled

@@ -335,3 +335,32 @@ fn a_missing_or_misfiled_certificate_is_an_error_naming_the_file() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_pooled_connection_serves_only_the_namespace_it_was_checked_for_and_waypoints_do_not_evict_each_other()
+ {
+    let ca = Ca::new("cluster.local");
+    let dir = temp_dir("pool-keys");
+    ca.write_identity(&dir, "team-a", "sleep");
+    let (team_a, _) = waypoint(&ca, ca.leaf("team-a", "waypoint")).await;
+    let (egress, _) = waypoint(&ca, ca.leaf("istio-system", "waypoint")).await;
+    let hbone = client(&dir, "cluster.local");
+    let who = identity("team-a", "sleep");
+    let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
+    // Alternating between two waypoints: one connection to each, kept.
+    for round in 0..3 {
+        for (at, namespace) in [(team_a, "team-a"), (egress, "istio-system")] {
+            let mut open = hbone.tunnel(&who, at, namespace, authority).await.unwrap();
+            assert_eq!(echo(&mut open, "x").await, "x", "round {round}");
+        }
+    }
+    assert_eq!(hbone.metrics.connections(), 2);
+    // The same address expected to be another namespace's waypoint: checked again, refused,
+    // though a connection to it is pooled.
+    let wrong = hbone.tunnel(&who, team_a, "team-b", authority).await;
+    assert!(
+        matches!(wrong, Err(HboneError::Peer { .. })),
+        "{:?}",
+        wrong.err()
+    );
+}
