@@ -440,6 +440,14 @@ fn pods_certificates_come_from_istios_ca_and_are_renewed_before_they_expire() ->
         reaches.iter().all(|r| *r == Reach::server("api-endpoint")),
         "{reaches:?}"
     );
+    let dials = w
+        .agent
+        .metrics()?
+        .get_or_zero("redirect_hbone_connections_total");
+    ensure!(
+        dials == 1.0,
+        "the burst dialled {dials} connections, not one"
+    );
     ensure!(
         issued(&istiod, "team-a") == 1,
         "one issuance for the burst:\n{}",
