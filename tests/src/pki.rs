@@ -128,8 +128,13 @@ impl TestCa {
     }
 
     /// Signs a PEM certificate request as a workload certificate (the CSR's key and SANs, this
-    /// CA's usages), valid for `valid_for`; the chain PEM (leaf, root) and the URI SANs it names.
-    pub fn sign_csr(&self, csr_pem: &str, valid_for: Duration) -> Result<(String, Vec<String>)> {
+    /// CA's usages), valid for `valid_for`; the chain, one PEM each (leaf, then root), and the URI
+    /// SANs it names.
+    pub fn sign_csr(
+        &self,
+        csr_pem: &str,
+        valid_for: Duration,
+    ) -> Result<(Vec<String>, Vec<String>)> {
         let mut csr = rcgen::CertificateSigningRequestParams::from_pem(csr_pem)
             .context("the CSR does not parse or its signature does not verify")?;
         let uris = csr
@@ -143,7 +148,7 @@ impl TestCa {
             .collect();
         workload_usages(&mut csr.params, valid_for)?;
         let leaf = csr.signed_by(&self.issuer).context("signing the CSR")?;
-        Ok((format!("{}{}", leaf.pem(), self.root_pem), uris))
+        Ok((vec![leaf.pem(), self.root_pem.clone()], uris))
     }
 
     /// A serving certificate for a control plane (istiod's): DNS and IP SANs, serverAuth.

@@ -113,6 +113,19 @@ fn stand_in(
     Ok(proc)
 }
 
+/// team-a's waypoint at its address with the certificate `ca` issues for it, carrying `api` to
+/// its endpoint.
+fn team_a_waypoint(w: &World, ca: &TestCa, name: &str) -> Result<Proc> {
+    stand_in(
+        w,
+        ca,
+        name,
+        TEAM_A_WAYPOINT,
+        ("team-a", "team-a-waypoint"),
+        &[(API_VIP, API_ENDPOINT)],
+    )
+}
+
 /// The `connect` lines a stand-in printed.
 fn connects(proc: &Proc) -> Vec<String> {
     proc.log()
@@ -131,14 +144,7 @@ fn a_bound_service_is_reached_through_its_waypoint_as_the_client_identity() -> R
     let ca = TestCa::new(TRUST_DOMAIN)?;
     let scratch = tempdir("through")?;
     let w = world(&ca, &scratch)?;
-    let team_a = stand_in(
-        &w,
-        &ca,
-        "team-a",
-        TEAM_A_WAYPOINT,
-        ("team-a", "team-a-waypoint"),
-        &[(API_VIP, API_ENDPOINT)],
-    )?;
+    let team_a = team_a_waypoint(&w, &ca, "team-a")?;
     let egress = stand_in(
         &w,
         &ca,
@@ -276,14 +282,7 @@ fn a_waypoint_with_another_trust_domains_certificate_is_refused_and_counted() ->
     let foreign = TestCa::new("other.example")?;
     let scratch = tempdir("foreign")?;
     let w = world(&ca, &scratch)?;
-    let impostor = stand_in(
-        &w,
-        &foreign,
-        "impostor",
-        TEAM_A_WAYPOINT,
-        ("team-a", "team-a-waypoint"),
-        &[(API_VIP, API_ENDPOINT)],
-    )?;
+    let impostor = team_a_waypoint(&w, &foreign, "impostor")?;
     let reach = w.curl("team-a", &format!("http://{API_VIP}/"))?;
     ensure!(reach == Reach::Reset, "{reach:?}");
     ensure!(connects(&impostor).is_empty(), "{}", impostor.log());
@@ -301,14 +300,7 @@ fn certificates_rotate_without_a_failed_connection() -> Result<()> {
     let ca = TestCa::new(TRUST_DOMAIN)?;
     let scratch = tempdir("rotate")?;
     let w = world(&ca, &scratch)?;
-    let team_a = stand_in(
-        &w,
-        &ca,
-        "team-a",
-        TEAM_A_WAYPOINT,
-        ("team-a", "team-a-waypoint"),
-        &[(API_VIP, API_ENDPOINT)],
-    )?;
+    let team_a = team_a_waypoint(&w, &ca, "team-a")?;
     // Curls in a loop while the pod's certificate is replaced twice.
     let script = format!(
         "for i in $(seq 60); do curl -sS -o /dev/null --max-time {} http://api.example.com/ || exit 1; sleep 0.05; done",
@@ -397,14 +389,7 @@ fn pods_certificates_come_from_istios_ca_and_are_renewed_before_they_expire() ->
         &format!("listening {ISTIOD}"),
         pace::scaled(Duration::from_secs(10)),
     )?;
-    let team_a = stand_in(
-        &w,
-        &ca,
-        "team-a",
-        TEAM_A_WAYPOINT,
-        ("team-a", "team-a-waypoint"),
-        &[(API_VIP, API_ENDPOINT)],
-    )?;
+    let team_a = team_a_waypoint(&w, &ca, "team-a")?;
     let egress = stand_in(
         &w,
         &ca,

@@ -210,15 +210,5 @@ fn create(
         header("clusterid")
     ));
     // As istiod: one PEM per certificate, the leaf first and the root last.
-    Ok(CertificateResponse {
-        cert_chain: split_pem(&chain),
-    })
-}
-
-fn split_pem(chain: &str) -> Vec<String> {
-    chain
-        .split_inclusive("-----END CERTIFICATE-----\n")
-        .filter(|p| p.contains("BEGIN CERTIFICATE"))
-        .map(str::to_string)
-        .collect()
+    Ok(CertificateResponse { cert_chain: chain })
 }
