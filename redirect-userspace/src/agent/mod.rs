@@ -79,10 +79,9 @@ pub(crate) struct AgentConfig {
     pub kernel_records: KernelRecords,
     /// A second mesh config audited beside the one in force, never enforced.
     pub audit_mesh_config: Option<PathBuf>,
-    /// The pods' workload certificates (HBONE to waypoints); `None`: none.
-    /// Where the node's pods' certificates for HBONE come from, when from anywhere.
+    /// Where the node's pods' certificates for HBONE to waypoints come from; `None`: nowhere.
     pub cert_source: Option<crate::hbone::CertSource>,
-    /// `--trust-domain`; unset, the mesh config's as the agent starts.
+    /// `--trust-domain`; unset, the mesh config's as it is at the first tunnel.
     pub trust_domain: Option<String>,
 }
 

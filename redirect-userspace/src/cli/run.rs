@@ -223,7 +223,7 @@ pub(crate) struct IdentityArgs {
     pub workload_cert_ttl: std::time::Duration,
     /// The mesh's trust domain: the workload identities presented and accepted are
     /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>`. Unset: the mesh config's
-    /// `trustDomain` as the agent starts, else `cluster.local`.
+    /// `trustDomain` as it is at the first tunnel, else `cluster.local`.
     #[arg(long, value_name = "DOMAIN")]
     pub trust_domain: Option<String>,
 }

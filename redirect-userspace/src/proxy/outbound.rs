@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use super::{
     DialGuard, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
-    record::ConnectionResult, relay, splice_relay, tunnel_relay::relay_tunnel,
+    record::ConnectionResult, relay, relay::Carried, splice_relay, tunnel_relay::relay_tunnel,
 };
 use crate::{
     budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
@@ -381,21 +381,11 @@ async fn carry_through_waypoint(
     result.opened();
     match relay_tunnel(client, &mut tunnel, context.timeouts).await {
         Ok(carried) => {
-            context.proxy_metrics.bytes(Direction::Sent, carried.sent);
-            context
-                .proxy_metrics
-                .bytes(Direction::Received, carried.received);
-            (result.sent, result.received, result.end) = (carried.sent, carried.received, "closed");
+            count_carried(context, result, carried);
             let _ = socket2::SockRef::from(&*client).set_linger(None);
         }
         Err(e) => {
-            result.end = match e {
-                RelayError::Idle(_) => {
-                    context.proxy_metrics.timed_out(Timeout::Idle);
-                    "idle timeout"
-                }
-                RelayError::Write(_) | RelayError::Io(_) => "reset",
-            };
+            result.end = relay_end(context, &e);
             debug!(client = %peer, waypoint = %route.first, error = %e, "tunnelled connection ended with an error; resetting the client");
         }
     }
@@ -459,33 +449,43 @@ async fn carry(
     match carried {
         Ok(carried) => {
             port.closed_first(carried.upstream_closed_first);
-            context.proxy_metrics.bytes(Direction::Sent, carried.sent);
-            context
-                .proxy_metrics
-                .bytes(Direction::Received, carried.received);
-            (result.sent, result.received, result.end) = (carried.sent, carried.received, "closed");
+            count_carried(context, result, carried);
             // Both sides ended cleanly: close gracefully, so data still in flight is delivered.
             for socket in [client, &upstream] {
                 let _ = socket2::SockRef::from(socket).set_linger(None);
             }
         }
         Err(e) => {
-            result.end = match e {
-                RelayError::Idle(_) => {
-                    context.proxy_metrics.timed_out(Timeout::Idle);
-                    "idle timeout"
-                }
-                RelayError::Write(_) => {
-                    context.proxy_metrics.timed_out(Timeout::Write);
-                    "write timeout"
-                }
-                RelayError::Io(_) => "reset",
-            };
+            result.end = relay_end(context, &e);
             // Both sockets still linger 0: dropping them resets both peers.
             debug!(client = %peer, upstream = %dst, error = %e, "connection ended with an error; resetting both sides");
         }
     }
     Ok(())
+}
+
+/// A relay that ended cleanly: its bytes counted and recorded.
+fn count_carried(context: &ProxyContext, result: &mut ConnectionResult<'_>, carried: Carried) {
+    context.proxy_metrics.bytes(Direction::Sent, carried.sent);
+    context
+        .proxy_metrics
+        .bytes(Direction::Received, carried.received);
+    (result.sent, result.received, result.end) = (carried.sent, carried.received, "closed");
+}
+
+/// How a relay that failed ended, for the record; a timeout is counted.
+fn relay_end(context: &ProxyContext, e: &RelayError) -> &'static str {
+    match e {
+        RelayError::Idle(_) => {
+            context.proxy_metrics.timed_out(Timeout::Idle);
+            "idle timeout"
+        }
+        RelayError::Write(_) => {
+            context.proxy_metrics.timed_out(Timeout::Write);
+            "write timeout"
+        }
+        RelayError::Io(_) => "reset",
+    }
 }
 
 /// The addresses of `first` and `fallback` the proxy may dial for this client, first first; `None`
