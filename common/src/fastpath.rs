@@ -22,6 +22,12 @@ pub const ACTION_PORTS: u32 = 2;
 /// goes on), but [`Claim::hidden`] was skipped.
 pub const ACTION_NONE: u32 = 3;
 
+/// A workload address's value in `FAST_WORKLOADS`: the connection goes straight to it.
+pub const WORKLOAD_DIRECT: u8 = 1;
+/// A workload address's value in `FAST_WORKLOADS`: a Pod of another node reached over HBONE, which
+/// only the proxy speaks; also when a service's endpoint is picked there.
+pub const WORKLOAD_HBONE: u8 = 2;
+
 /// [`Claim::hidden`] when no service was skipped.
 pub const NOT_HIDDEN: u32 = u32::MAX;
 

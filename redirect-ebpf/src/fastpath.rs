@@ -12,7 +12,7 @@ use redirect_common::{
     fastpath::{
         ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A,
         GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_PROXY, NS_UNKNOWN,
-        PortKey, generation_slot,
+        PortKey, WORKLOAD_HBONE, generation_slot,
     },
     ip6_words, is_v4_mapped, v4_mapped_words,
 };
@@ -20,8 +20,8 @@ use redirect_common::{
 use crate::{
     maps::{
         CidrsMap, ExactMap, FAST_AUDITED, FAST_CIDRS, FAST_CLIENTS, FAST_CONFIG, FAST_EXACT,
-        FAST_GENERATION, FAST_HIDDEN_EVENTS, FAST_PORTS, FAST_WORKLOADS, PortsMap, count_fast,
-        count_fast_slot,
+        FAST_GENERATION, FAST_HIDDEN_EVENTS, FAST_PORTS, FAST_WORKLOADS, PortsMap, WorkloadsMap,
+        count_fast, count_fast_slot,
     },
     steer::Dest,
 };
@@ -131,13 +131,13 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
     let claim = match found {
         Some(c) if c.action != ACTION_NONE => c,
         _ => {
-            // Workload or not, the socket is left alone: the table only counts them apart (an
-            // address it had no room for is counted as a passthrough).
-            // SAFETY: only the presence of the entry is read, never the value behind the reference.
-            if unsafe { workloads.get(&ip) }.is_some() {
-                return (Fast::Leave, FastStat::Workload);
-            }
-            return (Fast::Leave, FastStat::Passthrough);
+            // A workload is left alone unless it is reached over HBONE; the table counts the others
+            // apart (an address it had no room for is counted as a passthrough).
+            return match workload(workloads, &ip) {
+                Some(WORKLOAD_HBONE) => (Fast::Proxy, FastStat::ProxyService),
+                Some(_) => (Fast::Leave, FastStat::Workload),
+                None => (Fast::Leave, FastStat::Passthrough),
+            };
         }
     };
     if claim.action == ACTION_PASSTHROUGH {
@@ -151,7 +151,7 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
         port: dst.port,
         _pad: 0,
     };
-    if pick(ports, &port, ip.family, to) {
+    if pick(ports, workloads, &port, ip.family, to) {
         (Fast::Rewrite, FastStat::Rewritten)
     } else {
         (Fast::Proxy, FastStat::ProxyService)
@@ -198,10 +198,25 @@ fn claim(
     network
 }
 
-/// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`
-/// untouched) when the port has no rewrite for a socket of this family (the proxy serves it).
+/// The class of workload address `ip` (`WORKLOAD_DIRECT`, `WORKLOAD_HBONE`), if it is one.
 #[inline(always)]
-fn pick(ports: &PortsMap, port: &PortKey, family: u32, to: &mut Dest) -> bool {
+fn workload(workloads: &WorkloadsMap, ip: &IpKey) -> Option<u8> {
+    // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
+    // nothing changes the entry while it is read.
+    unsafe { workloads.get(ip) }.copied()
+}
+
+/// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`
+/// untouched) when the port has no rewrite for a socket of this family, or the endpoint chosen is
+/// reached over HBONE (the proxy serves both).
+#[inline(always)]
+fn pick(
+    ports: &PortsMap,
+    workloads: &WorkloadsMap,
+    port: &PortKey,
+    family: u32,
+    to: &mut Dest,
+) -> bool {
     // SAFETY: the reference lives only within this call, and the agent writes only the generation
     // not in force, so nothing changes the entry while it is read.
     let Some(backends) = (unsafe { ports.get(port) }) else {
@@ -221,6 +236,10 @@ fn pick(ports: &PortsMap, port: &PortKey, family: u32, to: &mut Dest) -> bool {
         return false;
     };
     let a = &b.addr;
+    let key = IpKey { family, addr: *a };
+    if workload(workloads, &key) == Some(WORKLOAD_HBONE) {
+        return false;
+    }
     let ip = if family == FAMILY_V4 {
         v4_mapped_words(u32::from_ne_bytes([a[0], a[1], a[2], a[3]]))
     } else {

@@ -28,6 +28,8 @@ pub(crate) struct LiveState {
     /// Whether a configuration is in force: set once the source gave its first (at once without
     /// a source), for whoever waits on it ([`LiveState::in_force`]).
     in_force: tokio::sync::watch::Sender<bool>,
+    /// Counts the snapshots applied, for whoever follows each ([`LiveState::applied`]).
+    applied: tokio::sync::watch::Sender<u64>,
     /// With `--audit-mesh-config`: the policy audited beside the one in force.
     audit: OnceLock<Arc<Audit>>,
 }
@@ -111,6 +113,7 @@ impl LiveState {
         Arc::new(LiveState {
             snapshot: ArcSwap::from_pointee(Snapshot::default()),
             in_force: tokio::sync::watch::Sender::new(source.is_none()),
+            applied: tokio::sync::watch::Sender::new(0),
             status: Mutex::new(ConfigStatus {
                 source,
                 ..ConfigStatus::default()
@@ -164,6 +167,12 @@ impl LiveState {
         status.rejected = rejected;
         drop(status);
         self.in_force.send_replace(true);
+        self.applied.send_modify(|n| *n += 1);
+    }
+
+    /// Told of every snapshot applied from now on (a reader that falls behind sees the last).
+    pub(crate) fn applied(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.applied.subscribe()
     }
 
     /// Returns once a configuration is in force (at once if one is).

@@ -333,6 +333,26 @@ impl Topology {
         Ok(())
     }
 
+    /// Joins the node netns of `a` and `b` as two nodes of one cluster: a veth pair between them
+    /// (`a` 100.64.0.1/30, `b` 100.64.0.2/30), and each node's Pods (`a_pods`, `b_pods`, e.g.
+    /// `10.244.1.0/24`) routed through it from the other. The link goes with either netns.
+    pub fn link_nodes(a: &Topology, a_pods: &str, b: &Topology, b_pods: &str) -> Result<()> {
+        let (na, nb) = (a.node.netns.as_str(), b.node.netns.as_str());
+        ip(&[
+            "-n", na, "link", "add", "to-peer", "type", "veth", "peer", "name", "to-peer", "netns",
+            nb,
+        ])?;
+        for (ns, own, other, pods) in [
+            (na, "100.64.0.1/30", "100.64.0.2", b_pods),
+            (nb, "100.64.0.2/30", "100.64.0.1", a_pods),
+        ] {
+            ip(&["-n", ns, "addr", "add", own, "dev", "to-peer"])?;
+            ip(&["-n", ns, "link", "set", "to-peer", "up"])?;
+            ip(&["-n", ns, "route", "add", pods, "via", other])?;
+        }
+        Ok(())
+    }
+
     /// Makes `addr` an address of ext (on its loopback, /32 or /128), once.
     pub fn ensure_ext_address(&self, addr: impl Into<IpAddr>) -> Result<()> {
         let addr = addr.into();

@@ -4,6 +4,7 @@
 mod bind;
 mod dir_watch;
 mod file_watch;
+mod hbone;
 
 pub(crate) mod handover;
 mod opt_out;
@@ -83,6 +84,8 @@ pub(crate) struct AgentConfig {
     pub cert_source: Option<crate::hbone::CertSource>,
     /// `--trust-domain`; unset, the mesh config's as it is at the first tunnel.
     pub trust_domain: Option<String>,
+    /// With HBONE between nodes (`--hbone-between-nodes`), the node served.
+    pub hbone_node: Option<String>,
 }
 
 /// Runs until SIGINT or SIGTERM.
@@ -163,7 +166,8 @@ async fn start_inputs(config: &AgentConfig, families: &Families) -> anyhow::Resu
         tasks.push(tokio::spawn(follow_audit_file(audit)));
     }
     if let Some(dir) = config.config_dir.clone() {
-        tasks.push(reload::start(dir, config.limits, live.clone(), metrics.clone()).await);
+        let settings = (config.limits, config.hbone_node.clone());
+        tasks.push(reload::start(dir, settings, live.clone(), metrics.clone()).await);
     }
     let mut status_lease = None;
     if let (Some(client), Some(source)) = (kube, config.kube.clone()) {
@@ -212,7 +216,11 @@ async fn start(
     let budgets = Arc::new(Budgets::new(limits, &families.budgets));
     let inputs = start_inputs(config, &families).await?;
     let live = inputs.live.clone();
-    let hbone = hbone_client(config, &live, &families)?;
+    let hbone = hbone::client(config, &live, &families)?;
+    let receiving = match config.hbone_node {
+        Some(_) => Some(hbone::prepare().await?),
+        None => None,
+    };
     let lifecycle = Arc::new(Lifecycle::default());
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
@@ -265,7 +273,7 @@ async fn start(
         bound.proxy,
         bound.dns,
         &proxy_context,
-        (opt_out, fast_path, redirector.held_links()),
+        (opt_out, fast_path, redirector.held_links(), receiving),
         &lifecycle,
     );
 
@@ -298,6 +306,15 @@ async fn start(
     })
 }
 
+/// The running agent's background parts: the opt-out sync, the fast path, the pins watched, and
+/// HBONE's receiving side.
+type Background = (
+    OptOutSync,
+    Option<Arc<FastPath>>,
+    Option<Arc<crate::redirect::HeldLinks>>,
+    Option<hbone::Receiving>,
+);
+
 /// The accept loops of the proxies and the DNS proxies (returned, to be awaited when they stop),
 /// and the background tasks of the running agent (the opt-out sync, the fast path's upkeep, the
 /// watch on the pins); each stops when the agent stops serving.
@@ -305,11 +322,7 @@ fn spawn_serving(
     proxies: Vec<tokio::net::TcpListener>,
     dns: Vec<crate::dns::DnsProxy>,
     proxy_context: &Arc<ProxyContext>,
-    (opt_out, fast_path, held): (
-        OptOutSync,
-        Option<Arc<FastPath>>,
-        Option<Arc<crate::redirect::HeldLinks>>,
-    ),
+    (opt_out, fast_path, held, receiving): Background,
     lifecycle: &Lifecycle,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut serving: Vec<_> = proxies
@@ -329,6 +342,9 @@ fn spawn_serving(
     }
     if let Some(held) = held {
         tokio::spawn(watch_pins(held, lifecycle.serving()));
+    }
+    if let Some(receiving) = receiving {
+        serving.extend(receiving.spawn(proxy_context, lifecycle));
     }
     serving
 }
@@ -502,48 +518,6 @@ impl Families {
             self.hbone.register(r);
         })
     }
-}
-
-/// The HBONE client, with the node's pods' certificates from the source configured (a bad one
-/// stops the agent here, before anything is attached).
-fn hbone_client(
-    config: &AgentConfig,
-    live: &Arc<LiveState>,
-    families: &Families,
-) -> anyhow::Result<Arc<HboneClient>> {
-    let workload_certs = match &config.cert_source {
-        Some(source) => Some(Arc::new(crate::hbone::WorkloadCerts::open(
-            source.clone(),
-            trust_domain(config, live),
-            families.hbone.clone(),
-        )?)),
-        None => None,
-    };
-    Ok(Arc::new(HboneClient::new(
-        workload_certs,
-        Arc::new(crate::net::MarkedSockets),
-        families.hbone.clone(),
-    )))
-}
-
-/// The trust domain of the workload identities: the flag's, else the mesh config's as it is at
-/// the first tunnel (for an API source the mesh config may not be in force yet as the agent
-/// starts), else `cluster.local`. Kept once chosen.
-fn trust_domain(config: &AgentConfig, live: &Arc<LiveState>) -> Arc<crate::hbone::TrustDomain> {
-    use crate::hbone::{DEFAULT_TRUST_DOMAIN, TrustDomain};
-    Arc::new(match &config.trust_domain {
-        Some(domain) => TrustDomain::fixed(domain.clone()),
-        None => {
-            let live = live.clone();
-            TrustDomain::chosen_by(move || {
-                let snapshot = live.snapshot();
-                snapshot
-                    .trust_domain()
-                    .unwrap_or(DEFAULT_TRUST_DOMAIN)
-                    .to_string()
-            })
-        }
-    })
 }
 
 /// What every proxied connection needs, from the agent's configuration and its running parts.

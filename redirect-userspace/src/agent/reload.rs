@@ -21,6 +21,8 @@ pub(super) struct Reloader {
     limits: Limits,
     /// The model in force: where the last good version of an object in error comes from.
     in_force: Option<Model>,
+    /// With HBONE between nodes, the node served (every model says so).
+    hbone_node: Option<String>,
 }
 
 /// What one load gave: the state to put in force and what was in error.
@@ -31,11 +33,12 @@ pub(super) struct Loaded {
 }
 
 impl Reloader {
-    pub(super) fn new(dir: PathBuf, limits: Limits) -> Self {
+    pub(super) fn new(dir: PathBuf, limits: Limits, hbone_node: Option<String>) -> Self {
         Reloader {
             dir,
             limits,
             in_force: None,
+            hbone_node,
         }
     }
 
@@ -49,6 +52,7 @@ impl Reloader {
         if let Some(previous) = &self.in_force {
             config::keep_last_good(&mut loaded, previous);
         }
+        loaded.model.hbone_node = self.hbone_node.clone();
         let built = pipeline::build(&loaded.model, loaded.errors);
         self.in_force = Some(loaded.model);
         Ok(Loaded {
@@ -117,20 +121,21 @@ pub(super) async fn apply(
 /// Applies `dir` now, then again after every change in a task of its own.
 pub(super) async fn start(
     dir: PathBuf,
-    limits: Limits,
+    (limits, hbone_node): (Limits, Option<String>),
     live: Arc<LiveState>,
     metrics: Arc<Metrics>,
 ) -> tokio::task::JoinHandle<()> {
     // Watch before the first load: a change made while it loads is not missed.
     let mut watch = DirWatch::new(&dir, limits);
-    let mut reloader = Some(Reloader::new(dir, limits));
+    let mut reloader = Some(Reloader::new(dir, limits, hbone_node.clone()));
     apply(&mut reloader, &live, &metrics).await;
     tokio::spawn(async move {
         loop {
             watch.changed().await;
             if reloader.is_none() {
                 // Lost to a panic: start again from nothing in force but what runs.
-                reloader = Some(Reloader::new(watch.dir().to_path_buf(), limits));
+                let dir = watch.dir().to_path_buf();
+                reloader = Some(Reloader::new(dir, limits, hbone_node.clone()));
             }
             apply(&mut reloader, &live, &metrics).await;
         }

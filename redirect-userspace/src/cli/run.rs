@@ -226,6 +226,12 @@ pub(crate) struct IdentityArgs {
     /// `trustDomain` as it is at the first tunnel, else `cluster.local`.
     #[arg(long, value_name = "DOMAIN")]
     pub trust_domain: Option<String>,
+    /// Carry Pod-to-Pod traffic between nodes over HBONE, as ztunnel does: connections to other
+    /// nodes' Pods go over HBONE to `<pod IP>:15008`, and HBONE sent to this node's Pods is
+    /// received (a routing rule and table 15008 in the node's netns bring it to the agent), each
+    /// stream carried to its Pod. Needs a certificate source and `--node-name`.
+    #[arg(long, requires = "node_name")]
+    pub hbone_between_nodes: bool,
 }
 
 impl IdentityArgs {
@@ -289,6 +295,13 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
     }
     let pinned = handover.available;
     let kube_args = *args.kube;
+    let hbone_node = match args.identity.hbone_between_nodes {
+        true if args.identity.source().is_none() => anyhow::bail!(
+            "--hbone-between-nodes needs the Pods' certificates: --identity-dir or --ca-address"
+        ),
+        true => kube_args.node_name.clone().filter(|n| !n.is_empty()),
+        false => None,
+    };
     let kube = match kube_args.kube {
         true => {
             let (namespace, name) = kube_args
@@ -298,7 +311,8 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             Some(crate::cluster::Source {
                 status_lease: kube_args.status_lease()?,
                 kubeconfig: kube_args.kubeconfig,
-                node_name: kube_args.node_name.filter(|n| !n.is_empty()),
+                node_name: kube_args.node_name.clone().filter(|n| !n.is_empty()),
+                hbone_between_nodes: args.identity.hbone_between_nodes,
                 mesh: crate::cluster::MeshConfigMap {
                     namespace: namespace.to_string(),
                     name: name.to_string(),
@@ -334,6 +348,7 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             audit_mesh_config: args.audit_mesh_config,
             cert_source: args.identity.source(),
             trust_domain: args.identity.trust_domain,
+            hbone_node,
         },
         log_level,
     )?;

@@ -77,6 +77,8 @@ pub(crate) struct Source {
     pub status_lease: Option<status::LeaseConfig>,
     /// The node this agent serves (`--node-name`): only its Pods are clients, held whole.
     pub node_name: Option<String>,
+    /// Whether the Pods of other nodes are reached over HBONE (`--hbone-between-nodes`).
+    pub hbone_between_nodes: bool,
 }
 
 /// The client configuration as kubectl finds it: the kubeconfig given, else the pod's service
@@ -156,8 +158,11 @@ pub(crate) fn start(
         status_lease = Some(writer.lease);
         inputs_tx
     });
+    let (hbone_node, hbone_between_nodes) = (source.node_name.clone(), source.hbone_between_nodes);
     let task = tokio::spawn(async move {
-        follow(rx, Store::new(&kinds), live, metrics, status).await;
+        let hbone_node = hbone_node.filter(|_| hbone_between_nodes);
+        let store = Store::new(&kinds).with_hbone_node(hbone_node);
+        follow(rx, store, live, metrics, status).await;
         for w in watches {
             w.abort();
         }

@@ -36,6 +36,9 @@ pub struct Model {
     pub pods_elsewhere: super::PodsElsewhere,
     pub mesh: MeshConfig,
     pub cluster_domain: String,
+    /// With HBONE between nodes, the node this agent serves: the Pods of any other node are
+    /// reached over HBONE. Set by the agent, never read from the cluster.
+    pub hbone_node: Option<String>,
 }
 
 impl Model {

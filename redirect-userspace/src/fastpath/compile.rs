@@ -10,7 +10,8 @@ use ipnet::IpNet;
 
 use redirect_common::fastpath::{
     ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Claim, Config,
-    FAMILY_V4, FAMILY_V6, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey,
+    FAMILY_V4, FAMILY_V6, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey, WORKLOAD_DIRECT,
+    WORKLOAD_HBONE,
 };
 
 use super::{
@@ -191,8 +192,9 @@ pub(crate) fn with_workloads(
 /// the limit), nothing of its services.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Workloads {
-    /// Every address a workload is reached at; none when they do not all fit.
-    addresses: HashSet<IpKey>,
+    /// Every address a workload is reached at, with how (`WORKLOAD_DIRECT`, `WORKLOAD_HBONE`);
+    /// none when they do not all fit.
+    addresses: HashMap<IpKey, u8>,
     /// How many were left out (all of them) for want of room.
     left_out: usize,
 }
@@ -200,10 +202,19 @@ struct Workloads {
 impl Workloads {
     /// Every address a workload of `snapshot` is reached at, or none when they do not all fit.
     fn of(snapshot: &Snapshot, limits: Limits) -> Self {
-        let ips: HashSet<IpKey> = snapshot.workload_destinations().map(IpKey::new).collect();
+        let ips: HashMap<IpKey, u8> = snapshot
+            .workload_destinations()
+            .map(|ip| {
+                let class = match snapshot.hbone_peer(ip) {
+                    Some(_) => WORKLOAD_HBONE,
+                    None => WORKLOAD_DIRECT,
+                };
+                (IpKey::new(ip), class)
+            })
+            .collect();
         match ips.len() > limits.workloads {
             true => Workloads {
-                addresses: HashSet::new(),
+                addresses: HashMap::new(),
                 left_out: ips.len(),
             },
             false => Workloads {

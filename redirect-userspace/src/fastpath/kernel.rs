@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use redirect_common::fastpath::{
     ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, IpKey, NS_PROXY, NS_UNKNOWN,
-    PortKey,
+    PortKey, WORKLOAD_HBONE,
 };
 
 #[cfg(test)]
@@ -94,17 +94,19 @@ fn decide_claim<'t>(
     let Some(claim) = claim else {
         // Left alone either way: the table only counts workloads apart (one it had no room for
         // is counted as a passthrough).
-        return if tables.workloads.contains(&ip) {
-            FastDecision::Workload
-        } else {
-            FastDecision::Passthrough
+        return match tables.workloads.get(&ip) {
+            Some(&WORKLOAD_HBONE) => FastDecision::Proxy,
+            Some(_) => FastDecision::Workload,
+            None => FastDecision::Passthrough,
         };
     };
     // Any other action (`ACTION_PROXY`, or one this model does not know) is the proxy's.
     match claim.action {
         ACTION_PASSTHROUGH => FastDecision::Passthrough,
         ACTION_PORTS => match tables.ports.get(&PortKey::new(claim.service, port)) {
-            // A socket is rewritten within its own family.
+            // A socket is rewritten within its own family. (The kernel sends a connection whose
+            // pick lands on an endpoint reached over HBONE to the proxy instead; the rewrite
+            // names the endpoints it picks among.)
             Some(backends) if backends.family == ip.family => FastDecision::Rewrite(backends),
             _ => FastDecision::Proxy,
         },

@@ -422,12 +422,11 @@ impl Generation {
                 tables.ports(),
                 PortEndpoints::kernel,
             )?;
-            sync(
+            sync_hash(
                 &mut self.workloads.map,
                 had(4).map(|h| h.tables.workloads()),
                 tables.workloads(),
-                |m, ip| m.remove(ip),
-                |m, ip, ()| m.insert(ip, 1, 0),
+                |class| *class,
             )?;
         }
         outers.config.set(slot, want.config(), 0)?;

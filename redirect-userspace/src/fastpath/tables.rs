@@ -8,7 +8,7 @@
 //! | exact | hash | [`AddrKey`], 24 B | [`Claim`], 12 B |
 //! | cidrs | LPM trie | `u32` prefix length + [`AddrKey::lpm_bytes`], 4 + 24 B | [`Claim`], 12 B |
 //! | ports | hash | [`PortKey`], 8 B | [`Backends`], 328 B (held as [`PortEndpoints`]) |
-//! | workloads | hash | [`IpKey`], 20 B | `u8` (present) |
+//! | workloads | hash | [`IpKey`], 20 B | `u8` (direct, or over HBONE) |
 //! | config | array, 1 entry | `u32` 0 | [`Config`], three `u8` flags |
 //!
 //! A snapshot's tables are swapped whole (the eBPF half: one set of maps per generation, the
@@ -16,7 +16,7 @@
 #[cfg(test)]
 use std::{collections::BTreeSet, net::SocketAddr};
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{BTreeMap, HashMap},
     sync::Arc,
 };
 
@@ -158,8 +158,9 @@ pub(crate) struct Tables {
     pub(super) cidrs: LpmTrie<Claim>,
     /// BPF hash `PortKey -> Backends`: the ports whose endpoints are plain IPs.
     pub(super) ports: HashMap<PortKey, PortEndpoints>,
-    /// BPF hash `IpKey -> u8`: workload addresses, only to count their connections apart.
-    pub(super) workloads: HashSet<IpKey>,
+    /// BPF hash `IpKey -> u8`: workload addresses, to count their connections apart, and how each
+    /// is reached (`WORKLOAD_DIRECT`, or `WORKLOAD_HBONE`: the proxy's).
+    pub(super) workloads: HashMap<IpKey, u8>,
     /// BPF array of one entry.
     pub(super) config: Config,
 }
@@ -199,8 +200,8 @@ impl Tables {
         &self.ports
     }
 
-    /// BPF hash `IpKey -> 1`.
-    pub(crate) fn workloads(&self) -> &HashSet<IpKey> {
+    /// BPF hash `IpKey -> WORKLOAD_DIRECT | WORKLOAD_HBONE`.
+    pub(crate) fn workloads(&self) -> &HashMap<IpKey, u8> {
         &self.workloads
     }
 }

@@ -8,13 +8,13 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use rustls::{ClientConfig, RootCertStore, crypto::CryptoProvider};
+use rustls::{RootCertStore, crypto::CryptoProvider};
 use tracing::{info, warn};
 
 use super::{
     CertError, HboneMetrics, Identity, TrustDomain,
     ca::{CaError, Issued, IstioCa},
-    tls,
+    tls::{self, WorkloadTls},
 };
 use crate::lock::Locked;
 
@@ -39,7 +39,7 @@ struct Slot {
 
 #[derive(Debug, Clone)]
 struct Current {
-    config: Arc<ClientConfig>,
+    config: Arc<WorkloadTls>,
     renew_at: SystemTime,
     not_after: SystemTime,
     renewing: bool,
@@ -66,13 +66,13 @@ impl CaIdentities {
         self.trust_domain.get()
     }
 
-    /// The TLS client configuration presenting `namespace/account`'s certificate: the one kept
+    /// The TLS configurations presenting `namespace/account`'s certificate: the one kept
     /// while it is not due, a new one otherwise. The same `Arc` until renewed.
-    pub(crate) async fn client_config(
+    pub(crate) async fn tls(
         self: &Arc<Self>,
         namespace: &str,
         account: &str,
-    ) -> Result<Arc<ClientConfig>, CaError> {
+    ) -> Result<Arc<WorkloadTls>, CaError> {
         let key = (namespace.to_string(), account.to_string());
         let slot = self.slots.locked().entry(key).or_default().clone();
         let mut current = slot.current.lock().await;
@@ -131,7 +131,7 @@ impl CaIdentities {
             not_before,
             not_after,
         } = issued;
-        let config = tls::client_config(
+        let tls = tls::workload_tls(
             &self.provider,
             self.trust_domain.get(),
             chain,
@@ -148,7 +148,7 @@ impl CaIdentities {
         let left = not_after.duration_since(start).unwrap_or_default();
         info!(%identity, valid_for = ?left, "workload certificate issued");
         Ok(Current {
-            config: Arc::new(config),
+            config: Arc::new(tls),
             renew_at: start + left / 2,
             not_after,
             renewing: false,

@@ -18,14 +18,13 @@ use std::{
 };
 
 use rustls::{
-    ClientConfig,
     crypto::CryptoProvider,
     pki_types::{PrivateKeyDer, pem::PemObject},
 };
 
 use super::{
     Identity, TrustDomain,
-    tls::{self, check_names, read_chain, read_roots},
+    tls::{self, WorkloadTls, check_names, read_chain, read_roots},
 };
 use crate::lock::Locked;
 
@@ -59,7 +58,7 @@ pub(crate) struct IdentityDir {
 /// A configuration built from files as they were when last looked at.
 #[derive(Debug, Clone)]
 struct Kept {
-    config: Arc<ClientConfig>,
+    config: Arc<WorkloadTls>,
     files: [Option<SystemTime>; 3],
     checked: Instant,
 }
@@ -78,14 +77,14 @@ impl IdentityDir {
         self.trust_domain.get()
     }
 
-    /// The TLS client configuration presenting `namespace/account`'s certificate, and trusting
-    /// servers whose chain ends at the roots and whose identity is in this trust domain. The same
+    /// The TLS configurations presenting `namespace/account`'s certificate, and trusting
+    /// peers whose chain ends at the roots and whose identity is in this trust domain. The same
     /// `Arc` while the files are unchanged (a connection pool keys on it).
-    pub(crate) fn client_config(
+    pub(crate) fn tls(
         &self,
         namespace: &str,
         account: &str,
-    ) -> Result<Arc<ClientConfig>, CertError> {
+    ) -> Result<Arc<WorkloadTls>, CertError> {
         let key = (namespace.to_string(), account.to_string());
         let now = Instant::now();
         if let Some(kept) = self.kept.locked().get(&key)
@@ -126,7 +125,7 @@ impl IdentityDir {
         namespace: &str,
         account: &str,
         [chain_path, key_path, roots_path]: &[PathBuf; 3],
-    ) -> Result<ClientConfig, CertError> {
+    ) -> Result<WorkloadTls, CertError> {
         let chain = read_chain(chain_path)?;
         let key = PrivateKeyDer::from_pem_file(key_path)
             .map_err(|e| CertError::at(key_path, format!("no private key read: {e}")))?;
@@ -137,7 +136,7 @@ impl IdentityDir {
         };
         check_names(&chain, &expected).map_err(|why| CertError::at(chain_path, why))?;
         let roots = Arc::new(read_roots(roots_path)?);
-        tls::client_config(&self.provider, self.trust_domain.get(), chain, key, roots)
+        tls::workload_tls(&self.provider, self.trust_domain.get(), chain, key, roots)
             .map_err(|e| CertError::at(key_path, format!("does not fit the certificate: {e}")))
     }
 }

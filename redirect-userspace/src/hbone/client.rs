@@ -1,6 +1,7 @@
-//! The HBONE client: a tunnel to `authority` through a waypoint, for one client identity. Tunnels
-//! of one identity to one waypoint share an HTTP/2 connection (one stream each), as ztunnel pools
-//! them; a connection is opened again when it closed or when the identity's certificate changed.
+//! The HBONE client: a tunnel to `authority` through a peer (a waypoint, or the data plane of the
+//! node a Pod runs on), for one client identity. Tunnels of one identity to one peer share an
+//! HTTP/2 connection (one stream each), as ztunnel pools them; a connection is opened again when
+//! it closed or when the identity's certificate changed.
 use std::{
     collections::HashMap,
     net::SocketAddr,
@@ -30,23 +31,23 @@ pub(crate) enum HboneError {
     NoIdentities,
     #[error("the client's certificate: {0}")]
     Certificate(#[from] IdentityError),
-    #[error("connecting to the waypoint: {0}")]
+    #[error("connecting to the HBONE peer: {0}")]
     Connect(std::io::Error),
-    #[error("TLS with the waypoint: {0}")]
+    #[error("TLS with the HBONE peer: {0}")]
     Tls(std::io::Error),
-    #[error("the waypoint presented {presented}, not an identity of namespace {expected}")]
+    #[error("the HBONE peer presented {presented}, not an identity of namespace {expected}")]
     Peer { presented: String, expected: String },
-    #[error("HTTP/2 with the waypoint: {0}")]
+    #[error("HTTP/2 with the HBONE peer: {0}")]
     Http(#[from] hyper::Error),
-    #[error("the waypoint answered CONNECT with {0}")]
+    #[error("the HBONE peer answered CONNECT with {0}")]
     Status(StatusCode),
-    #[error("the waypoint did not answer within {HANDSHAKE_TIMEOUT:?}")]
+    #[error("the HBONE peer did not answer within {HANDSHAKE_TIMEOUT:?}")]
     Timeout,
 }
 
 impl HboneError {
     /// Its `result` label.
-    fn label(&self) -> &'static str {
+    pub(crate) fn label(&self) -> &'static str {
         match self {
             HboneError::NoIdentities | HboneError::Certificate(IdentityError::Files(_)) => {
                 "no_identity"
@@ -134,6 +135,18 @@ impl HboneClient {
         })
     }
 
+    /// The TLS server configuration presenting `identity`'s certificate to peers that send to it.
+    pub(crate) async fn server_tls(
+        &self,
+        identity: &Identity,
+    ) -> Result<Arc<rustls::ServerConfig>, HboneError> {
+        let identities = self.identities.as_ref().ok_or(HboneError::NoIdentities)?;
+        let tls = identities
+            .tls(&identity.namespace, &identity.service_account)
+            .await?;
+        Ok(tls.server.clone())
+    }
+
     /// A tunnel to `authority` through the waypoint at `waypoint` (of namespace
     /// `waypoint_namespace`), as `client`. Counted by result.
     pub(crate) async fn tunnel(
@@ -162,7 +175,7 @@ impl HboneClient {
     ) -> Result<Tunnel, HboneError> {
         let identities = self.identities.as_ref().ok_or(HboneError::NoIdentities)?;
         let config = identities
-            .client_config(&client.namespace, &client.service_account)
+            .tls(&client.namespace, &client.service_account)
             .await?;
         let key = PoolKey {
             client: client.clone(),
@@ -180,7 +193,7 @@ impl HboneClient {
             pool.entry(key).or_default().clone()
         };
         let mut sender = pooled
-            .sender(|| self.connect(config, waypoint, waypoint_namespace))
+            .sender(|| self.connect(config.client.clone(), waypoint, waypoint_namespace))
             .await?;
         let request = Request::builder()
             .method(Method::CONNECT)

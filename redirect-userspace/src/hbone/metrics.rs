@@ -1,4 +1,5 @@
-//! What HBONE counts: tunnels opened to a waypoint by result, and certificates asked of the CA.
+//! What HBONE counts: tunnels opened to a peer and received from one, by result, and certificates
+//! asked of the CA.
 use prometheus_client::{
     encoding::EncodeLabelSet, metrics::counter::Counter, metrics::family::Family,
     registry::Registry,
@@ -14,18 +15,19 @@ pub(crate) struct HboneMetrics {
     tunnels: Family<ResultLabel, Counter>,
     connections: Counter,
     certificates: Family<ResultLabel, Counter>,
+    inbound: Family<ResultLabel, Counter>,
 }
 
 impl HboneMetrics {
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "hbone_tunnels",
-            "HBONE tunnels (HTTP/2 CONNECT streams) opened toward waypoints, by result: ok, no_identity, ca_failed, connect_failed, tls_refused, peer_refused (the waypoint's certificate named another namespace), status (not 200)",
+            "HBONE tunnels (HTTP/2 CONNECT streams) opened toward waypoints and other nodes' Pods, by result: ok, no_identity, ca_failed, connect_failed, tls_refused, peer_refused (the peer's certificate named another namespace), status (not 200)",
             self.tunnels.clone(),
         );
         registry.register(
             "hbone_connections",
-            "Mutual-TLS HTTP/2 connections opened toward waypoints (tunnels share them)",
+            "Mutual-TLS HTTP/2 connections opened toward waypoints and other nodes (tunnels share them)",
             self.connections.clone(),
         );
         registry.register(
@@ -33,6 +35,15 @@ impl HboneMetrics {
             "Workload certificates asked of Istio's CA (--ca-address), by result: issued (an identity's first), renewed, failed",
             self.certificates.clone(),
         );
+        registry.register(
+            "hbone_inbound",
+            "HBONE received for this node's Pods (--hbone-between-nodes): streams by result ok, bad_request (not a CONNECT to the Pod dialled), connect_failed (the Pod refused); connections by result no_workload (no Pod of this node there), no_identity, ca_failed, tls_refused (the peer's certificate was refused, or no TLS)",
+            self.inbound.clone(),
+        );
+    }
+
+    pub(crate) fn inbound(&self, result: &'static str) {
+        self.inbound.get_or_create(&ResultLabel { result }).inc();
     }
 
     pub(crate) fn certificate(&self, result: &'static str) {

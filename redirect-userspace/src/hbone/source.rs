@@ -2,11 +2,9 @@
 //! (`--identity-dir`), or Istio's CA asked by this agent (`--ca-address`).
 use std::{path::PathBuf, sync::Arc};
 
-use rustls::ClientConfig;
-
 use super::{
     CaError, CaSettings, CertError, HboneMetrics, IdentityDir, IstioCa, TrustDomain,
-    ca_cache::CaIdentities,
+    ca_cache::CaIdentities, tls::WorkloadTls,
 };
 
 /// A source as configured, not yet opened.
@@ -54,16 +52,16 @@ impl WorkloadCerts {
         }
     }
 
-    /// The TLS client configuration presenting `namespace/account`'s certificate. The same `Arc`
+    /// The TLS configurations presenting `namespace/account`'s certificate. The same `Arc`
     /// while the certificate is the same (a connection pool keys on it).
-    pub(crate) async fn client_config(
+    pub(crate) async fn tls(
         &self,
         namespace: &str,
         account: &str,
-    ) -> Result<Arc<ClientConfig>, IdentityError> {
+    ) -> Result<Arc<WorkloadTls>, IdentityError> {
         Ok(match self {
-            WorkloadCerts::Files(dir) => dir.client_config(namespace, account)?,
-            WorkloadCerts::IstioCa(ca) => ca.client_config(namespace, account).await?,
+            WorkloadCerts::Files(dir) => dir.tls(namespace, account)?,
+            WorkloadCerts::IstioCa(ca) => ca.tls(namespace, account).await?,
         })
     }
 }

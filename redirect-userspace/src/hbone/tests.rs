@@ -287,13 +287,13 @@ async fn a_rotated_certificate_is_used_by_the_next_connection_and_none_fails() {
     let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
     let mut open = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
     let identities = hbone.identities.clone().unwrap();
-    let before = identities.client_config("team-a", "sleep").await.unwrap();
+    let before = identities.tls("team-a", "sleep").await.unwrap();
 
     // A new certificate renamed into place, its modification time surely another.
     std::thread::sleep(Duration::from_millis(20));
     ca.write_identity(&dir, "team-a", "sleep");
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let after = identities.client_config("team-a", "sleep").await.unwrap();
+    let after = identities.tls("team-a", "sleep").await.unwrap();
     assert!(!Arc::ptr_eq(&before, &after), "the new files were not read");
 
     let mut next = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
@@ -313,7 +313,7 @@ fn a_missing_or_misfiled_certificate_is_an_error_naming_the_file() {
         dir.clone(),
         Arc::new(TrustDomain::fixed("cluster.local".to_string())),
     );
-    let missing = identities.client_config("team-a", "sleep").unwrap_err();
+    let missing = identities.tls("team-a", "sleep").unwrap_err();
     assert!(
         missing.path.ends_with("team-a/sleep/cert-chain.pem"),
         "{missing}"
@@ -326,7 +326,7 @@ fn a_missing_or_misfiled_certificate_is_an_error_naming_the_file() {
     write_atomically(&own.join("cert-chain.pem"), &leaf.chain);
     write_atomically(&own.join("key.pem"), &leaf.key);
     write_atomically(&dir.join("root-cert.pem"), &ca.issuer.pem());
-    let misfiled = identities.client_config("team-a", "sleep").unwrap_err();
+    let misfiled = identities.tls("team-a", "sleep").unwrap_err();
     assert!(
         misfiled
             .why

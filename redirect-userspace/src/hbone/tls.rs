@@ -1,40 +1,67 @@
-//! The TLS side of HBONE shared by every source of certificates: a client configuration that
-//! presents a workload's chain and trusts peers of the mesh, and the PEM files it is read from.
+//! The TLS side of HBONE shared by every source of certificates: the client and server
+//! configurations that present a workload's chain and trust peers of the mesh, and the PEM files
+//! they are read from.
 use std::{path::Path, sync::Arc};
 
 use rustls::{
-    ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
+    ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
+    SignatureScheme,
     client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
     crypto::CryptoProvider,
     pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime, pem::PemObject},
-    server::ParsedCertificate,
+    server::{
+        ParsedCertificate, WebPkiClientVerifier,
+        danger::{ClientCertVerified, ClientCertVerifier},
+    },
 };
 
 use super::{CertError, Identity};
 
-/// The TLS client configuration presenting `chain` (leaf first) with `key`, trusting servers whose
-/// chain ends at `roots` and whose certificate names an identity of `trust_domain`. TLS 1.3 with
-/// ALPN h2 and no server name sent, as ztunnel.
-pub(super) fn client_config(
+/// One workload's side of mutual TLS, as a client (to waypoints and other nodes) and as a server
+/// (to peers sending to it), both made from one chain and key.
+#[derive(Debug)]
+pub(crate) struct WorkloadTls {
+    pub client: Arc<ClientConfig>,
+    pub server: Arc<ServerConfig>,
+}
+
+/// The TLS configurations presenting `chain` (leaf first) with `key`, trusting peers whose chain
+/// ends at `roots` and whose certificate names an identity of `trust_domain`. TLS 1.3 with ALPN h2
+/// and no server name sent, as ztunnel; the server asks every client for its certificate.
+pub(super) fn workload_tls(
     provider: &Arc<CryptoProvider>,
     trust_domain: &str,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     roots: Arc<RootCertStore>,
-) -> Result<ClientConfig, rustls::Error> {
+) -> Result<WorkloadTls, rustls::Error> {
     let verifier = Arc::new(PeerVerifier {
-        roots,
+        roots: roots.clone(),
         trust_domain: trust_domain.to_string(),
         provider: provider.clone(),
     });
-    let mut config = ClientConfig::builder_with_provider(provider.clone())
+    let mut client = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .dangerous()
         .with_custom_certificate_verifier(verifier)
-        .with_client_auth_cert(chain, key)?;
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    config.enable_sni = false;
-    Ok(config)
+        .with_client_auth_cert(chain.clone(), key.clone_key())?;
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    client.enable_sni = false;
+    let clients = WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
+        .build()
+        .map_err(|e| rustls::Error::General(format!("the trust anchors: {e}")))?;
+    let mut server = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])?
+        .with_client_cert_verifier(Arc::new(ClientInTrustDomain {
+            inner: clients,
+            trust_domain: trust_domain.to_string(),
+        }))
+        .with_single_cert(chain, key)?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(WorkloadTls {
+        client: Arc::new(client),
+        server: Arc::new(server),
+    })
 }
 
 /// Every certificate of a PEM file, in order; an empty file is an error.
@@ -140,5 +167,58 @@ impl ServerCertVerifier for PeerVerifier {
         self.provider
             .signature_verification_algorithms
             .supported_schemes()
+    }
+}
+
+/// A client is trusted when its chain ends at the roots (checked by webpki, as for any client
+/// certificate) and its certificate names an identity of this trust domain. Which identity sent
+/// the stream is recorded by the receiver, not checked here.
+#[derive(Debug)]
+struct ClientInTrustDomain {
+    inner: Arc<dyn ClientCertVerifier>,
+    trust_domain: String,
+}
+
+impl ClientCertVerifier for ClientInTrustDomain {
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        match Identity::of_certificate(end_entity) {
+            Some(id) if id.trust_domain == self.trust_domain => Ok(ClientCertVerified::assertion()),
+            _ => Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::ApplicationVerificationFailure,
+            )),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
     }
 }

@@ -1,6 +1,8 @@
 //! The outbound proxy: accepts the connections the eBPF programs steered to the gateway, finds where
-//! each client meant to go, and carries the bytes there.
+//! each client meant to go, and carries the bytes there; and HBONE's receiving side for the Pods
+//! of this node.
 mod forbidden;
+mod inbound;
 mod metrics;
 mod outbound;
 mod record;
@@ -11,6 +13,7 @@ mod tests;
 mod tunnel_relay;
 
 pub(crate) use forbidden::{DialGuard, Forbidden};
+pub(crate) use inbound::{InboundContext, listen_transparent, serve as serve_inbound};
 pub(crate) use metrics::{Direction, ProxyMetrics, Timeout};
 pub(crate) use outbound::{OutboundProxy, ProxyContext, listen};
 pub(crate) use relay::{RelayError, Timeouts, relay};

@@ -241,14 +241,17 @@ struct Route {
     orig: SocketAddr,
     first: SocketAddr,
     fallback: Option<SocketAddr>,
-    /// The waypoint it goes through (`first` is then the waypoint's HBONE address).
+    /// The HBONE peer it goes through, a waypoint or another node (`first` is then the peer's
+    /// HBONE address).
     via: Option<Via>,
 }
 
-/// A connection's way through a waypoint: as whom, and which waypoint.
+/// A connection's way over HBONE: as whom, to a peer of which namespace, and the `CONNECT`
+/// authority (the original destination through a waypoint; the Pod and port to another node).
 struct Via {
     client: Identity,
-    waypoint_namespace: String,
+    peer_namespace: String,
+    authority: SocketAddr,
 }
 
 /// The decision for the connection from `peer`, with no byte moved: its original destination,
@@ -305,12 +308,39 @@ async fn route(
     // its own addresses, or what the operator denies.
     let (first, fallback) = allowed(context, peer, orig, first, fallback)
         .ok_or(Refused::error("destination refused"))?;
+    let via = snapshot
+        .hbone_peer(first.ip())
+        .and_then(|namespace| to_other_node(context, &who, namespace, first));
+    let first = match via {
+        Some(_) => SocketAddr::new(first.ip(), crate::hbone::PORT),
+        None => first,
+    };
     Ok(Route {
         outcome: plan.outcome,
         orig,
         first,
-        fallback,
-        via: None,
+        fallback: fallback.filter(|_| via.is_none()),
+        via,
+    })
+}
+
+/// The way over HBONE to `endpoint`, a Pod of another node of `namespace`, as the client's
+/// workload identity. A client without one (no Pod of this node) goes directly, as ztunnel
+/// carries only the Pods it captures.
+fn to_other_node(
+    context: &ProxyContext,
+    who: &Client<'_>,
+    namespace: &str,
+    endpoint: SocketAddr,
+) -> Option<Via> {
+    let w = who.workload?;
+    let client = context
+        .hbone
+        .identity(&w.meta.namespace, w.service_account.as_deref()?)?;
+    Some(Via {
+        client,
+        peer_namespace: namespace.to_string(),
+        authority: endpoint,
     })
 }
 
@@ -345,7 +375,8 @@ fn through_waypoint(
         fallback: None,
         via: Some(Via {
             client,
-            waypoint_namespace: waypoint.namespace,
+            peer_namespace: waypoint.namespace,
+            authority: orig,
         }),
     })
 }
@@ -360,21 +391,20 @@ async fn carry_through_waypoint(
     via: Via,
     result: &mut ConnectionResult<'_>,
 ) -> Result<(), Refused> {
-    result.endpoint = Some(route.first);
+    // Through a waypoint, the waypoint; to another node, the Pod the stream reaches.
+    result.endpoint = Some(match result.waypoint {
+        Some(_) => route.first,
+        None => via.authority,
+    });
     let tunnel = context
         .hbone
-        .tunnel(
-            &via.client,
-            route.first,
-            &via.waypoint_namespace,
-            route.orig,
-        )
+        .tunnel(&via.client, route.first, &via.peer_namespace, via.authority)
         .await;
     let mut tunnel = match tunnel {
         Ok(tunnel) => tunnel,
         Err(e) => {
-            warn!(client = %peer, orig_dst = %route.orig, waypoint = %route.first, identity = %via.client, error = %e, "no tunnel through the waypoint; resetting the connection");
-            return Err(Refused::error("waypoint tunnel failed"));
+            warn!(client = %peer, orig_dst = %route.orig, peer = %route.first, identity = %via.client, error = %e, "no HBONE tunnel; resetting the connection");
+            return Err(Refused::error("HBONE tunnel failed"));
         }
     };
     result.decided(route.outcome);

@@ -100,6 +100,47 @@ impl AccessLog {
     }
 }
 
+/// An HBONE stream received for a Pod of this node, as its access-log line tells it.
+#[derive(Debug)]
+pub(crate) struct Received<'a> {
+    /// The workload identity the sender's certificate names.
+    pub src_identity: &'a str,
+    /// The address the sender connected from.
+    pub src: std::net::SocketAddr,
+    /// The Pod and port the stream was carried to.
+    pub dst: std::net::SocketAddr,
+    /// Bytes toward the Pod, and from it.
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub duration: std::time::Duration,
+    pub end: &'static str,
+}
+
+impl AccessLog {
+    /// Writes a received stream's line if the budget allows (the same budget as connections').
+    pub(super) fn write_received(&self, received: &Received<'_>) {
+        if !self.enabled {
+            return;
+        }
+        let Some(dropped) = self.admit(Instant::now()) else {
+            return;
+        };
+        info!(
+            target: "access",
+            src_identity = received.src_identity,
+            client = %received.src,
+            endpoint = %received.dst,
+            bytes_sent = received.bytes_in,
+            bytes_received = received.bytes_out,
+            duration_ms = u64::try_from(received.duration.as_millis()).unwrap_or(u64::MAX),
+            end = received.end,
+            decided_by = "proxy",
+            lines_dropped_before = dropped,
+            "inbound"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;

@@ -16,7 +16,7 @@ use std::{
 use serde::{Serialize, Serializer};
 use tokio::sync::broadcast;
 
-pub(crate) use access::AccessLog;
+pub(crate) use access::{AccessLog, Received};
 pub(crate) use metrics::RecordMetrics;
 pub(crate) use recent::Filter;
 
@@ -198,6 +198,11 @@ impl Connections {
             recent: recent::Recent::new(RECENT),
             follow: broadcast::channel(FOLLOW_BACKLOG).0,
         }
+    }
+
+    /// Logs an HBONE stream received for a Pod of this node (within the access log's budget).
+    pub(crate) fn received(&self, received: &Received<'_>) {
+        self.log.write_received(received);
     }
 
     /// Takes one record: a close is logged (within the budget) and its bytes counted, an open

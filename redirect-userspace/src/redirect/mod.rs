@@ -14,6 +14,7 @@ mod gateway;
 mod held;
 mod netns;
 pub(crate) mod pins;
+pub(crate) mod pod_routes;
 
 use std::{
     collections::BTreeSet,

@@ -96,6 +96,7 @@ impl Snapshot {
             model.workloads.clone(),
             model.pods_elsewhere.clone(),
             &resolution.discovery,
+            model.hbone_node.as_deref(),
         );
         Self::of(model, services(model, resolution), Arc::new(workloads))
     }
@@ -109,6 +110,7 @@ impl Snapshot {
             model.workloads.clone(),
             model.pods_elsewhere.clone(),
             &discovery,
+            model.hbone_node.as_deref(),
         );
         Self::of(model, self.services.clone(), Arc::new(workloads))
     }
@@ -233,6 +235,22 @@ impl Snapshot {
     /// The addresses at which a connection reaches a workload directly (the lookup's third step).
     pub fn workload_destinations(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.workloads.destinations()
+    }
+
+    /// With HBONE between nodes, the namespace of the Pod of another node at `ip`: a connection
+    /// there goes over HBONE to `ip` on port 15008.
+    pub fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
+        self.workloads.hbone_peer(ip.to_canonical())
+    }
+
+    /// The Pod of this node at `ip` that receives HBONE, with its service account.
+    pub fn local_pod(&self, ip: IpAddr) -> Option<&Workload> {
+        self.workloads.local_pod(ip.to_canonical())
+    }
+
+    /// The addresses of the Pods of this node that receive HBONE.
+    pub fn local_pod_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.workloads.local_pod_addresses()
     }
 
     pub fn cluster_domain(&self) -> &str {

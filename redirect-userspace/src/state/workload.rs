@@ -9,7 +9,7 @@ use std::{
 };
 
 use crate::{
-    config::{PodGroup, PodsElsewhere, Workload},
+    config::{DATAPLANE_MODE_LABEL, PodGroup, PodsElsewhere, Workload, WorkloadKind},
     visibility::Discovery,
 };
 
@@ -32,6 +32,8 @@ pub(crate) struct WorkloadStore {
     /// The address of each Pod elsewhere in a discovered namespace that no workload has: its
     /// group in `elsewhere`, and its place there.
     elsewhere_by_ip: ByAddress,
+    /// With HBONE between nodes, the node this agent serves.
+    hbone_node: Option<Arc<str>>,
 }
 
 /// Where a Pod elsewhere is: its group in [`WorkloadStore::elsewhere`], its place there.
@@ -102,6 +104,7 @@ impl WorkloadStore {
         workloads: Vec<Arc<Workload>>,
         elsewhere: PodsElsewhere,
         discovery: &Discovery,
+        hbone_node: Option<&str>,
     ) -> Self {
         // Sized once: a model of 10,000 pods is not rehashed on the way.
         let mut by_ip: HashMap<IpAddr, Slot> = HashMap::with_capacity(workloads.len());
@@ -143,7 +146,56 @@ impl WorkloadStore {
             by_ip,
             elsewhere: groups,
             elsewhere_by_ip: ByAddress::new(places.into_iter()),
+            hbone_node: hbone_node.map(Arc::from),
         }
+    }
+
+    /// With HBONE between nodes, the namespace of the Pod of another node a connection to `ip`
+    /// reaches, which that node's data plane receives over HBONE. A Pod that opts out of capture
+    /// has no data plane in front of it: it is reached directly, as is everything else.
+    pub(super) fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
+        let node = self.hbone_node.as_deref()?;
+        if let Some(i) = self.by_ip.get(&ip).and_then(|slot| slot.reachable) {
+            let w = &self.workloads[i as usize];
+            // Another node's, by name; or held without an identity, as an API source holds the
+            // other nodes' Pods a selector picks.
+            let elsewhere = match w.node_name.as_deref() {
+                Some(at) => at != node,
+                None => w.service_account.is_none(),
+            };
+            return (w.kind == WorkloadKind::Pod && elsewhere && !w.opts_out_of_capture())
+                .then_some(w.meta.namespace.as_str());
+        }
+        let (group, i) = self.elsewhere_by_ip.get(ip)?;
+        let pod = self.elsewhere[group as usize].get(i as usize)?;
+        let opted_out = pod
+            .labels
+            .get(DATAPLANE_MODE_LABEL)
+            .is_some_and(|mode| mode == "none");
+        (!opted_out).then_some(&**pod.namespace)
+    }
+
+    /// The Pod of this node at `ip` whose identity the agent presents to HBONE peers: one with a
+    /// service account, on the HBONE node (or on no node named, as a directory may give it).
+    pub(super) fn local_pod(&self, ip: IpAddr) -> Option<&Workload> {
+        let w = self.client(ip)?;
+        self.is_local_pod(w).then_some(w)
+    }
+
+    /// The addresses of [`WorkloadStore::local_pod`]s.
+    pub(super) fn local_pod_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.workloads
+            .iter()
+            .filter(|w| self.is_local_pod(w))
+            .flat_map(|w| w.ips.iter().map(|ip| ip.to_canonical()))
+    }
+
+    fn is_local_pod(&self, w: &Workload) -> bool {
+        let here = match (w.node_name.as_deref(), self.hbone_node.as_deref()) {
+            (Some(at), Some(node)) => at == node,
+            _ => true,
+        };
+        w.kind == WorkloadKind::Pod && w.service_account.is_some() && here
     }
 
     /// A discovered workload with this IP (any, when several share it): the connection goes to the

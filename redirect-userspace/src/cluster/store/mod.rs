@@ -74,6 +74,8 @@ pub struct Store {
     /// The Pods of other nodes, when watched: held apart and compactly.
     elsewhere: Option<Relisting<HeldElsewhere>>,
     changes: Changes,
+    /// With HBONE between nodes, the node served (every model says so).
+    hbone_node: Option<String>,
 }
 
 impl Default for Store {
@@ -84,6 +86,12 @@ impl Default for Store {
 }
 
 impl Store {
+    /// With HBONE between nodes: the node this agent serves, for every model to carry.
+    pub fn with_hbone_node(mut self, node: Option<String>) -> Self {
+        self.hbone_node = node;
+        self
+    }
+
     /// A store for these watches; it is ready once each has listed.
     pub fn new(watched: &[Kind]) -> Self {
         let kinds = watched
@@ -101,6 +109,7 @@ impl Store {
             interner: Interner::default(),
             elsewhere,
             changes: Changes::default(),
+            hbone_node: None,
         }
     }
 
@@ -322,6 +331,7 @@ impl Store {
             w.served
                 .add_to_model(&mut model, &mut errors, &mut rejected, &here, &selecting);
         }
+        model.hbone_node = self.hbone_node.clone();
         config::complete(&mut model);
         (model, errors, rejected)
     }

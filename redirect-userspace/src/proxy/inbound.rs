@@ -1,0 +1,248 @@
+//! The receiving side of HBONE between nodes: a peer (another node's agent, or ztunnel) dials a
+//! Pod of this node on port 15008; the routing the agent set up delivers that connection here,
+//! to the address the peer dialled. The agent answers as that Pod's workload identity, takes only
+//! peers of the mesh's trust domain, and carries each `CONNECT` stream to the Pod, on the port the
+//! stream names, logging who sent it.
+use std::{
+    convert::Infallible,
+    io,
+    net::{IpAddr, SocketAddr},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use bytes::Bytes;
+use http_body_util::Empty;
+use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info};
+
+use super::{RelayError, Timeouts, relay::Carried, tunnel_relay::relay_tunnel};
+use crate::{
+    hbone::{HboneClient, Identity},
+    live::LiveState,
+    net::{CONNECT_TIMEOUT, SocketFactory},
+    records::{Connections, Received},
+};
+
+/// How long a peer may take over the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pending connections the kernel queues for us.
+const BACKLOG: i32 = 1024;
+
+/// A listener on `addr` that may accept connections addressed to any Pod of the node: transparent
+/// (`IP_TRANSPARENT`, which needs `CAP_NET_ADMIN`), so that the accepted side answers from the
+/// Pod's address. IPv4.
+pub(crate) fn listen_transparent(addr: SocketAddr) -> io::Result<TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    // A successor binds beside it during a hand-over.
+    socket.set_reuse_port(true)?;
+    socket.set_ip_transparent_v4(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(BACKLOG)?;
+    TcpListener::from_std(socket.into())
+}
+
+/// What every inbound connection needs.
+#[derive(Debug)]
+pub(crate) struct InboundContext {
+    pub live: Arc<LiveState>,
+    /// The Pods' certificates, and what HBONE counts.
+    pub hbone: Arc<HboneClient>,
+    /// Where the sockets toward the Pods come from.
+    pub sockets: Arc<dyn SocketFactory>,
+    pub timeouts: Timeouts,
+    /// The access log.
+    pub records: Arc<Connections>,
+}
+
+/// Serves HBONE on `listener` until `shutdown`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    context: Arc<InboundContext>,
+    mut shutdown: crate::drain::Watcher,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    tokio::spawn(connection(context.clone(), tcp, peer));
+                }
+                Err(e) => {
+                    debug!(error = %e, "accepting an HBONE connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            () = shutdown.stopped() => return,
+        }
+    }
+}
+
+/// One peer's connection: TLS as the Pod it dialled, then HTTP/2, each stream a tunnel.
+async fn connection(context: Arc<InboundContext>, tcp: TcpStream, peer: SocketAddr) {
+    let Ok(dialled) = tcp.local_addr() else {
+        return;
+    };
+    let metrics = &context.hbone.metrics;
+    let pod = {
+        let snapshot = context.live.snapshot_arc();
+        snapshot.local_pod(dialled.ip()).and_then(|w| {
+            let account = w.service_account.as_deref()?;
+            context.hbone.identity(&w.meta.namespace, account)
+        })
+    };
+    let Some(pod) = pod else {
+        metrics.inbound("no_workload");
+        debug!(%peer, dst = %dialled, "HBONE to an address with no Pod of this node; closing");
+        return;
+    };
+    let config = match context.hbone.server_tls(&pod).await {
+        Ok(config) => config,
+        Err(e) => {
+            metrics.inbound(e.label());
+            info!(%peer, dst = %dialled, identity = %pod, error = %e, "no certificate to answer HBONE as the Pod; closing");
+            return;
+        }
+    };
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
+    let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            metrics.inbound("tls_refused");
+            info!(%peer, dst = %dialled, error = %e, "HBONE peer refused in the TLS handshake");
+            return;
+        }
+        Err(_) => {
+            metrics.inbound("tls_refused");
+            debug!(%peer, dst = %dialled, "HBONE peer did not finish the TLS handshake in time");
+            return;
+        }
+    };
+    let source = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|chain| chain.first())
+        .and_then(|leaf| Identity::of_certificate(leaf));
+    let Some(source) = source else {
+        // The verifier takes only certificates that name one.
+        metrics.inbound("tls_refused");
+        return;
+    };
+    let sender = Arc::new(Sender {
+        source,
+        peer,
+        pod: dialled.ip(),
+    });
+    let service = service_fn(move |request| {
+        let (context, sender) = (context.clone(), sender.clone());
+        async move { Ok::<_, Infallible>(stream(context, sender, request).await) }
+    });
+    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(30)))
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+    if let Err(e) = served {
+        debug!(%peer, error = %e, "HBONE connection ended with an error");
+    }
+}
+
+/// Who sent a connection's streams.
+#[derive(Debug)]
+struct Sender {
+    /// The identity the peer's certificate names.
+    source: Identity,
+    peer: SocketAddr,
+    /// The Pod dialled: the only one its streams may reach.
+    pod: IpAddr,
+}
+
+/// One stream: a `CONNECT` to the Pod dialled, on the port it names, answered `200` once the Pod
+/// took the connection; the bytes carried once the peer's side is upgraded.
+async fn stream(
+    context: Arc<InboundContext>,
+    sender: Arc<Sender>,
+    request: Request<Incoming>,
+) -> Response<Empty<Bytes>> {
+    let metrics = &context.hbone.metrics;
+    let target = (request.method() == Method::CONNECT)
+        .then(|| {
+            request
+                .uri()
+                .authority()?
+                .as_str()
+                .parse::<SocketAddr>()
+                .ok()
+        })
+        .flatten()
+        // As ztunnel: a stream reaches the Pod that was dialled, never another address.
+        .filter(|target| target.ip().to_canonical() == sender.pod.to_canonical());
+    let Some(target) = target else {
+        metrics.inbound("bad_request");
+        debug!(peer = %sender.peer, src_identity = %sender.source, method = %request.method(), uri = %request.uri(), "HBONE stream is not a CONNECT to the Pod dialled");
+        return status(StatusCode::BAD_REQUEST);
+    };
+    let upstream = crate::net::connect(&*context.sockets, target, CONNECT_TIMEOUT, None).await;
+    let mut upstream = match upstream {
+        Ok(upstream) => upstream,
+        Err(e) => {
+            metrics.inbound("connect_failed");
+            info!(peer = %sender.peer, src_identity = %sender.source, dst = %target, error = %e, "HBONE stream: the Pod refused the connection");
+            return status(StatusCode::SERVICE_UNAVAILABLE);
+        }
+    };
+    metrics.inbound("ok");
+    let (timeouts, started) = (context.timeouts, Instant::now());
+    tokio::spawn(async move {
+        let upgraded = match hyper::upgrade::on(request).await {
+            Ok(upgraded) => upgraded,
+            Err(e) => {
+                debug!(peer = %sender.peer, error = %e, "HBONE stream closed before it was upgraded");
+                return;
+            }
+        };
+        let mut tunnel = TokioIo::new(upgraded);
+        let carried = relay_tunnel(&mut tunnel, &mut upstream, timeouts).await;
+        log_carried(&context, &sender, target, started, carried);
+    });
+    status(StatusCode::OK)
+}
+
+fn status(code: StatusCode) -> Response<Empty<Bytes>> {
+    let mut response = Response::new(Empty::new());
+    *response.status_mut() = code;
+    response
+}
+
+/// The access log's line for a stream received: who sent it (the identity its certificate names,
+/// from which address), to which Pod, and what moved.
+fn log_carried(
+    context: &InboundContext,
+    sender: &Sender,
+    dst: SocketAddr,
+    started: Instant,
+    carried: Result<Carried, RelayError>,
+) {
+    let source = sender.source.to_string();
+    let (bytes_in, bytes_out, end) = match &carried {
+        Ok(c) => (c.sent, c.received, "closed"),
+        Err(RelayError::Idle(_)) => (0, 0, "idle timeout"),
+        Err(RelayError::Write(_)) => (0, 0, "write timeout"),
+        Err(RelayError::Io(_)) => (0, 0, "reset"),
+    };
+    context.records.received(&Received {
+        src_identity: &source,
+        src: sender.peer,
+        dst,
+        bytes_in,
+        bytes_out,
+        duration: started.elapsed(),
+        end,
+    });
+}

@@ -1,0 +1,239 @@
+//! HBONE between nodes (`docs/data-plane.md#hbone-between-nodes`): two nodes, each its own netns
+//! with its own agent, joined by a link. A Pod's connection to a Pod of the other node goes over
+//! HBONE (mutual TLS, HTTP/2 `CONNECT` to `<pod IP>:15008`) as the client's workload identity; the
+//! other node's agent receives it as the destination Pod's identity, checks the sender against
+//! the trust domain, and carries the stream to the Pod.
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use integration::fixtures::curl_body;
+use integration::pki::TestCa;
+use integration::world::replace_file;
+use integration::{Agent, Peer, Topology, peer};
+
+const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
+const B1: (&str, &str) = ("team-b/b1", "10.244.2.20");
+const B1_WEB: &str = "10.244.2.20:8080";
+/// team-b's ServiceEntry whose one endpoint is b1.
+const WEB_VIP: &str = "203.0.113.80";
+const TRUST_DOMAIN: &str = "cluster.local";
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+const TUNNELS_OK: &str = r#"redirect_hbone_tunnels_total{result="ok"}"#;
+fn inbound(result: &str) -> String {
+    format!(r#"redirect_hbone_inbound_total{{result="{result}"}}"#)
+}
+
+/// The cluster both agents are given: the two Pods with their nodes and service accounts, and
+/// team-b's entry for b1.
+fn cluster() -> String {
+    let pod = |(key, ip): (&str, &str), node: &str, uid: &str| {
+        let (namespace, name) = key.split_once('/').unwrap_or_default();
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
+        )
+    };
+    format!(
+        "{}---\n{}---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: web, namespace: team-b}}\nspec: {{hosts: [web.example.com], addresses: [{WEB_VIP}], ports: [{{number: 80, name: http, targetPort: 8080}}], resolution: STATIC, endpoints: [{{address: {}}}]}}\n",
+        pod(A1, "node-a", "0a1a1a1a-0000-4000-8000-0000000000a1"),
+        pod(B1, "node-b", "0b1b1b1b-0000-4000-8000-0000000000b1"),
+        B1.1,
+    )
+}
+
+/// Fields drop in order: agents and servers before their topologies.
+struct Nodes {
+    agent_a: Agent,
+    agent_b: Agent,
+    _web: Peer,
+    ca: TestCa,
+    a: Topology,
+    b: Topology,
+}
+
+/// Node a with a1, node b with b1 (serving HTTP on 8080), linked; an agent on each with HBONE
+/// between nodes and the Pods' certificates from one test CA.
+fn nodes(extra: &[&str]) -> Result<Nodes> {
+    let a = Topology::with_pods(&[A1])?;
+    let b = Topology::with_pods(&[B1])?;
+    Topology::link_nodes(&a, "10.244.1.0/24", &b, "10.244.2.0/24")?;
+    let ca = TestCa::new(TRUST_DOMAIN)?;
+    let web = Peer::start(b.pod(B1.0).place(), "web-b1", &[B1_WEB.parse()?], &[])?;
+    let start = |topo: &Topology, node: &str| -> Result<Agent> {
+        let identities = topo.scratch_path("identities");
+        ca.write_identity_dir(
+            &identities,
+            &[("team-a", "default"), ("team-b", "default")],
+            DAY,
+        )?;
+        let config = topo.scratch_path("config");
+        std::fs::create_dir_all(&config)?;
+        replace_file(&config, "cluster.yaml", &cluster())?;
+        let (config, identities) = (config.to_string_lossy(), identities.to_string_lossy());
+        let mut args = vec![
+            "--config",
+            &*config,
+            "--identity-dir",
+            &*identities,
+            "--node-name",
+            node,
+            "--hbone-between-nodes",
+        ];
+        args.extend_from_slice(extra);
+        Agent::start(topo, &args)
+    };
+    let agent_a = start(&a, "node-a")?;
+    let agent_b = start(&b, "node-b")?;
+    Ok(Nodes {
+        agent_a,
+        agent_b,
+        _web: web,
+        ca,
+        a,
+        b,
+    })
+}
+
+impl Nodes {
+    fn curl_from_a1(&self, url: &str) -> Result<String> {
+        curl_body(self.a.pod(A1.0), url)
+    }
+
+    /// `rdt-peer hbone-client` from node a's netns to b1's HBONE port, presenting `ca`'s
+    /// certificate for `team-a/default`, asking for `authority`. Its output, and whether it
+    /// succeeded.
+    fn hbone_client(&self, ca: &TestCa, name: &str, authority: &str) -> Result<(String, bool)> {
+        let files = self.a.scratch_path(name);
+        ca.write_server_files(&files, "team-a", "default", DAY)?;
+        let file = |f: &str| files.join(f).to_string_lossy().to_string();
+        let out = peer::cmd(self.a.node())?
+            .args([
+                "hbone-client",
+                "--connect",
+                &format!("{}:15008", B1.1),
+                "--cert",
+                &file("cert-chain.pem"),
+                "--key",
+                &file("key.pem"),
+                "--root",
+                &file("root-cert.pem"),
+                "--authority",
+                authority,
+                "--send",
+                "GET /peer HTTP/1.0\r\n\r\n",
+            ])
+            .output()?;
+        let text = format!("{}{}", out.stdout_str(), out.stderr_str());
+        Ok((text, out.success()))
+    }
+}
+
+/// a1 reaches b1 on the other node, by its address and through team-b's entry, and each time the
+/// stream rides HBONE: node a's agent opened tunnels, node b's received them from a1's identity
+/// and carried them to b1.
+#[test]
+fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Result<()> {
+    let n = nodes(&[])?;
+    let body = n.curl_from_a1(&format!("http://{B1_WEB}/"))?;
+    ensure!(body == "web-b1", "a1 -> b1 by address: {body:?}");
+    let body = n.curl_from_a1(&format!("http://{WEB_VIP}/"))?;
+    ensure!(
+        body == "web-b1",
+        "a1 -> b1 through team-b's entry: {body:?}"
+    );
+
+    let sent = n.agent_a.metrics()?.get_or_zero(TUNNELS_OK);
+    ensure!(sent >= 2.0, "node a's agent opened {sent} tunnels");
+    let received = n.agent_b.metrics()?.get_or_zero(&inbound("ok"));
+    ensure!(
+        received >= 2.0,
+        "node b's agent received {received} streams"
+    );
+    let from_a1 = format!("spiffe://{TRUST_DOMAIN}/ns/team-a/sa/default");
+    let log = n.agent_b.log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(" inbound") && l.contains(&from_a1))
+        .collect();
+    ensure!(
+        lines.iter().any(|l| l.contains(B1_WEB)),
+        "node b's access log names a1's identity and b1; log:\n{log}"
+    );
+    Ok(())
+}
+
+/// Node b's agent takes only peers of the mesh: a certificate of another trust domain is refused
+/// in the handshake and counted; a peer of the mesh that is not an agent (as ztunnel would be)
+/// reaches b1, but only b1: a stream naming another address is refused with 400.
+#[test]
+fn the_receiving_node_checks_the_sender_and_carries_only_to_the_pod_dialled() -> Result<()> {
+    let n = nodes(&[])?;
+    let foreign = TestCa::new("other.example")?;
+    let (out, ok) = n.hbone_client(&foreign, "foreign", B1_WEB)?;
+    ensure!(!ok, "a foreign trust domain's certificate was taken: {out}");
+    let metrics = n.agent_b.metrics()?;
+    ensure!(
+        metrics.get_or_zero(&inbound("tls_refused")) >= 1.0,
+        "the refusal is counted: {metrics:#?}"
+    );
+
+    let (out, ok) = n.hbone_client(&n.ca, "mesh-peer", B1_WEB)?;
+    ensure!(
+        ok && out.contains("status 200"),
+        "a mesh peer's tunnel: {out}"
+    );
+    ensure!(
+        out.contains(&format!(
+            "peer identity=spiffe://{TRUST_DOMAIN}/ns/team-b/sa/default"
+        )),
+        "node b answers as b1's identity: {out}"
+    );
+
+    let (out, ok) = n.hbone_client(&n.ca, "elsewhere", "10.244.2.99:8080")?;
+    ensure!(
+        !ok && out.contains("status 400"),
+        "a stream to another address: {out}"
+    );
+    let metrics = n.agent_b.metrics()?;
+    ensure!(
+        metrics.get_or_zero(&inbound("bad_request")) >= 1.0,
+        "counted: {metrics:#?}"
+    );
+    Ok(())
+}
+
+/// Only port 15008 is taken from the Pods: plain traffic to b1's other ports is forwarded to it
+/// as before, and when the agent stops, its routing goes with it.
+#[test]
+fn other_ports_pass_to_the_pod_and_the_routing_goes_with_the_agent() -> Result<()> {
+    let Nodes {
+        agent_a,
+        agent_b,
+        _web,
+        ca: _,
+        a,
+        b,
+    } = nodes(&[])?;
+    let rules =
+        || -> Result<String> { Ok(b.node_cmd("ip").args(["rule", "list"]).ok()?.stdout_str()) };
+    ensure!(
+        rules()?.contains("15008"),
+        "the rule is in place: {}",
+        rules()?
+    );
+    let body = a
+        .node_cmd("curl")
+        .args(["-sS", "--max-time", "10", &format!("http://{B1_WEB}/")])
+        .ok()
+        .context("plain HTTP from node a to b1")?
+        .stdout_str();
+    ensure!(body.trim() == "web-b1", "plain to b1: {body:?}");
+    agent_b.stop()?;
+    ensure!(
+        !rules()?.contains("15008"),
+        "the rule is gone: {}",
+        rules()?
+    );
+    drop((agent_a, _web));
+    Ok(())
+}
