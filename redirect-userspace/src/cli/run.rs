@@ -422,6 +422,19 @@ mod tests {
             let run = run_args(&given).unwrap_or_else(|e| panic!("{given:?}: {e}"));
             assert!(run.identity.source().is_some(), "{given:?}");
         }
+        // HBONE between nodes, with a source and the node the DaemonSet names.
+        let between = manifest
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("#   - "))
+            .find(|f| f.starts_with("--hbone-between-nodes"))
+            .expect("the commented --hbone-between-nodes");
+        let run = run_args(&[between, "--identity-dir", "/ids", "--node-name", "node-1"]).unwrap();
+        assert!(run.identity.hbone_between_nodes);
+        assert!(
+            run_args(&[between, "--identity-dir", "/ids"]).is_err()
+                || std::env::var_os("NODE_NAME").is_some(),
+            "needs the node's name"
+        );
     }
 
     #[test]

@@ -957,3 +957,29 @@ fn a_service_bound_to_a_known_waypoint_goes_to_the_proxy_and_otherwise_stays_a_r
     let api = snap.services().find(|s| s.name == "api").unwrap();
     assert!(api.waypoint.is_some() && api.waypoint_route().is_none());
 }
+
+/// With HBONE between nodes, the workload table marks the other nodes' Pods: a connection to one
+/// goes to the proxy (which tunnels it), while this node's Pods are still left alone.
+#[test]
+fn the_other_nodes_pods_are_marked_for_the_proxy_and_this_nodes_left_alone() {
+    use redirect_common::fastpath::{WORKLOAD_DIRECT, WORKLOAD_HBONE};
+    let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: here, namespace: ns-a}\nspec: {nodeName: node-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: there, namespace: ns-b}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.1}\n";
+    let yaml = format!("{HEADER}---\n{pods}");
+    let mut model = load_sources([("w.yaml", yaml.as_str())]).unwrap();
+    let (plain, _) = compile(&Snapshot::from_model(&model), Limits::default());
+    assert!(plain.workloads().values().all(|&c| c == WORKLOAD_DIRECT));
+    model.hbone_node = Some("node-a".to_string());
+    let (tables, _) = compile(&Snapshot::from_model(&model), Limits::default());
+    let class = |ip: &str| {
+        tables
+            .workloads()
+            .get(&IpKey::new(ip.parse().unwrap()))
+            .copied()
+    };
+    assert_eq!(class("10.0.1.1"), Some(WORKLOAD_DIRECT));
+    assert_eq!(class("10.0.2.1"), Some(WORKLOAD_HBONE));
+    let ns = tables.namespace_id("ns-a");
+    let to = |ip: &str| super::kernel::decide_for(&tables, ns, ip.parse().unwrap(), 80);
+    assert!(matches!(to("10.0.1.1"), FastDecision::Workload));
+    assert!(matches!(to("10.0.2.1"), FastDecision::Proxy));
+}

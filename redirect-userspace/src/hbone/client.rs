@@ -249,6 +249,9 @@ impl HboneClient {
             // The keep-alive pings need a timer (without one hyper panics).
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
+            .initial_stream_window_size(super::STREAM_WINDOW)
+            .initial_connection_window_size(super::CONNECTION_WINDOW)
+            .max_frame_size(super::FRAME_SIZE)
             .handshake(TokioIo::new(tls))
             .await?;
         self.metrics.connection();

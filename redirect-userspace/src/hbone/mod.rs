@@ -23,6 +23,13 @@ pub(crate) use source::{CertSource, IdentityError, WorkloadCerts};
 /// The port a waypoint (and ztunnel) accepts HBONE on.
 pub(crate) const PORT: u16 = 15008;
 
+/// HTTP/2 flow control and framing of HBONE connections, both ways, as ztunnel sets them: a stream
+/// may have 4 MiB in flight and a connection 16 MiB, in frames of up to 1 MiB. HTTP/2's defaults
+/// (64 KiB windows, 16 KiB frames) hold one stream to a fraction of what the link carries.
+pub(crate) const STREAM_WINDOW: u32 = 4 << 20;
+pub(crate) const CONNECTION_WINDOW: u32 = 16 << 20;
+pub(crate) const FRAME_SIZE: u32 = 1 << 20;
+
 /// The trust domain of a mesh that configures none.
 pub(crate) const DEFAULT_TRUST_DOMAIN: &str = "cluster.local";
 

@@ -20,7 +20,7 @@ use tracing::{debug, info};
 
 use super::{RelayError, Timeouts, relay::Carried, tunnel_relay::relay_tunnel};
 use crate::{
-    hbone::{HboneClient, Identity},
+    hbone::{self, HboneClient, Identity},
     live::LiveState,
     net::{CONNECT_TIMEOUT, SocketFactory},
     records::{Connections, Received},
@@ -146,6 +146,9 @@ async fn connection(context: Arc<InboundContext>, tcp: TcpStream, peer: SocketAd
     let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(30)))
+        .initial_stream_window_size(hbone::STREAM_WINDOW)
+        .initial_connection_window_size(hbone::CONNECTION_WINDOW)
+        .max_frame_size(hbone::FRAME_SIZE)
         .serve_connection(TokioIo::new(tls), service)
         .await;
     if let Err(e) = served {

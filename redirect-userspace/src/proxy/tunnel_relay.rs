@@ -12,6 +12,10 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::relay::{Activity, Carried, RelayError, Timeouts};
 
+/// Bytes read at a time each way: 8 KiB (tokio's default) makes a tunnel write an HTTP/2 frame,
+/// and a TLS record, per 8 KiB; 32 KiB lets a busy stream fill whole records (16 KiB each).
+const COPY_BUFFER: usize = 32 * 1024;
+
 /// Both ways between `client` and `tunnel` until both are done, or nothing moved for
 /// `timeouts.idle`.
 pub(super) async fn relay_tunnel<A, B>(
@@ -33,7 +37,7 @@ where
         activity: &activity,
     };
     tokio::select! {
-        copied = tokio::io::copy_bidirectional(&mut client, &mut tunnel) => {
+        copied = tokio::io::copy_bidirectional_with_sizes(&mut client, &mut tunnel, COPY_BUFFER, COPY_BUFFER) => {
             let (sent, received) = copied?;
             Ok(Carried { sent, received, upstream_closed_first: false })
         }

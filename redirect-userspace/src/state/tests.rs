@@ -649,6 +649,63 @@ fn a_pod_of_another_node_is_reached_as_the_workload_it_was_but_is_no_client() {
     assert!(scoped.workload_by_ip(ip("10.0.0.1")).is_none());
 }
 
+/// With HBONE between nodes: another node's Pod (by `nodeName`, or held elsewhere) is an HBONE
+/// peer of its namespace, unless it opts out of capture; this node's Pods (and those naming no
+/// node) receive HBONE; without an HBONE node, nothing is either.
+#[test]
+fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive() {
+    let pod = |name: &str, ns: &str, node: &str, ip: &str, labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{{labels}}}}}\nspec: {{nodeName: {node}}}\nstatus: {{podIP: {ip}}}\n---\n"
+        )
+    };
+    let pods = [
+        pod("here", "a", "node-a", "10.0.1.1", ""),
+        pod("there", "b", "node-b", "10.0.2.1", ""),
+        pod("out", "b", "node-b", "10.0.2.2", "istio.io/dataplane-mode: none"),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere, namespace: a}\nstatus: {podIP: 10.0.1.2}\n".to_string(),
+    ]
+    .concat();
+    let mut model = load_sources([("p.yaml", pods.as_str())]).unwrap();
+    let plain = Snapshot::from_model(&model);
+    assert_eq!(
+        plain.hbone_peer(ip("10.0.2.1")),
+        None,
+        "no HBONE node, no peer"
+    );
+    model.hbone_node = Some("node-a".to_string());
+    let snap = Snapshot::from_model(&model);
+    assert_eq!(snap.hbone_peer(ip("10.0.2.1")), Some("b"));
+    assert_eq!(
+        snap.hbone_peer(ip("10.0.2.2")),
+        None,
+        "opted out: reached directly"
+    );
+    assert_eq!(snap.hbone_peer(ip("10.0.1.1")), None, "this node's");
+    assert_eq!(snap.hbone_peer(ip("10.9.9.9")), None, "no Pod");
+    let mut local: Vec<IpAddr> = snap.local_pod_addresses().collect();
+    local.sort();
+    assert_eq!(local, vec![ip("10.0.1.1"), ip("10.0.1.2")]);
+    assert!(snap.local_pod(ip("10.0.1.1")).is_some());
+    assert!(snap.local_pod(ip("10.0.2.1")).is_none());
+
+    // An API source holds the other nodes' Pods apart, without an identity: peers all the same.
+    let mut scoped = model.clone();
+    scoped.workloads.retain(|w| w.meta.name != "there");
+    let there = load_sources([(
+        "p.yaml",
+        pod("there", "b", "node-b", "10.0.2.1", "").as_str(),
+    )])
+    .unwrap()
+    .workloads
+    .remove(0);
+    scoped
+        .pods_elsewhere
+        .upsert(crate::config::PodElsewhere::new(&there));
+    let scoped = Snapshot::from_model(&scoped);
+    assert_eq!(scoped.hbone_peer(ip("10.0.2.1")), Some("b"));
+}
+
 #[test]
 fn a_dual_stack_pod_takes_one_budget_share_by_either_address() {
     let pods = r#"
