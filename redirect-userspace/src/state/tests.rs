@@ -661,7 +661,10 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
     };
     let pods = [
         pod("here", "a", "node-a", "10.0.1.1", ""),
-        pod("there", "b", "node-b", "10.0.2.1", ""),
+        pod("there", "b", "node-b", "10.0.2.1", "").replace(
+            "podIP: 10.0.2.1",
+            "podIP: 10.0.2.1, podIPs: [{ip: 10.0.2.1}, {ip: 'fd00::2:1'}]",
+        ),
         pod("out", "b", "node-b", "10.0.2.2", "istio.io/dataplane-mode: none"),
         "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere, namespace: a}\nstatus: {podIP: 10.0.1.2}\n".to_string(),
     ]
@@ -680,6 +683,11 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
         snap.hbone_peer(ip("10.0.2.2")),
         None,
         "opted out: reached directly"
+    );
+    assert_eq!(
+        snap.hbone_peer(ip("fd00::2:1")),
+        None,
+        "IPv6: reached directly"
     );
     assert_eq!(snap.hbone_peer(ip("10.0.1.1")), None, "this node's");
     assert_eq!(snap.hbone_peer(ip("10.9.9.9")), None, "no Pod");

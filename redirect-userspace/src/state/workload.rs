@@ -152,9 +152,13 @@ impl WorkloadStore {
 
     /// With HBONE between nodes, the namespace of the Pod of another node a connection to `ip`
     /// reaches, which that node's data plane receives over HBONE. A Pod that opts out of capture
-    /// has no data plane in front of it: it is reached directly, as is everything else.
+    /// has no data plane in front of it: it is reached directly, as is everything else. IPv4 only:
+    /// the receiving side routes and listens for IPv4, so an IPv6 address is reached directly.
     pub(super) fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
         let node = self.hbone_node.as_deref()?;
+        if ip.is_ipv6() {
+            return None;
+        }
         if let Some(i) = self.by_ip.get(&ip).and_then(|slot| slot.reachable) {
             let w = &self.workloads[i as usize];
             // Another node's, by name; or held without an identity, as an API source holds the
