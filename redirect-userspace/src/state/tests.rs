@@ -666,7 +666,8 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
             "podIP: 10.0.2.1, podIPs: [{ip: 10.0.2.1}, {ip: 'fd00::2:1'}]",
         ),
         pod("out", "b", "node-b", "10.0.2.2", "istio.io/dataplane-mode: none"),
-        "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere, namespace: a}\nstatus: {podIP: 10.0.1.2}\n".to_string(),
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere, namespace: a}\nstatus: {podIP: 10.0.1.2}\n---\n".to_string(),
+        pod("waypoint", "a", "node-a", "10.0.1.3", "istio.io/dataplane-mode: none"),
     ]
     .concat();
     let mut model = load_sources([("p.yaml", pods.as_str())]).unwrap();
@@ -694,6 +695,10 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
     let mut local: Vec<IpAddr> = snap.local_pod_addresses().collect();
     local.sort();
     assert_eq!(local, vec![ip("10.0.1.1"), ip("10.0.1.2")]);
+    assert!(
+        snap.local_pod(ip("10.0.1.3")).is_none(),
+        "a waypoint keeps its own 15008"
+    );
     assert!(snap.local_pod(ip("10.0.1.1")).is_some());
     assert!(snap.local_pod(ip("10.0.2.1")).is_none());
 

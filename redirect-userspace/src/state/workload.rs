@@ -180,7 +180,9 @@ impl WorkloadStore {
     }
 
     /// The Pod of this node at `ip` whose identity the agent presents to HBONE peers: one with a
-    /// service account, on the HBONE node (or on no node named, as a directory may give it).
+    /// service account, on the HBONE node (or on no node named, as a directory may give it), that
+    /// does not opt out of capture. An opted-out Pod keeps its own port 15008: an Istio waypoint
+    /// (Envoy, opted out) receives HBONE there itself.
     pub(super) fn local_pod(&self, ip: IpAddr) -> Option<&Workload> {
         let w = self.client(ip)?;
         self.is_local_pod(w).then_some(w)
@@ -199,7 +201,10 @@ impl WorkloadStore {
             (Some(at), Some(node)) => at == node,
             _ => true,
         };
-        w.kind == WorkloadKind::Pod && w.service_account.is_some() && here
+        w.kind == WorkloadKind::Pod
+            && w.service_account.is_some()
+            && here
+            && !w.opts_out_of_capture()
     }
 
     /// A discovered workload with this IP (any, when several share it): the connection goes to the
