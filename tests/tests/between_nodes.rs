@@ -45,6 +45,8 @@ fn cluster() -> String {
 struct Nodes {
     agent_a: Agent,
     agent_b: Agent,
+    /// What node b's agent was started with (a successor is started alike).
+    args_b: Vec<String>,
     _web: Peer,
     ca: TestCa,
     a: Topology,
@@ -59,7 +61,7 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
     Topology::link_nodes(&a, "10.244.1.0/24", &b, "10.244.2.0/24")?;
     let ca = TestCa::new(TRUST_DOMAIN)?;
     let web = Peer::start(b.pod(B1.0).place(), "web-b1", &[B1_WEB.parse()?], &[])?;
-    let start = |topo: &Topology, node: &str| -> Result<Agent> {
+    let args = |topo: &Topology, node: &str| -> Result<Vec<String>> {
         let identities = topo.scratch_path("identities");
         ca.write_identity_dir(
             &identities,
@@ -69,24 +71,28 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
         let config = topo.scratch_path("config");
         std::fs::create_dir_all(&config)?;
         replace_file(&config, "cluster.yaml", &cluster())?;
-        let (config, identities) = (config.to_string_lossy(), identities.to_string_lossy());
-        let mut args = vec![
-            "--config",
-            &*config,
-            "--identity-dir",
-            &*identities,
-            "--node-name",
-            node,
-            "--hbone-between-nodes",
+        let mut args: Vec<String> = vec![
+            "--config".into(),
+            config.to_string_lossy().into(),
+            "--identity-dir".into(),
+            identities.to_string_lossy().into(),
+            "--node-name".into(),
+            node.into(),
+            "--hbone-between-nodes".into(),
         ];
-        args.extend_from_slice(extra);
-        Agent::start(topo, &args)
+        args.extend(extra.iter().map(|a| a.to_string()));
+        Ok(args)
     };
-    let agent_a = start(&a, "node-a")?;
-    let agent_b = start(&b, "node-b")?;
+    let start = |topo: &Topology, args: &[String]| -> Result<Agent> {
+        Agent::start(topo, &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let args_b = args(&b, "node-b")?;
+    let agent_a = start(&a, &args(&a, "node-a")?)?;
+    let agent_b = start(&b, &args_b)?;
     Ok(Nodes {
         agent_a,
         agent_b,
+        args_b,
         _web: web,
         ca,
         a,
@@ -194,9 +200,14 @@ fn the_receiving_node_checks_the_sender_and_carries_only_to_the_pod_dialled() ->
         !ok && out.contains("status 400"),
         "a stream to another address: {out}"
     );
+    let (out, ok) = n.hbone_client(&n.ca, "loop", &format!("{}:15008", B1.1))?;
+    ensure!(
+        !ok && out.contains("status 400"),
+        "a stream to the HBONE port: {out}"
+    );
     let metrics = n.agent_b.metrics()?;
     ensure!(
-        metrics.get_or_zero(&inbound("bad_request")) >= 1.0,
+        metrics.get_or_zero(&inbound("bad_request")) >= 2.0,
         "counted: {metrics:#?}"
     );
     Ok(())
@@ -209,6 +220,7 @@ fn other_ports_pass_to_the_pod_and_the_routing_goes_with_the_agent() -> Result<(
     let Nodes {
         agent_a,
         agent_b,
+        args_b: _,
         _web,
         ca: _,
         a,
@@ -235,5 +247,44 @@ fn other_ports_pass_to_the_pod_and_the_routing_goes_with_the_agent() -> Result<(
         rules()?
     );
     drop((agent_a, _web));
+    Ok(())
+}
+
+/// A successor on node b takes over receiving HBONE from the agent before it (its listener binds
+/// beside the old one, the rule and routes in place are taken over, not rebuilt): a1 reaches b1
+/// before, across and after the hand-over, and the old agent leaves the routing to its successor.
+#[test]
+fn a_successor_takes_over_receiving_and_the_routing_stays_in_place() -> Result<()> {
+    let Nodes {
+        agent_a,
+        agent_b,
+        args_b,
+        _web,
+        ca: _,
+        a,
+        b,
+    } = nodes(&[])?;
+    let curl = || curl_body(a.pod(A1.0), &format!("http://{B1_WEB}/"));
+    ensure!(curl()? == "web-b1", "before the hand-over");
+    let args: Vec<&str> = args_b.iter().map(String::as_str).collect();
+    let successor = Agent::start_successor(&b, &args)?;
+    ensure!(curl()? == "web-b1", "across the hand-over");
+    agent_b.terminate_async();
+    agent_b.wait_exit(Duration::from_secs(60))?;
+    let rules = b.node_cmd("ip").args(["rule", "list"]).ok()?.stdout_str();
+    ensure!(
+        rules.contains("15008"),
+        "the old agent left the rule: {rules}"
+    );
+    let routes = b
+        .node_cmd("ip")
+        .args(["route", "show", "table", "15008"])
+        .ok()?
+        .stdout_str();
+    ensure!(routes.contains(B1.1), "and b1's route: {routes}");
+    ensure!(curl()? == "web-b1", "after the old agent left");
+    let received = successor.metrics()?.get_or_zero(&inbound("ok"));
+    ensure!(received >= 1.0, "the successor received {received} streams");
+    drop((agent_a, successor, _web));
     Ok(())
 }

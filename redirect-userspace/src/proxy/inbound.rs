@@ -166,7 +166,7 @@ struct Sender {
     pod: IpAddr,
 }
 
-/// One stream: a `CONNECT` to the Pod dialled, on the port it names, answered `200` once the Pod
+/// One stream: a `CONNECT` to the Pod dialled, on the port it names (not 15008), answered `200` once the Pod
 /// took the connection; the bytes carried once the peer's side is upgraded.
 async fn stream(
     context: Arc<InboundContext>,
@@ -184,8 +184,10 @@ async fn stream(
                 .ok()
         })
         .flatten()
-        // As ztunnel: a stream reaches the Pod that was dialled, never another address.
-        .filter(|target| target.ip().to_canonical() == sender.pod.to_canonical());
+        // As ztunnel: a stream reaches the Pod that was dialled, never another address; and never
+        // the Pod's port 15008, which the routing would bring straight back here.
+        .filter(|target| target.ip().to_canonical() == sender.pod.to_canonical())
+        .filter(|target| target.port() != hbone::PORT);
     let Some(target) = target else {
         metrics.inbound("bad_request");
         debug!(peer = %sender.peer, src_identity = %sender.source, method = %request.method(), uri = %request.uri(), "HBONE stream is not a CONNECT to the Pod dialled");

@@ -12,8 +12,8 @@ use rtnetlink::{
     Handle, IpVersion, RouteMessageBuilder,
     packet_route::{
         IpProtocol,
-        route::{RouteScope, RouteType},
-        rule::{RuleAction, RuleAttribute, RulePortRange},
+        route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope, RouteType},
+        rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
     },
 };
 
@@ -45,8 +45,11 @@ fn failed(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> RoutesErr
 }
 
 impl PodRoutes {
-    /// Puts the rule in place for TCP to `port`, after taking away what an agent before left (a
-    /// crash leaves its rule and routes behind). Needs `CAP_NET_ADMIN` in the node's netns.
+    /// Puts the rule in place for TCP to `port`, and takes over the routes already in the table:
+    /// an agent before this one (a crash, or one handing over and still serving) left them, and
+    /// the first [`PodRoutes::sync`] removes those no Pod wants. Nothing is taken away first, so a
+    /// Pod reached through them stays reached while this agent starts. Needs `CAP_NET_ADMIN` in
+    /// the node's netns.
     pub(crate) async fn install(port: u16) -> Result<PodRoutes, io::Error> {
         let (connection, handle, _) = rtnetlink::new_connection()?;
         tokio::spawn(connection);
@@ -57,8 +60,22 @@ impl PodRoutes {
             loopback,
             held: BTreeSet::new(),
         };
-        routes.clear().await.map_err(io::Error::other)?;
-        routes.add_rule().await.map_err(io::Error::other)?;
+        if routes.rules().await.map_err(io::Error::other)?.is_empty() {
+            routes.add_rule().await.map_err(io::Error::other)?;
+        }
+        for route in routes.routes().await.map_err(io::Error::other)? {
+            let to = route.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+                _ => None,
+            });
+            match to {
+                Some(ip) if route.header.destination_prefix_length == 32 => {
+                    routes.held.insert(ip);
+                }
+                // Not one this agent makes: gone at once.
+                _ => routes.delete_route(route).await.map_err(io::Error::other)?,
+            }
+        }
         Ok(routes)
     }
 
@@ -66,12 +83,7 @@ impl PodRoutes {
     pub(crate) async fn sync(&mut self, pods: BTreeSet<Ipv4Addr>) -> Result<(), RoutesError> {
         let gone: Vec<Ipv4Addr> = self.held.difference(&pods).copied().collect();
         for ip in gone {
-            match self.handle.route().del(self.route(ip)).execute().await {
-                Ok(()) => {}
-                // Gone already (its Pod's link went with it).
-                Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => {}
-                Err(e) => return Err(failed(format!("removing the route of {ip}"))(e)),
-            }
+            self.delete_route(self.route(ip)).await?;
             self.held.remove(&ip);
         }
         let new: Vec<Ipv4Addr> = pods.difference(&self.held).copied().collect();
@@ -92,13 +104,24 @@ impl PodRoutes {
         Ok(())
     }
 
-    /// Takes the rule and every route away.
-    pub(crate) async fn remove(mut self) -> Result<(), RoutesError> {
-        self.clear().await
+    /// Takes the rule and every route of the table away.
+    pub(crate) async fn remove(self) -> Result<(), RoutesError> {
+        for rule in self.rules().await? {
+            self.handle
+                .rule()
+                .del(rule)
+                .execute()
+                .await
+                .map_err(failed("removing the rule for HBONE"))?;
+        }
+        for route in self.routes().await? {
+            self.delete_route(route).await?;
+        }
+        Ok(())
     }
 
     /// The `local` route of one Pod's address in the agent's table.
-    fn route(&self, ip: Ipv4Addr) -> rtnetlink::packet_route::route::RouteMessage {
+    fn route(&self, ip: Ipv4Addr) -> RouteMessage {
         RouteMessageBuilder::<Ipv4Addr>::new()
             .destination_prefix(ip, 32)
             .table_id(TABLE)
@@ -106,6 +129,15 @@ impl PodRoutes {
             .scope(RouteScope::Host)
             .output_interface(self.loopback)
             .build()
+    }
+
+    /// Deletes `route`; one already gone (with its Pod's link, or by another agent) is no error.
+    async fn delete_route(&self, route: RouteMessage) -> Result<(), RoutesError> {
+        match self.handle.route().del(route).execute().await {
+            Ok(()) => Ok(()),
+            Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ESRCH => Ok(()),
+            Err(e) => Err(failed("removing a route for HBONE")(e)),
+        }
     }
 
     async fn add_rule(&self) -> Result<(), RoutesError> {
@@ -128,9 +160,9 @@ impl PodRoutes {
             .map_err(failed("adding the rule for HBONE to the node's Pods"))
     }
 
-    /// Deletes the agent's rules (by priority) and every route of its table.
-    async fn clear(&mut self) -> Result<(), RoutesError> {
-        let rules: Vec<_> = self
+    /// The agent's rules (its priority), IPv4.
+    async fn rules(&self) -> Result<Vec<RuleMessage>, RoutesError> {
+        let rules: Vec<RuleMessage> = self
             .handle
             .rule()
             .get(IpVersion::V4)
@@ -138,25 +170,23 @@ impl PodRoutes {
             .try_collect()
             .await
             .map_err(failed("listing the routing rules"))?;
-        for rule in rules {
-            let ours = rule
-                .attributes
-                .contains(&RuleAttribute::Priority(RULE_PRIORITY));
-            if ours {
-                self.handle
-                    .rule()
-                    .del(rule)
-                    .execute()
-                    .await
-                    .map_err(failed("removing the rule for HBONE"))?;
-            }
-        }
+        Ok(rules
+            .into_iter()
+            .filter(|r| {
+                r.attributes
+                    .contains(&RuleAttribute::Priority(RULE_PRIORITY))
+            })
+            .collect())
+    }
+
+    /// The routes of the agent's table.
+    async fn routes(&self) -> Result<Vec<RouteMessage>, RoutesError> {
         let mut table = RouteMessageBuilder::<Ipv4Addr>::new()
             .table_id(TABLE)
             .build();
         // The kernel filters a dump by table only when asked strictly; every table comes back.
         table.header.table = 0;
-        let routes: Vec<_> = self
+        let routes: Vec<RouteMessage> = self
             .handle
             .route()
             .get(table)
@@ -164,24 +194,10 @@ impl PodRoutes {
             .try_collect()
             .await
             .map_err(failed("listing the routes"))?;
-        for route in routes {
-            let in_table =
-                route
-                    .attributes
-                    .contains(&rtnetlink::packet_route::route::RouteAttribute::Table(
-                        TABLE,
-                    ));
-            if in_table {
-                self.handle
-                    .route()
-                    .del(route)
-                    .execute()
-                    .await
-                    .map_err(failed("removing a route for HBONE"))?;
-            }
-        }
-        self.held.clear();
-        Ok(())
+        Ok(routes
+            .into_iter()
+            .filter(|r| r.attributes.contains(&RouteAttribute::Table(TABLE)))
+            .collect())
     }
 }
 

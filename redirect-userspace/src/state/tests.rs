@@ -668,6 +668,8 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
         pod("out", "b", "node-b", "10.0.2.2", "istio.io/dataplane-mode: none"),
         "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere, namespace: a}\nstatus: {podIP: 10.0.1.2}\n---\n".to_string(),
         pod("waypoint", "a", "node-a", "10.0.1.3", "istio.io/dataplane-mode: none"),
+        pod("proxy", "kube-system", "node-b", "192.0.2.2", ""),
+        pod("cni", "kube-system", "node-b", "192.0.2.2", ""),
     ]
     .concat();
     let mut model = load_sources([("p.yaml", pods.as_str())]).unwrap();
@@ -692,6 +694,11 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
     );
     assert_eq!(snap.hbone_peer(ip("10.0.1.1")), None, "this node's");
     assert_eq!(snap.hbone_peer(ip("10.9.9.9")), None, "no Pod");
+    assert_eq!(
+        snap.hbone_peer(ip("192.0.2.2")),
+        None,
+        "node b's own address"
+    );
     let mut local: Vec<IpAddr> = snap.local_pod_addresses().collect();
     local.sort();
     assert_eq!(local, vec![ip("10.0.1.1"), ip("10.0.1.2")]);
@@ -704,7 +711,18 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
 
     // An API source holds the other nodes' Pods apart, without an identity: peers all the same.
     let mut scoped = model.clone();
-    scoped.workloads.retain(|w| w.meta.name != "there");
+    scoped
+        .workloads
+        .retain(|w| !["there", "proxy", "cni"].contains(&w.meta.name.as_str()));
+    for w in model
+        .workloads
+        .iter()
+        .filter(|w| w.meta.namespace == "kube-system")
+    {
+        scoped
+            .pods_elsewhere
+            .upsert(crate::config::PodElsewhere::new(w));
+    }
     let there = load_sources([(
         "p.yaml",
         pod("there", "b", "node-b", "10.0.2.1", "").as_str(),
@@ -717,6 +735,11 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
         .upsert(crate::config::PodElsewhere::new(&there));
     let scoped = Snapshot::from_model(&scoped);
     assert_eq!(scoped.hbone_peer(ip("10.0.2.1")), Some("b"));
+    assert_eq!(
+        scoped.hbone_peer(ip("192.0.2.2")),
+        None,
+        "node b's, held elsewhere"
+    );
 }
 
 #[test]

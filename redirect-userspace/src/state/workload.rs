@@ -45,6 +45,9 @@ type Place = (u32, u32);
 struct ByAddress {
     v4: Vec<(u32, Place)>,
     v6: Vec<(u128, Place)>,
+    /// The IPv4 addresses given more than once (a node's, which its hostNetwork Pods all have),
+    /// sorted.
+    shared_v4: Vec<u32>,
 }
 
 impl ByAddress {
@@ -59,6 +62,13 @@ impl ByAddress {
         }
         // Stable: the first of several with one address stays first, and is the one kept.
         by.v4.sort_by_key(|(ip, _)| *ip);
+        by.shared_v4 = by
+            .v4
+            .windows(2)
+            .filter(|pair| pair[0].0 == pair[1].0)
+            .map(|pair| pair[0].0)
+            .collect();
+        by.shared_v4.dedup();
         by.v4.dedup_by_key(|(ip, _)| *ip);
         by.v6.sort_by_key(|(ip, _)| *ip);
         by.v6.dedup_by_key(|(ip, _)| *ip);
@@ -75,6 +85,14 @@ impl ByAddress {
         match ip {
             IpAddr::V4(v4) => find(&self.v4, v4.to_bits()),
             IpAddr::V6(v6) => find(&self.v6, v6.to_bits()),
+        }
+    }
+
+    /// Whether `ip` was given more than once.
+    fn is_shared(&self, ip: IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(v4) => self.shared_v4.binary_search(&v4.to_bits()).is_ok(),
+            IpAddr::V6(_) => false,
         }
     }
 
@@ -157,6 +175,13 @@ impl WorkloadStore {
     pub(super) fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
         let node = self.hbone_node.as_deref()?;
         if ip.is_ipv6() {
+            return None;
+        }
+        // An address several Pods have is a node's (its hostNetwork Pods'): no Pod's data plane
+        // stands there. (A node with a single hostNetwork Pod is not told apart: `hostNetwork` is
+        // not read.)
+        if self.by_ip.get(&ip).is_some_and(|slot| slot.shared) || self.elsewhere_by_ip.is_shared(ip)
+        {
             return None;
         }
         if let Some(i) = self.by_ip.get(&ip).and_then(|slot| slot.reachable) {
