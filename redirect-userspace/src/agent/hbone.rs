@@ -74,11 +74,22 @@ async fn keep_routes(mut routes: PodRoutes, live: Arc<LiveState>, mut stop: Watc
                 IpAddr::V6(_) => None,
             })
             .collect();
-        if let Err(e) = routes.sync(pods).await {
-            warn!(error = %e, "routing HBONE to this node's Pods failed; tried again with the next change");
-        }
+        let failed = match routes.sync(pods).await {
+            Ok(()) => false,
+            Err(e) => {
+                warn!(error = %e, "routing HBONE to this node's Pods failed; tried again in 5 s or with the next change");
+                true
+            }
+        };
+        let retry = async {
+            match failed {
+                true => tokio::time::sleep(std::time::Duration::from_secs(5)).await,
+                false => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = applied.changed() => if changed.is_err() { break },
+            () = retry => {}
             () = stop.stopped() => break,
         }
     }

@@ -299,7 +299,12 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
         true if args.identity.source().is_none() => anyhow::bail!(
             "--hbone-between-nodes needs the Pods' certificates: --identity-dir or --ca-address"
         ),
-        true => kube_args.node_name.clone().filter(|n| !n.is_empty()),
+        true => match kube_args.node_name.clone().filter(|n| !n.is_empty()) {
+            Some(node) => Some(node),
+            None => anyhow::bail!(
+                "--hbone-between-nodes needs the node's name: --node-name or NODE_NAME is empty"
+            ),
+        },
         false => None,
     };
     let kube = match kube_args.kube {

@@ -86,11 +86,12 @@ impl Pooled {
         Ok(sender)
     }
 
-    /// Whether it has a connection that ended (one being dialled, or never dialled, is kept).
-    fn is_closed(&self) -> bool {
+    /// Whether it holds no live connection and none is being dialled: one that ended, or a dial
+    /// that failed (kept, a peer that is gone would stay in the pool for good).
+    fn is_spent(&self) -> bool {
         self.sender
             .try_lock()
-            .is_ok_and(|s| s.as_ref().is_some_and(|s| s.is_closed()))
+            .is_ok_and(|s| s.as_ref().is_none_or(|s| s.is_closed()))
     }
 }
 
@@ -187,9 +188,7 @@ impl HboneClient {
             let mut pool = self.pool.locked();
             // Connections of a configuration replaced since are not reused: drop them (the
             // client's connections to other waypoints on this configuration stay).
-            pool.retain(|k, p| {
-                !p.is_closed() && (k.client != key.client || k.config == key.config)
-            });
+            pool.retain(|k, p| !p.is_spent() && (k.client != key.client || k.config == key.config));
             pool.entry(key).or_default().clone()
         };
         let mut sender = pooled
