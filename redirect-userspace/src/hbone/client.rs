@@ -4,8 +4,14 @@
 //! it closed or when the identity's certificate changed.
 use std::{
     collections::HashMap,
+    io,
     net::SocketAddr,
-    sync::{Arc, Mutex},
+    pin::Pin,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    task::{Context, Poll},
     time::Duration,
 };
 
@@ -14,6 +20,7 @@ use http_body_util::Empty;
 use hyper::{Method, Request, StatusCode, client::conn::http2::SendRequest};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tracing::debug;
 
 use super::{HboneMetrics, Identity, IdentityError, WorkloadCerts};
@@ -22,8 +29,55 @@ use crate::{lock::Locked, net::SocketFactory};
 /// How long the TLS and HTTP/2 handshakes, and the waypoint's answer to a `CONNECT`, may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The tunnel: a byte stream to `authority`, as a TCP stream is.
-pub(crate) type Tunnel = TokioIo<hyper::upgrade::Upgraded>;
+/// Streams one pooled connection carries at once before another is opened beside it, as ztunnel's
+/// pool does (ztunnel's server, and hyper's, take 200 at a time: past that a tunnel would wait).
+const MAX_STREAMS: usize = 100;
+
+/// The tunnel: a byte stream to `authority`, as a TCP stream is. Its connection counts it as one
+/// of its streams while it lives.
+#[derive(Debug)]
+pub(crate) struct Tunnel {
+    io: TokioIo<hyper::upgrade::Upgraded>,
+    _stream: Counted,
+}
+
+/// One stream of a pooled connection, counted until dropped.
+#[derive(Debug)]
+struct Counted(Arc<AtomicUsize>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl AsyncRead for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum HboneError {
@@ -66,6 +120,8 @@ impl HboneError {
 #[derive(Debug, Default)]
 struct Pooled {
     sender: tokio::sync::Mutex<Option<SendRequest<Empty<Bytes>>>>,
+    /// Its tunnels open, or being opened.
+    streams: Arc<AtomicUsize>,
 }
 
 impl Pooled {
@@ -96,13 +152,15 @@ impl Pooled {
 }
 
 /// One pooled connection: by client identity, waypoint, the namespace its certificate was checked
-/// against, and the certificate configuration in use.
+/// against, the certificate configuration in use, and which of the connections side by side (a
+/// new one each [`MAX_STREAMS`] tunnels at once).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     client: Identity,
     waypoint: SocketAddr,
     waypoint_namespace: String,
     config: usize,
+    shard: u32,
 }
 
 #[derive(Debug)]
@@ -183,13 +241,23 @@ impl HboneClient {
             waypoint,
             waypoint_namespace: waypoint_namespace.to_string(),
             config: Arc::as_ptr(&config) as usize,
+            shard: 0,
         };
-        let pooled = {
+        let (pooled, stream) = {
             let mut pool = self.pool.locked();
             // Connections of a configuration replaced since are not reused: drop them (the
             // client's connections to other waypoints on this configuration stay).
             pool.retain(|k, p| !p.is_spent() && (k.client != key.client || k.config == key.config));
-            pool.entry(key).or_default().clone()
+            // The first connection with room for one more stream.
+            let mut key = key;
+            loop {
+                let pooled = pool.entry(key.clone()).or_default().clone();
+                let stream = Counted(pooled.streams.clone());
+                if pooled.streams.fetch_add(1, Ordering::Relaxed) < MAX_STREAMS {
+                    break (pooled, stream);
+                }
+                key.shard += 1;
+            }
         };
         let mut sender = pooled
             .sender(|| self.connect(config.client.clone(), waypoint, waypoint_namespace))
@@ -209,7 +277,10 @@ impl HboneClient {
             return Err(HboneError::Status(response.status()));
         }
         let upgraded = hyper::upgrade::on(response).await?;
-        Ok(TokioIo::new(upgraded))
+        Ok(Tunnel {
+            io: TokioIo::new(upgraded),
+            _stream: stream,
+        })
     }
 
     /// A mutual-TLS HTTP/2 connection to the waypoint, its certificate checked to name an

@@ -225,6 +225,37 @@ async fn a_tunnel_carries_bytes_to_the_authority_as_the_client_identity() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A connection carries at most 100 tunnels at once (a peer takes 200 at a time, as ztunnel's and
+/// hyper's servers do: past that a tunnel would wait): the 101st open one rides a second
+/// connection, and once tunnels end, the first has room again.
+#[tokio::test]
+async fn past_a_hundred_open_tunnels_another_connection_is_opened_beside_the_first() {
+    let ca = Ca::new("cluster.local");
+    let dir = temp_dir("streams");
+    ca.write_identity(&dir, "team-a", "sleep");
+    let (addr, _) = waypoint(&ca, ca.leaf("team-a", "team-a-waypoint")).await;
+    let hbone = client(&dir, "cluster.local");
+    let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
+    let who = identity("team-a", "sleep");
+    let mut open = Vec::new();
+    for _ in 0..101 {
+        open.push(hbone.tunnel(&who, addr, "team-a", authority).await.unwrap());
+    }
+    assert_eq!(hbone.metrics.connections(), 2);
+    assert_eq!(
+        echo(open.last_mut().unwrap(), "on the second").await,
+        "on the second"
+    );
+    open.truncate(50);
+    let mut next = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
+    assert_eq!(
+        echo(&mut next, "on the first again").await,
+        "on the first again"
+    );
+    assert_eq!(hbone.metrics.connections(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[tokio::test]
 async fn a_waypoint_of_another_trust_domain_or_namespace_is_refused_and_counted() {
     let ca = Ca::new("cluster.local");
