@@ -17,7 +17,7 @@ use crate::{
     drain::{Lifecycle, Phase, Watcher},
     hbone::HboneClient,
     live::LiveState,
-    proxy::{InboundContext, ProxyContext, listen_transparent, serve_inbound},
+    proxy::{ProxyContext, listen_transparent, serve_inbound},
     redirect::pod_routes::PodRoutes,
 };
 
@@ -41,21 +41,22 @@ pub(super) async fn prepare() -> anyhow::Result<Receiving> {
 
 impl Receiving {
     /// Serves the listener, and keeps a route for each Pod of the node of every snapshot applied.
-    pub(super) fn spawn(self, proxy: &ProxyContext, lifecycle: &Lifecycle) -> [JoinHandle<()>; 2] {
-        let context = Arc::new(InboundContext {
-            live: proxy.live.clone(),
-            hbone: proxy.hbone.clone(),
-            sockets: proxy.sockets.clone(),
-            timeouts: proxy.timeouts,
-            records: proxy.records.clone(),
-        });
-        let live = context.live.clone();
+    pub(super) fn spawn(
+        self,
+        proxy: &Arc<ProxyContext>,
+        lifecycle: &Lifecycle,
+    ) -> [JoinHandle<()>; 2] {
+        let live = proxy.live.clone();
         info!(
             port = crate::hbone::PORT,
             "receiving HBONE for this node's Pods"
         );
         [
-            tokio::spawn(serve_inbound(self.listener, context, lifecycle.serving())),
+            tokio::spawn(serve_inbound(
+                self.listener,
+                proxy.clone(),
+                lifecycle.serving(),
+            )),
             tokio::spawn(keep_routes(self.routes, live, lifecycle.serving())),
         ]
     }

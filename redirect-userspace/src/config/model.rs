@@ -360,13 +360,15 @@ impl Workload {
     /// Whether this is a Pod labelled `istio.io/dataplane-mode: none`: the programs leave its
     /// processes alone.
     pub fn opts_out_of_capture(&self) -> bool {
-        self.kind == WorkloadKind::Pod
-            && self
-                .meta
-                .labels
-                .get(DATAPLANE_MODE_LABEL)
-                .is_some_and(|mode| mode == "none")
+        self.kind == WorkloadKind::Pod && opts_out_of_capture(&self.meta.labels)
     }
+}
+
+/// Whether a Pod's `labels` opt it out of capture (`istio.io/dataplane-mode: none`).
+pub(crate) fn opts_out_of_capture(labels: &Labels) -> bool {
+    labels
+        .get(DATAPLANE_MODE_LABEL)
+        .is_some_and(|mode| mode == "none")
 }
 
 /// A Pod of another node as an agent given its node holds it: what the workload lookup and a

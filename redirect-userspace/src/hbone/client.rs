@@ -304,8 +304,7 @@ impl HboneClient {
             .get_ref()
             .1
             .peer_certificates()
-            .and_then(|chain| chain.first())
-            .and_then(|leaf| Identity::of_certificate(leaf));
+            .and_then(Identity::of_leaf);
         match peer {
             Some(id) if id.namespace == waypoint_namespace => {}
             other => {

@@ -33,6 +33,12 @@ impl Identity {
         })
     }
 
+    /// The identity the leaf (the first certificate) of `chain` names, as
+    /// [`Identity::of_certificate`].
+    pub(crate) fn of_leaf(chain: &[rustls::pki_types::CertificateDer<'_>]) -> Option<Identity> {
+        Identity::of_certificate(chain.first()?)
+    }
+
     /// The identity a certificate (DER) names in its URI SAN; `None` when it names none, or more
     /// than one (no single identity then).
     pub(crate) fn of_certificate(der: &[u8]) -> Option<Identity> {

@@ -90,14 +90,17 @@ pub(super) fn read_roots(path: &Path) -> Result<RootCertStore, CertError> {
 /// The identity a chain's leaf must name, checked before it is ever presented: a certificate
 /// issued for someone else is refused with what it names instead.
 pub(super) fn check_names(chain: &[CertificateDer<'_>], expected: &Identity) -> Result<(), String> {
-    match chain
-        .first()
-        .and_then(|leaf| Identity::of_certificate(leaf))
-    {
+    match Identity::of_leaf(chain) {
         Some(named) if &named == expected => Ok(()),
         Some(named) => Err(format!("the certificate names {named}, not {expected}")),
         None => Err("the certificate names no single SPIFFE identity in its URI SAN".to_string()),
     }
+}
+
+/// Whether `cert` names an identity of `trust_domain`: what both sides ask of a peer once its
+/// chain is checked.
+fn in_trust_domain(cert: &CertificateDer<'_>, trust_domain: &str) -> bool {
+    Identity::of_certificate(cert).is_some_and(|id| id.trust_domain == trust_domain)
 }
 
 /// A peer is trusted when its chain ends at the roots and its certificate names an identity of
@@ -127,9 +130,9 @@ impl ServerCertVerifier for PeerVerifier {
             now,
             self.provider.signature_verification_algorithms.all,
         )?;
-        match Identity::of_certificate(end_entity) {
-            Some(id) if id.trust_domain == self.trust_domain => Ok(ServerCertVerified::assertion()),
-            _ => Err(rustls::Error::InvalidCertificate(
+        match in_trust_domain(end_entity, &self.trust_domain) {
+            true => Ok(ServerCertVerified::assertion()),
+            false => Err(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::NotValidForName,
             )),
         }
@@ -192,9 +195,9 @@ impl ClientCertVerifier for ClientInTrustDomain {
     ) -> Result<ClientCertVerified, rustls::Error> {
         self.inner
             .verify_client_cert(end_entity, intermediates, now)?;
-        match Identity::of_certificate(end_entity) {
-            Some(id) if id.trust_domain == self.trust_domain => Ok(ClientCertVerified::assertion()),
-            _ => Err(rustls::Error::InvalidCertificate(
+        match in_trust_domain(end_entity, &self.trust_domain) {
+            true => Ok(ClientCertVerified::assertion()),
+            false => Err(rustls::Error::InvalidCertificate(
                 rustls::CertificateError::ApplicationVerificationFailure,
             )),
         }

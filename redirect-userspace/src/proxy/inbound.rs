@@ -18,12 +18,11 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info};
 
-use super::{RelayError, Timeouts, relay::Carried, tunnel_relay::relay_tunnel};
+use super::{ProxyContext, RelayError, relay::Carried, tunnel_relay::relay_tunnel};
 use crate::{
-    hbone::{self, HboneClient, Identity},
-    live::LiveState,
-    net::{CONNECT_TIMEOUT, SocketFactory},
-    records::{Connections, Received},
+    hbone::{self, Identity},
+    net::CONNECT_TIMEOUT,
+    records::Received,
 };
 
 /// How long a peer may take over the TLS handshake.
@@ -48,23 +47,10 @@ pub(crate) fn listen_transparent(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// What every inbound connection needs.
-#[derive(Debug)]
-pub(crate) struct InboundContext {
-    pub live: Arc<LiveState>,
-    /// The Pods' certificates, and what HBONE counts.
-    pub hbone: Arc<HboneClient>,
-    /// Where the sockets toward the Pods come from.
-    pub sockets: Arc<dyn SocketFactory>,
-    pub timeouts: Timeouts,
-    /// The access log.
-    pub records: Arc<Connections>,
-}
-
 /// Serves HBONE on `listener` until `shutdown`.
 pub(crate) async fn serve(
     listener: TcpListener,
-    context: Arc<InboundContext>,
+    context: Arc<ProxyContext>,
     mut shutdown: crate::drain::Watcher,
 ) {
     loop {
@@ -84,17 +70,15 @@ pub(crate) async fn serve(
 }
 
 /// One peer's connection: TLS as the Pod it dialled, then HTTP/2, each stream a tunnel.
-async fn connection(context: Arc<InboundContext>, tcp: TcpStream, peer: SocketAddr) {
+async fn connection(context: Arc<ProxyContext>, tcp: TcpStream, peer: SocketAddr) {
     let Ok(dialled) = tcp.local_addr() else {
         return;
     };
     let metrics = &context.hbone.metrics;
     let pod = {
-        let snapshot = context.live.snapshot_arc();
-        snapshot.local_pod(dialled.ip()).and_then(|w| {
-            let account = w.service_account.as_deref()?;
-            context.hbone.identity(&w.meta.namespace, account)
-        })
+        let snapshot = context.live.snapshot();
+        let pod = snapshot.local_pod(dialled.ip());
+        pod.and_then(|w| super::outbound::workload_identity(&context.hbone, w))
     };
     let Some(pod) = pod else {
         metrics.inbound("no_workload");
@@ -127,8 +111,7 @@ async fn connection(context: Arc<InboundContext>, tcp: TcpStream, peer: SocketAd
         .get_ref()
         .1
         .peer_certificates()
-        .and_then(|chain| chain.first())
-        .and_then(|leaf| Identity::of_certificate(leaf));
+        .and_then(Identity::of_leaf);
     let Some(source) = source else {
         // The verifier takes only certificates that name one.
         metrics.inbound("tls_refused");
@@ -169,7 +152,7 @@ struct Sender {
 /// One stream: a `CONNECT` to the Pod dialled, on the port it names (not 15008), answered `200` once the Pod
 /// took the connection; the bytes carried once the peer's side is upgraded.
 async fn stream(
-    context: Arc<InboundContext>,
+    context: Arc<ProxyContext>,
     sender: Arc<Sender>,
     request: Request<Incoming>,
 ) -> Response<Empty<Bytes>> {
@@ -228,7 +211,7 @@ fn status(code: StatusCode) -> Response<Empty<Bytes>> {
 /// The access log's line for a stream received: who sent it (the identity its certificate names,
 /// from which address), to which Pod, and what moved.
 fn log_carried(
-    context: &InboundContext,
+    context: &ProxyContext,
     sender: &Sender,
     dst: SocketAddr,
     started: Instant,

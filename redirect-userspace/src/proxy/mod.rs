@@ -13,7 +13,7 @@ mod tests;
 mod tunnel_relay;
 
 pub(crate) use forbidden::{DialGuard, Forbidden};
-pub(crate) use inbound::{InboundContext, listen_transparent, serve as serve_inbound};
+pub(crate) use inbound::{listen_transparent, serve as serve_inbound};
 pub(crate) use metrics::{Direction, ProxyMetrics, Timeout};
 pub(crate) use outbound::{OutboundProxy, ProxyContext, listen};
 pub(crate) use relay::{RelayError, Timeouts, relay};

@@ -17,6 +17,7 @@ use super::{
 };
 use crate::{
     budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
+    config::Workload,
     dns::HostCache,
     hbone::{HboneClient, Identity},
     identity::{CgroupPods, Client},
@@ -324,6 +325,12 @@ async fn route(
     })
 }
 
+/// The workload identity of a Pod of this node (one with a service account), in the mesh's trust
+/// domain; `None` without certificates configured.
+pub(super) fn workload_identity(hbone: &HboneClient, w: &Workload) -> Option<Identity> {
+    hbone.identity(&w.meta.namespace, w.service_account.as_deref()?)
+}
+
 /// The way over HBONE to `endpoint`, a Pod of another node of `namespace`, as the client's
 /// workload identity. A client without one (no Pod of this node) goes directly, as ztunnel
 /// carries only the Pods it captures.
@@ -333,10 +340,7 @@ fn to_other_node(
     namespace: &str,
     endpoint: SocketAddr,
 ) -> Option<Via> {
-    let w = who.workload?;
-    let client = context
-        .hbone
-        .identity(&w.meta.namespace, w.service_account.as_deref()?)?;
+    let client = workload_identity(&context.hbone, who.workload?)?;
     Some(Via {
         client,
         peer_namespace: namespace.to_string(),
@@ -357,11 +361,10 @@ fn through_waypoint(
     result: &mut ConnectionResult<'_>,
 ) -> Result<Route, Refused> {
     result.waypoint = Some(Name::from(waypoint.name));
-    let identity = who.workload.and_then(|w| {
-        let account = w.service_account.as_deref()?;
-        context.hbone.identity(&w.meta.namespace, account)
-    });
-    let Some(client) = identity else {
+    let Some(client) = who
+        .workload
+        .and_then(|w| workload_identity(&context.hbone, w))
+    else {
         context.hbone.metrics.tunnel("no_identity");
         debug!(client = %peer, orig_dst = %orig, "no workload identity for the client of a waypoint-bound service; resetting it");
         return Err(Refused::error("no workload identity for the waypoint"));

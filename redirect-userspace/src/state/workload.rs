@@ -9,7 +9,7 @@ use std::{
 };
 
 use crate::{
-    config::{DATAPLANE_MODE_LABEL, PodGroup, PodsElsewhere, Workload, WorkloadKind},
+    config::{PodGroup, PodsElsewhere, Workload, WorkloadKind, opts_out_of_capture},
     visibility::Discovery,
 };
 
@@ -180,11 +180,11 @@ impl WorkloadStore {
         // An address several Pods have is a node's (its hostNetwork Pods'): no Pod's data plane
         // stands there. (A node with a single hostNetwork Pod is not told apart: `hostNetwork` is
         // not read.)
-        if self.by_ip.get(&ip).is_some_and(|slot| slot.shared) || self.elsewhere_by_ip.is_shared(ip)
-        {
+        let slot = self.by_ip.get(&ip);
+        if slot.is_some_and(|slot| slot.shared) || self.elsewhere_by_ip.is_shared(ip) {
             return None;
         }
-        if let Some(i) = self.by_ip.get(&ip).and_then(|slot| slot.reachable) {
+        if let Some(i) = slot.and_then(|slot| slot.reachable) {
             let w = &self.workloads[i as usize];
             // Another node's, by name; or held without an identity, as an API source holds the
             // other nodes' Pods a selector picks.
@@ -197,11 +197,7 @@ impl WorkloadStore {
         }
         let (group, i) = self.elsewhere_by_ip.get(ip)?;
         let pod = self.elsewhere[group as usize].get(i as usize)?;
-        let opted_out = pod
-            .labels
-            .get(DATAPLANE_MODE_LABEL)
-            .is_some_and(|mode| mode == "none");
-        (!opted_out).then_some(&**pod.namespace)
+        (!opts_out_of_capture(pod.labels)).then_some(&**pod.namespace)
     }
 
     /// The Pod of this node at `ip` whose identity the agent presents to HBONE peers: one with a
