@@ -206,10 +206,9 @@ impl Scene {
         let identities = identity_dir(&config_dir.to_string_lossy());
         ca.write_identity_dir(Path::new(&identities), &[(ns, "default")], CERT_LIFETIME)?;
         let files = self.topo.scratch_path("waypoint-certs");
-        ca.write_server_files(&files, ns, WAYPOINT_NAME, CERT_LIFETIME)?;
+        let tls = ca.write_server_files(&files, ns, WAYPOINT_NAME, CERT_LIFETIME)?;
 
         self.topo.ensure_ext_address(WAYPOINT_IP)?;
-        let file = |name: &str| files.join(name).to_string_lossy().into_owned();
         let listen = SocketAddrV4::new(WAYPOINT_IP, HBONE_PORT);
         let mut args: Vec<String> = [
             "hbone",
@@ -217,15 +216,10 @@ impl Scene {
             WAYPOINT_NAME,
             "--listen",
             &listen.to_string(),
-            "--cert",
-            &file("cert-chain.pem"),
-            "--key",
-            &file("key.pem"),
-            "--root",
-            &file("root-cert.pem"),
         ]
         .map(String::from)
         .to_vec();
+        args.extend(tls);
         for port in [HTTP_PORT, IPERF_PORT, SOCKPERF_PORT] {
             args.push("--route".into());
             args.push(format!(

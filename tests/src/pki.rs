@@ -237,20 +237,29 @@ impl TestCa {
         write_atomic(&dir.join("root-cert.pem"), &self.root_pem, 0o644)
     }
 
-    /// Writes `cert-chain.pem`, `key.pem` and `root-cert.pem` flat into `dir` (for
-    /// `rdt-peer hbone`), each atomically.
+    /// Writes `cert-chain.pem`, `key.pem` and `root-cert.pem` flat into `dir`, each atomically,
+    /// and returns the arguments that give them to `rdt-peer hbone` or `hbone-client`
+    /// (`--cert`, `--key`, `--root`).
     pub fn write_server_files(
         &self,
         dir: &Path,
         namespace: &str,
         service_account: &str,
         valid_for: Duration,
-    ) -> Result<()> {
+    ) -> Result<Vec<String>> {
         fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let issued = self.issue(namespace, service_account, valid_for)?;
-        write_atomic(&dir.join("cert-chain.pem"), &issued.cert_chain_pem, 0o644)?;
-        write_atomic(&dir.join("key.pem"), &issued.key_pem, 0o600)?;
-        write_atomic(&dir.join("root-cert.pem"), &self.root_pem, 0o644)
+        let mut args = Vec::new();
+        for (flag, file, text, mode) in [
+            ("--cert", "cert-chain.pem", &issued.cert_chain_pem, 0o644),
+            ("--key", "key.pem", &issued.key_pem, 0o600),
+            ("--root", "root-cert.pem", &self.root_pem, 0o644),
+        ] {
+            let path = dir.join(file);
+            write_atomic(&path, text, mode)?;
+            args.extend([flag.to_string(), path.to_string_lossy().into_owned()]);
+        }
+        Ok(args)
     }
 }
 

@@ -110,19 +110,11 @@ impl Nodes {
     /// succeeded.
     fn hbone_client(&self, ca: &TestCa, name: &str, authority: &str) -> Result<(String, bool)> {
         let files = self.a.scratch_path(name);
-        ca.write_server_files(&files, "team-a", "default", DAY)?;
-        let file = |f: &str| files.join(f).to_string_lossy().to_string();
+        let tls = ca.write_server_files(&files, "team-a", "default", DAY)?;
         let out = peer::cmd(self.a.node())?
+            .args(["hbone-client", "--connect", &format!("{}:15008", B1.1)])
+            .args(tls)
             .args([
-                "hbone-client",
-                "--connect",
-                &format!("{}:15008", B1.1),
-                "--cert",
-                &file("cert-chain.pem"),
-                "--key",
-                &file("key.pem"),
-                "--root",
-                &file("root-cert.pem"),
                 "--authority",
                 authority,
                 "--send",

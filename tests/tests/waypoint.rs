@@ -85,23 +85,12 @@ fn stand_in(
 ) -> Result<Proc> {
     let files = w.topo.scratch_path(&format!("waypoint-{name}"));
     std::fs::create_dir_all(&files)?;
-    ca.write_server_files(&files, namespace, account, DAY)?;
+    let tls = ca.write_server_files(&files, namespace, account, DAY)?;
     w.topo.ensure_ext_address(ip.parse::<std::net::IpAddr>()?)?;
     let listen = format!("{ip}:15008");
-    let file = |f: &str| files.join(f).to_string_lossy().to_string();
-    let mut cmd = peer::cmd(w.topo.ext())?.args([
-        "hbone",
-        "--name",
-        name,
-        "--listen",
-        &listen,
-        "--cert",
-        &file("cert-chain.pem"),
-        "--key",
-        &file("key.pem"),
-        "--root",
-        &file("root-cert.pem"),
-    ]);
+    let mut cmd = peer::cmd(w.topo.ext())?
+        .args(["hbone", "--name", name, "--listen", &listen])
+        .args(tls);
     for (authority, endpoint) in routes {
         cmd = cmd.args(["--route", &format!("{authority}={endpoint}")]);
     }
