@@ -12,6 +12,15 @@ pub const DNS_PROXY_PORT: u16 = 15053;
 pub const DNS_PORT: u16 = 53;
 /// `SO_MARK` the agent puts on its own upstream sockets; the programs never redirect a socket carrying it.
 pub const AGENT_SOCKET_MARK: u32 = 0x0001_5001;
+/// The HBONE port: peers dial a Pod's address on it.
+pub const HBONE_PORT: u16 = 15008;
+/// The bit `hbone_replies` sets in `skb->mark` of a packet that answers one of the agent's sockets
+/// bound to an address not its own (a Pod's); a policy rule delivers such packets in the node's
+/// netns. Clear of kube-proxy's (0x4000, 0x8000), Calico's (0xffff0000), Cilium's (0x0f00) and
+/// the agent's own socket mark.
+pub const HBONE_REPLY_MARK: u32 = 0x80;
+/// Addresses in `HBONE_SOURCES`, at most: other nodes' Pods sending to this node's at one time.
+pub const HBONE_SOURCES_ENTRIES: u32 = 65_536;
 
 /// Names of the maps in the eBPF object.
 pub mod maps {
@@ -67,6 +76,10 @@ pub mod maps {
     pub const FAST_WORKLOADS: &str = "FAST_WORKLOADS";
     /// An array of two [`super::fastpath::Config`]s, one per generation.
     pub const FAST_CONFIG: &str = "FAST_CONFIG";
+    /// IPv4 address (network order, as in the packet) -> 1: another node's Pod the agent sends
+    /// from to this node's Pods (HBONE received, carried on with the sender's address). Kept by
+    /// the agent; the agent's own, not pinned.
+    pub const HBONE_SOURCES: &str = "HBONE_SOURCES";
 }
 
 /// Names of the programs in the eBPF object (the function names).
@@ -82,6 +95,9 @@ pub mod programs {
     pub const SOCK_OPS: &str = "sock_ops";
     /// cgroup/sock_create, run once at start on kernels before 5.14 (see `NETNS_PROBE`).
     pub const NETNS_PROBE: &str = "netns_probe";
+    /// tc ingress on the node's links, with `--hbone-between-nodes`: marks the packets that
+    /// answer the agent's sockets bound to a Pod's address ([`super::HBONE_REPLY_MARK`]).
+    pub const HBONE_REPLIES: &str = "hbone_replies";
 }
 
 /// Names of the read-only globals the agent sets at load time.

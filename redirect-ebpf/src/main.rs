@@ -11,6 +11,8 @@
 //! - `getpeername4`/`getpeername6`, `recvmsg4`/`recvmsg6`: the application still sees the peer it
 //!   asked for.
 //! - `netns_probe`: run once at start on kernels before 5.14, to learn the node's netns cookie.
+//! - `hbone_replies`: tc ingress on the node's links (not the cgroup), with HBONE between nodes:
+//!   marks the answers to the agent's sockets bound to a Pod's address.
 #![no_std]
 #![no_main]
 #![expect(
@@ -25,6 +27,7 @@ mod connect6;
 mod fastpath;
 mod getpeername4;
 mod getpeername6;
+mod hbone_replies;
 mod inet6;
 mod maps;
 mod netns_probe;

@@ -6,8 +6,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf},
 };
 use redirect_common::{
-    FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, FlowEnds, OPTED_OUT_MAP_ENTRIES, OrigDst,
-    SockAddr, Stat,
+    FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, FlowEnds, HBONE_SOURCES_ENTRIES,
+    OPTED_OUT_MAP_ENTRIES, OrigDst, SockAddr, Stat,
     fastpath::{
         AUDITED_ENTRIES, AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes,
         PortKey,
@@ -76,6 +76,12 @@ pub(crate) static SOCKET_RECORD: SkStorage<ConnRecord> = SkStorage::new();
 /// closes. Bounded: when the agent falls behind, records are lost (and counted), never waited for.
 #[map]
 pub(crate) static CONN_RECORDS: RingBuf = RingBuf::with_byte_size(RECORDS_BYTES, 0);
+
+/// Other nodes' Pods the agent sends from to this node's Pods (network-order IPv4 -> 1), kept by
+/// the agent for `hbone_replies`. Empty without HBONE between nodes.
+#[map]
+pub(crate) static HBONE_SOURCES: HashMap<u32, u8> =
+    HashMap::with_max_entries(HBONE_SOURCES_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// How many of the kernel's decisions are recorded: 0 none, 1 all, N one in N (set by the agent).
 #[map]

@@ -2,7 +2,7 @@
 //! never steer the agent's connections back to itself (even if it ran inside the attached cgroup).
 use std::{
     io,
-    net::{Ipv4Addr, Ipv6Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     time::Duration,
 };
 
@@ -77,12 +77,59 @@ pub(crate) async fn connect(
     buffer: Option<usize>,
 ) -> io::Result<TcpStream> {
     let socket = sockets.tcp(dst)?;
-    socket.set_tcp_nodelay(true)?;
-    socket.set_tcp_keepalive(&keepalive())?;
     if let Some(bytes) = buffer {
         socket.set_send_buffer_size(bytes)?;
         socket.set_recv_buffer_size(bytes)?;
     }
+    dial(socket, dst, timeout).await
+}
+
+/// As [`connect`], from `src`: an address the node's netns does not own (a Pod's, the source kept
+/// across nodes). The socket is transparent (`IP_TRANSPARENT`, `CAP_NET_ADMIN`); its port is
+/// chosen at connect, as any other's, by the whole four-tuple. The answers reach it only through
+/// the marking and the rule of `redirect::hbone_replies`.
+pub(crate) async fn connect_from(
+    sockets: &dyn SocketFactory,
+    src: IpAddr,
+    dst: SocketAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let socket = sockets.tcp(dst)?;
+    match src {
+        IpAddr::V4(_) => socket.set_ip_transparent_v4(true)?,
+        IpAddr::V6(_) => socket.set_ip_transparent_v6(true)?,
+    }
+    bind_address_no_port(&socket)?;
+    socket.bind(&SocketAddr::new(src, 0).into())?;
+    dial(socket, dst, timeout).await
+}
+
+/// `IP_BIND_ADDRESS_NO_PORT`: a bind to an address leaves the port to connect, which may give one
+/// port to many destinations (a bind alone would take it for all).
+fn bind_address_no_port(socket: &Socket) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let on: libc::c_int = 1;
+    // SAFETY: a valid descriptor owned by `socket`, and a pointer to an int that lives across the
+    // call, with its size.
+    let set = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            (&raw const on).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match set {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Connects `socket` to `dst` with the options every upstream has, given up after `timeout`.
+async fn dial(socket: Socket, dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    socket.set_tcp_nodelay(true)?;
+    socket.set_tcp_keepalive(&keepalive())?;
     let socket = TcpSocket::from_std_stream(socket.into());
     match tokio::time::timeout(timeout, socket.connect(dst)).await {
         Ok(result) => result,

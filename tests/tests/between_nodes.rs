@@ -2,7 +2,8 @@
 //! with its own agent, joined by a link. A Pod's connection to a Pod of the other node goes over
 //! HBONE (mutual TLS, HTTP/2 `CONNECT` to `<pod IP>:15008`) as the client's workload identity; the
 //! other node's agent receives it as the destination Pod's identity, checks the sender against
-//! the trust domain, and carries the stream to the Pod.
+//! the trust domain, and carries the stream to the Pod. Each Pod sees the other's address, as with
+//! ztunnel: the sender dials from its Pod's address, the receiver carries the stream on from it.
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -140,11 +141,25 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
         "a1 -> b1 through team-b's entry: {body:?}"
     );
 
+    // b1 sees a1's own address, not a node's; a1 sees b1's (its socket is b1's, so its
+    // getpeername is b1 whatever the path, but the bytes came back, so the answers were carried).
+    for url in [
+        format!("http://{B1_WEB}/peer"),
+        format!("http://{WEB_VIP}/peer"),
+    ] {
+        let seen = n.curl_from_a1(&url)?;
+        ensure!(
+            seen.starts_with(&format!("{}:", A1.1)),
+            "b1 saw {seen:?} for {url}, not a1's address {}",
+            A1.1
+        );
+    }
+
     let sent = n.agent_a.metrics()?.get_or_zero(TUNNELS_OK);
-    ensure!(sent >= 2.0, "node a's agent opened {sent} tunnels");
+    ensure!(sent >= 4.0, "node a's agent opened {sent} tunnels");
     let received = n.agent_b.metrics()?.get_or_zero(&inbound("ok"));
     ensure!(
-        received >= 2.0,
+        received >= 4.0,
         "node b's agent received {received} streams"
     );
     let from_a1 = format!("spiffe://{TRUST_DOMAIN}/ns/team-a/sa/default");
@@ -154,8 +169,10 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
         .filter(|l| l.contains(" inbound") && l.contains(&from_a1))
         .collect();
     ensure!(
-        lines.iter().any(|l| l.contains(B1_WEB)),
-        "node b's access log names a1's identity and b1; log:\n{log}"
+        lines
+            .iter()
+            .any(|l| l.contains(B1_WEB) && l.contains(&format!("client={}:", A1.1))),
+        "node b's access log names a1's identity, a1's address and b1; log:\n{log}"
     );
     Ok(())
 }
@@ -232,12 +249,23 @@ fn other_ports_pass_to_the_pod_and_the_routing_goes_with_the_agent() -> Result<(
         .context("plain HTTP from node a to b1")?
         .stdout_str();
     ensure!(body.trim() == "web-b1", "plain to b1: {body:?}");
-    agent_b.stop()?;
     ensure!(
-        !rules()?.contains("15008"),
-        "the rule is gone: {}",
+        rules()?.contains("fwmark 0x80/0x80 lookup 15009"),
+        "the rule for answers is in place: {}",
         rules()?
     );
+    agent_b.stop()?;
+    let left = rules()?;
+    ensure!(
+        !left.contains("15008") && !left.contains("15009"),
+        "the rules are gone: {left}"
+    );
+    let table = b
+        .node_cmd("ip")
+        .args(["route", "show", "table", "15009"])
+        .output()?
+        .stdout_str();
+    ensure!(table.trim().is_empty(), "table 15009 is empty: {table}");
     drop((agent_a, _web));
     Ok(())
 }

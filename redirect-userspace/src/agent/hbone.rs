@@ -1,7 +1,8 @@
 //! The agent's HBONE parts: the client with the Pods' certificates from the source configured,
 //! and, with `--hbone-between-nodes`, the receiving side for this node's Pods: the transparent
-//! listener on 15008, and the routes that bring it what peers send to the Pods, kept in step with
-//! the Pods of each snapshot.
+//! listener on 15008, the routes that bring it what peers send to the Pods, kept in step with the
+//! Pods of each snapshot, and the marking of the answers to sockets bound to Pods' addresses, kept
+//! on every link of the node.
 use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -18,25 +19,83 @@ use crate::{
     hbone::HboneClient,
     live::LiveState,
     proxy::{ProxyContext, listen_transparent, serve_inbound},
-    redirect::pod_routes::PodRoutes,
+    redirect::{
+        Redirector,
+        hbone_replies::{HboneSources, ReplyMarker},
+        pod_routes::PodRoutes,
+    },
 };
 
-/// The listener and the routing, in place before the agent calls itself ready.
-pub(super) struct Receiving {
+/// The listener and the routing, in place before the programs are attached.
+pub(super) struct Prepared {
     listener: TcpListener,
     routes: PodRoutes,
 }
 
-/// Listens on 15008 (beside a predecessor's listener during a hand-over) and puts the routing in
-/// place. Fails when either cannot be had: `CAP_NET_ADMIN` in the node's netns is needed.
-pub(super) async fn prepare() -> anyhow::Result<Receiving> {
+/// The listener, the routing and the marking, in place before the agent calls itself ready.
+pub(super) struct Receiving {
+    listener: TcpListener,
+    routing: Routing,
+    sources: Arc<HboneSources>,
+}
+
+/// What is kept in step with the node: routes for its Pods, the marking on its links.
+struct Routing {
+    routes: PodRoutes,
+    marker: ReplyMarker,
+}
+
+/// With HBONE between nodes, listens on 15008 (beside a predecessor's listener during a
+/// hand-over) and puts the routing in place. Fails when either cannot be had: `CAP_NET_ADMIN` in
+/// the node's netns is needed.
+pub(super) async fn prepare(config: &AgentConfig) -> anyhow::Result<Option<Prepared>> {
+    if config.hbone_node.is_none() {
+        return Ok(None);
+    }
     let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, crate::hbone::PORT));
     let listener = listen_transparent(addr)
         .with_context(|| format!("listening for HBONE on {addr} (IP_TRANSPARENT)"))?;
     let routes = PodRoutes::install(crate::hbone::PORT)
         .await
         .context("routing HBONE for this node's Pods to the agent (rule and table 15008)")?;
-    Ok(Receiving { listener, routes })
+    Ok(Some(Prepared { listener, routes }))
+}
+
+/// What was prepared, with the marking of answers loaded from the agent's object and put on the
+/// node's links.
+pub(super) async fn marking_replies(
+    prepared: Option<Prepared>,
+    redirector: &Redirector,
+) -> anyhow::Result<Option<Receiving>> {
+    match prepared {
+        Some(prepared) => Ok(Some(prepared.marking_replies(redirector).await?)),
+        None => Ok(None),
+    }
+}
+
+impl Prepared {
+    async fn marking_replies(self, redirector: &Redirector) -> anyhow::Result<Receiving> {
+        let (mut marker, sources) = redirector
+            .hbone_replies()
+            .context("loading hbone_replies (HBONE between nodes keeps the Pods' addresses)")?;
+        let links = marker
+            .sync()
+            .await
+            .context("listing the node's links for hbone_replies")?;
+        info!(
+            links = links.on,
+            failed = links.missing,
+            "answers to the agent's HBONE sockets are marked on the node's links"
+        );
+        Ok(Receiving {
+            listener: self.listener,
+            routing: Routing {
+                routes: self.routes,
+                marker,
+            },
+            sources,
+        })
+    }
 }
 
 impl Receiving {
@@ -55,16 +114,22 @@ impl Receiving {
             tokio::spawn(serve_inbound(
                 self.listener,
                 proxy.clone(),
+                self.sources,
                 lifecycle.serving(),
             )),
-            tokio::spawn(keep_routes(self.routes, live, lifecycle.serving())),
+            tokio::spawn(keep_routing(self.routing, live, lifecycle.serving())),
         ]
     }
 }
 
-/// Syncs the routes with each snapshot until the agent stops: then takes them away, unless a
-/// successor took over (it put them in place again as it started, and serves them now).
-async fn keep_routes(mut routes: PodRoutes, live: Arc<LiveState>, mut stop: Watcher) {
+/// Syncs the routes and the marking with each snapshot (a new Pod comes with a new link) until
+/// the agent stops: then takes the routing away, unless a successor took over (it put it in
+/// place again as it started, and serves it now). The marking goes with the agent's object.
+async fn keep_routing(routing: Routing, live: Arc<LiveState>, mut stop: Watcher) {
+    let Routing {
+        mut routes,
+        mut marker,
+    } = routing;
     let mut applied = live.applied();
     loop {
         let pods: BTreeSet<Ipv4Addr> = live
@@ -75,13 +140,20 @@ async fn keep_routes(mut routes: PodRoutes, live: Arc<LiveState>, mut stop: Watc
                 IpAddr::V6(_) => None,
             })
             .collect();
-        let failed = match routes.sync(pods).await {
+        let mut failed = match routes.sync(pods).await {
             Ok(()) => false,
             Err(e) => {
                 warn!(error = %e, "routing HBONE to this node's Pods failed; tried again in 5 s or with the next change");
                 true
             }
         };
+        match marker.sync().await {
+            Ok(links) => failed |= links.missing > 0,
+            Err(e) => {
+                warn!(error = %e, "listing the node's links for hbone_replies failed; tried again in 5 s or with the next change");
+                failed = true;
+            }
+        }
         let retry = async {
             match failed {
                 true => tokio::time::sleep(std::time::Duration::from_secs(5)).await,

@@ -217,10 +217,7 @@ async fn start(
     let inputs = start_inputs(config, &families).await?;
     let live = inputs.live.clone();
     let hbone = hbone::client(config, &live, &families)?;
-    let receiving = match config.hbone_node {
-        Some(_) => Some(hbone::prepare().await?),
-        None => None,
-    };
+    let prepared = hbone::prepare(config).await?;
     let lifecycle = Arc::new(Lifecycle::default());
     // One upstream (and its shared UDP sockets) for the DNS proxy and endpoint resolution.
     let upstream = Arc::new(Upstream::new(config.dns_upstream));
@@ -242,6 +239,7 @@ async fn start(
         mut opt_out,
     } = attach(config, &live, &upstream, &families, predecessor.is_some()).await?;
     let redirector = starting.redirector()?;
+    let receiving = hbone::marking_replies(prepared, redirector).await?;
     // Pods that opted out are left alone before the agent calls itself ready.
     opt_out.sync().await;
     visible_names.use_kernel(redirector.maps(), cgroups.clone());

@@ -5,7 +5,7 @@
 use std::{
     collections::HashMap,
     io,
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     pin::Pin,
     sync::{
         Arc, Mutex,
@@ -151,12 +151,14 @@ impl Pooled {
     }
 }
 
-/// One pooled connection: by client identity, waypoint, the namespace its certificate was checked
-/// against, the certificate configuration in use, and which of the connections side by side (a
-/// new one each [`MAX_STREAMS`] tunnels at once).
+/// One pooled connection: by client identity, the address it is dialled from (a Pod's, or the
+/// node's), waypoint, the namespace its certificate was checked against, the certificate
+/// configuration in use, and which of the connections side by side (a new one each
+/// [`MAX_STREAMS`] tunnels at once).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct PoolKey {
     client: Identity,
+    source: Option<IpAddr>,
     waypoint: SocketAddr,
     waypoint_namespace: String,
     config: usize,
@@ -207,16 +209,18 @@ impl HboneClient {
     }
 
     /// A tunnel to `authority` through the waypoint at `waypoint` (of namespace
-    /// `waypoint_namespace`), as `client`. Counted by result.
+    /// `waypoint_namespace`), as `client`, its connection dialled from `source` when given (the
+    /// client Pod's address; the node's otherwise). Counted by result.
     pub(crate) async fn tunnel(
         &self,
         client: &Identity,
+        source: Option<IpAddr>,
         waypoint: SocketAddr,
         waypoint_namespace: &str,
         authority: SocketAddr,
     ) -> Result<Tunnel, HboneError> {
         let result = self
-            .open(client, waypoint, waypoint_namespace, authority)
+            .open(client, source, waypoint, waypoint_namespace, authority)
             .await;
         self.metrics.tunnel(match &result {
             Ok(_) => "ok",
@@ -228,6 +232,7 @@ impl HboneClient {
     async fn open(
         &self,
         client: &Identity,
+        source: Option<IpAddr>,
         waypoint: SocketAddr,
         waypoint_namespace: &str,
         authority: SocketAddr,
@@ -238,6 +243,7 @@ impl HboneClient {
             .await?;
         let key = PoolKey {
             client: client.clone(),
+            source,
             waypoint,
             waypoint_namespace: waypoint_namespace.to_string(),
             config: Arc::as_ptr(&config) as usize,
@@ -260,7 +266,7 @@ impl HboneClient {
             }
         };
         let mut sender = pooled
-            .sender(|| self.connect(config.client.clone(), waypoint, waypoint_namespace))
+            .sender(|| self.connect(config.client.clone(), source, waypoint, waypoint_namespace))
             .await?;
         let request = Request::builder()
             .method(Method::CONNECT)
@@ -288,12 +294,16 @@ impl HboneClient {
     async fn connect(
         &self,
         config: Arc<rustls::ClientConfig>,
+        source: Option<IpAddr>,
         waypoint: SocketAddr,
         waypoint_namespace: &str,
     ) -> Result<SendRequest<Empty<Bytes>>, HboneError> {
-        let tcp = crate::net::connect(&*self.sockets, waypoint, HANDSHAKE_TIMEOUT, None)
-            .await
-            .map_err(HboneError::Connect)?;
+        let sockets = &*self.sockets;
+        let tcp = match source {
+            Some(ip) => crate::net::connect_from(sockets, ip, waypoint, HANDSHAKE_TIMEOUT).await,
+            None => crate::net::connect(sockets, waypoint, HANDSHAKE_TIMEOUT, None).await,
+        }
+        .map_err(HboneError::Connect)?;
         let connector = tokio_rustls::TlsConnector::from(config);
         let handshake = connector.connect(ServerName::IpAddress(waypoint.ip().into()), tcp);
         let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)

@@ -21,7 +21,7 @@ pub(crate) use metrics::HboneMetrics;
 pub(crate) use source::{CertSource, IdentityError, WorkloadCerts};
 
 /// The port a waypoint (and ztunnel) accepts HBONE on.
-pub(crate) const PORT: u16 = 15008;
+pub(crate) const PORT: u16 = redirect_common::HBONE_PORT;
 
 /// HTTP/2 flow control and framing of HBONE connections, both ways, as ztunnel sets them: a stream
 /// may have 4 MiB in flight and a connection 16 MiB, in frames of up to 1 MiB. HTTP/2's defaults

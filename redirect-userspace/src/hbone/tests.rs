@@ -208,7 +208,13 @@ async fn a_tunnel_carries_bytes_to_the_authority_as_the_client_identity() {
     let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
     for text in ["first", "second"] {
         let mut tunnel = hbone
-            .tunnel(&identity("team-a", "sleep"), addr, "team-a", authority)
+            .tunnel(
+                &identity("team-a", "sleep"),
+                None,
+                addr,
+                "team-a",
+                authority,
+            )
             .await
             .unwrap();
         assert_eq!(echo(&mut tunnel, text).await, text);
@@ -239,7 +245,12 @@ async fn past_a_hundred_open_tunnels_another_connection_is_opened_beside_the_fir
     let who = identity("team-a", "sleep");
     let mut open = Vec::new();
     for _ in 0..101 {
-        open.push(hbone.tunnel(&who, addr, "team-a", authority).await.unwrap());
+        open.push(
+            hbone
+                .tunnel(&who, None, addr, "team-a", authority)
+                .await
+                .unwrap(),
+        );
     }
     assert_eq!(hbone.metrics.connections(), 2);
     assert_eq!(
@@ -247,7 +258,10 @@ async fn past_a_hundred_open_tunnels_another_connection_is_opened_beside_the_fir
         "on the second"
     );
     open.truncate(50);
-    let mut next = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
+    let mut next = hbone
+        .tunnel(&who, None, addr, "team-a", authority)
+        .await
+        .unwrap();
     assert_eq!(
         echo(&mut next, "on the first again").await,
         "on the first again"
@@ -268,14 +282,16 @@ async fn a_waypoint_of_another_trust_domain_or_namespace_is_refused_and_counted(
 
     // Its certificate chains to another root.
     let (foreign, seen) = waypoint(&ca, other.leaf("team-a", "waypoint")).await;
-    let refused = hbone.tunnel(&who, foreign, "team-a", authority).await;
+    let refused = hbone.tunnel(&who, None, foreign, "team-a", authority).await;
     assert!(matches!(refused, Err(HboneError::Tls(_))), "{refused:?}");
     assert_eq!(hbone.metrics.tunnels("tls_refused"), 1);
     assert!(seen.lock().unwrap().is_empty());
 
     // Our root, but an identity of another namespace than the waypoint's.
     let (elsewhere, seen) = waypoint(&ca, ca.leaf("team-b", "waypoint")).await;
-    let refused = hbone.tunnel(&who, elsewhere, "team-a", authority).await;
+    let refused = hbone
+        .tunnel(&who, None, elsewhere, "team-a", authority)
+        .await;
     assert!(
         matches!(refused, Err(HboneError::Peer { .. })),
         "{refused:?}"
@@ -297,6 +313,7 @@ async fn a_waypoint_refuses_a_client_of_another_trust_domain() {
     let refused = hbone
         .tunnel(
             &identity("team-a", "sleep"),
+            None,
             addr,
             "team-a",
             "203.0.113.10:80".parse().unwrap(),
@@ -316,7 +333,10 @@ async fn a_rotated_certificate_is_used_by_the_next_connection_and_none_fails() {
     let hbone = client(&dir, "cluster.local");
     let who = identity("team-a", "sleep");
     let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
-    let mut open = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
+    let mut open = hbone
+        .tunnel(&who, None, addr, "team-a", authority)
+        .await
+        .unwrap();
     let identities = hbone.identities.clone().unwrap();
     let before = identities.tls("team-a", "sleep").await.unwrap();
 
@@ -327,7 +347,10 @@ async fn a_rotated_certificate_is_used_by_the_next_connection_and_none_fails() {
     let after = identities.tls("team-a", "sleep").await.unwrap();
     assert!(!Arc::ptr_eq(&before, &after), "the new files were not read");
 
-    let mut next = hbone.tunnel(&who, addr, "team-a", authority).await.unwrap();
+    let mut next = hbone
+        .tunnel(&who, None, addr, "team-a", authority)
+        .await
+        .unwrap();
     assert_eq!(echo(&mut next, "after").await, "after");
     // The tunnel opened before the rotation still works.
     assert_eq!(echo(&mut open, "before").await, "before");
@@ -381,14 +404,17 @@ async fn a_pooled_connection_serves_only_the_namespace_it_was_checked_for_and_wa
     // Alternating between two waypoints: one connection to each, kept.
     for round in 0..3 {
         for (at, namespace) in [(team_a, "team-a"), (egress, "istio-system")] {
-            let mut open = hbone.tunnel(&who, at, namespace, authority).await.unwrap();
+            let mut open = hbone
+                .tunnel(&who, None, at, namespace, authority)
+                .await
+                .unwrap();
             assert_eq!(echo(&mut open, "x").await, "x", "round {round}");
         }
     }
     assert_eq!(hbone.metrics.connections(), 2);
     // The same address expected to be another namespace's waypoint: checked again, refused,
     // though a connection to it is pooled.
-    let wrong = hbone.tunnel(&who, team_a, "team-b", authority).await;
+    let wrong = hbone.tunnel(&who, None, team_a, "team-b", authority).await;
     assert!(
         matches!(wrong, Err(HboneError::Peer { .. })),
         "{:?}",

@@ -2,11 +2,12 @@
 //! Pod of this node on port 15008; the routing the agent set up delivers that connection here,
 //! to the address the peer dialled. The agent answers as that Pod's workload identity, takes only
 //! peers of the mesh's trust domain, and carries each `CONNECT` stream to the Pod, on the port the
-//! stream names, logging who sent it.
+//! stream names, logging who sent it. A stream from another node's Pod reaches the Pod from the
+//! sender's address, as ztunnel carries it (`redirect::hbone_replies` brings the answers back).
 use std::{
     convert::Infallible,
     io,
-    net::{IpAddr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -16,13 +17,14 @@ use http_body_util::Empty;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{ProxyContext, RelayError, relay::Carried, tunnel_relay::relay_tunnel};
 use crate::{
     hbone::{self, Identity},
-    net::CONNECT_TIMEOUT,
+    net::{CONNECT_TIMEOUT, connect_from},
     records::Received,
+    redirect::hbone_replies::{HboneSources, SourceHeld},
 };
 
 /// How long a peer may take over the TLS handshake.
@@ -47,17 +49,19 @@ pub(crate) fn listen_transparent(addr: SocketAddr) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// Serves HBONE on `listener` until `shutdown`.
+/// Serves HBONE on `listener` until `shutdown`; the senders' addresses the agent carries streams
+/// on from are held in `sources` while they are used.
 pub(crate) async fn serve(
     listener: TcpListener,
     context: Arc<ProxyContext>,
+    sources: Arc<HboneSources>,
     mut shutdown: crate::drain::Watcher,
 ) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
-                    tokio::spawn(connection(context.clone(), tcp, peer));
+                    tokio::spawn(connection(context.clone(), sources.clone(), tcp, peer));
                 }
                 Err(e) => {
                     debug!(error = %e, "accepting an HBONE connection failed");
@@ -70,15 +74,21 @@ pub(crate) async fn serve(
 }
 
 /// One peer's connection: TLS as the Pod it dialled, then HTTP/2, each stream a tunnel.
-async fn connection(context: Arc<ProxyContext>, tcp: TcpStream, peer: SocketAddr) {
+async fn connection(
+    context: Arc<ProxyContext>,
+    sources: Arc<HboneSources>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+) {
     let Ok(dialled) = tcp.local_addr() else {
         return;
     };
     let metrics = &context.hbone.metrics;
-    let pod = {
+    let (pod, from_pod) = {
         let snapshot = context.live.snapshot();
         let pod = snapshot.local_pod(dialled.ip());
-        pod.and_then(|w| super::outbound::workload_identity(&context.hbone, w))
+        let pod = pod.and_then(|w| super::outbound::workload_identity(&context.hbone, w));
+        (pod, snapshot.hbone_peer(peer.ip()).is_some())
     };
     let Some(pod) = pod else {
         metrics.inbound("no_workload");
@@ -117,10 +127,15 @@ async fn connection(context: Arc<ProxyContext>, tcp: TcpStream, peer: SocketAddr
         metrics.inbound("tls_refused");
         return;
     };
+    let from = match peer.ip() {
+        IpAddr::V4(ip) if from_pod => hold_source(&sources, ip),
+        _ => None,
+    };
     let sender = Arc::new(Sender {
         source,
         peer,
         pod: dialled.ip(),
+        from,
     });
     let service = service_fn(move |request| {
         let (context, sender) = (context.clone(), sender.clone());
@@ -147,6 +162,21 @@ struct Sender {
     peer: SocketAddr,
     /// The Pod dialled: the only one its streams may reach.
     pod: IpAddr,
+    /// The address its streams reach the Pod from, held while they may: the sender's, when it is
+    /// another node's Pod. `None`: the node's.
+    from: Option<SourceHeld>,
+}
+
+/// Holds `ip` as a source to carry streams on from; `None` (the node's address is used) when the
+/// kernel's map takes no more.
+fn hold_source(sources: &Arc<HboneSources>, ip: Ipv4Addr) -> Option<SourceHeld> {
+    match sources.hold(ip) {
+        Ok(held) => Some(held),
+        Err(e) => {
+            warn!(%ip, error = %e, "cannot keep the sender's address; its streams reach the Pod from the node's");
+            None
+        }
+    }
 }
 
 /// One stream: a `CONNECT` to the Pod dialled, on the port it names (not 15008), answered `200` once the Pod
@@ -176,7 +206,11 @@ async fn stream(
         debug!(peer = %sender.peer, src_identity = %sender.source, method = %request.method(), uri = %request.uri(), "HBONE stream is not a CONNECT to the Pod dialled");
         return status(StatusCode::BAD_REQUEST);
     };
-    let upstream = crate::net::connect(&*context.sockets, target, CONNECT_TIMEOUT, None).await;
+    let sockets = &*context.sockets;
+    let upstream = match &sender.from {
+        Some(from) => connect_from(sockets, from.ip().into(), target, CONNECT_TIMEOUT).await,
+        None => crate::net::connect(sockets, target, CONNECT_TIMEOUT, None).await,
+    };
     let mut upstream = match upstream {
         Ok(upstream) => upstream,
         Err(e) => {

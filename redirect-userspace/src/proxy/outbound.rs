@@ -247,10 +247,12 @@ struct Route {
     via: Option<Via>,
 }
 
-/// A connection's way over HBONE: as whom, to a peer of which namespace, and the `CONNECT`
+/// A connection's way over HBONE: as whom, from which address (the client Pod's, to another node,
+/// as ztunnel dials; the node's to a waypoint), to a peer of which namespace, and the `CONNECT`
 /// authority (the original destination through a waypoint; the Pod and port to another node).
 struct Via {
     client: Identity,
+    source: Option<IpAddr>,
     peer_namespace: String,
     authority: SocketAddr,
 }
@@ -311,7 +313,7 @@ async fn route(
         .ok_or(Refused::error("destination refused"))?;
     let via = snapshot
         .hbone_peer(first.ip())
-        .and_then(|namespace| to_other_node(context, &who, namespace, first));
+        .and_then(|namespace| to_other_node(context, &who, peer.ip(), namespace, first));
     let first = match via {
         Some(_) => SocketAddr::new(first.ip(), crate::hbone::PORT),
         None => first,
@@ -332,17 +334,20 @@ pub(super) fn workload_identity(hbone: &HboneClient, w: &Workload) -> Option<Ide
 }
 
 /// The way over HBONE to `endpoint`, a Pod of another node of `namespace`, as the client's
-/// workload identity. A client without one (no Pod of this node) goes directly, as ztunnel
-/// carries only the Pods it captures.
+/// workload identity and from its address `from` (the receiving side carries the stream on from
+/// it: the Pod there sees this Pod's address). A client without an identity (no Pod of this node)
+/// goes directly, as ztunnel carries only the Pods it captures.
 fn to_other_node(
     context: &ProxyContext,
     who: &Client<'_>,
+    from: IpAddr,
     namespace: &str,
     endpoint: SocketAddr,
 ) -> Option<Via> {
     let client = workload_identity(&context.hbone, who.workload?)?;
     Some(Via {
         client,
+        source: Some(from.to_canonical()),
         peer_namespace: namespace.to_string(),
         authority: endpoint,
     })
@@ -378,6 +383,7 @@ fn through_waypoint(
         fallback: None,
         via: Some(Via {
             client,
+            source: None,
             peer_namespace: waypoint.namespace,
             authority: orig,
         }),
@@ -401,7 +407,13 @@ async fn carry_through_waypoint(
     });
     let tunnel = context
         .hbone
-        .tunnel(&via.client, route.first, &via.peer_namespace, via.authority)
+        .tunnel(
+            &via.client,
+            via.source,
+            route.first,
+            &via.peer_namespace,
+            via.authority,
+        )
         .await;
     let mut tunnel = match tunnel {
         Ok(tunnel) => tunnel,

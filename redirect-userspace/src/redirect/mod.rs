@@ -11,6 +11,7 @@ mod cgroup;
 pub(crate) mod counters;
 pub(crate) mod features;
 mod gateway;
+pub(crate) mod hbone_replies;
 mod held;
 mod netns;
 pub(crate) mod pins;
@@ -138,6 +139,8 @@ pub(crate) enum RedirectError {
         #[source]
         source: std::io::Error,
     },
+    #[error("a netlink socket: {0}")]
+    Netlink(#[source] std::io::Error),
     #[error("map {name}: {source}")]
     Map {
         name: &'static str,
@@ -154,7 +157,8 @@ pub(crate) struct Redirector {
     maps: Arc<RedirectMaps>,
     start: Start,
     pinned: Option<Pinned>,
-    _ebpf: Ebpf,
+    /// The loaded object: its links live with it, and `hbone_replies` is loaded from it later.
+    ebpf: Arc<Mutex<Ebpf>>,
 }
 
 /// Where this agent's links are pinned and which program it put in each.
@@ -273,12 +277,20 @@ impl Redirector {
             }),
             start,
             pinned,
-            _ebpf: ebpf,
+            ebpf: Arc::new(Mutex::new(ebpf)),
         })
     }
 
     pub(crate) fn maps(&self) -> Arc<RedirectMaps> {
         self.maps.clone()
+    }
+
+    /// Loads `hbone_replies` (HBONE between nodes): the marker to attach to the node's links, and
+    /// the sources it reads.
+    pub(crate) fn hbone_replies(
+        &self,
+    ) -> Result<(hbone_replies::ReplyMarker, Arc<hbone_replies::HboneSources>), RedirectError> {
+        hbone_replies::load(&self.ebpf)
     }
 
     pub(crate) fn start(&self) -> &Start {

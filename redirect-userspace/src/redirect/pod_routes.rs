@@ -5,9 +5,16 @@
 //! transparent listener, and any other port to a Pod is forwarded as before. A destination the
 //! table does not hold (another node's Pod, dialled by the agent itself) falls through to the
 //! next rules, so the agent's own HBONE out of the node is untouched.
+//!
+//! The agent carries a stream on from the sender's address (a Pod of another node), and a Pod of
+//! this node sends its stream to the agent from its own address. The answers to those sockets are
+//! addressed to a Pod, here or there: the node would forward them. `hbone_replies` marks them
+//! (`HBONE_REPLY_MARK`), and a second rule sends marked packets to a table holding only a `local`
+//! default route, so they are delivered in the node's netns, to the agent's socket.
 use std::{collections::BTreeSet, io, net::Ipv4Addr};
 
 use futures::TryStreamExt;
+use redirect_common::HBONE_REPLY_MARK;
 use rtnetlink::{
     Handle, IpVersion, RouteMessageBuilder,
     packet_route::{
@@ -20,6 +27,9 @@ use rtnetlink::{
 /// The agent's routing table, and its rule's priority (before the `main` table's 32766).
 const TABLE: u32 = 15008;
 const RULE_PRIORITY: u32 = 15008;
+/// The table for the answers to the agent's sockets bound to Pods' addresses, and its rule's.
+const REPLY_TABLE: u32 = 15009;
+const REPLY_RULE_PRIORITY: u32 = 15009;
 
 /// The rule and routes in place; [`PodRoutes::remove`] takes them away.
 #[derive(Debug)]
@@ -60,9 +70,32 @@ impl PodRoutes {
             loopback,
             held: BTreeSet::new(),
         };
-        if routes.rules().await.map_err(io::Error::other)?.is_empty() {
+        if routes
+            .rules(RULE_PRIORITY)
+            .await
+            .map_err(io::Error::other)?
+            .is_empty()
+        {
             routes.add_rule().await.map_err(io::Error::other)?;
         }
+        if routes
+            .rules(REPLY_RULE_PRIORITY)
+            .await
+            .map_err(io::Error::other)?
+            .is_empty()
+        {
+            routes.add_reply_rule().await.map_err(io::Error::other)?;
+        }
+        // `replace`: one a predecessor left is kept as it is.
+        let to_node = routes.reply_route();
+        routes
+            .handle
+            .route()
+            .add(to_node)
+            .replace()
+            .execute()
+            .await
+            .map_err(io::Error::other)?;
         for route in routes.routes().await.map_err(io::Error::other)? {
             let to = route.attributes.iter().find_map(|a| match a {
                 RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
@@ -104,9 +137,11 @@ impl PodRoutes {
         Ok(())
     }
 
-    /// Takes the rule and every route of the table away.
+    /// Takes the rules and every route of the tables away.
     pub(crate) async fn remove(self) -> Result<(), RoutesError> {
-        for rule in self.rules().await? {
+        let mut rules = self.rules(RULE_PRIORITY).await?;
+        rules.extend(self.rules(REPLY_RULE_PRIORITY).await?);
+        for rule in rules {
             self.handle
                 .rule()
                 .del(rule)
@@ -117,7 +152,18 @@ impl PodRoutes {
         for route in self.routes().await? {
             self.delete_route(route).await?;
         }
-        Ok(())
+        self.delete_route(self.reply_route()).await
+    }
+
+    /// `local default dev lo` in the reply table: what is looked up there is the node's own.
+    fn reply_route(&self) -> RouteMessage {
+        RouteMessageBuilder::<Ipv4Addr>::new()
+            .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
+            .table_id(REPLY_TABLE)
+            .kind(RouteType::Local)
+            .scope(RouteScope::Host)
+            .output_interface(self.loopback)
+            .build()
     }
 
     /// The `local` route of one Pod's address in the agent's table.
@@ -160,8 +206,27 @@ impl PodRoutes {
             .map_err(failed("adding the rule for HBONE to the node's Pods"))
     }
 
-    /// The agent's rules (its priority), IPv4.
-    async fn rules(&self) -> Result<Vec<RuleMessage>, RoutesError> {
+    /// Packets marked as answers to the agent's sockets look up the reply table.
+    async fn add_reply_rule(&self) -> Result<(), RoutesError> {
+        let mut add = self
+            .handle
+            .rule()
+            .add()
+            .v4()
+            .priority(REPLY_RULE_PRIORITY)
+            .table_id(REPLY_TABLE)
+            .action(RuleAction::ToTable)
+            .fw_mark(HBONE_REPLY_MARK);
+        add.message_mut()
+            .attributes
+            .push(RuleAttribute::FwMask(HBONE_REPLY_MARK));
+        add.execute().await.map_err(failed(
+            "adding the rule for answers to the agent's HBONE sockets",
+        ))
+    }
+
+    /// The agent's rules of one priority, IPv4.
+    async fn rules(&self, priority: u32) -> Result<Vec<RuleMessage>, RoutesError> {
         let rules: Vec<RuleMessage> = self
             .handle
             .rule()
@@ -172,10 +237,7 @@ impl PodRoutes {
             .map_err(failed("listing the routing rules"))?;
         Ok(rules
             .into_iter()
-            .filter(|r| {
-                r.attributes
-                    .contains(&RuleAttribute::Priority(RULE_PRIORITY))
-            })
+            .filter(|r| r.attributes.contains(&RuleAttribute::Priority(priority)))
             .collect())
     }
 

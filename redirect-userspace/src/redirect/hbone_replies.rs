@@ -1,0 +1,322 @@
+//! Source addresses kept across nodes, as ztunnel keeps them. The agent sends a Pod's connection to
+//! another node from the Pod's own address, and carries a stream it received on to a Pod of this
+//! node from the sender's address (another node's Pod), so each Pod sees the other's address, not
+//! a node's. Both sockets are bound to an address the node's netns does not own; the answers to
+//! them would be forwarded. The `hbone_replies` program, on every Ethernet link of the node, marks
+//! those answers, and the rule [`super::pod_routes`] adds delivers marked packets locally.
+//!
+//! [`ReplyMarker`] keeps the program attached to the node's links; [`HboneSources`] tells it which
+//! other nodes' Pods the agent currently sends from.
+use std::{
+    collections::{BTreeMap, HashMap as StdHashMap},
+    net::Ipv4Addr,
+    sync::{Arc, Mutex},
+};
+
+use aya::{
+    Ebpf,
+    maps::{HashMap, MapData, MapError},
+    programs::{SchedClassifier, TcAttachType, tc, tc::SchedClassifierLinkId},
+    util::KernelVersion,
+};
+use futures::TryStreamExt;
+use redirect_common::{maps, programs};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkLayerType};
+use tracing::{debug, info, warn};
+
+use super::{RedirectError, take_map};
+use crate::lock::Locked;
+
+/// The program, loaded, and the links it is attached to (by index, with the name it had).
+pub(crate) struct ReplyMarker {
+    ebpf: Arc<Mutex<Ebpf>>,
+    handle: rtnetlink::Handle,
+    attached: BTreeMap<u32, (String, SchedClassifierLinkId)>,
+}
+
+/// Loads `hbone_replies` from the agent's object and takes the map of sources it reads.
+pub(super) fn load(
+    ebpf: &Arc<Mutex<Ebpf>>,
+) -> Result<(ReplyMarker, Arc<HboneSources>), RedirectError> {
+    let name = programs::HBONE_REPLIES;
+    let mut object = ebpf.locked();
+    let program: &mut SchedClassifier = object
+        .program_mut(name)
+        .ok_or(RedirectError::MissingProgram { name })?
+        .try_into()
+        .map_err(|source| RedirectError::Program { name, source })?;
+    program
+        .load()
+        .map_err(|source| RedirectError::Program { name, source })?;
+    let map = take_map(&mut object, maps::HBONE_SOURCES, HashMap::try_from)?;
+    drop(object);
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(RedirectError::Netlink)?;
+    tokio::spawn(connection);
+    let marker = ReplyMarker {
+        ebpf: ebpf.clone(),
+        handle,
+        attached: BTreeMap::new(),
+    };
+    let map: HashMap<MapData, u32, u8> = map;
+    let sources = HboneSources::new(Box::new(map));
+    Ok((marker, sources))
+}
+
+impl ReplyMarker {
+    /// Attaches the program to every Ethernet link of the node's netns it is not on yet, and
+    /// forgets the links that are gone (their attachment went with them). A link it cannot be
+    /// attached to is logged, and counted as missing.
+    pub(crate) async fn sync(&mut self) -> Result<Links, rtnetlink::Error> {
+        let links = ethernet_links(&self.handle).await?;
+        let mut object = self.ebpf.locked();
+        let mut missing = 0;
+        let Some(Ok(program)) = object
+            .program_mut(programs::HBONE_REPLIES)
+            .map(<&mut SchedClassifier>::try_from)
+        else {
+            // `load` checked it is there, as a classifier.
+            return Ok(Links {
+                on: 0,
+                missing: links.len(),
+            });
+        };
+        self.attached.retain(|index, (name, _)| {
+            let kept = links.get(index) == Some(name);
+            if !kept {
+                debug!(link = %name, "link gone or renamed: forgetting its hbone_replies");
+            }
+            kept
+        });
+        for (index, name) in links {
+            if self.attached.contains_key(&index) {
+                continue;
+            }
+            match attach(program, &name) {
+                Ok(link) => {
+                    info!(link = %name, "marking answers to the agent's HBONE sockets on this link");
+                    self.attached.insert(index, (name, link));
+                }
+                Err(e) => {
+                    warn!(link = %name, error = %e, "attaching hbone_replies failed");
+                    missing += 1;
+                }
+            }
+        }
+        Ok(Links {
+            on: self.attached.len(),
+            missing,
+        })
+    }
+}
+
+/// The links the marking is on, and those it could not be attached to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Links {
+    pub on: usize,
+    pub missing: usize,
+}
+
+/// Attaches ingress: with TCX from 6.6, else as a filter under a `clsact` qdisc (added when the
+/// link has none).
+fn attach(
+    program: &mut SchedClassifier,
+    link: &str,
+) -> Result<SchedClassifierLinkId, aya::programs::ProgramError> {
+    let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
+    if !tcx {
+        match tc::qdisc_add_clsact(link) {
+            Ok(()) | Err(tc::TcError::AlreadyAttached) => {}
+            Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    program.attach(link, TcAttachType::Ingress)
+}
+
+/// The node's links that carry Ethernet frames (veths, bridges, the uplink, VXLAN), by index:
+/// the program reads an Ethernet header. `lo` is not one.
+async fn ethernet_links(
+    handle: &rtnetlink::Handle,
+) -> Result<BTreeMap<u32, String>, rtnetlink::Error> {
+    let links: Vec<_> = handle.link().get().execute().try_collect().await?;
+    Ok(links
+        .into_iter()
+        .filter(|l| l.header.link_layer_type == LinkLayerType::Ether)
+        .filter_map(|l| {
+            let name = l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfName(name) => Some(name.clone()),
+                _ => None,
+            })?;
+            Some((l.header.index, name))
+        })
+        .collect())
+}
+
+/// The other nodes' Pods the agent sends from, for `hbone_replies`: each held while a stream
+/// from it may be carried (an HBONE connection from it is open), counted, since several
+/// connections may come from one Pod.
+pub(crate) struct HboneSources {
+    held: Mutex<Held>,
+}
+
+/// The kernel's map and how many holds each address in it has.
+struct Held {
+    map: Box<dyn SourceMap>,
+    counts: StdHashMap<Ipv4Addr, usize>,
+}
+
+/// Where the addresses go: the kernel's map, or a set in tests.
+trait SourceMap: Send {
+    fn insert(&mut self, ip: Ipv4Addr) -> Result<(), MapError>;
+    fn remove(&mut self, ip: Ipv4Addr) -> Result<(), MapError>;
+}
+
+impl SourceMap for HashMap<MapData, u32, u8> {
+    fn insert(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
+        HashMap::insert(self, key(ip), 1, 0)
+    }
+
+    fn remove(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
+        HashMap::remove(self, &key(ip))
+    }
+}
+
+/// The map's key: the address as the packet carries it.
+fn key(ip: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(ip.octets())
+}
+
+impl std::fmt::Debug for HboneSources {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HboneSources").finish_non_exhaustive()
+    }
+}
+
+impl HboneSources {
+    fn new(map: Box<dyn SourceMap>) -> Arc<Self> {
+        Arc::new(HboneSources {
+            held: Mutex::new(Held {
+                map,
+                counts: StdHashMap::new(),
+            }),
+        })
+    }
+
+    /// Holds `ip` until the returned guard drops: the answers to sockets bound to it are marked.
+    pub(crate) fn hold(self: &Arc<Self>, ip: Ipv4Addr) -> Result<SourceHeld, MapError> {
+        let mut held = self.held.locked();
+        let Held { map, counts } = &mut *held;
+        if !counts.contains_key(&ip) {
+            map.insert(ip)?;
+        }
+        *counts.entry(ip).or_insert(0) += 1;
+        Ok(SourceHeld {
+            sources: self.clone(),
+            ip,
+        })
+    }
+
+    fn release(&self, ip: Ipv4Addr) {
+        let mut held = self.held.locked();
+        let Held { map, counts } = &mut *held;
+        let Some(count) = counts.get_mut(&ip) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&ip);
+            if let Err(e) = map.remove(ip) {
+                debug!(%ip, error = %e, "removing an HBONE source from the kernel's map failed");
+            }
+        }
+    }
+}
+
+/// One hold of an address in [`HboneSources`].
+#[derive(Debug)]
+pub(crate) struct SourceHeld {
+    sources: Arc<HboneSources>,
+    ip: Ipv4Addr,
+}
+
+impl SourceHeld {
+    pub(crate) fn ip(&self) -> Ipv4Addr {
+        self.ip
+    }
+}
+
+impl Drop for SourceHeld {
+    fn drop(&mut self) {
+        self.sources.release(self.ip);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        collections::BTreeSet,
+        sync::{Arc, Mutex},
+    };
+
+    use super::*;
+
+    /// The addresses "in the kernel", shared with the test; full after `room` of them.
+    #[derive(Clone, Default)]
+    struct Set(Arc<Mutex<BTreeSet<Ipv4Addr>>>, usize);
+
+    impl SourceMap for Set {
+        fn insert(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
+            let mut set = self.0.locked();
+            if set.len() >= self.1 {
+                return Err(MapError::OutOfBounds {
+                    index: set.len() as u32,
+                    max_entries: self.1 as u32,
+                });
+            }
+            set.insert(ip);
+            Ok(())
+        }
+
+        fn remove(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
+            self.0.locked().remove(&ip);
+            Ok(())
+        }
+    }
+
+    const A1: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 10);
+    const A2: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 11);
+
+    #[test]
+    fn an_address_stays_in_the_map_while_any_connection_from_it_holds_it() {
+        let set = Set(Arc::default(), 8);
+        let sources = HboneSources::new(Box::new(set.clone()));
+        let first = sources.hold(A1).unwrap();
+        let second = sources.hold(A1).unwrap();
+        assert_eq!(first.ip(), A1);
+        assert!(set.0.locked().contains(&A1));
+        drop(first);
+        assert!(set.0.locked().contains(&A1), "one hold is left");
+        drop(second);
+        assert!(set.0.locked().is_empty(), "the last hold took it out");
+    }
+
+    #[test]
+    fn a_full_map_refuses_the_hold_and_keeps_no_count() {
+        let set = Set(Arc::default(), 1);
+        let sources = HboneSources::new(Box::new(set.clone()));
+        let held = sources.hold(A1).unwrap();
+        assert!(sources.hold(A2).is_err());
+        drop(held);
+        assert!(set.0.locked().is_empty());
+        // Room again: A2 is taken now, and counted from zero.
+        let again = sources.hold(A2).unwrap();
+        assert_eq!(set.0.locked().iter().copied().collect::<Vec<_>>(), [A2]);
+        drop(again);
+        assert!(set.0.locked().is_empty());
+    }
+
+    #[test]
+    fn the_key_is_the_address_as_the_packet_carries_it() {
+        assert_eq!(key(A1).to_ne_bytes(), [10, 244, 1, 10]);
+    }
+}
