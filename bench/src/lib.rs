@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
+mod between_nodes;
 mod chart;
 pub mod cmd;
 mod control;
@@ -84,6 +85,11 @@ pub struct BenchArgs {
     /// picks); print their table. Writes no files.
     #[arg(long, conflicts_with_all = ["at_size_only", "audit_only", "records_only"])]
     waypoint_only: bool,
+    /// Measure only Pod to Pod between two nodes, directly and over HBONE (an agent on each node
+    /// with `--hbone-between-nodes`), with the one-stream throughput, latency and new-connections
+    /// tests; print their table. Writes no files.
+    #[arg(long, conflicts_with_all = ["at_size_only", "audit_only", "records_only", "waypoint_only", "only"])]
+    between_nodes_only: bool,
     /// Measure only the cluster as the source at scale (`run --kube`: 1,000 Namespaces, 10,000 Pods,
     /// 10,000 ServiceEntries) and write its section of BENCHMARKS.md, leaving the rest of the file as
     /// it is. A full run measures it too.
@@ -127,6 +133,9 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
         return kube_phase(built);
     }
     let settings = if args.quick { QUICK } else { FULL };
+    if args.between_nodes_only {
+        return between_nodes::measure(&built.peer, settings);
+    }
     let root = &built.workspace;
     let peer = &built.peer;
     let mut machine = machine::Machine::probe();

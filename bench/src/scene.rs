@@ -369,8 +369,9 @@ pub(crate) fn agent_command_with(prefix: &str, config: &str, relay: Relay) -> St
     )
 }
 
-/// Starts `program` with `args` in ext pinned to the server CPU; returns once it listens on `addr`.
-fn start_server(
+/// Starts `program` with `args` in `ext` (or another place) pinned to the server CPU; returns once
+/// it listens on `addr`.
+pub(crate) fn start_server(
     ext: &Place,
     program: &str,
     args: Vec<String>,

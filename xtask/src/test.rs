@@ -56,6 +56,12 @@ const SMOKE: &[(&str, &[&str])] = &[
         "connection_records",
         &["kernel_decided_connections_each_have_an_access_log_line_with_bytes_and_end"],
     ),
+    // HBONE between nodes: the tc program (a `clsact` filter before TCX) and its socket lookup
+    // pass this verifier, and each Pod sees the other's address.
+    (
+        "between_nodes",
+        &["a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity"],
+    ),
 ];
 
 pub(crate) fn test(args: TestArgs) -> anyhow::Result<()> {
