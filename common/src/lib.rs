@@ -11,14 +11,16 @@ pub const DNS_PROXY_PORT: u16 = 15053;
 /// The DNS port whose traffic the programs steer to the DNS proxy.
 pub const DNS_PORT: u16 = 53;
 /// `SO_MARK` the agent puts on its own upstream sockets; the programs never redirect a socket carrying it.
-pub const AGENT_SOCKET_MARK: u32 = 0x0001_5001;
+/// One bit clear of the marks others on a node use: kube-proxy's 0x4000 (masquerade) and 0x8000,
+/// Calico's and Cilium's upper 16 bits, Cilium's 0x0f00, the AWS VPC CNI's 0x80. (Bit 0x4000, in
+/// an earlier value, had kube-proxy masquerade the agent's connections.)
+pub const AGENT_SOCKET_MARK: u32 = 0x2000;
 /// The HBONE port: peers dial a Pod's address on it.
 pub const HBONE_PORT: u16 = 15008;
 /// The bit `hbone_replies` sets in `skb->mark` of a packet that answers one of the agent's sockets
 /// bound to an address not its own (a Pod's); a policy rule delivers such packets in the node's
-/// netns. Clear of kube-proxy's (0x4000, 0x8000), Calico's (0xffff0000), Cilium's (0x0f00) and
-/// the agent's own socket mark.
-pub const HBONE_REPLY_MARK: u32 = 0x80;
+/// netns. Clear of the marks others use, as [`AGENT_SOCKET_MARK`] is, and of it.
+pub const HBONE_REPLY_MARK: u32 = 0x1000;
 /// Addresses in `HBONE_SOURCES`, at most: other nodes' Pods sending to this node's at one time.
 pub const HBONE_SOURCES_ENTRIES: u32 = 65_536;
 

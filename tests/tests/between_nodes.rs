@@ -250,7 +250,7 @@ fn other_ports_pass_to_the_pod_and_the_routing_goes_with_the_agent() -> Result<(
         .stdout_str();
     ensure!(body.trim() == "web-b1", "plain to b1: {body:?}");
     ensure!(
-        rules()?.contains("fwmark 0x80/0x80 lookup 15009"),
+        rules()?.contains("fwmark 0x1000/0x1000 lookup 15009"),
         "the rule for answers is in place: {}",
         rules()?
     );

@@ -82,6 +82,12 @@ impl Prepared {
             .sync()
             .await
             .context("listing the node's links for hbone_replies")?;
+        if links.on == 0 && links.missing > 0 {
+            anyhow::bail!(
+                "hbone_replies could not be attached to any of the node's {} links (tc ingress: TCX from Linux 6.6, else the clsact qdisc); the answers to Pods' addresses would be lost",
+                links.missing
+            );
+        }
         info!(
             links = links.on,
             failed = links.missing,

@@ -12,7 +12,7 @@ use std::{
         atomic::{AtomicUsize, Ordering},
     },
     task::{Context, Poll},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -33,6 +33,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// pool does (ztunnel's server, and hyper's, take 200 at a time: past that a tunnel would wait).
 const MAX_STREAMS: usize = 100;
 
+/// How long a pooled connection may carry no stream before it is closed (at the next tunnel
+/// opened), as ztunnel releases unused pooled connections after five minutes.
+const IDLE: Duration = Duration::from_secs(300);
+
 /// The tunnel: a byte stream to `authority`, as a TCP stream is. Its connection counts it as one
 /// of its streams while it lives.
 #[derive(Debug)]
@@ -43,11 +47,28 @@ pub(crate) struct Tunnel {
 
 /// One stream of a pooled connection, counted until dropped.
 #[derive(Debug)]
-struct Counted(Arc<AtomicUsize>);
+struct Counted(Arc<Streams>);
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        *self.0.last_ended.locked() = Instant::now();
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A pooled connection's streams: how many are open (or being opened), and when the last ended.
+#[derive(Debug)]
+struct Streams {
+    open: AtomicUsize,
+    last_ended: Mutex<Instant>,
+}
+
+impl Default for Streams {
+    fn default() -> Self {
+        Streams {
+            open: AtomicUsize::new(0),
+            last_ended: Mutex::new(Instant::now()),
+        }
     }
 }
 
@@ -121,7 +142,7 @@ impl HboneError {
 struct Pooled {
     sender: tokio::sync::Mutex<Option<SendRequest<Empty<Bytes>>>>,
     /// Its tunnels open, or being opened.
-    streams: Arc<AtomicUsize>,
+    streams: Arc<Streams>,
 }
 
 impl Pooled {
@@ -148,6 +169,13 @@ impl Pooled {
         self.sender
             .try_lock()
             .is_ok_and(|s| s.as_ref().is_none_or(|s| s.is_closed()))
+    }
+
+    /// Whether it carried no stream for [`IDLE`]: its peer may be gone (a deleted Pod's
+    /// connection would otherwise live on its keep-alives), and the peer holds what it keeps for it.
+    fn is_idle(&self) -> bool {
+        self.streams.open.load(Ordering::Relaxed) == 0
+            && self.streams.last_ended.locked().elapsed() > IDLE
     }
 }
 
@@ -253,13 +281,15 @@ impl HboneClient {
             let mut pool = self.pool.locked();
             // Connections of a configuration replaced since are not reused: drop them (the
             // client's connections to other waypoints on this configuration stay).
-            pool.retain(|k, p| !p.is_spent() && (k.client != key.client || k.config == key.config));
+            pool.retain(|k, p| {
+                !p.is_spent() && !p.is_idle() && (k.client != key.client || k.config == key.config)
+            });
             // The first connection with room for one more stream.
             let mut key = key;
             loop {
                 let pooled = pool.entry(key.clone()).or_default().clone();
                 let stream = Counted(pooled.streams.clone());
-                if pooled.streams.fetch_add(1, Ordering::Relaxed) < MAX_STREAMS {
+                if pooled.streams.open.fetch_add(1, Ordering::Relaxed) < MAX_STREAMS {
                     break (pooled, stream);
                 }
                 key.shard += 1;

@@ -347,7 +347,8 @@ fn to_other_node(
     let client = workload_identity(&context.hbone, who.workload?)?;
     Some(Via {
         client,
-        source: Some(from.to_canonical()),
+        // A client of another family than the Pod's goes from the node's address.
+        source: Some(from.to_canonical()).filter(|ip| ip.is_ipv4() == endpoint.is_ipv4()),
         peer_namespace: namespace.to_string(),
         authority: endpoint,
     })

@@ -11,6 +11,7 @@ use std::{
     collections::{BTreeMap, HashMap as StdHashMap},
     net::Ipv4Addr,
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use aya::{
@@ -58,7 +59,7 @@ pub(super) fn load(
         attached: BTreeMap::new(),
     };
     let map: HashMap<MapData, u32, u8> = map;
-    let sources = HboneSources::new(Box::new(map));
+    let sources = HboneSources::new(Box::new(map), LINGER);
     Ok((marker, sources))
 }
 
@@ -80,13 +81,21 @@ impl ReplyMarker {
                 missing: links.len(),
             });
         };
-        self.attached.retain(|index, (name, _)| {
-            let kept = links.get(index) == Some(name);
-            if !kept {
-                debug!(link = %name, "link gone or renamed: forgetting its hbone_replies");
+        let gone: Vec<u32> = self
+            .attached
+            .iter()
+            .filter(|(index, (name, _))| links.get(index) != Some(name))
+            .map(|(index, _)| *index)
+            .collect();
+        for index in gone {
+            let Some((name, link)) = self.attached.remove(&index) else {
+                continue;
+            };
+            // Gone with its link already, mostly; a renamed link is attached again below.
+            if let Err(e) = program.detach(link) {
+                debug!(link = %name, error = %e, "detaching hbone_replies from a link gone or renamed");
             }
-            kept
-        });
+        }
         for (index, name) in links {
             if self.attached.contains_key(&index) {
                 continue;
@@ -157,6 +166,8 @@ async fn ethernet_links(
 /// connections may come from one Pod.
 pub(crate) struct HboneSources {
     held: Mutex<Held>,
+    /// How long an address stays after its last hold ([`LINGER`]).
+    linger: Duration,
 }
 
 /// The kernel's map and how many holds each address in it has.
@@ -193,12 +204,13 @@ impl std::fmt::Debug for HboneSources {
 }
 
 impl HboneSources {
-    fn new(map: Box<dyn SourceMap>) -> Arc<Self> {
+    fn new(map: Box<dyn SourceMap>, linger: Duration) -> Arc<Self> {
         Arc::new(HboneSources {
             held: Mutex::new(Held {
                 map,
                 counts: StdHashMap::new(),
             }),
+            linger,
         })
     }
 
@@ -245,9 +257,23 @@ impl SourceHeld {
     }
 }
 
+/// How long an address stays in the map after its last hold: the agent's sockets bound to it
+/// may still be closing (FIN_WAIT, LAST_ACK), and the Pod's last packets to them must be brought
+/// back too, not forwarded to the sender (which would reset them).
+const LINGER: Duration = Duration::from_secs(60);
+
 impl Drop for SourceHeld {
     fn drop(&mut self) {
-        self.sources.release(self.ip);
+        let (sources, ip) = (self.sources.clone(), self.ip);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(async move {
+                    tokio::time::sleep(sources.linger).await;
+                    sources.release(ip);
+                });
+            }
+            Err(_) => sources.release(ip),
+        }
     }
 }
 
@@ -289,7 +315,7 @@ mod tests {
     #[test]
     fn an_address_stays_in_the_map_while_any_connection_from_it_holds_it() {
         let set = Set(Arc::default(), 8);
-        let sources = HboneSources::new(Box::new(set.clone()));
+        let sources = HboneSources::new(Box::new(set.clone()), Duration::ZERO);
         let first = sources.hold(A1).unwrap();
         let second = sources.hold(A1).unwrap();
         assert_eq!(first.ip(), A1);
@@ -303,7 +329,7 @@ mod tests {
     #[test]
     fn a_full_map_refuses_the_hold_and_keeps_no_count() {
         let set = Set(Arc::default(), 1);
-        let sources = HboneSources::new(Box::new(set.clone()));
+        let sources = HboneSources::new(Box::new(set.clone()), Duration::ZERO);
         let held = sources.hold(A1).unwrap();
         assert!(sources.hold(A2).is_err());
         drop(held);
@@ -312,6 +338,23 @@ mod tests {
         let again = sources.hold(A2).unwrap();
         assert_eq!(set.0.locked().iter().copied().collect::<Vec<_>>(), [A2]);
         drop(again);
+        assert!(set.0.locked().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_address_lingers_after_its_last_hold_while_its_sockets_close() {
+        const SHORT: Duration = Duration::from_millis(200);
+        let set = Set(Arc::default(), 8);
+        let sources = HboneSources::new(Box::new(set.clone()), SHORT);
+        drop(sources.hold(A1).unwrap());
+        tokio::time::sleep(SHORT / 4).await;
+        assert!(set.0.locked().contains(&A1), "still closing");
+        // Held again meanwhile: the release that lingered leaves it held.
+        let again = sources.hold(A1).unwrap();
+        tokio::time::sleep(SHORT * 2).await;
+        assert!(set.0.locked().contains(&A1));
+        drop(again);
+        tokio::time::sleep(SHORT * 2).await;
         assert!(set.0.locked().is_empty());
     }
 

@@ -238,6 +238,13 @@ impl PodRoutes {
         Ok(rules
             .into_iter()
             .filter(|r| r.attributes.contains(&RuleAttribute::Priority(priority)))
+            // Another's rule at that priority is not ours to take over, or to remove.
+            .filter(|r| {
+                let table = u32::from(r.header.table);
+                r.attributes
+                    .contains(&RuleAttribute::Table(table_of(priority)))
+                    || table == table_of(priority)
+            })
             .collect())
     }
 
@@ -260,6 +267,14 @@ impl PodRoutes {
             .into_iter()
             .filter(|r| r.attributes.contains(&RouteAttribute::Table(TABLE)))
             .collect())
+    }
+}
+
+/// The table each of the agent's rules looks up.
+fn table_of(priority: u32) -> u32 {
+    match priority {
+        REPLY_RULE_PRIORITY => REPLY_TABLE,
+        _ => TABLE,
     }
 }
 
