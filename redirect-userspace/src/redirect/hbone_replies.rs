@@ -65,8 +65,8 @@ pub(super) fn load(
 
 impl ReplyMarker {
     /// Attaches the program to every Ethernet link of the node's netns it is not on yet, and
-    /// forgets the links that are gone (their attachment went with them). A link it cannot be
-    /// attached to is logged, and counted as missing.
+    /// detaches it from the links gone or renamed. A link it cannot be attached to is logged, and
+    /// counted as missing.
     pub(crate) async fn sync(&mut self) -> Result<Links, rtnetlink::Error> {
         let links = ethernet_links(&self.handle).await?;
         let mut object = self.ebpf.locked();
@@ -81,16 +81,10 @@ impl ReplyMarker {
                 missing: links.len(),
             });
         };
-        let gone: Vec<u32> = self
+        let gone = self
             .attached
-            .iter()
-            .filter(|(index, (name, _))| links.get(index) != Some(name))
-            .map(|(index, _)| *index)
-            .collect();
-        for index in gone {
-            let Some((name, link)) = self.attached.remove(&index) else {
-                continue;
-            };
+            .extract_if(.., |index, (name, _)| links.get(index) != Some(name));
+        for (_, (name, link)) in gone {
             // Gone with its link already, mostly; a renamed link is attached again below.
             if let Err(e) = program.detach(link) {
                 debug!(link = %name, error = %e, "detaching hbone_replies from a link gone or renamed");

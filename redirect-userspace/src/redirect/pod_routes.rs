@@ -71,7 +71,7 @@ impl PodRoutes {
             held: BTreeSet::new(),
         };
         if routes
-            .rules(RULE_PRIORITY)
+            .rules(RULE_PRIORITY, TABLE)
             .await
             .map_err(io::Error::other)?
             .is_empty()
@@ -79,7 +79,7 @@ impl PodRoutes {
             routes.add_rule().await.map_err(io::Error::other)?;
         }
         if routes
-            .rules(REPLY_RULE_PRIORITY)
+            .rules(REPLY_RULE_PRIORITY, REPLY_TABLE)
             .await
             .map_err(io::Error::other)?
             .is_empty()
@@ -139,8 +139,8 @@ impl PodRoutes {
 
     /// Takes the rules and every route of the tables away.
     pub(crate) async fn remove(self) -> Result<(), RoutesError> {
-        let mut rules = self.rules(RULE_PRIORITY).await?;
-        rules.extend(self.rules(REPLY_RULE_PRIORITY).await?);
+        let mut rules = self.rules(RULE_PRIORITY, TABLE).await?;
+        rules.extend(self.rules(REPLY_RULE_PRIORITY, REPLY_TABLE).await?);
         for rule in rules {
             self.handle
                 .rule()
@@ -225,8 +225,9 @@ impl PodRoutes {
         ))
     }
 
-    /// The agent's rules of one priority, IPv4.
-    async fn rules(&self, priority: u32) -> Result<Vec<RuleMessage>, RoutesError> {
+    /// The agent's rules of one priority, IPv4: those at `priority` that look up `table` (another's
+    /// rule at that priority is not ours to take over, or to remove).
+    async fn rules(&self, priority: u32, table: u32) -> Result<Vec<RuleMessage>, RoutesError> {
         let rules: Vec<RuleMessage> = self
             .handle
             .rule()
@@ -238,13 +239,8 @@ impl PodRoutes {
         Ok(rules
             .into_iter()
             .filter(|r| r.attributes.contains(&RuleAttribute::Priority(priority)))
-            // Another's rule at that priority is not ours to take over, or to remove.
-            .filter(|r| {
-                let table = u32::from(r.header.table);
-                r.attributes
-                    .contains(&RuleAttribute::Table(table_of(priority)))
-                    || table == table_of(priority)
-            })
+            // Tables past 255 are named by the attribute only (the header's field is a byte).
+            .filter(|r| r.attributes.contains(&RuleAttribute::Table(table)))
             .collect())
     }
 
@@ -267,14 +263,6 @@ impl PodRoutes {
             .into_iter()
             .filter(|r| r.attributes.contains(&RouteAttribute::Table(TABLE)))
             .collect())
-    }
-}
-
-/// The table each of the agent's rules looks up.
-fn table_of(priority: u32) -> u32 {
-    match priority {
-        REPLY_RULE_PRIORITY => REPLY_TABLE,
-        _ => TABLE,
     }
 }
 
