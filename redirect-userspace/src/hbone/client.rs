@@ -4,26 +4,24 @@
 //! it closed or when the identity's certificate changed.
 use std::{
     collections::HashMap,
-    io,
     net::{IpAddr, SocketAddr},
-    pin::Pin,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
     },
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
-use http_body_util::Empty;
-use hyper::{Method, Request, StatusCode, client::conn::http2::SendRequest};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use http::{Method, Request, StatusCode};
 use rustls::pki_types::ServerName;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tracing::debug;
 
-use super::{HboneMetrics, Identity, IdentityError, WorkloadCerts};
+use super::{
+    HboneMetrics, Identity, IdentityError, WorkloadCerts,
+    stream::{self, H2Stream},
+};
 use crate::{lock::Locked, net::SocketFactory};
 
 /// How long the TLS and HTTP/2 handshakes, and the waypoint's answer to a `CONNECT`, may take.
@@ -37,12 +35,12 @@ const MAX_STREAMS: usize = 100;
 /// opened), as ztunnel releases unused pooled connections after five minutes.
 const IDLE: Duration = Duration::from_secs(300);
 
-/// The tunnel: a byte stream to `authority`, as a TCP stream is. Its connection counts it as one
-/// of its streams while it lives.
+/// The tunnel: a stream to `authority`. Its connection counts it as one of its streams while it
+/// lives.
 #[derive(Debug)]
 pub(crate) struct Tunnel {
-    io: TokioIo<hyper::upgrade::Upgraded>,
-    _stream: Counted,
+    pub stream: H2Stream,
+    _counted: Counted,
 }
 
 /// One stream of a pooled connection, counted until dropped.
@@ -72,34 +70,6 @@ impl Default for Streams {
     }
 }
 
-impl AsyncRead for Tunnel {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Tunnel {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
-}
-
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum HboneError {
     #[error("no workload identities configured (--identity-dir or --ca-address)")]
@@ -113,7 +83,7 @@ pub(crate) enum HboneError {
     #[error("the HBONE peer presented {presented}, not an identity of namespace {expected}")]
     Peer { presented: String, expected: String },
     #[error("HTTP/2 with the HBONE peer: {0}")]
-    Http(#[from] hyper::Error),
+    Http(#[from] h2::Error),
     #[error("the HBONE peer answered CONNECT with {0}")]
     Status(StatusCode),
     #[error("the HBONE peer did not answer within {HANDSHAKE_TIMEOUT:?}")]
@@ -140,22 +110,38 @@ impl HboneError {
 /// burst of first connections waits for one handshake rather than making one each).
 #[derive(Debug, Default)]
 struct Pooled {
-    sender: tokio::sync::Mutex<Option<SendRequest<Empty<Bytes>>>>,
+    sender: tokio::sync::Mutex<Option<Sender>>,
     /// Its tunnels open, or being opened.
     streams: Arc<Streams>,
 }
 
+/// Where a connection's streams are opened, and whether the connection ended.
+#[derive(Debug, Clone)]
+struct Sender {
+    requests: h2::client::SendRequest<Bytes>,
+    ended: Arc<AtomicBool>,
+}
+
+impl Sender {
+    /// Whether no new stream can be opened on it: the connection ended, or failed and is ending.
+    /// A connection at its peer's stream limit is still usable: a new stream waits for room.
+    fn is_closed(&mut self) -> bool {
+        let mut polled = Context::from_waker(Waker::noop());
+        self.ended.load(Ordering::Relaxed)
+            || matches!(self.requests.poll_ready(&mut polled), Poll::Ready(Err(_)))
+    }
+}
+
 impl Pooled {
     /// The open connection, or a new one from `dial` when there is none or it closed.
-    async fn sender<F>(
-        &self,
-        dial: impl FnOnce() -> F,
-    ) -> Result<SendRequest<Empty<Bytes>>, HboneError>
+    async fn sender<F>(&self, dial: impl FnOnce() -> F) -> Result<Sender, HboneError>
     where
-        F: Future<Output = Result<SendRequest<Empty<Bytes>>, HboneError>>,
+        F: Future<Output = Result<Sender, HboneError>>,
     {
         let mut held = self.sender.lock().await;
-        if let Some(sender) = held.as_ref().filter(|s| !s.is_closed()) {
+        if let Some(sender) = held.as_mut()
+            && !sender.is_closed()
+        {
             return Ok(sender.clone());
         }
         let sender = dial().await?;
@@ -168,7 +154,7 @@ impl Pooled {
     fn is_spent(&self) -> bool {
         self.sender
             .try_lock()
-            .is_ok_and(|s| s.as_ref().is_none_or(|s| s.is_closed()))
+            .is_ok_and(|mut s| s.as_mut().is_none_or(|s| s.is_closed()))
     }
 
     /// Whether it carried no stream for [`IDLE`]: its peer may be gone (a deleted Pod's
@@ -295,27 +281,27 @@ impl HboneClient {
                 key.shard += 1;
             }
         };
-        let mut sender = pooled
+        let sender = pooled
             .sender(|| self.connect(config.client.clone(), source, waypoint, waypoint_namespace))
             .await?;
         let request = Request::builder()
             .method(Method::CONNECT)
             .uri(authority.to_string())
-            .body(Empty::<Bytes>::new())
+            .body(())
             .map_err(|_| HboneError::Status(StatusCode::BAD_REQUEST))?;
-        let response = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-            sender.ready().await?;
-            sender.send_request(request).await
+        let (response, send) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
+            let mut requests = sender.requests.ready().await?;
+            let (response, send) = requests.send_request(request, false)?;
+            Ok::<_, h2::Error>((response.await?, send))
         })
         .await
         .map_err(|_| HboneError::Timeout)??;
         if response.status() != StatusCode::OK {
             return Err(HboneError::Status(response.status()));
         }
-        let upgraded = hyper::upgrade::on(response).await?;
         Ok(Tunnel {
-            io: TokioIo::new(upgraded),
-            _stream: stream,
+            stream: H2Stream::new(send, response.into_body()),
+            _counted: stream,
         })
     }
 
@@ -327,7 +313,7 @@ impl HboneClient {
         source: Option<IpAddr>,
         waypoint: SocketAddr,
         waypoint_namespace: &str,
-    ) -> Result<SendRequest<Empty<Bytes>>, HboneError> {
+    ) -> Result<Sender, HboneError> {
         let sockets = &*self.sockets;
         let tcp = match source {
             Some(ip) => crate::net::connect_from(sockets, ip, waypoint, HANDSHAKE_TIMEOUT).await,
@@ -335,7 +321,10 @@ impl HboneClient {
         }
         .map_err(HboneError::Connect)?;
         let connector = tokio_rustls::TlsConnector::from(config);
-        let handshake = connector.connect(ServerName::IpAddress(waypoint.ip().into()), tcp);
+        let handshake = connector.connect(
+            ServerName::IpAddress(waypoint.ip().into()),
+            stream::buffered(tcp),
+        );
         let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
             .await
             .map_err(|_| HboneError::Timeout)?
@@ -354,20 +343,29 @@ impl HboneClient {
                 });
             }
         }
-        let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
-            // The keep-alive pings need a timer (without one hyper panics).
-            .timer(TokioTimer::new())
-            .keep_alive_interval(Some(Duration::from_secs(30)))
-            .initial_stream_window_size(super::STREAM_WINDOW)
-            .initial_connection_window_size(super::CONNECTION_WINDOW)
-            .max_frame_size(super::FRAME_SIZE)
-            .handshake(TokioIo::new(tls))
-            .await?;
+        let (requests, mut connection) = tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            stream::client_builder().handshake::<_, Bytes>(tls),
+        )
+        .await
+        .map_err(|_| HboneError::Timeout)??;
         self.metrics.connection();
+        let ended = Arc::new(AtomicBool::new(false));
+        let sender = Sender {
+            requests,
+            ended: ended.clone(),
+        };
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                debug!(%waypoint, error = %e, "HBONE connection ended");
+            let pings = connection.ping_pong();
+            tokio::select! {
+                driven = &mut connection => if let Err(e) = driven {
+                    debug!(%waypoint, error = %e, "HBONE connection ended");
+                },
+                () = stream::keep_alive(pings) => {
+                    debug!(%waypoint, "HBONE peer left a ping unanswered; closing the connection");
+                }
             }
+            ended.store(true, Ordering::Relaxed);
         });
         Ok(sender)
     }

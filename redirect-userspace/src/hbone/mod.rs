@@ -9,6 +9,7 @@ mod client;
 mod identity;
 mod metrics;
 mod source;
+mod stream;
 mod tls;
 
 pub(crate) use ca::{CaError, CaSettings, IstioCa};
@@ -19,6 +20,9 @@ use client::HboneError;
 pub(crate) use identity::{Identity, TrustDomain};
 pub(crate) use metrics::HboneMetrics;
 pub(crate) use source::{CertSource, IdentityError, WorkloadCerts};
+#[cfg(test)]
+pub(crate) use stream::test_pair;
+pub(crate) use stream::{H2Stream, Receiving, Sending, buffered, keep_alive, server_builder};
 
 /// The port a waypoint (and ztunnel) accepts HBONE on.
 pub(crate) const PORT: u16 = redirect_common::HBONE_PORT;

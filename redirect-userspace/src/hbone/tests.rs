@@ -16,7 +16,7 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
 use super::*;
@@ -188,14 +188,22 @@ fn identity(namespace: &str, account: &str) -> Identity {
 
 /// Writes `text` into a tunnel, closes its sending half and reads everything back.
 async fn echo(tunnel: &mut client::Tunnel, text: &str) -> String {
-    tunnel.write_all(text.as_bytes()).await.unwrap();
-    tunnel.shutdown().await.unwrap();
-    let mut back = String::new();
-    tokio::time::timeout(Duration::from_secs(5), tunnel.read_to_string(&mut back))
+    let stream = &mut tunnel.stream;
+    stream
+        .send
+        .send(Bytes::from(text.to_string()))
         .await
-        .unwrap()
         .unwrap();
-    back
+    stream.send.finish().await.unwrap();
+    let mut back = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = stream.recv.recv().await.unwrap() {
+            back.extend_from_slice(&chunk);
+        }
+    })
+    .await
+    .unwrap();
+    String::from_utf8(back).unwrap()
 }
 
 #[tokio::test]

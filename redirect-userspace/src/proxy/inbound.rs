@@ -5,7 +5,6 @@
 //! stream names, logging who sent it. A stream from another node's Pod reaches the Pod from the
 //! sender's address, as ztunnel carries it (`redirect::hbone_replies` brings the answers back).
 use std::{
-    convert::Infallible,
     io,
     net::{IpAddr, Ipv4Addr, SocketAddr},
     sync::Arc,
@@ -13,15 +12,14 @@ use std::{
 };
 
 use bytes::Bytes;
-use http_body_util::Empty;
-use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use h2::{RecvStream, server::SendResponse};
+use http::{Method, Request, Response, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
 use super::{ProxyContext, RelayError, relay::Carried, tunnel_relay::relay_tunnel};
 use crate::{
-    hbone::{self, Identity},
+    hbone::{self, H2Stream, Identity},
     net::{CONNECT_TIMEOUT, connect_from},
     records::Received,
     redirect::hbone_replies::{HboneSources, SourceHeld},
@@ -103,7 +101,7 @@ async fn connection(
             return;
         }
     };
-    let accept = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(hbone::buffered(tcp));
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
@@ -137,20 +135,38 @@ async fn connection(
         pod: dialled.ip(),
         from,
     });
-    let service = service_fn(move |request| {
-        let (context, sender) = (context.clone(), sender.clone());
-        async move { Ok::<_, Infallible>(stream(context, sender, request).await) }
-    });
-    let served = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(30)))
-        .initial_stream_window_size(hbone::STREAM_WINDOW)
-        .initial_connection_window_size(hbone::CONNECTION_WINDOW)
-        .max_frame_size(hbone::FRAME_SIZE)
-        .serve_connection(TokioIo::new(tls), service)
-        .await;
-    if let Err(e) = served {
-        debug!(%peer, error = %e, "HBONE connection ended with an error");
+    let handshake = hbone::server_builder().handshake::<_, Bytes>(tls);
+    let mut connection = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        Ok(Ok(connection)) => connection,
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "HBONE peer failed the HTTP/2 handshake");
+            return;
+        }
+        Err(_) => {
+            debug!(%peer, "HBONE peer did not finish the HTTP/2 handshake in time");
+            return;
+        }
+    };
+    let keep_alive = hbone::keep_alive(connection.ping_pong());
+    tokio::pin!(keep_alive);
+    loop {
+        // Accepting is also what drives the connection's I/O, for the streams already open too.
+        tokio::select! {
+            accepted = connection.accept() => match accepted {
+                Some(Ok((request, respond))) => {
+                    tokio::spawn(stream(context.clone(), sender.clone(), request, respond));
+                }
+                Some(Err(e)) => {
+                    debug!(%peer, error = %e, "HBONE connection ended with an error");
+                    return;
+                }
+                None => return,
+            },
+            () = &mut keep_alive => {
+                debug!(%peer, "HBONE peer left a ping unanswered; closing the connection");
+                return;
+            }
+        }
     }
 }
 
@@ -180,12 +196,13 @@ fn hold_source(sources: &Arc<HboneSources>, ip: Ipv4Addr) -> Option<SourceHeld> 
 }
 
 /// One stream: a `CONNECT` to the Pod dialled, on the port it names (not 15008), answered `200` once the Pod
-/// took the connection; the bytes carried once the peer's side is upgraded.
+/// took the connection; then the bytes carried both ways.
 async fn stream(
     context: Arc<ProxyContext>,
     sender: Arc<Sender>,
-    request: Request<Incoming>,
-) -> Response<Empty<Bytes>> {
+    request: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+) {
     let metrics = &context.hbone.metrics;
     let target = (request.method() == Method::CONNECT)
         .then(|| {
@@ -204,7 +221,7 @@ async fn stream(
     let Some(target) = target else {
         metrics.inbound("bad_request");
         debug!(peer = %sender.peer, src_identity = %sender.source, method = %request.method(), uri = %request.uri(), "HBONE stream is not a CONNECT to the Pod dialled");
-        return status(StatusCode::BAD_REQUEST);
+        return refuse(&mut respond, StatusCode::BAD_REQUEST);
     };
     let sockets = &*context.sockets;
     let upstream = match &sender.from {
@@ -216,28 +233,30 @@ async fn stream(
         Err(e) => {
             metrics.inbound("connect_failed");
             info!(peer = %sender.peer, src_identity = %sender.source, dst = %target, error = %e, "HBONE stream: the Pod refused the connection");
-            return status(StatusCode::SERVICE_UNAVAILABLE);
+            return refuse(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
         }
     };
     metrics.inbound("ok");
-    let (timeouts, started) = (context.timeouts, Instant::now());
-    tokio::spawn(async move {
-        let upgraded = match hyper::upgrade::on(request).await {
-            Ok(upgraded) => upgraded,
-            Err(e) => {
-                debug!(peer = %sender.peer, error = %e, "HBONE stream closed before it was upgraded");
-                return;
-            }
-        };
-        let mut tunnel = TokioIo::new(upgraded);
-        let carried = relay_tunnel(&mut tunnel, &mut upstream, timeouts).await;
-        log_carried(&context, &sender, target, started, carried);
-    });
-    status(StatusCode::OK)
+    let started = Instant::now();
+    let send = match respond.send_response(status(StatusCode::OK), false) {
+        Ok(send) => send,
+        Err(e) => {
+            debug!(peer = %sender.peer, error = %e, "HBONE stream closed before it was answered");
+            return;
+        }
+    };
+    let mut tunnel = H2Stream::new(send, request.into_body());
+    let carried = relay_tunnel(upstream.split(), &mut tunnel, context.timeouts).await;
+    log_carried(&context, &sender, target, started, carried);
 }
 
-fn status(code: StatusCode) -> Response<Empty<Bytes>> {
-    let mut response = Response::new(Empty::new());
+/// Answers a stream with `code` and ends it.
+fn refuse(respond: &mut SendResponse<Bytes>, code: StatusCode) {
+    let _ = respond.send_response(status(code), true);
+}
+
+fn status(code: StatusCode) -> Response<()> {
+    let mut response = Response::new(());
     *response.status_mut() = code;
     response
 }
@@ -253,7 +272,8 @@ fn log_carried(
 ) {
     let source = sender.source.to_string();
     let (bytes_in, bytes_out, end) = match &carried {
-        Ok(c) => (c.sent, c.received, "closed"),
+        // Sent is from the Pod into the tunnel: the sender's bytes in are those received.
+        Ok(c) => (c.received, c.sent, "closed"),
         Err(RelayError::Idle(_)) => (0, 0, "idle timeout"),
         Err(RelayError::Write(_)) => (0, 0, "write timeout"),
         Err(RelayError::Io(_)) => (0, 0, "reset"),

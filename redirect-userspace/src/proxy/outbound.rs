@@ -425,7 +425,7 @@ async fn carry_through_waypoint(
     };
     result.decided(route.outcome);
     result.opened();
-    match relay_tunnel(client, &mut tunnel, context.timeouts).await {
+    match relay_tunnel(client.split(), &mut tunnel.stream, context.timeouts).await {
         Ok(carried) => {
             count_carried(context, result, carried);
             let _ = socket2::SockRef::from(&*client).set_linger(None);
