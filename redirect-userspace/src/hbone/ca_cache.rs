@@ -56,7 +56,7 @@ impl CaIdentities {
             ca,
             trust_domain,
             roots: Arc::new(roots),
-            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            provider: Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
             metrics,
             slots: Mutex::new(HashMap::new()),
         })

@@ -68,7 +68,7 @@ impl IdentityDir {
         IdentityDir {
             dir,
             trust_domain,
-            provider: Arc::new(rustls::crypto::ring::default_provider()),
+            provider: Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
             kept: Mutex::new(HashMap::new()),
         }
     }

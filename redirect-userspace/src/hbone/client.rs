@@ -321,10 +321,7 @@ impl HboneClient {
         }
         .map_err(HboneError::Connect)?;
         let connector = tokio_rustls::TlsConnector::from(config);
-        let handshake = connector.connect(
-            ServerName::IpAddress(waypoint.ip().into()),
-            stream::buffered(tcp),
-        );
+        let handshake = connector.connect(ServerName::IpAddress(waypoint.ip().into()), tcp);
         let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake)
             .await
             .map_err(|_| HboneError::Timeout)?

@@ -22,7 +22,7 @@ pub(crate) use metrics::HboneMetrics;
 pub(crate) use source::{CertSource, IdentityError, WorkloadCerts};
 #[cfg(test)]
 pub(crate) use stream::test_pair;
-pub(crate) use stream::{H2Stream, Receiving, Sending, buffered, keep_alive, server_builder};
+pub(crate) use stream::{H2Stream, Receiving, Sending, keep_alive, server_builder};
 
 /// The port a waypoint (and ztunnel) accepts HBONE on.
 pub(crate) const PORT: u16 = redirect_common::HBONE_PORT;

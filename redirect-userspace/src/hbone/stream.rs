@@ -21,16 +21,6 @@ const PING_TIMEOUT: Duration = Duration::from_secs(20);
 /// Largest header block taken from a peer: a `CONNECT` and its answer are a few hundred bytes.
 const MAX_HEADER_LIST: u32 = 16 * 1024;
 
-/// Bytes read from the socket at a time under TLS. rustls asks for 4 KiB per read; taking them
-/// from a buffer filled a whole TLS record's worth and more at once saves most of those reads'
-/// system calls on a busy connection.
-const SOCKET_READ: usize = 64 * 1024;
-
-/// `tcp`, read through a buffer of [`SOCKET_READ`] bytes (writes go straight through), for TLS.
-pub(crate) fn buffered(tcp: tokio::net::TcpStream) -> tokio::io::BufReader<tokio::net::TcpStream> {
-    tokio::io::BufReader::with_capacity(SOCKET_READ, tcp)
-}
-
 /// The client side's connection settings.
 pub(crate) fn client_builder() -> h2::client::Builder {
     let mut builder = h2::client::Builder::new();

@@ -101,7 +101,7 @@ async fn connection(
             return;
         }
     };
-    let accept = tokio_rustls::TlsAcceptor::from(config).accept(hbone::buffered(tcp));
+    let accept = tokio_rustls::TlsAcceptor::from(config).accept(tcp);
     let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, accept).await {
         Ok(Ok(tls)) => tls,
         Ok(Err(e)) => {
