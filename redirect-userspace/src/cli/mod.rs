@@ -117,6 +117,9 @@ pub fn main() -> ExitCode {
         limit_malloc_arenas();
     }
     let log_level = crate::logging::init(cli.verbose, cli.log_format);
+    // Both of rustls' providers are built in (HBONE's TLS names aws-lc-rs itself), so the clients
+    // that take the process's default (the Kubernetes API's) need one named, or they panic.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let result = match cli.command {
         Command::Run(args) => run::run(args, log_level),
         Command::Resolve(args) => resolve::resolve(args),
