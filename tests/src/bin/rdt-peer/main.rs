@@ -266,6 +266,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     raise_fd_limit();
+    // Both of rustls' providers are built into the workspace, so tonic's server, which takes the
+    // process's default, needs one named.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let result = match cli.command {
         Command::Serve {
             name,
