@@ -7,13 +7,14 @@ use std::{
     net::{IpAddr, SocketAddr},
     sync::{
         Arc, Mutex,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicUsize, Ordering},
     },
     task::{Context, Poll, Waker},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
+use h2::client::SendRequest;
 use http::{Method, Request, StatusCode};
 use rustls::pki_types::ServerName;
 use tracing::debug;
@@ -110,37 +111,28 @@ impl HboneError {
 /// burst of first connections waits for one handshake rather than making one each).
 #[derive(Debug, Default)]
 struct Pooled {
-    sender: tokio::sync::Mutex<Option<Sender>>,
+    sender: tokio::sync::Mutex<Option<SendRequest<Bytes>>>,
     /// Its tunnels open, or being opened.
     streams: Arc<Streams>,
 }
 
-/// Where a connection's streams are opened, and whether the connection ended.
-#[derive(Debug, Clone)]
-struct Sender {
-    requests: h2::client::SendRequest<Bytes>,
-    ended: Arc<AtomicBool>,
-}
-
-impl Sender {
-    /// Whether no new stream can be opened on it: the connection ended, or failed and is ending.
-    /// A connection at its peer's stream limit is still usable: a new stream waits for room.
-    fn is_closed(&mut self) -> bool {
-        let mut polled = Context::from_waker(Waker::noop());
-        self.ended.load(Ordering::Relaxed)
-            || matches!(self.requests.poll_ready(&mut polled), Poll::Ready(Err(_)))
-    }
+/// Whether no new stream can be opened on a connection: it failed, or ended (`h2` marks a
+/// connection dropped by its driver task as failed). A connection at its peer's stream limit is
+/// still usable: a new stream waits for room.
+fn is_closed(requests: &mut SendRequest<Bytes>) -> bool {
+    let mut polled = Context::from_waker(Waker::noop());
+    matches!(requests.poll_ready(&mut polled), Poll::Ready(Err(_)))
 }
 
 impl Pooled {
     /// The open connection, or a new one from `dial` when there is none or it closed.
-    async fn sender<F>(&self, dial: impl FnOnce() -> F) -> Result<Sender, HboneError>
+    async fn sender<F>(&self, dial: impl FnOnce() -> F) -> Result<SendRequest<Bytes>, HboneError>
     where
-        F: Future<Output = Result<Sender, HboneError>>,
+        F: Future<Output = Result<SendRequest<Bytes>, HboneError>>,
     {
         let mut held = self.sender.lock().await;
         if let Some(sender) = held.as_mut()
-            && !sender.is_closed()
+            && !is_closed(sender)
         {
             return Ok(sender.clone());
         }
@@ -154,7 +146,7 @@ impl Pooled {
     fn is_spent(&self) -> bool {
         self.sender
             .try_lock()
-            .is_ok_and(|mut s| s.as_mut().is_none_or(|s| s.is_closed()))
+            .is_ok_and(|mut s| s.as_mut().is_none_or(is_closed))
     }
 
     /// Whether it carried no stream for [`IDLE`]: its peer may be gone (a deleted Pod's
@@ -290,7 +282,7 @@ impl HboneClient {
             .body(())
             .map_err(|_| HboneError::Status(StatusCode::BAD_REQUEST))?;
         let (response, send) = tokio::time::timeout(HANDSHAKE_TIMEOUT, async {
-            let mut requests = sender.requests.ready().await?;
+            let mut requests = sender.ready().await?;
             let (response, send) = requests.send_request(request, false)?;
             Ok::<_, h2::Error>((response.await?, send))
         })
@@ -313,7 +305,7 @@ impl HboneClient {
         source: Option<IpAddr>,
         waypoint: SocketAddr,
         waypoint_namespace: &str,
-    ) -> Result<Sender, HboneError> {
+    ) -> Result<SendRequest<Bytes>, HboneError> {
         let sockets = &*self.sockets;
         let tcp = match source {
             Some(ip) => crate::net::connect_from(sockets, ip, waypoint, HANDSHAKE_TIMEOUT).await,
@@ -347,11 +339,6 @@ impl HboneClient {
         .await
         .map_err(|_| HboneError::Timeout)??;
         self.metrics.connection();
-        let ended = Arc::new(AtomicBool::new(false));
-        let sender = Sender {
-            requests,
-            ended: ended.clone(),
-        };
         tokio::spawn(async move {
             let pings = connection.ping_pong();
             tokio::select! {
@@ -362,8 +349,30 @@ impl HboneClient {
                     debug!(%waypoint, "HBONE peer left a ping unanswered; closing the connection");
                 }
             }
-            ended.store(true, Ordering::Relaxed);
         });
-        Ok(sender)
+        Ok(requests)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connection_is_closed_once_its_driver_ended() {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let server =
+            tokio::spawn(async move { stream::server_builder().handshake::<_, Bytes>(far).await });
+        let (mut requests, connection) = stream::client_builder()
+            .handshake::<_, Bytes>(near)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        let server = server.await.unwrap().unwrap();
+        assert!(!is_closed(&mut requests), "a live connection");
+        // The peer goes away: the driver task ends, and drops the connection.
+        drop(server);
+        let _ = driver.await;
+        assert!(is_closed(&mut requests), "an ended connection");
     }
 }

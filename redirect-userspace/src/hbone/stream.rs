@@ -11,7 +11,7 @@ use bytes::Bytes;
 use h2::{Ping, PingPong, Reason, RecvStream, SendStream};
 
 /// Streams a server takes at once on one connection, as hyper's and ztunnel's servers do.
-pub(crate) const MAX_CONCURRENT_STREAMS: u32 = 200;
+const MAX_CONCURRENT_STREAMS: u32 = 200;
 
 /// How often an idle connection is pinged, and how long the answer may take before the connection
 /// is taken for dead (a peer gone without a FIN would otherwise hold it, and its streams, forever).
@@ -113,10 +113,10 @@ impl Sending {
         }
     }
 
-    /// Resets the stream as a peer failing would.
+    /// Resets the stream with `reason`, as a peer would.
     #[cfg(test)]
-    pub(crate) fn reset_for_test(&mut self) {
-        self.0.send_reset(Reason::INTERNAL_ERROR);
+    pub(crate) fn send_reset(&mut self, reason: Reason) {
+        self.0.send_reset(reason);
     }
 
     /// Why the stream can take nothing more.
@@ -153,6 +153,16 @@ impl Receiving {
                 }
             }
         }
+    }
+
+    /// Everything the peer sends until it ends its side.
+    #[cfg(test)]
+    pub(crate) async fn read_to_end(&mut self) -> io::Result<Vec<u8>> {
+        let mut all = Vec::new();
+        while let Some(data) = self.recv().await? {
+            all.extend_from_slice(&data);
+        }
+        Ok(all)
     }
 }
 
@@ -219,10 +229,7 @@ mod tests {
             client.send.finish().await.unwrap();
             client
         });
-        let mut got = Vec::new();
-        while let Some(chunk) = server.recv.recv().await.unwrap() {
-            got.extend_from_slice(&chunk);
-        }
+        let got = server.recv.read_to_end().await.unwrap();
         assert_eq!(got.len(), data.len());
         assert!(got == data, "the bytes changed on the way");
         sender.await.unwrap();
@@ -231,7 +238,7 @@ mod tests {
     #[tokio::test]
     async fn a_cancelled_stream_ends_for_the_receiver_and_breaks_the_sender() {
         let (mut client, mut server) = test_pair().await;
-        server.send.0.send_reset(Reason::CANCEL);
+        server.send.send_reset(Reason::CANCEL);
         assert!(matches!(client.recv.recv().await, Ok(None)));
         let refused = client
             .send
@@ -244,7 +251,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_reset_on_error_is_an_error_both_ways() {
         let (mut client, mut server) = test_pair().await;
-        server.send.0.send_reset(Reason::INTERNAL_ERROR);
+        server.send.send_reset(Reason::INTERNAL_ERROR);
         assert!(client.recv.recv().await.is_err());
         let refused = client
             .send

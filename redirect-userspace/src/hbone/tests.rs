@@ -195,14 +195,10 @@ async fn echo(tunnel: &mut client::Tunnel, text: &str) -> String {
         .await
         .unwrap();
     stream.send.finish().await.unwrap();
-    let mut back = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), async {
-        while let Some(chunk) = stream.recv.recv().await.unwrap() {
-            back.extend_from_slice(&chunk);
-        }
-    })
-    .await
-    .unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(5), stream.recv.read_to_end())
+        .await
+        .unwrap()
+        .unwrap();
     String::from_utf8(back).unwrap()
 }
 

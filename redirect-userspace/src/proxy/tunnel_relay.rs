@@ -100,15 +100,6 @@ mod tests {
         }
     }
 
-    /// Everything the far end of a tunnel receives until the stream ends.
-    async fn received(far: &mut H2Stream) -> Vec<u8> {
-        let mut got = Vec::new();
-        while let Some(chunk) = far.recv.recv().await.unwrap() {
-            got.extend_from_slice(&chunk);
-        }
-        got
-    }
-
     #[tokio::test]
     async fn bytes_and_half_closes_go_both_ways() {
         let (client, mut client_far) = tokio::io::duplex(1024);
@@ -118,7 +109,7 @@ mod tests {
         });
         client_far.write_all(b"ping").await.unwrap();
         client_far.shutdown().await.unwrap();
-        assert_eq!(received(&mut tunnel_far).await, b"ping");
+        assert_eq!(tunnel_far.recv.read_to_end().await.unwrap(), b"ping");
         // The tunnel's side still answers after the client half-closed.
         tunnel_far
             .send
@@ -148,7 +139,7 @@ mod tests {
             client_write.write_all(&upload).await.unwrap();
             client_write.shutdown().await.unwrap();
         });
-        let got = received(&mut tunnel_far).await;
+        let got = tunnel_far.recv.read_to_end().await.unwrap();
         assert!(
             got == data,
             "the upload changed on the way ({} bytes)",
@@ -200,10 +191,8 @@ mod tests {
     #[tokio::test]
     async fn a_reset_from_the_far_side_ends_the_relay_with_an_error() {
         let (client, _client_far) = tokio::io::duplex(1024);
-        let (mut tunnel, tunnel_far) = test_pair().await;
-        drop(tunnel_far.recv);
-        let mut far_send = tunnel_far.send;
-        far_send.reset_for_test();
+        let (mut tunnel, mut tunnel_far) = test_pair().await;
+        tunnel_far.send.send_reset(h2::Reason::INTERNAL_ERROR);
         let ended = relay_tunnel(tokio::io::split(client), &mut tunnel, timeouts(5000)).await;
         assert!(matches!(ended, Err(RelayError::Io(_))), "{ended:?}");
     }
