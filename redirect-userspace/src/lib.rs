@@ -10,6 +10,7 @@
 mod admin;
 mod agent;
 mod audit;
+mod authz;
 mod budget;
 mod cli;
 mod clock;

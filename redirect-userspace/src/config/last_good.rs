@@ -3,6 +3,7 @@
 use std::{collections::HashSet, sync::Arc};
 
 use super::{
+    AuthorizationPolicy, PeerAuthentication,
     loader::{Loaded, MESH_KINDS, complete},
     model::{KubeService, Model, Namespace, ObjectMeta, ServiceEntry, Workload, WorkloadKind},
 };
@@ -14,6 +15,8 @@ struct Objects {
     entries: Vec<Arc<ServiceEntry>>,
     services: Vec<Arc<KubeService>>,
     workloads: Vec<Arc<Workload>>,
+    authorization: Vec<Arc<AuthorizationPolicy>>,
+    peer_authentication: Vec<Arc<PeerAuthentication>>,
     /// Declared ones only: a namespace only named by its objects has nothing to keep.
     namespaces: Vec<Namespace>,
 }
@@ -24,6 +27,7 @@ fn identities<'a>(
     entries: &'a [Arc<ServiceEntry>],
     services: &'a [Arc<KubeService>],
     workloads: &'a [Arc<Workload>],
+    security: Security<'a>,
     namespaces: impl Iterator<Item = &'a Namespace> + 'a,
 ) -> impl Iterator<Item = (Id<'a>, Option<&'a str>)> + 'a {
     let of = |kind: &'static str, meta: &'a ObjectMeta| {
@@ -35,11 +39,21 @@ fn identities<'a>(
     let workloads = workloads
         .iter()
         .map(move |w| of(workload_kind(w.kind), &w.meta));
+    let authorization = (security.0.iter()).map(move |p| of("AuthorizationPolicy", &p.meta));
+    let peer = (security.1.iter()).map(move |p| of("PeerAuthentication", &p.meta));
     let namespaces = namespaces
         .filter(|n| n.declared)
         .map(|n| (("Namespace", "", n.name.as_str()), None));
-    entries.chain(services).chain(workloads).chain(namespaces)
+    entries
+        .chain(services)
+        .chain(workloads)
+        .chain(authorization)
+        .chain(peer)
+        .chain(namespaces)
 }
+
+/// The security policies of a model, or the ones kept for it.
+type Security<'a> = (&'a [Arc<AuthorizationPolicy>], &'a [Arc<PeerAuthentication>]);
 
 impl Objects {
     fn identities(&self) -> impl Iterator<Item = (Id<'_>, Option<&str>)> {
@@ -47,6 +61,7 @@ impl Objects {
             &self.entries,
             &self.services,
             &self.workloads,
+            (&self.authorization, &self.peer_authentication),
             self.namespaces.iter(),
         )
     }
@@ -63,6 +78,8 @@ pub(crate) fn keep_last_good(loaded: &mut Loaded, previous: &Model) {
     model.service_entries.extend(kept.entries.iter().cloned());
     model.services.extend(kept.services.iter().cloned());
     model.workloads.extend(kept.workloads.iter().cloned());
+    (model.authorization_policies).extend(kept.authorization.iter().cloned());
+    (model.peer_authentications).extend(kept.peer_authentication.iter().cloned());
     for n in &kept.namespaces {
         model.namespaces.insert(n.name.clone(), n.clone());
     }
@@ -106,6 +123,7 @@ fn to_keep(loaded: &Loaded, previous: &Model) -> (Objects, bool) {
         &model.service_entries,
         &model.services,
         &model.workloads,
+        (&model.authorization_policies, &model.peer_authentications),
         model.namespaces.values(),
     )
     .map(|(id, _)| id)
@@ -132,6 +150,14 @@ fn to_keep(loaded: &Loaded, previous: &Model) -> (Objects, bool) {
             .collect(),
         workloads: (previous.workloads.iter())
             .filter(|w| kept_meta(workload_kind(w.kind), &w.meta))
+            .cloned()
+            .collect(),
+        authorization: (previous.authorization_policies.iter())
+            .filter(|p| kept_meta("AuthorizationPolicy", &p.meta))
+            .cloned()
+            .collect(),
+        peer_authentication: (previous.peer_authentications.iter())
+            .filter(|p| kept_meta("PeerAuthentication", &p.meta))
             .cloned()
             .collect(),
         namespaces: (previous.namespaces.values())

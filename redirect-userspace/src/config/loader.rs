@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 use super::{
+    authorization::{RawAuthorizationPolicy, RawPeerAuthentication},
     endpoint_slice::RawEndpointSlice,
     error::{ConfigError, ConfigErrors, Ctx, MAX_QUOTED, bounded, plain_message},
     kube::{RawNamespace, RawPod, RawService},
@@ -148,7 +149,11 @@ pub(super) fn classify(api_version: Option<&str>, kind: &str) -> Option<&'static
     let core = matches!(api_version, None | Some("v1"));
     let istio_networking = group.is_none_or(|g| g == "networking.istio.io")
         && version.is_none_or(|v| matches!(v, "v1" | "v1beta1" | "v1alpha3"));
+    let istio_security = group.is_none_or(|g| g == "security.istio.io")
+        && version.is_none_or(|v| matches!(v, "v1" | "v1beta1"));
     Some(match kind {
+        "AuthorizationPolicy" if istio_security => "AuthorizationPolicy",
+        "PeerAuthentication" if istio_security => "PeerAuthentication",
         "Namespace" if core => "Namespace",
         "Service" if core => "Service",
         "Pod" if core => "Pod",
@@ -412,6 +417,32 @@ impl Loader {
                     self.model.workloads.push(Arc::new(we));
                 }
             }
+            "AuthorizationPolicy" => {
+                if let Some(policy) = typed::<RawAuthorizationPolicy>(&mut ctx, value)
+                    .and_then(|r| r.convert(&mut ctx))
+                    && self.first(
+                        "AuthorizationPolicy",
+                        &policy.meta.namespace,
+                        &policy.meta.name,
+                        file,
+                    )
+                {
+                    self.model.authorization_policies.push(Arc::new(policy));
+                }
+            }
+            "PeerAuthentication" => {
+                if let Some(policy) = typed::<RawPeerAuthentication>(&mut ctx, value)
+                    .and_then(|r| r.convert(&mut ctx))
+                    && self.first(
+                        "PeerAuthentication",
+                        &policy.meta.namespace,
+                        &policy.meta.name,
+                        file,
+                    )
+                {
+                    self.model.peer_authentications.push(Arc::new(policy));
+                }
+            }
             "EndpointSlice" => {
                 if let Some(slice) =
                     typed::<RawEndpointSlice>(&mut ctx, value).and_then(|r| r.convert(&mut ctx))
@@ -529,6 +560,8 @@ pub(crate) fn complete(model: &mut Model) {
         .map(|s| &s.meta.namespace)
         .chain(model.services.iter().map(|s| &s.meta.namespace))
         .chain(model.workloads.iter().map(|w| &w.meta.namespace))
+        .chain(model.authorization_policies.iter().map(|p| &p.meta.namespace))
+        .chain(model.peer_authentications.iter().map(|p| &p.meta.namespace))
         .map(String::as_str)
         .chain(model.pods_elsewhere.namespaces())
     {
@@ -554,6 +587,12 @@ pub(crate) fn complete(model: &mut Model) {
     model
         .workloads
         .sort_by(|a, b| (a.kind, key(&a.meta)).cmp(&(b.kind, key(&b.meta))));
+    model
+        .authorization_policies
+        .sort_by(|a, b| key(&a.meta).cmp(&key(&b.meta)));
+    model
+        .peer_authentications
+        .sort_by(|a, b| key(&a.meta).cmp(&key(&b.meta)));
     model
         .endpoint_slices
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));

@@ -1,5 +1,5 @@
 //! Mesh configuration: `serviceEntryVisibility`, `defaultServiceExportTo`, `discoverySelectors`,
-//! `trustDomain`, from any of its three forms (IstioOperator `spec.meshConfig`, ConfigMap `istio` key `mesh`, `kind: MeshConfig`).
+//! `trustDomain`, `rootNamespace`, from any of its three forms (IstioOperator `spec.meshConfig`, ConfigMap `istio` key `mesh`, `kind: MeshConfig`).
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -19,9 +19,24 @@ pub struct MeshConfig {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub discovery_selectors: Vec<LabelSelector>,
     pub trust_domain: Option<String>,
+    /// Where mesh-wide security policies live; `None`: Istio's default, [`DEFAULT_ROOT_NAMESPACE`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub root_namespace: Option<String>,
     /// The file it came from; `None` when the directory holds no mesh config.
     #[serde(skip)]
     pub file: Option<String>,
+}
+
+/// Istio's root namespace when the mesh config names none.
+pub const DEFAULT_ROOT_NAMESPACE: &str = "istio-system";
+
+impl MeshConfig {
+    /// The namespace whose policies without a selector apply mesh-wide.
+    pub fn root_namespace(&self) -> &str {
+        self.root_namespace
+            .as_deref()
+            .unwrap_or(DEFAULT_ROOT_NAMESPACE)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -91,6 +106,7 @@ pub(crate) struct RawMeshConfig {
     default_service_export_to: Option<Vec<String>>,
     discovery_selectors: Option<Vec<RawLabelSelector>>,
     trust_domain: Option<String>,
+    root_namespace: Option<String>,
     /// Where each field came from, when not from the document's own mesh config (an IstioOperator's
     /// `spec.values.meshConfig.`): errors name the field the user wrote.
     #[serde(skip)]
@@ -144,6 +160,7 @@ impl RawMeshConfig {
             self.discovery_selectors = under.discovery_selectors;
         }
         self.trust_domain = self.trust_domain.or(under.trust_domain);
+        self.root_namespace = self.root_namespace.or(under.root_namespace);
         self
     }
 }
@@ -290,6 +307,7 @@ impl RawMeshConfig {
             default_service_export_to: self.default_service_export_to,
             discovery_selectors,
             trust_domain: self.trust_domain,
+            root_namespace: self.root_namespace,
             file: Some(ctx.file.to_string()),
         })
     }

@@ -41,6 +41,7 @@ pub(crate) use service::{Port, Service, ServiceKind, ServiceVisibility, Target};
 pub(crate) use workload::WorkloadName;
 
 use crate::{
+    authz::NodePolicies,
     config::{
         DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, ServiceEntry, VisibilityConfig, Workload,
     },
@@ -68,6 +69,8 @@ pub struct Snapshot {
     discovery_selectors: Vec<LabelSelector>,
     /// The mesh config's `trustDomain`, when it names one.
     trust_domain: Option<String>,
+    /// The authorization policies that apply to each Pod of the node.
+    authz: Arc<NodePolicies>,
 }
 
 impl Default for Snapshot {
@@ -80,6 +83,7 @@ impl Default for Snapshot {
             visibility: None,
             discovery_selectors: Vec::new(),
             trust_domain: None,
+            authz: Arc::default(),
         }
     }
 }
@@ -159,7 +163,9 @@ impl Snapshot {
     }
 
     fn of(model: &Model, services: Arc<ServiceStore>, workloads: Arc<WorkloadStore>) -> Self {
+        let authz = Arc::new(NodePolicies::build(model, workloads.local_pods()));
         Snapshot {
+            authz,
             services,
             workloads,
             cluster_domain: model.cluster_domain.clone(),
@@ -167,6 +173,11 @@ impl Snapshot {
             discovery_selectors: model.mesh.discovery_selectors.clone(),
             trust_domain: model.mesh.trust_domain.clone(),
         }
+    }
+
+    /// The authorization policies that apply to each Pod of the node.
+    pub(crate) fn authz(&self) -> &NodePolicies {
+        &self.authz
     }
 
     /// The mesh config's `trustDomain`, when it names one.

@@ -209,6 +209,11 @@ impl WorkloadStore {
         self.is_local_pod(w).then_some(w)
     }
 
+    /// The [`WorkloadStore::local_pod`]s.
+    pub(super) fn local_pods(&self) -> impl Iterator<Item = &Workload> + '_ {
+        self.workloads.iter().filter(|w| self.is_local_pod(w)).map(|w| &**w)
+    }
+
     /// The addresses of [`WorkloadStore::local_pod`]s.
     pub(super) fn local_pod_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.workloads

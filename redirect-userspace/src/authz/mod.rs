@@ -1,0 +1,17 @@
+//! Inbound authorization (`docs/authorization.md`): Istio's `AuthorizationPolicy` and
+//! `PeerAuthentication`, converted as Istio converts them for a node's data plane (`policy`,
+//! `peer`), the policies that apply to each Pod of the node (`node`), and the decision for one
+//! connection (`decide`). One decision for every path: HBONE received, a Pod of the same node
+//! through the proxy, and `explain`.
+mod decide;
+mod node;
+mod peer;
+mod policy;
+
+pub(crate) use decide::{Conn, Decision, Verdict, principal};
+pub(crate) use node::{NodePolicies, PodPolicies, Skipped};
+pub(crate) use peer::Mtls;
+pub(crate) use policy::{Action, Authorization};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,162 @@
+//! The policies in force on this node, by destination Pod: which apply to each Pod of the node
+//! (`docs/authorization.md#which-policies`), converted once per snapshot so that deciding a
+//! connection is a lookup and a walk over a few matches.
+use std::{collections::HashMap, net::IpAddr, sync::Arc};
+
+use serde::Serialize;
+
+use super::{
+    decide::{Conn, Decision, decide},
+    peer::{Mtls, PeerPolicies},
+    policy::{Authorization, NotEnforced, Scope, convert},
+};
+use crate::config::{Model, Workload, selects};
+
+/// What applies to one Pod of the node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PodPolicies {
+    pub namespace: String,
+    pub name: String,
+    /// Every policy that applies, PeerAuthentication's DENY of plaintext among them (dumped by
+    /// name: the policies themselves are dumped once).
+    #[serde(serialize_with = "keys")]
+    pub policies: Vec<Arc<Authorization>>,
+    pub mtls: Mtls,
+}
+
+impl PodPolicies {
+    pub(crate) fn decide(&self, conn: &Conn<'_>) -> Decision {
+        decide(self.policies.iter().map(|p| &**p), conn)
+    }
+}
+
+fn keys<S: serde::Serializer>(policies: &[Arc<Authorization>], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(policies.iter().map(|p| p.key()))
+}
+
+/// A policy the node enforces nothing of, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub(crate) struct Skipped {
+    pub policy: String,
+    pub why: String,
+}
+
+/// The policies of a snapshot, by Pod of the node.
+#[derive(Debug, Default)]
+pub(crate) struct NodePolicies {
+    /// By each address of a Pod some policy applies to. A Pod of the node that is missing here
+    /// has none: every connection to it is allowed.
+    pods: HashMap<IpAddr, Arc<PodPolicies>>,
+    /// Every policy converted, in `namespace/name` order.
+    converted: Vec<Arc<Authorization>>,
+    skipped: Vec<Skipped>,
+}
+
+/// The converted policies, indexed by where they apply.
+#[derive(Default)]
+struct Index {
+    global: Vec<Arc<Authorization>>,
+    namespace: HashMap<String, Vec<Arc<Authorization>>>,
+    /// Selector policies by namespace; the root namespace's select in every namespace.
+    selector: HashMap<String, Vec<Arc<Authorization>>>,
+}
+
+impl NodePolicies {
+    /// Converts `model`'s policies and finds those that apply to each of `pods` (the node's).
+    pub(crate) fn build<'w>(model: &Model, pods: impl Iterator<Item = &'w Workload>) -> Self {
+        let root = model.mesh.root_namespace();
+        let mut index = Index::default();
+        let mut converted = Vec::new();
+        let mut skipped = Vec::new();
+        for policy in &model.authorization_policies {
+            let key = format!("{}/{}", policy.meta.namespace, policy.meta.name);
+            match convert(policy, root) {
+                Ok(authz) => {
+                    let authz = Arc::new(authz);
+                    converted.push(authz.clone());
+                    let ns = authz.namespace.clone();
+                    match authz.scope {
+                        Scope::Global => index.global.push(authz),
+                        Scope::Namespace => index.namespace.entry(ns).or_default().push(authz),
+                        Scope::Selector(_) => index.selector.entry(ns).or_default().push(authz),
+                    }
+                }
+                Err(why @ (NotEnforced::Waypoint | NotEnforced::Unsupported(_))) => {
+                    skipped.push(Skipped {
+                        policy: key,
+                        why: why.to_string(),
+                    });
+                }
+            }
+        }
+        let peers = PeerPolicies::new(&model.peer_authentications, root);
+        let mut out = NodePolicies {
+            pods: HashMap::new(),
+            converted,
+            skipped,
+        };
+        for pod in pods {
+            let ns = &pod.meta.namespace;
+            let labels = &pod.meta.labels;
+            let selected = |list: Option<&Vec<Arc<Authorization>>>| -> Vec<Arc<Authorization>> {
+                (list.into_iter().flatten())
+                    .filter(|p| match &p.scope {
+                        Scope::Selector(s) => selects(s, labels),
+                        _ => true,
+                    })
+                    .cloned()
+                    .collect()
+            };
+            let mut policies: Vec<Arc<Authorization>> = index.global.clone();
+            policies.extend(index.namespace.get(ns).into_iter().flatten().cloned());
+            policies.extend(selected(index.selector.get(ns)));
+            if ns != root {
+                policies.extend(selected(index.selector.get(root)));
+            }
+            // (A root-namespace Pod's own namespace policies are the global ones: indexed once.)
+            let mtls = peers.mtls(ns, labels);
+            let own = peers.own(ns, labels);
+            policies.extend(peers.policy(&mtls, own.as_deref()));
+            if policies.is_empty() {
+                continue;
+            }
+            let entry = Arc::new(PodPolicies {
+                namespace: ns.clone(),
+                name: pod.meta.name.clone(),
+                policies,
+                mtls,
+            });
+            for ip in &pod.ips {
+                out.pods.insert(ip.to_canonical(), entry.clone());
+            }
+        }
+        out
+    }
+
+    /// The policies of the Pod of this node at `ip`; `None` when none applies (or no such Pod).
+    pub(crate) fn pod(&self, ip: IpAddr) -> Option<&Arc<PodPolicies>> {
+        self.pods.get(&ip.to_canonical())
+    }
+
+    /// The addresses of the node's Pods some policy applies to.
+    pub(crate) fn guarded(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.pods.keys().copied()
+    }
+
+    pub(crate) fn converted(&self) -> &[Arc<Authorization>] {
+        &self.converted
+    }
+
+    pub(crate) fn skipped(&self) -> &[Skipped] {
+        &self.skipped
+    }
+
+    /// The guarded Pods, each once, by `namespace/name`.
+    pub(crate) fn pods(&self) -> Vec<&Arc<PodPolicies>> {
+        let mut pods: Vec<&Arc<PodPolicies>> = self.pods.values().collect();
+        pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        pods.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        pods
+    }
+}
