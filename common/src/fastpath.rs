@@ -24,9 +24,11 @@ pub const ACTION_NONE: u32 = 3;
 
 /// A workload address's value in `FAST_WORKLOADS`: the connection goes straight to it.
 pub const WORKLOAD_DIRECT: u8 = 1;
-/// A workload address's value in `FAST_WORKLOADS`: a Pod of another node reached over HBONE, which
-/// only the proxy speaks; also when a service's endpoint is picked there.
-pub const WORKLOAD_HBONE: u8 = 2;
+/// A workload address's value in `FAST_WORKLOADS`: only the proxy may carry a connection there, also
+/// when a service's endpoint is picked there or a resolution-NONE entry passes it through: a Pod
+/// of another node reached over HBONE (which only the proxy speaks), or a Pod of this node some
+/// authorization policy applies to (the proxy decides it).
+pub const WORKLOAD_PROXY: u8 = 2;
 
 /// [`Claim::hidden`] when no service was skipped.
 pub const NOT_HIDDEN: u32 = u32::MAX;

@@ -12,7 +12,7 @@ use redirect_common::{
     fastpath::{
         ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A,
         GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_PROXY, NS_UNKNOWN,
-        PortKey, WORKLOAD_HBONE, generation_slot,
+        PortKey, WORKLOAD_PROXY, generation_slot,
     },
     ip6_words, is_v4_mapped, v4_mapped_words,
 };
@@ -131,16 +131,21 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
     let claim = match found {
         Some(c) if c.action != ACTION_NONE => c,
         _ => {
-            // A workload is left alone unless it is reached over HBONE; the table counts the others
-            // apart (an address it had no room for is counted as a passthrough).
+            // A workload is left alone unless only the proxy may carry it (over HBONE, or under
+            // authorization); the table counts the others apart (an address it had no room for
+            // is counted as a passthrough).
             return match workload(workloads, &ip) {
-                Some(WORKLOAD_HBONE) => (Fast::Proxy, FastStat::ProxyService),
+                Some(WORKLOAD_PROXY) => (Fast::Proxy, FastStat::ProxyService),
                 Some(_) => (Fast::Leave, FastStat::Workload),
                 None => (Fast::Leave, FastStat::Passthrough),
             };
         }
     };
     if claim.action == ACTION_PASSTHROUGH {
+        // A network passed through may hold a Pod only the proxy may carry a connection to.
+        if workload(workloads, &ip) == Some(WORKLOAD_PROXY) {
+            return (Fast::Proxy, FastStat::ProxyService);
+        }
         return (Fast::Leave, FastStat::Passthrough);
     }
     if claim.action != ACTION_PORTS {
@@ -198,7 +203,7 @@ fn claim(
     network
 }
 
-/// The class of workload address `ip` (`WORKLOAD_DIRECT`, `WORKLOAD_HBONE`), if it is one.
+/// The class of workload address `ip` (`WORKLOAD_DIRECT`, `WORKLOAD_PROXY`), if it is one.
 #[inline(always)]
 fn workload(workloads: &WorkloadsMap, ip: &IpKey) -> Option<u8> {
     // SAFETY: the value is copied at once; the agent writes only the generation not in force, so
@@ -237,7 +242,7 @@ fn pick(
     };
     let a = &b.addr;
     let key = IpKey { family, addr: *a };
-    if workload(workloads, &key) == Some(WORKLOAD_HBONE) {
+    if workload(workloads, &key) == Some(WORKLOAD_PROXY) {
         return false;
     }
     let ip = if family == FAMILY_V4 {

@@ -33,7 +33,7 @@ use crate::{
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts},
+    proxy::{Authorizer, DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts},
     records::{Connections, RecordMetrics},
     redirect::{Gateways, RedirectConfig, Redirector, Release},
 };
@@ -344,6 +344,11 @@ fn spawn_serving(
     if let Some(receiving) = receiving {
         serving.extend(receiving.spawn(proxy_context, lifecycle));
     }
+    tokio::spawn(crate::proxy::recheck_on_change(
+        proxy_context.authorizer.clone(),
+        proxy_context.live.clone(),
+        lifecycle.serving(),
+    ));
     serving
 }
 
@@ -502,6 +507,8 @@ struct Families {
     audit: Arc<AuditMetrics>,
     records: Arc<RecordMetrics>,
     hbone: Arc<crate::hbone::HboneMetrics>,
+    /// Inbound authorization owns its decisions' counters.
+    authorizer: Arc<Authorizer>,
 }
 
 impl Families {
@@ -514,6 +521,7 @@ impl Families {
             self.audit.register(r);
             self.records.register(r);
             self.hbone.register(r);
+            self.authorizer.metrics.register(r);
         })
     }
 }
@@ -548,6 +556,7 @@ fn proxy_context(
             .then_some(config.budget.connection_buffer / 2),
         records: connections.clone(),
         hbone,
+        authorizer: families.authorizer.clone(),
     }
 }
 

@@ -139,9 +139,9 @@ impl NodePolicies {
         self.pods.get(&ip.to_canonical())
     }
 
-    /// The addresses of the node's Pods some policy applies to.
-    pub(crate) fn guarded(&self) -> impl Iterator<Item = IpAddr> + '_ {
-        self.pods.keys().copied()
+    /// Whether `other` guards the very same addresses.
+    pub(crate) fn same_guards(&self, other: &NodePolicies) -> bool {
+        self.pods.len() == other.pods.len() && self.pods.keys().all(|ip| other.pods.contains_key(ip))
     }
 
     pub(crate) fn converted(&self) -> &[Arc<Authorization>] {

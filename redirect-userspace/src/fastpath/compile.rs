@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use redirect_common::fastpath::{
     ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Claim, Config,
     FAMILY_V4, FAMILY_V6, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey, WORKLOAD_DIRECT,
-    WORKLOAD_HBONE,
+    WORKLOAD_PROXY,
 };
 
 use super::{
@@ -64,7 +64,9 @@ pub(crate) fn compile_after(
         Some((before, tables, stats)) if same_hosts && before.same_services(snapshot) => {
             with_workloads(tables, stats, snapshot, limits)
         }
-        Some((before, tables, stats)) if before.same_workloads(snapshot) => {
+        Some((before, tables, stats))
+            if before.same_workloads(snapshot) && before.same_guards(snapshot) =>
+        {
             let patched = same_hosts
                 .then(|| {
                     super::patch::services_changed(before, tables, stats, snapshot, limits, hosts)
@@ -192,34 +194,50 @@ pub(crate) fn with_workloads(
 /// the limit), nothing of its services.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Workloads {
-    /// Every address a workload is reached at, with how (`WORKLOAD_DIRECT`, `WORKLOAD_HBONE`);
+    /// Every address a workload is reached at, with how (`WORKLOAD_DIRECT`, `WORKLOAD_PROXY`);
     /// none when they do not all fit.
     addresses: HashMap<IpKey, u8>,
-    /// How many were left out (all of them) for want of room.
+    /// How many were left out for want of room.
     left_out: usize,
+    /// Even the addresses only the proxy may carry did not fit: it decides every connection.
+    proxy_all: bool,
 }
 
 impl Workloads {
-    /// Every address a workload of `snapshot` is reached at, or none when they do not all fit.
+    /// Every address a workload of `snapshot` is reached at, or only those the proxy must carry
+    /// when they do not all fit.
     fn of(snapshot: &Snapshot, limits: Limits) -> Self {
         let ips: HashMap<IpKey, u8> = snapshot
             .workload_destinations()
             .map(|ip| {
-                let class = match snapshot.hbone_peer(ip) {
-                    Some(_) => WORKLOAD_HBONE,
-                    None => WORKLOAD_DIRECT,
-                };
+                let proxy = snapshot.hbone_peer(ip).is_some() || snapshot.authz().pod(ip).is_some();
+                let class = if proxy { WORKLOAD_PROXY } else { WORKLOAD_DIRECT };
                 (IpKey::new(ip), class)
             })
             .collect();
-        match ips.len() > limits.workloads {
-            true => Workloads {
-                addresses: HashMap::new(),
-                left_out: ips.len(),
-            },
-            false => Workloads {
+        if ips.len() <= limits.workloads {
+            return Workloads {
                 addresses: ips,
                 left_out: 0,
+                proxy_all: false,
+            };
+        }
+        // Left out, an address only the proxy may carry would be left alone in the kernel: those
+        // are kept first, and when even they do not fit the proxy decides every connection.
+        let total = ips.len();
+        let addresses: HashMap<IpKey, u8> = (ips.into_iter())
+            .filter(|(_, class)| *class == WORKLOAD_PROXY)
+            .collect();
+        match addresses.len() > limits.workloads {
+            true => Workloads {
+                addresses: HashMap::new(),
+                left_out: total,
+                proxy_all: true,
+            },
+            false => Workloads {
+                left_out: total - addresses.len(),
+                addresses,
+                proxy_all: false,
             },
         }
     }
@@ -234,6 +252,7 @@ impl Workloads {
                 .get(&Fallback::WorkloadsUncounted)
                 .copied()
                 .unwrap_or(0),
+            proxy_all: false,
         })
     }
 
@@ -242,6 +261,9 @@ impl Workloads {
         if self.left_out > 0 {
             tables.config.workloads_incomplete = 1;
             stats.fell_back(Fallback::WorkloadsUncounted, self.left_out);
+        }
+        if self.proxy_all {
+            tables.config.proxy_everything = 1;
         }
         stats.workloads = self.addresses.len();
         tables.workloads = self.addresses;

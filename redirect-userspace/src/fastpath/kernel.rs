@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use redirect_common::fastpath::{
     ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, IpKey, NS_PROXY, NS_UNKNOWN,
-    PortKey, WORKLOAD_HBONE,
+    PortKey, WORKLOAD_PROXY,
 };
 
 #[cfg(test)]
@@ -95,14 +95,18 @@ fn decide_claim<'t>(
         // Left alone either way: the table only counts workloads apart (one it had no room for
         // is counted as a passthrough).
         return match tables.workloads.get(&ip) {
-            Some(&WORKLOAD_HBONE) => FastDecision::Proxy,
+            Some(&WORKLOAD_PROXY) => FastDecision::Proxy,
             Some(_) => FastDecision::Workload,
             None => FastDecision::Passthrough,
         };
     };
     // Any other action (`ACTION_PROXY`, or one this model does not know) is the proxy's.
     match claim.action {
-        ACTION_PASSTHROUGH => FastDecision::Passthrough,
+        // A network passed through may hold a Pod only the proxy may carry a connection to.
+        ACTION_PASSTHROUGH => match tables.workloads.get(&ip) {
+            Some(&WORKLOAD_PROXY) => FastDecision::Proxy,
+            _ => FastDecision::Passthrough,
+        },
         ACTION_PORTS => match tables.ports.get(&PortKey::new(claim.service, port)) {
             // A socket is rewritten within its own family. (The kernel sends a connection whose
             // pick lands on an endpoint reached over HBONE to the proxy instead; the rewrite

@@ -85,7 +85,9 @@ pub(crate) enum Fallback {
     /// budget: the proxy decides everything.
     SharedFull,
     /// Not every workload address fit: connections to the ones left out are still left alone in
-    /// the kernel, counted as passthroughs (per address).
+    /// the kernel, counted as passthroughs (per address). The addresses only the proxy may carry
+    /// (over HBONE, under authorization) are kept first; when even they do not fit, the proxy
+    /// decides every connection.
     WorkloadsUncounted,
 }
 

@@ -159,7 +159,7 @@ pub(crate) struct Tables {
     /// BPF hash `PortKey -> Backends`: the ports whose endpoints are plain IPs.
     pub(super) ports: HashMap<PortKey, PortEndpoints>,
     /// BPF hash `IpKey -> u8`: workload addresses, to count their connections apart, and how each
-    /// is reached (`WORKLOAD_DIRECT`, or `WORKLOAD_HBONE`: the proxy's).
+    /// is reached (`WORKLOAD_DIRECT`, or `WORKLOAD_PROXY`: the proxy's).
     pub(super) workloads: HashMap<IpKey, u8>,
     /// BPF array of one entry.
     pub(super) config: Config,
@@ -200,7 +200,7 @@ impl Tables {
         &self.ports
     }
 
-    /// BPF hash `IpKey -> WORKLOAD_DIRECT | WORKLOAD_HBONE`.
+    /// BPF hash `IpKey -> WORKLOAD_DIRECT | WORKLOAD_PROXY`.
     pub(crate) fn workloads(&self) -> &HashMap<IpKey, u8> {
         &self.workloads
     }

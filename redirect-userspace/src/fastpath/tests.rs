@@ -962,7 +962,7 @@ fn a_service_bound_to_a_known_waypoint_goes_to_the_proxy_and_otherwise_stays_a_r
 /// goes to the proxy (which tunnels it), while this node's Pods are still left alone.
 #[test]
 fn the_other_nodes_pods_are_marked_for_the_proxy_and_this_nodes_left_alone() {
-    use redirect_common::fastpath::{WORKLOAD_DIRECT, WORKLOAD_HBONE};
+    use redirect_common::fastpath::{WORKLOAD_DIRECT, WORKLOAD_PROXY};
     let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: here, namespace: ns-a}\nspec: {nodeName: node-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: there, namespace: ns-b}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.1}\n";
     let yaml = format!("{HEADER}---\n{pods}");
     let mut model = load_sources([("w.yaml", yaml.as_str())]).unwrap();
@@ -977,7 +977,7 @@ fn the_other_nodes_pods_are_marked_for_the_proxy_and_this_nodes_left_alone() {
             .copied()
     };
     assert_eq!(class("10.0.1.1"), Some(WORKLOAD_DIRECT));
-    assert_eq!(class("10.0.2.1"), Some(WORKLOAD_HBONE));
+    assert_eq!(class("10.0.2.1"), Some(WORKLOAD_PROXY));
     let ns = tables.namespace_id("ns-a");
     let to = |ip: &str| super::kernel::decide_for(&tables, ns, ip.parse().unwrap(), 80);
     assert!(matches!(to("10.0.1.1"), FastDecision::Workload));

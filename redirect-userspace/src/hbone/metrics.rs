@@ -37,7 +37,7 @@ impl HboneMetrics {
         );
         registry.register(
             "hbone_inbound",
-            "HBONE received for this node's Pods (--hbone-between-nodes): streams by result ok, bad_request (not a CONNECT to the Pod dialled), connect_failed (the Pod refused); connections by result no_workload (no Pod of this node there), no_identity, ca_failed, tls_refused (the peer's certificate was refused, or no TLS)",
+            "HBONE received for this node's Pods (--hbone-between-nodes): streams by result ok, bad_request (not a CONNECT to the Pod dialled), connect_failed (the Pod refused), denied (its authorization policies refused the sender: 401); connections by result no_workload (no Pod of this node there), no_identity, ca_failed, tls_refused (the peer's certificate was refused, or no TLS)",
             self.inbound.clone(),
         );
     }

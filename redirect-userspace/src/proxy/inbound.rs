@@ -17,8 +17,14 @@ use http::{Method, Request, Response, StatusCode};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
-use super::{ProxyContext, RelayError, relay::Carried, tunnel_relay::relay_tunnel};
+use super::{
+    ProxyContext, RelayError,
+    authorize::{Inbound, Path},
+    relay::Carried,
+    tunnel_relay::relay_tunnel,
+};
 use crate::{
+    authz::Verdict,
     hbone::{self, H2Stream, Identity},
     net::{CONNECT_TIMEOUT, connect_from},
     records::Received,
@@ -223,6 +229,22 @@ async fn stream(
         debug!(peer = %sender.peer, src_identity = %sender.source, method = %request.method(), uri = %request.uri(), "HBONE stream is not a CONNECT to the Pod dialled");
         return refuse(&mut respond, StatusCode::BAD_REQUEST);
     };
+    // Registered and decided before the Pod is dialled: a refused stream never reaches it.
+    let inbound = Inbound {
+        path: Path::Hbone,
+        src_identity: Some(sender.source.clone()),
+        src_ip: sender.peer.ip().to_canonical(),
+        dst_ip: target.ip().to_canonical(),
+        dst_port: target.port(),
+    };
+    let authorized = match context.authorizer.admit(inbound, || context.live.snapshot_arc()) {
+        Ok(authorized) => authorized,
+        Err(verdict) => {
+            metrics.inbound("denied");
+            log_denied(&context, &sender, target, &verdict);
+            return refuse(&mut respond, StatusCode::UNAUTHORIZED);
+        }
+    };
     let sockets = &*context.sockets;
     let upstream = match &sender.from {
         Some(from) => connect_from(sockets, from.ip().into(), target, CONNECT_TIMEOUT).await,
@@ -246,8 +268,31 @@ async fn stream(
         }
     };
     let mut tunnel = H2Stream::new(send, request.into_body());
-    let carried = relay_tunnel(upstream.split(), &mut tunnel, context.timeouts).await;
-    log_carried(&context, &sender, target, started, carried);
+    let carried = tokio::select! {
+        carried = relay_tunnel(upstream.split(), &mut tunnel, context.timeouts) => carried,
+        () = authorized.revoked() => {
+            // The Pod's side reset; the stream is reset as `tunnel` is dropped unfinished.
+            let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+            Err(RelayError::Io(io::Error::other("closed: no longer allowed after a policy update")))
+        }
+    };
+    log_carried(&context, &sender, target, started, &authorized.verdict, carried);
+}
+
+/// The access log's line for a stream refused by the Pod's authorization policies.
+fn log_denied(context: &ProxyContext, sender: &Sender, dst: SocketAddr, verdict: &Verdict) {
+    let source = sender.source.to_string();
+    let authorization = verdict.to_string();
+    context.records.received(&Received {
+        src_identity: &source,
+        src: sender.peer,
+        dst,
+        bytes_in: 0,
+        bytes_out: 0,
+        duration: Duration::ZERO,
+        end: "denied by authorization policy",
+        authorization: &authorization,
+    });
 }
 
 /// Answers a stream with `code` and ends it.
@@ -268,9 +313,11 @@ fn log_carried(
     sender: &Sender,
     dst: SocketAddr,
     started: Instant,
+    verdict: &Verdict,
     carried: Result<Carried, RelayError>,
 ) {
     let source = sender.source.to_string();
+    let authorization = verdict.to_string();
     let (bytes_in, bytes_out, end) = match &carried {
         // Sent is from the Pod into the tunnel: the sender's bytes in are those received.
         Ok(c) => (c.received, c.sent, "closed"),
@@ -286,5 +333,6 @@ fn log_carried(
         bytes_out,
         duration: started.elapsed(),
         end,
+        authorization: &authorization,
     });
 }

@@ -1,6 +1,7 @@
 //! The outbound proxy: accepts the connections the eBPF programs steered to the gateway, finds where
 //! each client meant to go, and carries the bytes there; and HBONE's receiving side for the Pods
 //! of this node.
+mod authorize;
 mod forbidden;
 mod inbound;
 mod metrics;
@@ -12,6 +13,7 @@ mod splice;
 mod tests;
 mod tunnel_relay;
 
+pub(crate) use authorize::{Authorizer, recheck_on_change};
 pub(crate) use forbidden::{DialGuard, Forbidden};
 pub(crate) use inbound::{listen_transparent, serve as serve_inbound};
 pub(crate) use metrics::{Direction, ProxyMetrics, Timeout};

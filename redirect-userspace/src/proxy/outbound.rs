@@ -12,7 +12,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tracing::{debug, warn};
 
 use super::{
-    DialGuard, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
+    Authorizer, DialGuard,
+    authorize::{Authorized, Inbound, Path}, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
     record::ConnectionResult, relay, relay::Carried, splice_relay, tunnel_relay::relay_tunnel,
 };
 use crate::{
@@ -20,7 +21,7 @@ use crate::{
     config::Workload,
     dns::HostCache,
     hbone::{HboneClient, Identity},
-    identity::{CgroupPods, Client},
+    identity::{CgroupPods, Check, Client},
     live::LiveState,
     metrics::{Lookup, Metrics},
     net::{CONNECT_TIMEOUT, SocketFactory},
@@ -60,6 +61,8 @@ pub(crate) struct ProxyContext {
     pub records: Arc<Connections>,
     /// Tunnels to waypoints, for the services bound to one.
     pub hbone: Arc<HboneClient>,
+    /// Inbound authorization of the connections carried to this node's Pods.
+    pub authorizer: Arc<Authorizer>,
 }
 
 pub(crate) struct OutboundProxy {
@@ -245,6 +248,8 @@ struct Route {
     /// The HBONE peer it goes through, a waypoint or another node (`first` is then the peer's
     /// HBONE address).
     via: Option<Via>,
+    /// To a Pod of this node: admitted by its authorization policies, until revoked.
+    authorized: Option<Authorized>,
 }
 
 /// A connection's way over HBONE: as whom, from which address (the client Pod's, to another node,
@@ -318,12 +323,74 @@ async fn route(
         Some(_) => SocketAddr::new(first.ip(), crate::hbone::PORT),
         None => first,
     };
+    let authorized = match via {
+        None => authorize(context, &snapshot, &who, peer, first, result)?,
+        Some(_) => None,
+    };
     Ok(Route {
         outcome: plan.outcome,
         orig,
         first,
         fallback: fallback.filter(|_| via.is_none()),
         via,
+        authorized,
+    })
+}
+
+/// A connection to a Pod of this node, decided by its authorization policies as coming from
+/// `who` (its identity only when the kernel confirmed the Pod: anything else is plaintext);
+/// `None` for any other destination.
+fn authorize(
+    context: &ProxyContext,
+    snapshot: &Arc<Snapshot>,
+    who: &Client<'_>,
+    peer: SocketAddr,
+    dst: SocketAddr,
+    result: &mut ConnectionResult<'_>,
+) -> Result<Option<Authorized>, Refused> {
+    if snapshot.local_pod(dst.ip()).is_none() {
+        return Ok(None);
+    }
+    let src_identity = who
+        .workload
+        .filter(|_| who.check == Check::Confirmed)
+        .and_then(|w| mesh_identity(context, snapshot, w));
+    let inbound = Inbound {
+        path: Path::SameNode,
+        src_identity,
+        src_ip: peer.ip(),
+        dst_ip: dst.ip(),
+        dst_port: dst.port(),
+    };
+    match context.authorizer.admit(inbound, || context.live.snapshot_arc()) {
+        Ok(authorized) => {
+            result.authorization = Some(Name::from(authorized.verdict.to_string()));
+            Ok(Some(authorized))
+        }
+        Err(verdict) => {
+            result.endpoint = Some(dst);
+            result.authorization = Some(Name::from(verdict.to_string()));
+            Err(Refused {
+                outcome: OutboundOutcome::Denied,
+                why: "denied by authorization policy",
+            })
+        }
+    }
+}
+
+/// The workload identity of a Pod of this node in the mesh's trust domain, certificates or not:
+/// what its certificate would name.
+fn mesh_identity(context: &ProxyContext, snapshot: &Snapshot, w: &Workload) -> Option<Identity> {
+    let account = w.service_account.as_deref()?;
+    workload_identity(&context.hbone, w).or_else(|| {
+        Some(Identity {
+            trust_domain: snapshot
+                .trust_domain()
+                .unwrap_or(crate::config::DEFAULT_CLUSTER_DOMAIN)
+                .to_string(),
+            namespace: w.meta.namespace.clone(),
+            service_account: account.to_string(),
+        })
     })
 }
 
@@ -382,6 +449,7 @@ fn through_waypoint(
         orig,
         first,
         fallback: None,
+        authorized: None,
         via: Some(Via {
             client,
             source: None,
@@ -488,9 +556,22 @@ async fn carry(
         }),
         RelayMode::Copy => None,
     };
-    let carried = match pipes {
-        Some(pipes) => splice_relay(client, &upstream, pipes, context.timeouts).await,
-        None => relay(client, &upstream, context.timeouts).await,
+    let relayed = async {
+        match pipes {
+            Some(pipes) => splice_relay(client, &upstream, pipes, context.timeouts).await,
+            None => relay(client, &upstream, context.timeouts).await,
+        }
+    };
+    let carried = match &route.authorized {
+        None => relayed.await,
+        Some(authorized) => tokio::select! {
+            carried = relayed => carried,
+            () = authorized.revoked() => {
+                // Both sockets still linger 0: dropping them resets both peers.
+                result.end = "closed: no longer allowed after a policy update";
+                return Ok(());
+            }
+        },
     };
     match carried {
         Ok(carried) => {

@@ -29,6 +29,8 @@ pub(crate) struct ConnectionResult<'a> {
     pub endpoint: Option<SocketAddr>,
     /// `namespace/name` of the waypoint it went through.
     pub waypoint: Option<Name>,
+    /// How the destination Pod's authorization policies decided it, when it is a Pod of this node.
+    pub authorization: Option<Name>,
     pub sent: u64,
     pub received: u64,
     /// How it ended: `closed`, `reset`, `idle timeout`, `write timeout`, or why it was refused.
@@ -54,6 +56,7 @@ impl<'a> ConnectionResult<'a> {
             service: None,
             endpoint: None,
             waypoint: None,
+            authorization: None,
             sent: 0,
             received: 0,
             end: "reset",
@@ -92,6 +95,7 @@ impl<'a> ConnectionResult<'a> {
         record.service = self.service.clone();
         record.endpoint = self.endpoint;
         record.waypoint = self.waypoint.clone();
+        record.authorization = self.authorization.clone();
         if event == Event::Close {
             record.bytes_sent = self.sent;
             record.bytes_received = self.received;

@@ -87,6 +87,7 @@ impl AccessLog {
             service = %or_dash(&record.service),
             endpoint = %addr_or_dash(record.endpoint),
             waypoint = %or_dash(&record.waypoint),
+            authorization = %or_dash(&record.authorization),
             bytes_sent = record.bytes_sent,
             bytes_received = record.bytes_received,
             duration_ms = record
@@ -114,6 +115,8 @@ pub(crate) struct Received<'a> {
     pub bytes_out: u64,
     pub duration: std::time::Duration,
     pub end: &'static str,
+    /// How the Pod's authorization policies decided it.
+    pub authorization: &'a str,
 }
 
 impl AccessLog {
@@ -134,6 +137,7 @@ impl AccessLog {
             bytes_received = received.bytes_out,
             duration_ms = u64::try_from(received.duration.as_millis()).unwrap_or(u64::MAX),
             end = received.end,
+            authorization = received.authorization,
             decided_by = "proxy",
             lines_dropped_before = dropped,
             "inbound"

@@ -122,6 +122,10 @@ pub(crate) struct Record {
     /// waypoint's HBONE address).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waypoint: Option<Name>,
+    /// How the destination Pod's authorization policies decided it (`allowed by: ns/name`,
+    /// `explicitly denied by: ns/name`, ...), when the proxy carried it to a Pod of this node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<Name>,
     /// Bytes from the client to the endpoint (the kernel: those the peer acknowledged).
     pub bytes_sent: u64,
     pub bytes_received: u64,
@@ -147,6 +151,7 @@ impl Record {
             service: None,
             endpoint: None,
             waypoint: None,
+            authorization: None,
             bytes_sent: 0,
             bytes_received: 0,
             duration: None,

@@ -217,6 +217,12 @@ impl Snapshot {
         Arc::ptr_eq(&self.workloads, &other.workloads)
     }
 
+    /// Whether `other` has authorization policies on the very same addresses of this node's Pods
+    /// (what the fast path's workload table reads of them).
+    pub(crate) fn same_guards(&self, other: &Snapshot) -> bool {
+        self.authz.same_guards(&other.authz)
+    }
+
     /// The client behind a connection's peer IP; `None` (unknown: PUBLIC services only) when no
     /// workload, or more than one, has that IP.
     pub fn workload_by_ip(&self, ip: IpAddr) -> Option<&Workload> {

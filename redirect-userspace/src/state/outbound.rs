@@ -35,6 +35,8 @@ pub enum OutboundOutcome {
     NoHealthyUpstream,
     /// The destination could not be reached (or the original destination was unknown): reset.
     Error,
+    /// The destination Pod's authorization policies refused the client: reset.
+    Denied,
 }
 
 impl OutboundOutcome {
@@ -46,6 +48,7 @@ impl OutboundOutcome {
             Self::Passthrough => "passthrough",
             Self::NoHealthyUpstream => "noHealthyUpstream",
             Self::Error => "error",
+            Self::Denied => "denied",
         }
     }
 
@@ -57,6 +60,7 @@ impl OutboundOutcome {
             Self::Passthrough => "passthrough",
             Self::NoHealthyUpstream => "no_healthy_upstream",
             Self::Error => "error",
+            Self::Denied => "denied",
         }
     }
 }
