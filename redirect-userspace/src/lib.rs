@@ -54,8 +54,8 @@ pub mod report {
     pub use crate::{
         cli::{
             explain::{
-                Destination, DnsAction, DnsReport, HostExplanation, IpExplanation, OutboundReport,
-                explain_host, explain_ip,
+                AuthorizationReport, Destination, DnsAction, DnsReport, HostExplanation,
+                IpExplanation, OutboundReport, Over, authorize, explain_host, explain_ip,
             },
             resolve::report as resolve_report,
         },

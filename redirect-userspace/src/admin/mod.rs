@@ -242,7 +242,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
         },
         _ => text(
             StatusCode::NOT_FOUND,
-            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /audit[?namespace=NS] /connections[?namespace=NS][&service=NS/NAME][&follow=1] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT])\n".into(),
+            "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /audit[?namespace=NS] /connections[?namespace=NS][&service=NS/NAME][&follow=1] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT][&over=auto|same-node|hbone|plaintext])\n".into(),
         ),
     }
 }
@@ -327,8 +327,21 @@ fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
                 Ok(dst) => dst,
                 Err(why) => return text(StatusCode::BAD_REQUEST, format!("ip={ip}: {why}\n")),
             };
+            let over = match param("over")
+                .map(|o| <crate::explain::Over as clap::ValueEnum>::from_str(o, true))
+            {
+                None => crate::explain::Over::Auto,
+                Some(Ok(over)) => over,
+                Some(Err(_)) => {
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        "over= is one of auto, same-node, hbone, plaintext\n".into(),
+                    );
+                }
+            };
             let mut e = crate::explain::explain_ip(&snapshot, &client.namespace, dst);
             e.client = client;
+            crate::explain::authorize(&snapshot, &mut e, dst, over);
             // Who decides is what the tables in force say (the host names resolved ahead
             // included), not a compilation of the snapshot; without the fast path, the proxy.
             let port = e.outbound.port.unwrap_or(0);

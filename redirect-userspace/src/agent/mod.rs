@@ -33,7 +33,9 @@ use crate::{
     live::LiveState,
     logging::LogLevel,
     metrics::Metrics,
-    proxy::{Authorizer, DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts},
+    proxy::{
+        Authorizer, DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts,
+    },
     records::{Connections, RecordMetrics},
     redirect::{Gateways, RedirectConfig, Redirector, Release},
 };

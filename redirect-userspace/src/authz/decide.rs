@@ -39,21 +39,24 @@ impl Match {
             return false;
         }
         let id = conn.src_identity;
-        let principal = id.map(principal);
-        let strings = |want: &StringMatch, value: Option<&str>| value.is_some_and(|v| want.matches(v));
+        let by_principal = !self.principals.is_empty() || !self.not_principals.is_empty();
+        let principal = id.filter(|_| by_principal).map(principal);
+        let strings =
+            |want: &StringMatch, value: Option<&str>| value.is_some_and(|v| want.matches(v));
         let nets = |net: &IpNet, ip: IpAddr| net.contains(&ip.to_canonical());
-        either(&self.destination_ports, &self.not_destination_ports, |p| *p == conn.dst_port)
-            && either(&self.destination_ips, &self.not_destination_ips, |n| nets(n, conn.dst_ip))
-            && either(&self.source_ips, &self.not_source_ips, |n| nets(n, conn.src_ip))
-            && either(&self.namespaces, &self.not_namespaces, |m| {
-                strings(m, id.map(|i| i.namespace.as_str()))
-            })
-            && either(&self.principals, &self.not_principals, |m| {
-                strings(m, principal.as_deref())
-            })
-            && either(&self.service_accounts, &self.not_service_accounts, |sa| {
-                id.is_some_and(|i| i.namespace == sa.namespace && i.service_account == sa.name)
-            })
+        either(&self.destination_ports, &self.not_destination_ports, |p| {
+            *p == conn.dst_port
+        }) && either(&self.destination_ips, &self.not_destination_ips, |n| {
+            nets(n, conn.dst_ip)
+        }) && either(&self.source_ips, &self.not_source_ips, |n| {
+            nets(n, conn.src_ip)
+        }) && either(&self.namespaces, &self.not_namespaces, |m| {
+            strings(m, id.map(|i| i.namespace.as_str()))
+        }) && either(&self.principals, &self.not_principals, |m| {
+            strings(m, principal.as_deref())
+        }) && either(&self.service_accounts, &self.not_service_accounts, |sa| {
+            id.is_some_and(|i| i.namespace == sa.namespace && i.service_account == sa.name)
+        })
     }
 }
 
@@ -63,7 +66,7 @@ fn either<T>(positive: &[T], negative: &[T], matches: impl Fn(&T) -> bool) -> bo
 }
 
 /// An identity as policies name it: without `spiffe://`.
-pub(crate) fn principal(id: &Identity) -> String {
+fn principal(id: &Identity) -> String {
     format!(
         "{}/ns/{}/sa/{}",
         id.trust_domain, id.namespace, id.service_account
@@ -105,7 +108,9 @@ impl Verdict {
 impl fmt::Display for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Verdict::Allowed => f.write_str("allowed: no policy denies it and no ALLOW policy applies"),
+            Verdict::Allowed => {
+                f.write_str("allowed: no policy denies it and no ALLOW policy applies")
+            }
             Verdict::AllowedBy(p) => write!(f, "allowed by: {p}"),
             Verdict::ExplicitlyDenied(p) => write!(f, "explicitly denied by: {p}"),
             Verdict::NotAllowed => f.write_str("allow policies exist, but none allowed"),

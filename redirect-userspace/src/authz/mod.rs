@@ -8,10 +8,8 @@ mod node;
 mod peer;
 mod policy;
 
-pub(crate) use decide::{Conn, Decision, Verdict, principal};
-pub(crate) use node::{NodePolicies, PodPolicies, Skipped};
-pub(crate) use peer::Mtls;
-pub(crate) use policy::{Action, Authorization};
+pub(crate) use decide::{Conn, Decision, Verdict};
+pub(crate) use node::{AuthorizationDump, NodePolicies};
 
 #[cfg(test)]
 mod tests;

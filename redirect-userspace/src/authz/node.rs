@@ -141,22 +141,41 @@ impl NodePolicies {
 
     /// Whether `other` guards the very same addresses.
     pub(crate) fn same_guards(&self, other: &NodePolicies) -> bool {
-        self.pods.len() == other.pods.len() && self.pods.keys().all(|ip| other.pods.contains_key(ip))
+        self.pods.len() == other.pods.len()
+            && self.pods.keys().all(|ip| other.pods.contains_key(ip))
     }
 
+    #[cfg(test)]
     pub(crate) fn converted(&self) -> &[Arc<Authorization>] {
         &self.converted
     }
 
+    #[cfg(test)]
     pub(crate) fn skipped(&self) -> &[Skipped] {
         &self.skipped
     }
 
-    /// The guarded Pods, each once, by `namespace/name`.
-    pub(crate) fn pods(&self) -> Vec<&Arc<PodPolicies>> {
+    /// What `/config_dump` shows: every policy as converted, those the node enforces nothing of,
+    /// and the policies of each Pod of the node that has any.
+    pub(crate) fn dump(&self) -> AuthorizationDump {
         let mut pods: Vec<&Arc<PodPolicies>> = self.pods.values().collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         pods.dedup_by(|a, b| Arc::ptr_eq(a, b));
-        pods
+        AuthorizationDump {
+            policies: self.converted.iter().map(|p| (**p).clone()).collect(),
+            not_enforced: self.skipped.clone(),
+            pods: pods.into_iter().map(|p| (**p).clone()).collect(),
+        }
     }
+}
+
+/// The authorization section of `/config_dump`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct AuthorizationDump {
+    pub policies: Vec<Authorization>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_enforced: Vec<Skipped>,
+    /// The node's Pods some policy applies to (PeerAuthentication's included).
+    pub pods: Vec<PodPolicies>,
 }

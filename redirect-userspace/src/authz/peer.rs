@@ -37,13 +37,6 @@ pub(crate) struct Mtls {
     pub ports: BTreeMap<u16, MtlsMode>,
 }
 
-impl Mtls {
-    /// Whether plaintext to `port` is refused.
-    pub(crate) fn strict_on(&self, port: u16) -> bool {
-        self.ports.get(&port).copied().unwrap_or(self.mode) == MtlsMode::Strict
-    }
-}
-
 impl PeerPolicies {
     pub(crate) fn new(policies: &[Arc<PeerAuthentication>], root_namespace: &str) -> Self {
         let mut by_age: Vec<&Arc<PeerAuthentication>> = policies.iter().collect();
@@ -59,10 +52,14 @@ impl PeerPolicies {
             match &p.selector {
                 None if ns == root_namespace => {
                     out.mesh.get_or_insert_with(|| p.clone());
-                    out.namespaces.entry(ns.clone()).or_insert_with(|| p.clone());
+                    out.namespaces
+                        .entry(ns.clone())
+                        .or_insert_with(|| p.clone());
                 }
                 None => {
-                    out.namespaces.entry(ns.clone()).or_insert_with(|| p.clone());
+                    out.namespaces
+                        .entry(ns.clone())
+                        .or_insert_with(|| p.clone());
                 }
                 // A root-namespace policy with a selector is ignored, as Istio ignores it.
                 Some(_) if ns == root_namespace => {}
@@ -83,7 +80,9 @@ impl PeerPolicies {
             .iter()
             .flatten()
             .find(|p| p.mode != MtlsMode::Unset)
-            .map_or((MtlsMode::Permissive, None), |p| (effective(p.mode), Some(key(p))));
+            .map_or((MtlsMode::Permissive, None), |p| {
+                (effective(p.mode), Some(key(p)))
+            });
         let ports = own
             .map(|p| {
                 p.port_level

@@ -6,7 +6,9 @@ use std::{fmt, net::IpAddr};
 use ipnet::IpNet;
 use serde::Serialize;
 
-use crate::config::{AuthorizationPolicy, AuthzAction, AuthzCondition, AuthzOperation, AuthzSource};
+use crate::config::{
+    AuthorizationPolicy, AuthzAction, AuthzCondition, AuthzOperation, AuthzSource,
+};
 
 /// What the node does with connections a policy matches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -181,9 +183,15 @@ pub(crate) enum NotEnforced {
 impl fmt::Display for NotEnforced {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            NotEnforced::Waypoint => f.write_str("targets a waypoint (targetRef): enforced there, not on the node"),
+            NotEnforced::Waypoint => {
+                f.write_str("targets a waypoint (targetRef): enforced there, not on the node")
+            }
             NotEnforced::Unsupported(action) => {
-                write!(f, "the node does not support the {} action", action.as_str())
+                write!(
+                    f,
+                    "the node does not support the {} action",
+                    action.as_str()
+                )
             }
         }
     }

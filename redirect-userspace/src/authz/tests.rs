@@ -55,7 +55,13 @@ fn id(ns: &str, sa: &str) -> Identity {
 }
 
 /// The verdict on a connection to `dst:port` from `src` as `identity` (`None`: plaintext).
-fn verdict(node: &NodePolicies, identity: Option<&Identity>, src: &str, dst: &str, port: u16) -> Verdict {
+fn verdict(
+    node: &NodePolicies,
+    identity: Option<&Identity>,
+    src: &str,
+    dst: &str,
+    port: u16,
+) -> Verdict {
     match node.pod(ip(dst)) {
         None => Verdict::Allowed,
         Some(pod) => {
@@ -104,7 +110,10 @@ fn deny_from_a_namespace_refuses_it_and_no_other() {
         verdict(&n, Some(&b), B1, WEB, 8080),
         Verdict::ExplicitlyDenied("team-a/deny-b".into())
     );
-    assert_eq!(verdict(&n, Some(&a), "10.244.1.99", WEB, 8080), Verdict::Allowed);
+    assert_eq!(
+        verdict(&n, Some(&a), "10.244.1.99", WEB, 8080),
+        Verdict::Allowed
+    );
     // Plaintext has no namespace: a positive `namespaces` never matches it.
     assert_eq!(verdict(&n, None, B1, WEB, 8080), Verdict::Allowed);
 }
@@ -137,9 +146,16 @@ fn principals_take_prefix_suffix_and_presence() {
     assert!(verdict(&n, Some(&id("team-c", "web")), B1, WEB, 1).allowed());
     assert!(verdict(&n, Some(&id("team-b", "x")), B1, WEB, 1).allowed());
     assert!(!verdict(&n, Some(&id("team-c", "x")), B1, WEB, 1).allowed());
-    let any = node(&policy("team-a", "any", "{rules: [{from: [{source: {principals: [\"*\"]}}]}]}"));
+    let any = node(&policy(
+        "team-a",
+        "any",
+        "{rules: [{from: [{source: {principals: [\"*\"]}}]}]}",
+    ));
     assert!(verdict(&any, Some(&id("team-c", "x")), B1, WEB, 1).allowed());
-    assert!(!verdict(&any, None, B1, WEB, 1).allowed(), "plaintext has no principal");
+    assert!(
+        !verdict(&any, None, B1, WEB, 1).allowed(),
+        "plaintext has no principal"
+    );
 }
 
 #[test]
@@ -175,13 +191,19 @@ fn ip_blocks_ports_and_not_ports() {
     ));
     assert!(!verdict(&n, None, B1, WEB, 8080).allowed());
     assert!(verdict(&n, None, B1, WEB, 9090).allowed(), "notPorts");
-    assert!(verdict(&n, None, "10.244.1.99", WEB, 8080).allowed(), "outside the block");
+    assert!(
+        verdict(&n, None, "10.244.1.99", WEB, 8080).allowed(),
+        "outside the block"
+    );
     let one = node(&policy(
         "team-a",
         "allow",
         "{rules: [{from: [{source: {ipBlocks: [10.244.2.10]}}], to: [{operation: {ports: [\"8080\"]}}]}]}",
     ));
-    assert!(verdict(&one, None, B1, WEB, 8080).allowed(), "an address is a /32");
+    assert!(
+        verdict(&one, None, B1, WEB, 8080).allowed(),
+        "an address is a /32"
+    );
     assert!(!verdict(&one, None, B1, WEB, 9090).allowed());
     assert!(!verdict(&one, None, "10.244.2.11", WEB, 8080).allowed());
 }
@@ -195,7 +217,14 @@ fn a_port_name_empties_its_match_and_the_rule_never_fires() {
     ));
     assert!(verdict(&n, None, B1, WEB, 80).allowed());
     let converted = &n.converted()[0];
-    assert!(converted.notes.iter().any(|m| m.contains("\"http\" is not a port number")), "{:?}", converted.notes);
+    assert!(
+        converted
+            .notes
+            .iter()
+            .any(|m| m.contains("\"http\" is not a port number")),
+        "{:?}",
+        converted.notes
+    );
 }
 
 #[test]
@@ -208,7 +237,11 @@ fn l7_only_allow_rule_is_dropped_and_denies_everyone() {
     let a = id("team-a", "default");
     assert_eq!(verdict(&n, Some(&a), B1, WEB, 80), Verdict::NotAllowed);
     assert!(n.converted()[0].groups.is_empty());
-    assert!(n.converted()[0].notes[0].contains("omitted"), "{:?}", n.converted()[0].notes);
+    assert!(
+        n.converted()[0].notes[0].contains("omitted"),
+        "{:?}",
+        n.converted()[0].notes
+    );
 }
 
 #[test]
@@ -267,7 +300,10 @@ fn l4_when_conditions_match() {
 #[test]
 fn empty_spec_allow_is_allow_nothing_and_deny_does_nothing() {
     let allow = node(&policy("team-a", "nothing", "{}"));
-    assert_eq!(verdict(&allow, Some(&id("team-a", "default")), B1, WEB, 80), Verdict::NotAllowed);
+    assert_eq!(
+        verdict(&allow, Some(&id("team-a", "default")), B1, WEB, 80),
+        Verdict::NotAllowed
+    );
     let deny = node(&policy("team-a", "nothing", "{action: DENY}"));
     assert!(verdict(&deny, Some(&id("team-a", "default")), B1, WEB, 80).allowed());
 }
@@ -280,7 +316,11 @@ fn empty_rule_matches_every_connection_and_empty_source_none() {
     let skipped = node(&policy("team-a", "all", "{rules: [{from: [{}]}]}"));
     assert!(verdict(&skipped, None, B1, WEB, 80).allowed());
     // `source: {}` is a match with nothing set: never holds.
-    let empty = node(&policy("team-a", "none", "{rules: [{from: [{source: {}}]}]}"));
+    let empty = node(&policy(
+        "team-a",
+        "none",
+        "{rules: [{from: [{source: {}}]}]}",
+    ));
     assert!(!verdict(&empty, None, B1, WEB, 80).allowed());
 }
 
@@ -294,7 +334,10 @@ fn root_namespace_policies_apply_everywhere_and_its_selectors_select_in_every_na
     let b = id("team-b", "default");
     assert!(!verdict(&n, Some(&b), B1, WEB, 80).allowed());
     assert!(!verdict(&n, Some(&b), B1, DB, 80).allowed());
-    assert!(!verdict(&n, Some(&b), "10.244.1.20", B1, 80).allowed(), "team-b's own pod too");
+    assert!(
+        !verdict(&n, Some(&b), "10.244.1.20", B1, 80).allowed(),
+        "team-b's own pod too"
+    );
     let sel = node(&policy(
         "istio-system",
         "db-only",
@@ -313,7 +356,11 @@ fn another_namespaces_policy_does_not_apply() {
 
 #[test]
 fn empty_selector_selects_no_workload() {
-    let n = node(&policy("team-a", "d", "{selector: {}, action: DENY, rules: [{}]}"));
+    let n = node(&policy(
+        "team-a",
+        "d",
+        "{selector: {}, action: DENY, rules: [{}]}",
+    ));
     assert!(n.pod(ip(WEB)).is_none());
 }
 
@@ -334,10 +381,20 @@ fn waypoint_audit_and_custom_policies_are_not_enforced_and_say_why() {
         ),
     ));
     assert!(n.pod(ip(WEB)).is_none());
-    let why: Vec<_> = n.skipped().iter().map(|s| (s.policy.as_str(), s.why.as_str())).collect();
+    let why: Vec<_> = n
+        .skipped()
+        .iter()
+        .map(|s| (s.policy.as_str(), s.why.as_str()))
+        .collect();
     assert_eq!(why.len(), 3, "{why:?}");
-    assert!(why.iter().any(|(p, w)| *p == "team-a/audit" && w.contains("AUDIT")));
-    assert!(why.iter().any(|(p, w)| *p == "team-a/wp" && w.contains("waypoint")));
+    assert!(
+        why.iter()
+            .any(|(p, w)| *p == "team-a/audit" && w.contains("AUDIT"))
+    );
+    assert!(
+        why.iter()
+            .any(|(p, w)| *p == "team-a/wp" && w.contains("waypoint"))
+    );
 }
 
 #[test]
@@ -372,16 +429,28 @@ fn peer_authentication_levels_inherit_and_the_nearest_wins() {
         peer("istio-system", "default", "{mtls: {mode: STRICT}}"),
         peer("team-a", "relaxed", "{mtls: {mode: PERMISSIVE}}"),
     ));
-    assert!(verdict(&n, None, B1, WEB, 80).allowed(), "namespace level wins over mesh");
-    assert!(!verdict(&n, None, "10.244.1.20", B1, 80).allowed(), "team-b inherits STRICT");
+    assert!(
+        verdict(&n, None, B1, WEB, 80).allowed(),
+        "namespace level wins over mesh"
+    );
+    assert!(
+        !verdict(&n, None, "10.244.1.20", B1, 80).allowed(),
+        "team-b inherits STRICT"
+    );
     let unset = node(&format!(
         "{}{}",
         peer("istio-system", "default", "{mtls: {mode: STRICT}}"),
         peer("team-a", "unset", "{mtls: {mode: UNSET}}"),
     ));
-    assert!(!verdict(&unset, None, B1, WEB, 80).allowed(), "UNSET inherits");
+    assert!(
+        !verdict(&unset, None, B1, WEB, 80).allowed(),
+        "UNSET inherits"
+    );
     let disable = node(&peer("team-a", "off", "{mtls: {mode: DISABLE}}"));
-    assert!(verdict(&disable, None, B1, WEB, 80).allowed(), "DISABLE acts as PERMISSIVE");
+    assert!(
+        verdict(&disable, None, B1, WEB, 80).allowed(),
+        "DISABLE acts as PERMISSIVE"
+    );
 }
 
 #[test]
@@ -428,7 +497,11 @@ fn deny_wins_over_allow() {
     let n = node(&format!(
         "{}{}",
         policy("team-a", "allow-all", "{rules: [{}]}"),
-        policy("team-a", "deny-b", "{action: DENY, rules: [{from: [{source: {namespaces: [team-b]}}]}]}"),
+        policy(
+            "team-a",
+            "deny-b",
+            "{action: DENY, rules: [{from: [{source: {namespaces: [team-b]}}]}]}"
+        ),
     ));
     assert_eq!(
         verdict(&n, Some(&id("team-b", "default")), B1, WEB, 80),
@@ -449,16 +522,27 @@ fn malformed_policies_are_refused_naming_the_field() {
             "spec.rules[0].when[0]",
         ),
         (
-            policy("team-a", "x", "{selector: {matchLabels: {a: b}}, targetRef: {kind: Gateway, name: w}}"),
+            policy(
+                "team-a",
+                "x",
+                "{selector: {matchLabels: {a: b}}, targetRef: {kind: Gateway, name: w}}",
+            ),
             "spec.selector",
         ),
-        (peer("team-a", "x", "{mtls: {mode: MAYBE}}"), "spec.mtls.mode"),
+        (
+            peer("team-a", "x", "{mtls: {mode: MAYBE}}"),
+            "spec.mtls.mode",
+        ),
         (
             peer("team-a", "x", "{portLevelMtls: {\"80\": {mode: STRICT}}}"),
             "spec.portLevelMtls",
         ),
         (
-            peer("team-a", "x", "{selector: {matchLabels: {a: b}}, portLevelMtls: {http: {mode: STRICT}}}"),
+            peer(
+                "team-a",
+                "x",
+                "{selector: {matchLabels: {a: b}}, portLevelMtls: {http: {mode: STRICT}}}",
+            ),
             "spec.portLevelMtls.http",
         ),
     ] {

@@ -10,8 +10,9 @@ use crate::state::Snapshot;
 pub(crate) struct ExplainArgs {
     #[command(flatten)]
     pub input: super::InputArgs,
-    /// The client namespace (a namespace with no pods is still that namespace).
-    #[arg(long = "from", value_name = "NAMESPACE")]
+    /// The client: a namespace (a namespace with no pods is still that namespace), a Pod as
+    /// `NAMESPACE/NAME`, or a Pod's address.
+    #[arg(long = "from", value_name = "NAMESPACE|NS/POD|POD-IP")]
     pub from: String,
     /// A host name as the client's application would ask for it (short names are expanded with
     /// the namespace's search domains; a trailing dot makes it absolute).
@@ -20,6 +21,11 @@ pub(crate) struct ExplainArgs {
     /// An original destination, `IP`, `IP:PORT` or `[IPv6]:PORT`.
     #[arg(long, value_name = "IP[:PORT]", value_parser = parse_destination)]
     pub ip: Option<Destination>,
+    /// How the connection reaches the destination Pod, when it is a Pod of this node: its
+    /// authorization policies decide it with the client's identity on the same node or over
+    /// HBONE, without one in plaintext.
+    #[arg(long, value_enum, default_value_t = Over::Auto)]
+    pub over: Over,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = TableOrJson::Table)]
     pub output: TableOrJson,
@@ -37,6 +43,10 @@ pub(crate) fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
         Err(unreadable) => return Ok(output::invalid_input(&[unreadable])),
     };
     let snapshot = Snapshot::build(&model, &resolution);
+    let client = match client_of(&snapshot, &args.from) {
+        Ok(client) => client,
+        Err(why) => anyhow::bail!("--from {}: {why}", args.from),
+    };
     let audited = match &args.audit_mesh_config {
         Some(path) => match crate::config::read_mesh_file(path) {
             Ok(mesh) => {
@@ -50,7 +60,11 @@ pub(crate) fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
     };
     let text = match (&args.host, args.ip) {
         (Some(host), _) => {
-            let under = |s: &Snapshot| explain_host(s, &args.from, host);
+            let under = |s: &Snapshot| {
+                let mut e = explain_host(s, &client.namespace, host);
+                e.client = client.clone();
+                e
+            };
             let used = |e: &HostExplanation| e.dns.service.clone();
             render(
                 &snapshot,
@@ -61,7 +75,12 @@ pub(crate) fn explain(args: ExplainArgs) -> anyhow::Result<ExitCode> {
             )?
         }
         (None, Some(dst)) => {
-            let under = |s: &Snapshot| explain_ip(s, &args.from, dst);
+            let under = |s: &Snapshot| {
+                let mut e = explain_ip(s, &client.namespace, dst);
+                e.client = client.clone();
+                authorize(s, &mut e, dst, args.over);
+                e
+            };
             let used = |e: &IpExplanation| e.outbound.service.clone();
             render(
                 &snapshot,
@@ -183,5 +202,21 @@ pub(crate) fn ip_table(e: &IpExplanation) -> String {
         ),
         ("why", o.reason.clone()),
     ];
+    let mut rows = rows.to_vec();
+    if let Some(a) = &o.authorization {
+        let verdict = if a.allowed { "allowed" } else { "denied" };
+        let enforced = if a.enforced {
+            ""
+        } else {
+            " (not enforced on this path yet)"
+        };
+        rows.push(("authz", format!("{verdict}{enforced}: {}", a.reason)));
+        let policies = if a.policies.is_empty() {
+            "-".to_string()
+        } else {
+            a.policies.join(", ")
+        };
+        rows.push(("policies", format!("{policies} (mTLS {})", a.mtls)));
+    }
     rows.iter().map(|(k, v)| format!("{k:<10} {v}\n")).collect()
 }

@@ -17,22 +17,22 @@ use super::{
 pub(crate) const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AuthorizationPolicy {
-    pub meta: ObjectMeta,
+pub(crate) struct AuthorizationPolicy {
+    pub(crate) meta: ObjectMeta,
     /// `spec.selector.matchLabels`; `Some` of an empty map for `selector: {}` (which selects no
     /// workload).
-    pub selector: Option<Labels>,
+    pub(crate) selector: Option<Labels>,
     /// `spec.targetRef` or `spec.targetRefs` is set: the policy is a waypoint's, not the node's.
-    pub targets_waypoint: bool,
-    pub action: AuthzAction,
-    pub rules: Vec<AuthzRule>,
+    pub(crate) targets_waypoint: bool,
+    pub(crate) action: AuthzAction,
+    pub(crate) rules: Vec<AuthzRule>,
     /// `metadata.annotations["istio.io/dry-run"] == "true"`.
-    pub dry_run: bool,
+    pub(crate) dry_run: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum AuthzAction {
+pub(crate) enum AuthzAction {
     Allow,
     Deny,
     Audit,
@@ -40,7 +40,7 @@ pub enum AuthzAction {
 }
 
 impl AuthzAction {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             AuthzAction::Allow => "ALLOW",
             AuthzAction::Deny => "DENY",
@@ -53,63 +53,63 @@ impl AuthzAction {
 /// One `rules[]` entry. A `from`/`to` entry without `source`/`operation` is `None`: Istio skips
 /// it, where an empty `source: {}` is a match that never holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AuthzRule {
-    pub from: Vec<Option<AuthzSource>>,
-    pub to: Vec<Option<AuthzOperation>>,
-    pub when: Vec<AuthzCondition>,
+pub(crate) struct AuthzRule {
+    pub(crate) from: Vec<Option<AuthzSource>>,
+    pub(crate) to: Vec<Option<AuthzOperation>>,
+    pub(crate) when: Vec<AuthzCondition>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AuthzSource {
-    pub principals: Vec<String>,
-    pub not_principals: Vec<String>,
-    pub namespaces: Vec<String>,
-    pub not_namespaces: Vec<String>,
-    pub service_accounts: Vec<String>,
-    pub not_service_accounts: Vec<String>,
-    pub ip_blocks: Vec<String>,
-    pub not_ip_blocks: Vec<String>,
+pub(crate) struct AuthzSource {
+    pub(crate) principals: Vec<String>,
+    pub(crate) not_principals: Vec<String>,
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) not_namespaces: Vec<String>,
+    pub(crate) service_accounts: Vec<String>,
+    pub(crate) not_service_accounts: Vec<String>,
+    pub(crate) ip_blocks: Vec<String>,
+    pub(crate) not_ip_blocks: Vec<String>,
     /// HTTP attributes (no node enforces them): kept to be named when dropped.
-    pub request_principals: Vec<String>,
-    pub not_request_principals: Vec<String>,
-    pub remote_ip_blocks: Vec<String>,
-    pub not_remote_ip_blocks: Vec<String>,
+    pub(crate) request_principals: Vec<String>,
+    pub(crate) not_request_principals: Vec<String>,
+    pub(crate) remote_ip_blocks: Vec<String>,
+    pub(crate) not_remote_ip_blocks: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AuthzOperation {
-    pub ports: Vec<String>,
-    pub not_ports: Vec<String>,
+pub(crate) struct AuthzOperation {
+    pub(crate) ports: Vec<String>,
+    pub(crate) not_ports: Vec<String>,
     /// HTTP attributes (no node enforces them): kept to be named when dropped.
-    pub hosts: Vec<String>,
-    pub not_hosts: Vec<String>,
-    pub methods: Vec<String>,
-    pub not_methods: Vec<String>,
-    pub paths: Vec<String>,
-    pub not_paths: Vec<String>,
+    pub(crate) hosts: Vec<String>,
+    pub(crate) not_hosts: Vec<String>,
+    pub(crate) methods: Vec<String>,
+    pub(crate) not_methods: Vec<String>,
+    pub(crate) paths: Vec<String>,
+    pub(crate) not_paths: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct AuthzCondition {
-    pub key: String,
-    pub values: Vec<String>,
-    pub not_values: Vec<String>,
+pub(crate) struct AuthzCondition {
+    pub(crate) key: String,
+    pub(crate) values: Vec<String>,
+    pub(crate) not_values: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerAuthentication {
-    pub meta: ObjectMeta,
+pub(crate) struct PeerAuthentication {
+    pub(crate) meta: ObjectMeta,
     /// `spec.selector.matchLabels`, as for an AuthorizationPolicy.
-    pub selector: Option<Labels>,
+    pub(crate) selector: Option<Labels>,
     /// `spec.mtls.mode`; `Unset` when absent.
-    pub mode: MtlsMode,
+    pub(crate) mode: MtlsMode,
     /// `spec.portLevelMtls`: workload port -> mode.
-    pub port_level: BTreeMap<u16, MtlsMode>,
+    pub(crate) port_level: BTreeMap<u16, MtlsMode>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum MtlsMode {
+pub(crate) enum MtlsMode {
     Unset,
     Disable,
     Permissive,
@@ -117,7 +117,7 @@ pub enum MtlsMode {
 }
 
 impl MtlsMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MtlsMode::Unset => "UNSET",
             MtlsMode::Disable => "DISABLE",
@@ -224,8 +224,8 @@ impl RawAuthorizationPolicy {
             .is_some_and(|v| v.eq_ignore_ascii_case("true"));
         let meta = meta(ctx, Some(raw_meta.meta), true);
         let spec = self.spec.unwrap_or_default();
-        let targets_waypoint = spec.target_ref.is_some()
-            || spec.target_refs.as_ref().is_some_and(|t| !t.is_empty());
+        let targets_waypoint =
+            spec.target_ref.is_some() || spec.target_refs.as_ref().is_some_and(|t| !t.is_empty());
         if targets_waypoint && spec.selector.is_some() {
             ctx.error(
                 "spec.selector",

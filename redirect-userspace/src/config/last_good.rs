@@ -53,7 +53,10 @@ fn identities<'a>(
 }
 
 /// The security policies of a model, or the ones kept for it.
-type Security<'a> = (&'a [Arc<AuthorizationPolicy>], &'a [Arc<PeerAuthentication>]);
+type Security<'a> = (
+    &'a [Arc<AuthorizationPolicy>],
+    &'a [Arc<PeerAuthentication>],
+);
 
 impl Objects {
     fn identities(&self) -> impl Iterator<Item = (Id<'_>, Option<&str>)> {

@@ -560,7 +560,12 @@ pub(crate) fn complete(model: &mut Model) {
         .map(|s| &s.meta.namespace)
         .chain(model.services.iter().map(|s| &s.meta.namespace))
         .chain(model.workloads.iter().map(|w| &w.meta.namespace))
-        .chain(model.authorization_policies.iter().map(|p| &p.meta.namespace))
+        .chain(
+            model
+                .authorization_policies
+                .iter()
+                .map(|p| &p.meta.namespace),
+        )
         .chain(model.peer_authentications.iter().map(|p| &p.meta.namespace))
         .map(String::as_str)
         .chain(model.pods_elsewhere.namespaces())

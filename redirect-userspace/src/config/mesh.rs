@@ -28,11 +28,11 @@ pub struct MeshConfig {
 }
 
 /// Istio's root namespace when the mesh config names none.
-pub const DEFAULT_ROOT_NAMESPACE: &str = "istio-system";
+pub(crate) const DEFAULT_ROOT_NAMESPACE: &str = "istio-system";
 
 impl MeshConfig {
     /// The namespace whose policies without a selector apply mesh-wide.
-    pub fn root_namespace(&self) -> &str {
+    pub(crate) fn root_namespace(&self) -> &str {
         self.root_namespace
             .as_deref()
             .unwrap_or(DEFAULT_ROOT_NAMESPACE)

@@ -32,9 +32,9 @@ pub struct Model {
     /// EndpointSlices, sorted by `namespace/name`; only the Kubernetes API gives them.
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Sorted by `namespace/name`.
-    pub authorization_policies: Vec<Arc<super::AuthorizationPolicy>>,
+    pub(crate) authorization_policies: Vec<Arc<super::AuthorizationPolicy>>,
     /// Sorted by `namespace/name`.
-    pub peer_authentications: Vec<Arc<super::PeerAuthentication>>,
+    pub(crate) peer_authentications: Vec<Arc<super::PeerAuthentication>>,
     /// Pods of other nodes that no selector of their namespace can pick (only an agent given its
     /// node has them): addresses a connection may reach a workload at, not clients, not endpoints.
     pub pods_elsewhere: super::PodsElsewhere,

@@ -211,7 +211,11 @@ impl Workloads {
             .workload_destinations()
             .map(|ip| {
                 let proxy = snapshot.hbone_peer(ip).is_some() || snapshot.authz().pod(ip).is_some();
-                let class = if proxy { WORKLOAD_PROXY } else { WORKLOAD_DIRECT };
+                let class = if proxy {
+                    WORKLOAD_PROXY
+                } else {
+                    WORKLOAD_DIRECT
+                };
                 (IpKey::new(ip), class)
             })
             .collect();

@@ -214,8 +214,7 @@ impl Authorizer {
             info!(path = path.as_str(), src_identity = %inbound.source(), src = %inbound.src_ip, dst = %inbound.dst_ip, port = inbound.dst_port, policy = %policy, "dry-run policy matched; not enforced");
         }
         let verdict = decision.verdict;
-        self.metrics
-            .count(path, verdict.result(), verdict.policy());
+        self.metrics.count(path, verdict.result(), verdict.policy());
         if verdict.allowed() {
             authorized.verdict = verdict;
             return Ok(authorized);
@@ -244,7 +243,11 @@ impl Authorizer {
             closed += 1;
         }
         if closed > 0 {
-            debug!(closed, open = open.len(), "policy update: open connections decided again");
+            debug!(
+                closed,
+                open = open.len(),
+                "policy update: open connections decided again"
+            );
         }
     }
 }

@@ -237,7 +237,10 @@ async fn stream(
         dst_ip: target.ip().to_canonical(),
         dst_port: target.port(),
     };
-    let authorized = match context.authorizer.admit(inbound, || context.live.snapshot_arc()) {
+    let authorized = match context
+        .authorizer
+        .admit(inbound, || context.live.snapshot_arc())
+    {
         Ok(authorized) => authorized,
         Err(verdict) => {
             metrics.inbound("denied");
@@ -276,7 +279,14 @@ async fn stream(
             Err(RelayError::Io(io::Error::other("closed: no longer allowed after a policy update")))
         }
     };
-    log_carried(&context, &sender, target, started, &authorized.verdict, carried);
+    log_carried(
+        &context,
+        &sender,
+        target,
+        started,
+        &authorized.verdict,
+        carried,
+    );
 }
 
 /// The access log's line for a stream refused by the Pod's authorization policies.

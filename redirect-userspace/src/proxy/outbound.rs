@@ -12,9 +12,13 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tracing::{debug, warn};
 
 use super::{
-    Authorizer, DialGuard,
-    authorize::{Authorized, Inbound, Path}, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
-    record::ConnectionResult, relay, relay::Carried, splice_relay, tunnel_relay::relay_tunnel,
+    Authorizer, DialGuard, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
+    authorize::{Authorized, Inbound, Path},
+    record::ConnectionResult,
+    relay,
+    relay::Carried,
+    splice_relay,
+    tunnel_relay::relay_tunnel,
 };
 use crate::{
     budget::{BudgetKind, Budgets, Ceiling, FDS_PER_CONNECTION, FdCharge, Permit, Refusal},
@@ -362,7 +366,10 @@ fn authorize(
         dst_ip: dst.ip(),
         dst_port: dst.port(),
     };
-    match context.authorizer.admit(inbound, || context.live.snapshot_arc()) {
+    match context
+        .authorizer
+        .admit(inbound, || context.live.snapshot_arc())
+    {
         Ok(authorized) => {
             result.authorization = Some(Name::from(authorized.verdict.to_string()));
             Ok(Some(authorized))

@@ -14,7 +14,9 @@ use tokio::{
     net::{TcpListener, TcpSocket, TcpStream},
 };
 
-use super::{DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts, listen};
+use super::{
+    Authorizer, DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts, listen,
+};
 use crate::{
     budget::{BudgetArgs, BudgetMetrics, Budgets, Limits},
     config::{WorkloadAddress, load_sources},
@@ -36,6 +38,8 @@ const ENDPOINT: &str = "198.51.100.20";
 
 struct Proxy {
     addr: SocketAddr,
+    live: Arc<LiveState>,
+    authorizer: Arc<Authorizer>,
     flows: Arc<FiledFlows>,
     metrics: Arc<Metrics>,
     proxy_metrics: Arc<ProxyMetrics>,
@@ -95,10 +99,11 @@ async fn start(setup: Setup) -> Proxy {
     };
     let flows = Arc::new(FiledFlows::default());
     let records = Arc::new(Connections::new(false, Arc::new(RecordMetrics::default())));
+    let authorizer = Arc::new(Authorizer::default());
     let context = Arc::new(ProxyContext {
         flows: flows.clone(),
         sockets: Arc::new(PlainSockets),
-        live,
+        live: live.clone(),
         metrics: metrics.clone(),
         proxy_metrics: proxy_metrics.clone(),
         endpoint_hosts: Arc::new(HostCache::new(Arc::new(Upstream::new(
@@ -120,14 +125,22 @@ async fn start(setup: Setup) -> Proxy {
             Arc::new(PlainSockets),
             Arc::default(),
         )),
+        authorizer: authorizer.clone(),
     });
     let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
     let proxy = OutboundProxy::new(listener, context);
     let addr = proxy.local_addr().unwrap();
     let stop = crate::drain::Lifecycle::default();
     tokio::spawn(proxy.serve(stop.serving()));
+    tokio::spawn(super::recheck_on_change(
+        authorizer.clone(),
+        live.clone(),
+        stop.serving(),
+    ));
     Proxy {
         addr,
+        live,
+        authorizer,
         flows,
         metrics,
         proxy_metrics,
@@ -409,4 +422,117 @@ async fn a_proxied_connection_is_recorded_when_its_upstream_answers_and_again_wi
         ..Filter::default()
     };
     assert!(proxy.records.recent(&other_namespace).is_empty());
+}
+
+/// A Pod of this node on a loopback address, serving; and its authorization policies.
+fn pod_under(policies: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: web-1, namespace: team-a, labels: {{app: web}}}}\nstatus: {{podIP: 127.0.0.2}}\n---\n{policies}"
+    )
+}
+
+fn authz_policy(name: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: {name}, namespace: team-a}}\nspec: {spec}\n---\n"
+    )
+}
+
+/// An upstream as in [`upstream`], on the Pod's loopback address.
+async fn pod_upstream(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.2:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                conn.write_all(format!("{name}\n").as_bytes()).await?;
+                let (mut r, mut w) = conn.split();
+                tokio::io::copy(&mut r, &mut w).await
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_connection_to_a_pod_its_policies_deny_is_reset_and_counted_denied() {
+    let web = pod_upstream("web-1").await;
+    // The client (on 127.0.0.1, no Pod the kernel confirmed) has no identity: plaintext.
+    let proxy = start(Setup {
+        config: pod_under(&authz_policy(
+            "only-a",
+            "{rules: [{from: [{source: {principals: [cluster.local/ns/team-a/sa/default]}}]}]}",
+        )),
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(web).await;
+    assert!(is_reset(&mut conn).await);
+    proxy.counted("denied", 1).await;
+    assert_eq!(
+        proxy
+            .authorizer
+            .metrics
+            .get(super::authorize::Path::SameNode, "denied", ""),
+        1
+    );
+}
+
+#[tokio::test]
+async fn an_allowed_connection_is_carried_and_closed_once_a_new_policy_denies_it() {
+    let web = pod_upstream("web-1").await;
+    let allow_all = authz_policy("allow-all", "{rules: [{}]}");
+    let proxy = start(Setup {
+        config: pod_under(&allow_all),
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(web).await;
+    assert_eq!(greeting(&mut conn).await, "web-1");
+    let deny = authz_policy(
+        "deny-loopback",
+        "{action: DENY, rules: [{from: [{source: {ipBlocks: [127.0.0.1/32]}}]}]}",
+    );
+    let denied = snapshot(&pod_under(&format!("{allow_all}{deny}")));
+    proxy.live.apply(denied, Vec::new(), Vec::new());
+    assert!(is_reset(&mut conn).await, "the open connection is closed");
+    let path = super::authorize::Path::SameNode;
+    assert_eq!(
+        proxy
+            .authorizer
+            .metrics
+            .get(path, "allowed", "team-a/allow-all"),
+        1
+    );
+    assert_eq!(
+        proxy
+            .authorizer
+            .metrics
+            .get(path, "closed", "team-a/deny-loopback"),
+        1
+    );
+    // And the next one is refused.
+    let mut next = proxy.connect(web).await;
+    assert!(is_reset(&mut next).await);
+    assert_eq!(
+        proxy
+            .authorizer
+            .metrics
+            .get(path, "denied", "team-a/deny-loopback"),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_pod_without_policy_is_reached_and_nothing_is_counted() {
+    let web = pod_upstream("web-1").await;
+    let proxy = start(Setup {
+        config: pod_under(""),
+        ..Setup::default()
+    })
+    .await;
+    let mut conn = proxy.connect(web).await;
+    assert_eq!(greeting(&mut conn).await, "web-1");
+    proxy.counted("workload", 1).await;
+    let path = super::authorize::Path::SameNode;
+    assert_eq!(proxy.authorizer.metrics.get(path, "allowed", ""), 0);
 }

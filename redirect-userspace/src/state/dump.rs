@@ -81,6 +81,7 @@ pub struct ConfigDump {
     /// The mesh config's namespace selectors; absent when every namespace is discovered.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub discovery_selectors: Vec<LabelSelector>,
+    pub(crate) authorization: crate::authz::AuthorizationDump,
 }
 
 impl ServiceDump {
@@ -160,6 +161,7 @@ impl Snapshot {
                 config: self.visibility.clone(),
             },
             discovery_selectors: self.discovery_selectors.clone(),
+            authorization: self.authz.dump(),
         }
     }
 }

@@ -211,7 +211,10 @@ impl WorkloadStore {
 
     /// The [`WorkloadStore::local_pod`]s.
     pub(super) fn local_pods(&self) -> impl Iterator<Item = &Workload> + '_ {
-        self.workloads.iter().filter(|w| self.is_local_pod(w)).map(|w| &**w)
+        self.workloads
+            .iter()
+            .filter(|w| self.is_local_pod(w))
+            .map(|w| &**w)
     }
 
     /// The addresses of [`WorkloadStore::local_pod`]s.

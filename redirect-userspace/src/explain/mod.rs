@@ -5,6 +5,10 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
+mod authz;
+
+pub use authz::{AuthorizationReport, Over, authorize};
+
 use crate::fastpath::{self, DecidedBy};
 use crate::state::{
     DnsDecision, NoUpstreamReason, Outbound, OutboundDecision, OutboundOutcome, PassthroughReason,
@@ -29,7 +33,7 @@ pub(crate) fn parse_destination(text: &str) -> Result<Destination, String> {
         .map_err(|_| format!("{text:?} is not IP, IP:PORT or [IPv6]:PORT"))
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Client {
     pub namespace: String,
     /// `namespace/name` of the pod the running agent knows the client as (`/explain?from=POD`).
@@ -105,6 +109,10 @@ pub struct OutboundReport {
     /// Who decides it under `run` as shipped (with `--no-fast-path`, always the proxy): `kernel` or `proxy`.
     pub decided_by: DecidedBy,
     pub reason: String,
+    /// When the connection reaches a Pod of this node: how its authorization policies decide it
+    /// ([`authorize`] fills it in).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authorization: Option<AuthorizationReport>,
 }
 
 fn vis(s: &Service) -> &'static str {
@@ -261,6 +269,7 @@ pub fn explain_ip(snapshot: &Snapshot, namespace: &str, dst: Destination) -> IpE
             port,
             decided_by: decided_by(snapshot, namespace, dst.ip, port.unwrap_or(0)),
             reason,
+            authorization: None,
         },
     }
 }

@@ -1,0 +1,190 @@
+//! How the authorization policies of a Pod of this node decide a client's connection to it, and
+//! which policy decides: the very decision the proxy makes (`authz`), for `explain` and `/explain`.
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Destination, IpExplanation};
+use crate::{
+    authz::Conn,
+    config::{DEFAULT_CLUSTER_DOMAIN, Workload},
+    hbone::Identity,
+    state::{Outbound, Pick, Snapshot, Target},
+};
+
+/// The way a connection reaches the destination Pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Over {
+    /// As the agent would carry it: a Pod of this node on the same node, another node's Pod over
+    /// HBONE when it is reached that way, anything else in plaintext.
+    #[default]
+    Auto,
+    /// From a Pod of this node, as its workload identity.
+    SameNode,
+    /// Over HBONE, as the client's workload identity.
+    Hbone,
+    /// In plaintext: no identity.
+    Plaintext,
+}
+
+impl Over {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Over::Auto => "auto",
+            Over::SameNode => "same-node",
+            Over::Hbone => "hbone",
+            Over::Plaintext => "plaintext",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthorizationReport {
+    /// The destination Pod, `namespace/name`.
+    pub pod: String,
+    /// The way decided on (never `auto`).
+    pub over: Over,
+    /// The peer identity matched (`spiffe://...`); none in plaintext.
+    pub identity: Option<String>,
+    pub allowed: bool,
+    /// `allowed by: ns/name`, `explicitly denied by: ns/name`, ...
+    pub verdict: String,
+    /// Every policy that applies to the Pod, `namespace/name`.
+    pub policies: Vec<String>,
+    /// The Pod's effective PeerAuthentication mode.
+    pub mtls: String,
+    /// Dry-run policies that match (never enforced).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dry_run: Vec<String>,
+    /// False where the agent does not decide this way in yet: the connection reaches the Pod
+    /// whatever the verdict.
+    pub enforced: bool,
+    pub reason: String,
+}
+
+/// Fills in `e.outbound.authorization` when the connection `e` explains (the client's to `dst`)
+/// ends at a Pod of this node, directly (a waypoint decides for itself).
+pub fn authorize(snapshot: &Snapshot, e: &mut IpExplanation, dst: Destination, over: Over) {
+    let port = e.outbound.port.unwrap_or(0);
+    let decision =
+        snapshot.decide_outbound_with(Some(&e.client.namespace), dst.ip, port, Pick::Peek);
+    let bound_to_waypoint = match decision.action {
+        Outbound::Service { service, .. } => service.waypoint_route().is_some(),
+        _ => false,
+    };
+    let Some(Target::Addr(target)) = decision.target() else {
+        return;
+    };
+    if bound_to_waypoint {
+        return;
+    }
+    let Some(pod) = snapshot.local_pod(target.ip()) else {
+        return;
+    };
+    let client = e
+        .client
+        .pod
+        .as_deref()
+        .and_then(|key| key.split_once('/'))
+        .and_then(|(ns, name)| {
+            (snapshot.workloads().iter()).find(|w| w.meta.namespace == ns && w.meta.name == name)
+        });
+    e.outbound.authorization = Some(report(
+        snapshot,
+        &e.client.namespace,
+        client.map(|w| &**w),
+        pod,
+        target,
+        over,
+    ));
+}
+
+fn report(
+    snapshot: &Snapshot,
+    namespace: &str,
+    client: Option<&Workload>,
+    pod: &Workload,
+    target: SocketAddr,
+    over: Over,
+) -> AuthorizationReport {
+    let src_ip = client
+        .and_then(|w| w.ips.first().copied())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let client_is_local = client.is_some_and(|w| {
+        w.ips
+            .first()
+            .is_some_and(|ip| snapshot.local_pod(*ip).is_some())
+    });
+    let over = match over {
+        Over::Auto => match client {
+            None => Over::SameNode,
+            Some(_) if client_is_local => Over::SameNode,
+            Some(w) if w.ips.iter().any(|ip| snapshot.hbone_peer(*ip).is_some()) => Over::Hbone,
+            Some(_) => Over::Plaintext,
+        },
+        other => other,
+    };
+    let account = client.map_or(Some("default"), |w| w.service_account.as_deref());
+    let identity = match over {
+        Over::Plaintext => None,
+        _ => account.map(|sa| Identity {
+            trust_domain: snapshot
+                .trust_domain()
+                .unwrap_or(DEFAULT_CLUSTER_DOMAIN)
+                .to_string(),
+            namespace: client.map_or(namespace, |w| &w.meta.namespace).to_string(),
+            service_account: sa.to_string(),
+        }),
+    };
+    let name = format!("{}/{}", pod.meta.namespace, pod.meta.name);
+    // Plaintext is decided where the proxy carries it: from a Pod of this node.
+    let enforced = over != Over::Plaintext || client_is_local;
+    let conn = Conn {
+        src_identity: identity.as_ref(),
+        src_ip,
+        dst_ip: target.ip(),
+        dst_port: target.port(),
+    };
+    let (policies, decision, mtls) = match snapshot.authz().pod(target.ip()) {
+        Some(p) => (
+            p.policies.iter().map(|a| a.key()).collect(),
+            Some(p.decide(&conn)),
+            p.mtls.mode.as_str(),
+        ),
+        None => (Vec::new(), None, "PERMISSIVE"),
+    };
+    let verdict = decision
+        .as_ref()
+        .map_or(crate::authz::Verdict::Allowed, |d| d.verdict.clone());
+    let who = match &identity {
+        Some(id) => format!("as {id}"),
+        None => "in plaintext (no identity)".to_string(),
+    };
+    let mut reason = match &decision {
+        None => format!("no authorization policy applies to {name}: allowed"),
+        Some(_) => format!(
+            "{name} on port {}, {who} over {}: {verdict}",
+            target.port(),
+            over.as_str()
+        ),
+    };
+    if !enforced {
+        reason.push_str(
+            "; plaintext from outside this node is not decided by the agent yet: the connection reaches the Pod whatever the policies say",
+        );
+    }
+    AuthorizationReport {
+        pod: name,
+        over,
+        identity: identity.map(|i| i.to_string()),
+        allowed: verdict.allowed(),
+        verdict: verdict.to_string(),
+        policies,
+        mtls: mtls.to_string(),
+        dry_run: decision.map(|d| d.dry_run_matches).unwrap_or_default(),
+        enforced,
+        reason,
+    }
+}
