@@ -8,7 +8,7 @@
 //! | exact | hash | [`AddrKey`], 24 B | [`Claim`], 12 B |
 //! | cidrs | LPM trie | `u32` prefix length + [`AddrKey::lpm_bytes`], 4 + 24 B | [`Claim`], 12 B |
 //! | ports | hash | [`PortKey`], 8 B | [`Backends`], 328 B (held as [`PortEndpoints`]) |
-//! | workloads | hash | [`IpKey`], 20 B | `u8` (direct, or over HBONE) |
+//! | workloads | hash | [`IpKey`], 20 B | `u8` (direct, or the proxy's: over HBONE or under authorization) |
 //! | config | array, 1 entry | `u32` 0 | [`Config`], three `u8` flags |
 //!
 //! A snapshot's tables are swapped whole (the eBPF half: one set of maps per generation, the

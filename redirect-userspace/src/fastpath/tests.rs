@@ -983,3 +983,54 @@ fn the_other_nodes_pods_are_marked_for_the_proxy_and_this_nodes_left_alone() {
     assert!(matches!(to("10.0.1.1"), FastDecision::Workload));
     assert!(matches!(to("10.0.2.1"), FastDecision::Proxy));
 }
+
+/// A Pod of this node under an authorization policy is the proxy's to reach, as an other node's
+/// Pod over HBONE is; when the workload table is short, such addresses are kept first, and when
+/// even they do not fit, the proxy decides everything.
+#[test]
+fn pods_under_policy_are_marked_for_the_proxy_and_kept_first_when_the_table_is_short() {
+    use redirect_common::fastpath::{WORKLOAD_DIRECT, WORKLOAD_PROXY};
+    let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: open, namespace: ns-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: guarded, namespace: ns-b}\nstatus: {podIP: 10.0.1.2}\n---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-all, namespace: ns-b}\nspec: {action: DENY, rules: [{}]}\n";
+    let yaml = format!("{HEADER}---\n{pods}");
+    let model = load_sources([("w.yaml", yaml.as_str())]).unwrap();
+    let snap = Snapshot::from_model(&model);
+    let class = |tables: &Tables, ip: &str| {
+        tables
+            .workloads()
+            .get(&IpKey::new(ip.parse().unwrap()))
+            .copied()
+    };
+    let (tables, _) = compile(&snap, Limits::default());
+    assert_eq!(class(&tables, "10.0.1.1"), Some(WORKLOAD_DIRECT));
+    assert_eq!(class(&tables, "10.0.1.2"), Some(WORKLOAD_PROXY));
+    let ns = tables.namespace_id("ns-a");
+    let proxied = |t: &Tables, ip: &str| {
+        matches!(
+            super::kernel::decide_for(t, ns, ip.parse().unwrap(), 80),
+            FastDecision::Proxy
+        )
+    };
+    assert!(proxied(&tables, "10.0.1.2"));
+    assert!(!proxied(&tables, "10.0.1.1"));
+
+    let one = Limits {
+        workloads: 1,
+        ..Limits::default()
+    };
+    let (short, stats) = compile(&snap, one);
+    assert_eq!(class(&short, "10.0.1.1"), None, "left out");
+    assert_eq!(
+        class(&short, "10.0.1.2"),
+        Some(WORKLOAD_PROXY),
+        "kept first"
+    );
+    assert_eq!(stats.fallbacks.get(&Fallback::WorkloadsUncounted), Some(&1));
+    assert!(proxied(&short, "10.0.1.2"));
+
+    let none = Limits {
+        workloads: 0,
+        ..Limits::default()
+    };
+    let (empty, _) = compile(&snap, none);
+    assert!(proxied(&empty, "10.0.1.1"), "the proxy decides everything");
+}

@@ -209,11 +209,16 @@ impl WorkloadStore {
         self.is_local_pod(w).then_some(w)
     }
 
-    /// The [`WorkloadStore::local_pod`]s.
+    /// The [`WorkloadStore::local_pod`]s in discovered namespaces: the mesh's destinations on this
+    /// node (a Pod of a namespace the control plane does not see has no policy either).
     pub(super) fn local_pods(&self) -> impl Iterator<Item = &Workload> + '_ {
-        self.workloads
-            .iter()
-            .filter(|w| self.is_local_pod(w))
+        let discovered = |w: &Workload| {
+            (w.ips.iter()).any(|ip| {
+                (self.by_ip.get(&ip.to_canonical())).is_some_and(|slot| slot.reachable.is_some())
+            })
+        };
+        (self.workloads.iter())
+            .filter(move |w| self.is_local_pod(w) && discovered(w))
             .map(|w| &**w)
     }
 

@@ -2,7 +2,7 @@
 use std::net::IpAddr;
 
 use proptest::prelude::*;
-use redirect_common::fastpath::MAX_ENDPOINTS;
+use redirect_common::fastpath::{IpKey, MAX_ENDPOINTS, WORKLOAD_PROXY};
 
 use super::{HEADER, agrees, ip};
 use crate::{
@@ -115,6 +115,8 @@ pub(super) struct World {
     pub(super) pods: Vec<(usize, usize, bool)>,
     /// `discoverySelectors` that leave `ns-d` out.
     pub(super) discovery: bool,
+    /// Namespaces with an authorization policy on all their Pods.
+    pub(super) guarded: Vec<usize>,
 }
 
 pub(super) fn world() -> impl Strategy<Value = World> {
@@ -123,12 +125,14 @@ pub(super) fn world() -> impl Strategy<Value = World> {
         proptest::collection::vec((0..NAMESPACES.len(), 0..5usize), 0..3),
         proptest::collection::vec((0..NAMESPACES.len(), 0..POD_IPS.len(), any::<bool>()), 0..5),
         any::<bool>(),
+        proptest::collection::vec(0..NAMESPACES.len(), 0..2),
     )
-        .prop_map(|(entries, services, pods, discovery)| World {
+        .prop_map(|(entries, services, pods, discovery, guarded)| World {
             entries,
             services,
             pods,
             discovery,
+            guarded,
         })
 }
 
@@ -202,6 +206,12 @@ pub(super) fn yaml(world: &World) -> String {
         out.push_str(&format!(
             "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: p{i}, namespace: {}{labels}}}\nstatus: {{podIP: \"{}\"}}\n",
             NAMESPACES[*ns], POD_IPS[*address],
+        ));
+    }
+    for ns in &world.guarded {
+        out.push_str(&format!(
+            "---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: deny-all, namespace: {}}}\nspec: {{action: DENY, rules: [{{}}]}}\n",
+            NAMESPACES[*ns],
         ));
     }
     out
@@ -293,6 +303,31 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
                         "{client:?} -> {dst}:{port} could have been decided in the kernel"
                     );
                 }
+                // A Pod under authorization is the proxy's to reach: the kernel never decides a
+                // connection that may end there.
+                match by_name {
+                    FastDecision::Proxy => {}
+                    // The program sends a pick that lands on an endpoint of the proxy's to it.
+                    FastDecision::Rewrite(backends) => {
+                        for b in backends.endpoints.iter() {
+                            let key = IpKey {
+                                family: backends.family,
+                                addr: b.addr,
+                            };
+                            let class = tables.workloads().get(&key).copied();
+                            prop_assert!(
+                                snap.authz().pod(key.ip()).is_none()
+                                    || class == Some(WORKLOAD_PROXY),
+                                "{client:?} -> {dst}:{port}: endpoint {:?} under policy may be picked in the kernel",
+                                key.ip()
+                            );
+                        }
+                    }
+                    _ => prop_assert!(
+                        !reaches_guarded(snap, client, dst, port),
+                        "{client:?} -> {dst}:{port} may reach a Pod under policy, decided in the kernel"
+                    ),
+                }
                 in_kernel += usize::from(by_name != FastDecision::Proxy);
             }
         }
@@ -300,9 +335,28 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
     Ok(in_kernel)
 }
 
-/// What only the proxy can do: reset (no healthy upstream), resolve a host name, or pick among
-/// endpoints that are not all of the destination's family, or more than one rewrite holds.
+/// Whether the proxy's decision may take the connection to a Pod some authorization policy
+/// applies to: any of a service port's endpoints, or the address itself.
+fn reaches_guarded(snap: &Snapshot, client: Option<&str>, dst: IpAddr, port: u16) -> bool {
+    let d = snap.decide_outbound_with(client, dst, port, Pick::Peek);
+    let guarded = |ip: IpAddr| snap.authz().pod(ip).is_some();
+    match d.action {
+        Outbound::Service { port, .. } => port.endpoints.iter().any(|ep| match ep.target() {
+            Target::Addr(a) => guarded(a.ip()),
+            Target::Host { .. } => false,
+        }),
+        Outbound::Workload { addr, .. } | Outbound::Passthrough { addr, .. } => guarded(addr.ip()),
+        Outbound::NoHealthyUpstream { .. } => false,
+    }
+}
+
+/// What only the proxy can do: reset (no healthy upstream), resolve a host name, decide a Pod's
+/// authorization, or pick among endpoints that are not all of the destination's family, or more
+/// than one rewrite holds.
 fn needs_proxy(snap: &Snapshot, client: Option<&str>, dst: IpAddr, port: u16) -> bool {
+    if reaches_guarded(snap, client, dst, port) {
+        return true;
+    }
     let d = snap.decide_outbound_with(client, dst, port, Pick::Peek);
     match d.action {
         Outbound::NoHealthyUpstream { .. } => true,
