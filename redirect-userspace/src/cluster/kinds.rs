@@ -52,13 +52,15 @@ pub(crate) use entry::ApiEntry;
 pub(crate) use pod::ApiPod;
 
 use crate::config::{
-    self, ConfigError, EndpointSlice, KubeService, MeshConfig, Namespace, PodElsewhere,
-    ServiceEntry, Workload,
+    self, AuthorizationPolicy, ConfigError, EndpointSlice, KubeService, MeshConfig, Namespace,
+    PeerAuthentication, PodElsewhere, ServiceEntry, Workload,
 };
 
 /// What the agent watches. The mesh config is one ConfigMap, watched by name. With a node name,
 /// Pods are two watches: this node's (its clients, whole) and the other nodes' ([`Kind::PodElsewhere`],
-/// only what an endpoint or a workload address needs); see `docs/inputs.md#watched-per-node`.
+/// only what an endpoint or a workload address needs); see `docs/inputs.md#watched-per-node`. The
+/// security policies are watched cluster-wide; with a node name the model holds only those this
+/// node enforces (see `store`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Kind {
     Namespace,
@@ -69,18 +71,22 @@ pub enum Kind {
     WorkloadEntry,
     MeshConfig,
     EndpointSlice,
+    AuthorizationPolicy,
+    PeerAuthentication,
     /// With a node name: the Pods of every other node.
     PodElsewhere,
 }
 
-/// The group of the Istio kinds.
+/// The group of Istio's networking kinds.
 pub(crate) const ISTIO_GROUP: &str = "networking.istio.io";
+/// The group of Istio's security policies.
+pub(crate) const SECURITY_GROUP: &str = "security.istio.io";
 /// The group of EndpointSlices.
 pub(crate) const DISCOVERY_GROUP: &str = "discovery.k8s.io";
 
 impl Kind {
     /// What an agent without a node name watches: every Pod of the cluster as a client.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Namespace,
         Kind::Pod,
         Kind::Service,
@@ -88,6 +94,8 @@ impl Kind {
         Kind::WorkloadEntry,
         Kind::MeshConfig,
         Kind::EndpointSlice,
+        Kind::AuthorizationPolicy,
+        Kind::PeerAuthentication,
     ];
 
     /// What an agent watches: [`Kind::ALL`], and with a node name the other nodes' Pods apart.
@@ -117,6 +125,8 @@ impl Kind {
             Kind::WorkloadEntry => "WorkloadEntry",
             Kind::MeshConfig => "ConfigMap",
             Kind::EndpointSlice => "EndpointSlice",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
+            Kind::PeerAuthentication => "PeerAuthentication",
         }
     }
 
@@ -130,13 +140,16 @@ impl Kind {
             Kind::WorkloadEntry => "workloadentries",
             Kind::MeshConfig => "configmaps",
             Kind::EndpointSlice => "endpointslices",
+            Kind::AuthorizationPolicy => "authorizationpolicies",
+            Kind::PeerAuthentication => "peerauthentications",
         }
     }
 
     /// `""` for the core group.
     pub fn group(self) -> &'static str {
         match self {
-            _ if self.is_istio() => ISTIO_GROUP,
+            Kind::ServiceEntry | Kind::WorkloadEntry => ISTIO_GROUP,
+            Kind::AuthorizationPolicy | Kind::PeerAuthentication => SECURITY_GROUP,
             Kind::EndpointSlice => DISCOVERY_GROUP,
             _ => "",
         }
@@ -144,7 +157,13 @@ impl Kind {
 
     /// A custom resource of Istio's: its versions are discovered, and it may not be installed.
     pub fn is_istio(self) -> bool {
-        matches!(self, Kind::ServiceEntry | Kind::WorkloadEntry)
+        matches!(self.group(), ISTIO_GROUP | SECURITY_GROUP)
+    }
+
+    /// An Istio security policy: with a node name, held for the model only where it can apply
+    /// to a Pod of the node.
+    pub fn is_security_policy(self) -> bool {
+        self.group() == SECURITY_GROUP
     }
 
     /// The versions to use, best first: the Istio kinds fall back to `v1beta1` where `v1` is not
@@ -175,8 +194,9 @@ impl Kind {
 }
 
 /// A watched object as the model holds it: shared with every model built while it is in force.
+/// Crate-private, as the security policies are: the scale bench reads only a conversion's errors.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Object {
+pub(crate) enum Object {
     Namespace(Namespace),
     ServiceEntry(Arc<ServiceEntry>),
     Service(Arc<KubeService>),
@@ -186,12 +206,14 @@ pub enum Object {
     EndpointSlice(Arc<EndpointSlice>),
     /// A Pod of another node.
     PodElsewhere(Arc<PodElsewhere>),
+    AuthorizationPolicy(Arc<AuthorizationPolicy>),
+    PeerAuthentication(Arc<PeerAuthentication>),
 }
 
 /// One object read: the object when valid, and every problem found in it.
 #[derive(Debug, Clone)]
 pub struct Converted {
-    pub object: Option<Object>,
+    pub(crate) object: Option<Object>,
     pub errors: Vec<ConfigError>,
     /// A ServiceEntry's status as the API holds it, for the status writer.
     pub observed: Option<Arc<crate::status::Observed>>,
@@ -260,6 +282,14 @@ fn convert_unobserved(kind: Kind, api_version: &str, object: Value) -> Converted
             .map(|pod| Object::PodElsewhere(Arc::new(PodElsewhere::new(&pod)))),
         Kind::MeshConfig => Some(Object::Mesh(Box::new(model.mesh))),
         Kind::EndpointSlice => model.endpoint_slices.pop().map(Object::EndpointSlice),
+        Kind::AuthorizationPolicy => model
+            .authorization_policies
+            .pop()
+            .map(Object::AuthorizationPolicy),
+        Kind::PeerAuthentication => model
+            .peer_authentications
+            .pop()
+            .map(Object::PeerAuthentication),
     };
     Converted {
         object,
@@ -268,8 +298,9 @@ fn convert_unobserved(kind: Kind, api_version: &str, object: Value) -> Converted
     }
 }
 
-/// The object cut down to the fields the model reads: no managed fields, annotations, container
-/// specs or status beyond the pod's addresses. What the API adds later is ignored the same way.
+/// The object cut down to the fields the model reads: no managed fields, annotations (but an
+/// AuthorizationPolicy's dry run), container specs or status beyond the pod's addresses. What the
+/// API adds later is ignored the same way.
 /// A Pod's fields kept here are the ones [`pod::POD`] reads.
 pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     let Value::Object(mut object) = object else {
@@ -280,10 +311,23 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     // (which ties a client to its cgroup), node and age are not kept.
     let meta_fields: &[&str] = match kind {
         Kind::PodElsewhere => &["name", "namespace", "labels"],
+        // Of the annotations, a policy's dry run (cut below).
+        Kind::AuthorizationPolicy => &[
+            "name",
+            "namespace",
+            "labels",
+            "creationTimestamp",
+            "uid",
+            "annotations",
+        ],
         _ => &["name", "namespace", "labels", "creationTimestamp", "uid"],
     };
     if let Some(Value::Object(meta)) = object.remove("metadata") {
-        slim.insert("metadata".into(), Value::Object(keep(meta, meta_fields)));
+        let mut meta = keep(meta, meta_fields);
+        if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
+            *annotations = keep(std::mem::take(annotations), &[config::DRY_RUN_ANNOTATION]);
+        }
+        slim.insert("metadata".into(), Value::Object(meta));
     }
     let spec = object.remove("spec");
     match kind {
@@ -342,6 +386,12 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
                 && let Some(Value::Object(status)) = object.remove("status")
             {
                 slim.insert("status".into(), Value::Object(keep(status, &["addresses"])));
+            }
+        }
+        // The spec whole, as for the entries; the status is istiod's validation messages.
+        Kind::AuthorizationPolicy | Kind::PeerAuthentication => {
+            if let Some(spec) = spec {
+                slim.insert("spec".into(), spec);
             }
         }
         Kind::MeshConfig => {
@@ -625,6 +675,66 @@ mod tests {
         let file = "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: web-abc, namespace: team-a, labels: {kubernetes.io/service-name: web}}\naddressType: IPv4\nendpoints: [{addresses: [10.244.1.20]}]\nports: [{name: http, port: 8080}]\n";
         let model = config::load_sources([("slices.yaml", file)]).unwrap();
         assert!(model.endpoint_slices.is_empty());
+    }
+
+    #[test]
+    fn a_policy_keeps_its_spec_and_of_its_annotations_the_dry_run() {
+        let policy = json!({
+            "metadata": {"name": "deny", "namespace": "team-a", "resourceVersion": "3",
+                         "annotations": {"istio.io/dry-run": "true", "big": "x"},
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"action": "DENY", "rules": [{}]},
+            "status": {"validationMessages": []}
+        });
+        assert_eq!(
+            Value::Object(strip(Kind::AuthorizationPolicy, policy.clone())),
+            json!({"metadata": {"name": "deny", "namespace": "team-a",
+                                "annotations": {"istio.io/dry-run": "true"}},
+                   "spec": {"action": "DENY", "rules": [{}]}})
+        );
+        let Some(Object::AuthorizationPolicy(p)) = convert(
+            Kind::AuthorizationPolicy,
+            "security.istio.io/v1",
+            policy.clone(),
+        )
+        .object
+        else {
+            panic!()
+        };
+        assert!(p.dry_run);
+        // A PeerAuthentication reads no annotation.
+        let slim = strip(Kind::PeerAuthentication, policy);
+        assert!(slim["metadata"].get("annotations").is_none());
+    }
+
+    #[test]
+    fn the_security_policies_are_istios_discovered_in_their_own_group() {
+        for kind in [Kind::AuthorizationPolicy, Kind::PeerAuthentication] {
+            assert!(kind.is_istio() && kind.is_security_policy());
+            assert_eq!(kind.group(), SECURITY_GROUP);
+            assert_eq!(kind.versions(), ["v1", "v1beta1"]);
+        }
+        assert_eq!(
+            Kind::AuthorizationPolicy.resource(),
+            "authorizationpolicies.security.istio.io"
+        );
+        assert_eq!(
+            Kind::PeerAuthentication.resource(),
+            "peerauthentications.security.istio.io"
+        );
+        assert_eq!(Kind::ServiceEntry.group(), ISTIO_GROUP);
+        assert!(!Kind::ServiceEntry.is_security_policy());
+    }
+
+    #[test]
+    fn the_root_namespace_comes_from_the_mesh_config_map() {
+        let cm = |mesh: &str| json!({"metadata": {"name": "istio", "namespace": "istio-system"}, "data": {"mesh": mesh}});
+        let root = |mesh: &str| match convert(Kind::MeshConfig, "v1", cm(mesh)).object {
+            Some(Object::Mesh(mesh)) => mesh.root_namespace().to_string(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(root("rootNamespace: mesh-root\n"), "mesh-root");
+        assert_eq!(root("trustDomain: example.org\n"), "istio-system");
     }
 
     #[test]

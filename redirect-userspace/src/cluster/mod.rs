@@ -5,14 +5,17 @@
 //! A burst of changes becomes one new snapshot (once the changes pause for [`QUIET`], after at most
 //! [`COALESCE`]), built off the async workers and swapped whole, exactly as a reload of a directory
 //! is. With a node name, Pods are watched as this node's (clients) and the other nodes' (endpoints
-//! and workload addresses only): see `docs/inputs.md#watched-per-node`. A burst that changed only
-//! Pods that no selector picks (those of other nodes are the bulk of a big cluster's churn)
-//! changes no service: the snapshot keeps its services and builds only its workloads again. A
-//! burst that touched none of what the workloads read (no Pod, WorkloadEntry, Namespace or mesh
-//! config, and the same namespaces where a selector picks Pods) keeps the workloads and builds the
-//! services again; when it changed only a few ServiceEntries, each resolving on its own, only their
-//! services are built and resolved again ([`Reuse`]). While the API server is away nothing changes:
-//! the state in force stays, and each watch retries on its own.
+//! and workload addresses only): see `docs/inputs.md#watched-per-node`. The security policies
+//! (AuthorizationPolicy, PeerAuthentication) are watched cluster-wide; with a node name the model
+//! holds only the root namespace's and those of the namespaces with a Pod of this node (`store`'s
+//! `policies`). A burst that changed only Pods that no selector picks (those of other nodes are the
+//! bulk of a big cluster's churn), or only policies, changes no service: the snapshot keeps its
+//! services and builds only its workloads again. A burst that touched none of what the workloads
+//! read (no Pod, WorkloadEntry, Namespace or mesh config, and the same namespaces where a selector
+//! picks Pods) keeps the workloads and builds the services again; when it changed only a few
+//! ServiceEntries, each resolving on its own, only their services are built and resolved again
+//! ([`Reuse`]). Every snapshot finds anew which policies apply to each Pod of the node. While the
+//! API server is away nothing changes: the state in force stays, and each watch retries on its own.
 pub(crate) mod kinds;
 mod reuse;
 pub(crate) mod store;
@@ -355,5 +358,7 @@ pub fn build(model: &Model, errors: Vec<ConfigError>) -> (Snapshot, Vec<ConfigEr
     (built.snapshot, built.errors)
 }
 
+#[cfg(test)]
+mod policy_tests;
 #[cfg(test)]
 mod tests;

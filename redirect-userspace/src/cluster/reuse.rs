@@ -2,7 +2,8 @@
 //!
 //! What each half of a snapshot reads is in `state`'s module docs; here, what a change may touch:
 //! - Pods alone, none in a namespace where a selector picks Pods: no service reads them, the
-//!   services are kept ([`Reuse::Services`]);
+//!   services are kept ([`Reuse::Services`]); so too for security policies alone, which neither
+//!   half reads (every snapshot finds anew which apply to each Pod of the node);
 //! - no Pod, WorkloadEntry, Namespace or mesh config, and the namespaces where a selector picks
 //!   Pods as they were: the workloads read nothing that changed and are kept; the services are
 //!   built again ([`Reuse::Workloads`]), every entry resolved again;
@@ -44,7 +45,8 @@ pub(super) struct InForce {
 pub(super) enum Reuse {
     /// Nothing: resolved and built whole.
     Nothing,
-    /// The services: only Pods changed, none in a namespace where a selector picks Pods.
+    /// The services: only Pods changed, none in a namespace where a selector picks Pods (or only
+    /// security policies).
     Services,
     /// The workloads: nothing they read changed (no Pod, WorkloadEntry, Namespace or mesh config,
     /// and the same namespaces where a selector picks Pods). The services are built whole.

@@ -43,6 +43,13 @@ enum Op {
     Service(bool),
     /// An EndpointSlice of `web` added (or deleted): the selector picks nothing then.
     Slice(bool),
+    /// The AuthorizationPolicy `p` of a namespace of [`POLICY_NAMESPACES`]: DENY from `c`, of the
+    /// Pods labelled `app: l{n}` or of the namespace; refused (its last good version kept) when not
+    /// valid.
+    Policy(usize, Option<usize>, bool),
+    GonePolicy(usize),
+    /// The PeerAuthentication `p` of a namespace of [`POLICY_NAMESPACES`]: STRICT or PERMISSIVE.
+    Peer(usize, bool),
 }
 
 /// A ServiceEntry of namespace `ns` named `e{name}`, for `h{host}.example.com` (and another
@@ -70,6 +77,8 @@ enum Addresses {
 }
 
 const NAMESPACES: [&str; 3] = ["a", "b", "c"];
+/// Where policies are written: the Pods' namespaces and the root namespace.
+const POLICY_NAMESPACES: [&str; 4] = ["a", "b", "c", "istio-system"];
 
 fn op() -> impl proptest::strategy::Strategy<Value = Op> {
     use proptest::prelude::*;
@@ -108,6 +117,10 @@ fn op() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => any::<bool>().prop_map(Op::Mesh),
         1 => any::<bool>().prop_map(Op::Service),
         1 => any::<bool>().prop_map(Op::Slice),
+        2 => (0..4usize, proptest::option::of(0..3usize), proptest::bool::weighted(0.8))
+            .prop_map(|(n, l, valid)| Op::Policy(n, l, valid)),
+        1 => (0..4usize).prop_map(Op::GonePolicy),
+        1 => (0..4usize, any::<bool>()).prop_map(|(n, strict)| Op::Peer(n, strict)),
     ]
 }
 
@@ -224,6 +237,26 @@ fn change(op: &Op) -> Change {
                 "ports": [{"port": 8080}]});
             upsert(Kind::EndpointSlice, "discovery.k8s.io/v1", object)
         }
+        Op::Policy(n, selector, valid) => {
+            let action = if *valid { "DENY" } else { "PERMIT" };
+            let mut spec =
+                json!({"action": action, "rules": [{"from": [{"source": {"namespaces": ["c"]}}]}]});
+            if let Some(l) = selector {
+                spec["selector"] = json!({"matchLabels": {"app": format!("l{l}")}});
+            }
+            let object = json!({"metadata": {"name": "p", "namespace": POLICY_NAMESPACES[*n]}, "spec": spec});
+            upsert(Kind::AuthorizationPolicy, "security.istio.io/v1", object)
+        }
+        Op::GonePolicy(n) => Change::Deleted(
+            Kind::AuthorizationPolicy,
+            (POLICY_NAMESPACES[*n].into(), "p".into()),
+        ),
+        Op::Peer(n, strict) => {
+            let mode = if *strict { "STRICT" } else { "PERMISSIVE" };
+            let object = json!({"metadata": {"name": "p", "namespace": POLICY_NAMESPACES[*n]},
+                                "spec": {"mtls": {"mode": mode}}});
+            upsert(Kind::PeerAuthentication, "security.istio.io/v1", object)
+        }
     }
 }
 
@@ -274,6 +307,7 @@ fn said(s: &Snapshot, also: &Snapshot) -> (Value, Vec<std::net::IpAddr>, Vec<Str
             decisions.push(format!("{name} {from:?} {said}"));
         }
     }
+    // The policies of each Pod of the node (which every snapshot finds anew) among it.
     let dump = serde_json::to_value(s.config_dump()).unwrap();
     (dump, destinations, decisions)
 }

@@ -251,7 +251,7 @@ fn field_selector(kind: Kind, node: Option<&str>) -> Option<String> {
 }
 
 /// One object the API sent, converted; a ServiceEntry's status kept only when `observe_status`.
-fn read(
+pub(super) fn read(
     kind: Kind,
     api_version: &str,
     object: DynamicObject,
@@ -266,7 +266,9 @@ fn read(
 
 /// The object as JSON for [`kinds::convert`], moved rather than copied, and without the metadata
 /// nothing reads (a Pod's managed fields and annotations are often most of it); a ServiceEntry's
-/// managed fields say who writes its status, so they stay when the status is `observed`.
+/// managed fields say who writes its status, so they stay when the status is `observed`. An
+/// AuthorizationPolicy keeps its annotations: one says whether it is a dry run (`strip` cuts the
+/// rest).
 pub(super) fn as_json(
     kind: Kind,
     object: DynamicObject,
@@ -277,7 +279,9 @@ pub(super) fn as_json(
     } = object;
     if kind != Kind::ServiceEntry || !observed {
         metadata.managed_fields = None;
-        metadata.annotations = None;
+        if kind != Kind::AuthorizationPolicy {
+            metadata.annotations = None;
+        }
     }
     let mut json = match data {
         serde_json::Value::Object(fields) => fields,
@@ -512,6 +516,14 @@ mod tests {
             "{}",
             f.message
         );
+        let f = Failure::from_status(Kind::AuthorizationPolicy, &mesh(), "list", 403, "no");
+        assert!(
+            f.message.starts_with(
+                "forbidden to list authorizationpolicies.security.istio.io: grant the agent's service account get, list and watch on authorizationpolicies.security.istio.io"
+            ),
+            "{}",
+            f.message
+        );
         let f = Failure::from_status(Kind::MeshConfig, &mesh(), "watch", 403, "no");
         assert!(
             f.message
@@ -552,6 +564,15 @@ mod tests {
         assert_eq!(se["metadata"]["managedFields"][0]["manager"], "m");
         let se = as_json(Kind::ServiceEntry, object("ServiceEntry"), false).unwrap();
         assert!(se["metadata"].get("managedFields").is_none());
+        // A policy's annotations say whether it is a dry run.
+        let policy = as_json(
+            Kind::AuthorizationPolicy,
+            object("AuthorizationPolicy"),
+            false,
+        )
+        .unwrap();
+        assert_eq!(policy["metadata"]["annotations"]["big"], "x");
+        assert!(policy["metadata"].get("managedFields").is_none());
     }
 
     #[test]

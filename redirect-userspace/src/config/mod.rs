@@ -24,8 +24,8 @@ mod yaml;
 
 pub(crate) use api::{ENTRY, POD, Reader, check_api_entry, check_api_pod, read_api_object};
 pub(crate) use authorization::{
-    AuthorizationPolicy, AuthzAction, AuthzCondition, AuthzOperation, AuthzSource, MtlsMode,
-    PeerAuthentication,
+    AuthorizationPolicy, AuthzAction, AuthzCondition, AuthzOperation, AuthzSource,
+    DRY_RUN_ANNOTATION, MtlsMode, PeerAuthentication,
 };
 pub(crate) use elsewhere::{PodGroup, PodRef, PodsElsewhere};
 pub(crate) use endpoint_slice::SERVICE_NAME_LABEL;
@@ -43,7 +43,9 @@ pub(crate) use loader::complete;
 pub(crate) use loader::load_dir;
 pub(crate) use loader::{Rejected, read_dir};
 pub use loader::{load_sources, read_sources};
-pub(crate) use mesh::{MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig};
+pub(crate) use mesh::{
+    DEFAULT_ROOT_NAMESPACE, MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig,
+};
 #[cfg(test)]
 pub(crate) use mesh_file::mesh_of;
 pub(crate) use mesh_file::read_mesh_file;

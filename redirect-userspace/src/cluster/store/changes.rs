@@ -17,16 +17,23 @@ pub struct Changes {
     pub services: bool,
     /// The ServiceEntries added, changed or deleted one by one.
     pub entries: std::collections::BTreeSet<Key>,
+    /// AuthorizationPolicies or PeerAuthentications added, changed, deleted or listed again: read
+    /// by neither half of a snapshot, only by its policies, which every snapshot builds anew.
+    pub policies: bool,
 }
 
 impl Changes {
     pub fn any(&self) -> bool {
-        self.others || !self.pods.is_empty() || self.services || !self.entries.is_empty()
+        self.others
+            || !self.pods.is_empty()
+            || self.services
+            || !self.entries.is_empty()
+            || self.policies
     }
 
     /// Whether these changes leave every service as it was: only Pods changed, none in a
-    /// namespace where a selector picks Pods (`selecting`). Then the snapshot's services can be
-    /// kept and only its clients and workload addresses built again.
+    /// namespace where a selector picks Pods (`selecting`), or only policies. Then the snapshot's
+    /// services can be kept and only its clients and workload addresses built again.
     pub fn only_pods(&self, selecting: &HashSet<&str>) -> bool {
         !self.others
             && !self.services

@@ -7,6 +7,7 @@
 mod changes;
 mod elsewhere;
 mod interner;
+mod policies;
 mod relist;
 #[cfg(test)]
 mod tests;
@@ -19,6 +20,7 @@ use std::{
 pub(crate) use changes::Changes;
 use elsewhere::HeldElsewhere;
 use interner::Interner;
+use policies::PolicyScope;
 use relist::{Relisting, Slots};
 
 use super::kinds::{Converted, Kind, Object, SOURCE};
@@ -142,6 +144,9 @@ impl Store {
                 }
                 Named::Other(Kind::ServiceEntry | Kind::Service | Kind::EndpointSlice) => {
                     changes.services = true
+                }
+                Named::Other(Kind::AuthorizationPolicy | Kind::PeerAuthentication) => {
+                    changes.policies = true
                 }
                 Named::Other(_) => changes.others = true,
             }
@@ -282,7 +287,8 @@ impl Store {
     }
 
     /// The model of everything in force, the errors of the objects refused, and one rejection per
-    /// such object (its last good version in force where it had one).
+    /// such object (its last good version in force where it had one). With a node name, of the
+    /// security policies only those that can apply here ([`PolicyScope`]).
     pub fn model(&self) -> (Model, Vec<ConfigError>, Vec<Rejected>) {
         let mut model = Model::default();
         let mut errors = Vec::new();
@@ -298,8 +304,12 @@ impl Store {
             .map(|(ns, name)| (ns.as_str(), name.as_str()))
             .collect();
         let selecting = self.selecting_namespaces();
+        let policies = PolicyScope::of(&self.kinds, self.elsewhere.is_some());
         for (kind, w) in &self.kinds {
             for ((namespace, name), slot) in &w.served {
+                if !policies.holds(*kind, namespace) {
+                    continue;
+                }
                 if !slot.errors.is_empty() {
                     errors.extend(slot.errors.iter().cloned());
                     rejected.push(Rejected {
@@ -322,6 +332,12 @@ impl Store {
                     Some(Object::EndpointSlice(slice)) => model.endpoint_slices.push(slice.clone()),
                     Some(Object::PodElsewhere(pod)) => {
                         model.pods_elsewhere.upsert((**pod).clone());
+                    }
+                    Some(Object::AuthorizationPolicy(p)) => {
+                        model.authorization_policies.push(p.clone())
+                    }
+                    Some(Object::PeerAuthentication(p)) => {
+                        model.peer_authentications.push(p.clone())
                     }
                     None => {}
                 }
