@@ -11,7 +11,8 @@
 //!   older than the server keeps ([`ApiServer::expire_watches`] forgets them all).
 //! - Discovery of the Istio group (`/apis/networking.istio.io/<version>`), 404 for a version not
 //!   served, 403 for a resource the test forbids; and of everything else as kubectl asks it (`/api`,
-//!   `/apis`, `/api/v1`, `/apis/<group>/v1`).
+//!   `/apis`, `/api/v1`, `/apis/<group>/v1`), Istio's security policies (`security.istio.io`)
+//!   among them, at `v1` only.
 //! - One object: `GET`; `POST` (create, 409 when it exists); `PUT` (replace, 409 when the
 //!   `resourceVersion` sent is not the current one); `PATCH .../status` with a JSON merge patch (409
 //!   on a stale `metadata.resourceVersion`), recorded in `managedFields` under the `fieldManager`
@@ -58,6 +59,18 @@ const KINDS: &[(&str, &str, &str, bool)] = &[
         true,
     ),
     ("discovery.k8s.io", "EndpointSlice", "endpointslices", true),
+    (
+        "security.istio.io",
+        "AuthorizationPolicy",
+        "authorizationpolicies",
+        true,
+    ),
+    (
+        "security.istio.io",
+        "PeerAuthentication",
+        "peerauthentications",
+        true,
+    ),
     ("coordination.k8s.io", "Lease", "leases", true),
 ];
 
