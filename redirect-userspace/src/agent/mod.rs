@@ -347,8 +347,8 @@ fn spawn_serving(
         serving.extend(receiving.spawn(proxy_context, lifecycle));
     }
     tokio::spawn(crate::proxy::recheck_on_change(
-        proxy_context.authorizer.clone(),
-        proxy_context.live.clone(),
+        proxy_context.clone(),
+        Some(proxy_context.cgroups.clone()),
         lifecycle.serving(),
     ));
     serving

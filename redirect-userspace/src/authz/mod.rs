@@ -9,7 +9,7 @@ mod peer;
 mod policy;
 
 pub(crate) use decide::{Conn, Decision, Verdict};
-pub(crate) use node::{AuthorizationDump, NodePolicies};
+pub(crate) use node::{AuthorizationDump, NodePolicies, PodPolicies};
 
 #[cfg(test)]
 mod tests;

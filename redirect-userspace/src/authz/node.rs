@@ -18,6 +18,10 @@ use crate::config::{Model, Workload, selects};
 pub(crate) struct PodPolicies {
     pub namespace: String,
     pub name: String,
+    pub ips: Vec<IpAddr>,
+    /// What ties the Pod to its cgroup on the node.
+    #[serde(skip)]
+    pub uid: Option<uuid::Uuid>,
     /// Every policy that applies, PeerAuthentication's DENY of plaintext among them (dumped by
     /// name: the policies themselves are dumped once).
     #[serde(serialize_with = "keys")]
@@ -124,6 +128,8 @@ impl NodePolicies {
             let entry = Arc::new(PodPolicies {
                 namespace: ns.clone(),
                 name: pod.meta.name.clone(),
+                ips: pod.ips.iter().map(|ip| ip.to_canonical()).collect(),
+                uid: pod.meta.uid,
                 policies,
                 mtls,
             });
@@ -137,6 +143,19 @@ impl NodePolicies {
     /// The policies of the Pod of this node at `ip`; `None` when none applies (or no such Pod).
     pub(crate) fn pod(&self, ip: IpAddr) -> Option<&Arc<PodPolicies>> {
         self.pods.get(&ip.to_canonical())
+    }
+
+    /// Whether `other` decides every connection as these do: the same policies on the same Pods.
+    pub(crate) fn same_decisions(&self, other: &NodePolicies) -> bool {
+        self.pods == other.pods
+    }
+
+    /// The node's Pods some policy applies to, each once.
+    pub(crate) fn guarded_pods(&self) -> impl Iterator<Item = &Arc<PodPolicies>> + '_ {
+        let mut seen = std::collections::HashSet::new();
+        self.pods
+            .values()
+            .filter(move |p| seen.insert(Arc::as_ptr(p)))
     }
 
     /// Whether `other` guards the very same addresses.

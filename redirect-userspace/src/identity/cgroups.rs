@@ -23,6 +23,8 @@ struct Table {
     ids: HashMap<u64, Option<Uuid>>,
     /// pod uid -> the id of the pod's own cgroup (its containers' are below it).
     pods: HashMap<Uuid, u64>,
+    /// pod uid -> the directory of the pod's own cgroup.
+    dirs: HashMap<Uuid, PathBuf>,
 }
 
 /// Cached view of the tree, walked again when a connection comes from a cgroup it has not seen (a pod
@@ -87,6 +89,13 @@ impl CgroupPods {
         self.table.load().pods.get(uid).copied()
     }
 
+    /// The network namespace of pod `uid` (`/proc/PID/ns/net` of a process in its cgroup tree),
+    /// from the last walk; `None` when no process runs there.
+    pub(crate) fn pod_netns(&self, uid: &Uuid) -> Option<PathBuf> {
+        let dir = self.table.load().dirs.get(uid)?.clone();
+        first_process(&dir).map(|pid| PathBuf::from(format!("/proc/{pid}/ns/net")))
+    }
+
     /// Walks the tree anew and returns every cgroup in it that belongs to a pod (the pod's own
     /// and its containers'), with the pod's uid.
     pub(crate) async fn rescan(&self) -> Vec<(u64, Uuid)> {
@@ -130,6 +139,19 @@ impl CgroupPods {
     }
 }
 
+/// A process of the cgroup `dir` or of one below it (the pod's own cgroup holds its containers').
+fn first_process(dir: &Path) -> Option<u32> {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    if let Some(pid) = procs.lines().find_map(|l| l.trim().parse().ok()) {
+        return Some(pid);
+    }
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .find_map(|e| first_process(&e.path()))
+}
+
 /// Every cgroup under `root` (itself included) with the pod uid its path names. A directory that
 /// vanishes during the walk (a pod ending) is skipped.
 fn walk(root: &Path) -> Table {
@@ -144,6 +166,7 @@ fn walk(root: &Path) -> Table {
             && dir.file_name().map(Path::new).and_then(pod_uid_in_path) == Some(uid)
         {
             table.pods.insert(uid, meta.ino());
+            table.dirs.insert(uid, dir.clone());
         }
         table.ids.insert(meta.ino(), uid);
         let Ok(entries) = std::fs::read_dir(&dir) else {

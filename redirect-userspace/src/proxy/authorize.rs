@@ -22,7 +22,9 @@ use tracing::{debug, info, warn};
 
 use crate::{
     authz::{Conn, Verdict},
-    hbone::Identity,
+    config::{DEFAULT_CLUSTER_DOMAIN, Workload},
+    hbone::{HboneClient, Identity},
+    identity::CgroupPods,
     lock::Locked,
     state::Snapshot,
 };
@@ -74,7 +76,7 @@ impl AuthzMetrics {
         );
     }
 
-    fn count(&self, path: Path, result: &'static str, policy: Option<&str>) {
+    pub(super) fn count(&self, path: Path, result: &'static str, policy: Option<&str>) {
         let mut labels = DecisionLabels {
             path: path.as_str(),
             result,
@@ -252,20 +254,48 @@ impl Authorizer {
     }
 }
 
-/// Decides the open connections again each time a snapshot is put in force, until `shutdown`.
+/// The workload identity of a Pod of this node, as its certificate names it (the mesh's trust
+/// domain), whether certificates are configured or not.
+pub(super) fn pod_identity(
+    hbone: &HboneClient,
+    snapshot: &Snapshot,
+    pod: &Workload,
+) -> Option<Identity> {
+    let account = pod.service_account.as_deref()?;
+    hbone.identity(&pod.meta.namespace, account).or_else(|| {
+        Some(Identity {
+            trust_domain: (snapshot.trust_domain())
+                .unwrap_or(DEFAULT_CLUSTER_DOMAIN)
+                .to_string(),
+            namespace: pod.meta.namespace.clone(),
+            service_account: account.to_string(),
+        })
+    })
+}
+
+/// Decides the open connections again each time a snapshot is put in force, until `shutdown`:
+/// those the proxy carries, and those the kernel passed directly (`revoke`), when the agent
+/// knows the Pods' cgroups.
 pub(crate) async fn recheck_on_change(
-    authorizer: Arc<Authorizer>,
-    live: Arc<crate::live::LiveState>,
+    context: Arc<super::ProxyContext>,
+    cgroups: Option<Arc<CgroupPods>>,
     mut shutdown: crate::drain::Watcher,
 ) {
+    let live = &context.live;
     let mut applied = live.applied();
+    let mut before = live.snapshot_arc();
     loop {
         tokio::select! {
             changed = applied.changed() => {
                 if changed.is_err() {
                     return;
                 }
-                authorizer.recheck(&live.snapshot());
+                let after = live.snapshot_arc();
+                context.authorizer.recheck(&after);
+                if let Some(cgroups) = &cgroups {
+                    super::revoke::close_kernel_passed(&context.authorizer, cgroups, &context.hbone, &before, &after).await;
+                }
+                before = after;
             }
             () = shutdown.stopped() => return,
         }

@@ -8,6 +8,7 @@ mod metrics;
 mod outbound;
 mod record;
 mod relay;
+mod revoke;
 mod splice;
 #[cfg(test)]
 mod tests;

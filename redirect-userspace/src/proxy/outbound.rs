@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 
 use super::{
     Authorizer, DialGuard, Direction, Pipes, RelayError, RelayMode, Timeout, Timeouts,
-    authorize::{Authorized, Inbound, Path},
+    authorize::{Authorized, Inbound, Path, pod_identity},
     record::ConnectionResult,
     relay,
     relay::Carried,
@@ -358,7 +358,7 @@ fn authorize(
     let src_identity = who
         .workload
         .filter(|_| who.check == Check::Confirmed)
-        .and_then(|w| mesh_identity(context, snapshot, w));
+        .and_then(|w| pod_identity(&context.hbone, snapshot, w));
     let inbound = Inbound {
         path: Path::SameNode,
         src_identity,
@@ -383,22 +383,6 @@ fn authorize(
             })
         }
     }
-}
-
-/// The workload identity of a Pod of this node in the mesh's trust domain, certificates or not:
-/// what its certificate would name.
-fn mesh_identity(context: &ProxyContext, snapshot: &Snapshot, w: &Workload) -> Option<Identity> {
-    let account = w.service_account.as_deref()?;
-    workload_identity(&context.hbone, w).or_else(|| {
-        Some(Identity {
-            trust_domain: snapshot
-                .trust_domain()
-                .unwrap_or(crate::config::DEFAULT_CLUSTER_DOMAIN)
-                .to_string(),
-            namespace: w.meta.namespace.clone(),
-            service_account: account.to_string(),
-        })
-    })
 }
 
 /// The workload identity of a Pod of this node (one with a service account), in the mesh's trust

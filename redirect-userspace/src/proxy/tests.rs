@@ -128,13 +128,13 @@ async fn start(setup: Setup) -> Proxy {
         authorizer: authorizer.clone(),
     });
     let listener = listen("127.0.0.1:0".parse().unwrap()).unwrap();
-    let proxy = OutboundProxy::new(listener, context);
+    let proxy = OutboundProxy::new(listener, context.clone());
     let addr = proxy.local_addr().unwrap();
     let stop = crate::drain::Lifecycle::default();
     tokio::spawn(proxy.serve(stop.serving()));
     tokio::spawn(super::recheck_on_change(
-        authorizer.clone(),
-        live.clone(),
+        context.clone(),
+        None,
         stop.serving(),
     ));
     Proxy {

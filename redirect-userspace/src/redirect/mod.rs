@@ -16,6 +16,7 @@ mod held;
 mod netns;
 pub(crate) mod pins;
 pub(crate) mod pod_routes;
+pub(crate) mod sock_destroy;
 
 use std::{
     collections::BTreeSet,
