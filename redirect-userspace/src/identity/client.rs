@@ -109,6 +109,12 @@ impl<'s> Client<'s> {
             .map(|w| w.meta.namespace.as_str())
     }
 
+    /// The workload the registry gives the address to, unless the kernel names another pod: whose
+    /// workload identity the client may present.
+    pub(crate) fn trusted_workload(&self) -> Option<&'s Workload> {
+        self.workload.filter(|_| self.check.trusted())
+    }
+
     /// `namespace/name` of the workload the registry gives the address to, trusted or not.
     pub(crate) fn workload_name(&self) -> Option<String> {
         self.workload

@@ -18,7 +18,7 @@ use prometheus_client::{
     registry::Registry,
 };
 use tokio::sync::Notify;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::{
     authz::{Conn, Verdict},
@@ -213,7 +213,9 @@ impl Authorizer {
         };
         for policy in &decision.dry_run_matches {
             self.metrics.count(path, "dry_run", Some(policy));
-            info!(path = path.as_str(), src_identity = %inbound.source(), src = %inbound.src_ip, dst = %inbound.dst_ip, port = inbound.dst_port, policy = %policy, "dry-run policy matched; not enforced");
+            // Counted always; logged at debug (a busy client must not flood the log: the access
+            // log line, within its budget, names the decision).
+            debug!(path = path.as_str(), src_identity = %inbound.source(), src = %inbound.src_ip, dst = %inbound.dst_ip, port = inbound.dst_port, policy = %policy, "dry-run policy matched; not enforced");
         }
         let verdict = decision.verdict;
         self.metrics.count(path, verdict.result(), verdict.policy());
@@ -221,7 +223,7 @@ impl Authorizer {
             authorized.verdict = verdict;
             return Ok(authorized);
         }
-        info!(path = path.as_str(), src_identity = %inbound.source(), src = %inbound.src_ip, dst = %inbound.dst_ip, port = inbound.dst_port, "connection denied: {verdict}");
+        debug!(path = path.as_str(), src_identity = %inbound.source(), src = %inbound.src_ip, dst = %inbound.dst_ip, port = inbound.dst_port, "connection denied: {verdict}");
         Err(verdict)
     }
 

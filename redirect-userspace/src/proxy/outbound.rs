@@ -402,7 +402,7 @@ fn to_other_node(
     namespace: &str,
     endpoint: SocketAddr,
 ) -> Option<Via> {
-    let client = workload_identity(&context.hbone, who.workload?)?;
+    let client = workload_identity(&context.hbone, who.trusted_workload()?)?;
     Some(Via {
         client,
         // A client of another family than the Pod's goes from the node's address.
@@ -426,7 +426,7 @@ fn through_waypoint(
 ) -> Result<Route, Refused> {
     result.waypoint = Some(Name::from(waypoint.name));
     let Some(client) = who
-        .workload
+        .trusted_workload()
         .and_then(|w| workload_identity(&context.hbone, w))
     else {
         context.hbone.metrics.tunnel("no_identity");
