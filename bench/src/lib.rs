@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
+mod authz;
 mod between_nodes;
 mod chart;
 pub mod cmd;
@@ -48,6 +49,9 @@ const FULL: rounds::Settings = rounds::Settings {
     wrk_conns: 64,
 };
 const CHART: &str = "docs/benchmarks.png";
+/// `--authz-only`: connections `conn-timer` makes one after another, per way and round.
+const AUTHZ_TIMER_FULL: u32 = 5000;
+const AUTHZ_TIMER_QUICK: u32 = 500;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
@@ -90,6 +94,13 @@ pub struct BenchArgs {
     /// tests; print their table. Writes no files.
     #[arg(long, conflicts_with_all = ["at_size_only", "audit_only", "records_only", "waypoint_only", "only"])]
     between_nodes_only: bool,
+    /// Measure only what authorization policy costs a Pod's clients on the same node: a client Pod
+    /// to a server Pod of the node with no agent, with no policy (the kernel connects), under an
+    /// ALLOW policy that admits the client (the proxy decides and carries), with the latency,
+    /// new-connections and one-connection tests; and how long a connection refused by a DENY policy
+    /// takes the client to fail. Print their tables. Writes no files.
+    #[arg(long, conflicts_with_all = ["at_size_only", "audit_only", "records_only", "waypoint_only", "between_nodes_only", "only"])]
+    authz_only: bool,
     /// Measure only the cluster as the source at scale (`run --kube`: 1,000 Namespaces, 10,000 Pods,
     /// 10,000 ServiceEntries) and write its section of BENCHMARKS.md, leaving the rest of the file as
     /// it is. A full run measures it too.
@@ -135,6 +146,14 @@ pub fn bench(args: BenchArgs, built: &Built, started: Instant) -> anyhow::Result
     let settings = if args.quick { QUICK } else { FULL };
     if args.between_nodes_only {
         return between_nodes::measure(&built.peer, settings);
+    }
+    if args.authz_only {
+        let attempts = if args.quick {
+            AUTHZ_TIMER_QUICK
+        } else {
+            AUTHZ_TIMER_FULL
+        };
+        return authz::measure(&built.peer, settings, attempts);
     }
     let root = &built.workspace;
     let peer = &built.peer;

@@ -618,7 +618,7 @@ pub(crate) fn dns_vip() -> Ipv4Addr {
 }
 
 /// `Tcp: ... ActiveOpens ...` from /proc/net/snmp (a header line, then a value line).
-fn active_opens(snmp: &str) -> Result<u64> {
+pub(crate) fn active_opens(snmp: &str) -> Result<u64> {
     let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
     let (Some(header), Some(values)) = (tcp.next(), tcp.next()) else {
         bail!("/proc/net/snmp has no Tcp lines");

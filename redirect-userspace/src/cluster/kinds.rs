@@ -332,44 +332,7 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     let spec = object.remove("spec");
     match kind {
         Kind::Namespace => {}
-        Kind::Pod | Kind::PodElsewhere => {
-            if let Some(Value::Object(mut spec)) = spec {
-                let containers = spec.remove("containers");
-                let node_fields: &[&str] = match kind {
-                    // A client's service account names its workload identity (HBONE).
-                    Kind::Pod => &["nodeName", "serviceAccountName"],
-                    _ => &[],
-                };
-                let mut kept = keep(spec, node_fields);
-                if let Some(Value::Array(containers)) = containers {
-                    let containers = containers
-                        .into_iter()
-                        .map(|c| match c {
-                            Value::Object(c) => Value::Object(keep(c, &["ports"])),
-                            other => other,
-                        })
-                        .map(|mut c| {
-                            if let Some(Value::Array(ports)) = c.get_mut("ports") {
-                                for port in ports.iter_mut() {
-                                    if let Value::Object(p) = port {
-                                        *p = keep(std::mem::take(p), &["name", "containerPort"]);
-                                    }
-                                }
-                            }
-                            c
-                        })
-                        .collect();
-                    kept.insert("containers".into(), Value::Array(containers));
-                }
-                slim.insert("spec".into(), Value::Object(kept));
-            }
-            if let Some(Value::Object(status)) = object.remove("status") {
-                slim.insert(
-                    "status".into(),
-                    Value::Object(keep(status, &["podIP", "podIPs"])),
-                );
-            }
-        }
+        Kind::Pod | Kind::PodElsewhere => strip_pod(kind, spec, object.remove("status"), &mut slim),
         Kind::Service => {
             if let Some(Value::Object(spec)) = spec {
                 let kept = keep(spec, &["clusterIP", "clusterIPs", "ports", "selector"]);
@@ -414,6 +377,51 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
         }
     }
     slim
+}
+
+/// A Pod's spec and status cut to what [`pod::POD`] reads, into `slim`.
+fn strip_pod(
+    kind: Kind,
+    spec: Option<Value>,
+    status: Option<Value>,
+    slim: &mut Map<String, Value>,
+) {
+    if let Some(Value::Object(mut spec)) = spec {
+        let containers = spec.remove("containers");
+        let node_fields: &[&str] = match kind {
+            // A client's service account names its workload identity (HBONE).
+            Kind::Pod => &["nodeName", "serviceAccountName"],
+            _ => &[],
+        };
+        let mut kept = keep(spec, node_fields);
+        if let Some(Value::Array(containers)) = containers {
+            let containers = containers
+                .into_iter()
+                .map(|c| match c {
+                    Value::Object(c) => Value::Object(keep(c, &["ports"])),
+                    other => other,
+                })
+                .map(|mut c| {
+                    if let Some(Value::Array(ports)) = c.get_mut("ports") {
+                        for port in ports.iter_mut() {
+                            if let Value::Object(p) = port {
+                                *p = keep(std::mem::take(p), &["name", "containerPort"]);
+                            }
+                        }
+                    }
+                    c
+                })
+                .collect();
+            kept.insert("containers".into(), Value::Array(containers));
+        }
+        slim.insert("spec".into(), Value::Object(kept));
+    }
+    if let Some(Value::Object(status)) = status {
+        slim.insert(
+            "status".into(),
+            Value::Object(keep(status, &["podIP", "podIPs"])),
+        );
+    }
 }
 
 /// `map` with only `fields`, cut in place.

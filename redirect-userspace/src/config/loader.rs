@@ -417,31 +417,9 @@ impl Loader {
                     self.model.workloads.push(Arc::new(we));
                 }
             }
-            "AuthorizationPolicy" => {
-                if let Some(policy) = typed::<RawAuthorizationPolicy>(&mut ctx, value)
-                    .and_then(|r| r.convert(&mut ctx))
-                    && self.first(
-                        "AuthorizationPolicy",
-                        &policy.meta.namespace,
-                        &policy.meta.name,
-                        file,
-                    )
-                {
-                    self.model.authorization_policies.push(Arc::new(policy));
-                }
-            }
-            "PeerAuthentication" => {
-                if let Some(policy) = typed::<RawPeerAuthentication>(&mut ctx, value)
-                    .and_then(|r| r.convert(&mut ctx))
-                    && self.first(
-                        "PeerAuthentication",
-                        &policy.meta.namespace,
-                        &policy.meta.name,
-                        file,
-                    )
-                {
-                    self.model.peer_authentications.push(Arc::new(policy));
-                }
+            "AuthorizationPolicy" | "PeerAuthentication" => {
+                let prefix = ctx.prefix.clone();
+                self.add_security(file, id, value, prefix);
             }
             "EndpointSlice" => {
                 if let Some(slice) =
@@ -490,6 +468,34 @@ impl Loader {
             _ => {
                 // classify returns only the kinds above; a new kind without a branch is a bug, not input.
                 tracing::error!(kind = id.kind, "no loader for this kind");
+            }
+        }
+    }
+
+    /// An AuthorizationPolicy or a PeerAuthentication: converted and added if valid.
+    fn add_security(&mut self, file: &str, id: &Identity, value: Value, prefix: String) {
+        let mut ctx = Ctx {
+            file,
+            object: describe(id),
+            prefix,
+            errors: &mut self.errors,
+        };
+        let kind = id.kind;
+        if kind == "AuthorizationPolicy" {
+            let policy =
+                typed::<RawAuthorizationPolicy>(&mut ctx, value).and_then(|r| r.convert(&mut ctx));
+            if let Some(policy) = policy
+                && self.first(kind, &policy.meta.namespace, &policy.meta.name, file)
+            {
+                self.model.authorization_policies.push(Arc::new(policy));
+            }
+        } else {
+            let policy =
+                typed::<RawPeerAuthentication>(&mut ctx, value).and_then(|r| r.convert(&mut ctx));
+            if let Some(policy) = policy
+                && self.first(kind, &policy.meta.namespace, &policy.meta.name, file)
+            {
+                self.model.peer_authentications.push(Arc::new(policy));
             }
         }
     }

@@ -150,6 +150,8 @@ pub(crate) struct Authorizer {
     pub metrics: AuthzMetrics,
     open: Mutex<HashMap<u64, Tracked>>,
     next: AtomicU64,
+    /// Closing connections in a Pod's namespace failed once already (said once).
+    sweep_failed: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Authorizer {
@@ -225,6 +227,11 @@ impl Authorizer {
         }
         debug!(path = path.as_str(), src_identity = %inbound.source(), src = %inbound.src_ip, dst = %inbound.dst_ip, port = inbound.dst_port, "connection denied: {verdict}");
         Err(verdict)
+    }
+
+    /// True the first time a sweep of a Pod's namespace fails.
+    pub(super) fn first_sweep_failure(&self) -> bool {
+        !self.sweep_failed.swap(true, Ordering::Relaxed)
     }
 
     /// Decides every open connection again under `snapshot` and revokes those now denied.

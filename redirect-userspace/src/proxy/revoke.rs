@@ -41,7 +41,13 @@ pub(crate) async fn close_kernel_passed(
         let done = match sweep.await {
             Ok(Ok(done)) => done,
             Ok(Err(e)) => {
-                warn!(pod = %format_args!("{}/{}", pod.namespace, pod.name), error = %e, "cannot list or close the Pod's connections after a policy update");
+                // Entering a Pod's namespace needs CAP_SYS_ADMIN and the host's process ids: said
+                // once, then at debug.
+                if authorizer.first_sweep_failure() {
+                    warn!(pod = %format_args!("{}/{}", pod.namespace, pod.name), error = %e, "cannot list or close the Pod's connections after a policy update: connections the kernel passed directly stay open (the agent needs CAP_SYS_ADMIN and the host's PID namespace for this)");
+                } else {
+                    debug!(pod = %format_args!("{}/{}", pod.namespace, pod.name), error = %e, "cannot list or close the Pod's connections after a policy update");
+                }
                 continue;
             }
             Err(e) => {
