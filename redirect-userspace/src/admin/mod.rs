@@ -341,7 +341,6 @@ fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
             };
             let mut e = crate::explain::explain_ip(&snapshot, &client.namespace, dst);
             e.client = client;
-            crate::explain::authorize(&snapshot, &mut e, dst, over);
             // Who decides is what the tables in force say (the host names resolved ahead
             // included), not a compilation of the snapshot; without the fast path, the proxy.
             let port = e.outbound.port.unwrap_or(0);
@@ -350,6 +349,7 @@ fn explain(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
                 .as_ref()
                 .and_then(|fast| fast.decided_by(&e.client.namespace, dst.ip, port))
                 .unwrap_or(fastpath::DecidedBy::Proxy);
+            crate::explain::authorize(&snapshot, &mut e, dst, over);
             serde_json::to_string_pretty(&e)
         }
         _ => {

@@ -257,6 +257,8 @@ pub(crate) fn convert(
 #[derive(Default)]
 struct Notes {
     http: Vec<(usize, Vec<String>)>,
+    /// DENY rules left with a clause no connection can match: they never fire.
+    inert: Vec<usize>,
     dropped: Vec<String>,
 }
 
@@ -279,8 +281,11 @@ impl Notes {
                 Action::Allow => format!(
                     "rules[{rule}]: the node does not support HTTP attributes (found: {found}); within an ALLOW policy, rules matching HTTP attributes are omitted. This will be more restrictive than requested"
                 ),
+                Action::Deny if self.inert.contains(&rule) => format!(
+                    "rules[{rule}]: the node does not support HTTP attributes (found: {found}); without them the rule has nothing the node can match and will have no effect"
+                ),
                 Action::Deny => format!(
-                    "rules[{rule}]: the node does not support HTTP attributes (found: {found}); the rule is enforced without them. This will be more restrictive than requested"
+                    "rules[{rule}]: the node does not support HTTP attributes (found: {found}); the rule is enforced without them, so it denies more than requested"
                 ),
             });
         }
@@ -383,6 +388,15 @@ fn group(
             continue;
         };
         group.clauses.push(Clause { matches: vec![m] });
+    }
+    // A clause whose every match is empty never holds: the rule never fires.
+    if http
+        && group
+            .clauses
+            .iter()
+            .any(|c| c.matches.iter().all(Match::is_empty))
+    {
+        notes.notes.inert.push(notes.rule);
     }
     (!(http && action == Action::Allow)).then_some(group)
 }

@@ -252,6 +252,11 @@ fn deny_with_l4_from_and_l7_to_is_a_no_op() {
         "{action: DENY, rules: [{from: [{source: {namespaces: [team-b]}}], to: [{operation: {methods: [GET]}}]}]}",
     ));
     assert!(verdict(&n, Some(&id("team-b", "default")), B1, WEB, 80).allowed());
+    assert!(
+        n.converted()[0].notes[0].contains("no effect"),
+        "{:?}",
+        n.converted()[0].notes
+    );
 }
 
 #[test]
@@ -263,6 +268,11 @@ fn deny_mixing_l4_and_l7_in_one_source_keeps_the_l4_part() {
     ));
     assert!(!verdict(&n, Some(&id("team-b", "default")), B1, WEB, 80).allowed());
     assert!(verdict(&n, Some(&id("team-a", "default")), B1, WEB, 80).allowed());
+    assert!(
+        n.converted()[0].notes[0].contains("denies more"),
+        "{:?}",
+        n.converted()[0].notes
+    );
 }
 
 #[test]

@@ -99,6 +99,10 @@ pub fn authorize(snapshot: &Snapshot, e: &mut IpExplanation, dst: Destination, o
         target,
         over,
     ));
+    // The kernel hands a connection whose destination (or pick) is a Pod under policy to the proxy.
+    if snapshot.authz().pod(target.ip()).is_some() {
+        e.outbound.decided_by = crate::fastpath::DecidedBy::Proxy;
+    }
 }
 
 fn report(
