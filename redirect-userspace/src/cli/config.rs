@@ -107,6 +107,10 @@ pub(crate) struct LiveExplainArgs {
     /// An original destination, `IP`, `IP:PORT` or `[IPv6]:PORT`.
     #[arg(long, value_name = "IP[:PORT]")]
     pub ip: Option<String>,
+    /// How the connection reaches the destination Pod, when it is a Pod of the node (its
+    /// authorization policies decide it with the client's identity or without one).
+    #[arg(long, value_enum, default_value_t = crate::explain::Over::Auto)]
+    pub over: crate::explain::Over,
     #[command(flatten)]
     pub admin: AdminArg,
     #[arg(short = 'o', long = "output", value_enum, default_value_t = TableOrJson::Table)]
@@ -268,7 +272,9 @@ fn live_explain(args: &LiveExplainArgs) -> anyhow::Result<String> {
     query.append_pair("from", &args.from);
     match (&args.host, &args.ip) {
         (Some(host), _) => query.append_pair("host", host),
-        (None, Some(ip)) => query.append_pair("ip", ip),
+        (None, Some(ip)) => query
+            .append_pair("ip", ip)
+            .append_pair("over", args.over.as_str()),
         (None, None) => anyhow::bail!("one of --host and --ip is required"),
     };
     let body = get(args.admin.admin, &format!("/explain?{}", query.finish()))?;
