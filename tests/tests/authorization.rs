@@ -102,6 +102,17 @@ fn decisions_sum(m: &Metrics, path: &str, result: &str) -> f64 {
         .sum()
 }
 
+/// Whether the decisions counted on `path` with `result` (any policy) moved by `want` from `before`.
+fn counted(
+    before: &Metrics,
+    path: &'static str,
+    result: &'static str,
+    want: f64,
+) -> impl Fn(&Metrics) -> bool + use<> {
+    let before = decisions_sum(before, path, result);
+    move |m: &Metrics| decisions_sum(m, path, result) - before == want
+}
+
 /// A Pod manifest: its uid and labels, its service account left to the default (`default`), on
 /// `node` if given; dual-stack as the topology's Pods are.
 fn pod_manifest((key, ip, uid, labels): PodDef, node: Option<&str>) -> String {
@@ -574,18 +585,15 @@ fn strict_mtls_admits_the_same_nodes_pods_and_refuses_a_client_without_identity(
         n.check(from, WEB_HTTP, Want::Answered("web-1"))?;
         n.check(from, DB_HTTP, Want::Answered("db-1"))?;
     }
-    let counted = |before: &Metrics, result: &str, want: f64| {
-        let before = decisions_sum(before, "same_node", result);
-        move |m: &Metrics| decisions_sum(m, "same_node", result) - before == want
-    };
     n.agent.wait_metrics(
         "four connections decided and allowed under STRICT",
         Duration::from_secs(2),
-        counted(&before, "allowed", 4.0),
+        counted(&before, "same_node", "allowed", 4.0),
     )?;
     let m = n.agent.metrics()?;
     ensure!(
-        counted(&before, "denied", 0.0)(&m) && delta(&before, &m, OUTBOUND_DENIED) == 0.0,
+        counted(&before, "same_node", "denied", 0.0)(&m)
+            && delta(&before, &m, OUTBOUND_DENIED) == 0.0,
         "none denied: {m:#?}"
     );
 
@@ -593,7 +601,7 @@ fn strict_mtls_admits_the_same_nodes_pods_and_refuses_a_client_without_identity(
     n.agent.wait_metrics(
         "c1's plaintext connection denied",
         Duration::from_secs(2),
-        counted(&m, "denied", 1.0),
+        counted(&m, "same_node", "denied", 1.0),
     )?;
     n.expect_deltas(&m, &[(OUTBOUND_DENIED, 1.0)])?;
     Ok(())
