@@ -29,6 +29,13 @@ pub(crate) async fn close_kernel_passed(
     }
     let guarded: Vec<Arc<PodPolicies>> = after.authz().guarded_pods().cloned().collect();
     for pod in &guarded {
+        // A Pod whose policies did not change decides its open connections as before.
+        let unchanged = (pod.ips.first())
+            .and_then(|ip| before.authz().pod(*ip))
+            .is_some_and(|was| **was == **pod);
+        if unchanged {
+            continue;
+        }
         let Some(netns) = pod.uid.and_then(|uid| cgroups.pod_netns(&uid)) else {
             continue;
         };
