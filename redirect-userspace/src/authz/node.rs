@@ -158,6 +158,24 @@ impl NodePolicies {
             .filter(move |p| seen.insert(Arc::as_ptr(p)))
     }
 
+    /// Logs what `self` enforces differently from `before` of each policy: the notes of a policy
+    /// converted anew (what was dropped of it) and why a policy newly left out enforces nothing.
+    pub(crate) fn log_changes(&self, before: &NodePolicies) {
+        for policy in &self.converted {
+            if before.converted.contains(policy) || policy.notes.is_empty() {
+                continue;
+            }
+            for note in &policy.notes {
+                tracing::warn!(policy = %policy.key(), action = policy.action.as_str(), "authorization policy converted with a change: {note}");
+            }
+        }
+        for skipped in &self.skipped {
+            if !before.skipped.contains(skipped) {
+                tracing::warn!(policy = %skipped.policy, "authorization policy not enforced on the node: {}", skipped.why);
+            }
+        }
+    }
+
     /// Whether `other` guards the very same addresses.
     pub(crate) fn same_guards(&self, other: &NodePolicies) -> bool {
         self.pods.len() == other.pods.len()

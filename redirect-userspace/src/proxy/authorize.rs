@@ -293,6 +293,9 @@ pub(crate) async fn recheck_on_change(
     let live = &context.live;
     let mut applied = live.applied();
     let mut before = live.snapshot_arc();
+    before
+        .authz()
+        .log_changes(&crate::authz::NodePolicies::default());
     loop {
         tokio::select! {
             changed = applied.changed() => {
@@ -300,6 +303,7 @@ pub(crate) async fn recheck_on_change(
                     return;
                 }
                 let after = live.snapshot_arc();
+                after.authz().log_changes(before.authz());
                 context.authorizer.recheck(&after);
                 if let Some(cgroups) = &cgroups {
                     super::revoke::close_kernel_passed(&context.authorizer, cgroups, &context.hbone, &before, &after).await;
