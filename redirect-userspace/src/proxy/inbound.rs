@@ -4,6 +4,16 @@
 //! peers of the mesh's trust domain, and carries each `CONNECT` stream to the Pod, on the port the
 //! stream names, logging who sent it. A stream from another node's Pod reaches the Pod from the
 //! sender's address, as ztunnel carries it (`redirect::hbone_replies` brings the answers back).
+//!
+//! A peer holding a valid certificate is still held to limits: connections per address and
+//! descriptors in all ([`limits`]), streams in flight per connection, dials included, and idle
+//! connections closed ([`server`]), and the Pods' bytes a connection may hold ([`buffered`]).
+mod buffered;
+mod limits;
+mod server;
+#[cfg(test)]
+mod tests;
+
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, SocketAddr},
@@ -14,6 +24,8 @@ use std::{
 use bytes::Bytes;
 use h2::{RecvStream, server::SendResponse};
 use http::{Method, Request, Response, StatusCode};
+use limits::InboundLimits;
+use server::{Settings, StreamPermit};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
@@ -25,11 +37,15 @@ use super::{
 };
 use crate::{
     authz::Verdict,
-    hbone::{self, H2Stream, Identity},
+    hbone::{self, CONNECTION_WINDOW, H2Stream, Identity},
     net::{CONNECT_TIMEOUT, connect_from},
     records::Received,
     redirect::hbone_replies::{HboneSources, SourceHeld},
 };
+
+/// The Pods' bytes one connection may hold on their way to the peer: its receive window, as
+/// ztunnel's. `h2` caps each stream's queue (4 MiB), not the connection's.
+const CONNECTION_BUFFER: usize = CONNECTION_WINDOW as usize;
 
 /// How long a peer may take over the TLS handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -61,12 +77,24 @@ pub(crate) async fn serve(
     sources: Arc<HboneSources>,
     mut shutdown: crate::drain::Watcher,
 ) {
+    let limits = InboundLimits::new(context.budgets.fds.clone());
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => {
-                    tokio::spawn(connection(context.clone(), sources.clone(), tcp, peer));
-                }
+                Ok((tcp, peer)) => match limits.connection(peer.ip()) {
+                    Ok(held) => {
+                        let connection = connection(context.clone(), sources.clone(), limits.clone(), tcp, peer);
+                        tokio::spawn(async move {
+                            connection.await;
+                            drop(held);
+                        });
+                    }
+                    Err(refused) => {
+                        // Closed at once: the peer sees its connection end before any handshake.
+                        context.hbone.metrics.inbound(refused);
+                        debug!(%peer, refused, "HBONE connection refused: past its limit");
+                    }
+                },
                 Err(e) => {
                     debug!(error = %e, "accepting an HBONE connection failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -81,6 +109,7 @@ pub(crate) async fn serve(
 async fn connection(
     context: Arc<ProxyContext>,
     sources: Arc<HboneSources>,
+    limits: Arc<InboundLimits>,
     tcp: TcpStream,
     peer: SocketAddr,
 ) {
@@ -141,39 +170,24 @@ async fn connection(
         pod: dialled.ip(),
         from,
     });
-    let handshake = hbone::server_builder().handshake::<_, Bytes>(tls);
-    let mut connection = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
-        Ok(Ok(connection)) => connection,
-        Ok(Err(e)) => {
-            debug!(%peer, error = %e, "HBONE peer failed the HTTP/2 handshake");
-            return;
-        }
-        Err(_) => {
-            debug!(%peer, "HBONE peer did not finish the HTTP/2 handshake in time");
-            return;
-        }
-    };
-    let keep_alive = hbone::keep_alive(connection.ping_pong());
-    tokio::pin!(keep_alive);
-    loop {
-        // Accepting is also what drives the connection's I/O, for the streams already open too.
-        tokio::select! {
-            accepted = connection.accept() => match accepted {
-                Some(Ok((request, respond))) => {
-                    tokio::spawn(stream(context.clone(), sender.clone(), request, respond));
-                }
-                Some(Err(e)) => {
-                    debug!(%peer, error = %e, "HBONE connection ended with an error");
-                    return;
-                }
-                None => return,
-            },
-            () = &mut keep_alive => {
-                debug!(%peer, "HBONE peer left a ping unanswered; closing the connection");
-                return;
-            }
-        }
-    }
+    let budget = buffered::SendBudget::new(CONNECTION_BUFFER);
+    let tls = buffered::Metered::new(tls, budget.clone());
+    server::serve(
+        tls,
+        Settings::default(),
+        metrics,
+        peer,
+        |request, respond, permit| {
+            let held = Stream {
+                sender: sender.clone(),
+                permit,
+                budget: budget.clone(),
+                limits: limits.clone(),
+            };
+            tokio::spawn(stream(context.clone(), held, request, respond));
+        },
+    )
+    .await;
 }
 
 /// Who sent a connection's streams.
@@ -201,14 +215,30 @@ fn hold_source(sources: &Arc<HboneSources>, ip: Ipv4Addr) -> Option<SourceHeld> 
     }
 }
 
+/// What one stream's task holds until it ends.
+struct Stream {
+    sender: Arc<Sender>,
+    /// Its place among its connection's streams, its dial included.
+    permit: StreamPermit,
+    /// What its connection may hold of the Pods' bytes.
+    budget: Arc<buffered::SendBudget>,
+    limits: Arc<InboundLimits>,
+}
+
 /// One stream: a `CONNECT` to the Pod dialled, on the port it names (not 15008), answered `200` once the Pod
 /// took the connection; then the bytes carried both ways.
 async fn stream(
     context: Arc<ProxyContext>,
-    sender: Arc<Sender>,
+    held: Stream,
     request: Request<RecvStream>,
     mut respond: SendResponse<Bytes>,
 ) {
+    let Stream {
+        sender,
+        permit: _permit,
+        budget,
+        limits,
+    } = held;
     let metrics = &context.hbone.metrics;
     let target = (request.method() == Method::CONNECT)
         .then(|| {
@@ -248,10 +278,17 @@ async fn stream(
             return refuse(&mut respond, StatusCode::UNAUTHORIZED);
         }
     };
-    let sockets = &*context.sockets;
-    let upstream = match &sender.from {
-        Some(from) => connect_from(sockets, from.ip().into(), target, CONNECT_TIMEOUT).await,
-        None => crate::net::connect(sockets, target, CONNECT_TIMEOUT, None).await,
+    let Some(_socket) = limits.socket() else {
+        metrics.inbound("fd_limit");
+        debug!(peer = %sender.peer, dst = %target, "HBONE stream refused: received HBONE is at its descriptor share");
+        return refuse(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
+    };
+    // A peer that resets the stream no longer waits for the Pod: the dial, and its socket, go.
+    let Some(upstream) = server::unless_reset(&mut respond, dial(&context, &sender, target)).await
+    else {
+        metrics.inbound("reset");
+        debug!(peer = %sender.peer, dst = %target, "HBONE stream reset by the peer while the Pod was dialled");
+        return;
     };
     let mut upstream = match upstream {
         Ok(upstream) => upstream,
@@ -271,8 +308,10 @@ async fn stream(
         }
     };
     let mut tunnel = H2Stream::new(send, request.into_body());
+    let (from_pod, to_pod) = upstream.split();
+    let from_pod = buffered::Gated::new(from_pod, budget);
     let carried = tokio::select! {
-        carried = relay_tunnel(upstream.split(), &mut tunnel, context.timeouts) => carried,
+        carried = relay_tunnel((from_pod, to_pod), &mut tunnel, context.timeouts) => carried,
         () = authorized.revoked() => {
             // The Pod's side reset; the stream is reset as `tunnel` is dropped unfinished.
             let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
@@ -287,6 +326,19 @@ async fn stream(
         &authorized.verdict,
         carried,
     );
+}
+
+/// A socket to the Pod at `target`, from the sender's address when it is held.
+async fn dial(
+    context: &ProxyContext,
+    sender: &Sender,
+    target: SocketAddr,
+) -> io::Result<TcpStream> {
+    let sockets = &*context.sockets;
+    match &sender.from {
+        Some(from) => connect_from(sockets, from.ip().into(), target, CONNECT_TIMEOUT).await,
+        None => crate::net::connect(sockets, target, CONNECT_TIMEOUT, None).await,
+    }
 }
 
 /// The access log's line for a stream refused by the Pod's authorization policies.
