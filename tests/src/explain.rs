@@ -80,7 +80,29 @@ impl Explain {
         Ok(OutboundVerdict { report: out, json })
     }
 
+    /// `explain --from <pod> --ip <dest>` for a client Pod `pod` (`namespace/name`): the identity
+    /// explain matches the policies with is that Pod's. Fails unless explain answered for that Pod.
+    pub fn ip_from_pod(&self, pod: &str, dest: SocketAddr) -> Result<OutboundVerdict> {
+        let json = self.exec(pod, "--ip", &dest.to_string())?;
+        if json["client"]["pod"] != pod {
+            bail!("explain answered for another client than Pod {pod}: {json}");
+        }
+        let out = serde_json::from_value::<IpExplanation>(json.clone())
+            .with_context(|| format!("explain --ip {dest}: unexpected shape: {json}"))?
+            .outbound;
+        Ok(OutboundVerdict { report: out, json })
+    }
+
     fn run(&self, from: &str, flag: &str, what: &str) -> Result<Value> {
+        let json = self.exec(from, flag, what)?;
+        if json["client"]["namespace"] != from {
+            bail!("explain answered for another client: {json}");
+        }
+        Ok(json)
+    }
+
+    /// Runs explain and reads its JSON, whoever it answered for.
+    fn exec(&self, from: &str, flag: &str, what: &str) -> Result<Value> {
         let out = Command::new(&self.bin)
             .arg("explain")
             .arg("-f")
@@ -99,9 +121,6 @@ impl Explain {
         }
         let json: Value = serde_json::from_str(&stdout)
             .with_context(|| format!("explain printed no JSON: {stdout}"))?;
-        if json["client"]["namespace"] != from {
-            bail!("explain answered for another client: {json}");
-        }
         Ok(json)
     }
 }

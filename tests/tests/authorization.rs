@@ -948,3 +948,528 @@ fn over_hbone_the_receiving_node_refuses_a_denied_peer_with_401() -> Result<()> 
     );
     Ok(())
 }
+
+/// One (client, destination) pair of an [`explain_agrees_with_the_agent_on_every_policy_case`]
+/// case: the client Pod, the destination, whether it must be allowed, the policy that must decide
+/// (`""` when none does), and the dry-run policy it must match (`namespace/name (ACTION)`, or `""`).
+type Pair = (PodDef, &'static str, bool, &'static str, &'static str);
+
+/// The policy that decided, as a verdict names it: `allowed by: X` and `explicitly denied by: X`
+/// name X; the other verdicts none (`""`).
+fn deciding_policy(verdict: &str) -> &str {
+    verdict
+        .strip_prefix("explicitly denied by: ")
+        .or_else(|| verdict.strip_prefix("allowed by: "))
+        .unwrap_or("")
+}
+
+/// Every `redirect_authorization_decisions_total` counter that moved from `before` to `after`,
+/// with how far.
+fn decisions_moved(before: &Metrics, after: &Metrics) -> Vec<(String, f64)> {
+    after
+        .samples()
+        .iter()
+        .filter(|(k, _)| k.starts_with(&format!("{DECISIONS}{{")))
+        .map(|(k, _)| (k.clone(), delta(before, after, k)))
+        .filter(|(_, d)| *d != 0.0)
+        .collect()
+}
+
+/// The text the agent logged after the first `from` bytes.
+fn log_since(agent: &Agent, from: usize) -> String {
+    let log = agent.log();
+    log.get(from..).unwrap_or(&log).to_string()
+}
+
+/// Polls the agent's log (2 s) past its first `from` bytes for the access line of a connection
+/// [`find_access_line`] describes, its `authorization` exactly `why` (not merely starting so).
+fn wait_new_access_line(
+    agent: &Agent,
+    from: usize,
+    outcome: &str,
+    client: &str,
+    why: &str,
+) -> Result<String> {
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(2));
+    loop {
+        let log = log_since(agent, from);
+        let exact = |l: &&str| {
+            l.contains(&format!("authorization={why} "))
+                || l.contains(&format!("authorization=\"{why}\""))
+        };
+        let lines = log.lines().filter(exact).collect::<Vec<_>>().join("\n");
+        if let Some(line) = find_access_line(&lines, outcome, client, why) {
+            return Ok(line);
+        }
+        if Instant::now() > deadline {
+            let access: Vec<&str> = log.lines().filter(|l| l.contains("access:")).collect();
+            bail!(
+                "no new access-log `connection` line with outcome={outcome:?}, client={client}, authorization={why:?}; the new access lines:\n{}",
+                access.join("\n")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Offline `redirect explain` over the agent's own directory says what the case means for `pair`
+/// (pinned), then the live agent does the same: curl is answered exactly when explain allows, the
+/// decision is counted under the policy explain names (and the dry-run policy it lists), carried
+/// by whom explain says, and the access line's `authorization` is explain's verdict, word for word.
+fn explain_and_agent_agree(
+    n: &Node,
+    explain: &integration::explain::Explain,
+    pair: Pair,
+) -> Result<()> {
+    use integration::explain::DecidedBy;
+    let (from, to, want_allowed, want_by, want_dry_run) = pair;
+    let (namespace, _) = from.0.split_once('/').context("a Pod key")?;
+    let v = explain.ip_from_pod(from.0, to.parse()?)?;
+    let what = format!("{} -> {to}", from.0);
+    let authz = v.authorization.as_ref().with_context(|| {
+        format!(
+            "{what}: explain has no authorization for a Pod of the node: {}",
+            v.json
+        )
+    })?;
+
+    // What explain says, pinned to what the case means.
+    let identity = format!("spiffe://{TRUST_DOMAIN}/ns/{namespace}/sa/default");
+    ensure!(
+        authz.over.as_str() == "same-node"
+            && authz.identity.as_deref() == Some(identity.as_str())
+            && authz.enforced,
+        "{what}: explain decides as the Pod's identity on the same node, enforced: {}",
+        v.json
+    );
+    ensure!(
+        authz.allowed == want_allowed && deciding_policy(&authz.verdict) == want_by,
+        "{what}: explain says allowed={} by {:?} ({}), want allowed={want_allowed} by {want_by:?}: {}",
+        authz.allowed,
+        deciding_policy(&authz.verdict),
+        authz.verdict,
+        v.json
+    );
+    let dry_run: Vec<&str> = authz.dry_run.iter().map(String::as_str).collect();
+    let want_dry: Vec<&str> = [want_dry_run]
+        .into_iter()
+        .filter(|d| !d.is_empty())
+        .collect();
+    ensure!(
+        dry_run == want_dry,
+        "{what}: explain's dry-run matches {dry_run:?}, want {want_dry:?}: {}",
+        v.json
+    );
+    let under_policy = !authz.policies.is_empty();
+    ensure!(
+        (v.decided_by == DecidedBy::Proxy) == under_policy,
+        "{what}: explain hands the connection to the proxy exactly when the Pod is under policy: {}",
+        v.json
+    );
+
+    // The live agent.
+    let server = if to == DB_HTTP { "db-1" } else { "web-1" };
+    let before = n.agent.metrics()?;
+    let log_from = n.agent.log().len();
+    let (out, took) = curl(n.pod(from), to)?;
+    let answered = out.success() && out.stdout_str().trim() == server;
+    ensure!(
+        answered || reset(out.status.code()),
+        "{what}: neither answered by {server} nor reset ({took:?}): {out}"
+    );
+    ensure!(
+        answered == authz.allowed,
+        "{what}: the agent {} it ({took:?}: {out}) but explain says {:?}: {}",
+        if answered { "answered" } else { "reset" },
+        authz.verdict,
+        v.json
+    );
+
+    // Counted as explain says: the deciding policy, the dry run, and who carried it.
+    let mut want: Vec<(String, f64)> = Vec::new();
+    if under_policy {
+        let result = if authz.allowed { "allowed" } else { "denied" };
+        want.push((
+            decision("same_node", result, deciding_policy(&authz.verdict)),
+            1.0,
+        ));
+        want.extend(
+            authz
+                .dry_run
+                .iter()
+                .map(|d| (decision("same_node", "dry_run", d), 1.0)),
+        );
+    }
+    let carrier = match (v.decided_by, n.agent.fast_path(), authz.allowed) {
+        (_, _, false) => OUTBOUND_DENIED,
+        (DecidedBy::Kernel, true, true) => KERNEL_WORKLOAD,
+        _ => PROXY_WORKLOAD,
+    };
+    let carriers = [OUTBOUND_DENIED, KERNEL_WORKLOAD, PROXY_WORKLOAD];
+    let m = n
+        .agent
+        .wait_metrics(
+            &format!("{what}: its decision and its carrier counted"),
+            Duration::from_secs(2),
+            |m| {
+                delta(&before, m, carrier) >= 1.0
+                    && want.iter().all(|(k, d)| delta(&before, m, k) >= *d)
+            },
+        )
+        .with_context(|| format!("{what}: explain said {}", v.json))?;
+    // The counters are keyed with their labels in a canonical order: each wanted one is read
+    // through `delta`, and nothing else moved.
+    let moved = decisions_moved(&before, &m);
+    let moved_total: f64 = moved.iter().map(|(_, d)| d).sum();
+    let want_total: f64 = want.iter().map(|(_, d)| d).sum();
+    ensure!(
+        want.iter().all(|(k, d)| delta(&before, &m, k) == *d) && moved_total == want_total,
+        "{what}: the decisions counted {moved:?}, want {want:?} (explain: {:?})",
+        authz.verdict
+    );
+    for k in carriers {
+        let (got, want) = (delta(&before, &m, k), if k == carrier { 1.0 } else { 0.0 });
+        ensure!(
+            got == want,
+            "{what}: {k} moved by {got}, want {want}; explain: {}",
+            v.json
+        );
+    }
+
+    // The access line of a connection the proxy decided says explain's verdict.
+    if under_policy {
+        let outcome = if authz.allowed { "workload" } else { "denied" };
+        wait_new_access_line(&n.agent, log_from, outcome, from.1, &authz.verdict)
+            .with_context(|| what.clone())?;
+    }
+    Ok(())
+}
+
+/// Offline `redirect explain` (over the agent's own directory, client Pods named so that the
+/// identity is theirs) and the live agent agree on each of eleven policy cases, put in force one
+/// after the other under one agent: for each (client, destination) pair curl is answered exactly
+/// when explain's `authorization.allowed` says, the decision is counted under the policy explain's
+/// verdict names, and the access log's `authorization` is explain's verdict. Each pair is also
+/// pinned to what the case means, so that the two cannot agree on a wrong answer.
+#[test]
+fn explain_agrees_with_the_agent_on_every_policy_case() -> Result<()> {
+    let web_deny =
+        |name: &str, rules: &str| policy("v1", ("team-a", name), Some("{app: web}"), "DENY", rules);
+    let allow_a = policy(
+        "v1",
+        ("team-a", "allow-a"),
+        Some("{app: web}"),
+        "ALLOW",
+        &format!("[{{from: [{{source: {{principals: [{TRUST_DOMAIN}/ns/team-a/sa/default]}}}}]}}]"),
+    );
+    let deny_ip = policy(
+        "v1beta1",
+        ("team-a", "deny-b1-ip"),
+        Some("{app: web}"),
+        "DENY",
+        &format!("[{{from: [{{source: {{ipBlocks: [\"{}/32\"]}}}}]}}]", B1.1),
+    );
+    let allow_get = policy(
+        "v1",
+        ("team-a", "allow-get"),
+        Some("{app: web}"),
+        "ALLOW",
+        "[{to: [{operation: {methods: [GET]}}]}]",
+    );
+    let root_deny = policy(
+        "v1",
+        ("istio-system", "deny-team-b"),
+        None,
+        "DENY",
+        "[{from: [{source: {namespaces: [team-b]}}]}]",
+    );
+    let dry_run = deny_team_b_on_web().replace(
+        "metadata: {name: deny-b, namespace: team-a}",
+        "metadata: {name: deny-b-dry, namespace: team-a, annotations: {istio.io/dry-run: \"true\"}}",
+    );
+    ensure!(dry_run.contains("istio.io/dry-run"), "{dry_run}");
+    const DENY_B: &str = "team-a/deny-b";
+    const DENY_9090: &str = "team-a/deny-9090";
+    const ROOT_DENY: &str = "istio-system/deny-team-b";
+    let cases: Vec<(&str, String, Vec<Pair>)> = vec![
+        (
+            "DENY from namespace team-b",
+            deny_team_b_on_web(),
+            vec![
+                (B1, WEB_HTTP, false, DENY_B, ""),
+                (A1, WEB_HTTP, true, "", ""),
+            ],
+        ),
+        (
+            "ALLOW by a1's principal",
+            allow_a,
+            vec![
+                (A1, WEB_HTTP, true, "team-a/allow-a", ""),
+                (B1, WEB_HTTP, false, "", ""),
+            ],
+        ),
+        (
+            "DENY from b1's ipBlock",
+            deny_ip,
+            vec![
+                (B1, WEB_HTTP, false, "team-a/deny-b1-ip", ""),
+                (A1, WEB_HTTP, true, "", ""),
+            ],
+        ),
+        (
+            "DENY to ports [9090]",
+            web_deny("deny-9090", "[{to: [{operation: {ports: [\"9090\"]}}]}]"),
+            vec![
+                (A1, WEB_HTTP2, false, DENY_9090, ""),
+                (A1, WEB_HTTP, true, "", ""),
+            ],
+        ),
+        (
+            "DENY to notPorts [8080]",
+            web_deny("deny-9090", "[{to: [{operation: {notPorts: [\"8080\"]}}]}]"),
+            vec![
+                (B1, WEB_HTTP2, false, DENY_9090, ""),
+                (B1, WEB_HTTP, true, "", ""),
+            ],
+        ),
+        (
+            "DENY when destination.port 9090",
+            web_deny(
+                "deny-9090",
+                "[{when: [{key: destination.port, values: [\"9090\"]}]}]",
+            ),
+            vec![
+                (A1, WEB_HTTP2, false, DENY_9090, ""),
+                (B1, WEB_HTTP, true, "", ""),
+            ],
+        ),
+        (
+            "ALLOW on HTTP methods only",
+            allow_get,
+            vec![
+                (A1, WEB_HTTP, false, "", ""),
+                (B1, WEB_HTTP2, false, "", ""),
+                (B1, DB_HTTP, true, "", ""),
+            ],
+        ),
+        (
+            "root-namespace DENY from team-b",
+            root_deny,
+            vec![
+                (B1, DB_HTTP, false, ROOT_DENY, ""),
+                (B1, WEB_HTTP, false, ROOT_DENY, ""),
+                (A1, DB_HTTP, true, "", ""),
+            ],
+        ),
+        (
+            "mesh-wide STRICT, clients with identities",
+            STRICT_MESH_WIDE.to_string(),
+            vec![(B1, WEB_HTTP, true, "", ""), (A1, DB_HTTP, true, "", "")],
+        ),
+        (
+            "DENY beside ALLOW-all",
+            format!("{}---\n{}", deny_team_b_on_web(), allow_all_on_web()),
+            vec![
+                (B1, WEB_HTTP, false, DENY_B, ""),
+                (A1, WEB_HTTP, true, "team-a/allow-all", ""),
+            ],
+        ),
+        (
+            "dry-run DENY from team-b",
+            dry_run,
+            vec![
+                (B1, WEB_HTTP, true, "", "team-a/deny-b-dry (DENY)"),
+                (A1, WEB_HTTP, true, "", ""),
+            ],
+        ),
+    ];
+    let n = Node::start(&[])?;
+    let explain = integration::explain::Explain::new(&n.config)?;
+    let mut disagreements = Vec::new();
+    for (what, text, pairs) in cases {
+        n.apply("policy.yaml", &text)
+            .with_context(|| format!("{what}: putting the policy in force"))?;
+        for pair in pairs {
+            if let Err(e) = explain_and_agent_agree(&n, &explain, pair) {
+                disagreements.push(format!("{what}: {e:#}"));
+            }
+        }
+    }
+    ensure!(
+        disagreements.is_empty(),
+        "{} pair(s) where explain, the case and the agent disagree:\n{}",
+        disagreements.len(),
+        disagreements.join("\n\n")
+    );
+    Ok(())
+}
+
+/// The policies `/config_dump` lists for the Pod `namespace/name` of the node (none when it has
+/// none).
+fn dumped_policies(agent: &Agent, (namespace, name): (&str, &str)) -> Result<Vec<String>> {
+    let r = agent.admin_get("/config_dump")?;
+    ensure!(r.status == 200, "/config_dump answered {}", r.status);
+    let dump: serde_json::Value =
+        serde_json::from_slice(&r.body).context("/config_dump is not JSON")?;
+    let pods = dump["authorization"]["pods"]
+        .as_array()
+        .with_context(|| format!("no authorization.pods in /config_dump: {dump:#}"))?;
+    Ok(pods
+        .iter()
+        .filter(|p| p["namespace"] == namespace && p["name"] == name)
+        .flat_map(|p| p["policies"].as_array().cloned().unwrap_or_default())
+        .filter_map(|p| p.as_str().map(str::to_string))
+        .collect())
+}
+
+/// Waits (5 s) until `/config_dump` says `policy` does (`want`) or does not apply to web-1 and a
+/// configuration was put in force whole (its fast-path tables written) since `before`: the
+/// agent counts a load only then. Returns how long it took.
+fn wait_web_policy(agent: &Agent, before: &Metrics, policy: &str, want: bool) -> Result<Duration> {
+    let started = Instant::now();
+    let deadline = started + pace::scaled(Duration::from_secs(5));
+    loop {
+        let policies = dumped_policies(agent, ("team-a", "web-1"))?;
+        let reloaded = delta(before, &agent.metrics()?, key::RELOAD_OK) >= 1.0;
+        if policies.iter().any(|p| p == policy) == want && reloaded {
+            return Ok(started.elapsed());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "web-1's policies are {policies:?} (a load counted since: {reloaded}) {:?} after the change; want {policy} {}; agent log:\n{}",
+                started.elapsed(),
+                if want { "among them" } else { "gone" },
+                agent.log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The same policies from the Kubernetes API (`run --kube` with a node name): the agent watches
+/// the test API server, which serves a1, b1 and web-1 on its node. team-a's `deny-b` put through
+/// the API resets b1's connections to web-1 and answers a1's, counted and logged under its name;
+/// deleted through the API, b1 is answered again, and nothing more is decided.
+#[test]
+fn a_deny_put_through_the_kubernetes_api_resets_its_clients_until_deleted() -> Result<()> {
+    const NODE: &str = "node-1";
+    // Dropped in reverse: the agent, the API server, the server, then the topology.
+    let mut topo = Topology::new()?;
+    for (key, ip, uid, _) in [A1, B1, WEB] {
+        topo.add_kube_pod(key, ip.parse()?, uid)?;
+    }
+    let _web = Peer::start(
+        topo.pod(WEB.0).place(),
+        "web-1",
+        &[WEB_HTTP.parse()?, WEB_HTTP2.parse()?],
+        &[],
+    )?;
+    let cluster = topo.scratch_path("cluster");
+    fs::create_dir_all(&cluster)?;
+    let objects: Vec<String> = ["team-a", "team-b", "istio-system"]
+        .into_iter()
+        .map(|ns| format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"))
+        .chain(
+            [A1, B1, WEB]
+                .into_iter()
+                .map(|p| pod_manifest(p, Some(NODE))),
+        )
+        .collect();
+    replace_file(&cluster, "cluster.yaml", &objects.join("---\n"))?;
+    let api = integration::apiserver::ApiServer::start(&topo.node().netns)?;
+    api.sync_dir(&cluster)?;
+    let kubeconfig = api.write_kubeconfig(&topo.scratch_path("kubeconfig"))?;
+    let agent = Agent::start(
+        &topo,
+        &[
+            "--kube",
+            "--kubeconfig",
+            &kubeconfig.to_string_lossy(),
+            "--node-name",
+            NODE,
+        ],
+    )?;
+    let check = |from: PodDef, addr: &str, want: Want| check(topo.pod(from.0), addr, want);
+    // The agent watches the security kinds, at the version served, and has listed them.
+    let r = agent.admin_get("/config_dump")?;
+    let dump: serde_json::Value =
+        serde_json::from_slice(&r.body).context("/config_dump is not JSON")?;
+    for kind in ["AuthorizationPolicy", "PeerAuthentication"] {
+        let watch = dump["config"]["watches"]
+            .as_array()
+            .and_then(|w| w.iter().find(|w| w["kind"] == kind))
+            .with_context(|| format!("no watch of {kind} in /config_dump: {dump:#}"))?;
+        ensure!(
+            watch["synced"] == true && watch["apiVersion"] == "security.istio.io/v1",
+            "{kind}: {watch}"
+        );
+    }
+
+    // No policy yet: both answered, nothing decided.
+    let before = agent.metrics()?;
+    check(A1, WEB_HTTP, Want::Answered("web-1")).context("no policy")?;
+    check(B1, WEB_HTTP, Want::Answered("web-1")).context("no policy")?;
+    ensure!(
+        decisions_moved(&before, &agent.metrics()?).is_empty(),
+        "no policy, nothing decided"
+    );
+
+    // team-a's deny-b through the API.
+    let before = agent.metrics()?;
+    api.put(serde_json::json!({
+        "apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+        "metadata": {"name": "deny-b", "namespace": "team-a"},
+        "spec": {"selector": {"matchLabels": {"app": "web"}}, "action": "DENY",
+                 "rules": [{"from": [{"source": {"namespaces": ["team-b"]}}]}]}
+    }))?;
+    let took = wait_web_policy(&agent, &before, "team-a/deny-b", true)?;
+    eprintln!("team-a/deny-b in force {took:?} after it was put");
+    let before = agent.metrics()?;
+    check(B1, WEB_HTTP, Want::Refused).context("under team-a/deny-b from the API")?;
+    check(B1, WEB_HTTP2, Want::Refused).context("under team-a/deny-b from the API")?;
+    check(A1, WEB_HTTP, Want::Answered("web-1")).context("under team-a/deny-b from the API")?;
+    let m = agent.wait_metrics(
+        "b1's two refusals and a1's admission counted",
+        Duration::from_secs(2),
+        |m| {
+            delta(
+                &before,
+                m,
+                &decision("same_node", "denied", "team-a/deny-b"),
+            ) >= 2.0
+                && delta(&before, m, &decision("same_node", "allowed", "")) >= 1.0
+        },
+    )?;
+    for (k, want) in [
+        (decision("same_node", "denied", "team-a/deny-b"), 2.0),
+        (decision("same_node", "allowed", ""), 1.0),
+        (OUTBOUND_DENIED.to_string(), 2.0),
+    ] {
+        let got = delta(&before, &m, &k);
+        ensure!(got == want, "{k} moved by {got}, want {want}; {m:#?}");
+    }
+    wait_access_line(
+        &agent,
+        "denied",
+        B1.1,
+        "explicitly denied by: team-a/deny-b",
+    )?;
+
+    // Deleted through the API: b1 is answered again, and web-1 is no longer decided.
+    let before = agent.metrics()?;
+    ensure!(
+        api.delete("AuthorizationPolicy", "team-a", "deny-b")?,
+        "the API server held team-a/deny-b"
+    );
+    let took = wait_web_policy(&agent, &before, "team-a/deny-b", false)?;
+    eprintln!("team-a/deny-b gone {took:?} after it was deleted");
+    let before = agent.metrics()?;
+    check(B1, WEB_HTTP, Want::Answered("web-1")).context("team-a/deny-b deleted")?;
+    check(A1, WEB_HTTP, Want::Answered("web-1")).context("team-a/deny-b deleted")?;
+    let m = agent.metrics()?;
+    ensure!(
+        decisions_moved(&before, &m).is_empty() && delta(&before, &m, OUTBOUND_DENIED) == 0.0,
+        "no policy left: nothing decided or denied; {m:#?}"
+    );
+    Ok(())
+}
