@@ -26,6 +26,12 @@ pub(super) const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a closing connection is given to end its last exchanges (`GOAWAY`).
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// The largest frame a peer may send: `hbone::Receiving` gives a frame's window back as it hands the
+/// frame to the relay, which holds it until the Pod takes it, so a Pod that never reads holds one
+/// frame per stream beyond the connection's window: 200 of 1 MiB (`hbone::FRAME_SIZE`) would be
+/// 200 MiB a connection, 200 of 128 KiB are 25 MiB. What we send is framed as the peer asks.
+pub(super) const RECEIVED_FRAME: u32 = 128 * 1024;
+
 /// How long a peer may take over the HTTP/2 handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -61,7 +67,9 @@ pub(super) async fn serve<IO, F>(
     F: FnMut(Request<RecvStream>, SendResponse<Bytes>, StreamPermit),
 {
     let mut builder = hbone::server_builder();
-    builder.max_concurrent_streams(u32::try_from(settings.streams).unwrap_or(u32::MAX));
+    builder
+        .max_concurrent_streams(u32::try_from(settings.streams).unwrap_or(u32::MAX))
+        .max_frame_size(RECEIVED_FRAME);
     let handshake = builder.handshake::<_, Bytes>(io);
     let mut connection = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
         Ok(Ok(connection)) => connection,

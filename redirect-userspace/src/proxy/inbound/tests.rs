@@ -183,3 +183,203 @@ async fn a_connection_without_streams_is_closed_once_idle_and_one_with_a_stream_
         .expect("the connection stayed open once its stream ended")
         .unwrap();
 }
+
+/// A Pod that sends without end and never reads, counting what it gave.
+struct Chatty(Arc<std::sync::atomic::AtomicUsize>);
+
+impl tokio::io::AsyncRead for Chatty {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let n = buf.remaining();
+        buf.put_slice(&vec![7; n]);
+        self.0.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_peer_that_grants_window_and_never_reads_leaves_the_connection_holding_its_budget() {
+    use super::{
+        super::{Timeouts, tunnel_relay::relay_tunnel},
+        buffered::{Gated, Metered, SendBudget},
+    };
+    const BUDGET: usize = 1 << 20;
+    const STREAMS: usize = 20;
+    let budget = SendBudget::new(BUDGET);
+    let given = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (near, far) = tokio::io::duplex(64 * 1024);
+    let far = Metered::new(far, budget.clone());
+    // The wire between them, counting what the peer reads, until it stops reading.
+    let (wire_near, client_side) = tokio::io::duplex(64 * 1024);
+    let (mut from_server, mut to_server) = tokio::io::split(near);
+    let (mut from_client, mut to_client) = tokio::io::split(wire_near);
+    let read_by_peer = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counting = read_by_peer.clone();
+    let reading = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buf = vec![0; 16 * 1024];
+        while let Ok(n @ 1..) = from_server.read(&mut buf).await {
+            counting.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            if to_client.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    });
+    tokio::spawn(async move { tokio::io::copy(&mut from_client, &mut to_server).await });
+    let (pods, metrics) = (given.clone(), Arc::new(HboneMetrics::default()));
+    let on_budget = budget.clone();
+    let served = tokio::spawn(async move {
+        let peer: SocketAddr = PEER.parse().unwrap();
+        server::serve(
+            far,
+            Settings::default(),
+            &metrics,
+            peer,
+            move |request, mut respond, permit| {
+                let (pods, budget) = (pods.clone(), on_budget.clone());
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let send = respond
+                        .send_response(http::Response::new(()), false)
+                        .unwrap();
+                    let mut tunnel = crate::hbone::H2Stream::new(send, request.into_body());
+                    let pod = (Gated::new(Chatty(pods), budget), tokio::io::sink());
+                    let _ = relay_tunnel(pod, &mut tunnel, Timeouts::default()).await;
+                });
+            },
+        )
+        .await;
+    });
+    // The hostile peer: the largest windows HTTP/2 allows, then it stops reading.
+    let (client, driver) = h2::client::Builder::new()
+        .initial_window_size(i32::MAX as u32)
+        .initial_connection_window_size(i32::MAX as u32)
+        .handshake::<_, Bytes>(client_side)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(driver);
+    let mut client = client.ready().await.unwrap();
+    let mut responses = Vec::new();
+    for _ in 0..STREAMS {
+        let (response, send) = client.send_request(connect(), false).unwrap();
+        responses.push((response, send));
+        client = client.ready().await.unwrap();
+    }
+    for (response, _) in &mut responses {
+        response.await.unwrap();
+    }
+    reading.abort();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let given_then = given.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let given = given.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(given, given_then, "the Pods are still read from");
+    // What the Pods gave and the peer did not take: held by the agent (and the wire's buffer).
+    // Without the budget each stream would have queued its own 4 MiB.
+    let held = given - read_by_peer.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(held <= BUDGET + 64 * 1024, "{held} bytes held for the peer");
+    assert!(
+        held > BUDGET / 2,
+        "{held} bytes held: the Pods were not read"
+    );
+    served.abort();
+    driver.abort();
+}
+
+/// A Pod that never reads.
+struct Deaf;
+
+impl tokio::io::AsyncWrite for Deaf {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        _: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Pending
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_peer_sending_to_pods_that_never_read_gets_no_more_in_than_the_window_and_a_frame_a_stream()
+ {
+    use super::super::{Timeouts, tunnel_relay::relay_tunnel};
+    const STREAMS: usize = 20;
+    let (near, far) = tokio::io::duplex(1 << 20);
+    let metrics = Arc::new(HboneMetrics::default());
+    let served = tokio::spawn(async move {
+        let peer: SocketAddr = PEER.parse().unwrap();
+        server::serve(
+            far,
+            Settings::default(),
+            &metrics,
+            peer,
+            move |request, mut respond, permit| {
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let send = respond
+                        .send_response(http::Response::new(()), false)
+                        .unwrap();
+                    let mut tunnel = crate::hbone::H2Stream::new(send, request.into_body());
+                    let pod = (tokio::io::empty(), Deaf);
+                    let _ = relay_tunnel(pod, &mut tunnel, Timeouts::default()).await;
+                });
+            },
+        )
+        .await;
+    });
+    let (client, driver) = h2::client::handshake(near).await.unwrap();
+    let driver = tokio::spawn(driver);
+    let mut client = client.ready().await.unwrap();
+    let sent = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for _ in 0..STREAMS {
+        let (response, mut send) = client.send_request(connect(), false).unwrap();
+        client = client.ready().await.unwrap();
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            let _response = response.await;
+            loop {
+                send.reserve_capacity(1 << 20);
+                match std::future::poll_fn(|cx| send.poll_capacity(cx)).await {
+                    Some(Ok(n)) if n > 0 => {
+                        if send.send_data(Bytes::from(vec![7; n]), false).is_err() {
+                            return;
+                        }
+                        sent.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    Some(Ok(_)) => {}
+                    _ => return,
+                }
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent_then = sent.load(std::sync::atomic::Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = sent.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(sent, sent_then, "the peer still sends");
+    // What the agent took of it: h2's buffers (the connection's window), a frame per stream in
+    // the relay, and the wire's buffer.
+    let bound = crate::hbone::CONNECTION_WINDOW as usize
+        + STREAMS * server::RECEIVED_FRAME as usize
+        + (1 << 20);
+    assert!(sent <= bound, "{sent} bytes taken for Pods that never read");
+    served.abort();
+    driver.abort();
+}
