@@ -131,8 +131,12 @@ fn report(
         other => other,
     };
     let account = client.map_or(Some("default"), |w| w.service_account.as_deref());
+    // On the same node a Pod has its identity only when the kernel can confirm it is the Pod: by
+    // its uid, which ties it to its cgroup.
+    let unconfirmed = over == Over::SameNode && client.is_some_and(|w| w.meta.uid.is_none());
     let identity = match over {
         Over::Plaintext => None,
+        _ if unconfirmed => None,
         _ => account.map(|sa| Identity {
             trust_domain: snapshot
                 .trust_domain()
@@ -190,5 +194,80 @@ fn report(
         dry_run: decision.map(|d| d.dry_run_matches).unwrap_or_default(),
         enforced,
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{config::load_sources, explain::explain_ip, explain::parse_destination};
+
+    const WORLD: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata: {name: web-1, namespace: team-a, labels: {app: web}, uid: 00000000-0000-0000-0000-0000000000a1}
+status: {podIP: 10.244.1.20}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: b1, namespace: team-b, uid: 00000000-0000-0000-0000-0000000000b1}
+status: {podIP: 10.244.2.10}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: nouid, namespace: team-b}
+status: {podIP: 10.244.2.11}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: deny-b, namespace: team-a}
+spec: {action: DENY, rules: [{from: [{source: {namespaces: [team-b]}}], to: [{operation: {ports: ["8080"]}}]}]}
+"#;
+
+    fn report(from: &str, ip: &str, over: Over) -> Option<AuthorizationReport> {
+        let snapshot = Snapshot::from_model(&load_sources([("w.yaml", WORLD)]).unwrap());
+        let client = crate::explain::client_of(&snapshot, from).unwrap();
+        let dst = parse_destination(ip).unwrap();
+        let mut e = explain_ip(&snapshot, &client.namespace, dst);
+        e.client = client;
+        authorize(&snapshot, &mut e, dst, over);
+        assert_eq!(
+            e.outbound.authorization.is_some(),
+            e.outbound.decided_by == crate::fastpath::DecidedBy::Proxy,
+            "a Pod under policy is the proxy's"
+        );
+        e.outbound.authorization
+    }
+
+    #[test]
+    fn a_pod_of_the_node_gets_its_policies_verdict_and_the_deciding_policy() {
+        let r = report("team-b/b1", "10.244.1.20:8080", Over::Auto).unwrap();
+        assert!(!r.allowed);
+        assert_eq!(r.verdict, "explicitly denied by: team-a/deny-b");
+        assert_eq!(r.over, Over::SameNode);
+        assert_eq!(
+            r.identity.as_deref(),
+            Some("spiffe://cluster.local/ns/team-b/sa/default")
+        );
+        assert!(r.enforced);
+        assert_eq!(r.policies, ["team-a/deny-b"]);
+        let other_port = report("team-b/b1", "10.244.1.20:9090", Over::Auto).unwrap();
+        assert!(other_port.allowed);
+    }
+
+    #[test]
+    fn plaintext_has_no_identity_and_from_off_the_node_is_not_enforced() {
+        // A Pod without a uid cannot be confirmed by the kernel: plaintext, decided by the proxy.
+        let nouid = report("team-b/nouid", "10.244.1.20:8080", Over::Auto).unwrap();
+        assert_eq!(nouid.identity, None);
+        assert!(nouid.allowed, "a namespaces rule never matches plaintext");
+        assert!(nouid.enforced);
+        let off_node = report("team-b", "10.244.1.20:8080", Over::Plaintext).unwrap();
+        assert!(!off_node.enforced);
+    }
+
+    #[test]
+    fn no_report_for_a_destination_that_is_no_pod_of_the_node() {
+        assert!(report("team-b/b1", "192.0.2.1:80", Over::Auto).is_none());
     }
 }
