@@ -4,6 +4,10 @@
 //! stream's queue filled: 200 streams of 4 MiB each. Reading from a Pod takes from this budget
 //! first; writing to the peer gives back. A Pod whose connection is at it waits, as it would for a
 //! slow reader over plain TCP.
+//!
+//! A stream whose peer grants no window holds what it read until the peer does; so that a few such
+//! streams cannot take the whole budget from the others, a read takes at most a fair part of it,
+//! shared among the streams reading.
 use std::{
     io,
     pin::Pin,
@@ -16,11 +20,17 @@ use std::{
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf, Take};
 
+/// The least and the most one read of a Pod may take.
+const MIN_SHARE: usize = 16 * 1024;
+const MAX_SHARE: usize = 1024 * 1024;
+
 /// The budget of one connection.
 #[derive(Debug)]
 pub(super) struct SendBudget {
     limit: usize,
     queued: AtomicUsize,
+    /// The Pods' readers, waiting or not.
+    readers: AtomicUsize,
     /// The Pods' readers waiting for room.
     waiting: Mutex<Vec<Waker>>,
 }
@@ -30,8 +40,16 @@ impl SendBudget {
         Arc::new(SendBudget {
             limit,
             queued: AtomicUsize::new(0),
+            readers: AtomicUsize::new(0),
             waiting: Mutex::default(),
         })
+    }
+
+    /// The most one read may take: half the budget shared among the readers, between a TLS record
+    /// and the relay's largest read.
+    fn share(&self) -> usize {
+        let readers = self.readers.load(Ordering::Acquire).max(1);
+        (self.limit / readers.saturating_mul(2)).clamp(MIN_SHARE, MAX_SHARE)
     }
 
     /// Takes up to `want` bytes of room; 0 when there is none.
@@ -88,10 +106,17 @@ pub(super) struct Gated<R> {
 
 impl<R: AsyncRead + Unpin> Gated<R> {
     pub(super) fn new(inner: R, budget: Arc<SendBudget>) -> Self {
+        budget.readers.fetch_add(1, Ordering::AcqRel);
         Gated {
             inner: inner.take(0),
             budget,
         }
+    }
+}
+
+impl<R> Drop for Gated<R> {
+    fn drop(&mut self) {
+        self.budget.readers.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -102,7 +127,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for Gated<R> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let want = buf.remaining();
+        let want = buf.remaining().min(this.budget.share());
         if want == 0 {
             return Poll::Ready(Ok(()));
         }
@@ -200,6 +225,7 @@ mod tests {
 
     #[tokio::test]
     async fn pods_read_no_more_than_the_budget_until_the_peer_takes_some() {
+        // Smaller than a read's least part: reads are held by the room left alone.
         let budget = SendBudget::new(1000);
         let (mut pod_a, a) = tokio::io::duplex(1 << 16);
         let (mut pod_b, b) = tokio::io::duplex(1 << 16);
@@ -227,6 +253,22 @@ mod tests {
             .unwrap();
         assert_eq!(read, 300);
         assert_eq!(budget.queued(), 1000);
+    }
+
+    #[tokio::test]
+    async fn one_read_takes_a_part_of_the_budget_that_shrinks_as_readers_come() {
+        let budget = SendBudget::new(16 << 20);
+        let (mut pod, a) = tokio::io::duplex(4 << 20);
+        pod.write_all(&vec![1; 3 << 20]).await.unwrap();
+        let mut a = Gated::new(a, budget.clone());
+        let mut buf = vec![0; 2 << 20];
+        assert_eq!(a.read(&mut buf).await.unwrap(), MAX_SHARE);
+        let others: Vec<_> = (0..63)
+            .map(|_| Gated::new(tokio::io::empty(), budget.clone()))
+            .collect();
+        assert_eq!(a.read(&mut buf).await.unwrap(), 128 * 1024);
+        drop(others);
+        assert_eq!(a.read(&mut buf).await.unwrap(), MAX_SHARE);
     }
 
     #[tokio::test]

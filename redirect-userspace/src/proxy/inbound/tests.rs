@@ -383,3 +383,77 @@ async fn a_peer_sending_to_pods_that_never_read_gets_no_more_in_than_the_window_
     served.abort();
     driver.abort();
 }
+
+#[tokio::test]
+async fn streams_stalled_on_the_peers_window_leave_room_for_the_others() {
+    use super::{
+        super::{Timeouts, tunnel_relay::relay_tunnel},
+        buffered::{Gated, Metered, SendBudget},
+    };
+    const STALLED: usize = 40;
+    let budget = SendBudget::new(crate::hbone::CONNECTION_WINDOW as usize);
+    let (near, far) = tokio::io::duplex(1 << 20);
+    let far = Metered::new(far, budget.clone());
+    let metrics = Arc::new(HboneMetrics::default());
+    let served = tokio::spawn(async move {
+        let peer: SocketAddr = PEER.parse().unwrap();
+        server::serve(
+            far,
+            Settings::default(),
+            &metrics,
+            peer,
+            move |request, mut respond, permit| {
+                let budget = budget.clone();
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let send = respond
+                        .send_response(http::Response::new(()), false)
+                        .unwrap();
+                    let mut tunnel = crate::hbone::H2Stream::new(send, request.into_body());
+                    let pod = (
+                        Gated::new(Chatty(Arc::default()), budget),
+                        tokio::io::sink(),
+                    );
+                    let _ = relay_tunnel(pod, &mut tunnel, Timeouts::default()).await;
+                });
+            },
+        )
+        .await;
+    });
+    // A peer with ztunnel's stream window whose clients stop reading on all streams but one.
+    let (client, driver) = h2::client::Builder::new()
+        .initial_window_size(crate::hbone::STREAM_WINDOW)
+        .initial_connection_window_size(i32::MAX as u32)
+        .handshake::<_, Bytes>(near)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(driver);
+    let mut client = client.ready().await.unwrap();
+    let mut stalled = Vec::new();
+    for _ in 0..STALLED {
+        let (response, send) = client.send_request(connect(), false).unwrap();
+        stalled.push((response.await.unwrap(), send));
+        client = client.ready().await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (response, _send) = client.send_request(connect(), false).unwrap();
+    let mut body = response.await.unwrap().into_body();
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut read = 0;
+        while read < 8 << 20 {
+            let Some(Ok(data)) = body.data().await else {
+                break;
+            };
+            read += data.len();
+            let _ = body.flow_control().release_capacity(data.len());
+        }
+        read
+    })
+    .await;
+    assert!(
+        matches!(read, Ok(n) if n >= 8 << 20),
+        "the stream still read was starved: {read:?}"
+    );
+    served.abort();
+    driver.abort();
+}
