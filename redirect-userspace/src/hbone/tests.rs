@@ -3,8 +3,11 @@
 use std::{
     net::SocketAddr,
     path::Path,
-    sync::{Arc, Mutex},
-    time::Duration,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -16,8 +19,9 @@ use rcgen::{
     KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
 
 use super::*;
 use crate::net::PlainSockets;
@@ -95,6 +99,29 @@ type Seen = Arc<Mutex<Vec<(String, String)>>>;
 /// A waypoint stand-in at a loopback address: requires a client certificate of `trusted`, presents
 /// `leaf`, answers each `CONNECT` with 200 and echoes the tunnel's bytes.
 async fn waypoint(trusted: &Ca, leaf: Leaf) -> (SocketAddr, Seen) {
+    let acceptor = acceptor(trusted, leaf);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let (acceptor, record) = (acceptor.clone(), record.clone());
+            tokio::spawn(async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    serve(tls, record).await;
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A waypoint's TLS: a client certificate of `trusted` required, `leaf` presented, HTTP/2.
+fn acceptor(trusted: &Ca, leaf: Leaf) -> tokio_rustls::TlsAcceptor {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(trusted.issuer.der().clone()).unwrap();
@@ -113,57 +140,127 @@ async fn waypoint(trusted: &Ca, leaf: Leaf) -> (SocketAddr, Seen) {
         .with_single_cert(chain, key)
         .unwrap();
     config.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// Serves one accepted connection as a waypoint does: each `CONNECT` recorded in `record`,
+/// answered with 200, and its bytes echoed.
+async fn serve(tls: TlsStream<TcpStream>, record: Seen) {
+    let client = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| Identity::of_certificate(&c[0]))
+        .map_or_else(|| "-".to_string(), |id| id.to_string());
+    let service = service_fn(move |req: Request<Incoming>| {
+        let (record, client) = (record.clone(), client.clone());
+        async move {
+            if req.method() != Method::CONNECT {
+                let mut bad = Response::new(Empty::<Bytes>::new());
+                *bad.status_mut() = StatusCode::BAD_REQUEST;
+                return Ok::<_, hyper::Error>(bad);
+            }
+            let authority = req.uri().authority().map(|a| a.to_string());
+            record
+                .lock()
+                .unwrap()
+                .push((authority.unwrap_or_default(), client));
+            tokio::spawn(async move {
+                if let Ok(upgraded) = hyper::upgrade::on(req).await {
+                    let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                }
+            });
+            Ok(Response::new(Empty::<Bytes>::new()))
+        }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+        .serve_connection(TokioIo::new(tls), service)
+        .await;
+}
+
+/// A waypoint stand-in that is shutting down: it answers the first `CONNECT` of each of its first
+/// `refusing` connections with GOAWAY(last stream 0), then serves as [`waypoint`] does. Counts the
+/// connections it accepted.
+async fn goaway_waypoint(
+    trusted: &Ca,
+    leaf: Leaf,
+    refusing: usize,
+) -> (SocketAddr, Arc<AtomicUsize>) {
+    let acceptor = acceptor(trusted, leaf);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let seen: Seen = Arc::default();
-    let record = seen.clone();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
-            let (acceptor, record) = (acceptor.clone(), record.clone());
+            let nth = count.fetch_add(1, Ordering::SeqCst);
+            let acceptor = acceptor.clone();
             tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let client = tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| Identity::of_certificate(&c[0]))
-                    .map_or_else(|| "-".to_string(), |id| id.to_string());
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let (record, client) = (record.clone(), client.clone());
-                    async move {
-                        if req.method() != Method::CONNECT {
-                            let mut bad = Response::new(Empty::<Bytes>::new());
-                            *bad.status_mut() = StatusCode::BAD_REQUEST;
-                            return Ok::<_, hyper::Error>(bad);
-                        }
-                        let authority = req.uri().authority().map(|a| a.to_string());
-                        record
-                            .lock()
-                            .unwrap()
-                            .push((authority.unwrap_or_default(), client));
-                        tokio::spawn(async move {
-                            if let Ok(upgraded) = hyper::upgrade::on(req).await {
-                                let (mut r, mut w) = tokio::io::split(TokioIo::new(upgraded));
-                                let _ = tokio::io::copy(&mut r, &mut w).await;
-                                let _ = w.shutdown().await;
-                            }
-                        });
-                        Ok(Response::new(Empty::<Bytes>::new()))
-                    }
-                });
-                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await;
+                match acceptor.accept(tcp).await {
+                    Ok(tls) if nth < refusing => refuse_with_goaway(tls).await,
+                    Ok(tls) => serve(tls, Seen::default()).await,
+                    Err(_) => {}
+                }
             });
         }
     });
-    (addr, seen)
+    (addr, accepted)
+}
+
+/// Answers the first `CONNECT` with GOAWAY(last stream 0, NO_ERROR): the stream was never
+/// processed (RFC 9113 §6.8). Raw frames: `h2`'s server would name the `CONNECT`'s stream as the
+/// last it took. Then waits for the client to leave.
+async fn refuse_with_goaway(mut tls: TlsStream<TcpStream>) {
+    let mut preface = [0; 24];
+    if tls.read_exact(&mut preface).await.is_err() {
+        return;
+    }
+    // Frames until the CONNECT's HEADERS (type 1).
+    loop {
+        let mut header = [0; 9];
+        if tls.read_exact(&mut header).await.is_err() {
+            return;
+        }
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0; length];
+        if tls.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        if header[3] == 1 {
+            break;
+        }
+    }
+    #[rustfmt::skip]
+    let settings_then_goaway = [
+        0, 0, 0, 4, 0, 0, 0, 0, 0,
+        0, 0, 8, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ];
+    let _ = tls.write_all(&settings_then_goaway).await;
+    let _ = tls.flush().await;
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tls.read_to_end(&mut rest)).await;
+}
+
+/// A peer that accepts TCP and never says a word (no TLS). Counts the connections it accepted,
+/// and holds them open.
+async fn silent_peer() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            held.push(tcp);
+        }
+    });
+    (addr, accepted)
 }
 
 fn client(dir: &Path, trust_domain: &str) -> HboneClient {
@@ -424,4 +521,135 @@ async fn a_pooled_connection_serves_only_the_namespace_it_was_checked_for_and_wa
         "{:?}",
         wrong.err()
     );
+}
+
+/// The handshake timeout of the tests of a peer that never answers, and how much later than it
+/// its tunnels may fail.
+const TIMEOUT: Duration = Duration::from_secs(1);
+const SLACK: Duration = Duration::from_millis(500);
+
+/// Tunnels waiting for one pooled connection share its dial, and its failure: four to a peer that
+/// accepts TCP and never answers TLS all fail when the one handshake times out, and the peer saw
+/// one connection (each used to dial in turn once the one before failed: after 1, 2, 3 and 4
+/// timeouts, 4 connections).
+#[tokio::test]
+async fn tunnels_waiting_for_one_connection_share_its_dial_and_its_failure() {
+    let ca = Ca::new("cluster.local");
+    let dir = temp_dir("one-dial");
+    ca.write_identity(&dir, "team-a", "sleep");
+    let (addr, accepted) = silent_peer().await;
+    let hbone = client(&dir, "cluster.local").with_handshake_timeout(TIMEOUT);
+    let who = identity("team-a", "sleep");
+    let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
+    let started = Instant::now();
+    let tunnels = (0..4).map(|_| async {
+        let result = hbone.tunnel(&who, None, addr, "team-a", authority).await;
+        (result, started.elapsed())
+    });
+    for (result, took) in futures::future::join_all(tunnels).await {
+        assert!(
+            matches!(result, Err(HboneError::Timeout(_))),
+            "{:?}",
+            result.err()
+        );
+        assert!(
+            took >= TIMEOUT && took < TIMEOUT + SLACK,
+            "failed after {took:?}"
+        );
+    }
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    assert_eq!(hbone.metrics.tunnels("connect_failed"), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A failed dial is remembered for a moment: tunnels asking meanwhile fail at once without a
+/// connection; after it, the peer is dialled again.
+#[tokio::test]
+async fn a_failed_peer_fails_new_tunnels_at_once_for_the_backoff_then_is_dialled_again() {
+    let ca = Ca::new("cluster.local");
+    let dir = temp_dir("backoff");
+    ca.write_identity(&dir, "team-a", "sleep");
+    let (addr, accepted) = silent_peer().await;
+    let hbone = client(&dir, "cluster.local").with_handshake_timeout(TIMEOUT);
+    let who = identity("team-a", "sleep");
+    let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
+    let first = hbone.tunnel(&who, None, addr, "team-a", authority).await;
+    assert!(matches!(first, Err(HboneError::Timeout(_))), "{first:?}");
+
+    let burst = Instant::now();
+    for _ in 0..3 {
+        let again = hbone.tunnel(&who, None, addr, "team-a", authority).await;
+        assert!(matches!(again, Err(HboneError::Timeout(_))), "{again:?}");
+    }
+    assert!(
+        burst.elapsed() < client::FAILED_BACKOFF / 2,
+        "{:?}",
+        burst.elapsed()
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 1);
+
+    tokio::time::sleep(client::FAILED_BACKOFF).await;
+    let started = Instant::now();
+    let after = hbone.tunnel(&who, None, addr, "team-a", authority).await;
+    assert!(matches!(after, Err(HboneError::Timeout(_))), "{after:?}");
+    assert!(started.elapsed() >= TIMEOUT, "{:?}", started.elapsed());
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(hbone.metrics.tunnels("connect_failed"), 5);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A peer shutting down answers a `CONNECT` with GOAWAY(last stream 0): the tunnel is opened on
+/// a new connection, and the next tunnel rides that one (the refusing connection left the pool).
+#[tokio::test]
+async fn a_connect_refused_by_goaway_is_sent_again_on_a_new_connection() {
+    let ca = Ca::new("cluster.local");
+    let dir = temp_dir("goaway");
+    ca.write_identity(&dir, "team-a", "sleep");
+    let (addr, accepted) = goaway_waypoint(&ca, ca.leaf("team-a", "waypoint"), 1).await;
+    let hbone = client(&dir, "cluster.local");
+    let who = identity("team-a", "sleep");
+    let authority: SocketAddr = "203.0.113.10:80".parse().unwrap();
+    let mut tunnel = hbone
+        .tunnel(&who, None, addr, "team-a", authority)
+        .await
+        .unwrap();
+    assert_eq!(echo(&mut tunnel, "again").await, "again");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    let mut next = hbone
+        .tunnel(&who, None, addr, "team-a", authority)
+        .await
+        .unwrap();
+    assert_eq!(echo(&mut next, "next").await, "next");
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(hbone.metrics.connections(), 2);
+    assert_eq!(hbone.metrics.tunnels("ok"), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A `CONNECT` is sent again once only: refused by GOAWAY on the new connection too, the tunnel
+/// fails.
+#[tokio::test]
+async fn a_connect_refused_by_goaway_twice_fails() {
+    let ca = Ca::new("cluster.local");
+    let dir = temp_dir("goaway-twice");
+    ca.write_identity(&dir, "team-a", "sleep");
+    let (addr, accepted) = goaway_waypoint(&ca, ca.leaf("team-a", "waypoint"), usize::MAX).await;
+    let hbone = client(&dir, "cluster.local");
+    let refused = hbone
+        .tunnel(
+            &identity("team-a", "sleep"),
+            None,
+            addr,
+            "team-a",
+            "203.0.113.10:80".parse().unwrap(),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(HboneError::Http(e)) if e.is_go_away()),
+        "{:?}",
+        refused.err()
+    );
+    assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    assert_eq!(hbone.metrics.tunnels("tls_refused"), 1);
+    let _ = std::fs::remove_dir_all(&dir);
 }
