@@ -26,9 +26,17 @@ pub const ACTION_NONE: u32 = 3;
 pub const WORKLOAD_DIRECT: u8 = 1;
 /// A workload address's value in `FAST_WORKLOADS`: only the proxy may carry a connection there, also
 /// when a service's endpoint is picked there or a resolution-NONE entry passes it through: a Pod
-/// of another node reached over HBONE (which only the proxy speaks), or a Pod of this node some
-/// authorization policy applies to (the proxy decides it).
+/// of another node reached over HBONE (which only the proxy speaks), or a Pod of this node whose
+/// authorization policies did not fit the kernel's inbound table (the proxy decides it).
 pub const WORKLOAD_PROXY: u8 = 2;
+/// A workload address's value in `FAST_WORKLOADS`: a Pod of this node some authorization policy
+/// applies to, decided by the kernel at the Pod's socket lookup. Left alone once the `inbound`
+/// program runs in the Pod's namespace (its address in `INBOUND_ATTACHED`); until then only the
+/// proxy may carry a connection there, as for [`WORKLOAD_PROXY`].
+pub const WORKLOAD_GUARDED: u8 = 3;
+
+/// Entries of `INBOUND_ATTACHED`: the addresses of the node's guarded Pods.
+pub const INBOUND_ATTACHED_ENTRIES: u32 = 16 * 1024;
 
 /// [`Claim::hidden`] when no service was skipped.
 pub const NOT_HIDDEN: u32 = u32::MAX;

@@ -82,6 +82,18 @@ pub mod maps {
     /// from to this node's Pods (HBONE received, carried on with the sender's address). Kept by
     /// the agent; the agent's own, not pinned.
     pub const HBONE_SOURCES: &str = "HBONE_SOURCES";
+    /// The inbound authorization table in force: an array of one map, replaced whole.
+    pub const INBOUND_TABLE: &str = "INBOUND_TABLE";
+    /// Per-CPU counters of the inbound decisions (`inbound::INBOUND_COUNT_SLOTS`).
+    pub const INBOUND_COUNTS: &str = "INBOUND_COUNTS";
+    /// Refusals reported to the agent.
+    pub const INBOUND_EVENTS: &str = "INBOUND_EVENTS";
+    /// The agent's own connections to Pods, let through once (pinned: a successor's and a
+    /// predecessor's programs share it).
+    pub const AGENT_DIALS: &str = "AGENT_DIALS";
+    /// The guarded Pods' addresses whose namespace runs `inbound` (the fast path leaves a
+    /// connection to one alone; to any other guarded Pod it goes through the proxy).
+    pub const INBOUND_ATTACHED: &str = "INBOUND_ATTACHED";
 }
 
 /// Names of the programs in the eBPF object (the function names).
@@ -100,6 +112,8 @@ pub mod programs {
     /// tc ingress on the node's links, with `--hbone-between-nodes`: marks the packets that
     /// answer the agent's sockets bound to a Pod's address ([`super::HBONE_REPLY_MARK`]).
     pub const HBONE_REPLIES: &str = "hbone_replies";
+    /// sk_lookup, one link in each guarded Pod's network namespace.
+    pub const INBOUND: &str = "inbound";
 }
 
 /// Names of the read-only globals the agent sets at load time.
@@ -240,6 +254,7 @@ impl FastStat {
 }
 
 pub mod fastpath;
+pub mod inbound;
 pub mod records;
 
 /// An IPv6 address as the kernel hands it (`user_ip6`, `local_ip6`: four words in network order)
@@ -465,6 +480,12 @@ mod user {
     // SAFETY: six u64s, three `IpKey`s, three u16s, four u8s and the explicit two-byte `_pad`:
     // 120 bytes, no padding (`records`' layout test).
     unsafe impl aya::Pod for super::records::ConnRecord {}
+    // SAFETY: two u8s and a u16: 4 bytes, no padding (`inbound`'s layout test).
+    unsafe impl aya::Pod for super::inbound::InboundVerdict {}
+    // SAFETY: 32 address bytes and four u16s: 40 bytes, no padding.
+    unsafe impl aya::Pod for super::inbound::InboundEvent {}
+    // SAFETY: two `SockAddr`s: 40 bytes, no padding.
+    unsafe impl aya::Pod for super::FlowEnds {}
 }
 
 #[cfg(test)]

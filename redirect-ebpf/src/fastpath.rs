@@ -12,7 +12,7 @@ use redirect_common::{
     fastpath::{
         ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A,
         GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_PROXY, NS_UNKNOWN,
-        PortKey, WORKLOAD_PROXY, generation_slot,
+        PortKey, WORKLOAD_GUARDED, WORKLOAD_PROXY, generation_slot,
     },
     ip6_words, is_v4_mapped, v4_mapped_words,
 };
@@ -20,8 +20,8 @@ use redirect_common::{
 use crate::{
     maps::{
         CidrsMap, ExactMap, FAST_AUDITED, FAST_CIDRS, FAST_CLIENTS, FAST_CONFIG, FAST_EXACT,
-        FAST_GENERATION, FAST_HIDDEN_EVENTS, FAST_PORTS, FAST_WORKLOADS, PortsMap, WorkloadsMap,
-        count_fast, count_fast_slot,
+        FAST_GENERATION, FAST_HIDDEN_EVENTS, FAST_PORTS, FAST_WORKLOADS, INBOUND_ATTACHED,
+        PortsMap, WorkloadsMap, count_fast, count_fast_slot,
     },
     steer::Dest,
 };
@@ -132,10 +132,10 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
         Some(c) if c.action != ACTION_NONE => c,
         _ => {
             // A workload is left alone unless only the proxy may carry it (over HBONE, or under
-            // authorization); the table counts the others apart (an address it had no room for
-            // is counted as a passthrough).
+            // authorization the kernel does not decide); the table counts the others apart (an
+            // address it had no room for is counted as a passthrough).
             return match workload(workloads, &ip) {
-                Some(WORKLOAD_PROXY) => (Fast::Proxy, FastStat::ProxyService),
+                Some(_) if proxy_only(workloads, &ip) => (Fast::Proxy, FastStat::ProxyService),
                 Some(_) => (Fast::Leave, FastStat::Workload),
                 None => (Fast::Leave, FastStat::Passthrough),
             };
@@ -143,7 +143,7 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
     };
     if claim.action == ACTION_PASSTHROUGH {
         // A network passed through may hold a Pod only the proxy may carry a connection to.
-        if workload(workloads, &ip) == Some(WORKLOAD_PROXY) {
+        if proxy_only(workloads, &ip) {
             return (Fast::Proxy, FastStat::ProxyService);
         }
         return (Fast::Leave, FastStat::Passthrough);
@@ -211,6 +211,19 @@ fn workload(workloads: &WorkloadsMap, ip: &IpKey) -> Option<u8> {
     unsafe { workloads.get(ip) }.copied()
 }
 
+/// Whether only the proxy may carry a connection to workload address `ip`: one reached over
+/// HBONE or under authorization the kernel does not decide, or a guarded Pod whose namespace does
+/// not run `inbound` yet (nothing would decide it).
+#[inline(always)]
+fn proxy_only(workloads: &WorkloadsMap, ip: &IpKey) -> bool {
+    match workload(workloads, ip) {
+        Some(WORKLOAD_PROXY) => true,
+        // SAFETY: the value is only tested for presence.
+        Some(WORKLOAD_GUARDED) => unsafe { INBOUND_ATTACHED.get(ip) }.is_none(),
+        _ => false,
+    }
+}
+
 /// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`
 /// untouched) when the port has no rewrite for a socket of this family, or the endpoint chosen is
 /// reached over HBONE (the proxy serves both).
@@ -242,7 +255,7 @@ fn pick(
     };
     let a = &b.addr;
     let key = IpKey { family, addr: *a };
-    if workload(workloads, &key) == Some(WORKLOAD_PROXY) {
+    if proxy_only(workloads, &key) {
         return false;
     }
     let ip = if family == FAMILY_V4 {
@@ -289,7 +302,7 @@ fn addr_words(ip: &IpKey) -> [u32; 4] {
 /// into a memset call, which the kernel refuses in an object with BTF (memset has no BTF of its
 /// own).
 #[inline(always)]
-fn from_words<T, const N: usize>(words: [u32; N]) -> T {
+pub(crate) fn from_words<T, const N: usize>(words: [u32; N]) -> T {
     const { assert!(core::mem::size_of::<T>() == 4 * N && core::mem::align_of::<T>() >= 4) };
     let mut key = core::mem::MaybeUninit::<T>::uninit();
     let at = key.as_mut_ptr().cast::<u32>();

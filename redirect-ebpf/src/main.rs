@@ -13,6 +13,8 @@
 //! - `netns_probe`: run once at start on kernels before 5.14, to learn the node's netns cookie.
 //! - `hbone_replies`: tc ingress on the node's links (not the cgroup), with HBONE between nodes:
 //!   marks the answers to the agent's sockets bound to a Pod's address.
+//! - `inbound`: sk_lookup in each guarded Pod's network namespace (not the cgroup): inbound
+//!   authorization, a refused connection reset at its SYN.
 #![no_std]
 #![no_main]
 #![expect(
@@ -28,6 +30,7 @@ mod fastpath;
 mod getpeername4;
 mod getpeername6;
 mod hbone_replies;
+mod inbound;
 mod inet6;
 mod maps;
 mod netns_probe;

@@ -9,8 +9,12 @@ use redirect_common::{
     FAST_STAT_SLOTS, FLOW_MAP_ENTRIES, FastStat, FlowEnds, HBONE_SOURCES_ENTRIES,
     OPTED_OUT_MAP_ENTRIES, OrigDst, SockAddr, Stat,
     fastpath::{
-        AUDITED_ENTRIES, AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES, IpKey, LpmBytes,
-        PortKey,
+        AUDITED_ENTRIES, AddrKey, Backends, Claim, Config, HIDDEN_EVENTS_BYTES,
+        INBOUND_ATTACHED_ENTRIES, IpKey, LpmBytes, PortKey,
+    },
+    inbound::{
+        AGENT_DIALS_ENTRIES, INBOUND_COUNT_SLOTS, INBOUND_EVENTS_BYTES, InboundBytes,
+        InboundVerdict,
     },
     records::{ConnRecord, RECORDS_BYTES},
 };
@@ -123,6 +127,31 @@ pub(crate) static FAST_CIDRS: ArrayOfMaps<CidrsMap, 2> = ArrayOfMaps::new();
 pub(crate) static FAST_PORTS: ArrayOfMaps<PortsMap, 2> = ArrayOfMaps::new();
 #[btf_map]
 pub(crate) static FAST_WORKLOADS: ArrayOfMaps<WorkloadsMap, 2> = ArrayOfMaps::new();
+/// The inbound authorization table (`redirect_common::inbound`): made by the agent at the size it
+/// needs and replaced whole in the array's one slot, so a lookup sees one table or the next.
+pub(crate) type InboundMap = BtfLpmTrie<InboundBytes, InboundVerdict, 1>;
+#[btf_map]
+pub(crate) static INBOUND_TABLE: ArrayOfMaps<InboundMap, 1> = ArrayOfMaps::new();
+
+/// The inbound decisions by rule, and the agent's own connections let through.
+#[map]
+pub(crate) static INBOUND_COUNTS: PerCpuArray<u64> =
+    PerCpuArray::with_max_entries(INBOUND_COUNT_SLOTS, 0);
+
+/// Each refusal, for the agent's access log. Bounded: lost (and counted) when the agent lags.
+#[map]
+pub(crate) static INBOUND_EVENTS: RingBuf = RingBuf::with_byte_size(INBOUND_EVENTS_BYTES, 0);
+
+/// The guarded Pods' addresses whose namespace runs `inbound`, kept by the agent.
+#[map]
+pub(crate) static INBOUND_ATTACHED: HashMap<IpKey, u8> =
+    HashMap::with_max_entries(INBOUND_ATTACHED_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// The agent's own connections to Pods, filed just before their SYN leaves (Pod end, agent end).
+#[map]
+pub(crate) static AGENT_DIALS: LruHashMap<FlowEnds, u8> =
+    LruHashMap::with_max_entries(AGENT_DIALS_ENTRIES, 0);
+
 /// Each generation's flags.
 #[map]
 pub(crate) static FAST_CONFIG: Array<Config> = Array::with_max_entries(2, 0);

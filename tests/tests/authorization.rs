@@ -1038,7 +1038,7 @@ fn explain_and_agent_agree(
     ensure!(
         authz.over.as_str() == "same-node"
             && authz.identity.as_deref() == Some(identity.as_str())
-            && authz.enforced,
+            && authz.decided_in == "kernel",
         "{what}: explain decides as the Pod's identity on the same node, enforced: {}",
         v.json
     );

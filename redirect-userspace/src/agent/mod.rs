@@ -5,6 +5,7 @@ mod bind;
 mod dir_watch;
 mod file_watch;
 mod hbone;
+mod inbound;
 
 pub(crate) mod handover;
 mod opt_out;
@@ -20,7 +21,7 @@ use std::{
 use anyhow::Context;
 use tracing::{info, warn};
 
-use self::opt_out::OptOutSync;
+use self::{inbound::KernelInbound, opt_out::OptOutSync};
 use crate::{
     admin::{self, AdminState},
     audit::{Audit, AuditMetrics},
@@ -239,6 +240,7 @@ async fn start(
         fast_path,
         connections,
         mut opt_out,
+        inbound,
     } = attach(config, &live, &upstream, &families, predecessor.is_some()).await?;
     let redirector = starting.redirector()?;
     let receiving = hbone::marking_replies(prepared, redirector).await?;
@@ -252,7 +254,7 @@ async fn start(
         &families,
         endpoint_hosts,
         cgroups.clone(),
-        (&budgets, &connections, hbone),
+        (&budgets, &connections, hbone, inbound.dials()),
     ));
     let admin_state = AdminState {
         cgroups: Some(cgroups),
@@ -273,7 +275,13 @@ async fn start(
         bound.proxy,
         bound.dns,
         &proxy_context,
-        (opt_out, fast_path, redirector.held_links(), receiving),
+        (
+            opt_out,
+            fast_path,
+            redirector.held_links(),
+            receiving,
+            inbound,
+        ),
         &lifecycle,
     );
 
@@ -306,13 +314,14 @@ async fn start(
     })
 }
 
-/// The running agent's background parts: the opt-out sync, the fast path, the pins watched, and
-/// HBONE's receiving side.
+/// The running agent's background parts: the opt-out sync, the fast path, the pins watched,
+/// HBONE's receiving side and inbound authorization in the kernel.
 type Background = (
     OptOutSync,
     Option<Arc<FastPath>>,
     Option<Arc<crate::redirect::HeldLinks>>,
     Option<hbone::Receiving>,
+    KernelInbound,
 );
 
 /// The accept loops of the proxies and the DNS proxies (returned, to be awaited when they stop),
@@ -322,7 +331,7 @@ fn spawn_serving(
     proxies: Vec<tokio::net::TcpListener>,
     dns: Vec<crate::dns::DnsProxy>,
     proxy_context: &Arc<ProxyContext>,
-    (opt_out, fast_path, held, receiving): Background,
+    (opt_out, fast_path, held, receiving, inbound): Background,
     lifecycle: &Lifecycle,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut serving: Vec<_> = proxies
@@ -337,6 +346,7 @@ fn spawn_serving(
             .map(|dns| tokio::spawn(dns.serve(lifecycle.serving()))),
     );
     tokio::spawn(opt_out.run(lifecycle.serving()));
+    tokio::spawn(inbound.run(lifecycle.serving()));
     if let Some(fast) = fast_path {
         tokio::spawn(fast.run(lifecycle.serving()));
     }
@@ -420,6 +430,8 @@ struct Attached {
     /// Where every connection record goes, the kernel's and the proxy's.
     connections: Arc<Connections>,
     opt_out: OptOutSync,
+    /// Inbound authorization in the kernel, its first table in force.
+    inbound: KernelInbound,
 }
 
 /// Reads the pods' cgroups and compiles the kernel's first tables, then attaches the programs (or
@@ -489,6 +501,17 @@ async fn attach(
         fast.start(Arc::new(std::sync::Mutex::new(maps)));
     }
     let opt_out = OptOutSync::new(live.clone(), cgroups.clone(), redirector.maps());
+    let loaded = redirector
+        .inbound()
+        .context("loading inbound authorization")?;
+    let mut inbound = KernelInbound::new(
+        loaded,
+        live.clone(),
+        cgroups.clone(),
+        connections.clone(),
+        families.authorizer.clone(),
+    );
+    inbound.sync();
     Ok(Attached {
         starting,
         cgroups,
@@ -496,6 +519,7 @@ async fn attach(
         fast_path,
         connections,
         opt_out,
+        inbound,
     })
 }
 
@@ -528,6 +552,15 @@ impl Families {
     }
 }
 
+/// The running parts the proxy shares: budgets, records, the HBONE client, and the dials the
+/// kernel's inbound check lets through.
+type ProxyParts<'a> = (
+    &'a Arc<Budgets>,
+    &'a Arc<Connections>,
+    Arc<HboneClient>,
+    Arc<crate::redirect::inbound::AgentDials>,
+);
+
 /// What every proxied connection needs, from the agent's configuration and its running parts.
 fn proxy_context(
     config: &AgentConfig,
@@ -536,11 +569,11 @@ fn proxy_context(
     families: &Families,
     endpoint_hosts: Arc<HostCache>,
     cgroups: Arc<CgroupPods>,
-    (budgets, connections, hbone): (&Arc<Budgets>, &Arc<Connections>, Arc<HboneClient>),
+    (budgets, connections, hbone, dials): ProxyParts<'_>,
 ) -> ProxyContext {
     ProxyContext {
         flows: redirector.maps(),
-        sockets: Arc::new(crate::net::MarkedSockets),
+        sockets: Arc::new(crate::net::MarkedSockets { dials: Some(dials) }),
         live: live.clone(),
         metrics: families.shared.clone(),
         proxy_metrics: families.proxy.clone(),

@@ -7,9 +7,11 @@ mod decide;
 mod node;
 mod peer;
 mod policy;
+mod table;
 
 pub(crate) use decide::{Conn, Decision, Verdict};
 pub(crate) use node::{AuthorizationDump, NodePolicies, PodPolicies};
+pub(crate) use table::{InboundTable, Rule};
 
 #[cfg(test)]
 mod tests;

@@ -9,8 +9,12 @@ use super::{
     decide::{Conn, Decision, decide},
     peer::{Mtls, PeerPolicies},
     policy::{Authorization, NotEnforced, Scope, convert},
+    table::{InboundTable, LocalClient},
 };
-use crate::config::{Model, Workload, selects};
+use crate::{
+    config::{DEFAULT_CLUSTER_DOMAIN, Model, Workload, selects},
+    hbone::Identity,
+};
 
 /// What applies to one Pod of the node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -46,6 +50,10 @@ pub(crate) struct Skipped {
     pub why: String,
 }
 
+/// Entries of the kernel's inbound table at most (an LPM trie entry takes about 100 bytes of
+/// kernel memory: some 6 MiB). Pods past it are decided by the proxy alone.
+pub(crate) const INBOUND_MAX_ENTRIES: usize = 64 * 1024;
+
 /// The policies of a snapshot, by Pod of the node.
 #[derive(Debug, Default)]
 pub(crate) struct NodePolicies {
@@ -55,6 +63,11 @@ pub(crate) struct NodePolicies {
     /// Every policy converted, in `namespace/name` order.
     converted: Vec<Arc<Authorization>>,
     skipped: Vec<Skipped>,
+    /// The identity of each Pod of the node as a client (by address), when the agent can tie
+    /// the Pod to its cgroup: what a same-node connection is decided with.
+    clients: HashMap<IpAddr, Identity>,
+    /// The same decisions compiled for the kernel.
+    inbound: Arc<InboundTable>,
 }
 
 /// The converted policies, indexed by where they apply.
@@ -68,7 +81,10 @@ struct Index {
 
 impl NodePolicies {
     /// Converts `model`'s policies and finds those that apply to each of `pods` (the node's).
-    pub(crate) fn build<'w>(model: &Model, pods: impl Iterator<Item = &'w Workload>) -> Self {
+    pub(crate) fn build<'w>(
+        model: &Model,
+        pods: impl Iterator<Item = &'w Workload> + Clone,
+    ) -> Self {
         let root = model.mesh.root_namespace();
         let mut index = Index::default();
         let mut converted = Vec::new();
@@ -99,6 +115,8 @@ impl NodePolicies {
             pods: HashMap::new(),
             converted,
             skipped,
+            clients: clients(model, pods.clone()),
+            inbound: Arc::default(),
         };
         for pod in pods {
             let ns = &pod.meta.namespace;
@@ -137,7 +155,34 @@ impl NodePolicies {
                 out.pods.insert(ip.to_canonical(), entry.clone());
             }
         }
+        let clients: Vec<LocalClient> = (out.clients.iter())
+            .map(|(ip, id)| LocalClient {
+                ip: *ip,
+                identity: Some(id.clone()),
+            })
+            .collect();
+        out.inbound = Arc::new(InboundTable::compile(&out, &clients, INBOUND_MAX_ENTRIES));
         out
+    }
+
+    /// The kernel's inbound table of these policies.
+    pub(crate) fn inbound(&self) -> &Arc<InboundTable> {
+        &self.inbound
+    }
+
+    /// Whether a connection to the Pod of this node at `ip` may reach it only through the proxy:
+    /// some policy applies to it and its policies did not fit the kernel's table.
+    pub(crate) fn proxy_only(&self, ip: IpAddr) -> bool {
+        let Some(pod) = self.pod(ip) else {
+            return false;
+        };
+        self.inbound.left_out().iter().any(|p| Arc::ptr_eq(p, pod))
+    }
+
+    /// The identity a connection from the Pod of this node at `ip` is decided with; `None` for
+    /// any other address (plaintext, no identity).
+    pub(crate) fn client_identity(&self, ip: IpAddr) -> Option<&Identity> {
+        self.clients.get(&ip.to_canonical())
     }
 
     /// The policies of the Pod of this node at `ip`; `None` when none applies (or no such Pod).
@@ -176,10 +221,14 @@ impl NodePolicies {
         }
     }
 
-    /// Whether `other` guards the very same addresses.
+    /// Whether `other` guards the very same addresses, the same of them through the proxy alone.
     pub(crate) fn same_guards(&self, other: &NodePolicies) -> bool {
         self.pods.len() == other.pods.len()
             && self.pods.keys().all(|ip| other.pods.contains_key(ip))
+            && self
+                .pods
+                .keys()
+                .all(|ip| self.proxy_only(*ip) == other.proxy_only(*ip))
     }
 
     #[cfg(test)]
@@ -204,6 +253,31 @@ impl NodePolicies {
             pods: pods.into_iter().map(|p| (**p).clone()).collect(),
         }
     }
+}
+
+/// Each Pod of the node the agent can tie to its cgroup (it has a uid) and that names a service
+/// account, by address: its workload identity, in the mesh's trust domain. The proxy decides a
+/// connection from such a Pod with the same identity.
+fn clients<'w>(
+    model: &Model,
+    pods: impl Iterator<Item = &'w Workload>,
+) -> HashMap<IpAddr, Identity> {
+    let trust_domain = (model.mesh.trust_domain.as_deref()).unwrap_or(DEFAULT_CLUSTER_DOMAIN);
+    let mut out = HashMap::new();
+    for pod in pods {
+        let (Some(_), Some(account)) = (pod.meta.uid, pod.service_account.as_deref()) else {
+            continue;
+        };
+        let id = Identity {
+            trust_domain: trust_domain.to_string(),
+            namespace: pod.meta.namespace.clone(),
+            service_account: account.to_string(),
+        };
+        for ip in &pod.ips {
+            out.insert(ip.to_canonical(), id.clone());
+        }
+    }
+    out
 }
 
 /// The authorization section of `/config_dump`.

@@ -205,12 +205,12 @@ pub(crate) fn ip_table(e: &IpExplanation) -> String {
     let mut rows = rows.to_vec();
     if let Some(a) = &o.authorization {
         let verdict = if a.allowed { "allowed" } else { "denied" };
-        let enforced = if a.enforced {
-            ""
-        } else {
-            " (not enforced on this path yet)"
+        let decided_in = match a.decided_in.as_str() {
+            "kernel" => " in the kernel",
+            "proxy" => " by the proxy",
+            _ => "",
         };
-        rows.push(("authz", format!("{verdict}{enforced}: {}", a.reason)));
+        rows.push(("authz", format!("{verdict}{decided_in}: {}", a.reason)));
         let policies = if a.policies.is_empty() {
             "-".to_string()
         } else {

@@ -58,9 +58,10 @@ pub struct AuthorizationReport {
     /// Dry-run policies that match (never enforced).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dry_run: Vec<String>,
-    /// False where the agent does not decide this way in yet: the connection reaches the Pod
-    /// whatever the verdict.
-    pub enforced: bool,
+    /// Where the decision is made: `kernel` (at the Pod's socket lookup: a refused connection is
+    /// reset at its SYN) or `proxy` (HBONE received, or a Pod whose policies did not fit the
+    /// kernel's table).
+    pub decided_in: String,
     pub reason: String,
 }
 
@@ -99,8 +100,9 @@ pub fn authorize(snapshot: &Snapshot, e: &mut IpExplanation, dst: Destination, o
         target,
         over,
     ));
-    // The kernel hands a connection whose destination (or pick) is a Pod under policy to the proxy.
-    if snapshot.authz().pod(target.ip()).is_some() {
+    // The kernel hands a connection whose destination (or pick) is a Pod only the proxy may reach
+    // to the proxy; the others it leaves alone, and decides at the Pod's socket lookup.
+    if snapshot.authz().proxy_only(target.ip()) {
         e.outbound.decided_by = crate::fastpath::DecidedBy::Proxy;
     }
 }
@@ -147,8 +149,14 @@ fn report(
         }),
     };
     let name = format!("{}/{}", pod.meta.namespace, pod.meta.name);
-    // Plaintext is decided where the proxy carries it: from a Pod of this node.
-    let enforced = over != Over::Plaintext || client_is_local;
+    // Every way in is decided: HBONE by the proxy, the rest at the Pod's socket lookup.
+    let decided_in = match over {
+        Over::Hbone => "proxy",
+        _ if snapshot.authz().proxy_only(target.ip()) => "proxy",
+        _ if snapshot.authz().pod(target.ip()).is_some() => "kernel",
+        // No policy: nothing to decide, the connection goes as it would.
+        _ => "none",
+    };
     let conn = Conn {
         src_identity: identity.as_ref(),
         src_ip,
@@ -170,7 +178,7 @@ fn report(
         Some(id) => format!("as {id}"),
         None => "in plaintext (no identity)".to_string(),
     };
-    let mut reason = match &decision {
+    let reason = match &decision {
         None => format!("no authorization policy applies to {name}: allowed"),
         Some(_) => format!(
             "{name} on port {}, {who} over {}: {verdict}",
@@ -178,11 +186,6 @@ fn report(
             over.as_str()
         ),
     };
-    if !enforced {
-        reason.push_str(
-            "; plaintext from outside this node is not decided by the agent yet: the connection reaches the Pod whatever the policies say",
-        );
-    }
     AuthorizationReport {
         pod: name,
         over,
@@ -192,7 +195,7 @@ fn report(
         policies,
         mtls: mtls.to_string(),
         dry_run: decision.map(|d| d.dry_run_matches).unwrap_or_default(),
-        enforced,
+        decided_in: decided_in.to_string(),
         reason,
     }
 }
@@ -231,11 +234,13 @@ spec: {action: DENY, rules: [{from: [{source: {namespaces: [team-b]}}], to: [{op
         let mut e = explain_ip(&snapshot, &client.namespace, dst);
         e.client = client;
         authorize(&snapshot, &mut e, dst, over);
-        assert_eq!(
-            e.outbound.authorization.is_some(),
-            e.outbound.decided_by == crate::fastpath::DecidedBy::Proxy,
-            "a Pod under policy is the proxy's"
-        );
+        if let Some(r) = &e.outbound.authorization {
+            assert_eq!(
+                r.decided_in == "proxy",
+                e.outbound.decided_by == crate::fastpath::DecidedBy::Proxy,
+                "a Pod only the proxy may reach is the proxy's; the kernel decides the others"
+            );
+        }
         e.outbound.authorization
     }
 
@@ -249,21 +254,26 @@ spec: {action: DENY, rules: [{from: [{source: {namespaces: [team-b]}}], to: [{op
             r.identity.as_deref(),
             Some("spiffe://cluster.local/ns/team-b/sa/default")
         );
-        assert!(r.enforced);
+        assert_eq!(r.decided_in, "kernel");
         assert_eq!(r.policies, ["team-a/deny-b"]);
         let other_port = report("team-b/b1", "10.244.1.20:9090", Over::Auto).unwrap();
         assert!(other_port.allowed);
     }
 
     #[test]
-    fn plaintext_has_no_identity_and_from_off_the_node_is_not_enforced() {
-        // A Pod without a uid cannot be confirmed by the kernel: plaintext, decided by the proxy.
+    fn plaintext_has_no_identity_and_is_decided_in_the_kernel_from_anywhere() {
+        // A Pod without a uid cannot be tied to its cgroup: plaintext, no identity.
         let nouid = report("team-b/nouid", "10.244.1.20:8080", Over::Auto).unwrap();
         assert_eq!(nouid.identity, None);
         assert!(nouid.allowed, "a namespaces rule never matches plaintext");
-        assert!(nouid.enforced);
+        assert_eq!(nouid.decided_in, "kernel");
         let off_node = report("team-b", "10.244.1.20:8080", Over::Plaintext).unwrap();
-        assert!(!off_node.enforced);
+        assert_eq!(
+            (off_node.identity.as_deref(), off_node.decided_in.as_str()),
+            (None, "kernel")
+        );
+        let hbone = report("team-b/b1", "10.244.1.20:8080", Over::Hbone).unwrap();
+        assert_eq!(hbone.decided_in, "proxy");
     }
 
     #[test]

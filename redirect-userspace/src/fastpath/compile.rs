@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use redirect_common::fastpath::{
     ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Claim, Config,
     FAMILY_V4, FAMILY_V6, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey, WORKLOAD_DIRECT,
-    WORKLOAD_PROXY,
+    WORKLOAD_GUARDED, WORKLOAD_PROXY,
 };
 
 use super::{
@@ -210,9 +210,11 @@ impl Workloads {
         let ips: HashMap<IpKey, u8> = snapshot
             .workload_destinations()
             .map(|ip| {
-                let proxy = snapshot.hbone_peer(ip).is_some() || snapshot.authz().pod(ip).is_some();
-                let class = if proxy {
+                let authz = snapshot.authz();
+                let class = if snapshot.hbone_peer(ip).is_some() || authz.proxy_only(ip) {
                     WORKLOAD_PROXY
+                } else if authz.pod(ip).is_some() {
+                    WORKLOAD_GUARDED
                 } else {
                     WORKLOAD_DIRECT
                 };
@@ -226,11 +228,11 @@ impl Workloads {
                 proxy_all: false,
             };
         }
-        // Left out, an address only the proxy may carry would be left alone in the kernel: those
-        // are kept first, and when even they do not fit the proxy decides every connection.
+        // Left out, an address only the proxy may carry (or that only the kernel's inbound check
+        // may let a connection reach) would be left alone in the kernel: those are kept first, and when even they do not fit the proxy decides every connection.
         let total = ips.len();
         let addresses: HashMap<IpKey, u8> = (ips.into_iter())
-            .filter(|(_, class)| *class == WORKLOAD_PROXY)
+            .filter(|(_, class)| *class != WORKLOAD_DIRECT)
             .collect();
         match addresses.len() > limits.workloads {
             true => Workloads {

@@ -36,6 +36,9 @@ pub(crate) enum Path {
     Hbone,
     /// From a Pod of this node, its identity the client Pod's.
     SameNode,
+    /// Decided by the kernel at the Pod's socket lookup (any client; counted by the agent from
+    /// the kernel's counters).
+    Kernel,
 }
 
 impl Path {
@@ -43,6 +46,7 @@ impl Path {
         match self {
             Path::Hbone => "hbone",
             Path::SameNode => "same_node",
+            Path::Kernel => "kernel",
         }
     }
 }
@@ -71,12 +75,17 @@ impl AuthzMetrics {
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "authorization_decisions",
-            "Inbound connections to this node's Pods decided by authorization policy where the proxy carries them, by path (hbone, same_node), result (allowed, denied, closed: an open connection denied after a policy change, dry_run: a dry-run policy matched) and the deciding policy (namespace/name; empty when none decided; other past 1024 label sets)",
+            "Inbound connections to this node's Pods decided by authorization policy, by path (hbone and same_node: the proxy carries them; kernel: decided at the Pod's socket lookup, from any client), result (allowed, denied, closed: an open connection denied after a policy change, dry_run: a dry-run policy matched) and the deciding policy (namespace/name; empty when none decided; other past 1024 label sets)",
             self.decisions.clone(),
         );
     }
 
     pub(super) fn count(&self, path: Path, result: &'static str, policy: Option<&str>) {
+        self.count_n(path, result, policy, 1);
+    }
+
+    /// Counts `n` decisions at once (the kernel's, read in batches).
+    pub(crate) fn count_n(&self, path: Path, result: &'static str, policy: Option<&str>, n: u64) {
         let mut labels = DecisionLabels {
             path: path.as_str(),
             result,
@@ -90,7 +99,7 @@ impl AuthzMetrics {
                 *series += 1;
             }
         }
-        self.decisions.get_or_create(&labels).inc();
+        self.decisions.get_or_create(&labels).inc_by(n);
     }
 
     #[cfg(test)]

@@ -354,6 +354,7 @@ fn log_denied(context: &ProxyContext, sender: &Sender, dst: SocketAddr, verdict:
         duration: Duration::ZERO,
         end: "denied by authorization policy",
         authorization: &authorization,
+        decided_by: "proxy",
     });
 }
 
@@ -396,5 +397,6 @@ fn log_carried(
         duration: started.elapsed(),
         end,
         authorization: &authorization,
+        decided_by: "proxy",
     });
 }

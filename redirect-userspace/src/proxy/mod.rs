@@ -14,7 +14,7 @@ mod splice;
 mod tests;
 mod tunnel_relay;
 
-pub(crate) use authorize::{Authorizer, recheck_on_change};
+pub(crate) use authorize::{Authorizer, Path as AuthzPath, recheck_on_change};
 pub(crate) use forbidden::{DialGuard, Forbidden};
 pub(crate) use inbound::{listen_transparent, serve as serve_inbound};
 pub(crate) use metrics::{Direction, ProxyMetrics, Timeout};

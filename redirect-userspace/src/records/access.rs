@@ -117,6 +117,8 @@ pub(crate) struct Received<'a> {
     pub end: &'static str,
     /// How the Pod's authorization policies decided it.
     pub authorization: &'a str,
+    /// `proxy` (carried), `kernel` (refused at the Pod's socket lookup).
+    pub decided_by: &'static str,
 }
 
 impl AccessLog {
@@ -138,7 +140,7 @@ impl AccessLog {
             duration_ms = u64::try_from(received.duration.as_millis()).unwrap_or(u64::MAX),
             end = received.end,
             authorization = received.authorization,
-            decided_by = "proxy",
+            decided_by = received.decided_by,
             lines_dropped_before = dropped,
             "inbound"
         );

@@ -13,6 +13,7 @@ pub(crate) mod features;
 mod gateway;
 pub(crate) mod hbone_replies;
 mod held;
+pub(crate) mod inbound;
 mod netns;
 pub(crate) mod pins;
 pub(crate) mod pod_routes;
@@ -44,13 +45,16 @@ pub(crate) use pins::PinError;
 /// The maps a successor must find as they were: pinned when a pin directory is given.
 /// The fast path's counters among them: a successor's programs count on where the predecessor's
 /// left off.
-const PINNED_MAPS: [&str; 6] = [
+/// The agent's own dials to guarded Pods among them: a predecessor's `inbound` programs let a
+/// successor's through during a hand-over.
+const PINNED_MAPS: [&str; 7] = [
     maps::SOCKET_ORIG_DST,
     maps::FLOW_ORIG_DST,
     maps::SUBFLOW_ORIG_DST,
     maps::OPTED_OUT_CGROUPS,
     maps::STATS,
     maps::FAST_STATS,
+    maps::AGENT_DIALS,
 ];
 
 /// The eBPF object, embedded by build.rs (empty when built without `cargo xtask build`).
@@ -292,6 +296,12 @@ impl Redirector {
         &self,
     ) -> Result<(hbone_replies::ReplyMarker, Arc<hbone_replies::HboneSources>), RedirectError> {
         hbone_replies::load(&self.ebpf)
+    }
+
+    /// Loads `inbound` (inbound authorization in the kernel): the gate to attach in each guarded
+    /// Pod's namespace, its counters and refusals, and the agent's dials it lets through.
+    pub(crate) fn inbound(&self) -> Result<inbound::Loaded, RedirectError> {
+        inbound::load(&self.ebpf)
     }
 
     pub(crate) fn start(&self) -> &Start {

@@ -211,7 +211,7 @@ impl WorkloadStore {
 
     /// The [`WorkloadStore::local_pod`]s in discovered namespaces: the mesh's destinations on this
     /// node (a Pod of a namespace the control plane does not see has no policy either).
-    pub(super) fn local_pods(&self) -> impl Iterator<Item = &Workload> + '_ {
+    pub(super) fn local_pods(&self) -> impl Iterator<Item = &Workload> + Clone + '_ {
         let discovered = |w: &Workload| {
             (w.ips.iter()).any(|ip| {
                 (self.by_ip.get(&ip.to_canonical())).is_some_and(|slot| slot.reachable.is_some())

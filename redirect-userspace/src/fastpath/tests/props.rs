@@ -2,7 +2,7 @@
 use std::net::IpAddr;
 
 use proptest::prelude::*;
-use redirect_common::fastpath::{IpKey, MAX_ENDPOINTS, WORKLOAD_PROXY};
+use redirect_common::fastpath::{IpKey, MAX_ENDPOINTS, WORKLOAD_GUARDED, WORKLOAD_PROXY};
 
 use super::{HEADER, agrees, ip};
 use crate::{
@@ -303,8 +303,9 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
                         "{client:?} -> {dst}:{port} could have been decided in the kernel"
                     );
                 }
-                // A Pod under authorization is the proxy's to reach: the kernel never decides a
-                // connection that may end there.
+                // A Pod under authorization is the proxy's to reach unless the kernel's inbound
+                // table holds its policies; then it is marked guarded, left alone only while the
+                // inbound check runs in its namespace.
                 match by_name {
                     FastDecision::Proxy => {}
                     // The program sends a pick that lands on an endpoint of the proxy's to it.
@@ -315,9 +316,12 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
                                 addr: b.addr,
                             };
                             let class = tables.workloads().get(&key).copied();
+                            let authz = snap.authz();
                             prop_assert!(
-                                snap.authz().pod(key.ip()).is_none()
-                                    || class == Some(WORKLOAD_PROXY),
+                                authz.pod(key.ip()).is_none()
+                                    || class == Some(WORKLOAD_PROXY)
+                                    || (class == Some(WORKLOAD_GUARDED)
+                                        && !authz.proxy_only(key.ip())),
                                 "{client:?} -> {dst}:{port}: endpoint {:?} under policy may be picked in the kernel",
                                 key.ip()
                             );
@@ -335,11 +339,13 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
     Ok(in_kernel)
 }
 
-/// Whether the proxy's decision may take the connection to a Pod some authorization policy
-/// applies to: any of a service port's endpoints, or the address itself.
+/// Whether the proxy's decision may take the connection to a Pod only the proxy may reach (its
+/// authorization policies did not fit the kernel's inbound table): any of a service port's
+/// endpoints, or the address itself. (A Pod whose policies the kernel holds is decided at its
+/// own socket lookup, wherever the connection comes from: the fast path leaves it alone.)
 fn reaches_guarded(snap: &Snapshot, client: Option<&str>, dst: IpAddr, port: u16) -> bool {
     let d = snap.decide_outbound_with(client, dst, port, Pick::Peek);
-    let guarded = |ip: IpAddr| snap.authz().pod(ip).is_some();
+    let guarded = |ip: IpAddr| snap.authz().proxy_only(ip);
     match d.action {
         Outbound::Service { port, .. } => port.endpoints.iter().any(|ep| match ep.target() {
             Target::Addr(a) => guarded(a.ip()),
