@@ -25,6 +25,9 @@ use crate::{
 /// How often the kernel's counts and refusals are read, and Pods not attached yet tried again.
 const EVERY: Duration = Duration::from_millis(200);
 
+/// (refused, admitted) by rule index, as the kernel's counters last said.
+type RuleCounts = Vec<(u64, u64)>;
+
 /// The kernel's side of inbound authorization and what the agent keeps of it.
 pub(super) struct KernelInbound {
     gate: InboundGate,
@@ -36,7 +39,7 @@ pub(super) struct KernelInbound {
     connections: Arc<Connections>,
     authorizer: Arc<Authorizer>,
     /// The table in force and the rules' counts already counted under its labels.
-    installed: Option<(Arc<InboundTable>, Vec<(u64, u64)>)>,
+    installed: Option<(Arc<InboundTable>, RuleCounts)>,
     /// Pods whose namespace could not be entered, said once each.
     unattached: HashSet<Uuid>,
 }

@@ -984,12 +984,13 @@ fn the_other_nodes_pods_are_marked_for_the_proxy_and_this_nodes_left_alone() {
     assert!(matches!(to("10.0.2.1"), FastDecision::Proxy));
 }
 
-/// A Pod of this node under an authorization policy is the proxy's to reach, as an other node's
-/// Pod over HBONE is; when the workload table is short, such addresses are kept first, and when
-/// even they do not fit, the proxy decides everything.
+/// A Pod of this node under an authorization policy is marked guarded: the kernel leaves a
+/// connection to it alone (its own inbound check decides it at the Pod's socket lookup, and until
+/// that runs the program sends it to the proxy); when the workload table is short, such addresses
+/// are kept first, and when even they do not fit, the proxy decides everything.
 #[test]
-fn pods_under_policy_are_marked_for_the_proxy_and_kept_first_when_the_table_is_short() {
-    use redirect_common::fastpath::{WORKLOAD_DIRECT, WORKLOAD_PROXY};
+fn pods_under_policy_are_marked_guarded_and_kept_first_when_the_table_is_short() {
+    use redirect_common::fastpath::{WORKLOAD_DIRECT, WORKLOAD_GUARDED};
     let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: open, namespace: ns-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: guarded, namespace: ns-b}\nstatus: {podIP: 10.0.1.2}\n---\napiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-all, namespace: ns-b}\nspec: {action: DENY, rules: [{}]}\n";
     let yaml = format!("{HEADER}---\n{pods}");
     let model = load_sources([("w.yaml", yaml.as_str())]).unwrap();
@@ -1002,7 +1003,7 @@ fn pods_under_policy_are_marked_for_the_proxy_and_kept_first_when_the_table_is_s
     };
     let (tables, _) = compile(&snap, Limits::default());
     assert_eq!(class(&tables, "10.0.1.1"), Some(WORKLOAD_DIRECT));
-    assert_eq!(class(&tables, "10.0.1.2"), Some(WORKLOAD_PROXY));
+    assert_eq!(class(&tables, "10.0.1.2"), Some(WORKLOAD_GUARDED));
     let ns = tables.namespace_id("ns-a");
     let proxied = |t: &Tables, ip: &str| {
         matches!(
@@ -1010,7 +1011,7 @@ fn pods_under_policy_are_marked_for_the_proxy_and_kept_first_when_the_table_is_s
             FastDecision::Proxy
         )
     };
-    assert!(proxied(&tables, "10.0.1.2"));
+    assert!(!proxied(&tables, "10.0.1.2"), "left to the inbound check");
     assert!(!proxied(&tables, "10.0.1.1"));
 
     let one = Limits {
@@ -1021,11 +1022,10 @@ fn pods_under_policy_are_marked_for_the_proxy_and_kept_first_when_the_table_is_s
     assert_eq!(class(&short, "10.0.1.1"), None, "left out");
     assert_eq!(
         class(&short, "10.0.1.2"),
-        Some(WORKLOAD_PROXY),
+        Some(WORKLOAD_GUARDED),
         "kept first"
     );
     assert_eq!(stats.fallbacks.get(&Fallback::WorkloadsUncounted), Some(&1));
-    assert!(proxied(&short, "10.0.1.2"));
 
     let none = Limits {
         workloads: 0,
