@@ -27,19 +27,20 @@ pub const INBOUND_ALLOW: u8 = 1;
 /// Rules (distinct verdicts) the kernel counts apart; a later rule is counted in the last slot.
 pub const INBOUND_RULES: u32 = 1024;
 /// Slots of the per-CPU counters: two per rule (refused at `2 * rule`, admitted at
-/// `2 * rule + 1`), then the agent's own connections let through and the refusals the kernel
+/// `2 * rule + 1`), then the node's own connections let through and the refusals the kernel
 /// could not report.
 pub const INBOUND_COUNT_SLOTS: u32 = 2 * INBOUND_RULES + 2;
-/// The counter of connections the agent dialled itself (already decided) let through.
-pub const INBOUND_AGENT_PASSED: u32 = 2 * INBOUND_RULES;
+/// The counter of the node's own connections (the agent's dials among them) let through.
+pub const INBOUND_NODE_PASSED: u32 = 2 * INBOUND_RULES;
 /// The counter of refusals that found the ring full.
 pub const INBOUND_EVENTS_LOST: u32 = 2 * INBOUND_RULES + 1;
 
 /// Bytes of the ring the kernel reports refusals on (a power of two, a multiple of the page).
 pub const INBOUND_EVENTS_BYTES: u32 = 256 * 1024;
 
-/// The agent's own connections to Pods in flight (each an entry for a moment).
-pub const AGENT_DIALS_ENTRIES: u32 = 16 * 1024;
+/// The node's own connections to Pods filed and not yet let through (each an entry for a moment;
+/// one to a Pod without the check stays until pushed out).
+pub const NODE_DIALS_ENTRIES: u32 = 16 * 1024;
 
 /// The value of an entry: admit or refuse, and the rule that said so (an index into the agent's
 /// list of verdicts, for counters and the access log). 4 bytes.

@@ -88,9 +88,9 @@ pub mod maps {
     pub const INBOUND_COUNTS: &str = "INBOUND_COUNTS";
     /// Refusals reported to the agent.
     pub const INBOUND_EVENTS: &str = "INBOUND_EVENTS";
-    /// The agent's own connections to Pods, let through once (pinned: a successor's and a
-    /// predecessor's programs share it).
-    pub const AGENT_DIALS: &str = "AGENT_DIALS";
+    /// The node's own connections to Pods (`node_origin` files them), let through once by
+    /// `inbound` (pinned: a successor's and a predecessor's programs share it).
+    pub const NODE_DIALS: &str = "NODE_DIALS";
     /// The guarded Pods' addresses whose namespace runs `inbound` (the fast path leaves a
     /// connection to one alone; to any other guarded Pod it goes through the proxy).
     pub const INBOUND_ATTACHED: &str = "INBOUND_ATTACHED";
@@ -114,6 +114,8 @@ pub mod programs {
     pub const HBONE_REPLIES: &str = "hbone_replies";
     /// sk_lookup, one link in each guarded Pod's network namespace.
     pub const INBOUND: &str = "inbound";
+    /// tc egress on the node's veths: files the node's own connections to Pods.
+    pub const NODE_ORIGIN: &str = "node_origin";
 }
 
 /// Names of the read-only globals the agent sets at load time.

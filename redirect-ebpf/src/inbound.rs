@@ -3,15 +3,15 @@
 //! kernel answers its SYN with a reset, so the client's `connect()` fails at once, wherever it
 //! comes from (a Pod of this node, another node in plaintext, the node itself).
 //!
-//! The agent's own connections to the Pod (HBONE received, the proxy's) were decided before they
-//! were dialled: the agent files each in `AGENT_DIALS` just before its SYN leaves, and it passes
-//! once. Everything else is looked up in the table in force (`redirect_common::inbound`): the
+//! The node's own connections to the Pod pass once: `node_origin` filed each in `NODE_DIALS` as
+//! its SYN left the node (upstream never decides them: kubelet's probes among them; the agent's
+//! own dials, HBONE received and the proxy's, were decided before they were made). Everything else is looked up in the table in force (`redirect_common::inbound`): the
 //! Pod's port class, then every other port. No entry at all: the Pod is not guarded, passed.
 use aya_ebpf::{macros::sk_lookup, maps::lpm_trie::Key, programs::SkLookupContext};
 use redirect_common::{
     FlowEnds,
     inbound::{
-        INBOUND_AGENT_PASSED, INBOUND_ALLOW, INBOUND_EVENTS_LOST, INBOUND_RULES, InboundBytes,
+        INBOUND_ALLOW, INBOUND_EVENTS_LOST, INBOUND_NODE_PASSED, INBOUND_RULES, InboundBytes,
         InboundEvent, InboundVerdict, OTHER_PORTS,
     },
     ip6_bytes, v4_mapped_words,
@@ -19,7 +19,7 @@ use redirect_common::{
 
 use crate::{
     fastpath::from_words,
-    maps::{AGENT_DIALS, INBOUND_COUNTS, INBOUND_EVENTS, INBOUND_TABLE},
+    maps::{INBOUND_COUNTS, INBOUND_EVENTS, INBOUND_TABLE, NODE_DIALS},
 };
 
 const SK_PASS: u32 = 1;
@@ -36,10 +36,10 @@ pub(crate) fn inbound(ctx: SkLookupContext) -> u32 {
     let (local, local_port, remote, remote_port) = (c.local, c.local_port, c.remote, c.remote_port);
     let ends = FlowEnds::from_words(local, local_port, remote, remote_port);
     // SAFETY: the value is only tested for presence.
-    if unsafe { AGENT_DIALS.get(&ends) }.is_some() {
+    if unsafe { NODE_DIALS.get(&ends) }.is_some() {
         // Once: a later connection from the same address and port is decided as any other.
-        let _ = AGENT_DIALS.remove(&ends);
-        count(INBOUND_AGENT_PASSED);
+        let _ = NODE_DIALS.remove(&ends);
+        count(INBOUND_NODE_PASSED);
         return SK_PASS;
     }
     let Some(table) = INBOUND_TABLE.get(0) else {

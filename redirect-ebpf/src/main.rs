@@ -15,6 +15,8 @@
 //!   marks the answers to the agent's sockets bound to a Pod's address.
 //! - `inbound`: sk_lookup in each guarded Pod's network namespace (not the cgroup): inbound
 //!   authorization, a refused connection reset at its SYN.
+//! - `node_origin`: tc egress on the node's veths: files the node's own connections to Pods,
+//!   which `inbound` admits.
 #![no_std]
 #![no_main]
 #![expect(
@@ -34,6 +36,7 @@ mod inbound;
 mod inet6;
 mod maps;
 mod netns_probe;
+mod node_origin;
 mod origin;
 mod records;
 mod recvmsg4;

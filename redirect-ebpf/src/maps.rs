@@ -13,8 +13,7 @@ use redirect_common::{
         INBOUND_ATTACHED_ENTRIES, IpKey, LpmBytes, PortKey,
     },
     inbound::{
-        AGENT_DIALS_ENTRIES, INBOUND_COUNT_SLOTS, INBOUND_EVENTS_BYTES, InboundBytes,
-        InboundVerdict,
+        INBOUND_COUNT_SLOTS, INBOUND_EVENTS_BYTES, InboundBytes, InboundVerdict, NODE_DIALS_ENTRIES,
     },
     records::{ConnRecord, RECORDS_BYTES},
 };
@@ -147,10 +146,11 @@ pub(crate) static INBOUND_EVENTS: RingBuf = RingBuf::with_byte_size(INBOUND_EVEN
 pub(crate) static INBOUND_ATTACHED: HashMap<IpKey, u8> =
     HashMap::with_max_entries(INBOUND_ATTACHED_ENTRIES, BPF_F_NO_PREALLOC);
 
-/// The agent's own connections to Pods, filed just before their SYN leaves (Pod end, agent end).
+/// The node's own connections to Pods, filed by `node_origin` as their SYN leaves (Pod end, node
+/// end).
 #[map]
-pub(crate) static AGENT_DIALS: LruHashMap<FlowEnds, u8> =
-    LruHashMap::with_max_entries(AGENT_DIALS_ENTRIES, 0);
+pub(crate) static NODE_DIALS: LruHashMap<FlowEnds, u8> =
+    LruHashMap::with_max_entries(NODE_DIALS_ENTRIES, 0);
 
 /// Each generation's flags.
 #[map]

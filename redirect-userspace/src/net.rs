@@ -3,13 +3,10 @@
 use std::{
     io,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
-    sync::Arc,
     time::Duration,
 };
 
 use redirect_common::AGENT_SOCKET_MARK;
-
-use crate::redirect::inbound::AgentDials;
 use socket2::{Domain, Protocol, Socket, TcpKeepalive, Type};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
@@ -36,28 +33,15 @@ fn marked_socket(dst: SocketAddr, ty: Type, protocol: Protocol) -> io::Result<So
 pub(crate) trait SocketFactory: Send + Sync + std::fmt::Debug {
     /// A new non-blocking TCP socket for a connection to `dst`.
     fn tcp(&self, dst: SocketAddr) -> io::Result<Socket>;
-
-    /// Where a dial to a Pod the kernel guards is filed before its SYN leaves, so that the
-    /// kernel's inbound check lets through what the agent decided already.
-    fn dials(&self) -> Option<&AgentDials> {
-        None
-    }
 }
 
-/// The agent's sockets: each carries the agent's mark (setting it needs `CAP_NET_ADMIN`), and
-/// each dial to a guarded Pod is filed with the kernel when `dials` is given.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct MarkedSockets {
-    pub dials: Option<Arc<AgentDials>>,
-}
+/// The agent's sockets: each carries the agent's mark (setting it needs `CAP_NET_ADMIN`).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct MarkedSockets;
 
 impl SocketFactory for MarkedSockets {
     fn tcp(&self, dst: SocketAddr) -> io::Result<Socket> {
         marked_socket(dst, Type::STREAM, Protocol::TCP)
-    }
-
-    fn dials(&self) -> Option<&AgentDials> {
-        self.dials.as_deref()
     }
 }
 
@@ -80,7 +64,7 @@ impl SocketFactory for PlainSockets {
 
 /// A marked TCP connection to `dst`, given up after `timeout`.
 pub(crate) async fn connect_marked(dst: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
-    connect(&MarkedSockets::default(), dst, timeout, None).await
+    connect(&MarkedSockets, dst, timeout, None).await
 }
 
 /// A connection to `dst` from a socket of `sockets`, given up after `timeout`, with the socket's
@@ -97,42 +81,7 @@ pub(crate) async fn connect(
         socket.set_send_buffer_size(bytes)?;
         socket.set_recv_buffer_size(bytes)?;
     }
-    match sockets.dials().filter(|d| d.covers(dst.ip())) {
-        Some(dials) => {
-            // Bound before the SYN, to the address the route gives, so the filing names the
-            // very ends the kernel will see.
-            socket.bind(&SocketAddr::new(route_source(dst)?, 0).into())?;
-            filed_dial(dials, socket, dst, timeout).await
-        }
-        None => dial(socket, dst, timeout).await,
-    }
-}
-
-/// The source address the node's routes give a connection to `dst`.
-fn route_source(dst: SocketAddr) -> io::Result<IpAddr> {
-    let any: SocketAddr = match dst {
-        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-    };
-    // A connected UDP socket sends nothing; its local address is the route's source.
-    let probe = std::net::UdpSocket::bind(any)?;
-    probe.connect(dst)?;
-    Ok(probe.local_addr()?.ip())
-}
-
-/// [`dial`] of a bound socket, filed with the kernel's inbound check for as long as it connects.
-async fn filed_dial(
-    dials: &AgentDials,
-    socket: Socket,
-    dst: SocketAddr,
-    timeout: Duration,
-) -> io::Result<TcpStream> {
-    let agent = (socket.local_addr()?.as_socket())
-        .ok_or_else(|| io::Error::other("a bound socket without an address"))?;
-    dials.file(dst, agent).map_err(io::Error::other)?;
-    let connected = dial(socket, dst, timeout).await;
-    dials.forget(dst, agent);
-    connected
+    dial(socket, dst, timeout).await
 }
 
 /// As [`connect`], from `src`: an address the node's netns does not own (a Pod's, the source kept
@@ -150,16 +99,9 @@ pub(crate) async fn connect_from(
         IpAddr::V4(_) => socket.set_ip_transparent_v4(true)?,
         IpAddr::V6(_) => socket.set_ip_transparent_v6(true)?,
     }
-    let filed = sockets.dials().filter(|d| d.covers(dst.ip()));
-    if filed.is_none() {
-        bind_address_no_port(&socket)?;
-    }
-    // A filed dial's port is taken at bind, so the filing can name it before the SYN leaves.
+    bind_address_no_port(&socket)?;
     socket.bind(&SocketAddr::new(src, 0).into())?;
-    match filed {
-        Some(dials) => filed_dial(dials, socket, dst, timeout).await,
-        None => dial(socket, dst, timeout).await,
-    }
+    dial(socket, dst, timeout).await
 }
 
 /// `IP_BIND_ADDRESS_NO_PORT`: a bind to an address leaves the port to connect, which may give one

@@ -198,7 +198,7 @@ pub(super) fn client(
     };
     Ok(Arc::new(HboneClient::new(
         workload_certs,
-        Arc::new(crate::net::MarkedSockets::default()),
+        Arc::new(crate::net::MarkedSockets),
         families.hbone.clone(),
     )))
 }

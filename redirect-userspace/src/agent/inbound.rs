@@ -2,12 +2,7 @@
 //! (`docs/authorization.md#kernel`): each snapshot's table put in force once, the program attached
 //! in the namespace of every guarded Pod of the node (as soon as a process of the Pod shows it),
 //! the kernel's counts joined to the authorization counters and each refusal it reports logged.
-use std::{
-    collections::HashSet,
-    net::{IpAddr, SocketAddr},
-    sync::Arc,
-    time::Duration,
-};
+use std::{collections::HashSet, net::SocketAddr, sync::Arc, time::Duration};
 
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -18,7 +13,7 @@ use crate::{
     live::LiveState,
     proxy::{Authorizer, AuthzPath},
     records::{Connections, Received},
-    redirect::inbound::{AgentDials, InboundCounts, InboundEvents, InboundGate, Loaded},
+    redirect::inbound::{InboundCounts, InboundEvents, InboundGate, Loaded, OriginMarker},
     state::Snapshot,
 };
 
@@ -33,7 +28,7 @@ pub(super) struct KernelInbound {
     gate: InboundGate,
     counts: InboundCounts,
     events: InboundEvents,
-    dials: Arc<AgentDials>,
+    origin: OriginMarker,
     live: Arc<LiveState>,
     cgroups: Arc<CgroupPods>,
     connections: Arc<Connections>,
@@ -56,7 +51,7 @@ impl KernelInbound {
             gate: loaded.gate,
             counts: loaded.counts,
             events: loaded.events,
-            dials: loaded.dials,
+            origin: loaded.origin,
             live,
             cgroups,
             connections,
@@ -66,14 +61,13 @@ impl KernelInbound {
         }
     }
 
-    /// The dials the proxy files before it connects to a guarded Pod.
-    pub(super) fn dials(&self) -> Arc<AgentDials> {
-        self.dials.clone()
-    }
-
     /// Puts the snapshot in force's table in force and attaches where it can: called once before
     /// the agent serves, so the kernel decides from its first connection.
-    pub(super) fn sync(&mut self) {
+    pub(super) async fn sync(&mut self) {
+        // The node's own connections are admitted before any Pod's check runs.
+        if let Err(e) = self.origin.sync().await {
+            warn!(error = %e, "listing the node's veths for node_origin failed");
+        }
         let snapshot = self.live.snapshot_arc();
         self.install(&snapshot);
         self.attach(&snapshot);
@@ -94,7 +88,7 @@ impl KernelInbound {
                 _ = tick.tick() => {}
                 () = shutdown.stopped() => return,
             }
-            self.sync();
+            self.sync().await;
             self.count();
             self.log_refusals();
         }
@@ -112,8 +106,6 @@ impl KernelInbound {
         self.count();
         match self.gate.install(table.entries_exact()) {
             Ok(()) => {
-                let guarded: HashSet<IpAddr> = table.addresses().collect();
-                self.dials.set_guarded(guarded);
                 let counted = self.counts.read().rules;
                 info!(
                     entries = table.len(),
@@ -169,11 +161,22 @@ impl KernelInbound {
 
     /// Adds what the kernel counted since the last read to the authorization counters.
     fn count(&mut self) {
+        let totals = self.counts.read();
+        let metrics = &self.authorizer.metrics;
+        let (node, lost) = (
+            metrics.node_admitted.get(),
+            metrics.refusals_unreported.get(),
+        );
+        metrics
+            .node_admitted
+            .inc_by(totals.node_passed.saturating_sub(node));
+        metrics
+            .refusals_unreported
+            .inc_by(totals.events_lost.saturating_sub(lost));
         let Some((table, counted)) = &mut self.installed else {
             return;
         };
-        let now = self.counts.read().rules;
-        let metrics = &self.authorizer.metrics;
+        let now = totals.rules;
         for (rule, (&(denied, allowed), before)) in
             table.rules().iter().zip(now.iter().zip(counted.iter()))
         {

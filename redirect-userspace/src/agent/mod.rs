@@ -254,7 +254,7 @@ async fn start(
         &families,
         endpoint_hosts,
         cgroups.clone(),
-        (&budgets, &connections, hbone, inbound.dials()),
+        (&budgets, &connections, hbone),
     ));
     let admin_state = AdminState {
         cgroups: Some(cgroups),
@@ -511,7 +511,7 @@ async fn attach(
         connections.clone(),
         families.authorizer.clone(),
     );
-    inbound.sync();
+    inbound.sync().await;
     Ok(Attached {
         starting,
         cgroups,
@@ -552,15 +552,6 @@ impl Families {
     }
 }
 
-/// The running parts the proxy shares: budgets, records, the HBONE client, and the dials the
-/// kernel's inbound check lets through.
-type ProxyParts<'a> = (
-    &'a Arc<Budgets>,
-    &'a Arc<Connections>,
-    Arc<HboneClient>,
-    Arc<crate::redirect::inbound::AgentDials>,
-);
-
 /// What every proxied connection needs, from the agent's configuration and its running parts.
 fn proxy_context(
     config: &AgentConfig,
@@ -569,11 +560,11 @@ fn proxy_context(
     families: &Families,
     endpoint_hosts: Arc<HostCache>,
     cgroups: Arc<CgroupPods>,
-    (budgets, connections, hbone, dials): ProxyParts<'_>,
+    (budgets, connections, hbone): (&Arc<Budgets>, &Arc<Connections>, Arc<HboneClient>),
 ) -> ProxyContext {
     ProxyContext {
         flows: redirector.maps(),
-        sockets: Arc::new(crate::net::MarkedSockets { dials: Some(dials) }),
+        sockets: Arc::new(crate::net::MarkedSockets),
         live: live.clone(),
         metrics: families.shared.clone(),
         proxy_metrics: families.proxy.clone(),

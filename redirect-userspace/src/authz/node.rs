@@ -247,10 +247,16 @@ impl NodePolicies {
         let mut pods: Vec<&Arc<PodPolicies>> = self.pods.values().collect();
         pods.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         pods.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        let key = |p: &Arc<PodPolicies>| format!("{}/{}", p.namespace, p.name);
         AuthorizationDump {
             policies: self.converted.iter().map(|p| (**p).clone()).collect(),
             not_enforced: self.skipped.clone(),
             pods: pods.into_iter().map(|p| (**p).clone()).collect(),
+            kernel: KernelDump {
+                entries: self.inbound.len(),
+                addresses: self.inbound.addresses().collect(),
+                left_out: self.inbound.left_out().iter().map(key).collect(),
+            },
         }
     }
 }
@@ -289,4 +295,18 @@ pub(crate) struct AuthorizationDump {
     pub not_enforced: Vec<Skipped>,
     /// The node's Pods some policy applies to (PeerAuthentication's included).
     pub pods: Vec<PodPolicies>,
+    /// The kernel's inbound table compiled from them.
+    pub kernel: KernelDump,
+}
+
+/// What the kernel's inbound table holds.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct KernelDump {
+    pub entries: usize,
+    /// The addresses it decides connections to.
+    pub addresses: Vec<IpAddr>,
+    /// Guarded Pods that did not fit (`namespace/name`): only the proxy reaches them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
 }

@@ -69,6 +69,10 @@ struct DecisionLabels {
 pub(crate) struct AuthzMetrics {
     decisions: Family<DecisionLabels, Counter>,
     series: Mutex<usize>,
+    /// The node's own connections the kernel let through undecided.
+    pub node_admitted: Counter,
+    /// Refusals the kernel made but could not report to the agent (its ring was full).
+    pub refusals_unreported: Counter,
 }
 
 impl AuthzMetrics {
@@ -77,6 +81,16 @@ impl AuthzMetrics {
             "authorization_decisions",
             "Inbound connections to this node's Pods decided by authorization policy, by path (hbone and same_node: the proxy carries them; kernel: decided at the Pod's socket lookup, from any client), result (allowed, denied, closed: an open connection denied after a policy change, dry_run: a dry-run policy matched) and the deciding policy (namespace/name; empty when none decided; other past 1024 label sets)",
             self.decisions.clone(),
+        );
+        registry.register(
+            "authorization_node_admitted",
+            "Connections from the node's own sockets (kubelet's probes, the agent's dials) to this node's guarded Pods, let through by the kernel undecided, as upstream never decides them",
+            self.node_admitted.clone(),
+        );
+        registry.register(
+            "authorization_refusals_unreported",
+            "Refusals the kernel made but could not report for the access log (the agent fell behind); each is still counted in redirect_authorization_decisions_total",
+            self.refusals_unreported.clone(),
         );
     }
 

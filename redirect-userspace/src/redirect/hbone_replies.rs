@@ -119,11 +119,20 @@ pub(crate) struct Links {
     pub missing: usize,
 }
 
-/// Attaches ingress: with TCX from 6.6, else as a filter under a `clsact` qdisc (added when the
-/// link has none).
+/// Attaches ingress.
 fn attach(
     program: &mut SchedClassifier,
     link: &str,
+) -> Result<SchedClassifierLinkId, aya::programs::ProgramError> {
+    attach_tc(program, link, TcAttachType::Ingress)
+}
+
+/// Attaches `program` to `link` at `at`: with TCX from 6.6, else as a filter under a `clsact`
+/// qdisc (added when the link has none).
+pub(super) fn attach_tc(
+    program: &mut SchedClassifier,
+    link: &str,
+    at: TcAttachType,
 ) -> Result<SchedClassifierLinkId, aya::programs::ProgramError> {
     let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
     if !tcx {
@@ -133,7 +142,7 @@ fn attach(
             Err(e) => return Err(e.into()),
         }
     }
-    program.attach(link, TcAttachType::Ingress)
+    program.attach(link, at)
 }
 
 /// The node's links that carry Ethernet frames (veths, bridges, the uplink, VXLAN), by index:

@@ -1,35 +1,40 @@
 //! Inbound authorization in the kernel (`docs/authorization.md#kernel`): the `inbound` program
-//! (sk_lookup) attached in each guarded Pod's network namespace, the table it reads, and the
-//! agent's own dials it lets through.
+//! (sk_lookup) attached in each guarded Pod's network namespace, the table it reads, and
+//! `node_origin` (tc egress on the node's veths), which files the node's own connections to Pods
+//! for `inbound` to admit.
 //!
 //! [`InboundGate`] keeps the links (one per Pod, made through `/proc/PID/ns/net` of a process of
 //! the Pod's cgroup) and puts each new table in force: a new map, filled, then put in the one
 //! slot of `INBOUND_TABLE` in a single write, so a connection sees one table or the next, never
 //! half of each. The links die with the agent (a successor attaches its own before its
-//! predecessor leaves; for that moment both decide, alike). [`AgentDials`] is pinned with the
-//! other shared maps, so a predecessor's programs let a successor's dials through too.
+//! predecessor leaves; for that moment both decide, alike). `NODE_DIALS` is pinned with the other
+//! shared maps, so a predecessor's `inbound` admits what a successor's `node_origin` filed.
 use std::{
-    collections::{HashMap as StdHashMap, HashSet},
+    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
     fs::File,
-    net::{IpAddr, SocketAddr},
+    net::IpAddr,
     path::Path,
-    sync::{Arc, Mutex, RwLock},
+    sync::{Arc, Mutex},
 };
 
 use aya::{
     Ebpf,
     maps::{ArrayOfMaps, HashMap, LpmTrie, MapData, MapError, PerCpuArray, RingBuf, lpm_trie::Key},
-    programs::{SkLookup, sk_lookup::SkLookupLinkId},
+    programs::{
+        SchedClassifier, SkLookup, TcAttachType, sk_lookup::SkLookupLinkId,
+        tc::SchedClassifierLinkId,
+    },
 };
+use futures::TryStreamExt;
 use redirect_common::{
-    FlowEnds, SockAddr,
     fastpath::IpKey,
     inbound::{
-        INBOUND_AGENT_PASSED, INBOUND_COUNT_SLOTS, INBOUND_EVENTS_LOST, InboundBytes, InboundEvent,
+        INBOUND_COUNT_SLOTS, INBOUND_EVENTS_LOST, INBOUND_NODE_PASSED, InboundBytes, InboundEvent,
         InboundVerdict,
     },
     maps, programs,
 };
+use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use uuid::Uuid;
 
 use super::{RedirectError, per_cpu_totals, take_map};
@@ -63,7 +68,7 @@ pub(crate) struct Loaded {
     pub gate: InboundGate,
     pub counts: InboundCounts,
     pub events: InboundEvents,
-    pub dials: Arc<AgentDials>,
+    pub origin: OriginMarker,
 }
 
 /// Loads `inbound` and takes its maps. Nothing is attached yet: [`InboundGate::attach`] does, Pod
@@ -82,7 +87,19 @@ pub(super) fn load(ebpf: &Arc<Mutex<Ebpf>>) -> Result<Loaded, RedirectError> {
     let slot = take_map(&mut object, maps::INBOUND_TABLE, ArrayOfMaps::try_from)?;
     let counts = take_map(&mut object, maps::INBOUND_COUNTS, PerCpuArray::try_from)?;
     let events = take_map(&mut object, maps::INBOUND_EVENTS, RingBuf::try_from)?;
-    let dials = take_map(&mut object, maps::AGENT_DIALS, HashMap::try_from)?;
+    let origin = programs::NODE_ORIGIN;
+    let marker: &mut SchedClassifier = object
+        .program_mut(origin)
+        .ok_or(RedirectError::MissingProgram { name: origin })?
+        .try_into()
+        .map_err(|source| RedirectError::Program {
+            name: origin,
+            source,
+        })?;
+    marker.load().map_err(|source| RedirectError::Program {
+        name: origin,
+        source,
+    })?;
     let attached = take_map(&mut object, maps::INBOUND_ATTACHED, HashMap::try_from)?;
     drop(object);
     let gate = InboundGate {
@@ -92,15 +109,17 @@ pub(super) fn load(ebpf: &Arc<Mutex<Ebpf>>) -> Result<Loaded, RedirectError> {
         links: StdHashMap::new(),
         attached,
     };
-    let dials = Arc::new(AgentDials {
-        map: Mutex::new(dials),
-        guarded: RwLock::new(Arc::new(HashSet::new())),
-    });
+    let (connection, handle, _) = rtnetlink::new_connection().map_err(RedirectError::Netlink)?;
+    tokio::spawn(connection);
     Ok(Loaded {
         gate,
         counts: InboundCounts(counts),
         events: InboundEvents(events),
-        dials,
+        origin: OriginMarker {
+            ebpf: ebpf.clone(),
+            handle,
+            attached: BTreeMap::new(),
+        },
     })
 }
 
@@ -187,18 +206,18 @@ fn program(object: &mut Ebpf) -> Result<&mut SkLookup, String> {
 }
 
 impl InboundCounts {
-    /// Refused and admitted by each rule (index), then the agent's own dials let through and the
-    /// refusals not reported.
+    /// Refused and admitted by each rule (index), then the node's own connections let through and
+    /// the refusals not reported.
     pub(crate) fn read(&self) -> InboundTotals {
         let slots: Vec<u32> = (0..INBOUND_COUNT_SLOTS).collect();
         let totals = per_cpu_totals(&self.0, &slots, |slot| slot);
         let value = |slot: u32| totals.get(slot as usize).map_or(0, |(_, n)| *n);
-        let rules = (0..INBOUND_AGENT_PASSED / 2)
+        let rules = (0..INBOUND_NODE_PASSED / 2)
             .map(|rule| (value(2 * rule), value(2 * rule + 1)))
             .collect();
         InboundTotals {
             rules,
-            agent_passed: value(INBOUND_AGENT_PASSED),
+            node_passed: value(INBOUND_NODE_PASSED),
             events_lost: value(INBOUND_EVENTS_LOST),
         }
     }
@@ -209,7 +228,7 @@ impl InboundCounts {
 pub(crate) struct InboundTotals {
     /// (refused, admitted) by rule index.
     pub rules: Vec<(u64, u64)>,
-    pub agent_passed: u64,
+    pub node_passed: u64,
     pub events_lost: u64,
 }
 
@@ -228,51 +247,72 @@ impl InboundEvents {
     }
 }
 
-/// The agent's own connections to guarded Pods, filed just before each SYN leaves so that the
-/// kernel lets through what the agent decided already (HBONE received, the proxy's).
-#[derive(Debug)]
-pub(crate) struct AgentDials {
-    map: Mutex<HashMap<MapData, FlowEnds, u8>>,
-    /// The addresses the kernel guards: dials elsewhere need no filing.
-    guarded: RwLock<Arc<HashSet<IpAddr>>>,
+/// `node_origin`, loaded, and the veths it is attached to (by index, with the name each had).
+pub(crate) struct OriginMarker {
+    ebpf: Arc<Mutex<Ebpf>>,
+    handle: rtnetlink::Handle,
+    attached: BTreeMap<u32, (String, SchedClassifierLinkId)>,
 }
 
-impl AgentDials {
-    /// Whether a dial to `dst` must be filed.
-    pub(crate) fn covers(&self, dst: IpAddr) -> bool {
-        let guarded = match self.guarded.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
+impl OriginMarker {
+    /// Attaches `node_origin` (egress) to every veth of the node's netns it is not on yet, and
+    /// forgets the veths gone. Returns how many veths it could not attach to.
+    pub(crate) async fn sync(&mut self) -> Result<usize, rtnetlink::Error> {
+        let veths = veths(&self.handle).await?;
+        let mut object = self.ebpf.locked();
+        let Some(Ok(program)) = object
+            .program_mut(programs::NODE_ORIGIN)
+            .map(<&mut SchedClassifier>::try_from)
+        else {
+            return Ok(veths.len());
         };
-        guarded.contains(&dst.to_canonical())
-    }
-
-    /// The addresses the table in force guards.
-    pub(crate) fn set_guarded(&self, ips: HashSet<IpAddr>) {
-        let ips = Arc::new(ips);
-        match self.guarded.write() {
-            Ok(mut g) => *g = ips,
-            Err(poisoned) => *poisoned.into_inner() = ips,
+        let gone = self
+            .attached
+            .extract_if(.., |index, (name, _)| veths.get(index) != Some(name));
+        for (_, (name, link)) in gone {
+            // Gone with its veth already, mostly.
+            if let Err(e) = program.detach(link) {
+                tracing::debug!(link = %name, error = %e, "detaching node_origin from a veth gone");
+            }
         }
-    }
-
-    /// Files the connection from the agent's `agent` to the Pod's `pod`.
-    pub(crate) fn file(&self, pod: SocketAddr, agent: SocketAddr) -> Result<(), MapError> {
-        let mut map = self.map.locked();
-        map.insert(ends(pod, agent), 1, 0)
-    }
-
-    /// Removes the filing once the connection is made or failed (the kernel removes it when it
-    /// lets the SYN through; a filing it never saw must not wait for the LRU).
-    pub(crate) fn forget(&self, pod: SocketAddr, agent: SocketAddr) {
-        let mut map = self.map.locked();
-        let _ = map.remove(&ends(pod, agent));
+        let mut missing = 0;
+        for (index, name) in veths {
+            if self.attached.contains_key(&index) {
+                continue;
+            }
+            match super::hbone_replies::attach_tc(program, &name, TcAttachType::Egress) {
+                Ok(link) => {
+                    self.attached.insert(index, (name, link));
+                }
+                Err(e) => {
+                    tracing::warn!(link = %name, error = %e, "attaching node_origin failed: the node's own connections to this veth's Pod are decided as plaintext");
+                    missing += 1;
+                }
+            }
+        }
+        Ok(missing)
     }
 }
 
-fn ends(pod: SocketAddr, agent: SocketAddr) -> FlowEnds {
-    FlowEnds {
-        local: SockAddr::from_socket_addr(pod),
-        remote: SockAddr::from_socket_addr(agent),
-    }
+/// The node's veths (each Pod's link has its node end here), by index.
+async fn veths(handle: &rtnetlink::Handle) -> Result<BTreeMap<u32, String>, rtnetlink::Error> {
+    let links: Vec<_> = handle.link().get().execute().try_collect().await?;
+    Ok(links
+        .into_iter()
+        .filter(|l| {
+            l.attributes.iter().any(|a| match a {
+                LinkAttribute::LinkInfo(infos) => infos
+                    .iter()
+                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth))),
+                _ => false,
+            })
+        })
+        .filter_map(|l| {
+            let name = l.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfName(name) => Some(name.clone()),
+                _ => None,
+            })?;
+            Some((l.header.index, name))
+        })
+        .collect())
 }

@@ -54,7 +54,7 @@ const PINNED_MAPS: [&str; 7] = [
     maps::OPTED_OUT_CGROUPS,
     maps::STATS,
     maps::FAST_STATS,
-    maps::AGENT_DIALS,
+    maps::NODE_DIALS,
 ];
 
 /// The eBPF object, embedded by build.rs (empty when built without `cargo xtask build`).
