@@ -1,5 +1,5 @@
 //! Inbound authorization in the kernel, kept in step with the snapshot in force
-//! (`docs/authorization.md#kernel`): each snapshot's table put in force once, the program attached
+//! (`docs/authorization.md#in-the-kernel`): each snapshot's table put in force once, the program attached
 //! in the namespace of every guarded Pod of the node (as soon as a process of the Pod shows it),
 //! the kernel's counts joined to the authorization counters and each refusal it reports logged.
 use std::{collections::HashSet, net::SocketAddr, sync::Arc, time::Duration};

@@ -271,19 +271,9 @@ async fn start(
     if predecessor.is_some() {
         until_in_force(&live).await;
     }
-    let serving = spawn_serving(
-        bound.proxy,
-        bound.dns,
-        &proxy_context,
-        (
-            opt_out,
-            fast_path,
-            redirector.held_links(),
-            receiving,
-            inbound,
-        ),
-        &lifecycle,
-    );
+    let held = redirector.held_links();
+    let parts = (opt_out, fast_path, held, receiving, inbound);
+    let serving = spawn_serving(bound.proxy, bound.dns, &proxy_context, parts, &lifecycle);
 
     // Offer our sockets to the next agent; when it is ready, stop serving (it serves on them).
     let handover_server = match &config.handover_socket {

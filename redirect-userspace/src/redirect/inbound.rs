@@ -1,4 +1,4 @@
-//! Inbound authorization in the kernel (`docs/authorization.md#kernel`): the `inbound` program
+//! Inbound authorization in the kernel (`docs/authorization.md#in-the-kernel`): the `inbound` program
 //! (sk_lookup) attached in each guarded Pod's network namespace, the table it reads, and
 //! `node_origin` (tc egress on the node's veths), which files the node's own connections to Pods
 //! for `inbound` to admit.
