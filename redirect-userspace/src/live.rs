@@ -22,7 +22,8 @@ pub(crate) struct LiveState {
     status: Mutex<ConfigStatus>,
     /// Called with each new snapshot before the status counts it as applied (the fast path's
     /// tables): whoever sees the new generation sees it in force everywhere.
-    on_apply: OnceLock<OnApply>,
+    /// Run with every snapshot applied, in order.
+    on_apply: std::sync::RwLock<Vec<OnApply>>,
     /// With `--write-status`: what the status writer reports.
     status_writer: OnceLock<Arc<Mutex<crate::status::Report>>>,
     /// Whether a configuration is in force: set once the source gave its first (at once without
@@ -118,7 +119,7 @@ impl LiveState {
                 source,
                 ..ConfigStatus::default()
             }),
-            on_apply: OnceLock::new(),
+            on_apply: std::sync::RwLock::new(Vec::new()),
             status_writer: OnceLock::new(),
             audit: OnceLock::new(),
         })
@@ -153,9 +154,14 @@ impl LiveState {
     ) {
         let snapshot = Arc::new(snapshot);
         self.snapshot.store(snapshot.clone());
-        if let Some(on_apply) = self.on_apply.get() {
-            on_apply(&snapshot);
+        let hooks = match self.on_apply.read() {
+            Ok(hooks) => hooks,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for hook in hooks.iter() {
+            hook(&snapshot);
         }
+        drop(hooks);
         let now = now_rfc3339();
         let mut status = self.status();
         status.generation += 1;
@@ -182,9 +188,23 @@ impl LiveState {
         let _ = in_force.wait_for(|yes| *yes).await;
     }
 
-    /// Sets what runs with every snapshot applied from now on (once; a second call is ignored).
+    /// Adds what runs with every snapshot applied from now on, after what was added before.
     pub(crate) fn on_apply(&self, f: impl Fn(&Arc<Snapshot>) + Send + Sync + 'static) {
-        let _ = self.on_apply.set(Box::new(f));
+        self.hooks().push(Box::new(f));
+    }
+
+    /// As [`LiveState::on_apply`], but before everything added before: what must be in force
+    /// before the others act on a snapshot (inbound authorization's table, before the fast path
+    /// lets connections to a newly guarded Pod go straight to it).
+    pub(crate) fn on_apply_first(&self, f: impl Fn(&Arc<Snapshot>) + Send + Sync + 'static) {
+        self.hooks().insert(0, Box::new(f));
+    }
+
+    fn hooks(&self) -> std::sync::RwLockWriteGuard<'_, Vec<OnApply>> {
+        match self.on_apply.write() {
+            Ok(hooks) => hooks,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     /// Records a load that applied nothing (the directory could not be read); what is in force stays.

@@ -1,8 +1,15 @@
 //! Inbound authorization in the kernel, kept in step with the snapshot in force
-//! (`docs/authorization.md#in-the-kernel`): each snapshot's table put in force once, the program attached
-//! in the namespace of every guarded Pod of the node (as soon as a process of the Pod shows it),
-//! the kernel's counts joined to the authorization counters and each refusal it reports logged.
-use std::{collections::HashSet, net::SocketAddr, sync::Arc, time::Duration};
+//! (`docs/authorization.md#in-the-kernel`): each snapshot's table put in force as the snapshot is
+//! applied (before the fast path acts on it), the check attached in the namespace of every Pod of
+//! the node (as soon as a process of the Pod shows it, so a policy that comes later needs only its
+//! table), the kernel's counts joined to the authorization counters and each refusal it reports
+//! logged.
+use std::{
+    collections::HashSet,
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -11,6 +18,7 @@ use crate::{
     authz::{InboundTable, Rule},
     identity::CgroupPods,
     live::LiveState,
+    lock::Locked,
     proxy::{Authorizer, AuthzPath},
     records::{Connections, Received},
     redirect::inbound::{InboundCounts, InboundEvents, InboundGate, Loaded, OriginMarker},
@@ -25,21 +33,29 @@ type RuleCounts = Vec<(u64, u64)>;
 
 /// The kernel's side of inbound authorization and what the agent keeps of it.
 pub(super) struct KernelInbound {
-    gate: InboundGate,
-    counts: InboundCounts,
+    /// Shared with the hook that installs each snapshot's table as it is applied.
+    kernel: Arc<Mutex<Kernel>>,
     events: InboundEvents,
     origin: OriginMarker,
     live: Arc<LiveState>,
     cgroups: Arc<CgroupPods>,
     connections: Arc<Connections>,
-    authorizer: Arc<Authorizer>,
-    /// The table in force and the rules' counts already counted under its labels.
-    installed: Option<(Arc<InboundTable>, RuleCounts)>,
     /// Pods whose namespace could not be entered, said once each.
     unattached: HashSet<Uuid>,
 }
 
+/// The table and links in force, and the counters read from them.
+struct Kernel {
+    gate: InboundGate,
+    counts: InboundCounts,
+    authorizer: Arc<Authorizer>,
+    /// The table in force and the rules' counts already counted under its labels.
+    installed: Option<(Arc<InboundTable>, RuleCounts)>,
+}
+
 impl KernelInbound {
+    /// Takes the loaded program and maps; from now on every snapshot applied puts its table in
+    /// force before the fast path acts on it.
     pub(super) fn new(
         loaded: Loaded,
         live: Arc<LiveState>,
@@ -47,16 +63,25 @@ impl KernelInbound {
         connections: Arc<Connections>,
         authorizer: Arc<Authorizer>,
     ) -> Self {
-        KernelInbound {
+        let kernel = Arc::new(Mutex::new(Kernel {
             gate: loaded.gate,
             counts: loaded.counts,
+            authorizer,
+            installed: None,
+        }));
+        let hook = Arc::downgrade(&kernel);
+        live.on_apply_first(move |snapshot| {
+            if let Some(kernel) = hook.upgrade() {
+                kernel.locked().install(snapshot);
+            }
+        });
+        KernelInbound {
+            kernel,
             events: loaded.events,
             origin: loaded.origin,
             live,
             cgroups,
             connections,
-            authorizer,
-            installed: None,
             unattached: HashSet::new(),
         }
     }
@@ -69,7 +94,7 @@ impl KernelInbound {
             warn!(error = %e, "listing the node's veths for node_origin failed");
         }
         let snapshot = self.live.snapshot_arc();
-        self.install(&snapshot);
+        self.kernel.locked().install(&snapshot);
         self.attach(&snapshot);
     }
 
@@ -89,11 +114,81 @@ impl KernelInbound {
                 () = shutdown.stopped() => return,
             }
             self.sync().await;
-            self.count();
+            self.kernel.locked().count();
             self.log_refusals();
         }
     }
 
+    /// Attaches the program in the namespace of every Pod of the node it is not in yet (each
+    /// Pod's, guarded or not: a policy that comes later then needs only its table); detaches it
+    /// from Pods gone.
+    fn attach(&mut self, snapshot: &Snapshot) {
+        let mut kernel = self.kernel.locked();
+        let mut keep = HashSet::new();
+        for pod in snapshot.local_pods() {
+            let Some(uid) = pod.meta.uid else {
+                continue;
+            };
+            keep.insert(uid);
+            if kernel.gate.attached(&uid) {
+                continue;
+            }
+            let name = format!("{}/{}", pod.meta.namespace, pod.meta.name);
+            let attached = match self.cgroups.pod_netns(&uid) {
+                Some(netns) => kernel.gate.attach(uid, &netns, &pod.ips),
+                None => Err("no process of the Pod is visible in its cgroup yet".to_string()),
+            };
+            match attached {
+                Ok(()) => {
+                    self.unattached.remove(&uid);
+                    info!(pod = %name, "inbound authorization attached in the Pod's network namespace");
+                }
+                Err(e) => {
+                    if self.unattached.insert(uid) {
+                        warn!(pod = %name, error = %e, "cannot attach inbound authorization in the Pod's network namespace yet (the agent needs the host's PID namespace, and CAP_SYS_PTRACE for a Pod not running as root); until then only connections through the proxy are decided for it");
+                    }
+                }
+            }
+        }
+        self.unattached.retain(|uid| keep.contains(uid));
+        kernel.gate.detach_others(&keep);
+    }
+
+    /// An access-log line for each refusal the kernel reported.
+    fn log_refusals(&mut self) {
+        let rules: Vec<Rule> = match &self.kernel.locked().installed {
+            Some((table, _)) => table.rules().to_vec(),
+            None => return,
+        };
+        let snapshot = self.live.snapshot_arc();
+        for event in self.events.drain() {
+            let address = |bytes: [u8; 16], port| {
+                SocketAddr::new(std::net::Ipv6Addr::from(bytes).to_canonical(), port)
+            };
+            let (src, dst) = (
+                address(event.src, event.src_port),
+                address(event.dst, event.dst_port),
+            );
+            let rule = (rules.get(usize::from(event.rule)))
+                .map_or_else(|| "other".to_string(), Rule::to_string);
+            let identity = (snapshot.authz().client_identity(src.ip()))
+                .map_or_else(|| "-".to_string(), |id| id.to_string());
+            self.connections.received(&Received {
+                src_identity: &identity,
+                src,
+                dst,
+                bytes_in: 0,
+                bytes_out: 0,
+                duration: Duration::ZERO,
+                end: "refused by authorization policy",
+                authorization: &rule,
+                decided_by: "kernel",
+            });
+        }
+    }
+}
+
+impl Kernel {
     /// Writes the snapshot's table to the kernel if it is not the one in force.
     fn install(&mut self, snapshot: &Snapshot) {
         let table = snapshot.authz().inbound();
@@ -125,40 +220,6 @@ impl KernelInbound {
         }
     }
 
-    /// Attaches the program in every guarded Pod's namespace it is not in yet; detaches it from
-    /// Pods gone or no longer guarded.
-    fn attach(&mut self, snapshot: &Snapshot) {
-        let authz = snapshot.authz();
-        let mut keep = HashSet::new();
-        for pod in authz.guarded_pods() {
-            let Some(uid) = pod.uid else {
-                continue;
-            };
-            keep.insert(uid);
-            if self.gate.attached(&uid) {
-                continue;
-            }
-            let name = format!("{}/{}", pod.namespace, pod.name);
-            let attached = match self.cgroups.pod_netns(&uid) {
-                Some(netns) => self.gate.attach(uid, &netns, &pod.ips),
-                None => Err("no process of the Pod is visible in its cgroup yet".to_string()),
-            };
-            match attached {
-                Ok(()) => {
-                    self.unattached.remove(&uid);
-                    info!(pod = %name, "inbound authorization attached in the Pod's network namespace");
-                }
-                Err(e) => {
-                    if self.unattached.insert(uid) {
-                        warn!(pod = %name, error = %e, "cannot attach inbound authorization in the Pod's network namespace yet (the agent needs the host's PID namespace); until then only connections through the proxy are decided for it");
-                    }
-                }
-            }
-        }
-        self.unattached.retain(|uid| keep.contains(uid));
-        self.gate.detach_others(&keep);
-    }
-
     /// Adds what the kernel counted since the last read to the authorization counters.
     fn count(&mut self) {
         let totals = self.counts.read();
@@ -178,7 +239,7 @@ impl KernelInbound {
         };
         let now = totals.rules;
         for (rule, (&(denied, allowed), before)) in
-            table.rules().iter().zip(now.iter().zip(counted.iter()))
+            (table.rules().iter()).zip(now.iter().zip(counted.iter()))
         {
             let policy = policy_label(rule);
             let new_denied = denied.saturating_sub(before.0);
@@ -189,50 +250,22 @@ impl KernelInbound {
             if new_allowed > 0 {
                 metrics.count_n(AuthzPath::Kernel, "allowed", policy.as_deref(), new_allowed);
             }
+            // Each connection a rule decided matched its dry-run policies too.
+            if let Rule::Decided(decision) = rule {
+                let n = new_denied + new_allowed;
+                for dry in decision.dry_run_matches.iter().filter(|_| n > 0) {
+                    metrics.count_n(AuthzPath::Kernel, "dry_run", Some(dry), n);
+                }
+            }
         }
         *counted = now;
-    }
-
-    /// An access-log line for each refusal the kernel reported.
-    fn log_refusals(&mut self) {
-        let Some((table, _)) = &self.installed else {
-            return;
-        };
-        let snapshot = self.live.snapshot_arc();
-        for event in self.events.drain() {
-            let src = SocketAddr::new(
-                std::net::Ipv6Addr::from(event.src).to_canonical(),
-                event.src_port,
-            );
-            let dst = SocketAddr::new(
-                std::net::Ipv6Addr::from(event.dst).to_canonical(),
-                event.dst_port,
-            );
-            let rule = (table.rules().get(usize::from(event.rule)))
-                .map_or_else(|| "other".to_string(), Rule::to_string);
-            let identity = snapshot
-                .authz()
-                .client_identity(src.ip())
-                .map_or_else(|| "-".to_string(), |id| id.to_string());
-            self.connections.received(&Received {
-                src_identity: &identity,
-                src,
-                dst,
-                bytes_in: 0,
-                bytes_out: 0,
-                duration: Duration::ZERO,
-                end: "refused by authorization policy",
-                authorization: &rule,
-                decided_by: "kernel",
-            });
-        }
     }
 }
 
 /// The `policy` label of a rule's counts.
 fn policy_label(rule: &Rule) -> Option<String> {
     match rule {
-        Rule::Decided(verdict) => verdict.policy().map(str::to_string),
+        Rule::Decided(decision) => decision.verdict.policy().map(str::to_string),
         Rule::KubeletProbe => Some("kubelet-probe".to_string()),
         Rule::LeftOut => Some("not-in-kernel-table".to_string()),
         Rule::Other => Some("other".to_string()),

@@ -24,7 +24,7 @@ use redirect_common::inbound::{
 };
 
 use super::{
-    decide::{Conn, Verdict},
+    decide::{Conn, Decision},
     node::{NodePolicies, PodPolicies},
     policy::Match,
 };
@@ -48,8 +48,8 @@ pub(crate) struct LocalClient {
 /// What an entry's `rule` index stands for: the counters' and the access log's label.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Rule {
-    /// The Pod's policies decided so.
-    Decided(Verdict),
+    /// The Pod's policies decided so (and these dry-run policies matched).
+    Decided(Decision),
     /// [`KUBELET_PROBE`], admitted undecided.
     KubeletProbe,
     /// A Pod left out of the table for its size: refused in the kernel, reached only by the proxy.
@@ -59,10 +59,19 @@ pub(crate) enum Rule {
 }
 
 impl Rule {
+    /// The rule of `verdict` with no dry-run policy matching.
+    #[cfg(test)]
+    pub(crate) fn decided(verdict: super::Verdict) -> Rule {
+        Rule::Decided(Decision {
+            verdict,
+            dry_run_matches: Vec::new(),
+        })
+    }
+
     /// Whether the kernel admits what this rule decides.
     pub(crate) fn allowed(&self) -> bool {
         match self {
-            Rule::Decided(v) => v.allowed(),
+            Rule::Decided(d) => d.verdict.allowed(),
             Rule::KubeletProbe => true,
             Rule::LeftOut => false,
             // Never an entry's own label, only the shared slot's.
@@ -74,7 +83,7 @@ impl Rule {
 impl fmt::Display for Rule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Rule::Decided(v) => v.fmt(f),
+            Rule::Decided(d) => d.verdict.fmt(f),
             Rule::KubeletProbe => {
                 f.write_str("kubelet health probe (169.254.7.127), never decided, as upstream")
             }
@@ -325,7 +334,8 @@ struct Rules {
 
 impl Rules {
     fn index(&mut self, rule: Rule) -> u16 {
-        let text = rule.to_string();
+        // The whole rule, its dry-run matches with it: two rules of one verdict count apart.
+        let text = format!("{rule:?}");
         if let Some(i) = self.index.get(&text) {
             return *i;
         }
@@ -344,10 +354,10 @@ impl Rules {
     }
 }
 
-/// Every match of the Pod's enforced policies (dry-run ones never change a verdict).
+/// Every match of the Pod's policies, dry-run ones included: they change no verdict, but what
+/// they match is counted by the rule too.
 fn matches(pod: &PodPolicies) -> impl Iterator<Item = &Match> {
     (pod.policies.iter())
-        .filter(|p| !p.dry_run)
         .flat_map(|p| &p.groups)
         .flat_map(|g| &g.clauses)
         .flat_map(|c| &c.matches)
@@ -490,7 +500,7 @@ fn compile_pod(
                     dst_ip: *dst,
                     dst_port: port,
                 };
-                Rule::Decided(pod.decide(&conn).verdict)
+                Rule::Decided(pod.decide(&conn))
             };
             let mut sources = Vec::new();
             for (family, nets) in [(&V4, &nets[0]), (&V6, &nets[1])] {

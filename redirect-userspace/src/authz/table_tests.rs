@@ -7,7 +7,10 @@ use redirect_common::inbound::{INBOUND_ALLOW, INBOUND_DENY, InboundVerdict};
 use serde_json::json;
 
 use super::*;
-use crate::{authz::NodePolicies, config::load_sources};
+use crate::{
+    authz::{NodePolicies, Verdict},
+    config::load_sources,
+};
 
 const PODS: &str = r#"
 apiVersion: v1
@@ -172,16 +175,15 @@ fn check(
     let identity = (clients.iter())
         .find(|c| c.ip.to_canonical() == src.to_canonical())
         .and_then(|c| c.identity.as_ref());
-    let want = pod
-        .decide(&Conn {
-            src_identity: identity,
-            src_ip: src,
-            dst_ip: dst.to_canonical(),
-            dst_port: port,
-        })
-        .verdict;
+    let decision = pod.decide(&Conn {
+        src_identity: identity,
+        src_ip: src,
+        dst_ip: dst.to_canonical(),
+        dst_port: port,
+    });
+    let want = &decision.verdict;
     if allowed != want.allowed()
-        || !(*label == Rule::Decided(want.clone()) || *label == Rule::Other)
+        || !(*label == Rule::Decided(decision.clone()) || *label == Rule::Other)
     {
         return Err(format!(
             "{src} ({identity:?}) -> {dst}:{port}: table {got:?} ({label}), decide {want}"
@@ -222,7 +224,7 @@ fn deny_from_a_namespace_refuses_its_clients_and_no_other() {
     assert!(!admits(&t, B1, WEB, 8080), "team-b's client");
     assert_eq!(
         label(&t, B1, WEB, 8080),
-        Rule::Decided(Verdict::ExplicitlyDenied("team-a/deny-b".into()))
+        Rule::decided(Verdict::ExplicitlyDenied("team-a/deny-b".into()))
     );
     assert!(admits(&t, DB, WEB, 8080), "team-a's client");
     assert!(
@@ -247,6 +249,26 @@ fn deny_from_a_namespace_refuses_its_clients_and_no_other() {
     assert_eq!(t.len(), 2 * 5, "{:?}", t.entries().collect::<Vec<_>>());
 }
 
+/// A dry-run policy changes no verdict, but the rule a connection hits names what it matched: a
+/// team-b client's connection and a plaintext one decide alike (allowed) under two rules.
+#[test]
+fn a_dry_run_match_is_a_rule_of_its_own() {
+    let n = node(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {name: deny-b-dry, namespace: team-a, annotations: {istio.io/dry-run: \"true\"}}\nspec: {action: DENY, rules: [{from: [{source: {namespaces: [team-b]}}]}]}\n",
+    );
+    let t = table(&n);
+    assert!(admits(&t, B1, WEB, 8080), "a dry run refuses nothing");
+    let Rule::Decided(matched) = label(&t, B1, WEB, 8080) else {
+        panic!("b1's connection is decided by the policies");
+    };
+    assert_eq!(matched.verdict, Verdict::Allowed);
+    assert_eq!(matched.dry_run_matches, ["team-a/deny-b-dry (DENY)"]);
+    assert_eq!(
+        label(&t, "10.244.3.3", WEB, 8080),
+        Rule::decided(Verdict::Allowed)
+    );
+}
+
 #[test]
 fn allow_by_principal_refuses_plaintext() {
     let n = node(&policy(
@@ -258,13 +280,13 @@ fn allow_by_principal_refuses_plaintext() {
     assert!(admits(&t, WEB, DB, 5432));
     assert_eq!(
         label(&t, WEB, DB, 5432),
-        Rule::Decided(Verdict::AllowedBy("team-a/only-web".into()))
+        Rule::decided(Verdict::AllowedBy("team-a/only-web".into()))
     );
     assert!(!admits(&t, B1, DB, 5432));
     assert!(!admits(&t, "10.9.9.9", DB, 5432));
     assert_eq!(
         label(&t, "10.9.9.9", DB, 5432),
-        Rule::Decided(Verdict::NotAllowed)
+        Rule::decided(Verdict::NotAllowed)
     );
     assert!(!admits(&t, "fd00::99", DB, 5432));
     // The selector picks db alone: web is not guarded, so the kernel lets everything through.
@@ -376,7 +398,7 @@ fn the_kubelet_probe_is_admitted_under_strict() {
     // The probe has its own label: STRICT's refusal stays the policy's.
     assert_eq!(
         label(&t, "10.0.0.1", WEB, 1),
-        Rule::Decided(Verdict::ExplicitlyDenied(
+        Rule::decided(Verdict::ExplicitlyDenied(
             "istio-system/istio_converted_static_strict".into()
         ))
     );
@@ -574,7 +596,7 @@ fn covers_are_the_fewest_aligned_prefixes() {
 fn rules_saturate_into_one_shared_last_label() {
     let mut rules = Rules::default();
     for i in 0..1100 {
-        let r = Rule::Decided(Verdict::AllowedBy(format!("ns/p{i}")));
+        let r = Rule::decided(Verdict::AllowedBy(format!("ns/p{i}")));
         let want = u16::try_from(i.min(1023)).unwrap();
         assert_eq!(rules.index(r.clone()), want);
         assert_eq!(rules.index(r), want, "the same label again");
@@ -583,7 +605,7 @@ fn rules_saturate_into_one_shared_last_label() {
     assert_eq!(rules.list[1023], Rule::Other);
     assert_eq!(
         rules.list[1022],
-        Rule::Decided(Verdict::AllowedBy("ns/p1022".into()))
+        Rule::decided(Verdict::AllowedBy("ns/p1022".into()))
     );
 }
 

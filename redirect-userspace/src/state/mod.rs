@@ -265,6 +265,11 @@ impl Snapshot {
         self.workloads.local_pod(ip.to_canonical())
     }
 
+    /// The Pods of this node the agent has found on it.
+    pub(crate) fn local_pods(&self) -> impl Iterator<Item = &Workload> + '_ {
+        self.workloads.local_pods()
+    }
+
     /// The addresses of the Pods of this node that receive HBONE.
     pub fn local_pod_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.workloads.local_pod_addresses()
