@@ -96,7 +96,7 @@ pub struct BenchArgs {
     between_nodes_only: bool,
     /// Measure only what authorization policy costs a Pod's clients on the same node: a client Pod
     /// to a server Pod of the node with no agent, with no policy (the kernel connects), under an
-    /// ALLOW policy that admits the client (the proxy decides and carries), with the latency,
+    /// ALLOW policy that admits the client (the kernel decides at the server's socket lookup), with the latency,
     /// new-connections and one-connection tests; and how long a connection refused by a DENY policy
     /// takes the client to fail. Print their tables. Writes no files.
     #[arg(long, conflicts_with_all = ["at_size_only", "audit_only", "records_only", "waypoint_only", "between_nodes_only", "only"])]
