@@ -38,8 +38,8 @@ pub const INBOUND_EVENTS_LOST: u32 = 2 * INBOUND_RULES + 1;
 /// Bytes of the ring the kernel reports refusals on (a power of two, a multiple of the page).
 pub const INBOUND_EVENTS_BYTES: u32 = 256 * 1024;
 
-/// The node's own connections to Pods filed and not yet let through (each an entry for a moment;
-/// one to a Pod without the check stays until pushed out).
+/// The node's own connections to Pods, each filed as its SYN left (the entry is good for a second;
+/// the LRU pushes out the old ones).
 pub const NODE_DIALS_ENTRIES: u32 = 16 * 1024;
 
 /// The value of an entry: admit or refuse, and the rule that said so (an index into the agent's

@@ -88,8 +88,8 @@ pub mod maps {
     pub const INBOUND_COUNTS: &str = "INBOUND_COUNTS";
     /// Refusals reported to the agent.
     pub const INBOUND_EVENTS: &str = "INBOUND_EVENTS";
-    /// The node's own connections to Pods (`node_origin` files them), let through once by
-    /// `inbound` (pinned: a successor's and a predecessor's programs share it).
+    /// The node's own connections to Pods (`node_origin` files them), let through by `inbound`
+    /// just after (pinned: a successor's and a predecessor's programs share it).
     pub const NODE_DIALS: &str = "NODE_DIALS";
     /// The guarded Pods' addresses whose namespace runs `inbound` (the fast path leaves a
     /// connection to one alone; to any other guarded Pod it goes through the proxy).

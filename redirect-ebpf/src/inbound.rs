@@ -3,11 +3,13 @@
 //! kernel answers its SYN with a reset, so the client's `connect()` fails at once, wherever it
 //! comes from (a Pod of this node, another node in plaintext, the node itself).
 //!
-//! The node's own connections to the Pod pass once: `node_origin` filed each in `NODE_DIALS` as
-//! its SYN left the node (upstream never decides them: kubelet's probes among them; the agent's
+//! The node's own connections to the Pod pass: `node_origin` filed each in `NODE_DIALS` as its
+//! SYN left the node, and it passes within a second of that (upstream never decides them: kubelet's probes among them; the agent's
 //! own dials, HBONE received and the proxy's, were decided before they were made). Everything else is looked up in the table in force (`redirect_common::inbound`): the
 //! Pod's port class, then every other port. No entry at all: the Pod is not guarded, passed.
-use aya_ebpf::{macros::sk_lookup, maps::lpm_trie::Key, programs::SkLookupContext};
+use aya_ebpf::{
+    helpers::bpf_ktime_get_ns, macros::sk_lookup, maps::lpm_trie::Key, programs::SkLookupContext,
+};
 use redirect_common::{
     FlowEnds,
     inbound::{
@@ -22,6 +24,10 @@ use crate::{
     maps::{INBOUND_COUNTS, INBOUND_EVENTS, INBOUND_TABLE, NODE_DIALS},
 };
 
+/// How long a SYN the node sent is its own to pass: from `node_origin` to this lookup is
+/// microseconds; a retransmitted SYN is filed again.
+const NODE_DIAL_FRESH_NS: u64 = 1_000_000_000;
+
 const SK_PASS: u32 = 1;
 const SK_DROP: u32 = 0;
 const AF_INET: u32 = 2;
@@ -35,10 +41,14 @@ pub(crate) fn inbound(ctx: SkLookupContext) -> u32 {
     };
     let (local, local_port, remote, remote_port) = (c.local, c.local_port, c.remote, c.remote_port);
     let ends = FlowEnds::from_words(local, local_port, remote, remote_port);
-    // SAFETY: the value is only tested for presence.
-    if unsafe { NODE_DIALS.get(&ends) }.is_some() {
-        // Once: a later connection from the same address and port is decided as any other.
-        let _ = NODE_DIALS.remove(&ends);
+    // SAFETY: the value is copied at once.
+    let filed = unsafe { NODE_DIALS.get(&ends) }.copied();
+    // SAFETY: the helper takes no argument.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // Only a SYN filed just now: a later connection from the same address and port is decided as
+    // any other. Never removed here: during a hand-over a predecessor's program and a successor's
+    // both look it up, and both must let it through.
+    if filed.is_some_and(|at| now.wrapping_sub(at) < NODE_DIAL_FRESH_NS) {
         count(INBOUND_NODE_PASSED);
         return SK_PASS;
     }

@@ -147,9 +147,9 @@ pub(crate) static INBOUND_ATTACHED: HashMap<IpKey, u8> =
     HashMap::with_max_entries(INBOUND_ATTACHED_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// The node's own connections to Pods, filed by `node_origin` as their SYN leaves (Pod end, node
-/// end).
+/// end), with the time it left (`CLOCK_MONOTONIC` ns).
 #[map]
-pub(crate) static NODE_DIALS: LruHashMap<FlowEnds, u8> =
+pub(crate) static NODE_DIALS: LruHashMap<FlowEnds, u64> =
     LruHashMap::with_max_entries(NODE_DIALS_ENTRIES, 0);
 
 /// Each generation's flags.

@@ -6,8 +6,9 @@
 //!
 //! A packet a socket of the node sent leaves with that socket attached (`skb->sk`); one the node
 //! forwards (from another node, from outside, from another Pod) has none. Only a SYN without ACK is
-//! filed: the first packet of a connection. The program never drops or changes a packet.
-use aya_ebpf::{macros::classifier, programs::TcContext};
+//! filed, with the time it left: `inbound` lets it through only just after. The program never drops
+//! or changes a packet.
+use aya_ebpf::{helpers::bpf_ktime_get_ns, macros::classifier, programs::TcContext};
 use redirect_common::{FlowEnds, v4_mapped_words};
 
 use crate::maps::NODE_DIALS;
@@ -28,7 +29,9 @@ pub(crate) fn node_origin(ctx: TcContext) -> i32 {
     // reading `sk` is allowed to tc programs (the socket is only tested for presence).
     let from_node_socket = unsafe { !(*ctx.skb.skb).__bindgen_anon_2.sk.is_null() };
     if from_node_socket && let Some(ends) = syn_ends(&ctx) {
-        let _ = NODE_DIALS.insert(&ends, &1, 0);
+        // SAFETY: the helper takes no argument.
+        let now = unsafe { bpf_ktime_get_ns() };
+        let _ = NODE_DIALS.insert(&ends, &now, 0);
     }
     NEXT
 }

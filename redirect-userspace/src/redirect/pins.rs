@@ -31,7 +31,7 @@ use aya::maps::{Array, Map, MapData};
 
 /// Bump whenever a pinned map's key, value, size or meaning changes, or the set of pinned objects
 /// does: an agent adopts only state whose version it knows.
-pub(crate) const LAYOUT_VERSION: u32 = 4;
+pub(crate) const LAYOUT_VERSION: u32 = 5;
 
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 const BPF_OBJ_GET: libc::c_long = 7;
