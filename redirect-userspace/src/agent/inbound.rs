@@ -135,6 +135,14 @@ impl KernelInbound {
             }
             let name = format!("{}/{}", pod.meta.namespace, pod.meta.name);
             let attached = match self.cgroups.pod_netns(&uid) {
+                // A hostNetwork Pod's namespace is the node's: checked there, every connection
+                // to the node would be (and upstream never enrolls such a Pod).
+                Some(netns) if is_own_netns(&netns) => {
+                    if self.unattached.insert(uid) {
+                        info!(pod = %name, "no inbound authorization in the kernel for a Pod in the node's network namespace (hostNetwork)");
+                    }
+                    continue;
+                }
                 Some(netns) => kernel.gate.attach(uid, &netns, &pod.ips),
                 None => Err("no process of the Pod is visible in its cgroup yet".to_string()),
             };
@@ -259,6 +267,20 @@ impl Kernel {
             }
         }
         *counted = now;
+    }
+}
+
+/// Whether `netns` (a `/proc/PID/ns/net`) is the agent's own network namespace, the node's.
+fn is_own_netns(netns: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let inode = |path: &std::path::Path| std::fs::metadata(path).map(|m| (m.dev(), m.ino()));
+    match (
+        inode(netns),
+        inode(std::path::Path::new("/proc/self/ns/net")),
+    ) {
+        (Ok(pod), Ok(own)) => pod == own,
+        // Unreadable: the attach that follows says why.
+        _ => false,
     }
 }
 
