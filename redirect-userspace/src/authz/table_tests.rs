@@ -8,41 +8,23 @@ use serde_json::json;
 
 use super::*;
 use crate::{
-    authz::{NodePolicies, Verdict},
+    authz::{
+        NodePolicies, Verdict,
+        tests::{DB, PODS, WEB, id, ip, peer, policy},
+    },
     config::load_sources,
 };
 
-const PODS: &str = r#"
-apiVersion: v1
-kind: Pod
-metadata: {name: web-1, namespace: team-a, labels: {app: web}, uid: 00000000-0000-0000-0000-0000000000a1}
-spec: {serviceAccountName: web}
-status: {podIP: 10.244.1.20}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: db-1, namespace: team-a, labels: {app: db}, uid: 00000000-0000-0000-0000-0000000000a2}
-status: {podIP: 10.244.1.21}
----
-apiVersion: v1
-kind: Pod
-metadata: {name: b1, namespace: team-b, labels: {app: client}, uid: 00000000-0000-0000-0000-0000000000b1}
-status: {podIP: 10.244.2.10}
----
+/// An IPv6-only Pod beside the authorization tests' Pods.
+const V6_POD: &str = r#"
 apiVersion: v1
 kind: Pod
 metadata: {name: v6-1, namespace: team-c, labels: {app: v6}, uid: 00000000-0000-0000-0000-0000000000c1}
 status: {podIPs: [{ip: "fd00::30"}]}
 "#;
 
-const WEB: &str = "10.244.1.20";
-const DB: &str = "10.244.1.21";
 const B1: &str = "10.244.2.10";
 const V6POD: &str = "fd00::30";
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
 
 fn node_of(pods: &str, policies: &str) -> NodePolicies {
     let text = format!("{pods}---\n{policies}");
@@ -54,27 +36,7 @@ fn node_of(pods: &str, policies: &str) -> NodePolicies {
 }
 
 fn node(policies: &str) -> NodePolicies {
-    node_of(PODS, policies)
-}
-
-fn policy(ns: &str, name: &str, spec: &str) -> String {
-    format!(
-        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n---\n"
-    )
-}
-
-fn peer(ns: &str, name: &str, spec: &str) -> String {
-    format!(
-        "apiVersion: security.istio.io/v1beta1\nkind: PeerAuthentication\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n---\n"
-    )
-}
-
-fn id(ns: &str, sa: &str) -> Identity {
-    Identity {
-        trust_domain: "cluster.local".into(),
-        namespace: ns.into(),
-        service_account: sa.into(),
-    }
+    node_of(&format!("{PODS}---\n{V6_POD}"), policies)
 }
 
 /// The node's Pods as clients, each with its identity.

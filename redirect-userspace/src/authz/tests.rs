@@ -8,7 +8,8 @@ use crate::{
     hbone::Identity,
 };
 
-const PODS: &str = r#"
+/// The Pods of the node in every case (the kernel table's tests add an IPv6 one).
+pub(super) const PODS: &str = r#"
 apiVersion: v1
 kind: Pod
 metadata: {name: web-1, namespace: team-a, labels: {app: web}, uid: 00000000-0000-0000-0000-0000000000a1}
@@ -26,10 +27,10 @@ metadata: {name: b1, namespace: team-b, labels: {app: client}, uid: 00000000-000
 status: {podIP: 10.244.2.10}
 "#;
 
-const WEB: &str = "10.244.1.20";
-const DB: &str = "10.244.1.21";
+pub(super) const WEB: &str = "10.244.1.20";
+pub(super) const DB: &str = "10.244.1.21";
 
-fn ip(s: &str) -> IpAddr {
+pub(super) fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
@@ -46,7 +47,7 @@ fn node(policies: &str) -> NodePolicies {
     NodePolicies::build(&model, model.workloads.iter().map(|w| &**w))
 }
 
-fn id(ns: &str, sa: &str) -> Identity {
+pub(super) fn id(ns: &str, sa: &str) -> Identity {
     Identity {
         trust_domain: "cluster.local".into(),
         namespace: ns.into(),
@@ -76,13 +77,13 @@ fn verdict(
     }
 }
 
-fn policy(ns: &str, name: &str, spec: &str) -> String {
+pub(super) fn policy(ns: &str, name: &str, spec: &str) -> String {
     format!(
         "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n---\n"
     )
 }
 
-fn peer(ns: &str, name: &str, spec: &str) -> String {
+pub(super) fn peer(ns: &str, name: &str, spec: &str) -> String {
     format!(
         "apiVersion: security.istio.io/v1beta1\nkind: PeerAuthentication\nmetadata: {{name: {name}, namespace: {ns}}}\nspec: {spec}\n---\n"
     )
