@@ -304,7 +304,11 @@ fn load_error(name: &'static str, source: ProgramError) -> RedirectError {
     }
 }
 
-fn program<'a, T>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut T, RedirectError>
+/// Program `name` of the loaded object, as a `T`.
+pub(super) fn program<'a, T>(
+    ebpf: &'a mut Ebpf,
+    name: &'static str,
+) -> Result<&'a mut T, RedirectError>
 where
     &'a mut T: TryFrom<&'a mut aya::programs::Program, Error = ProgramError>,
 {

@@ -8,7 +8,7 @@
 //! [`ReplyMarker`] keeps the program attached to the node's links; [`HboneSources`] tells it which
 //! other nodes' Pods the agent currently sends from.
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap},
+    collections::HashMap as StdHashMap,
     net::Ipv4Addr,
     sync::{Arc, Mutex},
     time::Duration,
@@ -17,23 +17,17 @@ use std::{
 use aya::{
     Ebpf,
     maps::{HashMap, MapData, MapError},
-    programs::{SchedClassifier, TcAttachType, tc, tc::SchedClassifierLinkId},
-    util::KernelVersion,
+    programs::{SchedClassifier, TcAttachType},
 };
-use futures::TryStreamExt;
 use redirect_common::{maps, programs};
-use rtnetlink::packet_route::link::{LinkAttribute, LinkLayerType};
-use tracing::{debug, info, warn};
+use rtnetlink::packet_route::link::{LinkLayerType, LinkMessage};
+use tracing::debug;
 
-use super::{RedirectError, take_map};
+use super::{RedirectError, attach::program, take_map, tc_links::TcOnLinks};
 use crate::lock::Locked;
 
-/// The program, loaded, and the links it is attached to (by index, with the name it had).
-pub(crate) struct ReplyMarker {
-    ebpf: Arc<Mutex<Ebpf>>,
-    handle: rtnetlink::Handle,
-    attached: BTreeMap<u32, (String, SchedClassifierLinkId)>,
-}
+/// The marker kept on every Ethernet link of the node.
+pub(crate) type ReplyMarker = TcOnLinks;
 
 /// Loads `hbone_replies` from the agent's object and takes the map of sources it reads.
 pub(super) fn load(
@@ -41,127 +35,20 @@ pub(super) fn load(
 ) -> Result<(ReplyMarker, Arc<HboneSources>), RedirectError> {
     let name = programs::HBONE_REPLIES;
     let mut object = ebpf.locked();
-    let program: &mut SchedClassifier = object
-        .program_mut(name)
-        .ok_or(RedirectError::MissingProgram { name })?
-        .try_into()
-        .map_err(|source| RedirectError::Program { name, source })?;
-    program
-        .load()
+    (program::<SchedClassifier>(&mut object, name)?.load())
         .map_err(|source| RedirectError::Program { name, source })?;
     let map = take_map(&mut object, maps::HBONE_SOURCES, HashMap::try_from)?;
     drop(object);
-    let (connection, handle, _) = rtnetlink::new_connection().map_err(RedirectError::Netlink)?;
-    tokio::spawn(connection);
-    let marker = ReplyMarker {
-        ebpf: ebpf.clone(),
-        handle,
-        attached: BTreeMap::new(),
-    };
+    let marker = TcOnLinks::new(ebpf, name, TcAttachType::Ingress, is_ethernet)?;
     let map: HashMap<MapData, u32, u8> = map;
     let sources = HboneSources::new(Box::new(map), LINGER);
     Ok((marker, sources))
 }
 
-impl ReplyMarker {
-    /// Attaches the program to every Ethernet link of the node's netns it is not on yet, and
-    /// detaches it from the links gone or renamed. A link it cannot be attached to is logged, and
-    /// counted as missing.
-    pub(crate) async fn sync(&mut self) -> Result<Links, rtnetlink::Error> {
-        let links = ethernet_links(&self.handle).await?;
-        let mut object = self.ebpf.locked();
-        let mut missing = 0;
-        let Some(Ok(program)) = object
-            .program_mut(programs::HBONE_REPLIES)
-            .map(<&mut SchedClassifier>::try_from)
-        else {
-            // `load` checked it is there, as a classifier.
-            return Ok(Links {
-                on: 0,
-                missing: links.len(),
-            });
-        };
-        let gone = self
-            .attached
-            .extract_if(.., |index, (name, _)| links.get(index) != Some(name));
-        for (_, (name, link)) in gone {
-            // Gone with its link already, mostly; a renamed link is attached again below.
-            if let Err(e) = program.detach(link) {
-                debug!(link = %name, error = %e, "detaching hbone_replies from a link gone or renamed");
-            }
-        }
-        for (index, name) in links {
-            if self.attached.contains_key(&index) {
-                continue;
-            }
-            match attach(program, &name) {
-                Ok(link) => {
-                    info!(link = %name, "marking answers to the agent's HBONE sockets on this link");
-                    self.attached.insert(index, (name, link));
-                }
-                Err(e) => {
-                    warn!(link = %name, error = %e, "attaching hbone_replies failed");
-                    missing += 1;
-                }
-            }
-        }
-        Ok(Links {
-            on: self.attached.len(),
-            missing,
-        })
-    }
-}
-
-/// The links the marking is on, and those it could not be attached to.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Links {
-    pub on: usize,
-    pub missing: usize,
-}
-
-/// Attaches ingress.
-fn attach(
-    program: &mut SchedClassifier,
-    link: &str,
-) -> Result<SchedClassifierLinkId, aya::programs::ProgramError> {
-    attach_tc(program, link, TcAttachType::Ingress)
-}
-
-/// Attaches `program` to `link` at `at`: with TCX from 6.6, else as a filter under a `clsact`
-/// qdisc (added when the link has none).
-pub(super) fn attach_tc(
-    program: &mut SchedClassifier,
-    link: &str,
-    at: TcAttachType,
-) -> Result<SchedClassifierLinkId, aya::programs::ProgramError> {
-    let tcx = KernelVersion::current().is_ok_and(|v| v >= KernelVersion::new(6, 6, 0));
-    if !tcx {
-        match tc::qdisc_add_clsact(link) {
-            Ok(()) | Err(tc::TcError::AlreadyAttached) => {}
-            Err(tc::TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    program.attach(link, at)
-}
-
-/// The node's links that carry Ethernet frames (veths, bridges, the uplink, VXLAN), by index:
-/// the program reads an Ethernet header. `lo` is not one.
-async fn ethernet_links(
-    handle: &rtnetlink::Handle,
-) -> Result<BTreeMap<u32, String>, rtnetlink::Error> {
-    let links: Vec<_> = handle.link().get().execute().try_collect().await?;
-    Ok(links
-        .into_iter()
-        .filter(|l| l.header.link_layer_type == LinkLayerType::Ether)
-        .filter_map(|l| {
-            let name = l.attributes.iter().find_map(|a| match a {
-                LinkAttribute::IfName(name) => Some(name.clone()),
-                _ => None,
-            })?;
-            Some((l.header.index, name))
-        })
-        .collect())
+/// A link that carries Ethernet frames (veths, bridges, the uplink, VXLAN): the program reads an
+/// Ethernet header. `lo` is not one.
+fn is_ethernet(link: &LinkMessage) -> bool {
+    link.header.link_layer_type == LinkLayerType::Ether
 }
 
 /// The other nodes' Pods the agent sends from, for `hbone_replies`: each held while a stream

@@ -10,7 +10,7 @@
 //! predecessor leaves; for that moment both decide, alike). `NODE_DIALS` is pinned with the other
 //! shared maps, so a predecessor's `inbound` admits what a successor's `node_origin` filed.
 use std::{
-    collections::{BTreeMap, HashMap as StdHashMap, HashSet},
+    collections::{HashMap as StdHashMap, HashSet},
     fs::File,
     net::IpAddr,
     path::Path,
@@ -20,12 +20,8 @@ use std::{
 use aya::{
     Ebpf,
     maps::{ArrayOfMaps, HashMap, LpmTrie, MapData, MapError, PerCpuArray, RingBuf, lpm_trie::Key},
-    programs::{
-        SchedClassifier, SkLookup, TcAttachType, sk_lookup::SkLookupLinkId,
-        tc::SchedClassifierLinkId,
-    },
+    programs::{SchedClassifier, SkLookup, TcAttachType, sk_lookup::SkLookupLinkId},
 };
-use futures::TryStreamExt;
 use redirect_common::{
     fastpath::IpKey,
     inbound::{
@@ -34,10 +30,10 @@ use redirect_common::{
     },
     maps, programs,
 };
-use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
+use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo, LinkMessage};
 use uuid::Uuid;
 
-use super::{RedirectError, per_cpu_totals, take_map};
+use super::{RedirectError, attach::program, per_cpu_totals, take_map, tc_links::TcOnLinks};
 use crate::lock::Locked;
 
 /// `BPF_F_NO_PREALLOC`, as the program's template of the table says (an LPM trie requires it).
@@ -74,32 +70,16 @@ pub(crate) struct Loaded {
 /// Loads `inbound` and takes its maps. Nothing is attached yet: [`InboundGate::attach`] does, Pod
 /// by Pod.
 pub(super) fn load(ebpf: &Arc<Mutex<Ebpf>>) -> Result<Loaded, RedirectError> {
-    let name = programs::INBOUND;
     let mut object = ebpf.locked();
-    let program: &mut SkLookup = object
-        .program_mut(name)
-        .ok_or(RedirectError::MissingProgram { name })?
-        .try_into()
+    let name = programs::INBOUND;
+    (program::<SkLookup>(&mut object, name)?.load())
         .map_err(|source| RedirectError::Program { name, source })?;
-    program
-        .load()
+    let name = programs::NODE_ORIGIN;
+    (program::<SchedClassifier>(&mut object, name)?.load())
         .map_err(|source| RedirectError::Program { name, source })?;
     let slot = take_map(&mut object, maps::INBOUND_TABLE, ArrayOfMaps::try_from)?;
     let counts = take_map(&mut object, maps::INBOUND_COUNTS, PerCpuArray::try_from)?;
     let events = take_map(&mut object, maps::INBOUND_EVENTS, RingBuf::try_from)?;
-    let origin = programs::NODE_ORIGIN;
-    let marker: &mut SchedClassifier = object
-        .program_mut(origin)
-        .ok_or(RedirectError::MissingProgram { name: origin })?
-        .try_into()
-        .map_err(|source| RedirectError::Program {
-            name: origin,
-            source,
-        })?;
-    marker.load().map_err(|source| RedirectError::Program {
-        name: origin,
-        source,
-    })?;
     let attached = take_map(&mut object, maps::INBOUND_ATTACHED, HashMap::try_from)?;
     drop(object);
     let gate = InboundGate {
@@ -109,17 +89,12 @@ pub(super) fn load(ebpf: &Arc<Mutex<Ebpf>>) -> Result<Loaded, RedirectError> {
         links: StdHashMap::new(),
         attached,
     };
-    let (connection, handle, _) = rtnetlink::new_connection().map_err(RedirectError::Netlink)?;
-    tokio::spawn(connection);
+    let origin = TcOnLinks::new(ebpf, programs::NODE_ORIGIN, TcAttachType::Egress, is_veth)?;
     Ok(Loaded {
         gate,
         counts: InboundCounts(counts),
         events: InboundEvents(events),
-        origin: OriginMarker {
-            ebpf: ebpf.clone(),
-            handle,
-            attached: BTreeMap::new(),
-        },
+        origin,
     })
 }
 
@@ -150,7 +125,7 @@ impl InboundGate {
     pub(crate) fn attach(&mut self, uid: Uuid, netns: &Path, ips: &[IpAddr]) -> Result<(), String> {
         let file = File::open(netns).map_err(|e| format!("{}: {e}", netns.display()))?;
         let mut object = self.ebpf.locked();
-        let program = program(&mut object)?;
+        let program = inbound(&mut object)?;
         let link = program
             .attach(&file)
             .map_err(|e| format!("attaching in {}: {e}", netns.display()))?;
@@ -176,7 +151,7 @@ impl InboundGate {
             return 0;
         }
         let mut object = self.ebpf.locked();
-        let Ok(program) = program(&mut object) else {
+        let Ok(program) = inbound(&mut object) else {
             return 0;
         };
         for uid in &gone {
@@ -196,13 +171,9 @@ impl InboundGate {
     }
 }
 
-fn program(object: &mut Ebpf) -> Result<&mut SkLookup, String> {
-    let name = programs::INBOUND;
-    object
-        .program_mut(name)
-        .ok_or_else(|| format!("program {name} missing"))?
-        .try_into()
-        .map_err(|e| format!("program {name}: {e}"))
+/// The loaded `inbound` program.
+fn inbound(object: &mut Ebpf) -> Result<&mut SkLookup, String> {
+    program(object, programs::INBOUND).map_err(|e| e.to_string())
 }
 
 impl InboundCounts {
@@ -247,72 +218,15 @@ impl InboundEvents {
     }
 }
 
-/// `node_origin`, loaded, and the veths it is attached to (by index, with the name each had).
-pub(crate) struct OriginMarker {
-    ebpf: Arc<Mutex<Ebpf>>,
-    handle: rtnetlink::Handle,
-    attached: BTreeMap<u32, (String, SchedClassifierLinkId)>,
-}
+/// `node_origin`, kept on every veth of the node (each Pod's link has its node end here).
+pub(crate) type OriginMarker = TcOnLinks;
 
-impl OriginMarker {
-    /// Attaches `node_origin` (egress) to every veth of the node's netns it is not on yet, and
-    /// forgets the veths gone. Returns how many veths it could not attach to.
-    pub(crate) async fn sync(&mut self) -> Result<usize, rtnetlink::Error> {
-        let veths = veths(&self.handle).await?;
-        let mut object = self.ebpf.locked();
-        let Some(Ok(program)) = object
-            .program_mut(programs::NODE_ORIGIN)
-            .map(<&mut SchedClassifier>::try_from)
-        else {
-            return Ok(veths.len());
-        };
-        let gone = self
-            .attached
-            .extract_if(.., |index, (name, _)| veths.get(index) != Some(name));
-        for (_, (name, link)) in gone {
-            // Gone with its veth already, mostly.
-            if let Err(e) = program.detach(link) {
-                tracing::debug!(link = %name, error = %e, "detaching node_origin from a veth gone");
-            }
+/// A veth.
+fn is_veth(link: &LinkMessage) -> bool {
+    link.attributes.iter().any(|a| match a {
+        LinkAttribute::LinkInfo(infos) => {
+            (infos.iter()).any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth)))
         }
-        let mut missing = 0;
-        for (index, name) in veths {
-            if self.attached.contains_key(&index) {
-                continue;
-            }
-            match super::hbone_replies::attach_tc(program, &name, TcAttachType::Egress) {
-                Ok(link) => {
-                    self.attached.insert(index, (name, link));
-                }
-                Err(e) => {
-                    tracing::warn!(link = %name, error = %e, "attaching node_origin failed: the node's own connections to this veth's Pod are decided as plaintext");
-                    missing += 1;
-                }
-            }
-        }
-        Ok(missing)
-    }
-}
-
-/// The node's veths (each Pod's link has its node end here), by index.
-async fn veths(handle: &rtnetlink::Handle) -> Result<BTreeMap<u32, String>, rtnetlink::Error> {
-    let links: Vec<_> = handle.link().get().execute().try_collect().await?;
-    Ok(links
-        .into_iter()
-        .filter(|l| {
-            l.attributes.iter().any(|a| match a {
-                LinkAttribute::LinkInfo(infos) => infos
-                    .iter()
-                    .any(|i| matches!(i, LinkInfo::Kind(InfoKind::Veth))),
-                _ => false,
-            })
-        })
-        .filter_map(|l| {
-            let name = l.attributes.iter().find_map(|a| match a {
-                LinkAttribute::IfName(name) => Some(name.clone()),
-                _ => None,
-            })?;
-            Some((l.header.index, name))
-        })
-        .collect())
+        _ => false,
+    })
 }

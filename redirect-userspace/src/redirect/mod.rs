@@ -18,6 +18,7 @@ mod netns;
 pub(crate) mod pins;
 pub(crate) mod pod_routes;
 pub(crate) mod sock_destroy;
+pub(crate) mod tc_links;
 
 use std::{
     collections::BTreeSet,
