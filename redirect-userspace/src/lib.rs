@@ -33,6 +33,7 @@ mod records;
 mod redirect;
 mod state;
 mod status;
+mod telemetry;
 mod visibility;
 
 /// The `redirect` command line.
