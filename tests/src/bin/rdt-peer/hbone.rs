@@ -2,7 +2,8 @@
 //! identified by the SPIFFE URI SAN of its certificate.
 //!
 //! `serve` is a terminator standing in for a waypoint: a CONNECT to a `--route` authority is carried
-//! to its backend over plain TCP. `client` opens one tunnel. Events go to stdout, one line each.
+//! to its backend over plain TCP; it can also play a faulty peer ([`Fault`]). `client` opens one
+//! tunnel. Events go to stdout, one line each.
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io::Write as _;
@@ -10,6 +11,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
@@ -30,6 +32,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+mod faults;
+pub(crate) use faults::Fault;
+
 /// Limit for a TLS handshake, and for a TCP connect to a backend or terminator.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const ALPN_H2: &[u8] = b"h2";
@@ -44,6 +49,7 @@ pub(crate) struct ServeArgs {
     pub(crate) root: std::path::PathBuf,
     /// `AUTHORITY=BACKEND`.
     pub(crate) routes: Vec<String>,
+    pub(crate) fault: Fault,
 }
 
 /// What `rdt-peer hbone-client` is given.
@@ -116,6 +122,9 @@ fn normalize_authority(authority: &str) -> String {
 
 struct Terminator {
     routes: HashMap<String, SocketAddr>,
+    fault: Fault,
+    /// TCP connections accepted so far.
+    accepted: AtomicUsize,
 }
 
 pub(crate) fn serve(args: ServeArgs) -> Result<()> {
@@ -146,7 +155,11 @@ pub(crate) fn serve(args: ServeArgs) -> Result<()> {
         .context("the server certificate and key")?;
     config.alpn_protocols = vec![ALPN_H2.to_vec()];
     let acceptor = TlsAcceptor::from(Arc::new(config));
-    let terminator = Arc::new(Terminator { routes });
+    let terminator = Arc::new(Terminator {
+        routes,
+        fault: args.fault,
+        accepted: AtomicUsize::new(0),
+    });
     let name = args.name;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -191,19 +204,28 @@ async fn accept_loop(listener: TcpListener, acceptor: TlsAcceptor, terminator: A
                 continue;
             }
         };
+        let n = terminator.accepted.fetch_add(1, Ordering::Relaxed) + 1;
+        say(&format!("accepted n={n} from={peer}"));
+        if terminator.fault == Fault::StallTls {
+            tokio::spawn(faults::stall(stream, n));
+            continue;
+        }
         tokio::spawn(serve_connection(
             stream,
             peer,
+            n,
             acceptor.clone(),
             terminator.clone(),
         ));
     }
 }
 
-/// One TLS connection: the handshake, then HTTP/2 with one CONNECT tunnel per stream.
+/// TLS connection `n`: the handshake, then HTTP/2 with one CONNECT tunnel per stream (the first
+/// turned away when the fault says so).
 async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
+    n: usize,
     acceptor: TlsAcceptor,
     terminator: Arc<Terminator>,
 ) {
@@ -220,20 +242,49 @@ async fn serve_connection(
         }
     };
     let identity: Arc<str> = Arc::from(peer_identity(tls.get_ref().1.peer_certificates()));
-    let service = service_fn(move |req| {
-        let terminator = terminator.clone();
-        let identity = identity.clone();
-        async move { Ok::<_, Infallible>(handle(req, &terminator, identity).await) }
-    });
-    if let Err(e) = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .serve_connection(TokioIo::new(tls), service)
-        .await
-    {
+    let fault = terminator.fault;
+    let served = if fault.turns_away(n) {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let shim = tokio::spawn(faults::turn_away_first_stream(tls, far, fault));
+        let served = serve_http2(near, terminator, identity, true).await;
+        if let Ok(Err(e)) = shim.await {
+            eprintln!("rdt-peer: hbone connection from {peer}: frames: {e}");
+        }
+        served
+    } else {
+        serve_http2(tls, terminator, identity, false).await
+    };
+    if let Err(e) = served {
         eprintln!(
             "rdt-peer: hbone connection from {peer}: {:#}",
             anyhow::Error::new(e)
         );
     }
+    say(&format!("ended n={n}"));
+}
+
+/// HTTP/2 on `io`, each CONNECT carried by [`handle`]. `unindexed`: the client may not index
+/// headers (HPACK's dynamic table size 0), so a header block kept from hyper leaves its decoder
+/// in step.
+async fn serve_http2<I>(
+    io: I,
+    terminator: Arc<Terminator>,
+    identity: Arc<str>,
+    unindexed: bool,
+) -> Result<(), hyper::Error>
+where
+    I: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let service = service_fn(move |req| {
+        let terminator = terminator.clone();
+        let identity = identity.clone();
+        async move { Ok::<_, Infallible>(handle(req, &terminator, identity).await) }
+    });
+    let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    if unindexed {
+        builder.header_table_size(0);
+    }
+    builder.serve_connection(TokioIo::new(io), service).await
 }
 
 fn empty(status: StatusCode) -> Response<Empty<Bytes>> {

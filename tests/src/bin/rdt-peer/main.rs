@@ -195,7 +195,8 @@ enum Command {
     /// Terminate HBONE until killed: mutual TLS 1.3 (ALPN h2, a client certificate chaining to
     /// `--root` required), then HTTP/2 CONNECT, each tunnel carried to its `--route` backend over
     /// TCP. Prints `listening ADDR`, then per event `connect authority= identity= backend= status=`,
-    /// `closed authority= sent= received=`, `refused tls error=`, `refused method=`.
+    /// `closed authority= sent= received=`, `refused tls error=`, `refused method=`; and per TCP
+    /// connection `accepted n= from=` (n counts from 1) and `ended n=`.
     Hbone {
         /// Name for the logs.
         #[arg(long)]
@@ -216,6 +217,18 @@ enum Command {
         /// (repeatable); any other authority gets 503.
         #[arg(long = "route")]
         routes: Vec<String>,
+        /// Take each TCP connection and never answer TLS; print `stalled n= secs=` when the
+        /// client leaves.
+        #[arg(long, conflicts_with_all = ["goaway_first", "refuse_first_stream"])]
+        stall_tls: bool,
+        /// Answer the first CONNECT of the first connection with GOAWAY(last_stream_id=0,
+        /// NO_ERROR) (`goaway stream=`); serve everything after.
+        #[arg(long, conflicts_with = "refuse_first_stream")]
+        goaway_first: bool,
+        /// Reset the first CONNECT of the first connection with REFUSED_STREAM
+        /// (`refused stream=`); serve everything after.
+        #[arg(long)]
+        refuse_first_stream: bool,
     },
     /// Serve Istio's CA service (`CreateCertificate`) on TLS until killed, signing with the
     /// suite's CA saved in `--ca-dir`. Prints `listening ADDR`, then per call
@@ -336,6 +349,9 @@ fn main() -> ExitCode {
             key,
             root,
             routes,
+            stall_tls,
+            goaway_first,
+            refuse_first_stream,
         } => hbone::serve(hbone::ServeArgs {
             name,
             listen,
@@ -343,6 +359,12 @@ fn main() -> ExitCode {
             key,
             root,
             routes,
+            fault: match (stall_tls, goaway_first, refuse_first_stream) {
+                (true, _, _) => hbone::Fault::StallTls,
+                (_, true, _) => hbone::Fault::GoawayFirst,
+                (_, _, true) => hbone::Fault::RefuseFirstStream,
+                _ => hbone::Fault::None,
+            },
         }),
         Command::Ca {
             listen,
