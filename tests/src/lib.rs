@@ -52,6 +52,7 @@ pub mod pattern;
 pub mod peer;
 pub mod pki;
 pub mod proc;
+pub mod prometheus;
 pub mod procfs;
 pub mod run;
 pub mod topology;

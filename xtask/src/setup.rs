@@ -52,6 +52,11 @@ const DEBIAN_PACKAGES: &[(&str, &str, &str)] = &[
     ),
     ("binutils", "strip", "strips the agent for its image"),
     (
+        "prometheus",
+        "/usr/bin/prometheus",
+        "the suite's real Prometheus, scraping the agent as a cluster's does",
+    ),
+    (
         "ca-certificates",
         "/etc/ssl/certs/ca-certificates.crt",
         "the CA bundle the image carries",
@@ -221,7 +226,15 @@ fn ensure_debian_packages(say: &dyn Fn(&str)) -> anyhow::Result<()> {
             .args(["install", "-y", "-q", "--no-install-recommends"])
             .args(&names)
             .env("DEBIAN_FRONTEND", "noninteractive"),
-    )
+    )?;
+    // The tests start their own Prometheus in a namespace of theirs; the package's service, started
+    // by its install where systemd runs, would be a server in the machine's own namespace.
+    if names.contains(&"prometheus") && on_path("systemctl") {
+        let _ = Command::new("systemctl")
+            .args(["disable", "--now", "prometheus"])
+            .output();
+    }
+    Ok(())
 }
 
 /// qemu, a static busybox for the guest's initramfs and kmod (depmod, modprobe) for its modules.
