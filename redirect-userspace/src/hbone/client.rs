@@ -5,7 +5,8 @@
 //!
 //! A connection is dialled once however many tunnels wait for it: they all get the dial's result,
 //! and a failed dial is remembered for [`FAILED_BACKOFF`]. A `CONNECT` the peer refused unprocessed
-//! (above a graceful GOAWAY's last stream) is sent once more, on a new connection.
+//! is sent once more: above a graceful GOAWAY's last stream, on a new connection; reset with
+//! `REFUSED_STREAM`, on the same one (it still takes streams).
 use std::{
     collections::HashMap,
     net::{IpAddr, SocketAddr},
@@ -400,8 +401,9 @@ impl HboneClient {
             let (pooled, counted) = self.checkout(key.clone());
             let sender = pooled.sender(|| dialer.clone().dial()).await?;
             match self.request(sender, authority).await {
-                // Refused unprocessed: its connection, which took GOAWAY, is left out of the pool
-                // (`is_spent`) and the next checkout dials a new one.
+                // Refused unprocessed: a connection that took GOAWAY is left out of the pool
+                // (`is_spent`) and the next checkout dials a new one; one that only refused the
+                // stream is checked out again.
                 Err(HboneError::Http(e)) if !retried && is_unprocessed(&e) => {
                     debug!(%waypoint, %authority, error = %e, "HBONE peer refused the CONNECT unprocessed; sending it again");
                     retried = true;
