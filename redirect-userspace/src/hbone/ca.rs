@@ -80,6 +80,22 @@ pub(crate) enum CaError {
     },
     #[error("the CA at {address} issued an unusable chain: {why}")]
     Chain { address: String, why: String },
+    /// The identity's certificate expired and the CA has not renewed it: nothing is presented.
+    #[error(
+        "the certificate of {identity} expired {ago_secs} s ago and the CA has not renewed it (last answer: {why})"
+    )]
+    Expired {
+        identity: String,
+        ago_secs: u64,
+        why: String,
+    },
+    /// No certificate was ever issued and the CA failed less than a second ago: not asked again.
+    #[error("no certificate for {identity} yet: the CA failed {ago_ms} ms ago ({why})")]
+    Unavailable {
+        identity: String,
+        ago_ms: u128,
+        why: String,
+    },
 }
 
 /// A certificate the CA issued, with the key it was issued for.

@@ -32,7 +32,7 @@ impl HboneMetrics {
         );
         registry.register(
             "hbone_certificates",
-            "Workload certificates asked of Istio's CA (--ca-address), by result: issued (an identity's first), renewed, failed",
+            "Workload certificates asked of Istio's CA (--ca-address), by result: issued (an identity's first), renewed, failed (a call to the CA failed; the certificate in use is kept until it expires), expired (a tunnel or handshake refused: its identity's certificate expired and the CA has not renewed it)",
             self.certificates.clone(),
         );
         registry.register(
@@ -63,6 +63,13 @@ impl HboneMetrics {
     #[cfg(test)]
     pub(crate) fn connections(&self) -> u64 {
         self.connections.get()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn certificates(&self, result: &'static str) -> u64 {
+        self.certificates
+            .get_or_create(&ResultLabel { result })
+            .get()
     }
 
     #[cfg(test)]

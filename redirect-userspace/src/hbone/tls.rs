@@ -225,3 +225,87 @@ impl ClientCertVerifier for ClientInTrustDomain {
         self.inner.supported_verify_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, KeyUsagePurpose,
+        SanType,
+    };
+    use rustls::pki_types::PrivatePkcs8KeyDer;
+
+    use super::*;
+
+    struct TestCa(CertifiedIssuer<'static, KeyPair>);
+
+    impl TestCa {
+        fn new() -> TestCa {
+            let mut params = CertificateParams::default();
+            params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+            TestCa(CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap())
+        }
+
+        fn roots(&self) -> Arc<RootCertStore> {
+            let mut roots = RootCertStore::empty();
+            roots.add(self.0.der().clone()).unwrap();
+            Arc::new(roots)
+        }
+
+        /// `namespace`'s workload TLS, its certificate valid until `not_after` (year).
+        fn workload(&self, namespace: &str, not_after: i32) -> WorkloadTls {
+            let mut params = CertificateParams::default();
+            let uri = format!("spiffe://cluster.local/ns/{namespace}/sa/default");
+            params.subject_alt_names = vec![SanType::URI(uri.as_str().try_into().unwrap())];
+            params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+            params.not_after = rcgen::date_time_ymd(not_after, 1, 1);
+            let key = KeyPair::generate().unwrap();
+            let cert = params.signed_by(&key, &self.0).unwrap();
+            workload_tls(
+                &Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
+                "cluster.local",
+                vec![cert.der().clone(), self.0.der().clone()],
+                PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+                self.roots(),
+            )
+            .unwrap()
+        }
+    }
+
+    /// A handshake of `client` to `server` over a pipe: each side's error, if any.
+    async fn handshake(
+        client: &WorkloadTls,
+        server: &WorkloadTls,
+    ) -> (Option<String>, Option<String>) {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        let acceptor = tokio_rustls::TlsAcceptor::from(server.server.clone());
+        let connector = tokio_rustls::TlsConnector::from(client.client.clone());
+        let name = ServerName::IpAddress(std::net::Ipv4Addr::LOCALHOST.into());
+        // The server's handshake ends with the client's certificate and Finished checked.
+        let (dialled, accepted) = tokio::join!(connector.connect(name, near), acceptor.accept(far));
+        (
+            dialled.err().map(|e| e.to_string()),
+            accepted.err().map(|e| e.to_string()),
+        )
+    }
+
+    /// What either side checks of the other at the handshake: a peer whose certificate expired
+    /// is refused ("expired"), whichever side it is; valid ones on both sides shake hands.
+    #[tokio::test]
+    async fn a_peer_presenting_an_expired_certificate_is_refused_at_the_handshake() {
+        let ca = TestCa::new();
+        let valid = ca.workload("team-b", 2100);
+        let expired = ca.workload("team-a", 2021);
+
+        let (client, server) = handshake(&ca.workload("team-a", 2100), &valid).await;
+        assert_eq!((client, server), (None, None));
+
+        let (_, server) = handshake(&expired, &valid).await;
+        let server = server.unwrap_or_default();
+        assert!(server.contains("expired"), "the receiver refused: {server}");
+
+        let (client, _) = handshake(&valid, &expired).await;
+        let client = client.unwrap_or_default();
+        assert!(client.contains("expired"), "the sender refused: {client}");
+    }
+}
