@@ -36,6 +36,10 @@ mod status;
 mod telemetry;
 mod visibility;
 
+/// The entry points of the fuzz targets in `fuzz/`; not an interface.
+#[doc(hidden)]
+pub mod fuzzing;
+
 /// The `redirect` command line.
 pub use cli::main;
 

@@ -35,6 +35,7 @@ pub use kinds::Kind;
 use reuse::{InForce, Next, Reuse};
 pub(crate) use store::Changes;
 pub use store::{Change, Store};
+pub(crate) use watch::read as read_watched;
 
 use crate::{
     clock::now_rfc3339,

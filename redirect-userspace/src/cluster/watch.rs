@@ -251,7 +251,7 @@ fn field_selector(kind: Kind, node: Option<&str>) -> Option<String> {
 }
 
 /// One object the API sent, converted; a ServiceEntry's status kept only when `observe_status`.
-pub(super) fn read(
+pub(crate) fn read(
     kind: Kind,
     api_version: &str,
     object: DynamicObject,

@@ -46,9 +46,7 @@ pub use loader::{load_sources, read_sources};
 pub(crate) use mesh::{
     DEFAULT_ROOT_NAMESPACE, MatchingRule, MeshConfig, Policy, Visibility, VisibilityConfig,
 };
-#[cfg(test)]
-pub(crate) use mesh_file::mesh_of;
-pub(crate) use mesh_file::read_mesh_file;
+pub(crate) use mesh_file::{mesh_of, read_mesh_file};
 pub use model::*;
 pub(crate) use service_entry::use_waypoint;
 #[cfg(test)]

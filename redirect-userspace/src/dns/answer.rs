@@ -107,7 +107,7 @@ fn reply_to(query: &Message) -> Message {
 }
 
 /// The largest reply the client accepts over UDP.
-pub(super) fn max_udp_reply(query: &Message) -> usize {
+pub(crate) fn max_udp_reply(query: &Message) -> usize {
     match &query.edns {
         Some(edns) => usize::from(edns.max_payload().clamp(512, EDNS_PAYLOAD)),
         None => 512,

@@ -12,11 +12,11 @@ mod transfer;
 mod upstream;
 mod visible;
 
-pub(crate) use answer::LocalAnswer;
+pub(crate) use answer::{LocalAnswer, max_udp_reply};
 pub(crate) use cache::AnswerCache;
 pub(crate) use metrics::{DnsMetrics, DnsOutcome};
 pub(crate) use resolve::{HostAnswer, HostCache, MAX_KEEP, ResolveError, resolve_host};
-pub(crate) use server::{Decide, Decision, DnsProxy, DnsQuery};
+pub(crate) use server::{Decide, Decision, DnsProxy, DnsQuery, Handled, handle_query};
 pub(crate) use upstream::{Upstream, UpstreamError, first_nameserver};
 pub(crate) use visible::VisibleNames;
 

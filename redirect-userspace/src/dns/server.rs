@@ -514,9 +514,73 @@ enum Local {
     Drop,
 }
 
-/// Decides whether the agent answers `raw` itself. A query it does not answer goes upstream
-/// unchanged: the upstream is the authority on everything the mesh does not claim. Bytes that are
-/// not a DNS message at all are dropped (and counted): forwarding junk only costs sockets.
+/// What the agent makes of one query, before any budget, cache or socket is involved.
+#[derive(Debug)]
+pub(crate) enum Handled {
+    /// The bytes to send back, and how the query counts (answered, or SERVFAIL when the local
+    /// answer could not be encoded).
+    Reply(Vec<u8>, DnsOutcome),
+    /// For the upstream, unchanged: the query as parsed.
+    Forward(Message),
+    /// Not a DNS message (`malformed`), or a response sent to the proxy: nothing goes back.
+    Drop { malformed: bool },
+}
+
+/// Decides whether the agent answers `raw` itself; `over_tcp` when it came over TCP (no UDP size
+/// limit on the reply). A query it does not answer goes upstream unchanged: the upstream is the
+/// authority on everything the mesh does not claim. Bytes that are not a DNS message at all are
+/// dropped: forwarding junk only costs sockets. Pure but for rate-limited logs (the fuzz target
+/// `dns_query` drives it).
+pub(crate) fn handle_query(
+    raw: &[u8],
+    client: IpAddr,
+    kernel: KernelView,
+    over_tcp: bool,
+    decide: &dyn Decide,
+) -> Handled {
+    let Ok(query) = Message::from_vec(raw) else {
+        limited!(Kind::Malformed, debug, %client, bytes = raw.len(), "not a DNS message; dropped");
+        return Handled::Drop { malformed: true };
+    };
+    if query.metadata.message_type != MessageType::Query {
+        // A response sent to us: never reflect it.
+        limited!(Kind::Malformed, debug, %client, "a DNS response sent to the proxy; dropped");
+        return Handled::Drop { malformed: false };
+    }
+    let [question] = query.queries.as_slice() else {
+        return Handled::Forward(query);
+    };
+    if query.metadata.op_code != OpCode::Query
+        || question.query_class() != DNSClass::IN
+        || !answerable(question.query_type())
+    {
+        return Handled::Forward(query);
+    }
+    let decision = decide.decide(&DnsQuery {
+        client,
+        kernel,
+        name: question.name(),
+    });
+    let Decision::Answer(answer) = decision else {
+        return Handled::Forward(query);
+    };
+    let encoded = authoritative_reply(&query, &answer).and_then(|reply| match over_tcp {
+        false => encode_for_udp(&reply, max_udp_reply(&query)),
+        true => reply.to_vec(),
+    });
+    match encoded {
+        Ok(bytes) => Handled::Reply(bytes, DnsOutcome::Answered),
+        Err(e) => {
+            limited!(Kind::EncodeFailed, warn, %client, name = %question.name(), error = %e, "encoding a local DNS answer failed");
+            match servfail_reply(&query).to_vec() {
+                Ok(bytes) => Handled::Reply(bytes, DnsOutcome::Servfail),
+                Err(_) => Handled::Drop { malformed: false },
+            }
+        }
+    }
+}
+
+/// [`handle_query`], counted, with the cache key of a UDP query whose reply may be shared.
 fn local_reply(
     raw: &[u8],
     client: IpAddr,
@@ -524,57 +588,26 @@ fn local_reply(
     transport: Transport,
     shared: &Shared,
 ) -> Local {
-    let Ok(mut query) = Message::from_vec(raw) else {
-        limited!(Kind::Malformed, debug, %client, bytes = raw.len(), "not a DNS message; dropped");
-        shared.metrics.query(DnsOutcome::Malformed);
-        return Local::Drop;
-    };
-    if query.metadata.message_type != MessageType::Query {
-        // A response sent to us: never reflect it.
-        limited!(Kind::Malformed, debug, %client, "a DNS response sent to the proxy; dropped");
-        return Local::Drop;
-    }
-    let forward = |query: &mut Message| {
-        // Only UDP replies are kept (a TCP query is most often the retry of a truncated one).
-        let key = shared
-            .cache
-            .as_ref()
-            .filter(|_| transport == Transport::Udp)
-            .and_then(|_| CacheKey::of(query));
-        Local::Forward(std::mem::take(&mut query.queries), key)
-    };
-    let [question] = query.queries.as_slice() else {
-        return forward(&mut query);
-    };
-    if query.metadata.op_code != OpCode::Query
-        || question.query_class() != DNSClass::IN
-        || !answerable(question.query_type())
-    {
-        return forward(&mut query);
-    }
-    let decision = shared.decide.decide(&DnsQuery {
-        client,
-        kernel,
-        name: question.name(),
-    });
-    let Decision::Answer(answer) = decision else {
-        return forward(&mut query);
-    };
-    let encoded = authoritative_reply(&query, &answer).and_then(|reply| match transport {
-        Transport::Udp => encode_for_udp(&reply, max_udp_reply(&query)),
-        Transport::Tcp => reply.to_vec(),
-    });
-    match encoded {
-        Ok(bytes) => {
-            shared.metrics.query(DnsOutcome::Answered);
+    let over_tcp = transport == Transport::Tcp;
+    match handle_query(raw, client, kernel, over_tcp, &*shared.decide) {
+        Handled::Reply(bytes, outcome) => {
+            shared.metrics.query(outcome);
             Local::Reply(bytes)
         }
-        Err(e) => {
-            limited!(Kind::EncodeFailed, warn, %client, name = %question.name(), error = %e, "encoding a local DNS answer failed");
-            shared.metrics.query(DnsOutcome::Servfail);
-            servfail_reply(&query)
-                .to_vec()
-                .map_or(Local::Drop, Local::Reply)
+        Handled::Forward(mut query) => {
+            // Only UDP replies are kept (a TCP query is most often the retry of a truncated one).
+            let key = shared
+                .cache
+                .as_ref()
+                .filter(|_| !over_tcp)
+                .and_then(|_| CacheKey::of(&query));
+            Local::Forward(std::mem::take(&mut query.queries), key)
+        }
+        Handled::Drop { malformed } => {
+            if malformed {
+                shared.metrics.query(DnsOutcome::Malformed);
+            }
+            Local::Drop
         }
     }
 }
