@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 
 use super::{
     ProxyContext, RelayError,
-    authorize::{Inbound, Path},
+    authorize::{Authorized, Inbound, Path},
     relay::Carried,
     tunnel_relay::relay_tunnel,
 };
@@ -172,6 +172,8 @@ async fn connection(
     });
     let budget = buffered::SendBudget::new(CONNECTION_BUFFER);
     let tls = buffered::Metered::new(tls, budget.clone());
+    // Dropped as the connection ends: its streams end with it.
+    let (_open, open) = tokio::sync::watch::channel(());
     server::serve(
         tls,
         Settings::default(),
@@ -183,6 +185,7 @@ async fn connection(
                 permit,
                 budget: budget.clone(),
                 limits: limits.clone(),
+                connection: open.clone(),
             };
             tokio::spawn(stream(context.clone(), held, request, respond));
         },
@@ -223,6 +226,9 @@ struct Stream {
     /// What its connection may hold of the Pods' bytes.
     budget: Arc<buffered::SendBudget>,
     limits: Arc<InboundLimits>,
+    /// Closed when its connection ends: a stream whose Pod neither reads nor has room to send
+    /// would otherwise wait for the idle timeout, holding its socket and buffers, after the peer left.
+    connection: tokio::sync::watch::Receiver<()>,
 }
 
 /// One stream: a `CONNECT` to the Pod dialled, on the port it names (not 15008), answered `200` once the Pod
@@ -238,22 +244,10 @@ async fn stream(
         permit: _permit,
         budget,
         limits,
+        mut connection,
     } = held;
     let metrics = &context.hbone.metrics;
-    let target = (request.method() == Method::CONNECT)
-        .then(|| {
-            request
-                .uri()
-                .authority()?
-                .as_str()
-                .parse::<SocketAddr>()
-                .ok()
-        })
-        .flatten()
-        // As ztunnel: a stream reaches the Pod that was dialled, never another address; and never
-        // the Pod's port 15008, which the routing would bring straight back here.
-        .filter(|target| target.ip().to_canonical() == sender.pod.to_canonical())
-        .filter(|target| target.port() != hbone::PORT);
+    let target = target_of(&request, &sender);
     let Some(target) = target else {
         metrics.inbound("bad_request");
         debug!(peer = %sender.peer, src_identity = %sender.source, method = %request.method(), uri = %request.uri(), "HBONE stream is not a CONNECT to the Pod dialled");
@@ -311,13 +305,13 @@ async fn stream(
     let (from_pod, to_pod) = upstream.split();
     let from_pod = buffered::Gated::new(from_pod, budget);
     let carried = tokio::select! {
-        carried = relay_tunnel((from_pod, to_pod), &mut tunnel, context.timeouts) => carried,
-        () = authorized.revoked() => {
-            // The Pod's side reset; the stream is reset as `tunnel` is dropped unfinished.
-            let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
-            Err(RelayError::Io(io::Error::other("closed: no longer allowed after a policy update")))
-        }
+        carried = relay_tunnel((from_pod, to_pod), &mut tunnel, context.timeouts) => Ok(carried),
+        why = ended(&authorized, &mut connection) => Err(why),
     };
+    let carried = carried.unwrap_or_else(|why| {
+        let _ = socket2::SockRef::from(&upstream).set_linger(Some(Duration::ZERO));
+        Err(RelayError::Io(io::Error::other(why)))
+    });
     log_carried(
         &context,
         &sender,
@@ -326,6 +320,37 @@ async fn stream(
         &authorized.verdict,
         carried,
     );
+}
+
+/// The address a stream's `CONNECT` names, if it may be carried there.
+fn target_of(request: &Request<RecvStream>, sender: &Sender) -> Option<SocketAddr> {
+    (request.method() == Method::CONNECT)
+        .then(|| {
+            request
+                .uri()
+                .authority()?
+                .as_str()
+                .parse::<SocketAddr>()
+                .ok()
+        })
+        .flatten()
+        // As ztunnel: a stream reaches the Pod that was dialled, never another address; and never
+        // the Pod's port 15008, which the routing would bring straight back here.
+        .filter(|target| target.ip().to_canonical() == sender.pod.to_canonical())
+        .filter(|target| target.port() != hbone::PORT)
+}
+
+/// Why a stream carried must end before its relay does: its policy revoked, or its connection
+/// gone (a Pod that neither reads nor has room to send would hold the stream until the idle timeout).
+/// The Pod's side is then reset; the stream is reset as its tunnel is dropped unfinished.
+async fn ended(
+    authorized: &Authorized,
+    connection: &mut tokio::sync::watch::Receiver<()>,
+) -> &'static str {
+    tokio::select! {
+        () = authorized.revoked() => "closed: no longer allowed after a policy update",
+        _ = connection.wait_for(|_| false) => "closed: the peer's connection ended",
+    }
 }
 
 /// A socket to the Pod at `target`, from the sender's address when it is held.
