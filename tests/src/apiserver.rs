@@ -19,6 +19,10 @@
 //!   asked. An update of a ServiceEntry through the object keeps its status, as the API does for a
 //!   kind with a status subresource, and moves `metadata.generation` when the spec changes.
 //!
+//! - Every request counted by the API's verb and kind ([`ApiServer::requests_of`]), and every
+//!   version of an object kept ([`ApiServer::versions_of`]), for a test to read what the clients
+//!   asked and wrote.
+//!
 //! It listens on the loopback of the node netns (where the agent runs) and can stop and start again
 //! on the same port, keeping its objects and their history, as a restarted API server does.
 use std::collections::{BTreeMap, BTreeSet};
@@ -93,6 +97,9 @@ struct State {
     forbidden: BTreeSet<String>,
     /// Requests seen, `METHOD path?query`, for the tests to check what the client asked.
     requests: Vec<String>,
+    /// Requests by the API's verb (`get`, `list`, `watch`, `create`, `update`, `patch`,
+    /// `delete`) and kind (its plural), counted once the kind is known to be served.
+    verbs: BTreeMap<(String, String), usize>,
 }
 
 /// One change as the watches are told it: the object before (for an update), and after.
@@ -473,6 +480,25 @@ impl ApiServer {
             .map(|stored| stored.value.clone())
     }
 
+    /// Every version of one object written since the start (or the last
+    /// [`ApiServer::expire_watches`]), oldest first; a deletion is not one.
+    pub fn versions_of(&self, kind: &str, namespace: &str, name: &str) -> Vec<Value> {
+        let Some((group, _, plural, namespaced)) = KINDS.iter().find(|k| k.1 == kind) else {
+            return Vec::new();
+        };
+        let ns = if *namespaced { namespace } else { "" };
+        self.state()
+            .history
+            .iter()
+            .filter(|e| e.group == *group && e.plural == *plural && e.kind != "DELETED")
+            .filter(|e| {
+                let m = &e.object.value["metadata"];
+                m["name"] == name && (ns.is_empty() || m["namespace"] == ns)
+            })
+            .map(|e| e.object.value.clone())
+            .collect()
+    }
+
     /// Makes the server forget its history, as etcd compaction does: every open watch gets an
     /// `ERROR` event with code 410 and ends, and a watch resuming from before now gets the same.
     pub fn expire_watches(&self) {
@@ -509,6 +535,24 @@ impl ApiServer {
     /// Requests seen so far, `GET path?query`.
     pub fn requests(&self) -> Vec<String> {
         self.state().requests.clone()
+    }
+
+    /// Requests seen so far of `verb` (`get`, `list`, `watch`, `create`, `update`, `patch`,
+    /// `delete`) on the kind `plural`.
+    pub fn requests_of(&self, verb: &str, plural: &str) -> usize {
+        let state = self.state();
+        let key = (verb.to_string(), plural.to_string());
+        state.verbs.get(&key).copied().unwrap_or(0)
+    }
+
+    /// Every request of the kind `plural` seen so far, by verb.
+    pub fn verbs_of(&self, plural: &str) -> BTreeMap<String, usize> {
+        self.state()
+            .verbs
+            .iter()
+            .filter(|((_, p), _)| p == plural)
+            .map(|((verb, _), n)| (verb.clone(), *n))
+            .collect()
     }
 
     /// Makes the objects served those of the manifests in `dir` (every `.yaml`): adds, changes and
@@ -842,6 +886,12 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
             format!("no resource {plural}"),
         );
     }
+    let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
+    let verb = verb_of(&method, one.is_some(), watching);
+    *lock(state)
+        .verbs
+        .entry((verb.to_string(), plural.to_string()))
+        .or_default() += 1;
     let api_version = match group {
         "" => "v1".to_string(),
         g => format!("{g}/{version}"),
@@ -871,8 +921,6 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
     if method == hyper::Method::POST {
         return create(state, &target, &body);
     }
-    let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
-    let verb = if watching { "watch" } else { "list" };
     if lock(state).forbidden.contains(plural) {
         let group_shown = if group.is_empty() { "\"\"" } else { group };
         return status(
@@ -1006,6 +1054,20 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
         hyper::header::HeaderValue::from_static("application/json"),
     );
     r
+}
+
+/// The API's verb for a request: what RBAC would check it as.
+fn verb_of(method: &hyper::Method, one: bool, watching: bool) -> &'static str {
+    match (method, one) {
+        (&hyper::Method::GET, true) => "get",
+        (&hyper::Method::GET, false) if watching => "watch",
+        (&hyper::Method::GET, false) => "list",
+        (&hyper::Method::POST, _) => "create",
+        (&hyper::Method::PUT, _) => "update",
+        (&hyper::Method::PATCH, _) => "patch",
+        (&hyper::Method::DELETE, _) => "delete",
+        _ => "other",
+    }
 }
 
 /// A list of `kind` at `api_version`: the items' stored text, each at that version, one after the

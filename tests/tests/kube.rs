@@ -374,14 +374,20 @@ fn status_writes(w: &World) -> usize {
 /// A second agent on the node, watching the same API server and taking part in the election: its
 /// own (empty) cgroup, ports, pins and hand-over socket, so it is no successor of the first.
 fn second_agent(w: &World) -> Result<integration::proc::Proc> {
+    agent_on_node(w, 2)
+}
+
+/// Agent `n` (2 and up) of the election, as [`second_agent`]: `agent-node-<n>`, its ports 100 apart.
+fn agent_on_node(w: &World, n: u16) -> Result<integration::proc::Proc> {
     let cgroup = w
         .topo
         .attach_cgroup()
         .parent()
         .context("the pods' cgroup has a parent")?
-        .join("node-2");
+        .join(format!("node-{n}"));
     std::fs::create_dir_all(&cgroup)?;
     let upstream = format!("{}:53", integration::RESOLVER_IP);
+    let base = 25_000 + 100 * (n - 2);
     w.topo
         .node_cmd(integration::agent::Agent::bin()?)
         .args(["run", "--kube", "--kubeconfig"])
@@ -390,13 +396,15 @@ fn second_agent(w: &World) -> Result<integration::proc::Proc> {
         .args(["--cgroup"])
         .arg(&cgroup)
         .args(["--gateway", &integration::GATEWAY.to_string()])
-        .args(["--proxy-port", "25001", "--dns-proxy-port", "25053"])
-        .args(["--admin", "127.0.0.1:25000", "--dns-upstream", &upstream])
+        .args(["--proxy-port", &(base + 1).to_string()])
+        .args(["--dns-proxy-port", &(base + 53).to_string()])
+        .args(["--admin", &format!("127.0.0.1:{base}")])
+        .args(["--dns-upstream", &upstream])
         .arg("--bpffs")
-        .arg(w.topo.scratch_path("bpffs-2"))
+        .arg(w.topo.scratch_path(&format!("bpffs-{n}")))
         .arg("--handover-socket")
-        .arg(w.topo.scratch_path("handover-2.sock"))
-        .env("POD_NAME", "agent-node-2")
+        .arg(w.topo.scratch_path(&format!("handover-{n}.sock")))
+        .env("POD_NAME", format!("agent-node-{n}"))
         .spawn()
 }
 
@@ -736,6 +744,156 @@ fn a_writer_that_stops_hands_the_lease_over_at_once() -> Result<()> {
         "the successor wrote {took:?} after the first agent stopped (lease 3 s)"
     );
     second.signal(libc::SIGTERM);
+    Ok(())
+}
+
+/// The Lease's versions as the API server stored them, oldest first: (holder, renewTime and
+/// acquireTime in seconds since the epoch, leaseTransitions).
+fn lease_versions(w: &World) -> Vec<(String, f64, f64, i64)> {
+    w.api()
+        .versions_of("Lease", "redirect-system", "redirect-status-writer")
+        .iter()
+        .map(|l| {
+            let spec = &l["spec"];
+            let at = |field: &str| spec[field].as_str().and_then(epoch_seconds).unwrap_or(0.0);
+            (
+                spec["holderIdentity"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                at("renewTime"),
+                at("acquireTime"),
+                spec["leaseTransitions"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// `2026-12-07T14:31:26.123456Z` in seconds since the epoch (UTC, as a MicroTime is written).
+fn epoch_seconds(text: &str) -> Option<f64> {
+    let (date, time) = text.strip_suffix('Z')?.split_once('T')?;
+    let mut d = date.split('-').map(str::parse::<i64>);
+    let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
+    // Days from the civil date (proleptic Gregorian), as chrono and jiff count them.
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let mut t = time.split(':');
+    let (h, min) = (
+        t.next()?.parse::<f64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    let sec = t.next()?.parse::<f64>().ok()?;
+    Some(days as f64 * 86_400.0 + h * 3_600.0 + min * 60.0 + sec)
+}
+
+/// Three agents elect one status writer by watching the Lease, never reading it again: over four
+/// lease durations the API serves no GET of the Lease (each agent lists it once, then watches it
+/// on one connection; only the holder writes, a renewal each third of a lease), and one agent
+/// holds it throughout. Killed, the holder is replaced a lease after its last renewal; stopped
+/// gracefully, it hands the lease back and the last agent takes it on the watch's event.
+#[test]
+fn agents_watch_the_status_lease_and_never_poll_it() -> Result<()> {
+    const LEASE: f64 = 3.0;
+    let w = World::start_kube_args(|_| Ok(()), &WRITE_STATUS)?;
+    within(
+        "the first agent holds the lease",
+        Duration::from_secs(10),
+        || Ok(!lease_holder(&w).is_empty()),
+    )?;
+    let first = lease_holder(&w);
+    let mut others = [agent_on_node(&w, 2)?, agent_on_node(&w, 3)?];
+    within(
+        "three agents watch the lease",
+        Duration::from_secs(10),
+        || Ok(w.api().requests_of("watch", "leases") >= 3),
+    )?;
+    let start = w.api().verbs_of("leases");
+    let from = lease_versions(&w).len();
+    std::thread::sleep(Duration::from_secs_f64(4.0 * LEASE));
+    let run = w.api().verbs_of("leases");
+    let steady = lease_versions(&w).split_off(from);
+    eprintln!("lease requests by verb: at start-up {start:?}, after four leases {run:?}");
+    for other in &mut others {
+        ensure!(other.is_running(), "{}", other.log());
+    }
+    let count = |verbs: &std::collections::BTreeMap<String, usize>, verb: &str| {
+        verbs.get(verb).copied().unwrap_or(0)
+    };
+    // What start-up is allowed: one list and one watch per agent, one create; never a GET.
+    ensure!(count(&run, "get") == 0, "GETs of the lease: {run:?}");
+    ensure!(
+        count(&run, "list") == 3 && count(&run, "watch") == 3,
+        "one list and one watch per agent: {run:?}"
+    );
+    ensure!(count(&run, "create") == 1, "{run:?}");
+    let renewals = count(&run, "update") - count(&start, "update");
+    ensure!(
+        (8..=14).contains(&renewals),
+        "{renewals} writes in four leases: the holder's, one each third of a lease"
+    );
+    ensure!(
+        steady.len() == renewals && steady.iter().all(|v| v.0 == first),
+        "one holder throughout: {steady:?}"
+    );
+
+    // Killed: another agent takes it over a lease after the last renewal it saw.
+    let last = lease_versions(&w).last().cloned().context("a version")?;
+    w.agent.signal(libc::SIGKILL);
+    within(
+        "another agent holds the lease",
+        Duration::from_secs(10),
+        || Ok(!lease_holder(&w).is_empty() && lease_holder(&w) != first),
+    )?;
+    let second = lease_holder(&w);
+    let taken = lease_versions(&w)
+        .into_iter()
+        .find(|v| v.0 == second)
+        .context("the takeover")?;
+    let after = taken.2 - last.1;
+    eprintln!("taken over {after:.3} s after the killed holder's last renewal (lease {LEASE} s)");
+    ensure!(
+        taken.3 == last.3 + 1,
+        "one transition: {last:?} then {taken:?}"
+    );
+    ensure!(
+        (LEASE - 0.1..LEASE + 1.5).contains(&after),
+        "taken over {after:.3} s after the last renewal"
+    );
+
+    // Stopped gracefully: handed back, and the last agent takes it on the watch's event.
+    let (leader, rest) = match second.starts_with("agent-node-2") {
+        true => (0, "agent-node-3"),
+        false => (1, "agent-node-2"),
+    };
+    others[leader].signal(libc::SIGTERM);
+    within(
+        "the last agent holds the lease",
+        Duration::from_secs(10),
+        || Ok(lease_holder(&w).starts_with(rest)),
+    )?;
+    let versions = lease_versions(&w);
+    let released = versions
+        .iter()
+        .position(|v| v.0.is_empty())
+        .context("a version handed back")?;
+    let (handed, took) = (&versions[released], versions.get(released + 1));
+    let took = took.context("a version after the release")?;
+    let gap = took.2 - handed.1;
+    eprintln!("handed back, taken {:.0} ms later", gap * 1000.0);
+    ensure!(took.0.starts_with(rest), "{versions:?}");
+    ensure!(
+        gap < 0.5,
+        "taken {gap:.3} s after the release: {versions:?}"
+    );
+    ensure!(
+        w.api().requests_of("get", "leases") <= 1,
+        "a GET only if the release's write was refused: {:?}",
+        w.api().verbs_of("leases")
+    );
+    others[1 - leader].signal(libc::SIGTERM);
     Ok(())
 }
 
