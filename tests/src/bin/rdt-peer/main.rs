@@ -15,6 +15,7 @@ mod ca;
 mod client;
 mod dns;
 mod hbone;
+mod hostile;
 mod load;
 mod mix;
 mod serve;
@@ -274,6 +275,36 @@ enum Command {
         #[arg(long)]
         send: Option<String>,
     },
+    /// A peer holding a valid certificate that attacks the receiving side of HBONE: `flood`,
+    /// `reset` or `idle` (see `hostile.rs`). Prints `ready ...` or `done ...` lines.
+    Hostile {
+        #[arg(long, value_enum)]
+        mode: hostile::Mode,
+        #[arg(long)]
+        connect: SocketAddr,
+        /// Own certificate chain (PEM, leaf first).
+        #[arg(long)]
+        cert: PathBuf,
+        /// Own private key (PEM).
+        #[arg(long)]
+        key: PathBuf,
+        /// The CONNECT target, `IP:PORT`.
+        #[arg(long)]
+        authority: String,
+        #[arg(long, default_value_t = 1)]
+        conns: usize,
+        #[arg(long, default_value_t = 200)]
+        streams: usize,
+        #[arg(long, default_value_t = 1)]
+        rounds: usize,
+        #[arg(long, default_value_t = 50)]
+        reset_ms: u64,
+        #[arg(long, default_value_t = 3000)]
+        push_ms: u64,
+        /// A source address, taken in turn by the connections (repeatable).
+        #[arg(long)]
+        from: Vec<std::net::IpAddr>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -395,6 +426,31 @@ fn main() -> ExitCode {
             root,
             authority,
             send,
+        }),
+        Command::Hostile {
+            mode,
+            connect,
+            cert,
+            key,
+            authority,
+            conns,
+            streams,
+            rounds,
+            reset_ms,
+            push_ms,
+            from,
+        } => hostile::run(hostile::HostileArgs {
+            mode,
+            connect,
+            cert,
+            key,
+            authority,
+            conns,
+            streams,
+            rounds,
+            reset_ms,
+            push_ms,
+            from,
         }),
     };
     match result {
