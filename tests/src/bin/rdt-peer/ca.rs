@@ -2,7 +2,8 @@
 //! over gRPC on TLS, as Istio's `security/v1alpha1/ca.proto` defines it. It checks what istiod
 //! checks of a node agent: the bearer token, that the identity asked for (the request's
 //! `ImpersonatedIdentity`) is one it may have (`--allow`), and that the CSR names exactly it; then
-//! signs with the suite's test CA for the lifetime asked. Events go to stdout, one line each.
+//! signs with the suite's test CA for the lifetime asked, at most `--ttl` seconds. Events go to
+//! stdout, one line each.
 //!
 //! The messages are written out here on their own, from the proto, not taken from the agent: a
 //! field number the agent got wrong would then fail the suite instead of agreeing with itself.
@@ -54,12 +55,15 @@ pub(crate) struct CaArgs {
     pub(crate) token: PathBuf,
     /// `NAMESPACE/ACCOUNT` identities a caller may ask for.
     pub(crate) allow: Vec<String>,
+    /// The longest lifetime granted (`--ttl`); unset, the one asked for.
+    pub(crate) max_ttl: Option<Duration>,
 }
 
 struct State {
     ca: TestCa,
     token: String,
     allowed: BTreeSet<String>,
+    max_ttl: Option<Duration>,
 }
 
 pub(crate) fn serve(args: CaArgs) -> Result<()> {
@@ -82,6 +86,7 @@ pub(crate) fn serve(args: CaArgs) -> Result<()> {
         ca,
         token: token.trim().to_string(),
         allowed,
+        max_ttl: args.max_ttl,
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -190,11 +195,12 @@ fn create(
             "{asked} runs on no node of this caller"
         )));
     }
-    let valid_for = u64::try_from(body.validity_duration)
+    let asked_for = u64::try_from(body.validity_duration)
         .ok()
         .filter(|s| *s > 0)
         .map(Duration::from_secs)
         .ok_or_else(|| Status::invalid_argument("validity_duration must be positive"))?;
+    let valid_for = state.max_ttl.map_or(asked_for, |max| asked_for.min(max));
     let (chain, uris) = state
         .ca
         .sign_csr(&body.csr, valid_for)
@@ -205,9 +211,10 @@ fn create(
         )));
     }
     super::hbone::say(&format!(
-        "issued identity={asked} ttl={}s cluster={}",
+        "issued identity={asked} ttl={}s cluster={} asked={}s",
         valid_for.as_secs(),
-        header("clusterid")
+        header("clusterid"),
+        asked_for.as_secs()
     ));
     // As istiod: one PEM per certificate, the leaf first and the root last.
     Ok(CertificateResponse { cert_chain: chain })

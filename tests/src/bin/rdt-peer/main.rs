@@ -233,7 +233,7 @@ enum Command {
     },
     /// Serve Istio's CA service (`CreateCertificate`) on TLS until killed, signing with the
     /// suite's CA saved in `--ca-dir`. Prints `listening ADDR`, then per call
-    /// `issued identity= ttl=Ns cluster=` or `refused code= why=`.
+    /// `issued identity= ttl=Ns cluster= asked=Ns` or `refused code= why=`.
     Ca {
         #[arg(long)]
         listen: SocketAddr,
@@ -251,6 +251,10 @@ enum Command {
         /// `NAMESPACE/ACCOUNT` a caller may ask a certificate for (repeatable).
         #[arg(long)]
         allow: Vec<String>,
+        /// The longest lifetime granted, in seconds: a longer one asked for is shortened to it
+        /// (as a CA with a maximum certificate lifetime does).
+        #[arg(long)]
+        ttl: Option<u64>,
     },
     /// One HBONE tunnel: mutual TLS 1.3 to `--connect` (the server's certificate must chain to
     /// `--root`; its names are not checked), HTTP/2 CONNECT `--authority`. Prints
@@ -404,6 +408,7 @@ fn main() -> ExitCode {
             names,
             token,
             allow,
+            ttl,
         } => ca::serve(ca::CaArgs {
             listen,
             ca_dir,
@@ -411,6 +416,7 @@ fn main() -> ExitCode {
             names,
             token,
             allow,
+            max_ttl: ttl.map(std::time::Duration::from_secs),
         }),
         Command::HboneClient {
             connect,
