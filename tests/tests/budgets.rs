@@ -822,3 +822,99 @@ fn four_pods_at_their_share_leave_a_fifth_pod_ports_toward_the_same_endpoint() -
     ensure!(m.get_or_zero(&refusals("upstream_ports", "reserve")) > 0.0);
     s.agent.stop()
 }
+
+/// Four pods each holding idle connections through the proxy and idle DNS-over-TCP connections
+/// until refused take their shares, a quarter of the node each, but not the floor kept for a
+/// newcomer (a 64th of the node): a fifth pod then gets its echo and its `dig +tcp` answered and
+/// holds its floor of each, where before it found the node's limit reached. Under a 4,096
+/// open-files limit (240 DNS-over-TCP clients, 60 a pod, a floor of 3) and 256 connections (64 a
+/// pod, a floor of 4).
+#[test]
+fn four_pods_at_their_share_leave_a_fifth_pod_its_floor_of_connections_and_tcp_dns() -> Result<()> {
+    const HOGS: [(&str, &str); 4] = [
+        ("team-a/a1", "10.244.1.10"),
+        ("team-a/a2", "10.244.1.11"),
+        ("team-a/a3", "10.244.1.12"),
+        ("team-a/a4", "10.244.1.13"),
+    ];
+    const ASKED: u64 = 80;
+    let mut pods = HOGS.to_vec();
+    pods.push(B1);
+    let s = setup(&pods, Some(4096), &["--max-connections", "256"])?;
+    let m = s.agent.metrics()?;
+    let sized = |budget: &str| -> [u64; 3] {
+        ["node", "client", "floor"].map(|scope| m.get_or_zero(&limit(budget, scope)) as u64)
+    };
+    ensure!(sized("connections") == [256, 64, 4], "{m:#?}");
+    ensure!(sized("dns_tcp_clients") == [240, 60, 3], "{m:#?}");
+
+    // One pod after another, each holding what it got: (connections, DNS over TCP) open.
+    let hold = |pod: &str, to: &str, conns: u64| -> Result<(Proc, BTreeMap<String, u64>)> {
+        let mut held = peer::cmd(s.topo.pod(pod).place())?
+            .args(["hold-idle", to, "--conns", &conns.to_string()])
+            .spawn()?;
+        held.wait_for_log("open=", Duration::from_secs(30))?;
+        let c = counts(&held.log(), "open")?;
+        ensure!(
+            c["open"] + c["reset"] == conns && c["closed"] == 0,
+            "{pod}: {c:?}"
+        );
+        Ok((held, c))
+    };
+    let mut holders = Vec::new();
+    let mut hogs = Vec::new();
+    for (pod, _) in HOGS {
+        let (a, conns) = hold(pod, EXT_ECHO, ASKED)?;
+        let (b, dns) = hold(pod, RESOLVER, ASKED)?;
+        hogs.push((conns["open"], dns["open"]));
+        holders.extend([a, b]);
+    }
+    let fifth = "team-b/b1";
+    let echo = peer::cmd(s.topo.pod(fifth).place())?
+        .args(["echo", EXT_ECHO, "--bytes", "1000"])
+        .output()?;
+    let reply = dig::run(
+        s.topo
+            .pod(fifth)
+            .cmd("dig")
+            .args(["+tcp", "+tries=1", "+time=2", NAME]),
+    )?;
+    let (a, conns) = hold(fifth, EXT_ECHO, 10)?;
+    let (b, dns) = hold(fifth, RESOLVER, 10)?;
+    holders.extend([a, b]);
+    let m = s.agent.metrics()?;
+    let refused = |budget: &str| {
+        ["client_share", "reserve", "node_limit"]
+            .map(|reason| m.get_or_zero(&refusals(budget, reason)) as u64)
+    };
+    eprintln!(
+        "four pods held (connections, DNS over TCP) {hogs:?}; the fifth pod's echo {}, its dig +tcp {} in {:?}, then it held {} connections and {} DNS-over-TCP; refused (share, reserve, node): connections {:?}, DNS over TCP {:?}",
+        if echo.success() { "worked" } else { "failed" },
+        reply.status,
+        reply.elapsed,
+        conns["open"],
+        dns["open"],
+        refused("connections"),
+        refused("dns_tcp_clients"),
+    );
+    ensure!(
+        hogs == [(64, 60), (64, 60), (64, 60), (60, 57)],
+        "three pods at their share, the fourth a floor short: {hogs:?}"
+    );
+    ensure!(echo.success(), "{}{}", echo.stdout_str(), echo.stderr_str());
+    ensure!(
+        reply.status == "NOERROR" && !reply.answer.is_empty(),
+        "{reply:#?}"
+    );
+    ensure!(
+        (conns["open"], dns["open"]) == (4, 3),
+        "the fifth pod holds its floor of each: {conns:?} {dns:?}"
+    );
+    ensure!(refused("connections") == [3 * 16, 20, 6], "{m:#?}");
+    ensure!(refused("dns_tcp_clients") == [3 * 20, 23, 7], "{m:#?}");
+    for mut h in holders {
+        h.close_stdin();
+        h.wait(Duration::from_secs(10))?;
+    }
+    s.agent.stop()
+}

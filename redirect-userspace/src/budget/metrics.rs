@@ -38,8 +38,8 @@ pub(crate) enum Refusal {
     ClientShare,
     /// The node-wide limit is reached.
     NodeLimit,
-    /// What is left is kept for clients that hold less than their floor (ports toward one
-    /// upstream: a newcomer always connects).
+    /// What is left is kept for clients that hold less than their floor: a newcomer always gets
+    /// its floor.
     Reserve,
     /// The descriptors a connection needs are not in the budget.
     Fds,
@@ -61,6 +61,8 @@ impl Refusal {
 pub(super) enum Scope {
     Node,
     Client,
+    /// What a client can always reach, however much the others hold.
+    Floor,
 }
 
 impl Scope {
@@ -68,6 +70,7 @@ impl Scope {
         match self {
             Self::Node => "node",
             Self::Client => "client",
+            Self::Floor => "floor",
         }
     }
 }
@@ -112,6 +115,16 @@ impl BudgetMetrics {
         }
     }
 
+    /// A budget's floor, set once when the budget is made.
+    pub(crate) fn floor(&self, budget: BudgetKind, floor: usize) {
+        self.limit
+            .get_or_create(&LimitLabels {
+                budget,
+                scope: Scope::Floor,
+            })
+            .set(i64::try_from(floor).unwrap_or(i64::MAX));
+    }
+
     /// How much of a budget is held now, node-wide.
     pub(crate) fn used(&self, budget: BudgetKind, used: usize) {
         self.used
@@ -133,7 +146,7 @@ impl BudgetMetrics {
         );
         registry.register(
             "budget_limit",
-            "Each budget's node-wide limit and one client's share of it",
+            "Each budget's node-wide limit, one client's share of it and the floor every client can reach",
             self.limit.clone(),
         );
         registry.register(

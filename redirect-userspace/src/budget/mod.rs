@@ -1,7 +1,8 @@
 //! The resources the agent lets its clients make it hold, each capped for the node and shared out per
 //! client (a workload, by any of its addresses: `Snapshot::budget_key`): proxied connections and
 //! their file descriptors, DNS queries in flight upstream, DNS-over-TCP connections, the node's
-//! ephemeral ports toward each upstream address. A pod at its share is refused; the others go on.
+//! ephemeral ports toward each upstream address. A pod at its share is refused; the others go on,
+//! and each pod can reach its floor however much the others hold ([`tally`]).
 //!
 //! Sizes come from the open-files limit (see [`Limits::size`]), so the agent refuses early, with a
 //! reset or SERVFAIL the client sees at once, instead of running out of descriptors and hanging
@@ -11,6 +12,7 @@ mod limits;
 mod metrics;
 pub(crate) mod ports;
 mod share;
+mod tally;
 
 use std::sync::Arc;
 

@@ -6,11 +6,8 @@
 //! fails, each failed `connect()` after a scan of the whole range. Counted here per upstream address
 //! and per client, a pod at its share is refused at once while the others go on.
 //!
-//! Shares alone do not keep a newcomer in: four pods at a quarter each hold the whole node's limit.
-//! So a client holding its floor ([`UpstreamPorts::floor`], a 64th of the node's limit) or more may
-//! take another port only while what stays free covers a floor for one more client and what each
-//! other client holding ports still lacks of its floor. Below its floor a client takes from that
-//! reserve: a fifth pod always connects, as many as the reserve has floors for.
+//! Each upstream's ports are shared out with a floor and a reserve ([`super::tally`]): a fifth pod
+//! always connects, however many ports four others hold.
 use std::{
     collections::{HashMap, VecDeque},
     net::{IpAddr, SocketAddr},
@@ -18,8 +15,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::BudgetMetrics;
-use super::{BudgetKind, Refusal};
+use super::tally::{Bounds, Tally};
+use super::{BudgetKind, BudgetMetrics, Refusal};
 use crate::lock::Locked;
 
 /// How long Linux keeps a connection the node closed first in TIME_WAIT (`TCP_TIMEWAIT_LEN`, fixed).
@@ -46,13 +43,11 @@ fn parse_range(text: &str) -> Option<usize> {
     (ports.next().is_none() && low <= high).then(|| usize::from(high - low) + 1)
 }
 
-/// Ports each upstream address may hold for the proxy (`node`), and for any one client of it.
+/// Ports each upstream address may hold for the proxy (the node's limit), and for any one client
+/// of it (its share, and the floor it can always reach).
 #[derive(Debug)]
 pub(crate) struct UpstreamPorts {
-    node: usize,
-    client: usize,
-    /// Ports a client may always reach toward one upstream, however many the others hold.
-    floor: usize,
+    bounds: Bounds,
     held: Mutex<Held>,
     metrics: Arc<BudgetMetrics>,
 }
@@ -69,58 +64,12 @@ struct Held {
 /// What one upstream address holds: only upstreams holding something have an entry.
 #[derive(Debug, Default)]
 struct Upstream {
-    total: usize,
-    by_client: HashMap<IpAddr, usize>,
-    /// What the clients holding ports lack of the floor, together (kept as they take and release).
-    below_floor: usize,
+    tally: Tally,
     /// Closed connections still in TIME_WAIT, oldest first: when each ends, and whose it was.
     cooling: VecDeque<(Instant, IpAddr)>,
 }
 
-/// What a client holding `held` ports lacks of `floor`: nothing for one holding none (it is no
-/// client of this upstream yet; the reserve's own floor stands for it).
-fn lacks(held: usize, floor: usize) -> usize {
-    match held {
-        0 => 0,
-        n => floor.saturating_sub(n),
-    }
-}
-
 impl Upstream {
-    /// Counts one more port for `client`.
-    fn hold(&mut self, client: IpAddr, floor: usize) {
-        let n = self.by_client.entry(client).or_default();
-        self.below_floor = self.below_floor + lacks(*n + 1, floor) - lacks(*n, floor);
-        *n += 1;
-        self.total += 1;
-    }
-
-    fn release(&mut self, client: IpAddr, floor: usize) {
-        if let Some(n) = self.by_client.get_mut(&client) {
-            self.below_floor = self.below_floor + lacks(*n - 1, floor) - lacks(*n, floor);
-            *n -= 1;
-            if *n == 0 {
-                self.by_client.remove(&client);
-            }
-        }
-        self.total = self.total.saturating_sub(1);
-    }
-
-    /// Why `client` may not take one more port, if it may not.
-    fn refusal(&self, client: IpAddr, node: usize, share: usize, floor: usize) -> Option<Refusal> {
-        let mine = self.by_client.get(&client).copied().unwrap_or(0);
-        let free = node.saturating_sub(self.total);
-        if mine >= share {
-            Some(Refusal::ClientShare)
-        } else if free == 0 {
-            Some(Refusal::NodeLimit)
-        } else if mine >= floor && free - 1 < floor + self.below_floor {
-            Some(Refusal::Reserve)
-        } else {
-            None
-        }
-    }
-
     /// Gives back the ports whose TIME_WAIT is over; returns how many.
     fn expire(&mut self, now: Instant, floor: usize) -> usize {
         let mut freed = 0;
@@ -129,7 +78,7 @@ impl Upstream {
                 break;
             }
             self.cooling.pop_front();
-            self.release(client, floor);
+            self.tally.release(client, floor);
             freed += 1;
         }
         freed
@@ -142,12 +91,11 @@ impl UpstreamPorts {
         client: usize,
         metrics: Arc<BudgetMetrics>,
     ) -> Arc<UpstreamPorts> {
-        let client = client.min(node);
-        metrics.limits(BudgetKind::UpstreamPorts, node, Some(client));
+        let bounds = Bounds::new(node, client);
+        metrics.limits(BudgetKind::UpstreamPorts, node, Some(bounds.share));
+        metrics.floor(BudgetKind::UpstreamPorts, bounds.floor);
         Arc::new(UpstreamPorts {
-            node,
-            client,
-            floor: Self::floor(node),
+            bounds,
             held: Mutex::new(Held {
                 by_upstream: HashMap::new(),
                 total: 0,
@@ -155,12 +103,6 @@ impl UpstreamPorts {
             }),
             metrics,
         })
-    }
-
-    /// The ports a client may always reach toward one upstream: a 64th of the node's limit (330 of
-    /// Linux's default range), at least one.
-    pub(crate) fn floor(node: usize) -> usize {
-        (node / 64).max(1)
     }
 
     fn held(&self) -> MutexGuard<'_, Held> {
@@ -190,24 +132,26 @@ impl UpstreamPorts {
         if now.duration_since(held.swept) >= Duration::from_secs(1) {
             held.swept = now;
             let mut freed = 0;
-            let floor = self.floor;
+            let floor = self.bounds.floor;
             held.by_upstream.retain(|_, u| {
                 freed += u.expire(now, floor);
-                u.total > 0
+                u.tally.total > 0
             });
             held.total = held.total.saturating_sub(freed);
         }
         let entry = held.by_upstream.entry(upstream).or_default();
-        held.total = held.total.saturating_sub(entry.expire(now, self.floor));
-        if let Some(refusal) = entry.refusal(client, self.node, self.client, self.floor) {
-            if entry.total == 0 {
+        held.total = held
+            .total
+            .saturating_sub(entry.expire(now, self.bounds.floor));
+        if let Some(refusal) = entry.tally.refusal(client, self.bounds) {
+            if entry.tally.total == 0 {
                 held.by_upstream.remove(&upstream);
             }
             self.metrics.used(BudgetKind::UpstreamPorts, held.total);
             self.metrics.refused(BudgetKind::UpstreamPorts, refusal);
             return Err(refusal);
         }
-        entry.hold(client, self.floor);
+        entry.tally.hold(client, self.bounds.floor);
         held.total += 1;
         self.metrics.used(BudgetKind::UpstreamPorts, held.total);
         Ok(PortPermit {
@@ -228,8 +172,8 @@ impl UpstreamPorts {
             entry.cooling.push_back((now + TIME_WAIT, client));
             return;
         }
-        entry.release(client, self.floor);
-        if entry.total == 0 {
+        entry.tally.release(client, self.bounds.floor);
+        if entry.tally.total == 0 {
             held.by_upstream.remove(&upstream);
         }
         held.total = held.total.saturating_sub(1);
@@ -333,7 +277,7 @@ mod tests {
     #[test]
     fn four_clients_at_their_share_leave_a_fifth_its_floor() {
         let ports = UpstreamPorts::new(640, 160, Arc::new(BudgetMetrics::default()));
-        let floor = UpstreamPorts::floor(640);
+        let floor = super::super::tally::floor(640, 160);
         assert_eq!(floor, 10);
         let up = addr("198.51.100.1:80");
         let mut held = Vec::new();
@@ -353,8 +297,8 @@ mod tests {
         let _sixth = ports.take(ip("10.0.0.6"), up).unwrap();
         let held_now = ports.held();
         let entry = &held_now.by_upstream[&up];
-        assert_eq!(entry.total, 640);
-        assert_eq!(entry.below_floor, floor - 1, "the sixth lacks nine");
+        assert_eq!(entry.tally.total, 640);
+        assert_eq!(entry.tally.below_floor, floor - 1, "the sixth lacks nine");
     }
 
     #[test]
@@ -366,7 +310,7 @@ mod tests {
                 .held()
                 .by_upstream
                 .get(&up)
-                .map_or(0, |u| u.below_floor)
+                .map_or(0, |u| u.tally.below_floor)
         };
         let mut held: Vec<_> = (0..3).map(|_| ports.take(a, up).unwrap()).collect();
         assert_eq!(lacking(), 7);

@@ -1,32 +1,26 @@
-//! A count of things held (connections, forwards), capped per client and for the node.
+//! A count of things held (connections, forwards), capped per client and for the node, shared out
+//! with a floor and a reserve ([`super::tally`]): four clients at their share still leave a fifth
+//! its floor.
 use std::{
-    collections::HashMap,
     net::IpAddr,
     sync::{Arc, Mutex, MutexGuard},
 };
 
+use super::tally::{Bounds, Tally};
 use super::{BudgetKind, BudgetMetrics, Refusal};
 use crate::lock::Locked;
 
-/// One budget: at most `node` held in all, at most `client` by any one client (a pod, by the key
-/// `Snapshot::budget_key` gives its addresses). With `client` below `node`, a pod that uses its
-/// whole share leaves the rest to others.
+/// One budget: at most `node` held in all, at most a share by any one client (a pod, by the key
+/// `Snapshot::budget_key` gives its addresses), and a floor each client can reach whatever the
+/// others hold.
 #[derive(Debug)]
 pub(crate) struct Share {
     kind: BudgetKind,
-    node: usize,
-    client: usize,
-    held: Mutex<Held>,
+    bounds: Bounds,
+    held: Mutex<Tally>,
     metrics: Arc<BudgetMetrics>,
     /// Woken each time the last unit held is given back (a drain waits on it).
     emptied: tokio::sync::Notify,
-}
-
-#[derive(Debug, Default)]
-struct Held {
-    total: usize,
-    /// Only clients holding something have an entry: the map never outgrows what is held.
-    by_client: HashMap<IpAddr, usize>,
 }
 
 impl Share {
@@ -36,19 +30,19 @@ impl Share {
         client: usize,
         metrics: Arc<BudgetMetrics>,
     ) -> Arc<Share> {
-        let client = client.min(node);
-        metrics.limits(kind, node, Some(client));
+        let bounds = Bounds::new(node, client);
+        metrics.limits(kind, node, Some(bounds.share));
+        metrics.floor(kind, bounds.floor);
         Arc::new(Share {
             kind,
-            node,
-            client,
-            held: Mutex::new(Held::default()),
+            bounds,
+            held: Mutex::new(Tally::default()),
             metrics,
             emptied: tokio::sync::Notify::new(),
         })
     }
 
-    fn held(&self) -> MutexGuard<'_, Held> {
+    fn held(&self) -> MutexGuard<'_, Tally> {
         // Plain counters: still consistent after a panic elsewhere.
         self.held.locked()
     }
@@ -56,20 +50,12 @@ impl Share {
     /// One more for `client`, or the reason it may not have it (counted).
     pub(crate) fn take(self: &Arc<Self>, client: IpAddr) -> Result<Permit, Refusal> {
         let mut held = self.held();
-        let refusal = if held.by_client.get(&client).copied().unwrap_or(0) >= self.client {
-            Some(Refusal::ClientShare)
-        } else if held.total >= self.node {
-            Some(Refusal::NodeLimit)
-        } else {
-            None
-        };
-        if let Some(refusal) = refusal {
+        if let Some(refusal) = held.refusal(client, self.bounds) {
             drop(held);
             self.metrics.refused(self.kind, refusal);
             return Err(refusal);
         }
-        *held.by_client.entry(client).or_default() += 1;
-        held.total += 1;
+        held.hold(client, self.bounds.floor);
         self.metrics.used(self.kind, held.total);
         Ok(Permit {
             share: self.clone(),
@@ -97,18 +83,12 @@ impl Share {
     }
 
     pub(crate) fn node_limit(&self) -> usize {
-        self.node
+        self.bounds.node
     }
 
     fn give_back(&self, client: IpAddr) {
         let mut held = self.held();
-        if let Some(n) = held.by_client.get_mut(&client) {
-            *n -= 1;
-            if *n == 0 {
-                held.by_client.remove(&client);
-            }
-        }
-        held.total = held.total.saturating_sub(1);
+        held.release(client, self.bounds.floor);
         self.metrics.used(self.kind, held.total);
         if held.total == 0 {
             drop(held);
@@ -189,6 +169,7 @@ mod tests {
             r#"redirect_budget_used{budget="connections"} 0"#,
             r#"redirect_budget_limit{budget="connections",scope="node"} 5"#,
             r#"redirect_budget_limit{budget="connections",scope="client"} 2"#,
+            r#"redirect_budget_limit{budget="connections",scope="floor"} 1"#,
         ] {
             assert!(text.contains(line), "{line} missing in\n{text}");
         }
@@ -206,6 +187,87 @@ mod tests {
         assert_eq!(
             share.take(ip("10.0.0.1")).unwrap_err(),
             Refusal::ClientShare
+        );
+    }
+
+    /// Takes units for `client` until refused: how many it got and why it stopped.
+    fn take_all(share: &Arc<Share>, client: IpAddr, into: &mut Vec<Permit>) -> (usize, Refusal) {
+        let mut got = 0;
+        loop {
+            match share.take(client) {
+                Ok(p) => {
+                    into.push(p);
+                    got += 1;
+                }
+                Err(why) => return (got, why),
+            }
+        }
+    }
+
+    #[test]
+    fn four_clients_at_their_share_leave_a_fifth_its_floor() {
+        // An open-files limit of 4,096: 1,792 connections, 448 a client, a floor of 28.
+        let metrics = Arc::new(BudgetMetrics::default());
+        let share = Share::new(BudgetKind::Connections, 1_792, 448, metrics.clone());
+        let floor = 28;
+        let mut held = Vec::new();
+        let hogs: Vec<_> = (1..=4)
+            .map(|i| take_all(&share, ip(&format!("10.0.0.{i}")), &mut held))
+            .collect();
+        assert_eq!(hogs[0], (448, Refusal::ClientShare));
+        assert_eq!(hogs[2], (448, Refusal::ClientShare));
+        // The fourth stops where a floor for one more client is still free.
+        assert_eq!(hogs[3], (448 - floor, Refusal::Reserve), "{hogs:?}");
+        let fifth = take_all(&share, ip("10.0.0.5"), &mut held);
+        assert_eq!(fifth, (floor, Refusal::NodeLimit), "{hogs:?}");
+        assert_eq!(share.used(), 1_792);
+        let sixth = take_all(&share, ip("10.0.0.6"), &mut held);
+        assert_eq!(sixth, (0, Refusal::NodeLimit));
+        // A unit given back goes to whoever lacks its floor, not to a client above it.
+        drop(held.remove(0));
+        assert_eq!(share.take(ip("10.0.0.1")).unwrap_err(), Refusal::Reserve);
+        let _sixth_again = share.take(ip("10.0.0.6")).unwrap();
+        let text =
+            crate::metrics::encode(&crate::metrics::registry_of(|r| metrics.register(r))).unwrap();
+        for line in [
+            r#"redirect_budget_refusals_total{budget="connections",reason="reserve"} 2"#,
+            r#"redirect_budget_limit{budget="connections",scope="floor"} 28"#,
+        ] {
+            assert!(text.contains(line), "{line} missing in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_client_below_its_floor_is_never_refused_while_the_node_has_room() {
+        let share = Share::new(
+            BudgetKind::DnsForwards,
+            1_024,
+            256,
+            Arc::new(BudgetMetrics::default()),
+        );
+        let mut held = Vec::new();
+        for i in 1..=4 {
+            take_all(&share, ip(&format!("10.0.1.{i}")), &mut held);
+        }
+        // Clients come one after another, each taking up to its floor of 16: every one below its
+        // floor is served until nothing at all is free.
+        let mut served = 0;
+        for i in 1..=20 {
+            for _ in 0..16 {
+                let free = 1_024 - share.used();
+                match share.take(ip(&format!("10.0.2.{i}"))) {
+                    Ok(p) => {
+                        held.push(p);
+                        served += 1;
+                    }
+                    Err(why) => assert_eq!((free, why), (0, Refusal::NodeLimit), "client {i}"),
+                }
+            }
+        }
+        assert_eq!(share.used(), 1_024);
+        assert_eq!(
+            served, 16,
+            "the fifth client got its floor, the rest nothing"
         );
     }
 }
