@@ -1,15 +1,16 @@
 //! The agent's metrics as a cluster's Prometheus reads them (`docs/observability.md`): a real
-//! Prometheus (Debian's package) in the node's netns scrapes the agent's admin port every second,
-//! and its query API answers what the agent's own text says.
+//! Prometheus (Debian's package) in the node's netns scrapes the agent's stats address (port
+//! 15020 of the node's addresses, where it would scrape ztunnel) every second, and its query API
+//! answers what the agent's own text on the admin address says.
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
+use integration::fixtures::curl_body;
 use integration::metrics::Metrics;
 use integration::prometheus::{JOB, Prometheus};
 use integration::world::World;
-use integration::{ADMIN_ADDR, fixtures::curl_body};
 
 /// Where Prometheus listens, in the node's netns.
 const PROMETHEUS: &str = "127.0.0.1:19090";
@@ -22,15 +23,30 @@ const SCRAPE_SERIES: [&str; 5] = [
     "scrape_series_added",
 ];
 
+/// The stats address as a cluster's Prometheus reaches it: the node's own address (the node's
+/// side of its link to ext), port 15020.
+const STATS: &str = "192.0.2.1:15020";
+
 fn start_prometheus(w: &World) -> Result<Prometheus> {
-    let admin: SocketAddr = ADMIN_ADDR.parse()?;
+    let stats: SocketAddr = STATS.parse()?;
     Prometheus::start(
         w.topo.node(),
         PROMETHEUS.parse()?,
         &w.topo.scratch_path("prometheus"),
-        &[admin],
-        "/metrics",
+        &[stats],
+        "/stats/prometheus",
     )
+}
+
+/// The HTTP status of `GET path` on the stats address, from the node's netns.
+fn stats_status(w: &World, path: &str) -> Result<String> {
+    let out = w
+        .topo
+        .node_cmd("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("http://{STATS}{path}"))
+        .ok()?;
+    Ok(out.stdout_str())
 }
 
 /// The metric names of the agent's text, as Prometheus names the series a family gives (a
@@ -79,6 +95,12 @@ fn a_real_prometheus_takes_every_family_the_agent_serves_and_counts_as_it_does()
         theirs.difference(&ours).collect::<Vec<_>>(),
         ours.difference(&theirs).collect::<Vec<_>>()
     );
+
+    // The stats address serves the metrics alone, never the node's configuration.
+    assert_eq!(stats_status(&w, "/metrics")?, "200");
+    for admin_only in ["/config_dump", "/connections", "/healthz/ready", "/logging"] {
+        assert_eq!(stats_status(&w, admin_only)?, "404", "{admin_only}");
+    }
 
     // The counters at rest agree: what the proxy and the kernel decided (the kernel's counts
     // are read from its maps every few hundred milliseconds), summed.

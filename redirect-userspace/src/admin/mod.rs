@@ -1,4 +1,6 @@
-//! The admin HTTP server: `/config_dump`, `/metrics`, `/healthz/ready`, `/logging`.
+//! The admin HTTP server: `/config_dump`, `/metrics`, `/healthz/ready`, `/logging`; and the stats
+//! address, which serves the metrics alone where a cluster's Prometheus scrapes ztunnel's
+//! (`/metrics` and `/stats/prometheus` on port 15020 of every address).
 //!
 //! It runs on its own thread with its own single-threaded runtime, apart from the data path: a busy
 //! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
@@ -100,6 +102,12 @@ pub(crate) enum AdminError {
         #[source]
         source: io::Error,
     },
+    #[error("binding the stats address {addr} (--stats; --no-stats turns it off): {source}")]
+    BindStats {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
 }
 
 /// Binds the admin address (loopback only unless allowed).
@@ -116,15 +124,46 @@ pub(crate) fn bind(
     Ok(listener)
 }
 
-/// Serves on `listener` (bound here or handed over by a predecessor) on a thread of its own, until
-/// `stop` changes; then the listener is closed (a successor holding the same socket serves on).
+/// Binds the stats address: any address, for it serves the metrics alone.
+pub(crate) fn bind_stats(addr: SocketAddr) -> Result<std::net::TcpListener, AdminError> {
+    let bind_err = |source| AdminError::BindStats { addr, source };
+    let listener = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+    listener.set_nonblocking(true).map_err(bind_err)?;
+    Ok(listener)
+}
+
+/// The admin server's sockets (bound here or handed over by a predecessor).
+pub(crate) struct Listeners {
+    /// Every endpoint.
+    pub admin: std::net::TcpListener,
+    /// The metrics alone; `None` with `--no-stats`.
+    pub stats: Option<std::net::TcpListener>,
+}
+
+/// What a listener answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Endpoints {
+    All,
+    MetricsOnly,
+}
+
+/// Serves on `listeners` on a thread of its own, until `stop` changes; then they are closed (a
+/// successor holding the same sockets serves on).
 pub(crate) fn spawn_on(
-    listener: std::net::TcpListener,
+    listeners: Listeners,
     state: AdminState,
     stop: crate::drain::Watcher,
 ) -> io::Result<SocketAddr> {
-    listener.set_nonblocking(true)?;
-    let local = listener.local_addr()?;
+    let Listeners { admin, stats } = listeners;
+    admin.set_nonblocking(true)?;
+    let local = admin.local_addr()?;
+    let stats_local = match &stats {
+        Some(stats) => {
+            stats.set_nonblocking(true)?;
+            Some(stats.local_addr()?)
+        }
+        None => None,
+    };
     let state = Arc::new(state);
     thread::Builder::new().name("admin".into()).spawn(move || {
         let runtime = match tokio::runtime::Builder::new_current_thread()
@@ -137,9 +176,19 @@ pub(crate) fn spawn_on(
                 return;
             }
         };
-        runtime.block_on(serve(listener, state, stop));
+        let admin = serve(admin, state.clone(), stop.clone(), Endpoints::All);
+        match stats {
+            Some(stats) => {
+                let stats = serve(stats, state, stop, Endpoints::MetricsOnly);
+                runtime.block_on(async { tokio::join!(admin, stats) });
+            }
+            None => runtime.block_on(admin),
+        }
     })?;
     info!(addr = %local, "admin server listening");
+    if let Some(addr) = stats_local {
+        info!(%addr, "metrics served for Prometheus at /metrics and /stats/prometheus");
+    }
     Ok(local)
 }
 
@@ -147,6 +196,7 @@ async fn serve(
     listener: std::net::TcpListener,
     state: Arc<AdminState>,
     mut stop: crate::drain::Watcher,
+    endpoints: Endpoints,
 ) {
     let listener = match TcpListener::from_std(listener) {
         Ok(listener) => listener,
@@ -173,7 +223,12 @@ async fn serve(
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(route(&req, &state)) }
+                async move {
+                    Ok::<_, Infallible>(match endpoints {
+                        Endpoints::All => route(&req, &state),
+                        Endpoints::MetricsOnly => stats_route(&req, &state),
+                    })
+                }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -182,6 +237,31 @@ async fn serve(
                 debug!(peer = %peer, error = %e, "admin connection ended with an error");
             }
         });
+    }
+}
+
+/// The stats address: the metrics at either of ztunnel's paths, nothing else.
+fn stats_route(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
+    match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics" | "/stats/prometheus") => metrics_page(state),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "endpoints: /metrics /stats/prometheus\n".into(),
+        ),
+    }
+}
+
+fn metrics_page(state: &AdminState) -> Response<Body> {
+    match metrics::encode(&state.registry) {
+        Ok(body) => with_type(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            body,
+        ),
+        Err(_) => text(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "encoding metrics failed\n".into(),
+        ),
     }
 }
 
@@ -229,17 +309,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
                 format!("not ready: {why}\n"),
             ),
         },
-        "/metrics" => match metrics::encode(&state.registry) {
-            Ok(body) => with_type(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                body,
-            ),
-            Err(_) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "encoding metrics failed\n".into(),
-            ),
-        },
+        "/metrics" => metrics_page(state),
         _ => text(
             StatusCode::NOT_FOUND,
             "endpoints: /config_dump /metrics /healthz/ready /logging[?level=FILTER] /audit[?namespace=NS] /connections[?namespace=NS][&service=NS/NAME][&follow=1] /explain?from=NAMESPACE|NS/POD|POD-IP&(host=NAME|ip=IP[:PORT][&over=auto|same-node|hbone|plaintext])\n".into(),

@@ -33,7 +33,7 @@ pub(super) struct DnsParts {
 pub(super) struct Bound {
     pub proxy: Vec<tokio::net::TcpListener>,
     pub dns: Vec<DnsProxy>,
-    pub admin: std::net::TcpListener,
+    pub admin: crate::admin::Listeners,
     pub offer: Vec<handover::Socket>,
 }
 
@@ -58,7 +58,7 @@ pub(super) fn inherit(
     }
 }
 
-/// The proxy, DNS and admin listeners: the inherited ones where they match, new ones otherwise.
+/// The proxy, DNS, admin and stats listeners: the inherited ones where they match, new ones otherwise.
 /// Inherited sockets this configuration does not use are closed.
 pub(super) async fn bind(
     config: &AgentConfig,
@@ -68,15 +68,27 @@ pub(super) async fn bind(
     let mut bound = Bound {
         proxy: Vec::new(),
         dns: Vec::new(),
-        admin: match take(&mut inherited, Kind::Admin, config.admin).pop() {
-            Some(fd) => std::net::TcpListener::from(fd),
-            None => crate::admin::bind(config.admin, config.admin_allow_non_loopback)?,
+        admin: crate::admin::Listeners {
+            admin: match take(&mut inherited, Kind::Admin, config.admin).pop() {
+                Some(fd) => std::net::TcpListener::from(fd),
+                None => crate::admin::bind(config.admin, config.admin_allow_non_loopback)?,
+            },
+            stats: match config.stats {
+                Some(addr) => Some(match take(&mut inherited, Kind::Stats, addr).pop() {
+                    Some(fd) => std::net::TcpListener::from(fd),
+                    None => crate::admin::bind_stats(addr)?,
+                }),
+                None => None,
+            },
         },
         offer: Vec::new(),
     };
     bound
         .offer
-        .push(offered(Kind::Admin, config.admin, &bound.admin)?);
+        .push(offered(Kind::Admin, config.admin, &bound.admin.admin)?);
+    if let (Some(addr), Some(stats)) = (config.stats, &bound.admin.stats) {
+        bound.offer.push(offered(Kind::Stats, addr, stats)?);
+    }
     for gateway in config.gateway.addrs() {
         let addr = SocketAddr::new(gateway, config.proxy_port);
         let listener = match take(&mut inherited, Kind::Proxy, addr).pop() {

@@ -45,6 +45,7 @@ pub(crate) enum Kind {
     DnsUdp,
     DnsTcp,
     Admin,
+    Stats,
 }
 
 impl Kind {
@@ -54,12 +55,19 @@ impl Kind {
             Kind::DnsUdp => "dns-udp",
             Kind::DnsTcp => "dns-tcp",
             Kind::Admin => "admin",
+            Kind::Stats => "stats",
         }
     }
     fn parse(s: &str) -> Option<Kind> {
-        [Kind::Proxy, Kind::DnsUdp, Kind::DnsTcp, Kind::Admin]
-            .into_iter()
-            .find(|k| k.name() == s)
+        [
+            Kind::Proxy,
+            Kind::DnsUdp,
+            Kind::DnsTcp,
+            Kind::Admin,
+            Kind::Stats,
+        ]
+        .into_iter()
+        .find(|k| k.name() == s)
     }
 }
 

@@ -56,6 +56,8 @@ pub(crate) struct AgentConfig {
     pub dns_cache: Option<std::num::NonZeroUsize>,
     pub admin: SocketAddr,
     pub admin_allow_non_loopback: bool,
+    /// Where the metrics alone are served for a cluster's Prometheus; `None`: nowhere.
+    pub stats: Option<SocketAddr>,
     /// Prefixes the proxy never dials for a pod, beyond the ones it always refuses.
     pub deny_destinations: Vec<ipnet::IpNet>,
     pub relay: RelayMode,

@@ -120,6 +120,13 @@ pub(crate) struct RunArgs {
     /// Allow the admin server on a non-loopback address (it shows the node's configuration).
     #[arg(long)]
     pub admin_allow_non_loopback: bool,
+    /// Where a cluster's Prometheus scrapes the metrics (`/metrics`, `/stats/prometheus`), as it
+    /// scrapes ztunnel's: every address of the node by default. Only the metrics are served there.
+    #[arg(long, default_value = "0.0.0.0:15020", conflicts_with = "no_stats")]
+    pub stats: SocketAddr,
+    /// Serve no stats address (the metrics stay on the admin address).
+    #[arg(long)]
+    pub no_stats: bool,
     /// A prefix the proxy never dials for a pod, as the node's egress policy denies it to pods
     /// (repeatable; e.g. a cloud's metadata range outside link-local). Loopback, unspecified,
     /// link-local and the node's own addresses are always refused.
@@ -337,6 +344,7 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             dns_cache: std::num::NonZeroUsize::new(args.dns_cache),
             admin: args.admin,
             admin_allow_non_loopback: args.admin_allow_non_loopback,
+            stats: (!args.no_stats).then_some(args.stats),
             deny_destinations: args.deny_destination,
             relay: args.relay,
             budget: args.budget,
