@@ -289,8 +289,28 @@ struct PoolKey {
     source: Option<IpAddr>,
     waypoint: SocketAddr,
     waypoint_namespace: String,
-    config: usize,
+    config: ConfigKey,
     shard: u32,
+}
+
+/// The certificate configuration a pooled connection was dialled with, compared by identity.
+/// Held, not its address: a renewed certificate's configuration could otherwise land where a freed
+/// one was and join a connection still open with the old certificate.
+#[derive(Debug, Clone)]
+struct ConfigKey(Arc<super::tls::WorkloadTls>);
+
+impl PartialEq for ConfigKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for ConfigKey {}
+
+impl std::hash::Hash for ConfigKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state)
+    }
 }
 
 #[derive(Debug)]
@@ -384,7 +404,7 @@ impl HboneClient {
             source,
             waypoint,
             waypoint_namespace: waypoint_namespace.to_string(),
-            config: Arc::as_ptr(&config) as usize,
+            config: ConfigKey(config.clone()),
             shard: 0,
         };
         let dialer = Dialer {
