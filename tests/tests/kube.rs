@@ -399,6 +399,7 @@ fn agent_on_node(w: &World, n: u16) -> Result<integration::proc::Proc> {
         .args(["--proxy-port", &(base + 1).to_string()])
         .args(["--dns-proxy-port", &(base + 53).to_string()])
         .args(["--admin", &format!("127.0.0.1:{base}")])
+        .args(["--stats", &format!("127.0.0.1:{}", base + 20)])
         .args(["--dns-upstream", &upstream])
         .arg("--bpffs")
         .arg(w.topo.scratch_path(&format!("bpffs-{n}")))

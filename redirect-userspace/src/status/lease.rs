@@ -277,23 +277,7 @@ async fn hold(
             Instant::now(),
         ) {
             Step::Create | Step::Write => {
-                let asked = Instant::now();
-                match write(&api, &config, &view).await {
-                    Ok(written) => {
-                        view.observe(Some(written), Instant::now());
-                        mine.renewed = Some(asked);
-                        mine.retry_at = None;
-                    }
-                    Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
-                        debug!(%lease, code = s.code, "another agent wrote the lease first");
-                        view.refused = Some(view.version());
-                    }
-                    // Still the writer while the last renewal lasts (`Tenure::holds`).
-                    Err(e) => {
-                        warn!(%lease, error = %e, "cannot write the status writer's lease; retrying");
-                        mine.retry_at = Some(Instant::now() + config.duration / RETRY_DIVISOR);
-                    }
-                }
+                write_and_note(&api, &config, &mut view, &mut mine).await;
             }
             Step::Wait(until) => {
                 // Woken when the tenure lapses too, to tell the writer.
@@ -327,20 +311,7 @@ async fn hold(
             mine.renewed = None;
         }
         now.renewed = mine.renewed;
-        let held = now.holds();
-        tenure.send_if_modified(|t| {
-            *t = now;
-            held != was_held
-        });
-        if held != was_held {
-            was_held = held;
-            match held {
-                true => {
-                    info!(%lease, identity = %config.identity, "this agent writes ServiceEntry status now")
-                }
-                false => info!(%lease, "another agent writes ServiceEntry status"),
-            }
-        }
+        was_held = tell(&tenure, now, was_held, &config);
     }
     // Nothing is written from here on, whatever the release's fate.
     let held = tenure
@@ -355,6 +326,48 @@ async fn hold(
             }
         }
     }
+}
+
+/// One write of the lease ([`write`]) and what it teaches: taken (renewed now, the answer is the
+/// version seen), refused (nothing until the watch shows a newer version), or failed (retried a
+/// sixth of a lease later; still the writer while the last renewal lasts).
+async fn write_and_note(api: &Api<Lease>, config: &LeaseConfig, view: &mut View, mine: &mut Mine) {
+    let lease = format!("{}/{}", config.namespace, config.name);
+    let asked = Instant::now();
+    match write(api, config, view).await {
+        Ok(written) => {
+            view.observe(Some(written), Instant::now());
+            mine.renewed = Some(asked);
+            mine.retry_at = None;
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+            debug!(%lease, code = s.code, "another agent wrote the lease first");
+            view.refused = Some(view.version());
+        }
+        Err(e) => {
+            warn!(%lease, error = %e, "cannot write the status writer's lease; retrying");
+            mine.retry_at = Some(Instant::now() + config.duration / RETRY_DIVISOR);
+        }
+    }
+}
+
+/// Tells the writer the tenure `now` (waking it only when gained or lost), and says it in the log;
+/// returns whether it is held.
+fn tell(tenure: &watch::Sender<Tenure>, now: Tenure, was_held: bool, config: &LeaseConfig) -> bool {
+    let held = now.holds();
+    tenure.send_if_modified(|t| {
+        *t = now;
+        held != was_held
+    });
+    let lease = format!("{}/{}", config.namespace, config.name);
+    match (was_held, held) {
+        (false, true) => {
+            info!(%lease, identity = %config.identity, "this agent writes ServiceEntry status now")
+        }
+        (true, false) => info!(%lease, "another agent writes ServiceEntry status"),
+        _ => {}
+    }
+    held
 }
 
 /// Creates the lease held by this agent, or writes the one seen as this agent's (renewed, or
