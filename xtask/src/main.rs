@@ -9,6 +9,7 @@ mod cmd;
 mod demo;
 #[cfg(test)]
 mod doc_links;
+mod fuzz;
 mod image;
 #[cfg(test)]
 mod layers;
@@ -41,6 +42,8 @@ enum Command {
     Demo,
     /// Run every test: format and lint checks, unit tests, then the integration suite (as root).
     Test(test::TestArgs),
+    /// Run each fuzz target (fuzz/, cargo fuzz) from its seeds for a while; a crash fails it.
+    Fuzz(fuzz::FuzzArgs),
     /// Measure the data plane against the direct path and write BENCHMARKS.md (as root).
     Bench(::bench::BenchArgs),
     /// Where the CPU goes on the proxy path: perf profiles of direct vs service (latency, new
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Image => setup::ensure().and_then(|()| image::image()),
         Command::Demo => setup::ensure().and_then(|()| demo::demo()),
         Command::Test(args) => setup::ensure().and_then(|()| test::test(args)),
+        Command::Fuzz(args) => setup::ensure().and_then(|()| fuzz::fuzz(args)),
         Command::Bench(args) => setup::ensure().and_then(|()| bench::bench(args)),
         Command::Profile(args) => setup::ensure().and_then(|()| bench::profile(args)),
     };

@@ -15,6 +15,8 @@ use anyhow::{Context, bail};
 use crate::cmd::{self, on_path, output};
 
 pub(crate) const BPF_LINKER_VERSION: &str = "0.13.0";
+/// The fuzz targets' runner (`cargo xtask fuzz`).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
 const NIGHTLY: &str = "nightly";
 
 /// Debian packages, a binary each provides (the check that it is installed), and what it is for.
@@ -84,6 +86,7 @@ fn install(verbose: bool) -> anyhow::Result<()> {
     ));
     ensure_nightly_rust_src(&say)?;
     ensure_bpf_linker(&say)?;
+    ensure_cargo_fuzz(&say)?;
     ensure_debian_packages(&say)?;
     ensure_manifest_validator(&say)?;
     ensure_vm_tools(&say)?;
@@ -187,6 +190,24 @@ fn ensure_bpf_linker(say: &dyn Fn(&str)) -> anyhow::Result<()> {
         bail!("bpf-linker was built but {} does not run", binary.display());
     }
     Ok(())
+}
+
+/// cargo-fuzz at [`CARGO_FUZZ_VERSION`], from crates.io into cargo's own bin folder (it is a cargo
+/// subcommand); built once per machine, in about half a minute.
+fn ensure_cargo_fuzz(say: &dyn Fn(&str)) -> anyhow::Result<()> {
+    let wanted = format!("cargo-fuzz {CARGO_FUZZ_VERSION}");
+    if output(cmd::cargo().args(["fuzz", "--version"])).is_some_and(|v| v.trim() == wanted) {
+        say(&format!("{wanted}: present"));
+        return Ok(());
+    }
+    println!("xtask setup: installing {wanted} (runs the fuzz targets)");
+    logged(cmd::cargo().args([
+        "install",
+        "cargo-fuzz",
+        "--locked",
+        "--version",
+        CARGO_FUZZ_VERSION,
+    ]))
 }
 
 /// The `libLLVM.so.<version>` file of the nightly sysroot (its name is its soname).

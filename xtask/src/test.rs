@@ -7,11 +7,11 @@ use std::{path::PathBuf, process::Stdio, time::Duration};
 
 use anyhow::{Context, bail};
 
-use crate::{build, cmd, image, setup::is_root, vm};
+use crate::{build, cmd, fuzz, image, setup::is_root, vm};
 
 #[derive(clap::Args)]
 pub(crate) struct TestArgs {
-    /// Only the checks and unit tests (no root needed).
+    /// Only the checks, the unit tests and the fuzz targets (no root needed).
     #[arg(long)]
     unit_only: bool,
     /// Run the integration suite in a VM on this kernel instead of the host's: 5.10, 6.1, 6.12,
@@ -104,6 +104,8 @@ pub(crate) fn test(args: TestArgs) -> anyhow::Result<()> {
         "--exclude",
         "tests",
     ]))?;
+    // The parsers of outside input, fuzzed a little each time (no root needed).
+    fuzz::run(&fuzz::TARGETS, fuzz::TEST_SECONDS)?;
     if args.unit_only {
         return Ok(());
     }
