@@ -2,7 +2,8 @@
 //! over (a successor serves on the same sockets) or shutting down. The agent moves it forward
 //! (`Lifecycle`); each accept loop and background task holds a `Watcher` that wakes when its part
 //! must stop; readiness reads the phase. What holds a drain open is counted elsewhere: the budgets'
-//! units of the connections still relaying (`Share::until_empty`).
+//! units of the connections still relaying (`Share::until_empty`), the streams of HBONE received
+//! among them; their connections are told to open no more streams as the agent stops serving.
 use tokio::sync::watch;
 
 /// Phases in the order they come: starting, serving, then one of the two ends.

@@ -9,6 +9,8 @@
 //! descriptors in all ([`limits`]), streams in flight per connection, dials included, and idle
 //! connections closed ([`server`]), and the Pods' bytes a connection may hold ([`buffered`]).
 mod buffered;
+#[cfg(test)]
+mod carry_tests;
 mod limits;
 mod server;
 #[cfg(test)]
@@ -24,9 +26,12 @@ use std::{
 use bytes::Bytes;
 use h2::{RecvStream, server::SendResponse};
 use http::{Method, Request, Response, StatusCode};
-use limits::InboundLimits;
+use limits::{ConnectionHeld, InboundLimits};
 use server::{Settings, StreamPermit};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpListener, TcpStream},
+};
 use tracing::{debug, info, warn};
 
 use super::{
@@ -37,6 +42,7 @@ use super::{
 };
 use crate::{
     authz::Verdict,
+    drain::Watcher,
     hbone::{self, CONNECTION_WINDOW, H2Stream, Identity},
     net::{CONNECT_TIMEOUT, connect_from},
     records::Received,
@@ -75,19 +81,19 @@ pub(crate) async fn serve(
     listener: TcpListener,
     context: Arc<ProxyContext>,
     sources: Arc<HboneSources>,
-    mut shutdown: crate::drain::Watcher,
+    mut shutdown: Watcher,
 ) {
-    let limits = InboundLimits::new(context.budgets.fds.clone());
+    let limits = InboundLimits::new(
+        context.budgets.fds.clone(),
+        context.budgets.connections.clone(),
+    );
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => match limits.connection(peer.ip()) {
+                Ok((tcp, peer)) => match limits.connection(peer.ip(), context.live.snapshot().budget_key(peer.ip())) {
                     Ok(held) => {
-                        let connection = connection(context.clone(), sources.clone(), limits.clone(), tcp, peer);
-                        tokio::spawn(async move {
-                            connection.await;
-                            drop(held);
-                        });
+                        let (context, sources, limits) = (context.clone(), sources.clone(), limits.clone());
+                        tokio::spawn(connection(context, sources, limits, held, tcp, peer, shutdown.clone()));
                     }
                     Err(refused) => {
                         // Closed at once: the peer sees its connection end before any handshake.
@@ -110,8 +116,10 @@ async fn connection(
     context: Arc<ProxyContext>,
     sources: Arc<HboneSources>,
     limits: Arc<InboundLimits>,
+    held: ConnectionHeld,
     tcp: TcpStream,
     peer: SocketAddr,
+    stopping: Watcher,
 ) {
     let Ok(dialled) = tcp.local_addr() else {
         return;
@@ -171,14 +179,31 @@ async fn connection(
         from,
     });
     let budget = buffered::SendBudget::new(CONNECTION_BUFFER);
-    let tls = buffered::Metered::new(tls, budget.clone());
+    carry(context, limits, held, sender, budget, tls, stopping).await;
+}
+
+/// A connection's streams over `io` (TLS done) until it ends, holding its place (`_held`, what a
+/// drain waits for); its streams end with it. Once the agent stops serving, the peer is told to
+/// open no more (`GOAWAY`) and those open go on: a hand-over drains them, and the connection
+/// with its last, while the successor takes the new ones.
+async fn carry<IO: AsyncRead + AsyncWrite + Unpin>(
+    context: Arc<ProxyContext>,
+    limits: Arc<InboundLimits>,
+    _held: ConnectionHeld,
+    sender: Arc<Sender>,
+    budget: Arc<buffered::SendBudget>,
+    io: IO,
+    mut stopping: Watcher,
+) {
+    let io = buffered::Metered::new(io, budget.clone());
     // Dropped as the connection ends: its streams end with it.
     let (_open, open) = tokio::sync::watch::channel(());
     server::serve(
-        tls,
+        io,
         Settings::default(),
-        metrics,
-        peer,
+        &context.hbone.metrics,
+        sender.peer,
+        stopping.stopped(),
         |request, respond, permit| {
             let held = Stream {
                 sender: sender.clone(),

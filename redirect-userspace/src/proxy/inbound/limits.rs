@@ -1,14 +1,15 @@
 //! What HBONE received may hold of the agent: connections per peer address, and descriptors in all
 //! (each connection's socket and each stream's socket to the Pod), a share of the agent's
 //! descriptor budget charged to the same ledger as the outbound proxy's, so that peers holding a
-//! valid certificate cannot take the agent to its open-files limit.
+//! valid certificate cannot take the agent to its open-files limit. Each connection also holds a
+//! unit of the agent's proxied connections, in its sender's share: what a drain waits for.
 use std::{
     collections::HashMap,
     net::IpAddr,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
-use crate::budget::{Ceiling, FdCharge, FdLedger};
+use crate::budget::{Ceiling, FdCharge, FdLedger, Permit, Share};
 
 /// Connections one peer address may hold: a node pools a few per Pod pair (ztunnel opens one per
 /// source and destination identity pair), far fewer than this.
@@ -26,6 +27,8 @@ pub(super) struct InboundLimits {
     per_peer: usize,
     fds: usize,
     ledger: Arc<FdLedger>,
+    /// The agent's proxied connections (a drain waits until none is held).
+    relaying: Arc<Share>,
     held: Mutex<Held>,
 }
 
@@ -36,25 +39,34 @@ struct Held {
 }
 
 impl InboundLimits {
-    /// Limits sized from the agent's descriptor `ledger`, which every charge is also made to.
-    pub(super) fn new(ledger: Arc<FdLedger>) -> Arc<Self> {
+    /// Limits sized from the agent's descriptor `ledger`, which every charge is also made to;
+    /// each connection holds a unit of `relaying`.
+    pub(super) fn new(ledger: Arc<FdLedger>, relaying: Arc<Share>) -> Arc<Self> {
         let fds = (ledger.limit() / SHARE_OF_FDS).max(MIN_FDS);
-        Self::with(ledger, CONNECTIONS_PER_PEER, fds)
+        Self::with(ledger, relaying, CONNECTIONS_PER_PEER, fds)
     }
 
-    pub(super) fn with(ledger: Arc<FdLedger>, per_peer: usize, fds: usize) -> Arc<Self> {
+    pub(super) fn with(
+        ledger: Arc<FdLedger>,
+        relaying: Arc<Share>,
+        per_peer: usize,
+        fds: usize,
+    ) -> Arc<Self> {
         Arc::new(InboundLimits {
             per_peer,
             fds,
             ledger,
+            relaying,
             held: Mutex::default(),
         })
     }
 
-    /// One more connection from `peer`, or the refusal's label for `hbone_inbound`.
+    /// One more connection from `peer`, whose share of the proxied connections is kept under
+    /// `share` (`Snapshot::budget_key`), or the refusal's label for `hbone_inbound`.
     pub(super) fn connection(
         self: &Arc<Self>,
         peer: IpAddr,
+        share: IpAddr,
     ) -> Result<ConnectionHeld, &'static str> {
         let mut held = self.lock();
         let count = held.peers.get(&peer).copied().unwrap_or(0);
@@ -67,12 +79,16 @@ impl InboundLimits {
         let Some(charge) = self.ledger.charge(1, Ceiling::Limit) else {
             return Err("connection_limit");
         };
+        let Ok(relaying) = self.relaying.take(share) else {
+            return Err("connection_budget");
+        };
         held.peers.insert(peer, count + 1);
         held.fds += 1;
         Ok(ConnectionHeld {
             limits: self.clone(),
             peer,
             _charge: charge,
+            _relaying: relaying,
         })
     }
 
@@ -107,6 +123,7 @@ pub(super) struct ConnectionHeld {
     limits: Arc<InboundLimits>,
     peer: IpAddr,
     _charge: FdCharge,
+    _relaying: Permit,
 }
 
 impl Drop for ConnectionHeld {
@@ -138,36 +155,47 @@ impl Drop for SocketHeld {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::BudgetMetrics;
+    use crate::budget::{BudgetKind, BudgetMetrics};
 
     fn ledger(limit: usize) -> Arc<FdLedger> {
         FdLedger::new(limit, 0, Arc::new(BudgetMetrics::default()))
     }
 
+    fn relaying(node: usize, client: usize) -> Arc<Share> {
+        Share::new(BudgetKind::Connections, node, client, Arc::default())
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// A connection from `peer`, its share kept under its own address.
+    fn connect(limits: &Arc<InboundLimits>, peer: &str) -> Result<ConnectionHeld, &'static str> {
+        limits.connection(ip(peer), ip(peer))
+    }
+
     #[test]
     fn a_peer_past_its_connections_is_refused_and_the_others_are_not() {
-        let limits = InboundLimits::with(ledger(1000), 2, 100);
-        let a: IpAddr = "10.0.0.1".parse().unwrap();
-        let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let first = limits.connection(a).unwrap();
-        let _second = limits.connection(a).unwrap();
-        assert_eq!(limits.connection(a).unwrap_err(), "peer_limit");
-        let _other = limits.connection(b).unwrap();
+        let limits = InboundLimits::with(ledger(1000), relaying(100, 100), 2, 100);
+        let first = connect(&limits, "10.0.0.1").unwrap();
+        let _second = connect(&limits, "10.0.0.1").unwrap();
+        assert_eq!(connect(&limits, "10.0.0.1").unwrap_err(), "peer_limit");
+        let _other = connect(&limits, "10.0.0.2").unwrap();
         // A connection that ends gives its place back.
         drop(first);
-        let _again = limits.connection(a).unwrap();
+        let _again = connect(&limits, "10.0.0.1").unwrap();
         assert_eq!(limits.fds_held(), 3);
     }
 
     #[test]
     fn the_share_of_descriptors_caps_connections_and_streams_together() {
-        let limits = InboundLimits::with(ledger(1000), 16, 3);
-        let _c1 = limits.connection("10.0.0.1".parse().unwrap()).unwrap();
+        let limits = InboundLimits::with(ledger(1000), relaying(100, 100), 16, 3);
+        let _c1 = connect(&limits, "10.0.0.1").unwrap();
         let s1 = limits.socket().unwrap();
-        let _c2 = limits.connection("10.0.0.2".parse().unwrap()).unwrap();
+        let _c2 = connect(&limits, "10.0.0.2").unwrap();
         assert!(limits.socket().is_none());
         assert_eq!(
-            limits.connection("10.0.0.3".parse().unwrap()).unwrap_err(),
+            connect(&limits, "10.0.0.3").unwrap_err(),
             "connection_limit"
         );
         drop(s1);
@@ -177,13 +205,13 @@ mod tests {
     #[test]
     fn the_agent_ledger_is_charged_and_a_full_one_refuses() {
         let ledger = ledger(2);
-        let limits = InboundLimits::with(ledger.clone(), 16, 100);
-        let held = limits.connection("10.0.0.1".parse().unwrap()).unwrap();
+        let limits = InboundLimits::with(ledger.clone(), relaying(100, 100), 16, 100);
+        let held = connect(&limits, "10.0.0.1").unwrap();
         let _socket = limits.socket().unwrap();
         assert_eq!(ledger.used(), 2);
         assert!(limits.socket().is_none());
         assert_eq!(
-            limits.connection("10.0.0.2".parse().unwrap()).unwrap_err(),
+            connect(&limits, "10.0.0.2").unwrap_err(),
             "connection_limit"
         );
         drop(held);
@@ -191,9 +219,34 @@ mod tests {
     }
 
     #[test]
+    fn each_connection_holds_a_unit_of_the_proxied_connections_in_its_senders_share() {
+        let relaying = relaying(100, 2);
+        let ledger = ledger(1000);
+        let limits = InboundLimits::with(ledger.clone(), relaying.clone(), 16, 100);
+        // Two addresses of one workload share one key.
+        let a = limits.connection(ip("10.0.0.1"), ip("10.0.0.1")).unwrap();
+        let _b = limits.connection(ip("10.0.0.2"), ip("10.0.0.1")).unwrap();
+        assert_eq!(relaying.used(), 2);
+        assert_eq!(
+            limits
+                .connection(ip("10.0.0.2"), ip("10.0.0.1"))
+                .unwrap_err(),
+            "connection_budget"
+        );
+        // Nothing is kept of a refused connection.
+        assert_eq!((ledger.used(), limits.fds_held()), (2, 2));
+        drop(a);
+        assert_eq!(relaying.used(), 1);
+        let _c = connect(&limits, "10.0.0.3").unwrap();
+    }
+
+    #[test]
     fn the_default_share_is_a_quarter_of_the_budget() {
-        let limits = InboundLimits::new(ledger(4000));
+        let limits = InboundLimits::new(ledger(4000), relaying(10, 10));
         assert_eq!(limits.fds, 1000);
-        assert_eq!(InboundLimits::new(ledger(10)).fds, MIN_FDS);
+        assert_eq!(
+            InboundLimits::new(ledger(10), relaying(10, 10)).fds,
+            MIN_FDS
+        );
     }
 }

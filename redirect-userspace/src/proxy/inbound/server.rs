@@ -55,12 +55,14 @@ pub(super) type StreamPermit = OwnedSemaphorePermit;
 
 /// Serves HTTP/2 on `io` until the peer ends the connection, fails, leaves a ping unanswered, or
 /// holds no stream for `settings.idle`; each stream accepted is handed to `on_stream` with its
-/// place, one past the cap is refused (`REFUSED_STREAM`).
+/// place, one past the cap is refused (`REFUSED_STREAM`). Once `closing` resolves the peer is
+/// told to open no more streams (`GOAWAY`); the connection ends after the last one open.
 pub(super) async fn serve<IO, F>(
     io: IO,
     settings: Settings,
     metrics: &HboneMetrics,
     peer: std::net::SocketAddr,
+    closing: impl Future<Output = ()>,
     mut on_stream: F,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
@@ -88,6 +90,8 @@ pub(super) async fn serve<IO, F>(
     // Streams end in their own tasks: whether any is left is looked at a few times per idle period.
     let mut look = tokio::time::interval(settings.idle / 4);
     let mut busy = Instant::now();
+    tokio::pin!(closing);
+    let mut told = false;
     loop {
         // Accepting is also what drives the connection's I/O, for the streams already open too.
         tokio::select! {
@@ -109,6 +113,11 @@ pub(super) async fn serve<IO, F>(
                 }
                 None => return,
             },
+            () = &mut closing, if !told => {
+                told = true;
+                debug!(%peer, "the agent stops serving; the HBONE peer is told to open no more streams");
+                connection.graceful_shutdown();
+            }
             () = &mut keep_alive => {
                 debug!(%peer, "HBONE peer left a ping unanswered; closing the connection");
                 return;

@@ -32,7 +32,15 @@ where
     let (near, far) = tokio::io::duplex(1 << 20);
     let peer: SocketAddr = PEER.parse().unwrap();
     let served = tokio::spawn(async move {
-        server::serve(far, settings, &metrics, peer, on_stream).await;
+        server::serve(
+            far,
+            settings,
+            &metrics,
+            peer,
+            std::future::pending(),
+            on_stream,
+        )
+        .await;
     });
     let (client, driver) = h2::client::handshake(near).await.unwrap();
     let driver = tokio::spawn(async move {
@@ -238,6 +246,7 @@ async fn a_peer_that_grants_window_and_never_reads_leaves_the_connection_holding
             Settings::default(),
             &metrics,
             peer,
+            std::future::pending(),
             move |request, mut respond, permit| {
                 let (pods, budget) = (pods.clone(), on_budget.clone());
                 tokio::spawn(async move {
@@ -330,6 +339,7 @@ async fn a_peer_sending_to_pods_that_never_read_gets_no_more_in_than_the_window_
             Settings::default(),
             &metrics,
             peer,
+            std::future::pending(),
             move |request, mut respond, permit| {
                 tokio::spawn(async move {
                     let _permit = permit;
@@ -402,6 +412,7 @@ async fn streams_stalled_on_the_peers_window_leave_room_for_the_others() {
             Settings::default(),
             &metrics,
             peer,
+            std::future::pending(),
             move |request, mut respond, permit| {
                 let budget = budget.clone();
                 tokio::spawn(async move {
