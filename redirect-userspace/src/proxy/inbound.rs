@@ -7,7 +7,8 @@
 //!
 //! A peer holding a valid certificate is still held to limits: connections per address and
 //! descriptors in all ([`limits`]), streams in flight per connection, dials included, and idle
-//! connections closed ([`server`]), and the Pods' bytes a connection may hold ([`buffered`]).
+//! connections closed ([`server`]), and the Pods' bytes a connection may hold ([`buffered`]); what
+//! a flood held is handed back to the system once it ends ([`trim`]).
 mod buffered;
 #[cfg(test)]
 mod carry_tests;
@@ -15,6 +16,7 @@ mod limits;
 mod server;
 #[cfg(test)]
 mod tests;
+mod trim;
 
 use std::{
     io,
@@ -87,6 +89,7 @@ pub(crate) async fn serve(
         context.budgets.fds.clone(),
         context.budgets.connections.clone(),
     );
+    tokio::spawn(trim::run(limits.trim(), shutdown.clone()));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {

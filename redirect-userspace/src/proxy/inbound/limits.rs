@@ -2,13 +2,15 @@
 //! (each connection's socket and each stream's socket to the Pod), a share of the agent's
 //! descriptor budget charged to the same ledger as the outbound proxy's, so that peers holding a
 //! valid certificate cannot take the agent to its open-files limit. Each connection also holds a
-//! unit of the agent's proxied connections, in its sender's share: what a drain waits for.
+//! unit of the agent's proxied connections, in its sender's share: what a drain waits for. When
+//! the descriptors held fall to half their most, what they held is freed: a trim is asked for.
 use std::{
     collections::HashMap,
     net::IpAddr,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
 };
 
+use super::trim::Trim;
 use crate::budget::{Ceiling, FdCharge, FdLedger, Permit, Share};
 
 /// Connections one peer address may hold: a node pools a few per Pod pair (ztunnel opens one per
@@ -29,6 +31,7 @@ pub(super) struct InboundLimits {
     ledger: Arc<FdLedger>,
     /// The agent's proxied connections (a drain waits until none is held).
     relaying: Arc<Share>,
+    trim: Arc<Trim>,
     held: Mutex<Held>,
 }
 
@@ -36,6 +39,24 @@ pub(super) struct InboundLimits {
 struct Held {
     peers: HashMap<IpAddr, usize>,
     fds: usize,
+    /// The most `fds` has been since the last ask for a trim.
+    most: usize,
+}
+
+impl Held {
+    fn take(&mut self) {
+        self.fds += 1;
+        self.most = self.most.max(self.fds);
+    }
+
+    /// One descriptor fewer; asks for a trim once half of the most held is gone.
+    fn give_back(&mut self, trim: &Trim) {
+        self.fds -= 1;
+        if self.fds * 2 <= self.most {
+            self.most = self.fds;
+            trim.ask();
+        }
+    }
 }
 
 impl InboundLimits {
@@ -57,8 +78,14 @@ impl InboundLimits {
             fds,
             ledger,
             relaying,
+            trim: Arc::default(),
             held: Mutex::default(),
         })
+    }
+
+    /// What asks for a trim as the descriptors held fall.
+    pub(super) fn trim(&self) -> Arc<Trim> {
+        self.trim.clone()
     }
 
     /// One more connection from `peer`, whose share of the proxied connections is kept under
@@ -83,7 +110,7 @@ impl InboundLimits {
             return Err("connection_budget");
         };
         held.peers.insert(peer, count + 1);
-        held.fds += 1;
+        held.take();
         Ok(ConnectionHeld {
             limits: self.clone(),
             peer,
@@ -99,7 +126,7 @@ impl InboundLimits {
             return None;
         }
         let charge = self.ledger.charge(1, Ceiling::Limit)?;
-        held.fds += 1;
+        held.take();
         Some(SocketHeld {
             limits: self.clone(),
             _charge: charge,
@@ -129,7 +156,7 @@ pub(super) struct ConnectionHeld {
 impl Drop for ConnectionHeld {
     fn drop(&mut self) {
         let mut held = self.limits.lock();
-        held.fds -= 1;
+        held.give_back(&self.limits.trim);
         if let Some(count) = held.peers.get_mut(&self.peer) {
             *count -= 1;
             if *count == 0 {
@@ -148,7 +175,7 @@ pub(super) struct SocketHeld {
 
 impl Drop for SocketHeld {
     fn drop(&mut self) {
-        self.limits.lock().fds -= 1;
+        self.limits.lock().give_back(&self.limits.trim);
     }
 }
 
@@ -238,6 +265,26 @@ mod tests {
         drop(a);
         assert_eq!(relaying.used(), 1);
         let _c = connect(&limits, "10.0.0.3").unwrap();
+    }
+
+    #[test]
+    fn a_trim_is_asked_for_once_half_of_the_most_held_is_given_back() {
+        let limits = InboundLimits::with(ledger(1000), relaying(100, 100), 16, 100);
+        let mut held: Vec<_> = (1..=4)
+            .map(|i| connect(&limits, &format!("10.0.0.{i}")).unwrap())
+            .collect();
+        let socket = limits.socket().unwrap();
+        held.pop();
+        drop(socket);
+        assert!(!limits.trim.asked(), "3 of 5 held");
+        held.pop();
+        assert!(limits.trim.asked(), "2 of 5 held");
+        // Counted again from what is held now.
+        held.push(connect(&limits, "10.0.0.5").unwrap());
+        held.pop();
+        assert!(!limits.trim.asked(), "2 of 3 held");
+        held.pop();
+        assert!(limits.trim.asked(), "1 of 3 held");
     }
 
     #[test]
