@@ -6,13 +6,13 @@
 //! This file is part of the crate's surface, as `lib.rs` is: it reaches its modules through
 //! `super::`, from above every layer.
 use std::{
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr},
     sync::{Arc, OnceLock},
 };
 
 use bytes::Bytes;
 use hickory_proto::op::Message;
-use http::{Method, Request, Response, StatusCode};
+use http::{Response, StatusCode};
 use kube::api::DynamicObject;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -202,7 +202,7 @@ const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Target `hbone_request`: the HTTP/2 frames a peer sends on an HBONE connection after the
 /// preface, served with the receiving side's settings; each request accepted is checked as a
-/// stream's `CONNECT` is (`connect_target`) and answered.
+/// stream's `CONNECT` is (`proxy::connect_target`) and answered.
 pub fn hbone_request(data: &[u8]) {
     thread_local! {
         static RUNTIME: Option<tokio::runtime::Runtime> =
@@ -227,13 +227,12 @@ async fn serve_frames(data: &[u8]) {
     };
     let serve = async move {
         let mut builder = hbone::server_builder();
-        // As the receiving side (`proxy::inbound::server`): at most 128 KiB frames.
-        builder.max_frame_size(128 * 1024);
+        builder.max_frame_size(crate::proxy::RECEIVED_FRAME);
         let Ok(mut connection) = builder.handshake::<_, Bytes>(server).await else {
             return;
         };
         while let Some(Ok((request, mut respond))) = connection.accept().await {
-            let code = match connect_target(&request, DIALLED) {
+            let code = match crate::proxy::connect_target(&request, DIALLED) {
                 Some(target) => {
                     assert_eq!(target.ip().to_canonical(), DIALLED);
                     assert_ne!(target.port(), hbone::PORT);
@@ -247,22 +246,4 @@ async fn serve_frames(data: &[u8]) {
         }
     };
     tokio::join!(peer, serve);
-}
-
-/// The receiving side's check of a stream's request, as `proxy::inbound`'s `stream` makes it: a
-/// `CONNECT` whose authority is an address of the Pod dialled, on any port but 15008.
-// A copy until `proxy::inbound` offers its check as a function of its own; keep the two alike.
-fn connect_target<B>(request: &Request<B>, pod: IpAddr) -> Option<SocketAddr> {
-    (request.method() == Method::CONNECT)
-        .then(|| {
-            request
-                .uri()
-                .authority()?
-                .as_str()
-                .parse::<SocketAddr>()
-                .ok()
-        })
-        .flatten()
-        .filter(|target| target.ip().to_canonical() == pod.to_canonical())
-        .filter(|target| target.port() != hbone::PORT)
 }

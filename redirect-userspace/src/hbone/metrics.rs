@@ -37,7 +37,7 @@ impl HboneMetrics {
         );
         registry.register(
             "hbone_inbound",
-            "HBONE received for this node's Pods (--hbone-between-nodes): streams by result ok, bad_request (not a CONNECT to the Pod dialled), connect_failed (the Pod refused), denied (its authorization policies refused the sender: 401), reset (the peer reset it while the Pod was dialled: the dial is given up), stream_limit (past 200 streams in flight on its connection, dials included: REFUSED_STREAM), fd_limit (received HBONE at its share of the descriptor budget: 503); connections by result no_workload (no Pod of this node there), no_identity, ca_failed, tls_refused (the peer's certificate was refused, or no TLS), peer_limit (past 16 from the peer's address), connection_limit (received HBONE at its share of the descriptor budget), idle_closed (no stream for 60 s)",
+            "HBONE received for this node's Pods (--hbone-between-nodes): streams by result ok, bad_request (not a CONNECT to the Pod dialled), connect_failed (the Pod refused), denied (its authorization policies refused the sender: 401), reset (the peer reset it while the Pod was dialled: the dial is given up), stream_limit (past 200 streams in flight on its connection, dials included: REFUSED_STREAM), fd_limit (received HBONE at its share of the descriptor budget: 503); connections by result no_workload (no Pod of this node there), no_identity, ca_failed, tls_refused (the peer's certificate was refused, or no TLS), peer_limit (past 16 from the peer's address), connection_limit (received HBONE at its share of the descriptor budget), connection_budget (the sender at its share of proxied connections), idle_closed (no stream for 60 s)",
             self.inbound.clone(),
         );
     }

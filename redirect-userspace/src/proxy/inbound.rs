@@ -14,6 +14,7 @@ mod buffered;
 mod carry_tests;
 mod limits;
 mod server;
+pub(crate) use server::RECEIVED_FRAME;
 #[cfg(test)]
 mod tests;
 mod trim;
@@ -275,7 +276,7 @@ async fn stream(
         mut connection,
     } = held;
     let metrics = &context.hbone.metrics;
-    let target = target_of(&request, &sender);
+    let target = connect_target(&request, sender.pod);
     let Some(target) = target else {
         metrics.inbound("bad_request");
         debug!(peer = %sender.peer, src_identity = %sender.source, method = %request.method(), uri = %request.uri(), "HBONE stream is not a CONNECT to the Pod dialled");
@@ -350,8 +351,9 @@ async fn stream(
     );
 }
 
-/// The address a stream's `CONNECT` names, if it may be carried there.
-fn target_of(request: &Request<RecvStream>, sender: &Sender) -> Option<SocketAddr> {
+/// The address a stream's `CONNECT` names, if it may be carried there: an address of the Pod
+/// dialled (`pod`), on any port but 15008.
+pub(crate) fn connect_target<B>(request: &Request<B>, pod: IpAddr) -> Option<SocketAddr> {
     (request.method() == Method::CONNECT)
         .then(|| {
             request
@@ -364,7 +366,7 @@ fn target_of(request: &Request<RecvStream>, sender: &Sender) -> Option<SocketAdd
         .flatten()
         // As ztunnel: a stream reaches the Pod that was dialled, never another address; and never
         // the Pod's port 15008, which the routing would bring straight back here.
-        .filter(|target| target.ip().to_canonical() == sender.pod.to_canonical())
+        .filter(|target| target.ip().to_canonical() == pod.to_canonical())
         .filter(|target| target.port() != hbone::PORT)
 }
 

@@ -16,7 +16,9 @@ mod tunnel_relay;
 
 pub(crate) use authorize::{Authorizer, Path as AuthzPath, recheck_on_change};
 pub(crate) use forbidden::{DialGuard, Forbidden};
-pub(crate) use inbound::{listen_transparent, serve as serve_inbound};
+pub(crate) use inbound::{
+    RECEIVED_FRAME, connect_target, listen_transparent, serve as serve_inbound,
+};
 pub(crate) use metrics::{Direction, ProxyMetrics, Timeout};
 pub(crate) use outbound::{OutboundProxy, ProxyContext, listen};
 pub(crate) use relay::{RelayError, Timeouts, relay};

@@ -30,7 +30,7 @@ const CLOSE_GRACE: Duration = Duration::from_secs(5);
 /// frame to the relay, which holds it until the Pod takes it, so a Pod that never reads holds one
 /// frame per stream beyond the connection's window: 200 of 1 MiB (`hbone::FRAME_SIZE`) would be
 /// 200 MiB a connection, 200 of 128 KiB are 25 MiB. What we send is framed as the peer asks.
-pub(super) const RECEIVED_FRAME: u32 = 128 * 1024;
+pub(crate) const RECEIVED_FRAME: u32 = 128 * 1024;
 
 /// How long a peer may take over the HTTP/2 handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
