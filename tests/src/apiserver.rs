@@ -100,6 +100,9 @@ struct State {
     /// Requests by the API's verb (`get`, `list`, `watch`, `create`, `update`, `patch`,
     /// `delete`) and kind (its plural), counted once the kind is known to be served.
     verbs: BTreeMap<(String, String), usize>,
+    /// What was asked as RBAC names it: API group, resource (`plural` or `plural/subresource`) and
+    /// verb, for a test to hold against the manifests' roles.
+    asked: BTreeSet<(String, String, String)>,
 }
 
 /// One change as the watches are told it: the object before (for an update), and after.
@@ -545,6 +548,11 @@ impl ApiServer {
         state.verbs.get(&key).copied().unwrap_or(0)
     }
 
+    /// Every (API group, resource, verb) asked so far, as RBAC rules name them.
+    pub fn asked(&self) -> BTreeSet<(String, String, String)> {
+        self.state().asked.clone()
+    }
+
     /// Every request of the kind `plural` seen so far, by verb.
     pub fn verbs_of(&self, plural: &str) -> BTreeMap<String, usize> {
         self.state()
@@ -888,10 +896,20 @@ async fn handle(state: &Arc<Mutex<State>>, req: Request<Incoming>) -> Response<B
     }
     let watching = matches!(query.get("watch").map(String::as_str), Some("true" | "1"));
     let verb = verb_of(&method, one.is_some(), watching);
-    *lock(state)
-        .verbs
-        .entry((verb.to_string(), plural.to_string()))
-        .or_default() += 1;
+    {
+        let mut state = lock(state);
+        *state
+            .verbs
+            .entry((verb.to_string(), plural.to_string()))
+            .or_default() += 1;
+        let resource = match sub {
+            Some(sub) => format!("{plural}/{sub}"),
+            None => plural.to_string(),
+        };
+        state
+            .asked
+            .insert((group.to_string(), resource, verb.to_string()));
+    }
     let api_version = match group {
         "" => "v1".to_string(),
         g => format!("{g}/{version}"),

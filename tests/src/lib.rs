@@ -54,6 +54,7 @@ pub mod pki;
 pub mod proc;
 pub mod procfs;
 pub mod prometheus;
+pub mod rbac;
 pub mod run;
 pub mod topology;
 pub mod world;

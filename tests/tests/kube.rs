@@ -895,6 +895,18 @@ fn agents_watch_the_status_lease_and_never_poll_it() -> Result<()> {
         w.api().verbs_of("leases")
     );
     others[1 - leader].signal(libc::SIGTERM);
+    // Whatever the agents asked (every watch, the lease, the entries' status) is what the
+    // DaemonSet's roles allow: this server authorizes nothing, a cluster would answer 403.
+    let rules = integration::rbac::manifest_rules()?;
+    let asked = w.api().asked();
+    let denied: Vec<_> = asked
+        .iter()
+        .filter(|(group, resource, verb)| !rules.iter().any(|r| r.allows(group, resource, verb)))
+        .collect();
+    ensure!(
+        denied.is_empty(),
+        "asked of the API but not allowed by deploy/manifests/10-rbac.yaml: {denied:?} (asked: {asked:?})"
+    );
     Ok(())
 }
 
