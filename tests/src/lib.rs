@@ -57,6 +57,7 @@ pub mod prometheus;
 pub mod rbac;
 pub mod run;
 pub mod topology;
+pub mod two_nodes;
 pub mod world;
 
 pub use agent::{Agent, Launch, NO_FAST_PATH};

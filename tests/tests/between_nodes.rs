@@ -9,16 +9,13 @@ use std::time::Duration;
 use anyhow::{Context, Result, ensure};
 use integration::fixtures::curl_body;
 use integration::pki::TestCa;
+use integration::two_nodes::{self, A1, B1, DAY, TRUST_DOMAIN};
 use integration::world::replace_file;
 use integration::{Agent, Peer, Topology, peer};
 
-const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
-const B1: (&str, &str) = ("team-b/b1", "10.244.2.20");
 const B1_WEB: &str = "10.244.2.20:8080";
 /// team-b's ServiceEntry whose one endpoint is b1.
 const WEB_VIP: &str = "203.0.113.80";
-const TRUST_DOMAIN: &str = "cluster.local";
-const DAY: Duration = Duration::from_secs(24 * 3600);
 
 const TUNNELS_OK: &str = r#"redirect_hbone_tunnels_total{result="ok"}"#;
 fn inbound(result: &str) -> String {
@@ -28,16 +25,9 @@ fn inbound(result: &str) -> String {
 /// The cluster both agents are given: the two Pods with their nodes and service accounts, and
 /// team-b's entry for b1.
 fn cluster() -> String {
-    let pod = |(key, ip): (&str, &str), node: &str, uid: &str| {
-        let (namespace, name) = key.split_once('/').unwrap_or_default();
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
-        )
-    };
     format!(
-        "{}---\n{}---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: web, namespace: team-b}}\nspec: {{hosts: [web.example.com], addresses: [{WEB_VIP}], ports: [{{number: 80, name: http, targetPort: 8080}}], resolution: STATIC, endpoints: [{{address: {}}}]}}\n",
-        pod(A1, "node-a", "0a1a1a1a-0000-4000-8000-0000000000a1"),
-        pod(B1, "node-b", "0b1b1b1b-0000-4000-8000-0000000000b1"),
+        "{}---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: web, namespace: team-b}}\nspec: {{hosts: [web.example.com], addresses: [{WEB_VIP}], ports: [{{number: 80, name: http, targetPort: 8080}}], resolution: STATIC, endpoints: [{{address: {}}}]}}\n",
+        two_nodes::pods(),
         B1.1,
     )
 }

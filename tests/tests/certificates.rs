@@ -9,35 +9,18 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use integration::fixtures::curl_body;
 use integration::pki::TestCa;
+use integration::two_nodes::{self, A1, B1, TRUST_DOMAIN};
 use integration::world::replace_file;
 use integration::{Agent, Peer, Proc, Topology, pace, peer};
 
-const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
-const B1: (&str, &str) = ("team-b/b1", "10.244.2.20");
 const B1_WEB: &str = "10.244.2.20:8080";
 const B1_ECHO: &str = "10.244.2.20:9000";
-const TRUST_DOMAIN: &str = "cluster.local";
 /// istiod's stand-in: node a's end of the link between the nodes, so both agents reach it.
 const CA_IP: &str = "100.64.0.1";
 const CA_ADDRESS: &str = "100.64.0.1:15012";
 
 fn certificates(result: &str) -> String {
     format!(r#"redirect_hbone_certificates_total{{result="{result}"}}"#)
-}
-
-/// The two Pods with their nodes and service accounts.
-fn cluster() -> String {
-    let pod = |(key, ip): (&str, &str), node: &str, uid: &str| {
-        let (namespace, name) = key.split_once('/').unwrap_or_default();
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
-        )
-    };
-    format!(
-        "{}---\n{}",
-        pod(A1, "node-a", "0a1a1a1a-0000-4000-8000-0000000000a1"),
-        pod(B1, "node-b", "0b1b1b1b-0000-4000-8000-0000000000b1"),
-    )
 }
 
 /// Fields drop in order: agents and servers before their topologies.
@@ -97,7 +80,7 @@ fn nodes(ttl: Duration) -> Result<Nodes> {
     let start = |topo: &Topology, node: &str| -> Result<Agent> {
         let config = topo.scratch_path("config");
         std::fs::create_dir_all(&config)?;
-        replace_file(&config, "cluster.yaml", &cluster())?;
+        replace_file(&config, "cluster.yaml", &two_nodes::pods())?;
         let args = [
             "--config".to_string(),
             path(&config),

@@ -13,34 +13,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use integration::fixtures::curl_body;
 use integration::pki::TestCa;
+use integration::two_nodes::{self, A1, B1, DAY, TRUST_DOMAIN};
 use integration::world::replace_file;
 use integration::{Agent, Peer, Proc, Topology, pace, peer};
 
-const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
-const B1: (&str, &str) = ("team-b/b1", "10.244.2.20");
 const B1_WEB: &str = "10.244.2.20:8080";
 const B1_HBONE: &str = "10.244.2.20:15008";
-const TRUST_DOMAIN: &str = "cluster.local";
-const DAY: Duration = Duration::from_secs(24 * 3600);
 /// The client's limit for a TLS handshake (`HANDSHAKE_TIMEOUT` in `hbone/client.rs`).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the client remembers a failed dial (`FAILED_BACKOFF`).
 const FAILED_BACKOFF: Duration = Duration::from_secs(1);
-
-/// The two Pods with their nodes and service accounts, as both nodes would be given them.
-fn cluster() -> String {
-    let pod = |(key, ip): (&str, &str), node: &str, uid: &str| {
-        let (namespace, name) = key.split_once('/').unwrap_or_default();
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
-        )
-    };
-    format!(
-        "{}---\n{}",
-        pod(A1, "node-a", "0a1a1a1a-0000-4000-8000-0000000000a1"),
-        pod(B1, "node-b", "0b1b1b1b-0000-4000-8000-0000000000b1"),
-    )
-}
 
 /// Fields drop in order: processes before their topologies.
 struct Nodes {
@@ -76,7 +58,7 @@ fn nodes(fault: &str) -> Result<Nodes> {
     ca.write_identity_dir(&identities, &[("team-a", "default")], DAY)?;
     let config = a.scratch_path("config");
     std::fs::create_dir_all(&config)?;
-    replace_file(&config, "cluster.yaml", &cluster())?;
+    replace_file(&config, "cluster.yaml", &two_nodes::pods())?;
     let (config, identities) = (config.to_string_lossy(), identities.to_string_lossy());
     let agent = Agent::start(
         &a,

@@ -11,18 +11,15 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use integration::fixtures::curl_body;
 use integration::pki::TestCa;
+use integration::two_nodes::{self, A1, B1, DAY, TRUST_DOMAIN};
 use integration::world::replace_file;
 use integration::{Agent, Peer, Proc, Topology, pace, peer, procfs};
 
-const A1: (&str, &str) = ("team-a/a1", "10.244.1.10");
-const B1: (&str, &str) = ("team-b/b1", "10.244.2.20");
 const WEB: u16 = 8080;
 /// b1's port that sends pattern bytes and never reads.
 const SOURCE: u16 = 9000;
 /// b1's port whose SYNs its netns drops.
 const DROPPED: u16 = 9100;
-const TRUST_DOMAIN: &str = "cluster.local";
-const DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// Connections one peer address may hold (`proxy/inbound/limits.rs`).
 const CONNECTIONS_PER_PEER: usize = 16;
@@ -40,21 +37,6 @@ const FD_SLACK: u64 = 100;
 
 fn inbound(result: &str) -> String {
     format!(r#"redirect_hbone_inbound_total{{result="{result}"}}"#)
-}
-
-/// a1 and b1 with their nodes and service accounts.
-fn cluster() -> String {
-    let pod = |(key, ip): (&str, &str), node: &str, uid: &str| {
-        let (namespace, name) = key.split_once('/').unwrap_or_default();
-        format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
-        )
-    };
-    format!(
-        "{}---\n{}",
-        pod(A1, "node-a", "0a1a1a1a-0000-4000-8000-0000000000a1"),
-        pod(B1, "node-b", "0b1b1b1b-0000-4000-8000-0000000000b1"),
-    )
 }
 
 /// Fields drop in order: agents and servers before their topologies.
@@ -91,7 +73,7 @@ fn nodes(nofile: Option<u64>, agent_a: bool) -> Result<Nodes> {
         ca.write_identity_dir(&identities, &accounts, DAY)?;
         let config = topo.scratch_path("config");
         std::fs::create_dir_all(&config)?;
-        replace_file(&config, "cluster.yaml", &cluster())?;
+        replace_file(&config, "cluster.yaml", &two_nodes::pods())?;
         Ok([
             "--config",
             &config.to_string_lossy(),
