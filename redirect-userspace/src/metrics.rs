@@ -125,10 +125,13 @@ impl Metrics {
     }
 }
 
-/// A registry of the agent's prefix with what `register` puts in it.
+/// The prefix of the agent's own families (Istio's standard ones have theirs).
+pub(crate) const PREFIX: &str = "redirect";
+
+/// A registry with what `register` puts in it under the agent's prefix.
 pub(crate) fn registry_of(register: impl FnOnce(&mut Registry)) -> Registry {
-    let mut registry = Registry::with_prefix("redirect");
-    register(&mut registry);
+    let mut registry = Registry::default();
+    register(registry.sub_registry_with_prefix(PREFIX));
     registry
 }
 

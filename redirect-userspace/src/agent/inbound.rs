@@ -20,7 +20,7 @@ use crate::{
     live::LiveState,
     lock::Locked,
     proxy::{Authorizer, AuthzPath},
-    records::{Connections, Received},
+    records::{Connections, Event, Received, ends},
     redirect::inbound::{InboundCounts, InboundEvents, InboundGate, Loaded, OriginMarker},
     state::Snapshot,
 };
@@ -182,13 +182,14 @@ impl KernelInbound {
             let identity = (snapshot.authz().client_identity(src.ip()))
                 .map_or_else(|| "-".to_string(), |id| id.to_string());
             self.connections.received(&Received {
+                event: Event::Close,
                 src_identity: &identity,
                 src,
                 dst,
                 bytes_in: 0,
                 bytes_out: 0,
                 duration: Duration::ZERO,
-                end: "refused by authorization policy",
+                end: ends::REFUSED,
                 authorization: &rule,
                 decided_by: "kernel",
             });

@@ -39,6 +39,7 @@ use crate::{
     },
     records::{Connections, RecordMetrics},
     redirect::{Gateways, RedirectConfig, Redirector, Release},
+    telemetry::IstioMetrics,
 };
 
 #[derive(Debug, Clone)]
@@ -89,6 +90,8 @@ pub(crate) struct AgentConfig {
     pub cert_source: Option<crate::hbone::CertSource>,
     /// `--trust-domain`; unset, the mesh config's as it is at the first tunnel.
     pub trust_domain: Option<String>,
+    /// `--cluster-id`: the cluster Istio's metrics name for this node's workloads.
+    pub cluster_id: String,
     /// With HBONE between nodes (`--hbone-between-nodes`), the node served.
     pub hbone_node: Option<String>,
 }
@@ -436,10 +439,10 @@ async fn attach(
     has_predecessor: bool,
 ) -> anyhow::Result<Attached> {
     let metrics = &families.shared;
-    let connections = Arc::new(Connections::new(
-        config.access_log,
-        families.records.clone(),
-    ));
+    let connections = Arc::new(
+        Connections::new(config.access_log, families.records.clone())
+            .with_istio(families.istio(config, live)),
+    );
     let cgroup_root = config.cgroup.clone();
     let cgroups = tokio::task::spawn_blocking(move || CgroupPods::new(cgroup_root))
         .await
@@ -527,11 +530,22 @@ struct Families {
     hbone: Arc<crate::hbone::HboneMetrics>,
     /// Inbound authorization owns its decisions' counters.
     authorizer: Arc<Authorizer>,
+    /// Istio's TCP families, made once the state in force exists.
+    istio: std::sync::OnceLock<Arc<IstioMetrics>>,
 }
 
 impl Families {
+    /// Istio's TCP families, labelled from the state in force.
+    fn istio(&self, config: &AgentConfig, live: &Arc<LiveState>) -> Arc<IstioMetrics> {
+        let made = || {
+            let istio = IstioMetrics::new(live.clone(), &config.cluster_id);
+            Arc::new(istio.with_trust_domain(config.trust_domain.as_deref()))
+        };
+        self.istio.get_or_init(made).clone()
+    }
+
     fn registry(&self) -> prometheus_client::registry::Registry {
-        crate::metrics::registry_of(|r| {
+        let mut registry = crate::metrics::registry_of(|r| {
             self.shared.register(r);
             self.proxy.register(r);
             self.dns.register(r);
@@ -540,7 +554,12 @@ impl Families {
             self.records.register(r);
             self.hbone.register(r);
             self.authorizer.metrics.register(r);
-        })
+        });
+        // Istio's names carry no prefix of ours.
+        if let Some(istio) = self.istio.get() {
+            registry.register_collector(Box::new(istio.clone()));
+        }
+        registry
     }
 }
 
@@ -586,7 +605,8 @@ fn registry(
     redirector: &Redirector,
     fast_path: Option<&Arc<FastPath>>,
 ) -> prometheus_client::registry::Registry {
-    let mut registry = families.registry();
+    let mut root = families.registry();
+    let registry = root.sub_registry_with_prefix(crate::metrics::PREFIX);
     registry.register_collector(crate::redirect::counters::collector(redirector.maps()));
     let handover_available = prometheus_client::metrics::gauge::Gauge::<i64>::default();
     handover_available.set(i64::from(config.handover.available));
@@ -598,7 +618,7 @@ fn registry(
     if let Some(fast) = fast_path {
         registry.register_collector(fast.collector());
     }
-    registry
+    root
 }
 
 /// Listens for a successor at `path`; once one has taken over, the agent is handed over. If a

@@ -359,6 +359,7 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
             access_log: !args.no_access_log,
             kernel_records: args.kernel_records,
             audit_mesh_config: args.audit_mesh_config,
+            cluster_id: args.identity.cluster_id.clone(),
             cert_source: args.identity.source(),
             trust_domain: args.identity.trust_domain,
             hbone_node,

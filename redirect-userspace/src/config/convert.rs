@@ -20,6 +20,25 @@ pub(crate) struct RawMeta {
     pub labels: Option<Labels>,
     pub creation_timestamp: Option<String>,
     pub uid: Option<String>,
+    /// Set when the API server made up the name (a controller's Pods): read by Pods only.
+    pub generate_name: Option<String>,
+    pub owner_references: Option<Vec<RawOwnerReference>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawOwnerReference {
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    pub controller: Option<bool>,
+}
+
+impl RawMeta {
+    /// The owner that made the object (`controller: true`), by kind and name.
+    pub(crate) fn controller(&self) -> Option<(&str, &str)> {
+        let owner =
+            (self.owner_references.iter().flatten()).find(|o| o.controller == Some(true))?;
+        Some((owner.kind.as_deref()?, owner.name.as_deref()?))
+    }
 }
 
 /// Checks `metadata`; a namespaced object without a namespace lands in `default`, as with kubectl.

@@ -28,6 +28,14 @@ pub struct PodRef<'a> {
     pub ips: &'a [IpAddr],
     pub labels: &'a Arc<Labels>,
     pub ports: &'a Arc<BTreeMap<String, u16>>,
+    pub workload_name: Option<&'a Arc<str>>,
+}
+
+impl<'a> PodRef<'a> {
+    /// What Istio's telemetry names its workload.
+    pub fn workload_name(self) -> &'a str {
+        self.workload_name.map_or(self.name, |w| w)
+    }
 }
 
 impl PodRef<'_> {
@@ -38,6 +46,7 @@ impl PodRef<'_> {
             ips: self.ips.into(),
             labels: self.labels.clone(),
             ports: self.ports.clone(),
+            workload_name: self.workload_name.cloned(),
         }
     }
 
@@ -58,6 +67,7 @@ impl PodRef<'_> {
             service_account: None,
             ports: (**self.ports).clone(),
             other_address: None,
+            workload_name: self.workload_name.cloned(),
         }
     }
 
@@ -67,6 +77,7 @@ impl PodRef<'_> {
             && *self.ips == *pod.ips
             && self.labels == &pod.labels
             && self.ports == &pod.ports
+            && self.workload_name == pod.workload_name.as_ref()
     }
 }
 
@@ -78,6 +89,7 @@ impl PodElsewhere {
             ips: &self.ips,
             labels: &self.labels,
             ports: &self.ports,
+            workload_name: self.workload_name.as_ref(),
         }
     }
 
@@ -105,6 +117,7 @@ struct Packed {
     ips_end: u32,
     labels: Arc<Labels>,
     ports: Arc<BTreeMap<String, u16>>,
+    workload_name: Option<Arc<str>>,
 }
 
 impl PodGroup {
@@ -147,6 +160,7 @@ impl PodGroup {
             ips: &self.ips[ips..packed.ips_end as usize],
             labels: &packed.labels,
             ports: &packed.ports,
+            workload_name: packed.workload_name.as_ref(),
         })
     }
 
@@ -187,6 +201,7 @@ impl PodGroup {
                 ips_end: ips as u32 + ips_len,
                 labels: pod.labels.clone(),
                 ports: pod.ports.clone(),
+                workload_name: pod.workload_name.cloned(),
             },
         );
     }
@@ -369,6 +384,7 @@ mod tests {
             ips: [ip.parse::<IpAddr>().unwrap()].into(),
             labels: Arc::default(),
             ports: Arc::default(),
+            workload_name: None,
         }
     }
 
@@ -474,6 +490,7 @@ mod tests {
                     .collect(),
                 labels: Arc::new(Labels::from([("app".to_string(), app.to_string())])),
                 ports: Arc::default(),
+                workload_name: (app == 1).then(|| Arc::from("web")),
             }
         }
 

@@ -1,5 +1,5 @@
 //! Kubernetes core kinds (`v1`): Namespace, Service, Pod.
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use serde::Deserialize;
 
@@ -11,6 +11,7 @@ use super::{
         KubeService, NAMESPACE_NAME_LABEL, Namespace, ServicePort, TargetPort, Workload,
         WorkloadKind,
     },
+    workload_names::{Controller, pod_workload},
 };
 
 /// The service account Kubernetes gives a Pod that names none.
@@ -196,6 +197,7 @@ impl RawPod {
 
     pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<Workload> {
         let before = ctx.error_count();
+        let workload_name = self.metadata.as_ref().and_then(workload_name);
         let meta = convert::meta(ctx, self.metadata, true);
         let spec = self.spec.unwrap_or_default();
         let status = self.status.unwrap_or_default();
@@ -246,6 +248,20 @@ impl RawPod {
             node_name: spec.node_name,
             ports,
             other_address: None,
+            workload_name,
         })
     }
+}
+
+/// A Pod's workload name for Istio's telemetry, when not its own name.
+fn workload_name(meta: &RawMeta) -> Option<Arc<str>> {
+    let name = meta.name.as_deref()?;
+    let none = Labels::new();
+    let labels = meta.labels.as_ref().unwrap_or(&none);
+    let generated = meta.generate_name.as_deref().is_some_and(|g| !g.is_empty());
+    let controller = meta
+        .controller()
+        .map(|(kind, name)| Controller { kind, name });
+    let workload = pod_workload(name, generated, labels, controller);
+    (workload != name).then(|| Arc::from(workload))
 }

@@ -20,6 +20,7 @@ mod mesh_file;
 mod model;
 mod service_entry;
 mod source;
+mod workload_names;
 mod yaml;
 
 pub(crate) use api::{ENTRY, POD, Reader, check_api_entry, check_api_pod, read_api_object};
@@ -52,6 +53,7 @@ pub(crate) use service_entry::use_waypoint;
 #[cfg(test)]
 pub(crate) use source::tests as source_tests;
 pub(crate) use source::{FileStat, Limits, list as list_files, read as read_file};
+pub(crate) use workload_names::{canonical_revision, canonical_service};
 
 #[cfg(test)]
 mod istio_tests;

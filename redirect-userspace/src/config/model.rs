@@ -355,12 +355,20 @@ pub struct Workload {
     /// A WorkloadEntry's `spec.address` when it is not an IP (a host name or a unix socket);
     /// `None` for Pods and for a WorkloadEntry with only a `network`.
     pub other_address: Option<WorkloadAddress>,
+    /// What Istio's telemetry names the workload (a Deployment's Pods after the Deployment, see
+    /// `docs/observability.md#istio-metrics`), when that is not the object's own name.
+    pub workload_name: Option<Arc<str>>,
 }
 
 /// Istio's label for a pod the data plane must not capture; `none` opts out.
 pub(crate) const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
 
 impl Workload {
+    /// The workload name Istio's telemetry gives it.
+    pub fn workload_name(&self) -> &str {
+        self.workload_name.as_deref().unwrap_or(&self.meta.name)
+    }
+
     /// Whether this is a Pod labelled `istio.io/dataplane-mode: none`: the programs leave its
     /// processes alone.
     pub fn opts_out_of_capture(&self) -> bool {
@@ -387,6 +395,8 @@ pub struct PodElsewhere {
     pub ips: Box<[IpAddr]>,
     pub labels: Arc<Labels>,
     pub ports: Arc<BTreeMap<String, u16>>,
+    /// Its workload name for Istio's telemetry when not its own (shared by a Deployment's Pods).
+    pub workload_name: Option<Arc<str>>,
 }
 
 impl PodElsewhere {
@@ -397,6 +407,7 @@ impl PodElsewhere {
             ips: pod.ips.iter().copied().collect(),
             labels: Arc::new(pod.meta.labels.clone()),
             ports: Arc::new(pod.ports.clone()),
+            workload_name: pod.workload_name.clone(),
         }
     }
 }

@@ -2,6 +2,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashSet},
     net::IpAddr,
+    sync::Arc,
 };
 
 use serde::Deserialize;
@@ -16,6 +17,7 @@ use super::{
         ServiceEntryEndpoint, ServiceEntryPort, StatusAddress, UseWaypoint, WaypointRef, Workload,
         WorkloadAddress, WorkloadKind, in_allocation_ranges,
     },
+    workload_names::entry_workload,
 };
 
 pub(super) const USE_WAYPOINT_LABEL: &str = "istio.io/use-waypoint";
@@ -554,6 +556,10 @@ impl RawWorkloadEntry {
             meta.labels = labels;
         }
         let service_account = spec.service_account.filter(|sa| !sa.is_empty());
+        // The annotation of a WorkloadGroup's registration is not read: entries written by hand
+        // carry none.
+        let workload = entry_workload(&meta.name, None, &meta.labels);
+        let workload_name = (workload != meta.name).then(|| Arc::from(workload));
         (ctx.error_count() == before).then(|| Workload {
             kind: WorkloadKind::WorkloadEntry,
             meta,
@@ -565,6 +571,7 @@ impl RawWorkloadEntry {
             service_account,
             ports,
             other_address: address.filter(|a| !matches!(a, WorkloadAddress::Ip(_))),
+            workload_name,
         })
     }
 }

@@ -21,7 +21,7 @@ use tracing::warn;
 
 use crate::{
     config::Workload,
-    records::{Connections, DecidedBy, Event, Name, Record},
+    records::{Connections, DecidedBy, Event, Name, Record, ends},
     state::{OutboundOutcome, Pick, Snapshot},
 };
 
@@ -360,7 +360,7 @@ pub(super) fn payload(raw: &ConnRecord) -> (u64, u64) {
 pub(super) fn end_of(last_state: u8) -> &'static str {
     match last_state {
         // Never established: refused, unreachable, or the handshake timed out.
-        tcp_state::SYN_SENT | tcp_state::SYN_RECV => "connect failed",
+        tcp_state::SYN_SENT | tcp_state::SYN_RECV => ends::CONNECT_FAILED,
         // Both sides' FINs went through (TIME_WAIT or the last ACK).
         tcp_state::FIN_WAIT2 | tcp_state::TIME_WAIT | tcp_state::CLOSING | tcp_state::LAST_ACK => {
             "closed"

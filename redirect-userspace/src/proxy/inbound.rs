@@ -48,7 +48,7 @@ use crate::{
     drain::Watcher,
     hbone::{self, CONNECTION_WINDOW, H2Stream, Identity},
     net::{CONNECT_TIMEOUT, connect_from},
-    records::Received,
+    records::{Event, Received, ends},
     redirect::hbone_replies::{HboneSources, SourceHeld},
 };
 
@@ -318,10 +318,12 @@ async fn stream(
         Err(e) => {
             metrics.inbound("connect_failed");
             info!(peer = %sender.peer, src_identity = %sender.source, dst = %target, error = %e, "HBONE stream: the Pod refused the connection");
+            count_received(&context, &sender, target, Event::Close, ends::POD_REFUSED);
             return refuse(&mut respond, StatusCode::SERVICE_UNAVAILABLE);
         }
     };
     metrics.inbound("ok");
+    count_received(&context, &sender, target, Event::Open, "-");
     let started = Instant::now();
     let send = match respond.send_response(status(StatusCode::OK), false) {
         Ok(send) => send,
@@ -401,14 +403,39 @@ fn log_denied(context: &ProxyContext, sender: &Sender, dst: SocketAddr, verdict:
     let source = sender.source.to_string();
     let authorization = verdict.to_string();
     context.records.received(&Received {
+        event: Event::Close,
         src_identity: &source,
         src: sender.peer,
         dst,
         bytes_in: 0,
         bytes_out: 0,
         duration: Duration::ZERO,
-        end: "denied by authorization policy",
+        end: ends::DENIED,
         authorization: &authorization,
+        decided_by: "proxy",
+    });
+}
+
+/// Tells Istio's families of a stream received that moved no byte: its open, or its refusal by
+/// the Pod. (Access-log lines are written for streams that end.)
+fn count_received(
+    context: &ProxyContext,
+    sender: &Sender,
+    dst: SocketAddr,
+    event: Event,
+    end: &'static str,
+) {
+    let source = sender.source.to_string();
+    context.records.received(&Received {
+        event,
+        src_identity: &source,
+        src: sender.peer,
+        dst,
+        bytes_in: 0,
+        bytes_out: 0,
+        duration: Duration::ZERO,
+        end,
+        authorization: "-",
         decided_by: "proxy",
     });
 }
@@ -444,6 +471,7 @@ fn log_carried(
         Err(RelayError::Io(_)) => (0, 0, "reset"),
     };
     context.records.received(&Received {
+        event: Event::Close,
         src_identity: &source,
         src: sender.peer,
         dst,

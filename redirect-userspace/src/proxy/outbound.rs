@@ -30,7 +30,7 @@ use crate::{
     metrics::{Lookup, Metrics},
     net::{CONNECT_TIMEOUT, SocketFactory},
     proxy::ProxyMetrics,
-    records::{Connections, Name},
+    records::{Connections, Name, ends},
     redirect::Flows,
     state::{Outbound, OutboundOutcome, Snapshot, Target},
 };
@@ -379,7 +379,7 @@ fn authorize(
             result.authorization = Some(Name::from(verdict.to_string()));
             Err(Refused {
                 outcome: OutboundOutcome::Denied,
-                why: "denied by authorization policy",
+                why: ends::DENIED,
             })
         }
     }
@@ -465,6 +465,7 @@ async fn carry_through_waypoint(
         Some(_) => route.first,
         None => via.authority,
     });
+    result.hbone_identity = Some(Name::from(via.client.to_string()));
     let tunnel = context
         .hbone
         .tunnel(
@@ -479,7 +480,7 @@ async fn carry_through_waypoint(
         Ok(tunnel) => tunnel,
         Err(e) => {
             warn!(client = %peer, orig_dst = %route.orig, peer = %route.first, identity = %via.client, error = %e, "no HBONE tunnel; resetting the connection");
-            return Err(Refused::error("HBONE tunnel failed"));
+            return Err(Refused::error(ends::TUNNEL_FAILED));
         }
     };
     result.decided(route.outcome);
@@ -532,7 +533,7 @@ async fn carry(
         Err((dst, e)) => {
             debug!(client = %peer, orig_dst = %route.orig, upstream = %dst, error = %e, "upstream connect failed");
             result.endpoint = Some(dst);
-            return Err(Refused::error("upstream connect failed"));
+            return Err(Refused::error(ends::UPSTREAM_CONNECT_FAILED));
         }
     };
     result.decided(route.outcome);

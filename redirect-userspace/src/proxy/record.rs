@@ -31,6 +31,10 @@ pub(crate) struct ConnectionResult<'a> {
     pub waypoint: Option<Name>,
     /// How the destination Pod's authorization policies decided it, when it is a Pod of this node.
     pub authorization: Option<Name>,
+    /// The workload identity it was carried as over HBONE.
+    pub hbone_identity: Option<Name>,
+    /// Whether its open record was written.
+    opened: bool,
     pub sent: u64,
     pub received: u64,
     /// How it ended: `closed`, `reset`, `idle timeout`, `write timeout`, or why it was refused.
@@ -57,6 +61,8 @@ impl<'a> ConnectionResult<'a> {
             endpoint: None,
             waypoint: None,
             authorization: None,
+            hbone_identity: None,
+            opened: false,
             sent: 0,
             received: 0,
             end: "reset",
@@ -75,7 +81,8 @@ impl<'a> ConnectionResult<'a> {
     }
 
     /// The upstream is reached: the connection's open record.
-    pub(crate) fn opened(&self) {
+    pub(crate) fn opened(&mut self) {
+        self.opened = true;
         self.records.record(self.to_record(Event::Open));
     }
 
@@ -96,6 +103,8 @@ impl<'a> ConnectionResult<'a> {
         record.endpoint = self.endpoint;
         record.waypoint = self.waypoint.clone();
         record.authorization = self.authorization.clone();
+        record.hbone_identity = self.hbone_identity.clone();
+        record.was_opened = self.opened;
         if event == Event::Close {
             record.bytes_sent = self.sent;
             record.bytes_received = self.received;

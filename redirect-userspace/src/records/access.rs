@@ -104,7 +104,9 @@ impl AccessLog {
 /// An HBONE stream received for a Pod of this node, as its access-log line tells it.
 #[derive(Debug)]
 pub(crate) struct Received<'a> {
-    /// The workload identity the sender's certificate names.
+    /// The stream's start (counted by Istio's families only) or its end (logged too).
+    pub event: super::Event,
+    /// The workload identity the sender's certificate names (`-`: plain TCP, refused by the kernel).
     pub src_identity: &'a str,
     /// The address the sender connected from.
     pub src: std::net::SocketAddr,

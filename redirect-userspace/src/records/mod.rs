@@ -4,6 +4,7 @@
 //! which writes the access-log line of a connection that ended (one budget for both deciders),
 //! counts it by service, keeps the recent ones for `/connections` and hands them to followers.
 mod access;
+mod istio;
 mod metrics;
 mod recent;
 
@@ -17,10 +18,11 @@ use serde::{Serialize, Serializer};
 use tokio::sync::broadcast;
 
 pub(crate) use access::{AccessLog, Received};
+pub(crate) use istio::ends;
 pub(crate) use metrics::RecordMetrics;
 pub(crate) use recent::Filter;
 
-use crate::state::OutboundOutcome;
+use crate::{state::OutboundOutcome, telemetry::IstioMetrics};
 
 /// Who decided a connection: the kernel at connect() (the fast path) or the proxy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -56,6 +58,11 @@ pub(crate) struct Name(Arc<str>);
 impl Name {
     pub(crate) fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// The text, shared.
+    pub(crate) fn shared(&self) -> Arc<str> {
+        self.0.clone()
     }
 
     /// The same name, by address: two records naming one shared `Name` are counted together
@@ -126,6 +133,13 @@ pub(crate) struct Record {
     /// `explicitly denied by: ns/name`, ...), when the proxy carried it to a Pod of this node.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub authorization: Option<Name>,
+    /// The workload identity the client was carried as over HBONE (mutual TLS), when it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hbone_identity: Option<Name>,
+    /// Whether the connection's open record was written: a close without one was refused before
+    /// its upstream was reached.
+    #[serde(skip)]
+    pub was_opened: bool,
     /// Bytes from the client to the endpoint (the kernel: those the peer acknowledged).
     pub bytes_sent: u64,
     pub bytes_received: u64,
@@ -152,6 +166,8 @@ impl Record {
             endpoint: None,
             waypoint: None,
             authorization: None,
+            hbone_identity: None,
+            was_opened: event == Event::Open,
             bytes_sent: 0,
             bytes_received: 0,
             duration: None,
@@ -190,6 +206,8 @@ const FOLLOW_BACKLOG: usize = 4096;
 pub(crate) struct Connections {
     log: AccessLog,
     metrics: Arc<RecordMetrics>,
+    /// Istio's TCP families, when served.
+    istio: Option<Arc<IstioMetrics>>,
     recent: recent::Recent,
     follow: broadcast::Sender<Arc<Record>>,
 }
@@ -200,14 +218,27 @@ impl Connections {
         Connections {
             log: AccessLog::new(access_log, metrics.clone()),
             metrics,
+            istio: None,
             recent: recent::Recent::new(RECENT),
             follow: broadcast::channel(FOLLOW_BACKLOG).0,
         }
     }
 
-    /// Logs an HBONE stream received for a Pod of this node (within the access log's budget).
+    /// These connections counted in Istio's families too.
+    pub(crate) fn with_istio(mut self, istio: Arc<IstioMetrics>) -> Connections {
+        self.istio = Some(istio);
+        self
+    }
+
+    /// Logs an HBONE stream received for a Pod of this node (within the access log's budget)
+    /// when it ends, and counts it in Istio's families at its open and its end.
     pub(crate) fn received(&self, received: &Received<'_>) {
-        self.log.write_received(received);
+        if let Some(istio) = &self.istio {
+            istio.count(istio::received(received));
+        }
+        if received.event == Event::Close {
+            self.log.write_received(received);
+        }
     }
 
     /// Takes one record: a close is logged (within the budget) and its bytes counted, an open
@@ -220,6 +251,9 @@ impl Connections {
     /// and kept under one lock.
     pub(crate) fn record_all(&self, records: Vec<Record>) {
         self.metrics.count(&records);
+        if let Some(istio) = &self.istio {
+            istio.count(records.iter().filter_map(istio::seen));
+        }
         for record in records.iter().filter(|r| r.event == Event::Close) {
             self.log.write(record);
         }

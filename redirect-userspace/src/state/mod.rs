@@ -38,12 +38,13 @@ pub(crate) use dump::ConfigDump;
 pub(crate) use outbound::{NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason};
 pub use outbound::{OutboundOutcome, Pick};
 pub(crate) use service::{Port, Service, ServiceKind, ServiceVisibility, Target};
-pub(crate) use workload::WorkloadName;
+pub(crate) use workload::{TelemetryName, WorkloadName};
 
 use crate::{
     authz::NodePolicies,
     config::{
         DEFAULT_CLUSTER_DOMAIN, LabelSelector, Model, ServiceEntry, VisibilityConfig, Workload,
+        WorkloadKind,
     },
     visibility::{self, Resolved, ResolvedEntry},
 };
@@ -277,6 +278,24 @@ impl Snapshot {
 
     pub fn cluster_domain(&self) -> &str {
         &self.cluster_domain
+    }
+
+    /// The one workload at `ip` (of any node or namespace) as Istio's telemetry names it.
+    pub(crate) fn telemetry_at(&self, ip: IpAddr) -> Option<TelemetryName<'_>> {
+        self.workloads.telemetry_at(ip.to_canonical())
+    }
+
+    /// The workload of that namespace and name, a Pod before a WorkloadEntry.
+    pub(crate) fn workload_named(&self, namespace: &str, name: &str) -> Option<&Workload> {
+        let named = |w: &&Arc<Workload>| w.meta.namespace == namespace && w.meta.name == name;
+        let mut found = self.workloads.workloads.iter().filter(named);
+        let first = found.next()?;
+        Some(match first.kind {
+            WorkloadKind::Pod => first,
+            WorkloadKind::WorkloadEntry => {
+                found.find(|w| w.kind == WorkloadKind::Pod).unwrap_or(first)
+            }
+        })
     }
 }
 

@@ -9,7 +9,7 @@ use std::{
 };
 
 use crate::{
-    config::{PodGroup, PodsElsewhere, Workload, WorkloadKind, opts_out_of_capture},
+    config::{Labels, PodGroup, PodsElsewhere, Workload, WorkloadKind, opts_out_of_capture},
     visibility::Discovery,
 };
 
@@ -18,6 +18,33 @@ use crate::{
 pub struct WorkloadName<'a> {
     pub namespace: &'a str,
     pub name: &'a str,
+}
+
+/// A workload as Istio's telemetry names it: its namespace, workload name (a Deployment's Pods by
+/// the Deployment's), labels and service account (unknown for another node's Pod).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TelemetryName<'a> {
+    pub namespace: &'a str,
+    pub workload: &'a str,
+    pub labels: &'a Labels,
+    pub service_account: Option<&'a str>,
+}
+
+impl<'a> TelemetryName<'a> {
+    pub(crate) fn of(w: &'a Workload) -> Self {
+        TelemetryName {
+            namespace: &w.meta.namespace,
+            workload: w.workload_name(),
+            labels: &w.meta.labels,
+            // A WorkloadEntry without an account has the namespace's `default`, as upstream says.
+            service_account: match w.kind {
+                WorkloadKind::Pod => w.service_account.as_deref(),
+                WorkloadKind::WorkloadEntry => {
+                    Some(w.service_account.as_deref().unwrap_or("default"))
+                }
+            },
+        }
+    }
 }
 
 #[derive(Debug, Default)]
@@ -266,6 +293,25 @@ impl WorkloadStore {
             .filter(|(_, slot)| slot.reachable.is_some())
             .map(|(ip, _)| *ip)
             .chain(self.elsewhere_by_ip.addresses())
+    }
+
+    /// The one workload at `ip`, of this node or another, in any namespace, as telemetry names
+    /// it; `None` for an address several workloads share (a node's) or none has.
+    pub(super) fn telemetry_at(&self, ip: IpAddr) -> Option<TelemetryName<'_>> {
+        if let Some(slot) = self.by_ip.get(&ip) {
+            return (!slot.shared).then(|| TelemetryName::of(&self.workloads[slot.first as usize]));
+        }
+        if self.elsewhere_by_ip.is_shared(ip) {
+            return None;
+        }
+        let (group, i) = self.elsewhere_by_ip.get(ip)?;
+        let pod = self.elsewhere[group as usize].get(i as usize)?;
+        Some(TelemetryName {
+            namespace: pod.namespace,
+            workload: pod.workload_name(),
+            labels: pod.labels,
+            service_account: None,
+        })
     }
 
     /// The client behind a peer IP. An IP several workloads share names no single namespace, so the

@@ -277,7 +277,9 @@ mod tests {
                     "name": "web-1", "namespace": "team-a", "resourceVersion": "42",
                     "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1",
                     "creationTimestamp": "2024-05-01T12:00:00Z",
-                    "labels": {"app": "web", "pod-template-hash": "7d9f8b6c5"}
+                    "labels": {"app": "web", "pod-template-hash": "7d9f8b6c5"},
+                    // What names its workload for Istio's telemetry, and no more of it.
+                    "ownerReferences": [{"kind": "ReplicaSet", "name": "web", "controller": true}]
                 },
                 "spec": {
                     "nodeName": "node-1",

@@ -1,4 +1,4 @@
-//! One copy of each namespace name, label set and port set the Pods of other nodes have: a
+//! One copy of each namespace name, label set, port set and workload name the Pods of other nodes have: a
 //! Deployment's Pods all carry the same, and 100,000 Pods hold a few thousand of each.
 use std::{
     collections::{BTreeMap, HashSet},
@@ -13,6 +13,7 @@ pub(super) struct Interner {
     namespaces: HashSet<Arc<str>>,
     labels: HashSet<Arc<Labels>>,
     ports: HashSet<Arc<BTreeMap<String, u16>>>,
+    workload_names: HashSet<Arc<str>>,
     /// Pods taken in since the sets were last cleared of what nobody holds any more.
     since_pruned: usize,
 }
@@ -44,6 +45,7 @@ impl Interner {
             ips: pod.ips,
             labels: intern(&mut self.labels, &pod.labels),
             ports: intern(&mut self.ports, &pod.ports),
+            workload_name: (pod.workload_name).map(|name| intern(&mut self.workload_names, &name)),
         }
     }
 
@@ -53,6 +55,7 @@ impl Interner {
         self.namespaces.retain(|v| Arc::strong_count(v) > 1);
         self.labels.retain(|v| Arc::strong_count(v) > 1);
         self.ports.retain(|v| Arc::strong_count(v) > 1);
+        self.workload_names.retain(|v| Arc::strong_count(v) > 1);
     }
 }
 
@@ -67,6 +70,7 @@ mod tests {
             ips: Box::new([]),
             labels: Arc::new(Labels::from([("app".to_string(), "web".to_string())])),
             ports: Arc::new(BTreeMap::new()),
+            workload_name: Some(Arc::from("web")),
         }
     }
 
@@ -77,6 +81,10 @@ mod tests {
         let b = interner.pod(pod("b"));
         assert!(Arc::ptr_eq(&a.labels, &b.labels));
         assert!(Arc::ptr_eq(&a.namespace, &b.namespace));
+        assert!(Arc::ptr_eq(
+            a.workload_name.as_ref().unwrap(),
+            b.workload_name.as_ref().unwrap()
+        ));
         drop((a, b));
         interner.prune();
         assert!(interner.labels.is_empty() && interner.namespaces.is_empty());

@@ -36,10 +36,30 @@ const META: Keep = Fields(&[
     ("resourceVersion", All),
 ]);
 
+/// What the model reads of a Pod's metadata: [`META`], and what names its workload for Istio's
+/// telemetry (the owner that made it).
+const POD_META: Keep = Fields(&[
+    ("name", All),
+    ("namespace", All),
+    ("labels", All),
+    ("creationTimestamp", All),
+    ("uid", All),
+    ("resourceVersion", All),
+    ("generateName", All),
+    (
+        "ownerReferences",
+        Each(&Fields(&[
+            ("kind", All),
+            ("name", All),
+            ("controller", All),
+        ])),
+    ),
+]);
+
 /// What the model reads of a Pod: nearly none of its bytes (managed fields, annotations,
 /// container specs, most of the status are skipped).
 pub(crate) const POD: Keep = Fields(&[
-    ("metadata", META),
+    ("metadata", POD_META),
     (
         "spec",
         Fields(&[
