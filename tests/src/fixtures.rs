@@ -79,3 +79,43 @@ pub fn curl_body(pod: &Pod, url: &str) -> Result<String> {
         .trim()
         .to_string())
 }
+
+/// What curl says it moved over one connection: its request, and the response's header and body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    pub sent: u64,
+    pub received: u64,
+}
+
+/// `count` sequential curls from `pod` to `url`, in one shell: what each moved. Each must succeed.
+pub fn curls_moved(pod: &Pod, url: &str, count: usize) -> Result<Vec<Moved>> {
+    use anyhow::{Context, ensure};
+    let script = format!(
+        "for i in $(seq {count}); do curl -gsS -o /dev/null --max-time {} \
+         -w '%{{size_request}} %{{size_header}} %{{size_download}}\\n' '{url}' || exit 1; done",
+        crate::pace::scaled_secs(10)
+    );
+    let out = pod
+        .cmd("sh")
+        .args(["-c", &script])
+        .timeout(crate::pace::scaled(std::time::Duration::from_secs(120)))
+        .ok()?;
+    let moved: Vec<Moved> = out
+        .stdout_str()
+        .lines()
+        .map(|line| {
+            let n: Vec<u64> = line
+                .split_whitespace()
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .with_context(|| format!("curl's -w line {line:?}"))?;
+            ensure!(n.len() == 3, "curl's -w line {line:?}");
+            Ok(Moved {
+                sent: n[0],
+                received: n[1] + n[2],
+            })
+        })
+        .collect::<Result<_>>()?;
+    ensure!(moved.len() == count, "{} curls of {count}", moved.len());
+    Ok(moved)
+}

@@ -53,6 +53,34 @@ impl Metrics {
     pub fn samples(&self) -> &BTreeMap<String, f64> {
         &self.0
     }
+
+    /// Sum of the samples of metric `name` whose labels include every pair of `labels` (an Istio
+    /// series has 27 labels; a test names the few it is about).
+    pub fn sum_matching(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.matching(name, labels).map(|(_, v)| v).sum()
+    }
+
+    /// The labels and value of each sample of `name` whose labels include every pair of `labels`.
+    pub fn matching<'a>(
+        &'a self,
+        name: &'a str,
+        labels: &'a [(&str, &str)],
+    ) -> impl Iterator<Item = (BTreeMap<String, String>, f64)> + 'a {
+        self.0.iter().filter_map(move |(key, value)| {
+            let body = key.strip_prefix(name)?.strip_prefix('{')?;
+            let mut held = BTreeMap::new();
+            let mut rest = body;
+            while let Some((label, after)) = rest.trim_start_matches(',').split_once("=\"") {
+                let (v, after) = unescape_until_quote(after)?;
+                held.insert(label.to_string(), v);
+                rest = after;
+            }
+            let all = labels
+                .iter()
+                .all(|(k, v)| held.get(*k).map(String::as_str) == Some(*v));
+            all.then_some((held, *value))
+        })
+    }
 }
 
 /// Reads `name` or `name{labels}` from the start of `s`; returns the canonical key and what follows.
@@ -182,6 +210,15 @@ redirect_weird{b="2",a="1"} +Inf
             assert_eq!(m.get(c.key), c.expect, "{}", c.name);
         }
         assert_eq!(m.sum("redirect_outbound_connections_total"), 4.0);
+        assert_eq!(
+            m.sum_matching("redirect_weird", &[("a", "1")]),
+            f64::INFINITY
+        );
+        assert_eq!(m.sum_matching("redirect_weird", &[("a", "2")]), 0.0);
+        assert_eq!(
+            m.sum_matching("redirect_outbound_bytes_total", &[("kind", "a\"b")]),
+            1500.0
+        );
         assert_eq!(
             m.get_or_zero(r#"redirect_outbound_connections_total{outcome="denied"}"#),
             0.0

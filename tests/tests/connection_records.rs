@@ -9,6 +9,7 @@ use std::{
 };
 
 use anyhow::{Context, Result, bail, ensure};
+use integration::fixtures::{Moved, curls_moved};
 use integration::world::World;
 use integration::{Agent, Launch, pace};
 use serde_json::Value;
@@ -24,44 +25,9 @@ fn launch(fast_path: bool) -> Launch {
     }
 }
 
-/// What curl says it moved for one connection.
-#[derive(Debug, Clone, Copy)]
-struct Moved {
-    sent: u64,
-    received: u64,
-}
-
-/// `count` sequential curls from team-a's pod to its entry, in one shell: what each moved.
+/// `count` sequential curls from team-a's pod to its entry: what each moved.
 fn curls(w: &World, count: usize) -> Result<Vec<Moved>> {
-    let script = format!(
-        "for i in $(seq {count}); do curl -sS -o /dev/null --max-time {} \
-         -w '%{{size_request}} %{{size_header}} %{{size_download}}\\n' http://api.example.com/ || exit 1; done",
-        pace::scaled_secs(10)
-    );
-    let out = w
-        .client("team-a")
-        .cmd("sh")
-        .args(["-c", &script])
-        .timeout(pace::scaled(Duration::from_secs(120)))
-        .ok()?;
-    let moved: Vec<Moved> = out
-        .stdout_str()
-        .lines()
-        .map(|line| {
-            let n: Vec<u64> = line
-                .split_whitespace()
-                .map(str::parse)
-                .collect::<Result<_, _>>()
-                .with_context(|| format!("curl's -w line {line:?}"))?;
-            ensure!(n.len() == 3, "curl's -w line {line:?}");
-            Ok(Moved {
-                sent: n[0],
-                received: n[1] + n[2],
-            })
-        })
-        .collect::<Result<_>>()?;
-    ensure!(moved.len() == count, "{} curls of {count}", moved.len());
-    Ok(moved)
+    curls_moved(w.client("team-a"), "http://api.example.com/", count)
 }
 
 /// The access-log lines the agent wrote with `decided_by`, once there are `want` of them.

@@ -136,8 +136,8 @@ pub(crate) struct Record {
     /// The workload identity the client was carried as over HBONE (mutual TLS), when it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub hbone_identity: Option<Name>,
-    /// Whether the connection's open record was written: a close without one was refused before
-    /// its upstream was reached.
+    /// Whether the connection's open record was written (always, but for a close of the proxy's
+    /// refused before its upstream was reached).
     #[serde(skip)]
     pub was_opened: bool,
     /// Bytes from the client to the endpoint (the kernel: those the peer acknowledged).
@@ -167,7 +167,7 @@ impl Record {
             waypoint: None,
             authorization: None,
             hbone_identity: None,
-            was_opened: event == Event::Open,
+            was_opened: true,
             bytes_sent: 0,
             bytes_received: 0,
             duration: None,
