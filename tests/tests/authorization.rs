@@ -594,6 +594,48 @@ fn a_deny_from_a_namespace_resets_that_namespaces_clients_only() -> Result<()> {
     Ok(())
 }
 
+/// Istio's metrics of refusals (`docs/observability.md#istio-metrics`): 50 connections team-a's
+/// DENY refuses are 50 opened and closed, failed with `DENY`, reported by the `destination` (web-1's
+/// node), whichever decides them (the Pod's socket lookup, or the proxy without the fast path).
+#[test]
+fn denied_connections_count_in_istios_series_as_deny() -> Result<()> {
+    let n = Node::start(&[("deny-b.yaml", &deny_team_b_on_web())])?;
+    let before = n.agent.metrics()?;
+    let script = format!(
+        "for i in $(seq 50); do curl -sS --max-time 5 http://{WEB_HTTP}/ && exit 1; done; exit 0"
+    );
+    n.pod(B1).cmd("sh").args(["-c", &script]).ok()?;
+    let denied = [
+        ("reporter", "destination"),
+        ("source_workload", "b1"),
+        ("source_workload_namespace", "team-b"),
+        ("destination_workload", "web-1"),
+        ("destination_workload_namespace", "team-a"),
+        ("response_flags", "DENY"),
+    ];
+    let moved_by = |m: &Metrics, family: &str| {
+        m.sum_matching(family, &denied) - before.sum_matching(family, &denied)
+    };
+    let deadline = Instant::now() + pace::scaled(Duration::from_secs(10));
+    let mut now = n.agent.metrics()?;
+    while moved_by(&now, "istio_tcp_connections_failed_total") < 50.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        now = n.agent.metrics()?;
+    }
+    let counted = [
+        "istio_tcp_connections_opened_total",
+        "istio_tcp_connections_closed_total",
+        "istio_tcp_connections_failed_total",
+        "istio_tcp_received_bytes_total",
+    ]
+    .map(|family| moved_by(&now, family));
+    ensure!(
+        counted == [50.0, 50.0, 50.0, 0.0],
+        "opened, closed, failed, bytes: {counted:?}"
+    );
+    Ok(())
+}
+
 /// team-a's ALLOW from a1's principal on web-1: a1 is answered (allowed by the policy), b1 is
 /// refused on every port because allow policies exist and none allowed it.
 #[test]

@@ -7,11 +7,11 @@
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
-use integration::fixtures::curl_body;
+use integration::fixtures::{curl_body, curls_moved};
 use integration::pki::TestCa;
 use integration::two_nodes::{self, A1, B1, DAY, TRUST_DOMAIN};
 use integration::world::replace_file;
-use integration::{Agent, Peer, Topology, peer};
+use integration::{Agent, Peer, Topology, pace, peer};
 
 const B1_WEB: &str = "10.244.2.20:8080";
 /// team-b's ServiceEntry whose one endpoint is b1.
@@ -164,6 +164,63 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
             .any(|l| l.contains(B1_WEB) && l.contains(&format!("client={}:", A1.1))),
         "node b's access log names a1's identity, a1's address and b1; log:\n{log}"
     );
+    Ok(())
+}
+
+/// Istio's metrics on both nodes (`docs/observability.md#istio-metrics`): 50 connections a1 → b1
+/// over HBONE are 50 opened and closed on node a as the `source` and on node b as the
+/// `destination`, mutual TLS with a1's identity as the source principal, and the bytes curl moved.
+#[test]
+fn both_nodes_count_hbone_in_istios_series_as_source_and_destination() -> Result<()> {
+    let n = nodes(&[])?;
+    let (before_a, before_b) = (n.agent_a.metrics()?, n.agent_b.metrics()?);
+    let moved = curls_moved(n.a.pod(A1.0), &format!("http://{B1_WEB}/"), 50)?;
+    let (sent, received) = moved
+        .iter()
+        .fold((0, 0), |(s, r), m| (s + m.sent, r + m.received));
+    let a1 = format!("spiffe://{TRUST_DOMAIN}/ns/team-a/sa/default");
+    let b1 = format!("spiffe://{TRUST_DOMAIN}/ns/team-b/sa/default");
+    let edge = |reporter: &'static str| {
+        [
+            ("reporter", reporter),
+            ("source_workload", "a1"),
+            ("source_workload_namespace", "team-a"),
+            ("source_principal", a1.as_str()),
+            ("destination_workload", "b1"),
+            ("destination_workload_namespace", "team-b"),
+            ("destination_principal", b1.as_str()),
+            ("destination_service", "unknown"),
+            ("connection_security_policy", "mutual_tls"),
+            ("response_flags", "-"),
+        ]
+    };
+    for (agent, before, reporter) in [
+        (&n.agent_a, &before_a, "source"),
+        (&n.agent_b, &before_b, "destination"),
+    ] {
+        let labels = edge(reporter);
+        let moved_by = |m: &integration::metrics::Metrics, family: &str| {
+            m.sum_matching(family, &labels) - before.sum_matching(family, &labels)
+        };
+        let deadline = std::time::Instant::now() + pace::scaled(Duration::from_secs(10));
+        let mut now = agent.metrics()?;
+        while moved_by(&now, "istio_tcp_connections_closed_total") < 50.0
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(100));
+            now = agent.metrics()?;
+        }
+        let counted = [
+            moved_by(&now, "istio_tcp_connections_opened_total"),
+            moved_by(&now, "istio_tcp_connections_closed_total"),
+            moved_by(&now, "istio_tcp_received_bytes_total"),
+            moved_by(&now, "istio_tcp_sent_bytes_total"),
+        ];
+        ensure!(
+            counted == [50.0, 50.0, sent as f64, received as f64],
+            "{reporter}: opened, closed, bytes from and to the client {counted:?}; curl sent {sent} and received {received}"
+        );
+    }
     Ok(())
 }
 

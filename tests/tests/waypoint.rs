@@ -6,6 +6,7 @@
 use std::{path::Path, time::Duration};
 
 use anyhow::{Context, Result, ensure};
+use integration::fixtures::curls_moved;
 use integration::pki::TestCa;
 use integration::proc::Proc;
 use integration::world::{Reach, World};
@@ -260,6 +261,59 @@ fn a_bound_service_is_reached_through_its_waypoint_as_the_client_identity() -> R
         metrics.get_or_zero(r#"redirect_hbone_tunnels_total{result="ok"}"#) >= 5.0,
         "{:#?}",
         metrics.samples()
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(())
+}
+
+/// Istio's metrics of the waypoint path (`docs/observability.md#istio-metrics`): 50 connections
+/// to team-a's bound entry count as mutual TLS from a1's identity to the waypoint (the workload
+/// the connection reaches), for the service the client addressed, with the bytes curl moved.
+#[test]
+fn the_waypoint_path_counts_in_istios_series_as_mutual_tls_to_the_waypoint() -> Result<()> {
+    let ca = TestCa::new(TRUST_DOMAIN)?;
+    let scratch = tempdir("istio")?;
+    let w = world(&ca, &scratch)?;
+    let _team_a = team_a_waypoint(&w, &ca, "team-a")?;
+    let before = w.agent.metrics()?;
+    let moved = curls_moved(w.client("team-a"), "http://api.example.com/", 50)?;
+    let source = spiffe("team-a");
+    let waypoint = format!("spiffe://{TRUST_DOMAIN}/ns/team-a/sa/team-a-waypoint");
+    let labels = [
+        ("reporter", "source"),
+        ("source_workload", "a1"),
+        ("source_principal", source.as_str()),
+        ("destination_service", "api.example.com"),
+        ("destination_service_name", "api-example"),
+        ("destination_workload", "team-a-waypoint"),
+        ("destination_workload_namespace", "team-a"),
+        ("destination_principal", waypoint.as_str()),
+        ("connection_security_policy", "mutual_tls"),
+        ("response_flags", "-"),
+    ];
+    // The proxy counts a close as its relay ends, a moment after curl has its answer.
+    let deadline = std::time::Instant::now() + pace::scaled(Duration::from_secs(10));
+    let closes = "istio_tcp_connections_closed_total";
+    let mut after = w.agent.metrics()?;
+    while after.sum_matching(closes, &labels) - before.sum_matching(closes, &labels) < 50.0
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(100));
+        after = w.agent.metrics()?;
+    }
+    let moved_by =
+        |family: &str| after.sum_matching(family, &labels) - before.sum_matching(family, &labels);
+    let sent: u64 = moved.iter().map(|m| m.sent).sum();
+    let received: u64 = moved.iter().map(|m| m.received).sum();
+    let counted = [
+        moved_by("istio_tcp_connections_opened_total"),
+        moved_by("istio_tcp_connections_closed_total"),
+        moved_by("istio_tcp_received_bytes_total"),
+        moved_by("istio_tcp_sent_bytes_total"),
+    ];
+    ensure!(
+        counted == [50.0, 50.0, sent as f64, received as f64],
+        "opened, closed, bytes from and to the client {counted:?}; curl sent {sent} and received {received}"
     );
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(())

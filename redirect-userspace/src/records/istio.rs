@@ -74,6 +74,7 @@ pub(super) fn seen(record: &Record) -> Option<(Seen, Counts)> {
         service: record.service.as_ref().map(super::Name::shared),
         addressed: record.orig_dst.map(|a| a.ip()),
         destination: record.endpoint.map(|a| a.ip().to_canonical()),
+        waypoint: record.waypoint.as_ref().map(super::Name::shared),
         mutual_tls: record.hbone_identity.as_ref().map(super::Name::shared),
         flags,
     };
@@ -118,6 +119,7 @@ pub(super) fn received(received: &Received<'_>) -> Option<(Seen, Counts)> {
         service: None,
         addressed: None,
         destination: Some(received.dst.ip().to_canonical()),
+        waypoint: None,
         mutual_tls: (!plain).then(|| received.src_identity.into()),
         flags,
     };

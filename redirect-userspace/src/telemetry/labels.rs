@@ -162,10 +162,11 @@ fn addressed_service<'a>(seen: &Seen, snapshot: &'a Snapshot) -> Option<&'a Serv
     first.filter(|s| s.kind == ServiceKind::Service || s.resolution != Resolution::None)
 }
 
-/// The workload dialled: the one at its address; else, for a ServiceEntry's endpoint, the entry
-/// itself (upstream makes each inline endpoint a workload named after its entry).
+/// The workload dialled: the one at its address; else the waypoint it went through; else, for a
+/// ServiceEntry's endpoint, the entry itself (upstream makes each inline endpoint a workload named
+/// after its entry).
 fn destination<'a>(
-    seen: &Seen,
+    seen: &'a Seen,
     snapshot: &'a Snapshot,
     service: Option<&'a Service>,
     none: &'a Labels,
@@ -173,6 +174,16 @@ fn destination<'a>(
     let ip = seen.destination?;
     if let Some(found) = snapshot.telemetry_at(ip) {
         return Some(found.into());
+    }
+    // Reached at its Service's address: the waypoint by its Gateway's name, whose Deployment and
+    // service account Istio names alike.
+    if let Some((namespace, name)) = seen.waypoint.as_deref().and_then(|w| w.split_once('/')) {
+        return Some(End {
+            namespace,
+            workload: name,
+            labels: none,
+            service_account: Some(name),
+        });
     }
     let entry = service.filter(|s| s.kind == ServiceKind::ServiceEntry)?;
     Some(End {

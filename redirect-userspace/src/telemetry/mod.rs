@@ -92,6 +92,9 @@ pub(crate) struct Seen {
     pub addressed: Option<IpAddr>,
     /// The workload dialled: the endpoint, the Pod, or the waypoint.
     pub destination: Option<IpAddr>,
+    /// The waypoint it went through, `namespace/name`: the workload upstream names as its
+    /// destination.
+    pub waypoint: Option<Arc<str>>,
     /// The peer's identity when carried over mutual TLS (HBONE): the client's own going out, the
     /// sender's certificate's coming in. `None`: plain TCP.
     pub mutual_tls: Option<Arc<str>>,

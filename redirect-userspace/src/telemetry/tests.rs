@@ -110,6 +110,7 @@ fn seen(client: Client, service: Option<&str>, addressed: &str, destination: &st
         service: service.map(Arc::from),
         addressed: Some(ip(addressed)),
         destination: Some(ip(destination)),
+        waypoint: None,
         mutual_tls: None,
         flags: Flags::None,
     }
