@@ -3,6 +3,7 @@
 //! programs over to a successor (`handover`) and drains.
 mod bind;
 mod dir_watch;
+mod families;
 mod file_watch;
 mod hbone;
 mod inbound;
@@ -21,25 +22,25 @@ use std::{
 use anyhow::Context;
 use tracing::{info, warn};
 
-use self::{inbound::KernelInbound, opt_out::OptOutSync};
+use self::{
+    families::{Families, registry},
+    inbound::KernelInbound,
+    opt_out::OptOutSync,
+};
 use crate::{
     admin::{self, AdminState},
-    audit::{Audit, AuditMetrics},
-    budget::{BudgetArgs, BudgetMetrics, Budgets, Limits, raise_fd_limit},
-    dns::{AnswerCache, DnsMetrics, HostCache, Upstream, VisibleNames},
+    audit::Audit,
+    budget::{BudgetArgs, Budgets, Limits, raise_fd_limit},
+    dns::{AnswerCache, HostCache, Upstream, VisibleNames},
     drain::{Lifecycle, Phase, Watcher},
     fastpath::{FastMaps, FastPath, KernelRecords, ahead::Ahead},
     hbone::HboneClient,
     identity::CgroupPods,
     live::LiveState,
     logging::LogLevel,
-    metrics::Metrics,
-    proxy::{
-        Authorizer, DialGuard, OutboundProxy, ProxyContext, ProxyMetrics, RelayMode, Timeouts,
-    },
-    records::{Connections, RecordMetrics},
+    proxy::{DialGuard, OutboundProxy, ProxyContext, RelayMode, Timeouts},
+    records::Connections,
     redirect::{Gateways, RedirectConfig, Redirector, Release},
-    telemetry::IstioMetrics,
 };
 
 #[derive(Debug, Clone)]
@@ -518,51 +519,6 @@ async fn attach(
     })
 }
 
-/// Every family of the agent: the ones that cut across, and each subsystem's own.
-#[derive(Debug, Default)]
-struct Families {
-    shared: Arc<Metrics>,
-    proxy: Arc<ProxyMetrics>,
-    dns: Arc<DnsMetrics>,
-    budgets: Arc<BudgetMetrics>,
-    audit: Arc<AuditMetrics>,
-    records: Arc<RecordMetrics>,
-    hbone: Arc<crate::hbone::HboneMetrics>,
-    /// Inbound authorization owns its decisions' counters.
-    authorizer: Arc<Authorizer>,
-    /// Istio's TCP families, made once the state in force exists.
-    istio: std::sync::OnceLock<Arc<IstioMetrics>>,
-}
-
-impl Families {
-    /// Istio's TCP families, labelled from the state in force.
-    fn istio(&self, config: &AgentConfig, live: &Arc<LiveState>) -> Arc<IstioMetrics> {
-        let made = || {
-            let istio = IstioMetrics::new(live.clone(), &config.cluster_id);
-            Arc::new(istio.with_trust_domain(config.trust_domain.as_deref()))
-        };
-        self.istio.get_or_init(made).clone()
-    }
-
-    fn registry(&self) -> prometheus_client::registry::Registry {
-        let mut registry = crate::metrics::registry_of(|r| {
-            self.shared.register(r);
-            self.proxy.register(r);
-            self.dns.register(r);
-            self.budgets.register(r);
-            self.audit.register(r);
-            self.records.register(r);
-            self.hbone.register(r);
-            self.authorizer.metrics.register(r);
-        });
-        // Istio's names carry no prefix of ours.
-        if let Some(istio) = self.istio.get() {
-            registry.register_collector(Box::new(istio.clone()));
-        }
-        registry
-    }
-}
-
 /// What every proxied connection needs, from the agent's configuration and its running parts.
 fn proxy_context(
     config: &AgentConfig,
@@ -595,30 +551,6 @@ fn proxy_context(
         hbone,
         authorizer: families.authorizer.clone(),
     }
-}
-
-/// The metrics registry: the agent's families, the kernel's counters, the hand-over gauge and the
-/// fast path's collector.
-fn registry(
-    config: &AgentConfig,
-    families: &Families,
-    redirector: &Redirector,
-    fast_path: Option<&Arc<FastPath>>,
-) -> prometheus_client::registry::Registry {
-    let mut root = families.registry();
-    let registry = root.sub_registry_with_prefix(crate::metrics::PREFIX);
-    registry.register_collector(crate::redirect::counters::collector(redirector.maps()));
-    let handover_available = prometheus_client::metrics::gauge::Gauge::<i64>::default();
-    handover_available.set(i64::from(config.handover.available));
-    registry.register(
-        "handover_available",
-        "1 when a successor can take over (pinned on a bpf filesystem); 0: a restart or rollout drops connections",
-        handover_available,
-    );
-    if let Some(fast) = fast_path {
-        registry.register_collector(fast.collector());
-    }
-    root
 }
 
 /// Listens for a successor at `path`; once one has taken over, the agent is handed over. If a
