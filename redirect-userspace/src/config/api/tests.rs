@@ -326,6 +326,43 @@ fn a_plain_pod_is_read_without_yaml_and_an_odd_one_with_it() {
     assert_eq!(loaded.errors[0].field.as_deref(), Some("status.podIP"));
 }
 
+/// A Deployment's Pod, read either way and of this node or another, is named after the
+/// Deployment for Istio's telemetry; a Pod with a name of its own keeps it whatever owns it.
+#[test]
+fn a_deployments_pod_is_named_after_its_deployment_either_way() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web-7d9f8b6c5-x2k4p", "generateName": "web-7d9f8b6c5-",
+            "namespace": "team-a", "labels": {"pod-template-hash": "7d9f8b6c5"},
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u0"},
+                {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-7d9f8b6c5",
+                 "uid": "u1", "controller": true, "blockOwnerDeletion": true}]},
+        "status": {"podIP": "10.0.0.1"}});
+    for elsewhere in [false, true] {
+        let Ok(Ok(w)) = check_api_pod(SOURCE, cut(&pod, &POD), elsewhere) else {
+            panic!("not read without YAML")
+        };
+        assert_eq!(w.workload_name(), "web");
+        assert_eq!(
+            crate::config::PodElsewhere::new(&w)
+                .workload_name
+                .as_deref(),
+            Some("web")
+        );
+    }
+    let yaml = read_api_object(SOURCE, &pod);
+    assert_eq!(yaml.model.workloads[0].workload_name(), "web");
+    let mut own = pod.clone();
+    own["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("generateName");
+    let Ok(Ok(w)) = check_api_pod(SOURCE, cut(&own, &POD), false) else {
+        panic!("not read without YAML")
+    };
+    assert_eq!(w.workload_name(), "web-7d9f8b6c5-x2k4p");
+}
+
 /// Only what a kind's tree names is kept; a `*` keeps every other field, a list each item.
 #[test]
 fn only_what_the_tree_names_is_kept() {
