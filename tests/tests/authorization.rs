@@ -633,6 +633,26 @@ fn denied_connections_count_in_istios_series_as_deny() -> Result<()> {
         counted == [50.0, 50.0, 50.0, 0.0],
         "opened, closed, failed, bytes: {counted:?}"
     );
+    // Once at the destination, whatever the flags; the client saw its connection fail.
+    let at = |reporter: &'static str, flags: Option<&'static str>| {
+        let mut labels = vec![
+            ("reporter", reporter),
+            ("source_workload", "b1"),
+            ("destination_workload", "web-1"),
+        ];
+        labels.extend(flags.map(|f| ("response_flags", f)));
+        let family = "istio_tcp_connections_closed_total";
+        now.sum_matching(family, &labels) - before.sum_matching(family, &labels)
+    };
+    let closes = [
+        at("destination", None),
+        at("source", None),
+        at("source", Some("CONNECT")),
+    ];
+    ensure!(
+        closes == [50.0; 3],
+        "destination, source, source CONNECT: {closes:?}"
+    );
     Ok(())
 }
 

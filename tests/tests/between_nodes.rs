@@ -189,7 +189,15 @@ fn both_nodes_count_hbone_in_istios_series_as_source_and_destination() -> Result
             ("destination_workload", "b1"),
             ("destination_workload_namespace", "team-b"),
             ("destination_principal", b1.as_str()),
-            ("destination_service", "unknown"),
+            // a1 addressed b1 itself; the stream received names b1's port, which team-b's entry
+            // serves (the receiving side guesses the service as ztunnel does).
+            (
+                "destination_service",
+                match reporter {
+                    "source" => "unknown",
+                    _ => "web.example.com",
+                },
+            ),
             ("connection_security_policy", "mutual_tls"),
             ("response_flags", "-"),
         ]

@@ -323,7 +323,6 @@ async fn stream(
         }
     };
     metrics.inbound("ok");
-    count_received(&context, &sender, target, Event::Open, "-");
     let started = Instant::now();
     let send = match respond.send_response(status(StatusCode::OK), false) {
         Ok(send) => send,
@@ -332,6 +331,8 @@ async fn stream(
             return;
         }
     };
+    // Answered: its close is counted where it ends, below.
+    count_received(&context, &sender, target, Event::Open, "-");
     let mut tunnel = H2Stream::new(send, request.into_body());
     let (from_pod, to_pod) = upstream.split();
     let from_pod = buffered::Gated::new(from_pod, budget);

@@ -37,7 +37,7 @@ pub(crate) use dns::SearchDomains;
 pub(crate) use dump::ConfigDump;
 pub(crate) use outbound::{NoUpstreamReason, Outbound, OutboundDecision, PassthroughReason};
 pub use outbound::{OutboundOutcome, Pick};
-pub(crate) use service::{Port, Service, ServiceKind, ServiceVisibility, Target};
+pub(crate) use service::{Endpoint, Port, Service, ServiceKind, ServiceVisibility, Target};
 pub(crate) use workload::{TelemetryName, WorkloadName};
 
 use crate::{

@@ -6,8 +6,8 @@ use std::fmt::Write;
 
 use super::{Client, Seen};
 use crate::{
-    config::{Labels, Resolution, canonical_revision, canonical_service},
-    state::{Service, ServiceKind, Snapshot, TelemetryName},
+    config::{EndpointAddress, Labels, Resolution, canonical_revision, canonical_service},
+    state::{Endpoint, Service, ServiceKind, Snapshot, TelemetryName},
 };
 
 /// Istio's label names, in the order a series' values are held.
@@ -142,9 +142,13 @@ fn source<'a>(seen: &'a Seen, snapshot: &'a Snapshot, none: &'a Labels) -> Optio
 
 /// The service the client addressed, when it addressed one: the host of a ServiceEntry of several
 /// whose address it asked for (else its first). None for a ServiceEntry of `resolution: NONE`,
-/// which istiod hands ztunnel as a passthrough, not a service.
+/// which istiod hands ztunnel as a passthrough, not a service. Of a stream received, which names
+/// only a Pod and port, the first service with that endpoint, as ztunnel guesses it.
 fn addressed_service<'a>(seen: &Seen, snapshot: &'a Snapshot) -> Option<&'a Service> {
-    let (namespace, name) = seen.service.as_deref()?.split_once('/')?;
+    let Some(service) = seen.service.as_deref() else {
+        return serving(snapshot, seen.destination?, seen.port?);
+    };
+    let (namespace, name) = service.split_once('/')?;
     let mut first = None;
     for service in snapshot.services() {
         if service.namespace != namespace || service.name != name {
@@ -160,6 +164,14 @@ fn addressed_service<'a>(seen: &Seen, snapshot: &'a Snapshot) -> Option<&'a Serv
         first = first.or(Some(service));
     }
     first.filter(|s| s.kind == ServiceKind::Service || s.resolution != Resolution::None)
+}
+
+/// The first service (in rank order) with an endpoint at `ip`:`port`.
+fn serving(snapshot: &Snapshot, ip: std::net::IpAddr, port: u16) -> Option<&Service> {
+    let at = |e: &Endpoint| e.port == port && e.address == EndpointAddress::Ip(ip);
+    snapshot
+        .services()
+        .find(|s| s.ports.iter().any(|p| p.endpoints.iter().any(at)))
 }
 
 /// The workload dialled: the one at its address; else the waypoint it went through; else, for a
@@ -203,8 +215,9 @@ struct Values<'o> {
 impl Values<'_> {
     fn put(&mut self, value: &str) {
         self.separate();
-        self.out
-            .push_str(if value.is_empty() { UNKNOWN } else { value });
+        let value = if value.is_empty() { UNKNOWN } else { value };
+        // A separator in a value (none of Kubernetes' names holds one) would shift the rest.
+        (self.out).extend(value.chars().map(|c| if c == SEPARATOR { '?' } else { c }));
     }
 
     fn put_fmt(&mut self, value: std::fmt::Arguments<'_>) {

@@ -92,6 +92,9 @@ pub(crate) struct Seen {
     pub addressed: Option<IpAddr>,
     /// The workload dialled: the endpoint, the Pod, or the waypoint.
     pub destination: Option<IpAddr>,
+    /// The port a stream received was carried to: the service it names, when the sender named
+    /// none (`None` for what a client of this node addressed itself).
+    pub port: Option<u16>,
     /// The waypoint it went through, `namespace/name`: the workload upstream names as its
     /// destination.
     pub waypoint: Option<Arc<str>>,

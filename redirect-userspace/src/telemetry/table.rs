@@ -1,13 +1,15 @@
 //! The series of Istio's TCP families: one per label set, at most [`MAX_ISTIO_SERIES`]; an event
 //! past the bound is counted apart (`redirect_istio_series_unrecorded_total`), never making a new
-//! series. A connection's labels are worked out once per snapshot for each kind of connection
-//! ([`Seen`]), so the busy path is one lookup of that kind and a few additions.
+//! series. A connection's labels are worked out once for each kind of connection ([`Seen`]), when
+//! one of that kind opens under the configuration in force, and its later events count in the
+//! same series: a close is counted where its open was, even when the Pods it names have left the
+//! configuration since, as ztunnel fixes a connection's labels at its open.
 use std::{
-    collections::HashMap,
     fmt,
     sync::{Arc, Mutex},
 };
 
+use foldhash::HashMap;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric},
@@ -18,7 +20,7 @@ use super::{
     Counts, Flags, Reporter, Seen,
     labels::{DEFAULT_TRUST_DOMAIN, NAMES, Names, SEPARATOR, write_values},
 };
-use crate::{live::LiveState, lock::Locked};
+use crate::{live::LiveState, lock::Locked, state::Snapshot};
 
 /// Label sets of the Istio families, at most: a node's Pods times what they reach.
 pub(crate) const MAX_ISTIO_SERIES: usize = 10_000;
@@ -53,21 +55,23 @@ const UNRECORDED: u32 = u32::MAX;
 
 #[derive(Default)]
 struct Table {
-    /// The snapshot the kinds were worked out against (by address).
-    kinds_of: usize,
-    /// Each kind of connection's series.
-    kinds: HashMap<Seen, Kind>,
+    /// The snapshot last counted against, and how many there have been.
+    snapshot: Option<Arc<Snapshot>>,
+    generation: u64,
+    /// Each kind of connection's series, and the generation they were worked out in.
+    kinds: HashMap<Seen, (Kind, u64)>,
     /// Each label set's series, by its values joined.
-    by_values: HashMap<Box<str>, u32>,
+    by_values: HashMap<Arc<str>, u32>,
     series: Vec<Series>,
     unrecorded: u64,
     /// Where values are written before they are looked up.
     scratch: String,
 }
 
+#[derive(Clone)]
 struct Series {
     /// The values, in [`NAMES`]' order, joined by [`SEPARATOR`].
-    values: Box<str>,
+    values: Arc<str>,
     counts: Counts,
     failed: u64,
 }
@@ -114,48 +118,75 @@ impl IstioMetrics {
 
 impl Table {
     fn add(&mut self, names: &Names<'_>, seen: Seen, counts: Counts) {
-        let at = Arc::as_ptr(names.snapshot) as usize;
-        if self.kinds_of != at || self.kinds.len() >= MAX_KINDS {
-            self.kinds.clear();
-            self.kinds_of = at;
+        if !(self.snapshot.as_ref()).is_some_and(|held| Arc::ptr_eq(held, names.snapshot)) {
+            self.snapshot = Some(names.snapshot.clone());
+            self.generation += 1;
         }
-        let failed = u64::from(seen.flags != Flags::None) * counts.closed;
-        let indices = match self.kinds.get(&seen) {
-            Some(indices) => *indices,
-            None => {
-                let indices = self.series_of_kind(&seen, names);
-                self.kinds.insert(seen, indices);
-                indices
+        if self.kinds.len() >= MAX_KINDS {
+            self.kinds.clear();
+        }
+        // A connection that opens takes the labels of the configuration in force; its later
+        // events, those its open took.
+        let opens = counts.opened > 0;
+        let kind = match self.kinds.get(&seen) {
+            Some((kind, made)) if *made == self.generation || !opens => *kind,
+            _ => {
+                let kind = self.series_of_kind(&seen, names);
+                self.kinds.insert(seen.clone(), (kind, self.generation));
+                kind
             }
         };
-        for index in indices.into_iter().flatten() {
-            match self.series.get_mut(index as usize) {
-                Some(series) if index != UNRECORDED => {
-                    series.counts += counts;
-                    series.failed += failed;
-                }
-                _ => self.unrecorded += 1,
+        let [own, twin] = kind;
+        self.count(own, counts, seen.flags != Flags::None);
+        // The destination's side of a connection delivered here is counted once it ended, when it
+        // is known to have reached the Pod: refused on its way (its SYN reset by the Pod's policy,
+        // a port closed), the destination never had it, or reports it itself (`DENY`).
+        if twin.is_some() && counts.closed > 0 && seen.flags != Flags::Connect {
+            let delivered = Counts {
+                opened: counts.closed,
+                ..counts
+            };
+            self.count(twin, delivered, seen.flags != Flags::None);
+        }
+    }
+
+    fn count(&mut self, index: Option<u32>, counts: Counts, failed: bool) {
+        let Some(index) = index else { return };
+        match self.series.get_mut(index as usize) {
+            Some(series) if index != UNRECORDED => {
+                series.counts += counts;
+                series.failed += u64::from(failed) * counts.closed;
             }
+            _ => self.unrecorded += 1,
         }
     }
 
     /// The series a connection of this kind counts in: its reporter's, and for a connection this
     /// node delivers in plain TCP to a Pod of its own, the `destination`'s too (ztunnel reports
-    /// what it delivers to a local Pod, as the other end's node would).
+    /// what it delivers to a local Pod, as the other end's node would). A client refused by the
+    /// destination's policies sees its connection fail, as upstream's client side does: `CONNECT`;
+    /// the destination says why.
     fn series_of_kind(&mut self, seen: &Seen, names: &Names<'_>) -> Kind {
         let delivered_here = seen.reporter == Reporter::Source
             && seen.mutual_tls.is_none()
             && seen
                 .destination
                 .is_some_and(|ip| names.snapshot.local_pod(ip).is_some());
+        let own = match (seen.reporter, seen.flags) {
+            (Reporter::Source, Flags::Deny) => {
+                let refused = Seen {
+                    flags: Flags::Connect,
+                    ..seen.clone()
+                };
+                self.series_of(&refused, names)
+            }
+            _ => self.series_of(seen, names),
+        };
         let twin = delivered_here.then(|| Seen {
             reporter: Reporter::Destination,
             ..seen.clone()
         });
-        [
-            Some(self.series_of(seen, names)),
-            twin.map(|twin| self.series_of(&twin, names)),
-        ]
+        [Some(own), twin.map(|twin| self.series_of(&twin, names))]
     }
 
     /// The series of `seen`'s label values, made if within the bound ([`UNRECORDED`] past it).
@@ -169,7 +200,7 @@ impl Table {
             return UNRECORDED;
         }
         let index = self.series.len() as u32;
-        let values: Box<str> = self.scratch.as_str().into();
+        let values: Arc<str> = self.scratch.as_str().into();
         self.by_values.insert(values.clone(), index);
         self.series.push(Series {
             values,
@@ -214,10 +245,14 @@ const FAMILIES: [Family; 5] = [
 
 impl Collector for IstioMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        let table = self.table.locked();
+        // Copied out (the values are shared): the connections' path never waits for a scrape.
+        let (series, unrecorded) = {
+            let table = self.table.locked();
+            (table.series.clone(), table.unrecorded)
+        };
         for (name, help, value) in FAMILIES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-            for series in &table.series {
+            for series in &series {
                 let n = value(series);
                 // A failure count is shown once there is one; the others from the start.
                 if n == 0 && name == "istio_tcp_connections_failed" {
@@ -231,12 +266,12 @@ impl Collector for IstioMetrics {
                 ConstCounter::new(n).encode(family.encode_family(&labels)?)?;
             }
         }
-        let unrecorded = encoder.encode_descriptor(
+        let unrecorded_family = encoder.encode_descriptor(
             "redirect_istio_series_unrecorded",
             "Connection events past the bound of the Istio families' label sets, counted in no series",
             None,
             MetricType::Counter,
         )?;
-        ConstCounter::new(table.unrecorded).encode(unrecorded)
+        ConstCounter::new(unrecorded).encode(unrecorded_family)
     }
 }

@@ -67,14 +67,24 @@ spec:
   resolution: NONE
 "#;
 
-fn metrics() -> Arc<IstioMetrics> {
-    let model = match load_sources([("node.yaml", NODE)]) {
-        Ok(model) => model,
+fn snapshot(yaml: &str) -> Snapshot {
+    match load_sources([("node.yaml", yaml)]) {
+        Ok(model) => Snapshot::from_model(&model),
         Err(e) => panic!("refused:\n{e}"),
-    };
+    }
+}
+
+fn metrics_and_state() -> (Arc<IstioMetrics>, Arc<LiveState>) {
     let live = LiveState::new(None);
-    live.apply(Snapshot::from_model(&model), Vec::new(), Vec::new());
-    Arc::new(IstioMetrics::new(live, "Kubernetes"))
+    live.apply(snapshot(NODE), Vec::new(), Vec::new());
+    (
+        Arc::new(IstioMetrics::new(live.clone(), "Kubernetes")),
+        live,
+    )
+}
+
+fn metrics() -> Arc<IstioMetrics> {
+    metrics_and_state().0
 }
 
 fn ip(text: &str) -> IpAddr {
@@ -110,6 +120,7 @@ fn seen(client: Client, service: Option<&str>, addressed: &str, destination: &st
         service: service.map(Arc::from),
         addressed: Some(ip(addressed)),
         destination: Some(ip(destination)),
+        port: None,
         waypoint: None,
         mutual_tls: None,
         flags: Flags::None,
@@ -122,6 +133,21 @@ const OPENED: Counts = Counts {
     from_client: 0,
     to_client: 0,
 };
+
+const CLOSED: Counts = Counts {
+    opened: 0,
+    closed: 1,
+    from_client: 100,
+    to_client: 2000,
+};
+
+/// The value of each series of `family` by its reporter.
+fn by_reporter(m: &Arc<IstioMetrics>, family: &str) -> BTreeMap<String, u64> {
+    series(m, family)
+        .into_iter()
+        .map(|(labels, n)| (label(&labels, "reporter").to_string(), n))
+        .collect()
+}
 
 fn label<'a>(labels: &'a BTreeMap<String, String>, name: &str) -> &'a str {
     labels.get(name).map(String::as_str).unwrap_or("<absent>")
@@ -173,7 +199,7 @@ fn a_deployments_pod_to_a_service_entry_is_labelled_as_upstream_labels_it() {
 }
 
 #[test]
-fn a_bare_pod_to_a_service_of_this_node_is_reported_by_both_ends() {
+fn a_bare_pod_to_a_service_of_this_node_is_reported_by_both_ends_once_delivered() {
     let m = metrics();
     let s = seen(
         Client::At(ip("10.244.1.11")),
@@ -181,27 +207,151 @@ fn a_bare_pod_to_a_service_of_this_node_is_reported_by_both_ends() {
         "10.96.0.20",
         "10.244.1.12",
     );
-    m.count([(s, OPENED)]);
-    let opened = series(&m, "istio_tcp_connections_opened_total");
-    let reporters: Vec<&str> = opened.iter().map(|(l, _)| label(l, "reporter")).collect();
-    assert_eq!(reporters, ["source", "destination"]);
-    for (labels, n) in &opened {
-        assert_eq!(*n, 1);
-        assert_eq!(label(labels, "source_workload"), "bare");
-        assert_eq!(label(labels, "source_canonical_service"), "bare");
-        assert_eq!(label(labels, "source_canonical_revision"), "latest");
+    m.count([(s.clone(), OPENED)]);
+    // The destination's side is known to have reached the Pod only once it ended.
+    let opened = by_reporter(&m, "istio_tcp_connections_opened_total");
+    assert_eq!(
+        opened,
+        BTreeMap::from([("source".into(), 1), ("destination".into(), 0)])
+    );
+    m.count([(s, CLOSED)]);
+    for family in [
+        "istio_tcp_connections_opened_total",
+        "istio_tcp_connections_closed_total",
+    ] {
+        let counted = by_reporter(&m, family);
         assert_eq!(
-            label(labels, "destination_service"),
+            counted,
+            BTreeMap::from([("source".into(), 1), ("destination".into(), 1)])
+        );
+    }
+    let received = by_reporter(&m, "istio_tcp_received_bytes_total");
+    assert_eq!(received["destination"], 100);
+    for (labels, _) in series(&m, "istio_tcp_connections_opened_total") {
+        assert_eq!(label(&labels, "source_workload"), "bare");
+        assert_eq!(label(&labels, "source_canonical_service"), "bare");
+        assert_eq!(label(&labels, "source_canonical_revision"), "latest");
+        assert_eq!(
+            label(&labels, "destination_service"),
             "web.team-b.svc.cluster.local"
         );
-        assert_eq!(label(labels, "destination_workload"), "web");
-        assert_eq!(label(labels, "destination_canonical_service"), "web");
-        assert_eq!(label(labels, "destination_version"), "v2");
+        assert_eq!(label(&labels, "destination_workload"), "web");
+        assert_eq!(label(&labels, "destination_canonical_service"), "web");
+        assert_eq!(label(&labels, "destination_version"), "v2");
         assert_eq!(
-            label(labels, "destination_principal"),
+            label(&labels, "destination_principal"),
             "spiffe://cluster.local/ns/team-b/sa/default"
         );
     }
+}
+
+#[test]
+fn a_refusal_by_policy_is_connect_to_the_client_and_deny_at_the_destination() {
+    let m = metrics();
+    let mut s = seen(
+        Client::At(ip("10.244.1.11")),
+        None,
+        "10.244.1.12",
+        "10.244.1.12",
+    );
+    s.flags = Flags::Deny;
+    let refused = Counts {
+        opened: 1,
+        closed: 1,
+        ..Counts::default()
+    };
+    m.count([(s.clone(), refused)]);
+    let flags: BTreeMap<String, String> = series(&m, "istio_tcp_connections_failed_total")
+        .into_iter()
+        .map(|(l, _)| {
+            (
+                label(&l, "reporter").into(),
+                label(&l, "response_flags").into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        flags,
+        BTreeMap::from([
+            ("source".into(), "CONNECT".into()),
+            ("destination".into(), "DENY".into())
+        ])
+    );
+    // A port that refuses: the destination never had the connection.
+    let m = metrics();
+    s.flags = Flags::Connect;
+    m.count([
+        (s.clone(), OPENED),
+        (
+            s,
+            Counts {
+                opened: 0,
+                ..refused
+            },
+        ),
+    ]);
+    let opened = by_reporter(&m, "istio_tcp_connections_opened_total");
+    assert_eq!(
+        opened,
+        BTreeMap::from([("source".into(), 1), ("destination".into(), 0)])
+    );
+}
+
+#[test]
+fn a_close_counts_where_its_open_did_when_its_pods_left_since() {
+    let (m, live) = metrics_and_state();
+    let client = Client::Named(Arc::from("team-a/curl-client-7d9f8b6c5-x2k4p"));
+    let s = seen(
+        client,
+        Some("team-a/api-example"),
+        "240.240.0.1",
+        "10.0.0.50",
+    );
+    m.count([(s.clone(), OPENED)]);
+    // The Pod is gone (a rollout), its connection still open.
+    let without = NODE.replacen(
+        "curl-client-7d9f8b6c5-x2k4p",
+        "curl-client-7d9f8b6c5-zzzzz",
+        1,
+    );
+    live.apply(snapshot(&without), Vec::new(), Vec::new());
+    m.count([(s.clone(), CLOSED)]);
+    let closed = series(&m, "istio_tcp_connections_closed_total");
+    assert_eq!(closed.len(), 1, "{closed:?}");
+    assert_eq!(label(&closed[0].0, "source_workload"), "curl-client");
+    assert_eq!(closed[0].1, 1);
+    // A new connection of that kind takes the labels in force: the Pod is known by name only.
+    m.count([(s, OPENED)]);
+    let opened = series(&m, "istio_tcp_connections_opened_total");
+    let workloads: Vec<&str> = opened
+        .iter()
+        .map(|(l, _)| label(l, "source_workload"))
+        .collect();
+    assert_eq!(workloads, ["curl-client", "curl-client-7d9f8b6c5-x2k4p"]);
+}
+
+#[test]
+fn a_stream_received_names_the_service_of_the_pod_and_port_it_reached() {
+    let m = metrics();
+    let mut s = seen(
+        Client::At(ip("10.244.2.10")),
+        None,
+        "10.244.1.12",
+        "10.244.1.12",
+    );
+    s.reporter = Reporter::Destination;
+    s.addressed = None;
+    s.port = Some(80);
+    s.mutual_tls = Some(Arc::from("spiffe://cluster.local/ns/team-c/sa/default"));
+    m.count([(s.clone(), OPENED)]);
+    s.port = Some(81);
+    m.count([(s, OPENED)]);
+    let opened = series(&m, "istio_tcp_connections_opened_total");
+    let services: Vec<&str> = opened
+        .iter()
+        .map(|(l, _)| label(l, "destination_service"))
+        .collect();
+    assert_eq!(services, ["web.team-b.svc.cluster.local", "unknown"]);
 }
 
 #[test]
