@@ -15,7 +15,7 @@ use redirect_common::{
     inbound::{
         INBOUND_COUNT_SLOTS, INBOUND_EVENTS_BYTES, InboundBytes, InboundVerdict, NODE_DIALS_ENTRIES,
     },
-    records::{ConnRecord, RECORDS_BYTES},
+    records::{RECORDS_ARMED_SLOTS, RECORDS_BYTES},
 };
 
 /// Where the application meant to go, kept in the socket itself (socket local storage): it lives
@@ -70,10 +70,11 @@ pub(crate) static FAST_HIDDEN_EVENTS: RingBuf = RingBuf::with_byte_size(HIDDEN_E
 pub(crate) static FAST_AUDITED: LpmTrie<LpmBytes, u8> =
     LpmTrie::with_max_entries(AUDITED_ENTRIES, BPF_F_NO_PREALLOC);
 
-/// Each socket the kernel decided while records are on: its open record, written at connect()
-/// and read again by sock_ops when the socket closes. It goes with the socket.
-#[btf_map]
-pub(crate) static SOCKET_RECORD: SkStorage<ConnRecord> = SkStorage::new();
+/// The cookie of each socket connect() just recorded, in the slot of its low bits: sock_ops finds
+/// it there as the SYN is about to leave and asks for the socket's state changes. A plain array:
+/// no allocation, no lock, nothing to free (socket storage cost a connection ~0.5 µs).
+#[map]
+pub(crate) static RECORDS_ARMED: Array<u64> = Array::with_max_entries(RECORDS_ARMED_SLOTS, 0);
 
 /// The kernel's connection records, to the agent: a connection when it is decided and when it
 /// closes. Bounded: when the agent falls behind, records are lost (and counted), never waited for.

@@ -1,8 +1,9 @@
 //! Connection records of the connections the kernel decides (left alone or rewritten to an
-//! endpoint: the proxy never sees them). At connect() the decision is filed in the socket's own
-//! storage (`SOCKET_RECORD`) and reported on `CONN_RECORDS`; `sock_ops` asks for the socket's state
-//! changes, and when it closes reports the record again with its bytes, its client address and the
-//! state it left. Nothing is waited for: a record the ring has no room for is counted as lost.
+//! endpoint: the proxy never sees them). At connect() the decision is reported on `CONN_RECORDS`
+//! and the socket's cookie put in `RECORDS_ARMED`; `sock_ops`, as the SYN is about to leave, finds
+//! it there and asks for the socket's state changes, and when it closes reports the close (bytes,
+//! client address, the state it left). Nothing is kept in the socket: the agent joins the two by
+//! the cookie. Nothing is waited for: a record the ring has no room for is counted as lost.
 use aya_ebpf::{
     EbpfContext,
     bindings::{
@@ -11,24 +12,24 @@ use aya_ebpf::{
     },
     helpers::{
         bpf_get_current_cgroup_id, bpf_get_prandom_u32, bpf_get_socket_cookie, bpf_ktime_get_ns,
-        generated::bpf_sk_storage_get,
     },
+    maps::ring_buf::RingBufEntry,
     programs::{SockAddrContext, SockOpsContext},
 };
 use redirect_common::{
-    SockAddr,
-    records::{ConnRecord, RECORD_CLOSE, RECORD_OPEN, RECORDS_WAKE_AT},
+    FastStat, ORIG_REWRITTEN, SockAddr,
+    records::{
+        CloseRecord, OUTCOME_LEFT_ALONE, OpenRecord, RECORD_CLOSE, RECORD_OPEN,
+        RECORDS_ARMED_SLOTS, RECORDS_WAKE_AT, tcp_state,
+    },
 };
 
 use crate::{
     fastpath::ip_key,
-    maps::{CONN_RECORDS, RECORDS_SAMPLE, SOCKET_RECORD, count_record_lost},
+    maps::{CONN_RECORDS, RECORDS_ARMED, RECORDS_SAMPLE, count_record_lost},
+    origin,
     steer::Dest,
 };
-
-/// Words of a record: it is copied and written a word at a time (a plain struct copy with zero
-/// bytes in it becomes a memset call, which the kernel cannot take with the object's BTF).
-const WORDS: usize = core::mem::size_of::<ConnRecord>() / 8;
 
 /// Whether this connection is to be recorded (`RECORDS_SAMPLE`: 0 none, 1 all, N one in N).
 #[inline(always)]
@@ -42,20 +43,31 @@ fn sampled() -> bool {
     random % every == 0
 }
 
+/// The `RECORDS_ARMED` slot of a cookie.
+#[inline(always)]
+fn armed_slot(cookie: u64) -> u32 {
+    (cookie as u32) & (RECORDS_ARMED_SLOTS - 1)
+}
+
 /// The kernel decided the socket of `ctx` (to `dst`, sent to `to`, `outcome` its `FastStat`):
-/// files its open record in the socket and reports it.
+/// reports its open and arms its close.
 #[inline(always)]
 pub(crate) fn opened(ctx: &SockAddrContext, dst: &Dest, to: &Dest, outcome: u8) {
     if !sampled() {
         return;
     }
-    // SAFETY: `ctx.sock_addr.sk` is the verifier-checked socket of this call; with no initial
-    // value the kernel zero-fills a new slot.
-    let slot = unsafe { SOCKET_RECORD.get_or_insert_ptr_mut(ctx, None) };
-    if slot.is_null() {
-        count_record_lost();
+    // SAFETY: `sk` is the one member of the union the kernel fills in a sock_addr context.
+    let sk = unsafe { (*ctx.sock_addr).__bindgen_anon_1.sk };
+    // A connect() on a socket already connecting or connected is decided again but opens nothing
+    // (its first connect() reported the open).
+    // SAFETY: the verifier types ctx->sk as a valid socket; it is checked non-null first.
+    if sk.is_null() || unsafe { (*sk).state } != u32::from(tcp_state::CLOSE) {
         return;
     }
+    let Some(mut entry) = CONN_RECORDS.reserve::<OpenRecord>(0) else {
+        count_record_lost();
+        return;
+    };
     // SAFETY: helpers on the context the kernel passed the program, and ones without arguments.
     let (cookie, cgroup, now) = unsafe {
         (
@@ -64,30 +76,39 @@ pub(crate) fn opened(ctx: &SockAddrContext, dst: &Dest, to: &Dest, outcome: u8) 
             bpf_ktime_get_ns(),
         )
     };
-    let (dst_key, to_key) = (ip_key(&dst.ip), ip_key(&to.ip));
-    // SAFETY: a non-null slot is this socket's storage, sized and aligned for one ConnRecord; the
-    // socket is locked by the connect() running this program, so no other writer. Each field is
-    // written in place (a whole-struct store would bring a memset).
+    let out = entry.as_mut_ptr();
+    // SAFETY: `out` is a reserved entry sized and aligned for one OpenRecord, ours until submitted.
+    // Each field is written in place (a whole-struct store would bring a memset).
     unsafe {
         use core::ptr::{addr_of_mut, write_volatile};
-        write_volatile(addr_of_mut!((*slot).cookie), cookie);
-        write_volatile(addr_of_mut!((*slot).cgroup), cgroup);
-        write_volatile(addr_of_mut!((*slot).opened_ns), now);
-        write_volatile(addr_of_mut!((*slot).dst), dst_key);
-        write_volatile(addr_of_mut!((*slot).endpoint), to_key);
-        write_volatile(addr_of_mut!((*slot).dst_port), dst.port);
-        write_volatile(addr_of_mut!((*slot).endpoint_port), to.port);
-        write_volatile(addr_of_mut!((*slot).kind), RECORD_OPEN);
-        write_volatile(addr_of_mut!((*slot).outcome), outcome);
+        write_volatile(addr_of_mut!((*out).kind), RECORD_OPEN);
+        write_volatile(addr_of_mut!((*out).outcome), outcome);
+        write_volatile(addr_of_mut!((*out)._pad), [0; 2]);
+        write_volatile(addr_of_mut!((*out).dst_port), dst.port);
+        write_volatile(addr_of_mut!((*out).endpoint_port), to.port);
+        write_volatile(addr_of_mut!((*out).cookie), cookie);
+        write_volatile(addr_of_mut!((*out).cgroup), cgroup);
+        write_volatile(addr_of_mut!((*out).opened_ns), now);
+        write_volatile(addr_of_mut!((*out).dst), ip_key(&dst.ip));
+        write_volatile(addr_of_mut!((*out).endpoint), ip_key(&to.ip));
     }
-    report(slot, None);
+    submit(entry);
+    // Armed only once the open is on the ring: a close is never reported without its open.
+    if let Some(slot) = RECORDS_ARMED.get_ptr_mut(armed_slot(cookie)) {
+        // SAFETY: an array slot, valid while the program runs; a racing writer of the same slot
+        // (another socket with the same low bits, microseconds apart) only hides one close.
+        unsafe { core::ptr::write_volatile(slot, cookie) };
+    }
 }
 
-/// At the socket's connect (sock_ops `TCP_CONNECT_CB`): a socket with a record asks for its state
-/// changes, so that its close is seen.
+/// At the socket's connect (sock_ops `TCP_CONNECT_CB`): a socket connect() just recorded asks for
+/// its state changes, so that its close is seen.
 #[inline(always)]
-pub(crate) fn watch_close(ctx: &SockOpsContext, sk: *mut bpf_sock) {
-    if record_of(sk).is_null() {
+pub(crate) fn watch_close(ctx: &SockOpsContext) {
+    // SAFETY: the helper reads the socket of the context the kernel passed the program.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    let armed = RECORDS_ARMED.get(armed_slot(cookie)).copied();
+    if armed != Some(cookie) {
         return;
     }
     let _ = ctx.set_cb_flags((ctx.cb_flags() | BPF_SOCK_OPS_STATE_CB_FLAG) as i32);
@@ -96,70 +117,62 @@ pub(crate) fn watch_close(ctx: &SockOpsContext, sk: *mut bpf_sock) {
 /// The facts sock_ops learned by the close, for the close record.
 pub(crate) struct Closing {
     pub client: SockAddr,
+    pub endpoint: SockAddr,
     pub last_state: u32,
     pub bytes_sent: u64,
     pub bytes_received: u64,
 }
 
-/// The socket closed (sock_ops `STATE_CB` to `TCP_CLOSE`): reports its record once more, with what
-/// the close brings.
+/// A watched socket closed (sock_ops `STATE_CB` to `TCP_CLOSE`): reports the close, with what the
+/// socket still knows of its decision (its original destination, when it was rewritten).
 #[inline(always)]
-pub(crate) fn closed(sk: *mut bpf_sock, closing: &Closing) {
-    let slot = record_of(sk);
-    if slot.is_null() {
+pub(crate) fn closed(ctx: &SockOpsContext, sk: *mut bpf_sock, closing: &Closing) {
+    // Closed already (a CLOSE to CLOSE change): reported then.
+    if closing.last_state == u32::from(tcp_state::CLOSE) {
         return;
     }
-    // SAFETY: a non-null slot is this socket's storage holding one ConnRecord; the state
-    // callback runs with the socket locked, so nothing else writes it meanwhile.
-    unsafe {
-        if core::ptr::read_volatile(&(*slot).kind) != RECORD_OPEN {
-            return; // reported already
-        }
-        core::ptr::write_volatile(&mut (*slot).kind, RECORD_CLOSE);
-    }
-    report(slot, Some(closing));
-}
-
-/// The record filed in `sk`, or null.
-#[inline(always)]
-fn record_of(sk: *mut bpf_sock) -> *mut ConnRecord {
-    if sk.is_null() {
-        return core::ptr::null_mut();
-    }
-    let map = core::ptr::from_ref(&SOCKET_RECORD).cast_mut().cast();
-    // SAFETY: `sk` is the non-null socket the kernel handed this sock_ops call; flags 0 never
-    // creates, so a null result means nothing was filed.
-    unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) }.cast()
-}
-
-/// Puts a copy of the record at `slot` on the ring, with the close's facts when given.
-#[inline(always)]
-fn report(slot: *mut ConnRecord, closing: Option<&Closing>) {
-    let Some(mut entry) = CONN_RECORDS.reserve::<ConnRecord>(0) else {
+    let orig = origin::recall_sock(sk).filter(|o| o.protocol & ORIG_REWRITTEN != 0);
+    let Some(mut entry) = CONN_RECORDS.reserve::<CloseRecord>(0) else {
         count_record_lost();
         return;
     };
+    // SAFETY: helpers on the context the kernel passed the program, and one without arguments.
+    let (cookie, now) = unsafe { (bpf_get_socket_cookie(ctx.as_ptr()), bpf_ktime_get_ns()) };
+    let (outcome, cgroup, dst) = match orig {
+        Some(o) => (FastStat::Rewritten as u8, o.cgroup_id, o.dst),
+        None => (OUTCOME_LEFT_ALONE, 0, closing.endpoint),
+    };
+    let (client, endpoint) = (&closing.client, &closing.endpoint);
     let out = entry.as_mut_ptr();
-    // SAFETY: `slot` is a socket's storage holding one ConnRecord (see the callers) and `out` a
-    // reserved entry of the same size and alignment; both are copied a word at a time.
+    // SAFETY: `out` is a reserved entry sized and aligned for one CloseRecord, ours until
+    // submitted; each field is written in place, as in `opened`.
     unsafe {
-        let (from, to) = (slot.cast::<u64>(), out.cast::<u64>());
-        for i in 0..WORDS {
-            core::ptr::write_volatile(to.add(i), core::ptr::read_volatile(from.add(i)));
-        }
-        if let Some(c) = closing {
-            use core::ptr::{addr_of_mut, write_volatile};
-            write_volatile(addr_of_mut!((*out).kind), RECORD_CLOSE);
-            write_volatile(addr_of_mut!((*out).closed_ns), bpf_ktime_get_ns());
-            write_volatile(addr_of_mut!((*out).bytes_sent), c.bytes_sent);
-            write_volatile(addr_of_mut!((*out).bytes_received), c.bytes_received);
-            write_volatile(addr_of_mut!((*out).client), ip_key(&c.client.ip6_words()));
-            write_volatile(addr_of_mut!((*out).client_port), c.client.port);
-            write_volatile(addr_of_mut!((*out).last_state), c.last_state as u8);
-        }
+        use core::ptr::{addr_of_mut, write_volatile};
+        write_volatile(addr_of_mut!((*out).kind), RECORD_CLOSE);
+        write_volatile(addr_of_mut!((*out).outcome), outcome);
+        write_volatile(addr_of_mut!((*out).last_state), closing.last_state as u8);
+        write_volatile(addr_of_mut!((*out)._pad), 0);
+        write_volatile(addr_of_mut!((*out).dst_port), dst.port);
+        write_volatile(addr_of_mut!((*out).endpoint_port), endpoint.port);
+        write_volatile(addr_of_mut!((*out).cookie), cookie);
+        write_volatile(addr_of_mut!((*out).closed_ns), now);
+        write_volatile(addr_of_mut!((*out).bytes_sent), closing.bytes_sent);
+        write_volatile(addr_of_mut!((*out).bytes_received), closing.bytes_received);
+        write_volatile(addr_of_mut!((*out).cgroup), cgroup);
+        write_volatile(addr_of_mut!((*out).client), ip_key(&client.ip6_words()));
+        write_volatile(addr_of_mut!((*out).dst), ip_key(&dst.ip6_words()));
+        write_volatile(addr_of_mut!((*out).endpoint), ip_key(&endpoint.ip6_words()));
+        write_volatile(addr_of_mut!((*out).client_port), client.port);
+        write_volatile(addr_of_mut!((*out)._pad2), 0);
     }
-    // The agent is woken once a batch waits, not for each record (it collects the rest on a
-    // short tick): a busy node's records cost it a wakeup per batch.
+    submit(entry);
+}
+
+/// Puts a written entry on the ring. The agent collects on its own tick and is woken from here
+/// only when half the ring waits: a wakeup from here runs it on the CPU making connections, where
+/// its tick finds it wherever it last ran (under load, mostly a CPU with time to spare).
+#[inline(always)]
+fn submit<T>(entry: RingBufEntry<T>) {
     let waiting = CONN_RECORDS.query(u64::from(BPF_RB_AVAIL_DATA));
     let wake = if waiting >= u64::from(RECORDS_WAKE_AT) {
         BPF_RB_FORCE_WAKEUP

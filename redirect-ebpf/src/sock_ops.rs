@@ -32,7 +32,7 @@ const AF_INET6: u32 = 10;
 ///
 /// At TCP_CONNECT_CB (the SYN has not left) a socket connecting to the proxy's port by itself
 /// drops what an earlier connection with its address and port filed, and a socket the kernel
-/// decided with a record asks for its state changes; at STATE_CB to TCP_CLOSE its record is
+/// decided and recorded asks for its state changes; at STATE_CB to TCP_CLOSE its close is
 /// reported with what the connection carried (`records`).
 #[sock_ops]
 pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
@@ -69,19 +69,25 @@ pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
         let (bytes_sent, bytes_received) = byte_counts(&ctx);
         let closing = Closing {
             client,
+            endpoint: remote(&ctx, family),
             last_state: ctx.arg(0),
             bytes_sent,
             bytes_received,
         };
-        records::closed(sk, &closing);
+        records::closed(&ctx, sk, &closing);
         return 1;
     }
     let orig = origin::recall_sock(sk);
     if op == BPF_SOCK_OPS_TCP_CONNECT_CB {
-        records::watch_close(&ctx, sk);
+        // Only the kernel's own decisions are recorded (`records`): rewritten, or left alone
+        // (nothing filed). Each arm asks on its own: the field of an absent `orig`, read in one
+        // merged test, is whatever a register held, which the verifier refuses.
         match orig {
             // Filed under both ends too, for getpeername() on an MPTCP socket whose subflow this is.
             Some(orig) => {
+                if orig.protocol & ORIG_REWRITTEN != 0 {
+                    records::watch_close(&ctx);
+                }
                 let peer = remote(&ctx, family);
                 let ends = FlowEnds::from_words(
                     client.ip6_words(),
@@ -98,6 +104,7 @@ pub(crate) fn sock_ops(ctx: SockOpsContext) -> u32 {
             // own. The two share the 4-tuple, so the earlier one is over: drop its entry before
             // the SYN leaves.
             None => {
+                records::watch_close(&ctx);
                 if connects_to_proxy(&ctx, family) {
                     let _ = FLOW_ORIG_DST.remove(&client);
                 }

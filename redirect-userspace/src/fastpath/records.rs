@@ -1,20 +1,23 @@
 //! The kernel's connection records, user side: read off `CONN_RECORDS` in batches (the kernel
 //! wakes the reader once a batch waits, and the reader collects what waits below one every 100 ms),
 //! joined to the pod by its cgroup and to the service by the decision the tables in force were
-//! compiled from, and handed to the agent's [`Connections`] as `decided_by=kernel` records. A close is joined to its open by the socket's cookie, so it names
-//! the service the connection was decided for even when the configuration changed since.
+//! compiled from, and handed to the agent's [`Connections`] as `decided_by=kernel` records. The
+//! kernel keeps nothing per socket: a close is joined to its open by the socket's cookie, takes
+//! its decision and names from it (so it names the service the connection was decided for even
+//! when the configuration changed since), and its open record's time is the open's.
 use std::{
     net::{IpAddr, SocketAddr},
     os::fd::AsRawFd,
-    sync::Arc,
+    sync::{Arc, Weak},
     time::{Duration, SystemTime},
 };
 
 use aya::maps::{MapData, RingBuf};
-use foldhash::{HashMap, HashMapExt};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use redirect_common::{
     FastStat,
-    records::{ConnRecord, RECORD_CLOSE, RECORD_OPEN, tcp_state},
+    fastpath::IpKey,
+    records::{CloseRecord, OpenRecord, RECORD_CLOSE, RECORD_OPEN, tcp_state},
 };
 use tokio::io::unix::AsyncFd;
 use tracing::warn;
@@ -26,8 +29,8 @@ use crate::{
 };
 
 /// Open connections remembered for their close, at most about this many: past it the older half is
-/// let go (a connect() that failed before its handshake never closes). A close not found is joined
-/// by deciding again on the tables in force.
+/// let go (a connect() that failed before its handshake never closes). The close of one let go is
+/// named by deciding again on the tables in force, from what its socket kept.
 const OPEN_JOINED: usize = 65_536;
 
 /// How many of the kernel's decisions it records (`run --kernel-records`).
@@ -104,13 +107,49 @@ pub(super) trait Names: Send + Sync {
 /// at once past that): a record reaches the log and the followers within this.
 const COLLECT_EVERY: Duration = Duration::from_millis(100);
 
-/// What an open record learned, kept for its close.
-#[derive(Clone)]
+/// Decisions named, at most this many (one per client cgroup, destination, port and outcome seen):
+/// past it the cache starts over.
+const NAMES_CACHED: usize = 4096;
+
+/// What a decision is named: shared by every connection of the same client, destination and
+/// outcome.
+#[derive(Debug)]
 struct Opened {
     workload: Option<Name>,
     namespace: Option<Name>,
     outcome: OutboundOutcome,
     service: Option<Name>,
+}
+
+/// An open connection, kept for its close.
+struct Open {
+    raw: OpenRecord,
+    names: Arc<Opened>,
+}
+
+/// A record as the ring carries it.
+enum Raw {
+    Open(OpenRecord),
+    Close(CloseRecord),
+}
+
+impl Raw {
+    /// The record in `item`, by the kind its first byte says; `None` for anything else.
+    fn read(item: &[u8]) -> Option<Raw> {
+        let fits = |size: usize| item.len() >= size;
+        match *item.first()? {
+            // SAFETY: the programs write whole records (plain integers, any bit pattern valid) of
+            // the kind their first byte says, and the item is that long; it may be unaligned.
+            RECORD_OPEN if fits(std::mem::size_of::<OpenRecord>()) => Some(Raw::Open(unsafe {
+                std::ptr::read_unaligned(item.as_ptr().cast::<OpenRecord>())
+            })),
+            // SAFETY: as above.
+            RECORD_CLOSE if fits(std::mem::size_of::<CloseRecord>()) => Some(Raw::Close(unsafe {
+                std::ptr::read_unaligned(item.as_ptr().cast::<CloseRecord>())
+            })),
+            _ => None,
+        }
+    }
 }
 
 /// Reads the ring until `shutdown` changes: when the kernel wakes it for a batch, and every
@@ -160,19 +199,17 @@ fn collect(
     names: &dyn Names,
     connections: &Connections,
 ) {
-    let names = names.names();
-    let clock = Clock::now();
-    let mut records = Vec::new();
+    let mut records = Vec::with_capacity(joiner.last_batch);
+    let mut batch = None;
     while let Some(item) = ring.next() {
-        if item.len() < std::mem::size_of::<ConnRecord>() {
-            continue;
-        }
-        // SAFETY: the programs write whole `ConnRecord`s (plain integers, any bit pattern
-        // valid); the item may be unaligned.
-        let raw = unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<ConnRecord>()) };
+        let raw = Raw::read(&item);
         drop(item);
-        records.extend(joiner.join(&raw, names.as_ref(), &clock));
+        let Some(raw) = raw else { continue };
+        // The names in force and the clock, read once a batch and only for a batch.
+        let (names, batch) = batch.get_or_insert_with(|| (names.names(), Batch::now()));
+        joiner.join(raw, names.as_ref(), batch, &mut records);
     }
+    joiner.last_batch = records.len();
     if !records.is_empty() {
         connections.record_all(records);
     }
@@ -181,30 +218,51 @@ fn collect(
 /// Joins records to names, and closes to their opens.
 struct Joiner {
     open: Opens,
-    /// The service names made for the snapshot at this address (its services, by address).
-    services: (usize, HashMap<usize, Name>),
+    names: NamesCache,
+    /// Records the last batch made: the next one's room.
+    last_batch: usize,
 }
 
 /// The open connections by cookie, in two halves: the newer takes the opens, a close looks in
 /// both; when the newer is full the older is let go and the newer takes its place. Bounded, and
-/// no bookkeeping per record beyond a hash insert and remove.
+/// no bookkeeping per record beyond a hash insert and remove. Only connections still open stay
+/// (a close takes its open out), so letting go takes connections of a node with tens of thousands
+/// open at once, or opens whose close never came (a connect() that failed before its SYN).
 struct Opens {
-    newer: HashMap<u64, Opened>,
-    older: HashMap<u64, Opened>,
+    newer: HashMap<u64, Open>,
+    older: HashMap<u64, Open>,
+    /// The cookies of the opens last let go: their closes are still recorded, from what the
+    /// socket kept of its decision. A close of any other cookie is not one of ours to record (a
+    /// socket watched by an agent before this one, or by another program).
+    let_go: HashSet<u64>,
+}
+
+/// What a close found of its open.
+enum Found {
+    Open(Open),
+    LetGo,
+    Never,
 }
 
 impl Opens {
-    fn put(&mut self, cookie: u64, opened: Opened) {
+    fn put(&mut self, cookie: u64, open: Open) {
         if self.newer.len() >= OPEN_JOINED / 2 {
+            self.let_go = self.older.drain().map(|(cookie, _)| cookie).collect();
             self.older = std::mem::take(&mut self.newer);
         }
-        self.newer.insert(cookie, opened);
+        self.newer.insert(cookie, open);
     }
 
-    fn take(&mut self, cookie: u64) -> Option<Opened> {
-        self.newer
+    fn take(&mut self, cookie: u64) -> Found {
+        match self
+            .newer
             .remove(&cookie)
             .or_else(|| self.older.remove(&cookie))
+        {
+            Some(open) => Found::Open(open),
+            None if self.let_go.remove(&cookie) => Found::LetGo,
+            None => Found::Never,
+        }
     }
 }
 
@@ -214,81 +272,221 @@ impl Joiner {
             open: Opens {
                 newer: HashMap::new(),
                 older: HashMap::new(),
+                let_go: HashSet::new(),
             },
-            services: (0, HashMap::new()),
+            names: NamesCache::new(),
+            last_batch: 0,
         }
     }
 
+    /// The record of `raw`, if it is one to record, onto `records`.
     fn join(
         &mut self,
-        raw: &ConnRecord,
+        raw: Raw,
         names: Option<&NamesInForce>,
-        clock: &Clock,
-    ) -> Option<Record> {
-        let event = match raw.kind {
-            RECORD_OPEN => Event::Open,
-            RECORD_CLOSE => Event::Close,
-            _ => return None,
-        };
-        let opened = match event {
-            Event::Close => self.open.take(raw.cookie),
-            Event::Open => None,
-        };
-        let opened = opened.unwrap_or_else(|| self.decided(raw, names));
-        let mut record = Record::new(event, DecidedBy::Kernel);
-        record.time = clock.wall(match event {
-            Event::Open => raw.opened_ns,
-            Event::Close => raw.closed_ns,
-        });
-        record.orig_dst = Some(SocketAddr::new(raw.dst.ip(), raw.dst_port));
-        record.endpoint = Some(SocketAddr::new(raw.endpoint.ip(), raw.endpoint_port));
-        if event == Event::Close {
-            record.client =
-                (raw.client.family != 0).then(|| SocketAddr::new(raw.client.ip(), raw.client_port));
-            (record.bytes_sent, record.bytes_received) = payload(raw);
-            record.duration = Some(Duration::from_nanos(
-                raw.closed_ns.saturating_sub(raw.opened_ns),
-            ));
-            record.end = Some(end_of(raw.last_state));
-        } else {
-            self.open.put(raw.cookie, opened.clone());
+        batch: &Batch,
+        records: &mut Vec<Record>,
+    ) {
+        match raw {
+            Raw::Open(raw) => {
+                let named = self.names.decided(Decided::of_open(&raw), names);
+                records.push(opened(&raw, &named, batch));
+                self.open.put(raw.cookie, Open { raw, names: named });
+            }
+            Raw::Close(raw) => match self.open.take(raw.cookie) {
+                Found::Open(open) => records.push(closed(&raw, &open.raw, &open.names, batch)),
+                Found::LetGo => {
+                    let mut decided = Decided::of_close(&raw);
+                    if decided.cgroup == 0 && raw.client.family != 0 {
+                        let at = self.names.cgroup_at(raw.client.ip(), names);
+                        decided.cgroup = at.unwrap_or(0);
+                    }
+                    let named = self.names.decided(decided, names);
+                    records.push(closed_alone(&raw, &named, batch));
+                }
+                Found::Never => {}
+            },
         }
-        record.workload = opened.workload;
-        record.namespace = opened.namespace;
-        record.outcome = opened.outcome;
-        record.service = opened.service;
-        Some(record)
+    }
+}
+
+/// The open record of `raw`, named `names`.
+fn opened(raw: &OpenRecord, names: &Opened, batch: &Batch) -> Record {
+    let mut record = batch.named(Event::Open, names);
+    record.time = batch.clock.wall(raw.opened_ns);
+    record.orig_dst = Some(SocketAddr::new(raw.dst.ip(), raw.dst_port));
+    record.endpoint = Some(SocketAddr::new(raw.endpoint.ip(), raw.endpoint_port));
+    record
+}
+
+/// The close record of `raw`, whose open was `open`.
+fn closed(raw: &CloseRecord, open: &OpenRecord, names: &Opened, batch: &Batch) -> Record {
+    let mut record = opened(open, names, batch);
+    record.event = Event::Close;
+    close_facts(&mut record, raw, &batch.clock);
+    record.duration = Some(Duration::from_nanos(
+        raw.closed_ns.saturating_sub(open.opened_ns),
+    ));
+    record
+}
+
+/// The close record of `raw` when its open was let go: the decision as the socket kept it, and no
+/// duration (the time of the open went with it).
+fn closed_alone(raw: &CloseRecord, names: &Opened, batch: &Batch) -> Record {
+    let mut record = batch.named(Event::Close, names);
+    record.orig_dst = Some(SocketAddr::new(raw.dst.ip(), raw.dst_port));
+    record.endpoint = Some(SocketAddr::new(raw.endpoint.ip(), raw.endpoint_port));
+    close_facts(&mut record, raw, &batch.clock);
+    record
+}
+
+/// What the close brings: its time, the client, the bytes and how it ended.
+fn close_facts(record: &mut Record, raw: &CloseRecord, clock: &Clock) {
+    record.time = clock.wall(raw.closed_ns);
+    record.client =
+        (raw.client.family != 0).then(|| SocketAddr::new(raw.client.ip(), raw.client_port));
+    (record.bytes_sent, record.bytes_received) = payload(raw);
+    record.end = Some(end_of(raw.last_state));
+}
+
+/// What every record of a batch starts from: the clock, and a blank kernel record (copied, where
+/// making each anew would read the clock again).
+struct Batch {
+    clock: Clock,
+    blank: Record,
+}
+
+impl Batch {
+    fn now() -> Batch {
+        Batch {
+            clock: Clock::now(),
+            blank: Record::new(Event::Open, DecidedBy::Kernel),
+        }
     }
 
-    /// The pod of the record's cgroup and the service of its decision, as the tables in force
-    /// know them. The outcome is the kernel's (what it did); the service, the decision's it made
-    /// it from.
-    fn decided(&mut self, raw: &ConnRecord, names: Option<&NamesInForce>) -> Opened {
-        let outcome = match FastStat::ALL.get(usize::from(raw.outcome)) {
-            Some(FastStat::Rewritten) => OutboundOutcome::Service,
-            Some(FastStat::Workload) => OutboundOutcome::Workload,
-            _ => OutboundOutcome::Passthrough,
+    /// A kernel record of `event` carrying `names`.
+    fn named(&self, event: Event, names: &Opened) -> Record {
+        let mut record = self.blank.clone();
+        record.event = event;
+        record.workload = names.workload.clone();
+        record.namespace = names.namespace.clone();
+        record.outcome = names.outcome;
+        record.service = names.service.clone();
+        record
+    }
+}
+
+/// A decision to name: the client's cgroup, where it meant to go, and the kernel's outcome.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Decided {
+    cgroup: u64,
+    dst: IpKey,
+    dst_port: u16,
+    outcome: u8,
+}
+
+impl Decided {
+    fn of_open(raw: &OpenRecord) -> Decided {
+        Decided {
+            cgroup: raw.cgroup,
+            dst: raw.dst,
+            dst_port: raw.dst_port,
+            outcome: raw.outcome,
+        }
+    }
+
+    fn of_close(raw: &CloseRecord) -> Decided {
+        Decided {
+            cgroup: raw.cgroup,
+            dst: raw.dst,
+            dst_port: raw.dst_port,
+            outcome: raw.outcome,
+        }
+    }
+}
+
+/// The names of decisions made on the tables in force, made once per client, destination and
+/// outcome rather than per connection; started over when the tables change.
+struct NamesCache {
+    /// The snapshot and pods the entries were named from (weak: an address is never reused while
+    /// held, and the tables are not kept alive).
+    of: Option<(Weak<Snapshot>, Weak<PodsByCgroup>)>,
+    decided: HashMap<Decided, Arc<Opened>>,
+    /// The service names made for the snapshot (its services, by address).
+    services: HashMap<usize, Name>,
+    /// The pods' cgroups by address, made when a close that lost its open first needs them.
+    by_ip: Option<HashMap<IpAddr, u64>>,
+}
+
+impl NamesCache {
+    fn new() -> NamesCache {
+        NamesCache {
+            of: None,
+            decided: HashMap::new(),
+            services: HashMap::new(),
+            by_ip: None,
+        }
+    }
+
+    /// Starts over when the tables in force are not those the entries were named from.
+    fn follow(&mut self, names: Option<&NamesInForce>) {
+        let same = match (&self.of, names) {
+            (Some((s, p)), Some((snapshot, pods))) => {
+                std::ptr::eq(s.as_ptr(), Arc::as_ptr(snapshot))
+                    && std::ptr::eq(p.as_ptr(), Arc::as_ptr(pods))
+            }
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            *self = NamesCache::new();
+            self.of = names.map(|(s, p)| (Arc::downgrade(s), Arc::downgrade(p)));
+        }
+    }
+
+    fn decided(&mut self, decided: Decided, names: Option<&NamesInForce>) -> Arc<Opened> {
+        self.follow(names);
+        if let Some(named) = self.decided.get(&decided) {
+            return named.clone();
+        }
+        if self.decided.len() >= NAMES_CACHED {
+            self.decided.clear();
+        }
+        let named = Arc::new(self.name(&decided, names));
+        self.decided.insert(decided, named.clone());
+        named
+    }
+
+    /// The pod of the decision's cgroup and the service it was decided for, as the tables in
+    /// force know them. The outcome is the kernel's (what it did); the service, the decision's it
+    /// made it from.
+    fn name(&mut self, decided: &Decided, names: Option<&NamesInForce>) -> Opened {
+        let kernel = match FastStat::ALL.get(usize::from(decided.outcome)) {
+            Some(FastStat::Rewritten) => Some(OutboundOutcome::Service),
+            Some(FastStat::Workload) => Some(OutboundOutcome::Workload),
+            Some(_) => Some(OutboundOutcome::Passthrough),
+            // Left alone, said at a close: passthrough or a workload, as the tables say.
+            None => None,
         };
         let Some((snapshot, pods)) = names else {
             return Opened {
                 workload: None,
                 namespace: None,
-                outcome,
+                outcome: kernel.unwrap_or(OutboundOutcome::Passthrough),
                 service: None,
             };
         };
-        let pod = pods.get(&raw.cgroup);
+        let pod = pods.get(&decided.cgroup);
         let namespace = pod.map(|p| p.pod.meta.namespace.as_str());
-        let dst: IpAddr = raw.dst.ip();
-        let decision = snapshot.decide_outbound_with(namespace, dst, raw.dst_port, Pick::Peek);
-        let snapshot_at = Arc::as_ptr(snapshot) as usize;
-        if self.services.0 != snapshot_at {
-            self.services = (snapshot_at, HashMap::new());
-        }
+        let dst: IpAddr = decided.dst.ip();
+        let decision = snapshot.decide_outbound_with(namespace, dst, decided.dst_port, Pick::Peek);
+        let outcome = kernel.unwrap_or(match decision.outcome() {
+            OutboundOutcome::Workload => OutboundOutcome::Workload,
+            _ => OutboundOutcome::Passthrough,
+        });
         let service = decision.service().map(|s| {
             let at = std::ptr::from_ref(s) as usize;
             self.services
-                .1
                 .entry(at)
                 .or_insert_with(|| Name::from(format!("{}/{}", s.namespace, s.name)))
                 .clone()
@@ -299,6 +497,19 @@ impl Joiner {
             outcome,
             service,
         }
+    }
+
+    /// The cgroup of the pod at `client`, as the tables in force name the pods (for a close that
+    /// lost its open: a socket the kernel left alone keeps no cgroup).
+    fn cgroup_at(&mut self, client: IpAddr, names: Option<&NamesInForce>) -> Option<u64> {
+        self.follow(names);
+        let (_, pods) = names?;
+        let by_ip = self.by_ip.get_or_insert_with(|| {
+            pods.iter()
+                .flat_map(|(cgroup, p)| p.pod.ips.iter().map(move |ip| (*ip, *cgroup)))
+                .collect()
+        });
+        by_ip.get(&client).copied()
     }
 }
 
@@ -341,7 +552,7 @@ impl Clock {
 /// The bytes the application sent and received, from the kernel's counts of sequence space: the
 /// peer's acknowledgements count our SYN, and our FIN once it is acknowledged; what we received
 /// counts the peer's FIN. Which of those happened follows from the state the socket left.
-pub(super) fn payload(raw: &ConnRecord) -> (u64, u64) {
+pub(super) fn payload(raw: &CloseRecord) -> (u64, u64) {
     use tcp_state::*;
     let established = !matches!(raw.last_state, SYN_SENT | SYN_RECV);
     let our_fin_acked = matches!(raw.last_state, FIN_WAIT2 | CLOSING | LAST_ACK);
