@@ -290,11 +290,14 @@ impl Joiner {
         match raw {
             Raw::Open(raw) => {
                 let named = self.names.decided(Decided::of_open(&raw), names);
-                records.push(opened(&raw, &named, batch));
+                opened(batch.push(records, Event::Open, &named), &raw, &batch.clock);
                 self.open.put(raw.cookie, Open { raw, names: named });
             }
             Raw::Close(raw) => match self.open.take(raw.cookie) {
-                Found::Open(open) => records.push(closed(&raw, &open.raw, &open.names, batch)),
+                Found::Open(open) => {
+                    let record = batch.push(records, Event::Close, &open.names);
+                    closed(record, &raw, &open.raw, &batch.clock);
+                }
                 Found::LetGo => {
                     let mut decided = Decided::of_close(&raw);
                     if decided.cgroup == 0 && raw.client.family != 0 {
@@ -302,7 +305,8 @@ impl Joiner {
                         decided.cgroup = at.unwrap_or(0);
                     }
                     let named = self.names.decided(decided, names);
-                    records.push(closed_alone(&raw, &named, batch));
+                    let record = batch.push(records, Event::Close, &named);
+                    closed_alone(record, &raw, &batch.clock);
                 }
                 Found::Never => {}
             },
@@ -310,34 +314,28 @@ impl Joiner {
     }
 }
 
-/// The open record of `raw`, named `names`.
-fn opened(raw: &OpenRecord, names: &Opened, batch: &Batch) -> Record {
-    let mut record = batch.named(Event::Open, names);
-    record.time = batch.clock.wall(raw.opened_ns);
+/// `record` as the open `raw` made it.
+fn opened(record: &mut Record, raw: &OpenRecord, clock: &Clock) {
+    record.time = clock.wall(raw.opened_ns);
     record.orig_dst = Some(SocketAddr::new(raw.dst.ip(), raw.dst_port));
     record.endpoint = Some(SocketAddr::new(raw.endpoint.ip(), raw.endpoint_port));
-    record
 }
 
-/// The close record of `raw`, whose open was `open`.
-fn closed(raw: &CloseRecord, open: &OpenRecord, names: &Opened, batch: &Batch) -> Record {
-    let mut record = opened(open, names, batch);
-    record.event = Event::Close;
-    close_facts(&mut record, raw, &batch.clock);
+/// `record` as the close `raw`, whose open was `open`, made it.
+fn closed(record: &mut Record, raw: &CloseRecord, open: &OpenRecord, clock: &Clock) {
+    opened(record, open, clock);
+    close_facts(record, raw, clock);
     record.duration = Some(Duration::from_nanos(
         raw.closed_ns.saturating_sub(open.opened_ns),
     ));
-    record
 }
 
-/// The close record of `raw` when its open was let go: the decision as the socket kept it, and no
-/// duration (the time of the open went with it).
-fn closed_alone(raw: &CloseRecord, names: &Opened, batch: &Batch) -> Record {
-    let mut record = batch.named(Event::Close, names);
+/// `record` as the close `raw` made it when its open was let go: the decision as the socket kept
+/// it, and no duration (the time of the open went with it).
+fn closed_alone(record: &mut Record, raw: &CloseRecord, clock: &Clock) {
     record.orig_dst = Some(SocketAddr::new(raw.dst.ip(), raw.dst_port));
     record.endpoint = Some(SocketAddr::new(raw.endpoint.ip(), raw.endpoint_port));
-    close_facts(&mut record, raw, &batch.clock);
-    record
+    close_facts(record, raw, clock);
 }
 
 /// What the close brings: its time, the client, the bytes and how it ended.
@@ -364,14 +362,22 @@ impl Batch {
         }
     }
 
-    /// A kernel record of `event` carrying `names`.
-    fn named(&self, event: Event, names: &Opened) -> Record {
-        let mut record = self.blank.clone();
+    /// A kernel record of `event` carrying `names`, put at the end of `records` (made in place: a
+    /// record is a few hundred bytes) to be filled in.
+    fn push<'a>(
+        &self,
+        records: &'a mut Vec<Record>,
+        event: Event,
+        names: &Opened,
+    ) -> &'a mut Record {
+        let at = records.len();
+        records.extend_from_slice(std::slice::from_ref(&self.blank));
+        let record = &mut records[at];
         record.event = event;
-        record.workload = names.workload.clone();
-        record.namespace = names.namespace.clone();
+        record.workload.clone_from(&names.workload);
+        record.namespace.clone_from(&names.namespace);
         record.outcome = names.outcome;
-        record.service = names.service.clone();
+        record.service.clone_from(&names.service);
         record
     }
 }
