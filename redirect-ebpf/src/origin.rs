@@ -42,6 +42,17 @@ pub(crate) fn recall(ctx: &SockAddrContext) -> Option<OrigDst> {
 /// The same, for a sock_ops program's socket (`bpf_sock_ops.sk`, which may be null).
 #[inline(always)]
 pub(crate) fn recall_sock(sk: *mut aya_ebpf::bindings::bpf_sock) -> Option<OrigDst> {
+    recall_sock_in_place(sk).copied()
+}
+
+/// The original destination filed for a sock_ops program's socket, read where it is filed. For a
+/// caller that picks between it and a value of its own: a copy out, when nothing was filed, is
+/// stack the compiler may still read and select away, which the verifier refuses to a loader
+/// without CAP_PERFMON (as the DaemonSet runs) as a read of uninitialised stack.
+#[inline(always)]
+pub(crate) fn recall_sock_in_place(
+    sk: *mut aya_ebpf::bindings::bpf_sock,
+) -> Option<&'static OrigDst> {
     if sk.is_null() {
         return None;
     }
@@ -49,6 +60,7 @@ pub(crate) fn recall_sock(sk: *mut aya_ebpf::bindings::bpf_sock) -> Option<OrigD
     // SAFETY: `sk` is the non-null socket the kernel handed this sock_ops call; flags 0 never
     // creates, so a null result means nothing was filed.
     let slot = unsafe { bpf_sk_storage_get(map, sk.cast(), core::ptr::null_mut(), 0) };
-    // SAFETY: as in `recall`: a non-null slot holds one OrigDst, copied out at once.
-    unsafe { slot.cast::<OrigDst>().as_ref() }.copied()
+    // SAFETY: as in `recall`: a non-null slot holds one OrigDst (plain integers, any bit pattern
+    // valid), and the socket, so its storage, outlives this program's run.
+    unsafe { slot.cast::<OrigDst>().as_ref() }
 }

@@ -131,17 +131,12 @@ pub(crate) fn closed(ctx: &SockOpsContext, sk: *mut bpf_sock, closing: &Closing)
     if closing.last_state == u32::from(tcp_state::CLOSE) {
         return;
     }
-    let orig = origin::recall_sock(sk).filter(|o| o.protocol & ORIG_REWRITTEN != 0);
     let Some(mut entry) = CONN_RECORDS.reserve::<CloseRecord>(0) else {
         count_record_lost();
         return;
     };
     // SAFETY: helpers on the context the kernel passed the program, and one without arguments.
     let (cookie, now) = unsafe { (bpf_get_socket_cookie(ctx.as_ptr()), bpf_ktime_get_ns()) };
-    let (outcome, cgroup, dst) = match orig {
-        Some(o) => (FastStat::Rewritten as u8, o.cgroup_id, o.dst),
-        None => (OUTCOME_LEFT_ALONE, 0, closing.endpoint),
-    };
     let (client, endpoint) = (&closing.client, &closing.endpoint);
     let out = entry.as_mut_ptr();
     // SAFETY: `out` is a reserved entry sized and aligned for one CloseRecord, ours until
@@ -149,23 +144,46 @@ pub(crate) fn closed(ctx: &SockOpsContext, sk: *mut bpf_sock, closing: &Closing)
     unsafe {
         use core::ptr::{addr_of_mut, write_volatile};
         write_volatile(addr_of_mut!((*out).kind), RECORD_CLOSE);
-        write_volatile(addr_of_mut!((*out).outcome), outcome);
         write_volatile(addr_of_mut!((*out).last_state), closing.last_state as u8);
         write_volatile(addr_of_mut!((*out)._pad), 0);
-        write_volatile(addr_of_mut!((*out).dst_port), dst.port);
         write_volatile(addr_of_mut!((*out).endpoint_port), endpoint.port);
         write_volatile(addr_of_mut!((*out).cookie), cookie);
         write_volatile(addr_of_mut!((*out).closed_ns), now);
         write_volatile(addr_of_mut!((*out).bytes_sent), closing.bytes_sent);
         write_volatile(addr_of_mut!((*out).bytes_received), closing.bytes_received);
-        write_volatile(addr_of_mut!((*out).cgroup), cgroup);
         write_volatile(addr_of_mut!((*out).client), ip_key(&client.ip6_words()));
-        write_volatile(addr_of_mut!((*out).dst), ip_key(&dst.ip6_words()));
         write_volatile(addr_of_mut!((*out).endpoint), ip_key(&endpoint.ip6_words()));
         write_volatile(addr_of_mut!((*out).client_port), client.port);
         write_volatile(addr_of_mut!((*out)._pad2), 0);
     }
+    // The decision, written on each branch from where it is: the filed original read in place
+    // (`origin::recall_sock_in_place`), or the socket's own peer. Picked without a branch, the
+    // compiler masks the storage pointer, which the verifier refuses.
+    match origin::recall_sock_in_place(sk) {
+        Some(orig) if orig.protocol & ORIG_REWRITTEN != 0 => {
+            // SAFETY: as above.
+            unsafe { write_decision(out, FastStat::Rewritten as u8, orig.cgroup_id, &orig.dst) }
+        }
+        // SAFETY: as above.
+        _ => unsafe { write_decision(out, OUTCOME_LEFT_ALONE, 0, endpoint) },
+    }
     submit(entry);
+}
+
+/// Writes what a close record says of the kernel's decision.
+///
+/// # Safety
+/// `out` points at a reserved `CloseRecord` entry not yet submitted.
+#[inline(always)]
+unsafe fn write_decision(out: *mut CloseRecord, outcome: u8, cgroup: u64, dst: &SockAddr) {
+    use core::ptr::{addr_of_mut, write_volatile};
+    // SAFETY: the caller's promise.
+    unsafe {
+        write_volatile(addr_of_mut!((*out).outcome), outcome);
+        write_volatile(addr_of_mut!((*out).cgroup), cgroup);
+        write_volatile(addr_of_mut!((*out).dst_port), dst.port);
+        write_volatile(addr_of_mut!((*out).dst), ip_key(&dst.ip6_words()));
+    }
 }
 
 /// Puts a written entry on the ring. The agent collects on its own tick and is woken from here
