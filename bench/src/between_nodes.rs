@@ -242,16 +242,25 @@ fn received(agents: Option<&(Agent, Agent)>) -> Result<Option<f64>> {
         .transpose()
 }
 
-/// Both agents' cluster: the two Pods, each on its node, with a service account.
+/// Both agents' cluster: the two Pods, each on its node, with a service account, their
+/// namespaces in the ambient mesh (traffic between them rides HBONE).
 fn cluster() -> String {
+    let ambient = |name: &str| {
+        format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}, labels: {{istio.io/dataplane-mode: ambient}}}}\n"
+        )
+    };
     let pod = |(key, ip): (&str, &str), node: &str, uid: &str| {
         let (namespace, name) = key.split_once('/').unwrap_or_default();
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
         )
     };
+    let namespaces = [A1, B1].map(|(key, _)| ambient(key.split_once('/').unwrap_or_default().0));
     format!(
-        "{}---\n{}",
+        "{}---\n{}---\n{}---\n{}",
+        namespaces[0],
+        namespaces[1],
         pod(A1, "node-a", "0a1a1a1a-0000-4000-8000-0000000000a1"),
         pod(B1, "node-b", "0b1b1b1b-0000-4000-8000-0000000000b1"),
     )

@@ -7,6 +7,10 @@
 pub const NS_UNKNOWN: u32 = 0;
 /// Client namespace id of a namespace whose own entries did not fit: the proxy decides.
 pub const NS_PROXY: u32 = u32::MAX;
+/// Set in a client's value in `FAST_CLIENTS` (beside its namespace id, never with [`NS_PROXY`]):
+/// the client is a Pod in the ambient mesh, whose connections to the mesh's Pods of other nodes
+/// go over HBONE ([`WORKLOAD_HBONE`]).
+pub const NS_ENROLLED: u32 = 1 << 31;
 
 /// [`IpKey::family`] and [`Backends::family`].
 pub const FAMILY_V4: u32 = 4;
@@ -26,9 +30,13 @@ pub const ACTION_NONE: u32 = 3;
 pub const WORKLOAD_DIRECT: u8 = 1;
 /// A workload address's value in `FAST_WORKLOADS`: only the proxy may carry a connection there, also
 /// when a service's endpoint is picked there or a resolution-NONE entry passes it through: a Pod
-/// of another node reached over HBONE (which only the proxy speaks), or a Pod of this node whose
-/// authorization policies did not fit the kernel's inbound table (the proxy decides it).
+/// of this node whose authorization policies did not fit the kernel's inbound table (the proxy
+/// decides it).
 pub const WORKLOAD_PROXY: u8 = 2;
+/// A workload address's value in `FAST_WORKLOADS`: a Pod of another node in the mesh. A client in
+/// the mesh ([`NS_ENROLLED`]) reaches it over HBONE, which only the proxy speaks (as for
+/// [`WORKLOAD_PROXY`]); any other client reaches it directly (as for [`WORKLOAD_DIRECT`]).
+pub const WORKLOAD_HBONE: u8 = 4;
 /// A workload address's value in `FAST_WORKLOADS`: a Pod of this node some authorization policy
 /// applies to, decided by the kernel at the Pod's socket lookup. Left alone once the `inbound`
 /// program runs in the Pod's namespace (its address in `INBOUND_ATTACHED`); until then only the

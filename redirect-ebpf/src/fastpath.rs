@@ -11,8 +11,8 @@ use redirect_common::{
     FAST_STAT_HIDDEN, FAST_STAT_HIDDEN_DROPPED, FastStat,
     fastpath::{
         ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, FAMILY_V4, FAMILY_V6, GEN_A,
-        GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_PROXY, NS_UNKNOWN,
-        PortKey, WORKLOAD_GUARDED, WORKLOAD_PROXY, generation_slot,
+        GEN_B, HiddenEvent, IpKey, LpmBytes, MAX_ENDPOINTS, NOT_HIDDEN, NS_ENROLLED, NS_PROXY,
+        NS_UNKNOWN, PortKey, WORKLOAD_GUARDED, WORKLOAD_HBONE, WORKLOAD_PROXY, generation_slot,
     },
     ip6_words, is_v4_mapped, v4_mapped_words,
 };
@@ -124,6 +124,9 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
     if config.proxy_everything != 0 || ns == NS_PROXY {
         return (Fast::Proxy, FastStat::ProxyOverflow);
     }
+    // A client in the ambient mesh carries a bit beside its namespace.
+    let enrolled = ns & NS_ENROLLED != 0;
+    let ns = ns & !NS_ENROLLED;
     seen.cgroup = cgroup;
     seen.ns = ns;
     let ip = ip_key(&dst.ip);
@@ -135,7 +138,9 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
             // authorization the kernel does not decide); the table counts the others apart (an
             // address it had no room for is counted as a passthrough).
             return match workload(workloads, &ip) {
-                Some(_) if proxy_only(workloads, &ip) => (Fast::Proxy, FastStat::ProxyService),
+                Some(_) if proxy_only(workloads, &ip, enrolled) => {
+                    (Fast::Proxy, FastStat::ProxyService)
+                }
                 Some(_) => (Fast::Leave, FastStat::Workload),
                 None => (Fast::Leave, FastStat::Passthrough),
             };
@@ -143,7 +148,7 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
     };
     if claim.action == ACTION_PASSTHROUGH {
         // A network passed through may hold a Pod only the proxy may carry a connection to.
-        if proxy_only(workloads, &ip) {
+        if proxy_only(workloads, &ip, enrolled) {
             return (Fast::Proxy, FastStat::ProxyService);
         }
         return (Fast::Leave, FastStat::Passthrough);
@@ -156,7 +161,7 @@ fn lookup(slot: u32, dst: &Dest, to: &mut Dest, seen: &mut Seen) -> (Fast, FastS
         port: dst.port,
         _pad: 0,
     };
-    if pick(ports, workloads, &port, ip.family, to) {
+    if pick(ports, workloads, &port, ip.family, enrolled, to) {
         (Fast::Rewrite, FastStat::Rewritten)
     } else {
         (Fast::Proxy, FastStat::ProxyService)
@@ -211,13 +216,14 @@ fn workload(workloads: &WorkloadsMap, ip: &IpKey) -> Option<u8> {
     unsafe { workloads.get(ip) }.copied()
 }
 
-/// Whether only the proxy may carry a connection to workload address `ip`: one reached over
-/// HBONE or under authorization the kernel does not decide, or a guarded Pod whose namespace does
-/// not run `inbound` yet (nothing would decide it).
+/// Whether only the proxy may carry a connection to workload address `ip`: one under
+/// authorization the kernel does not decide, one reached over HBONE from an `enrolled` client, or
+/// a guarded Pod whose namespace does not run `inbound` yet (nothing would decide it).
 #[inline(always)]
-fn proxy_only(workloads: &WorkloadsMap, ip: &IpKey) -> bool {
+fn proxy_only(workloads: &WorkloadsMap, ip: &IpKey, enrolled: bool) -> bool {
     match workload(workloads, ip) {
         Some(WORKLOAD_PROXY) => true,
+        Some(WORKLOAD_HBONE) => enrolled,
         // SAFETY: the value is only tested for presence.
         Some(WORKLOAD_GUARDED) => unsafe { INBOUND_ATTACHED.get(ip) }.is_none(),
         _ => false,
@@ -226,13 +232,14 @@ fn proxy_only(workloads: &WorkloadsMap, ip: &IpKey) -> bool {
 
 /// Writes one of the port's endpoints, chosen per connection, into `to`; false (and `to`
 /// untouched) when the port has no rewrite for a socket of this family, or the endpoint chosen is
-/// reached over HBONE (the proxy serves both).
+/// one only the proxy may carry the connection to (the proxy serves both).
 #[inline(always)]
 fn pick(
     ports: &PortsMap,
     workloads: &WorkloadsMap,
     port: &PortKey,
     family: u32,
+    enrolled: bool,
     to: &mut Dest,
 ) -> bool {
     // SAFETY: the reference lives only within this call, and the agent writes only the generation
@@ -255,7 +262,7 @@ fn pick(
     };
     let a = &b.addr;
     let key = IpKey { family, addr: *a };
-    if proxy_only(workloads, &key) {
+    if proxy_only(workloads, &key, enrolled) {
         return false;
     }
     let ip = if family == FAMILY_V4 {

@@ -19,8 +19,23 @@ pub fn pods() -> String {
         )
     };
     format!(
-        "{}---\n{}",
+        "{}---\n{}---\n{}",
+        ambient_namespaces(&["team-a", "team-b"]),
         pod(A1, "node-a", "0a1a1a1a-0000-4000-8000-0000000000a1"),
         pod(B1, "node-b", "0b1b1b1b-0000-4000-8000-0000000000b1"),
     )
+}
+
+/// Namespaces labelled `istio.io/dataplane-mode: ambient`, one document each: their Pods are in
+/// the mesh, and traffic between two of them on different nodes goes over HBONE.
+pub fn ambient_namespaces(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|name| {
+            format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}, labels: {{istio.io/dataplane-mode: ambient}}}}\n"
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("---\n")
 }

@@ -1115,6 +1115,7 @@ impl Nodes {
             NODE_B1_SINK.parse()?,
         )?;
         let cluster = [
+            integration::two_nodes::ambient_namespaces(&["team-a", "team-b"]),
             pod_manifest(NODE_A1, Some("node-a")),
             pod_manifest(NODE_B1, Some("node-b")),
         ]

@@ -22,12 +22,40 @@ fn inbound(result: &str) -> String {
     format!(r#"redirect_hbone_inbound_total{{result="{result}"}}"#)
 }
 
-/// The cluster both agents are given: the two Pods with their nodes and service accounts, and
-/// team-b's entry for b1.
+/// Pods of node a known to its kernel by their cgroups (`namespace/name`, address, uid, labels):
+/// a2 in the mesh with a1; p1 of a namespace outside it; a3 of team-a opted out.
+const A2: (&str, &str, &str, &str) = (
+    "team-a/a2",
+    "10.244.1.12",
+    "0a2a2a2a-0000-4000-8000-0000000000a2",
+    "{}",
+);
+const P1: (&str, &str, &str, &str) = (
+    "plain/p1",
+    "10.244.1.11",
+    "0f1f1f1f-0000-4000-8000-0000000000f1",
+    "{}",
+);
+const A3: (&str, &str, &str, &str) = (
+    "team-a/a3",
+    "10.244.1.13",
+    "0a3a3a3a-0000-4000-8000-0000000000a3",
+    "{istio.io/dataplane-mode: none}",
+);
+
+/// The cluster both agents are given: the Pods with their nodes and service accounts (a1 and b1
+/// in the mesh), and team-b's entry for b1.
 fn cluster() -> String {
+    let kernel_known = [A2, P1, A3].map(|(key, ip, uid, labels)| {
+        let (namespace, name) = key.split_once('/').unwrap_or_default();
+        format!(
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}, labels: {labels}}}\nspec: {{nodeName: node-a, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
+        )
+    });
     format!(
-        "{}---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: web, namespace: team-b}}\nspec: {{hosts: [web.example.com], addresses: [{WEB_VIP}], ports: [{{number: 80, name: http, targetPort: 8080}}], resolution: STATIC, endpoints: [{{address: {}}}]}}\n",
+        "{}{}---\napiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {{name: web, namespace: team-b}}\nspec: {{hosts: [web.example.com], addresses: [{WEB_VIP}], ports: [{{number: 80, name: http, targetPort: 8080}}], resolution: STATIC, endpoints: [{{address: {}}}]}}\n",
         two_nodes::pods(),
+        kernel_known.concat(),
         B1.1,
     )
 }
@@ -44,10 +72,14 @@ struct Nodes {
     b: Topology,
 }
 
-/// Node a with a1, node b with b1 (serving HTTP on 8080), linked; an agent on each with HBONE
-/// between nodes and the Pods' certificates from one test CA.
+/// Node a with a1 (and a2, p1, a3), node b with b1 (serving HTTP on 8080), linked; an agent on
+/// each with the Pods' certificates from one test CA and its node's name, and so HBONE between
+/// nodes by default.
 fn nodes(extra: &[&str]) -> Result<Nodes> {
-    let a = Topology::with_pods(&[A1])?;
+    let mut a = Topology::with_pods(&[A1])?;
+    for (key, ip, uid, _) in [A2, P1, A3] {
+        a.add_kube_pod(key, ip.parse()?, uid)?;
+    }
     let b = Topology::with_pods(&[B1])?;
     Topology::link_nodes(&a, "10.244.1.0/24", &b, "10.244.2.0/24")?;
     let ca = TestCa::new(TRUST_DOMAIN)?;
@@ -69,7 +101,6 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
             identities.to_string_lossy().into(),
             "--node-name".into(),
             node.into(),
-            "--hbone-between-nodes".into(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
         Ok(args)
@@ -167,6 +198,61 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
     Ok(())
 }
 
+/// Encryption follows enrollment (`docs/data-plane.md#who-is-in-the-mesh`), with no flag: a2, in
+/// the mesh and known to node a's kernel by its cgroup, reaches b1 over HBONE (the kernel hands
+/// it to the proxy); p1, of a namespace outside the mesh, and a3, opted out with `none`, reach b1
+/// in plaintext, straight from their own addresses, and node b receives no stream from them.
+#[test]
+fn encryption_follows_enrollment_pods_outside_the_mesh_reach_the_other_node_in_plaintext()
+-> Result<()> {
+    let n = nodes(&[])?;
+    let peer_url = format!("http://{B1_WEB}/peer");
+    for (key, ip, ..) in [P1, A3] {
+        let (sent, received) = (
+            n.agent_a.metrics()?.get_or_zero(TUNNELS_OK),
+            n.agent_b.metrics()?.get_or_zero(&inbound("ok")),
+        );
+        let seen = curl_body(n.a.pod(key), &peer_url)?;
+        ensure!(
+            seen.starts_with(&format!("{ip}:")),
+            "b1 saw {seen:?} for {key}, not its own address {ip}"
+        );
+        let (sent_after, received_after) = (
+            n.agent_a.metrics()?.get_or_zero(TUNNELS_OK),
+            n.agent_b.metrics()?.get_or_zero(&inbound("ok")),
+        );
+        ensure!(
+            sent_after == sent && received_after == received,
+            "{key} is outside the mesh, yet went over HBONE: node a opened {} tunnels, node b received {} streams",
+            sent_after - sent,
+            received_after - received
+        );
+    }
+    let received = n.agent_b.metrics()?.get_or_zero(&inbound("ok"));
+    let seen = curl_body(n.a.pod(A2.0), &peer_url)?;
+    ensure!(
+        seen.starts_with(&format!("{}:", A2.1)),
+        "b1 saw {seen:?} for a2, not a2's address {}",
+        A2.1
+    );
+    // Counted as the stream is answered; read again for a moment.
+    let received_after =
+        counted(&n.agent_b, &inbound("ok"), received + 1.0)?.get_or_zero(&inbound("ok"));
+    ensure!(
+        received_after >= received + 1.0,
+        "a2 is in the mesh: node b should have received its stream over HBONE, got {}",
+        received_after - received
+    );
+    let from_a2 = format!("client={}:", A2.1);
+    let log = n.agent_b.log();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains(" inbound") && l.contains(&from_a2)),
+        "node b's access log has no stream received from a2; log:\n{log}"
+    );
+    Ok(())
+}
+
 /// Istio's metrics on both nodes (`docs/observability.md#istio-metrics`): 50 connections a1 → b1
 /// over HBONE are 50 opened and closed on node a as the `source` and on node b as the
 /// `destination`, mutual TLS with a1's identity as the source principal, and the bytes curl moved.
@@ -241,7 +327,8 @@ fn the_receiving_node_checks_the_sender_and_carries_only_to_the_pod_dialled() ->
     let foreign = TestCa::new("other.example")?;
     let (out, ok) = n.hbone_client(&foreign, "foreign", B1_WEB)?;
     ensure!(!ok, "a foreign trust domain's certificate was taken: {out}");
-    let metrics = n.agent_b.metrics()?;
+    // The client may see the refusal before the agent counts it.
+    let metrics = counted(&n.agent_b, &inbound("tls_refused"), 1.0)?;
     ensure!(
         metrics.get_or_zero(&inbound("tls_refused")) >= 1.0,
         "the refusal is counted: {metrics:#?}"
@@ -269,12 +356,24 @@ fn the_receiving_node_checks_the_sender_and_carries_only_to_the_pod_dialled() ->
         !ok && out.contains("status 400"),
         "a stream to the HBONE port: {out}"
     );
-    let metrics = n.agent_b.metrics()?;
+    let metrics = counted(&n.agent_b, &inbound("bad_request"), 2.0)?;
     ensure!(
         metrics.get_or_zero(&inbound("bad_request")) >= 2.0,
         "counted: {metrics:#?}"
     );
     Ok(())
+}
+
+/// `agent`'s metrics once `key` reached `at_least`, or as they are after a moment.
+fn counted(agent: &Agent, key: &str, at_least: f64) -> Result<integration::metrics::Metrics> {
+    let deadline = std::time::Instant::now() + pace::scaled(Duration::from_secs(2));
+    loop {
+        let metrics = agent.metrics()?;
+        if metrics.get_or_zero(key) >= at_least || std::time::Instant::now() > deadline {
+            return Ok(metrics);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// Only port 15008 is taken from the Pods: plain traffic to b1's other ports is forwarded to it

@@ -233,12 +233,33 @@ pub(crate) struct IdentityArgs {
     /// `trustDomain` as it is at the first tunnel, else `cluster.local`.
     #[arg(long, value_name = "DOMAIN")]
     pub trust_domain: Option<String>,
-    /// Carry Pod-to-Pod traffic between nodes over HBONE, as ztunnel does: connections to other
-    /// nodes' Pods go over HBONE to `<pod IP>:15008`, and HBONE sent to this node's Pods is
-    /// received (a routing rule and table 15008 in the node's netns bring it to the agent), each
-    /// stream carried to its Pod. Needs a certificate source and `--node-name`.
-    #[arg(long, requires = "node_name")]
-    pub hbone_between_nodes: bool,
+    /// Carry traffic between the mesh's Pods of different nodes over HBONE, as ztunnel does: a
+    /// connection from a Pod in the ambient mesh to a Pod in the mesh of another node goes over
+    /// HBONE to `<pod IP>:15008`, and HBONE sent to this node's Pods is received (a routing rule
+    /// and table 15008 in the node's netns bring it to the agent), each stream carried to its Pod.
+    /// `auto` (the default): on whenever the agent has the Pods' certificates (`--identity-dir`
+    /// or `--ca-address`) and its node's name; `on` (the flag alone): refuse to start without
+    /// them; `off`: plaintext between nodes.
+    #[arg(
+        long,
+        value_enum,
+        value_name = "WHEN",
+        default_value = "auto",
+        num_args = 0..=1,
+        default_missing_value = "on"
+    )]
+    pub hbone_between_nodes: HboneBetweenNodes,
+}
+
+/// When traffic between nodes goes over HBONE (`--hbone-between-nodes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum HboneBetweenNodes {
+    /// Whenever the agent has the Pods' certificates and its node's name.
+    Auto,
+    /// Always: the agent refuses to start without them.
+    On,
+    /// Never: plaintext between nodes.
+    Off,
 }
 
 impl IdentityArgs {
@@ -264,6 +285,34 @@ pub(crate) struct MountBpffsArgs {
     /// The agent's --bpffs: its parent gets the bpf filesystem.
     #[arg(long, value_name = "DIR", default_value = "/sys/fs/bpf/redirect")]
     pub bpffs: PathBuf,
+}
+
+/// The node whose Pods' traffic to other nodes goes over HBONE, as `--hbone-between-nodes` and
+/// what the agent was given decide; `None`: plaintext between nodes (said once at start).
+fn hbone_node(identity: &IdentityArgs, node_name: Option<&str>) -> anyhow::Result<Option<String>> {
+    let node = node_name.filter(|n| !n.is_empty()).map(String::from);
+    let has_certificates = identity.source().is_some();
+    match identity.hbone_between_nodes {
+        HboneBetweenNodes::Off => {
+            tracing::info!("traffic between nodes in plaintext (--hbone-between-nodes=off)");
+            Ok(None)
+        }
+        HboneBetweenNodes::On if !has_certificates => anyhow::bail!(
+            "--hbone-between-nodes needs the Pods' certificates: --identity-dir or --ca-address"
+        ),
+        HboneBetweenNodes::On if node.is_none() => anyhow::bail!(
+            "--hbone-between-nodes needs the node's name: --node-name or NODE_NAME is empty"
+        ),
+        HboneBetweenNodes::Auto if !has_certificates || node.is_none() => {
+            let missing = match has_certificates {
+                false => "the Pods' certificates (--identity-dir or --ca-address)",
+                true => "the node's name (--node-name or NODE_NAME)",
+            };
+            tracing::info!("traffic between nodes in plaintext: HBONE needs {missing}");
+            Ok(None)
+        }
+        HboneBetweenNodes::Auto | HboneBetweenNodes::On => Ok(node),
+    }
 }
 
 /// `redirect mount-bpffs`: says what it found or did. Exits 0 even when it could not mount: the agent
@@ -302,18 +351,7 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
     }
     let pinned = handover.available;
     let kube_args = *args.kube;
-    let hbone_node = match args.identity.hbone_between_nodes {
-        true if args.identity.source().is_none() => anyhow::bail!(
-            "--hbone-between-nodes needs the Pods' certificates: --identity-dir or --ca-address"
-        ),
-        true => match kube_args.node_name.clone().filter(|n| !n.is_empty()) {
-            Some(node) => Some(node),
-            None => anyhow::bail!(
-                "--hbone-between-nodes needs the node's name: --node-name or NODE_NAME is empty"
-            ),
-        },
-        false => None,
-    };
+    let hbone_node = hbone_node(&args.identity, kube_args.node_name.as_deref())?;
     let kube = match kube_args.kube {
         true => {
             let (namespace, name) = kube_args
@@ -324,7 +362,7 @@ pub(super) fn run(args: RunArgs, log_level: LogLevel) -> anyhow::Result<ExitCode
                 status_lease: kube_args.status_lease()?,
                 kubeconfig: kube_args.kubeconfig,
                 node_name: kube_args.node_name.clone().filter(|n| !n.is_empty()),
-                hbone_between_nodes: args.identity.hbone_between_nodes,
+                hbone_between_nodes: hbone_node.is_some(),
                 mesh: crate::cluster::MeshConfigMap {
                     namespace: namespace.to_string(),
                     name: name.to_string(),
@@ -395,6 +433,7 @@ mod tests {
     use clap::Parser;
 
     use super::super::{Cli, Command};
+    use super::{HboneBetweenNodes, hbone_node};
 
     fn run_args(extra: &[&str]) -> Result<super::RunArgs, clap::Error> {
         let args = [
@@ -436,18 +475,39 @@ mod tests {
             let run = run_args(&given).unwrap_or_else(|e| panic!("{given:?}: {e}"));
             assert!(run.identity.source().is_some(), "{given:?}");
         }
-        // HBONE between nodes, with a source and the node the DaemonSet names.
-        let between = manifest
+        // HBONE between nodes: on with a source and the node the DaemonSet names; the manifest's
+        // commented flag turns it off.
+        let off = manifest
             .lines()
             .filter_map(|l| l.trim().strip_prefix("#   - "))
             .find(|f| f.starts_with("--hbone-between-nodes"))
             .expect("the commented --hbone-between-nodes");
-        let run = run_args(&[between, "--identity-dir", "/ids", "--node-name", "node-1"]).unwrap();
-        assert!(run.identity.hbone_between_nodes);
+        let ids = ["--identity-dir", "/ids"];
+        let run = run_args(&[off, ids[0], ids[1]]).unwrap();
+        assert_eq!(hbone_node(&run.identity, Some("n")).unwrap(), None);
+        // The flag alone insists on both.
+        let on = run_args(&["--hbone-between-nodes", ids[0], ids[1]]).unwrap();
+        assert_eq!(on.identity.hbone_between_nodes, HboneBetweenNodes::On);
         assert!(
-            run_args(&[between, "--identity-dir", "/ids"]).is_err()
-                || std::env::var_os("NODE_NAME").is_some(),
+            hbone_node(&on.identity, None).is_err(),
             "needs the node's name"
+        );
+        let on = run_args(&["--hbone-between-nodes"]).unwrap();
+        assert!(
+            hbone_node(&on.identity, Some("n")).is_err(),
+            "needs certificates"
+        );
+        // By default: on with certificates and the node's name, plaintext without either.
+        let auto = run_args(&ids).unwrap();
+        assert_eq!(auto.identity.hbone_between_nodes, HboneBetweenNodes::Auto);
+        assert_eq!(
+            hbone_node(&auto.identity, Some("n")).unwrap().as_deref(),
+            Some("n")
+        );
+        assert_eq!(hbone_node(&auto.identity, None).unwrap(), None);
+        assert_eq!(
+            hbone_node(&run_args(&[]).unwrap().identity, Some("n")).unwrap(),
+            None
         );
     }
 

@@ -310,7 +310,25 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     // A Pod of another node is an endpoint or a workload address, never a client here: its uid
     // (which ties a client to its cgroup), node and age are not kept.
     let meta_fields: &[&str] = match kind {
-        Kind::PodElsewhere => &["name", "namespace", "labels"],
+        // Of the annotations, whether it has a sidecar (cut below); the owner names its workload.
+        Kind::PodElsewhere => &[
+            "name",
+            "namespace",
+            "labels",
+            "annotations",
+            "generateName",
+            "ownerReferences",
+        ],
+        Kind::Pod => &[
+            "name",
+            "namespace",
+            "labels",
+            "creationTimestamp",
+            "uid",
+            "annotations",
+            "generateName",
+            "ownerReferences",
+        ],
         // Of the annotations, a policy's dry run (cut below).
         Kind::AuthorizationPolicy => &[
             "name",
@@ -325,7 +343,21 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
     if let Some(Value::Object(meta)) = object.remove("metadata") {
         let mut meta = keep(meta, meta_fields);
         if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
-            *annotations = keep(std::mem::take(annotations), &[config::DRY_RUN_ANNOTATION]);
+            let read = match kind {
+                Kind::AuthorizationPolicy => config::DRY_RUN_ANNOTATION,
+                _ => config::SIDECAR_STATUS_ANNOTATION,
+            };
+            *annotations = keep(std::mem::take(annotations), &[read]);
+            if annotations.is_empty() {
+                meta.remove("annotations");
+            }
+        }
+        if let Some(Value::Array(owners)) = meta.get_mut("ownerReferences") {
+            for owner in owners.iter_mut() {
+                if let Value::Object(o) = owner {
+                    *o = keep(std::mem::take(o), &["kind", "name", "controller"]);
+                }
+            }
         }
         slim.insert("metadata".into(), Value::Object(meta));
     }
@@ -390,8 +422,8 @@ fn strip_pod(
         let containers = spec.remove("containers");
         let node_fields: &[&str] = match kind {
             // A client's service account names its workload identity (HBONE).
-            Kind::Pod => &["nodeName", "serviceAccountName"],
-            _ => &[],
+            Kind::Pod => &["nodeName", "serviceAccountName", "hostNetwork"],
+            _ => &["hostNetwork"],
         };
         let mut kept = keep(spec, node_fields);
         if let Some(Value::Array(containers)) = containers {

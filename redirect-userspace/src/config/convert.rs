@@ -23,6 +23,16 @@ pub(crate) struct RawMeta {
     /// Set when the API server made up the name (a controller's Pods): read by Pods only.
     pub generate_name: Option<String>,
     pub owner_references: Option<Vec<RawOwnerReference>>,
+    /// Of the annotations, only what Pods read (every other key is skipped).
+    pub annotations: Option<RawAnnotations>,
+}
+
+/// The annotations a Pod is read for.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct RawAnnotations {
+    /// Set by Istio's sidecar injector: the Pod has a sidecar, its own data plane.
+    #[serde(rename = "sidecar.istio.io/status")]
+    pub sidecar_status: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -29,6 +29,7 @@ pub struct PodRef<'a> {
     pub labels: &'a Arc<Labels>,
     pub ports: &'a Arc<BTreeMap<String, u16>>,
     pub workload_name: Option<&'a Arc<str>>,
+    pub never_enrolled: bool,
 }
 
 impl<'a> PodRef<'a> {
@@ -47,6 +48,7 @@ impl PodRef<'_> {
             labels: self.labels.clone(),
             ports: self.ports.clone(),
             workload_name: self.workload_name.cloned(),
+            never_enrolled: self.never_enrolled,
         }
     }
 
@@ -68,6 +70,7 @@ impl PodRef<'_> {
             ports: (**self.ports).clone(),
             other_address: None,
             workload_name: self.workload_name.cloned(),
+            never_enrolled: self.never_enrolled,
         }
     }
 
@@ -78,6 +81,7 @@ impl PodRef<'_> {
             && self.labels == &pod.labels
             && self.ports == &pod.ports
             && self.workload_name == pod.workload_name.as_ref()
+            && self.never_enrolled == pod.never_enrolled
     }
 }
 
@@ -90,6 +94,7 @@ impl PodElsewhere {
             labels: &self.labels,
             ports: &self.ports,
             workload_name: self.workload_name.as_ref(),
+            never_enrolled: self.never_enrolled,
         }
     }
 
@@ -118,6 +123,7 @@ struct Packed {
     labels: Arc<Labels>,
     ports: Arc<BTreeMap<String, u16>>,
     workload_name: Option<Arc<str>>,
+    never_enrolled: bool,
 }
 
 impl PodGroup {
@@ -161,6 +167,7 @@ impl PodGroup {
             labels: &packed.labels,
             ports: &packed.ports,
             workload_name: packed.workload_name.as_ref(),
+            never_enrolled: packed.never_enrolled,
         })
     }
 
@@ -202,6 +209,7 @@ impl PodGroup {
                 labels: pod.labels.clone(),
                 ports: pod.ports.clone(),
                 workload_name: pod.workload_name.cloned(),
+                never_enrolled: pod.never_enrolled,
             },
         );
     }
@@ -385,6 +393,7 @@ mod tests {
             labels: Arc::default(),
             ports: Arc::default(),
             workload_name: None,
+            never_enrolled: false,
         }
     }
 
@@ -491,6 +500,7 @@ mod tests {
                 labels: Arc::new(Labels::from([("app".to_string(), app.to_string())])),
                 ports: Arc::default(),
                 workload_name: (app == 1).then(|| Arc::from("web")),
+                never_enrolled: app == 2,
             }
         }
 

@@ -153,6 +153,7 @@ pub(super) struct RawPodSpec {
     pub(super) node_name: Option<String>,
     pub(super) service_account_name: Option<String>,
     pub(super) containers: Option<Vec<RawContainer>>,
+    pub(super) host_network: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -198,6 +199,9 @@ impl RawPod {
     pub(crate) fn convert(self, ctx: &mut Ctx<'_>) -> Option<Workload> {
         let before = ctx.error_count();
         let workload_name = self.metadata.as_ref().and_then(workload_name);
+        let sidecar = (self.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .is_some_and(|a| a.sidecar_status.is_some());
         let meta = convert::meta(ctx, self.metadata, true);
         let spec = self.spec.unwrap_or_default();
         let status = self.status.unwrap_or_default();
@@ -249,6 +253,7 @@ impl RawPod {
             ports,
             other_address: None,
             workload_name,
+            never_enrolled: sidecar || spec.host_network == Some(true),
         })
     }
 }

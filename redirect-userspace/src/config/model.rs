@@ -358,10 +358,29 @@ pub struct Workload {
     /// What Istio's telemetry names the workload (a Deployment's Pods after the Deployment, see
     /// `docs/observability.md#istio-metrics`), when that is not the object's own name.
     pub workload_name: Option<Arc<str>>,
+    /// A Pod with a data plane of its own, never enrolled in ambient mode: an Istio sidecar (the
+    /// `sidecar.istio.io/status` annotation) or the node's network (`hostNetwork`).
+    pub never_enrolled: bool,
 }
 
 /// Istio's label for a pod the data plane must not capture; `none` opts out.
 pub(crate) const DATAPLANE_MODE_LABEL: &str = "istio.io/dataplane-mode";
+
+/// The annotation Istio's sidecar injector sets on a Pod it gave a sidecar.
+pub(crate) const SIDECAR_STATUS_ANNOTATION: &str = "sidecar.istio.io/status";
+
+/// Istio's label on a Namespace or a Pod enrolling it in ambient mode (`ambient`).
+pub(crate) const DATAPLANE_AMBIENT: &str = "ambient";
+
+/// Whether a Pod is in the ambient mesh, as Istio decides it: its namespace or itself labelled
+/// `istio.io/dataplane-mode: ambient`, not opted out with `none`, and no data plane of its own
+/// (`docs/data-plane.md#who-is-in-the-mesh`).
+pub(crate) fn enrolled(pod_labels: &Labels, never_enrolled: bool, namespace_ambient: bool) -> bool {
+    let mode = pod_labels.get(DATAPLANE_MODE_LABEL).map(String::as_str);
+    !never_enrolled
+        && mode != Some("none")
+        && (namespace_ambient || mode == Some(DATAPLANE_AMBIENT))
+}
 
 impl Workload {
     /// The workload name Istio's telemetry gives it.
@@ -397,6 +416,8 @@ pub struct PodElsewhere {
     pub ports: Arc<BTreeMap<String, u16>>,
     /// Its workload name for Istio's telemetry when not its own (shared by a Deployment's Pods).
     pub workload_name: Option<Arc<str>>,
+    /// As [`Workload::never_enrolled`].
+    pub never_enrolled: bool,
 }
 
 impl PodElsewhere {
@@ -408,6 +429,7 @@ impl PodElsewhere {
             labels: Arc::new(pod.meta.labels.clone()),
             ports: Arc::new(pod.ports.clone()),
             workload_name: pod.workload_name.clone(),
+            never_enrolled: pod.never_enrolled,
         }
     }
 }

@@ -572,6 +572,7 @@ impl RawWorkloadEntry {
             ports,
             other_address: address.filter(|a| !matches!(a, WorkloadAddress::Ip(_))),
             workload_name,
+            never_enrolled: false,
         })
     }
 }

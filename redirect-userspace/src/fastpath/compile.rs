@@ -10,8 +10,8 @@ use ipnet::IpNet;
 
 use redirect_common::fastpath::{
     ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, ACTION_PROXY, AddrKey, Backend, Claim, Config,
-    FAMILY_V4, FAMILY_V6, IpKey, MAX_ENDPOINTS, NS_PROXY, NS_UNKNOWN, PortKey, WORKLOAD_DIRECT,
-    WORKLOAD_GUARDED, WORKLOAD_PROXY,
+    FAMILY_V4, FAMILY_V6, IpKey, MAX_ENDPOINTS, NS_ENROLLED, NS_PROXY, NS_UNKNOWN, PortKey,
+    WORKLOAD_DIRECT, WORKLOAD_GUARDED, WORKLOAD_HBONE, WORKLOAD_PROXY,
 };
 
 use super::{
@@ -211,8 +211,10 @@ impl Workloads {
             .workload_destinations()
             .map(|ip| {
                 let authz = snapshot.authz();
-                let class = if snapshot.hbone_peer(ip).is_some() || authz.proxy_only(ip) {
+                let class = if authz.proxy_only(ip) {
                     WORKLOAD_PROXY
+                } else if snapshot.hbone_peer(ip).is_some() {
+                    WORKLOAD_HBONE
                 } else if authz.pod(ip).is_some() {
                     WORKLOAD_GUARDED
                 } else {
@@ -494,8 +496,8 @@ impl<'s> Compiler<'s> {
         }
         // The namespaces needing least first (then by name): a big one cannot crowd out small ones.
         candidates.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
-        // Ids stop short of `NS_PROXY`.
-        let room = self.limits.namespaces.min(NS_PROXY as usize - 1);
+        // Ids stop short of `NS_ENROLLED` (a bit of a client's entry, beside its id).
+        let room = self.limits.namespaces.min(NS_ENROLLED as usize - 1);
         for (_, ns, own, reported) in candidates {
             let share = self.limits.namespace_bytes;
             let fits = own.is_empty() || self.stats.namespaces < room;

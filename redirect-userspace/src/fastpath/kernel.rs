@@ -3,8 +3,8 @@
 use std::net::IpAddr;
 
 use redirect_common::fastpath::{
-    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, IpKey, NS_PROXY, NS_UNKNOWN,
-    PortKey, WORKLOAD_PROXY,
+    ACTION_NONE, ACTION_PASSTHROUGH, ACTION_PORTS, AddrKey, Claim, IpKey, NS_ENROLLED, NS_PROXY,
+    NS_UNKNOWN, PortKey, WORKLOAD_HBONE, WORKLOAD_PROXY,
 };
 
 #[cfg(test)]
@@ -60,6 +60,8 @@ pub(crate) fn decide_hidden(
     if tables.config.proxy_everything != 0 || ns == NS_PROXY {
         return (FastDecision::Proxy, None);
     }
+    let enrolled = ns & NS_ENROLLED != 0;
+    let ns = ns & !NS_ENROLLED;
     let ip = IpKey::new(ip);
     let own = AddrKey { ns, ip };
     let shared = AddrKey { ns: NS_UNKNOWN, ip };
@@ -78,7 +80,7 @@ pub(crate) fn decide_hidden(
             network.filter(|c| c.action != ACTION_NONE)
         }
     };
-    let fast = decide_claim(tables, claim, ip, port);
+    let fast = decide_claim(tables, claim, ip, port, enrolled);
     match fast {
         FastDecision::Proxy => (fast, None),
         _ => (fast, hidden),
@@ -90,12 +92,20 @@ fn decide_claim<'t>(
     claim: Option<&Claim>,
     ip: IpKey,
     port: u16,
+    enrolled: bool,
 ) -> FastDecision<'t> {
+    // Only the proxy may carry a connection there: under authorization it decides, or over HBONE
+    // from a client in the mesh.
+    let proxy_only = |class: Option<&u8>| match class {
+        Some(&WORKLOAD_PROXY) => true,
+        Some(&WORKLOAD_HBONE) => enrolled,
+        _ => false,
+    };
     let Some(claim) = claim else {
         // Left alone either way: the table only counts workloads apart (one it had no room for
         // is counted as a passthrough).
         return match tables.workloads.get(&ip) {
-            Some(&WORKLOAD_PROXY) => FastDecision::Proxy,
+            class if proxy_only(class) => FastDecision::Proxy,
             Some(_) => FastDecision::Workload,
             None => FastDecision::Passthrough,
         };
@@ -104,7 +114,7 @@ fn decide_claim<'t>(
     match claim.action {
         // A network passed through may hold a Pod only the proxy may carry a connection to.
         ACTION_PASSTHROUGH => match tables.workloads.get(&ip) {
-            Some(&WORKLOAD_PROXY) => FastDecision::Proxy,
+            class if proxy_only(class) => FastDecision::Proxy,
             _ => FastDecision::Passthrough,
         },
         ACTION_PORTS => match tables.ports.get(&PortKey::new(claim.service, port)) {

@@ -12,7 +12,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use redirect_common::fastpath::{
-    ACTION_NONE, ACTION_PORTS, AddrKey, Claim, IpKey, NS_PROXY, NS_UNKNOWN,
+    ACTION_NONE, ACTION_PORTS, AddrKey, Claim, IpKey, NS_ENROLLED, NS_UNKNOWN,
 };
 
 use super::{
@@ -257,7 +257,7 @@ impl Patch<'_, '_> {
         let bytes = out.exact.len() * entry_bytes("exact")
             + out.cidrs.len() * entry_bytes("cidrs")
             + out.ports.len() * entry_bytes("ports");
-        let room = limits.namespaces.min(NS_PROXY as usize - 1);
+        let room = limits.namespaces.min(NS_ENROLLED as usize - 1);
         let fits = out.exact.len() <= limits.exact
             && out.ports.len() <= limits.ports
             && bytes <= limits.bytes
@@ -269,7 +269,7 @@ impl Patch<'_, '_> {
 /// The number a namespace new to the tables takes.
 fn next_id(tables: &Tables) -> Option<NsId> {
     let next = tables.namespaces.values().max().map_or(1, |id| id + 1);
-    (next < NS_PROXY).then_some(next)
+    (next < NS_ENROLLED).then_some(next)
 }
 
 /// Whether an entry of `tables` leads to the rewrites of service `id`: the shared one or its

@@ -21,7 +21,8 @@ use std::{
 };
 
 use redirect_common::fastpath::{
-    AddrKey, Backend, Backends, Claim, Config, IpKey, LpmBytes, MAX_ENDPOINTS, NS_UNKNOWN, PortKey,
+    AddrKey, Backend, Backends, Claim, Config, IpKey, LpmBytes, MAX_ENDPOINTS, NS_ENROLLED,
+    NS_PROXY, NS_UNKNOWN, PortKey,
 };
 
 use super::lpm::LpmTrie;
@@ -114,19 +115,26 @@ impl Clients {
     }
 
     /// Records the namespace of a pod cgroup (a namespace that claims no address gets
-    /// [`NS_UNKNOWN`]: its clients see what every client sees). A cgroup that does not fit is
-    /// missing, and a missing cgroup goes to the proxy.
+    /// [`NS_UNKNOWN`]: its clients see what every client sees), and whether the pod is in the
+    /// ambient mesh ([`NS_ENROLLED`]). A cgroup that does not fit is missing, and a missing cgroup
+    /// goes to the proxy.
     pub(crate) fn set(
         &mut self,
         tables: &Tables,
         cgroup: u64,
         namespace: &str,
+        enrolled: bool,
     ) -> Result<(), ClientsFull> {
         if self.entries.len() >= self.max && !self.entries.contains_key(&cgroup) {
             self.incomplete = true;
             return Err(ClientsFull(self.max));
         }
-        self.entries.insert(cgroup, tables.namespace_id(namespace));
+        let id = tables.namespace_id(namespace);
+        let entry = match enrolled && id != NS_PROXY {
+            true => id | NS_ENROLLED,
+            false => id,
+        };
+        self.entries.insert(cgroup, entry);
         Ok(())
     }
 

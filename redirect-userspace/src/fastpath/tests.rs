@@ -163,6 +163,7 @@ fn kernel_with(
             tables,
             CGROUP,
             client.unwrap_or("a-namespace-claiming-nothing"),
+            false,
         )
         .unwrap();
     let fast = decide(tables, &clients, CGROUP, ip(dst), port);
@@ -553,8 +554,8 @@ fn a_namespace_claiming_nothing_shares_the_unknown_view_and_an_unnamed_cgroup_go
     assert_ne!(t.namespace_id("ns-c"), NS_UNKNOWN);
     assert_eq!(t.namespace_id("ns-d"), NS_UNKNOWN);
     let mut c = Clients::new(&t);
-    c.set(&t, 1, "ns-d").unwrap();
-    c.set(&t, 2, "ns-c").unwrap();
+    c.set(&t, 1, "ns-d", false).unwrap();
+    c.set(&t, 2, "ns-c", false).unwrap();
     assert_eq!(c.get(1), Some(NS_UNKNOWN));
     assert_eq!(c.len(), 2);
     let dst = ip("203.0.113.10");
@@ -834,8 +835,8 @@ fn full_client_table_sends_unregistered_cgroups_to_the_proxy() {
     };
     let (_, t, _) = limited(&objects, limits);
     let mut c = Clients::new(&t);
-    c.set(&t, 1, "ns-c").unwrap();
-    assert_eq!(c.set(&t, 2, "ns-c"), Err(ClientsFull(1)));
+    c.set(&t, 1, "ns-c", false).unwrap();
+    assert_eq!(c.set(&t, 2, "ns-c", false), Err(ClientsFull(1)));
     let installed = Install {
         tables: std::sync::Arc::new(t.clone()),
         clients: std::sync::Arc::new(c.clone()),
@@ -958,12 +959,13 @@ fn a_service_bound_to_a_known_waypoint_goes_to_the_proxy_and_otherwise_stays_a_r
     assert!(api.waypoint.is_some() && api.waypoint_route().is_none());
 }
 
-/// With HBONE between nodes, the workload table marks the other nodes' Pods: a connection to one
-/// goes to the proxy (which tunnels it), while this node's Pods are still left alone.
+/// With HBONE between nodes, the workload table marks the other nodes' Pods in the mesh: a
+/// connection to one from a client in the mesh goes to the proxy (which tunnels it), from any other
+/// client it is left alone, as are this node's Pods and Pods outside the mesh.
 #[test]
-fn the_other_nodes_pods_are_marked_for_the_proxy_and_this_nodes_left_alone() {
-    use redirect_common::fastpath::{WORKLOAD_DIRECT, WORKLOAD_PROXY};
-    let pods = "apiVersion: v1\nkind: Pod\nmetadata: {name: here, namespace: ns-a}\nspec: {nodeName: node-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: there, namespace: ns-b}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.1}\n";
+fn the_other_nodes_pods_in_the_mesh_are_marked_for_the_proxy_and_enrolled_clients() {
+    use redirect_common::fastpath::{NS_ENROLLED, WORKLOAD_DIRECT, WORKLOAD_HBONE};
+    let pods = "apiVersion: v1\nkind: Namespace\nmetadata: {name: ns-b, labels: {istio.io/dataplane-mode: ambient}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: here, namespace: ns-a}\nspec: {nodeName: node-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: there, namespace: ns-b}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: ns-a}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.2}\n";
     let yaml = format!("{HEADER}---\n{pods}");
     let mut model = load_sources([("w.yaml", yaml.as_str())]).unwrap();
     let (plain, _) = compile(&Snapshot::from_model(&model), Limits::default());
@@ -977,11 +979,28 @@ fn the_other_nodes_pods_are_marked_for_the_proxy_and_this_nodes_left_alone() {
             .copied()
     };
     assert_eq!(class("10.0.1.1"), Some(WORKLOAD_DIRECT));
-    assert_eq!(class("10.0.2.1"), Some(WORKLOAD_PROXY));
+    assert_eq!(class("10.0.2.1"), Some(WORKLOAD_HBONE));
+    assert_eq!(class("10.0.2.2"), Some(WORKLOAD_DIRECT), "outside the mesh");
     let ns = tables.namespace_id("ns-a");
-    let to = |ip: &str| super::kernel::decide_for(&tables, ns, ip.parse().unwrap(), 80);
-    assert!(matches!(to("10.0.1.1"), FastDecision::Workload));
-    assert!(matches!(to("10.0.2.1"), FastDecision::Proxy));
+    let to = |ns, ip: &str| super::kernel::decide_for(&tables, ns, ip.parse().unwrap(), 80);
+    for client in [ns, ns | NS_ENROLLED] {
+        assert!(matches!(to(client, "10.0.1.1"), FastDecision::Workload));
+        assert!(matches!(to(client, "10.0.2.2"), FastDecision::Workload));
+    }
+    assert!(matches!(
+        to(ns | NS_ENROLLED, "10.0.2.1"),
+        FastDecision::Proxy
+    ));
+    assert!(
+        matches!(to(ns, "10.0.2.1"), FastDecision::Workload),
+        "a client outside the mesh goes straight, in plaintext"
+    );
+    // The client table carries the bit beside the namespace's number.
+    let mut clients = Clients::new(&tables);
+    clients.set(&tables, 1, "ns-a", true).unwrap();
+    clients.set(&tables, 2, "ns-a", false).unwrap();
+    assert_eq!(clients.get(1), Some(ns | NS_ENROLLED));
+    assert_eq!(clients.get(2), Some(ns));
 }
 
 /// A Pod of this node under an authorization policy is marked guarded: the kernel leaves a

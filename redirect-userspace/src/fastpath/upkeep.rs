@@ -463,7 +463,11 @@ fn with_clients(
         let Some(pod) = by_uid.get(uid) else {
             continue;
         };
-        if clients.set(tables, *cgroup, &pod.meta.namespace).is_err() {
+        let enrolled = snapshot.enrolled(pod);
+        if clients
+            .set(tables, *cgroup, &pod.meta.namespace, enrolled)
+            .is_err()
+        {
             left_out += 1;
             continue;
         }

@@ -320,8 +320,10 @@ async fn route(
     // its own addresses, or what the operator denies.
     let (first, fallback) = allowed(context, peer, orig, first, fallback)
         .ok_or(Refused::error("destination refused"))?;
+    // Over HBONE only from a Pod in the mesh to a Pod in the mesh; plaintext otherwise, as ztunnel.
     let via = snapshot
         .hbone_peer(first.ip())
+        .filter(|_| who.trusted_workload().is_some_and(|w| snapshot.enrolled(w)))
         .and_then(|namespace| to_other_node(context, &who, peer.ip(), namespace, first));
     let first = match via {
         Some(_) => SocketAddr::new(first.ip(), crate::hbone::PORT),

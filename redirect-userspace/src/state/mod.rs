@@ -101,6 +101,7 @@ impl Snapshot {
             model.workloads.clone(),
             model.pods_elsewhere.clone(),
             &resolution.discovery,
+            &model.namespaces,
             model.hbone_node.as_deref(),
         );
         Self::of(model, services(model, resolution), Arc::new(workloads))
@@ -115,6 +116,7 @@ impl Snapshot {
             model.workloads.clone(),
             model.pods_elsewhere.clone(),
             &discovery,
+            &model.namespaces,
             model.hbone_node.as_deref(),
         );
         Self::of(model, self.services.clone(), Arc::new(workloads))
@@ -259,6 +261,12 @@ impl Snapshot {
     /// there goes over HBONE to `ip` on port 15008.
     pub fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
         self.workloads.hbone_peer(ip.to_canonical())
+    }
+
+    /// Whether `w` is a Pod in the ambient mesh: its connections to the mesh's Pods of other nodes
+    /// go over HBONE.
+    pub fn enrolled(&self, w: &Workload) -> bool {
+        self.workloads.enrolled(w)
     }
 
     /// The Pod of this node at `ip` that receives HBONE, with its service account.

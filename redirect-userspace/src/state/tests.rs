@@ -649,11 +649,12 @@ fn a_pod_of_another_node_is_reached_as_the_workload_it_was_but_is_no_client() {
     assert!(scoped.workload_by_ip(ip("10.0.0.1")).is_none());
 }
 
-/// With HBONE between nodes: another node's Pod (by `nodeName`, or held elsewhere) is an HBONE
-/// peer of its namespace, unless it opts out of capture; this node's Pods (and those naming no
-/// node) receive HBONE; without an HBONE node, nothing is either.
+/// With HBONE between nodes: another node's Pod (by `nodeName`, or held elsewhere) in the ambient
+/// mesh is an HBONE peer of its namespace; one opted out, outside the mesh, with a sidecar or on the
+/// node's network is not; this node's Pods (and those naming no node) receive HBONE; without an
+/// HBONE node, nothing is either.
 #[test]
-fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive() {
+fn hbone_peers_are_the_enrolled_pods_of_other_nodes_and_this_nodes_pods_receive() {
     let pod = |name: &str, ns: &str, node: &str, ip: &str, labels: &str| {
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{{labels}}}}}\nspec: {{nodeName: {node}}}\nstatus: {{podIP: {ip}}}\n---\n"
@@ -670,6 +671,18 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
         pod("waypoint", "a", "node-a", "10.0.1.3", "istio.io/dataplane-mode: none"),
         pod("proxy", "kube-system", "node-b", "192.0.2.2", ""),
         pod("cni", "kube-system", "node-b", "192.0.2.2", ""),
+        pod("plain", "c", "node-b", "10.0.3.1", ""),
+        pod("enrolled", "c", "node-b", "10.0.3.2", "istio.io/dataplane-mode: ambient"),
+        pod("sidecar", "b", "node-b", "10.0.2.3", "").replace(
+            "labels: {}",
+            "labels: {}, annotations: {sidecar.istio.io/status: '{}'}",
+        ),
+        pod("host", "b", "node-b", "10.0.2.4", "").replace(
+            "spec: {nodeName: node-b}",
+            "spec: {nodeName: node-b, hostNetwork: true}",
+        ),
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: b, labels: {istio.io/dataplane-mode: ambient}}\n---\n".to_string(),
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: kube-system, labels: {istio.io/dataplane-mode: ambient}}\n---\n".to_string(),
     ]
     .concat();
     let mut model = load_sources([("p.yaml", pods.as_str())]).unwrap();
@@ -686,6 +699,18 @@ fn hbone_peers_are_the_captured_pods_of_other_nodes_and_this_nodes_pods_receive(
         snap.hbone_peer(ip("10.0.2.2")),
         None,
         "opted out: reached directly"
+    );
+    assert_eq!(snap.hbone_peer(ip("10.0.3.1")), None, "outside the mesh");
+    assert_eq!(
+        snap.hbone_peer(ip("10.0.3.2")),
+        Some("c"),
+        "enrolled by its own label"
+    );
+    assert_eq!(snap.hbone_peer(ip("10.0.2.3")), None, "a sidecar's Pod");
+    assert_eq!(
+        snap.hbone_peer(ip("10.0.2.4")),
+        None,
+        "on the node's network"
     );
     assert_eq!(
         snap.hbone_peer(ip("fd00::2:1")),

@@ -3,13 +3,16 @@
 //! discover is still a client (its namespace is known on the node), but no destination. Pods of
 //! other nodes that no selector needs are destinations only.
 use std::{
-    collections::HashMap,
+    collections::{BTreeMap, HashMap, HashSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::Arc,
 };
 
 use crate::{
-    config::{Labels, PodGroup, PodsElsewhere, Workload, WorkloadKind, opts_out_of_capture},
+    config::{
+        DATAPLANE_AMBIENT, DATAPLANE_MODE_LABEL, Labels, Namespace, PodGroup, PodsElsewhere,
+        Workload, WorkloadKind, enrolled,
+    },
     visibility::Discovery,
 };
 
@@ -61,6 +64,8 @@ pub(crate) struct WorkloadStore {
     elsewhere_by_ip: ByAddress,
     /// With HBONE between nodes, the node this agent serves.
     hbone_node: Option<Arc<str>>,
+    /// The namespaces labelled `istio.io/dataplane-mode: ambient`: their Pods are in the mesh.
+    ambient_namespaces: HashSet<Arc<str>>,
 }
 
 /// Where a Pod elsewhere is: its group in [`WorkloadStore::elsewhere`], its place there.
@@ -149,6 +154,7 @@ impl WorkloadStore {
         workloads: Vec<Arc<Workload>>,
         elsewhere: PodsElsewhere,
         discovery: &Discovery,
+        namespaces: &BTreeMap<String, Namespace>,
         hbone_node: Option<&str>,
     ) -> Self {
         // Sized once: a model of 10,000 pods is not rehashed on the way.
@@ -192,12 +198,25 @@ impl WorkloadStore {
             elsewhere: groups,
             elsewhere_by_ip: ByAddress::new(places.into_iter()),
             hbone_node: hbone_node.map(Arc::from),
+            ambient_namespaces: (namespaces.values())
+                .filter(|ns| {
+                    ns.labels.get(DATAPLANE_MODE_LABEL).map(String::as_str)
+                        == Some(DATAPLANE_AMBIENT)
+                })
+                .map(|ns| Arc::from(ns.name.as_str()))
+                .collect(),
         }
     }
 
+    /// Whether `w` is a Pod in the ambient mesh (`config::enrolled`).
+    pub(super) fn enrolled(&self, w: &Workload) -> bool {
+        let ambient = self.ambient_namespaces.contains(w.meta.namespace.as_str());
+        w.kind == WorkloadKind::Pod && enrolled(&w.meta.labels, w.never_enrolled, ambient)
+    }
+
     /// With HBONE between nodes, the namespace of the Pod of another node a connection to `ip`
-    /// reaches, which that node's data plane receives over HBONE. A Pod that opts out of capture
-    /// has no data plane in front of it: it is reached directly, as is everything else. IPv4 only:
+    /// reaches, which that node's data plane receives over HBONE: a Pod in the mesh. Any other
+    /// (not enrolled, opted out, with a sidecar) is reached directly, as is everything else. IPv4 only:
     /// the receiving side routes and listens for IPv4, so an IPv6 address is reached directly.
     pub(super) fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
         let node = self.hbone_node.as_deref()?;
@@ -219,12 +238,12 @@ impl WorkloadStore {
                 Some(at) => at != node,
                 None => w.service_account.is_none(),
             };
-            return (w.kind == WorkloadKind::Pod && elsewhere && !w.opts_out_of_capture())
-                .then_some(w.meta.namespace.as_str());
+            return (elsewhere && self.enrolled(w)).then_some(w.meta.namespace.as_str());
         }
         let (group, i) = self.elsewhere_by_ip.get(ip)?;
         let pod = self.elsewhere[group as usize].get(i as usize)?;
-        (!opts_out_of_capture(pod.labels)).then_some(&**pod.namespace)
+        let ambient = self.ambient_namespaces.contains(&**pod.namespace);
+        enrolled(pod.labels, pod.never_enrolled, ambient).then_some(&**pod.namespace)
     }
 
     /// The Pod of this node at `ip` whose identity the agent presents to HBONE peers: one with a

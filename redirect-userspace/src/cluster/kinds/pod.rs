@@ -274,6 +274,7 @@ mod tests {
             got,
             json!({
                 "metadata": {
+                    "annotations": {},
                     "name": "web-1", "namespace": "team-a", "resourceVersion": "42",
                     "uid": "3f1c2a9e-7b4d-4c1a-9e2f-a1a1a1a1a1a1",
                     "creationTimestamp": "2024-05-01T12:00:00Z",

@@ -46,6 +46,7 @@ impl Interner {
             labels: intern(&mut self.labels, &pod.labels),
             ports: intern(&mut self.ports, &pod.ports),
             workload_name: (pod.workload_name).map(|name| intern(&mut self.workload_names, &name)),
+            never_enrolled: pod.never_enrolled,
         }
     }
 
@@ -71,6 +72,7 @@ mod tests {
             labels: Arc::new(Labels::from([("app".to_string(), "web".to_string())])),
             ports: Arc::new(BTreeMap::new()),
             workload_name: Some(Arc::from("web")),
+            never_enrolled: false,
         }
     }
 

@@ -47,6 +47,10 @@ const POD_META: Keep = Fields(&[
     ("resourceVersion", All),
     ("generateName", All),
     (
+        "annotations",
+        Fields(&[(super::SIDECAR_STATUS_ANNOTATION, All)]),
+    ),
+    (
         "ownerReferences",
         Each(&Fields(&[
             ("kind", All),
@@ -65,6 +69,7 @@ pub(crate) const POD: Keep = Fields(&[
         Fields(&[
             ("nodeName", All),
             ("serviceAccountName", All),
+            ("hostNetwork", All),
             (
                 "containers",
                 Each(&Fields(&[(

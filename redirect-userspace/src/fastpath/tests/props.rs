@@ -247,7 +247,7 @@ fn check(snap: &Snapshot, limits: Limits, complete: bool) -> Result<usize, TestC
             let cgroup = i as u64 + 1;
             if let Some(ns) = ns {
                 // A full table is counted by the agent; the kernel then sends misses to the proxy.
-                let _ = installed.set(&tables, cgroup, ns);
+                let _ = installed.set(&tables, cgroup, ns, false);
             }
             (cgroup, ns)
         })
