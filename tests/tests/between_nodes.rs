@@ -64,7 +64,8 @@ fn cluster() -> String {
 struct Nodes {
     agent_a: Agent,
     agent_b: Agent,
-    /// What node b's agent was started with (a successor is started alike).
+    /// What each node's agent was started with (a successor is started alike).
+    args_a: Vec<String>,
     args_b: Vec<String>,
     _web: Peer,
     ca: TestCa,
@@ -108,12 +109,13 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
     let start = |topo: &Topology, args: &[String]| -> Result<Agent> {
         Agent::start(topo, &args.iter().map(String::as_str).collect::<Vec<_>>())
     };
-    let args_b = args(&b, "node-b")?;
-    let agent_a = start(&a, &args(&a, "node-a")?)?;
+    let (args_a, args_b) = (args(&a, "node-a")?, args(&b, "node-b")?);
+    let agent_a = start(&a, &args_a)?;
     let agent_b = start(&b, &args_b)?;
     Ok(Nodes {
         agent_a,
         agent_b,
+        args_a,
         args_b,
         _web: web,
         ca,
@@ -383,6 +385,7 @@ fn other_ports_pass_to_the_pod_and_the_routing_goes_with_the_agent() -> Result<(
     let Nodes {
         agent_a,
         agent_b,
+        args_a: _,
         args_b: _,
         _web,
         ca: _,
@@ -432,6 +435,7 @@ fn a_successor_takes_over_receiving_and_the_routing_stays_in_place() -> Result<(
     let Nodes {
         agent_a,
         agent_b,
+        args_a: _,
         args_b,
         _web,
         ca: _,
@@ -460,5 +464,76 @@ fn a_successor_takes_over_receiving_and_the_routing_stays_in_place() -> Result<(
     let received = successor.metrics()?.get_or_zero(&inbound("ok"));
     ensure!(received >= 1.0, "the successor received {received} streams");
     drop((agent_a, successor, _web));
+    Ok(())
+}
+
+/// A rollout of both nodes' agents under HBONE traffic fails no connection: a1 (known to the proxy
+/// by its address) and a2 (known to the kernel by its cgroup) connect to b1 in a loop while node
+/// b's agent, then node a's, is handed over to a successor and the old one stops. Every connection
+/// is answered by b1, and the successors carry streams over HBONE.
+#[test]
+fn a_rollout_of_both_agents_under_hbone_traffic_fails_no_connection() -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Nodes {
+        agent_a,
+        agent_b,
+        args_a,
+        args_b,
+        _web,
+        ca: _,
+        a,
+        b,
+    } = nodes(&[])?;
+    let url = format!("http://{B1_WEB}/");
+    let stop = AtomicBool::new(false);
+    let (answered, failures, successor_a, successor_b) = std::thread::scope(|scope| {
+        let traffic = scope.spawn(|| {
+            let (mut answered, mut failures) = (0, Vec::new());
+            for pod in [A1.0, A2.0].iter().cycle() {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                match curl_body(a.pod(pod), &url) {
+                    Ok(body) if body == "web-b1" => answered += 1,
+                    Ok(body) => failures.push(format!("{pod}: answered {body:?}")),
+                    Err(e) => failures.push(format!("{pod}: {e:#}")),
+                }
+            }
+            (answered, failures)
+        });
+        let pause = || std::thread::sleep(pace::scaled(Duration::from_millis(500)));
+        let hand_over = |topo: &Topology, args: &[String], old: Agent| -> Result<Agent> {
+            pause();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let successor = Agent::start_successor(topo, &args)?;
+            pause();
+            old.terminate_async();
+            old.wait_exit(Duration::from_secs(60))?;
+            Ok(successor)
+        };
+        let successors =
+            hand_over(&b, &args_b, agent_b).and_then(|b| Ok((hand_over(&a, &args_a, agent_a)?, b)));
+        pause();
+        stop.store(true, Ordering::Relaxed);
+        let (answered, failures) = traffic.join().unwrap_or_default();
+        successors.map(|(a, b)| (answered, failures, a, b))
+    })?;
+    ensure!(
+        failures.is_empty(),
+        "{} of {} connections failed across the rollout: {failures:#?}",
+        failures.len(),
+        answered + failures.len()
+    );
+    ensure!(
+        answered >= 10,
+        "only {answered} connections were made across the rollout"
+    );
+    let received = successor_b.metrics()?.get_or_zero(&inbound("ok"));
+    let sent = successor_a.metrics()?.get_or_zero(TUNNELS_OK);
+    ensure!(
+        received >= 1.0 && sent >= 1.0,
+        "the successors carried the traffic over HBONE: node a's opened {sent} tunnels, node b's received {received} streams"
+    );
+    drop((successor_a, successor_b, _web));
     Ok(())
 }

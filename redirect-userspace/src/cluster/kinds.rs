@@ -299,7 +299,8 @@ fn convert_unobserved(kind: Kind, api_version: &str, object: Value) -> Converted
 }
 
 /// The object cut down to the fields the model reads: no managed fields, annotations (but an
-/// AuthorizationPolicy's dry run), container specs or status beyond the pod's addresses. What the
+/// AuthorizationPolicy's dry run and a Pod's sidecar mark), container specs or status beyond the
+/// pod's addresses. What the
 /// API adds later is ignored the same way.
 /// A Pod's fields kept here are the ones [`pod::POD`] reads.
 pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
@@ -307,59 +308,8 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
         return Map::new();
     };
     let mut slim = Map::new();
-    // A Pod of another node is an endpoint or a workload address, never a client here: its uid
-    // (which ties a client to its cgroup), node and age are not kept.
-    let meta_fields: &[&str] = match kind {
-        // Of the annotations, whether it has a sidecar (cut below); the owner names its workload.
-        Kind::PodElsewhere => &[
-            "name",
-            "namespace",
-            "labels",
-            "annotations",
-            "generateName",
-            "ownerReferences",
-        ],
-        Kind::Pod => &[
-            "name",
-            "namespace",
-            "labels",
-            "creationTimestamp",
-            "uid",
-            "annotations",
-            "generateName",
-            "ownerReferences",
-        ],
-        // Of the annotations, a policy's dry run (cut below).
-        Kind::AuthorizationPolicy => &[
-            "name",
-            "namespace",
-            "labels",
-            "creationTimestamp",
-            "uid",
-            "annotations",
-        ],
-        _ => &["name", "namespace", "labels", "creationTimestamp", "uid"],
-    };
     if let Some(Value::Object(meta)) = object.remove("metadata") {
-        let mut meta = keep(meta, meta_fields);
-        if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
-            let read = match kind {
-                Kind::AuthorizationPolicy => config::DRY_RUN_ANNOTATION,
-                _ => config::SIDECAR_STATUS_ANNOTATION,
-            };
-            *annotations = keep(std::mem::take(annotations), &[read]);
-            if annotations.is_empty() {
-                meta.remove("annotations");
-            }
-        }
-        if let Some(Value::Array(owners)) = meta.get_mut("ownerReferences") {
-            for owner in owners.iter_mut() {
-                if let Value::Object(o) = owner {
-                    *o = keep(std::mem::take(o), &["kind", "name", "controller"]);
-                }
-            }
-        }
-        slim.insert("metadata".into(), Value::Object(meta));
+        slim.insert("metadata".into(), Value::Object(strip_meta(kind, meta)));
     }
     let spec = object.remove("spec");
     match kind {
@@ -409,6 +359,62 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
         }
     }
     slim
+}
+
+/// An object's metadata cut down to what the model reads of its kind.
+fn strip_meta(kind: Kind, meta: Map<String, Value>) -> Map<String, Value> {
+    // A Pod of another node is an endpoint or a workload address, never a client here: its uid
+    // (which ties a client to its cgroup), node and age are not kept.
+    let meta_fields: &[&str] = match kind {
+        // Of the annotations, whether it has a sidecar (cut below); the owner names its workload.
+        Kind::PodElsewhere => &[
+            "name",
+            "namespace",
+            "labels",
+            "annotations",
+            "generateName",
+            "ownerReferences",
+        ],
+        Kind::Pod => &[
+            "name",
+            "namespace",
+            "labels",
+            "creationTimestamp",
+            "uid",
+            "annotations",
+            "generateName",
+            "ownerReferences",
+        ],
+        // Of the annotations, a policy's dry run (cut below).
+        Kind::AuthorizationPolicy => &[
+            "name",
+            "namespace",
+            "labels",
+            "creationTimestamp",
+            "uid",
+            "annotations",
+        ],
+        _ => &["name", "namespace", "labels", "creationTimestamp", "uid"],
+    };
+    let mut meta = keep(meta, meta_fields);
+    if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
+        let read = match kind {
+            Kind::AuthorizationPolicy => config::DRY_RUN_ANNOTATION,
+            _ => config::SIDECAR_STATUS_ANNOTATION,
+        };
+        *annotations = keep(std::mem::take(annotations), &[read]);
+        if annotations.is_empty() {
+            meta.remove("annotations");
+        }
+    }
+    if let Some(Value::Array(owners)) = meta.get_mut("ownerReferences") {
+        for owner in owners.iter_mut() {
+            if let Value::Object(o) = owner {
+                *o = keep(std::mem::take(o), &["kind", "name", "controller"]);
+            }
+        }
+    }
+    meta
 }
 
 /// A Pod's spec and status cut to what [`pod::POD`] reads, into `slim`.

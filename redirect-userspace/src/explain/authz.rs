@@ -127,7 +127,13 @@ fn report(
         Over::Auto => match client {
             None => Over::SameNode,
             Some(_) if client_is_local => Over::SameNode,
-            Some(w) if w.ips.iter().any(|ip| snapshot.hbone_peer(*ip).is_some()) => Over::Hbone,
+            // Over HBONE between two Pods of the mesh; anything else comes in plaintext.
+            Some(w)
+                if snapshot.enrolled(pod)
+                    && w.ips.iter().any(|ip| snapshot.hbone_peer(*ip).is_some()) =>
+            {
+                Over::Hbone
+            }
             Some(_) => Over::Plaintext,
         },
         other => other,
