@@ -10,7 +10,7 @@ use anyhow::{Context, Result, ensure};
 use integration::fixtures::{curl_body, curls_moved};
 use integration::pki::TestCa;
 use integration::two_nodes::{self, A1, B1, DAY, TRUST_DOMAIN};
-use integration::world::replace_file;
+use integration::world::{delta, key, replace_file};
 use integration::{Agent, Peer, Topology, pace, peer};
 
 const B1_WEB: &str = "10.244.2.20:8080";
@@ -89,7 +89,11 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
         let identities = topo.scratch_path("identities");
         ca.write_identity_dir(
             &identities,
-            &[("team-a", "default"), ("team-b", "default")],
+            &[
+                ("team-a", "default"),
+                ("team-b", "default"),
+                ("plain", "default"),
+            ],
             DAY,
         )?;
         let config = topo.scratch_path("config");
@@ -203,7 +207,8 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
 /// Encryption follows enrollment (`docs/data-plane.md#who-is-in-the-mesh`), with no flag: a2, in
 /// the mesh and known to node a's kernel by its cgroup, reaches b1 over HBONE (the kernel hands
 /// it to the proxy); p1, of a namespace outside the mesh, and a3, opted out with `none`, reach b1
-/// in plaintext, straight from their own addresses, and node b receives no stream from them.
+/// in plaintext, straight from their own addresses, and node b receives no stream from them. Once
+/// p1's namespace is labelled into the mesh, p1's next connection goes over HBONE.
 #[test]
 fn encryption_follows_enrollment_pods_outside_the_mesh_reach_the_other_node_in_plaintext()
 -> Result<()> {
@@ -251,6 +256,34 @@ fn encryption_follows_enrollment_pods_outside_the_mesh_reach_the_other_node_in_p
         log.lines()
             .any(|l| l.contains(" inbound") && l.contains(&from_a2)),
         "node b's access log has no stream received from a2; log:\n{log}"
+    );
+
+    // p1's namespace joins the mesh: both agents read it on their next reload.
+    let ambient = format!(
+        "{}---\n{}",
+        two_nodes::ambient_namespaces(&["plain"]),
+        cluster()
+    );
+    for (topo, agent) in [(&n.a, &n.agent_a), (&n.b, &n.agent_b)] {
+        let before = agent.metrics()?;
+        replace_file(&topo.scratch_path("config"), "cluster.yaml", &ambient)?;
+        agent.wait_metrics(
+            "a reload with p1's namespace in the mesh",
+            Duration::from_secs(5),
+            |m| delta(&before, m, key::RELOAD_OK) >= 1.0,
+        )?;
+    }
+    let received = n.agent_b.metrics()?.get_or_zero(&inbound("ok"));
+    let seen = curl_body(n.a.pod(P1.0), &peer_url)?;
+    ensure!(
+        seen.starts_with(&format!("{}:", P1.1)),
+        "b1 saw {seen:?} for p1 in the mesh, not p1's address {}",
+        P1.1
+    );
+    let metrics = counted(&n.agent_b, &inbound("ok"), received + 1.0)?;
+    ensure!(
+        metrics.get_or_zero(&inbound("ok")) >= received + 1.0,
+        "p1's namespace is in the mesh now: node b should have received its stream over HBONE"
     );
     Ok(())
 }

@@ -133,7 +133,7 @@ async fn connection(
         let snapshot = context.live.snapshot();
         let pod = snapshot.local_pod(dialled.ip());
         let pod = pod.and_then(|w| super::outbound::workload_identity(&context.hbone, w));
-        (pod, snapshot.hbone_peer(peer.ip()).is_some())
+        (pod, snapshot.other_nodes_pod(peer.ip()))
     };
     let Some(pod) = pod else {
         metrics.inbound("no_workload");

@@ -263,6 +263,12 @@ impl Snapshot {
         self.workloads.hbone_peer(ip.to_canonical())
     }
 
+    /// With HBONE between nodes, whether `ip` is the address of a Pod of another node, in the
+    /// mesh or not: a stream received from it keeps it as its source.
+    pub fn other_nodes_pod(&self, ip: IpAddr) -> bool {
+        self.workloads.other_nodes_pod(ip.to_canonical()).is_some()
+    }
+
     /// Whether `w` is a Pod in the ambient mesh: its connections to the mesh's Pods of other nodes
     /// go over HBONE.
     pub fn enrolled(&self, w: &Workload) -> bool {

@@ -216,16 +216,23 @@ impl WorkloadStore {
 
     /// With HBONE between nodes, the namespace of the Pod of another node a connection to `ip`
     /// reaches, which that node's data plane receives over HBONE: a Pod in the mesh. Any other
-    /// (not enrolled, opted out, with a sidecar) is reached directly, as is everything else. IPv4 only:
-    /// the receiving side routes and listens for IPv4, so an IPv6 address is reached directly.
+    /// (not enrolled, opted out, with a sidecar) is reached directly, as is everything else. IPv4
+    /// only: the receiving side routes and listens for IPv4, so an IPv6 address is reached directly.
     pub(super) fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
+        let (namespace, enrolled) = self.other_nodes_pod(ip)?;
+        enrolled.then_some(namespace)
+    }
+
+    /// With HBONE between nodes, the namespace of the Pod of another node at IPv4 address `ip`
+    /// (not a node's own address), and whether it is in the mesh.
+    pub(super) fn other_nodes_pod(&self, ip: IpAddr) -> Option<(&str, bool)> {
         let node = self.hbone_node.as_deref()?;
         if ip.is_ipv6() {
             return None;
         }
         // An address several Pods have is a node's (its hostNetwork Pods'): no Pod's data plane
-        // stands there. (A node with a single hostNetwork Pod is not told apart: `hostNetwork` is
-        // not read.)
+        // stands there. (A node's single hostNetwork Pod is told apart by `hostNetwork` itself: it
+        // is never in the mesh.)
         let slot = self.by_ip.get(&ip);
         if slot.is_some_and(|slot| slot.shared) || self.elsewhere_by_ip.is_shared(ip) {
             return None;
@@ -238,12 +245,15 @@ impl WorkloadStore {
                 Some(at) => at != node,
                 None => w.service_account.is_none(),
             };
-            return (elsewhere && self.enrolled(w)).then_some(w.meta.namespace.as_str());
+            let namespace = w.meta.namespace.as_str();
+            return (elsewhere && w.kind == WorkloadKind::Pod)
+                .then(|| (namespace, self.enrolled(w)));
         }
         let (group, i) = self.elsewhere_by_ip.get(ip)?;
         let pod = self.elsewhere[group as usize].get(i as usize)?;
         let ambient = self.ambient_namespaces.contains(&**pod.namespace);
-        enrolled(pod.labels, pod.never_enrolled, ambient).then_some(&**pod.namespace)
+        let enrolled = enrolled(pod.labels, pod.never_enrolled, ambient);
+        Some((&**pod.namespace, enrolled))
     }
 
     /// The Pod of this node at `ip` whose identity the agent presents to HBONE peers: one with a
