@@ -269,6 +269,47 @@ fn a_bound_service_is_reached_through_its_waypoint_as_the_client_identity() -> R
 /// Istio's metrics of the waypoint path (`docs/observability.md#istio-metrics`): 50 connections
 /// to team-a's bound entry count as mutual TLS from a1's identity to the waypoint (the workload
 /// the connection reaches), for the service the client addressed, with the bytes curl moved.
+/// With HBONE between nodes on (the Pods' certificates and the node's name), the waypoint sees
+/// the client Pod's address, as ztunnel dials a waypoint: the answers to it are brought back to
+/// the agent on the node's links. Without it (the suite's other tests), the node's.
+#[test]
+fn with_hbone_between_nodes_the_waypoint_sees_the_client_pods_address() -> Result<()> {
+    let ca = TestCa::new(TRUST_DOMAIN)?;
+    let scratch = tempdir("source")?;
+    ca.write_identity_dir(&scratch, &[("team-a", "default")], DAY)?;
+    let dir = scratch.to_string_lossy().to_string();
+    let w = world_with(
+        &[
+            "--identity-dir",
+            &dir,
+            "--trust-domain",
+            TRUST_DOMAIN,
+            "--node-name",
+            "node-1",
+        ],
+        None,
+    )?;
+    let team_a = team_a_waypoint(&w, &ca, "team-a")?;
+    for _ in 0..3 {
+        let reach = w.curl("team-a", "http://api.example.com/")?;
+        ensure!(reach == Reach::server("api-endpoint"), "{reach:?}");
+    }
+    ensure!(connects(&team_a).len() == 3, "{}", team_a.log());
+    let client = w.client("team-a").ip;
+    let accepted: Vec<String> = (team_a.log().lines())
+        .filter(|l| l.starts_with("accepted "))
+        .map(str::to_string)
+        .collect();
+    ensure!(
+        !accepted.is_empty()
+            && accepted
+                .iter()
+                .all(|l| l.contains(&format!("from={client}:"))),
+        "the waypoint should see team-a's Pod {client}: {accepted:#?}"
+    );
+    Ok(())
+}
+
 #[test]
 fn the_waypoint_path_counts_in_istios_series_as_mutual_tls_to_the_waypoint() -> Result<()> {
     let ca = TestCa::new(TRUST_DOMAIN)?;

@@ -263,6 +263,12 @@ impl Snapshot {
         self.workloads.hbone_peer(ip.to_canonical())
     }
 
+    /// Whether HBONE between nodes is on: the agent receives HBONE for its Pods, and answers to
+    /// its sockets bound to a Pod's address are brought back to it.
+    pub fn hbone_between_nodes(&self) -> bool {
+        self.workloads.hbone_between_nodes()
+    }
+
     /// With HBONE between nodes, whether `ip` is the address of a Pod of another node, in the
     /// mesh or not: a stream received from it keeps it as its source.
     pub fn other_nodes_pod(&self, ip: IpAddr) -> bool {

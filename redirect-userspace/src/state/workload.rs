@@ -208,6 +208,10 @@ impl WorkloadStore {
         }
     }
 
+    pub(super) fn hbone_between_nodes(&self) -> bool {
+        self.hbone_node.is_some()
+    }
+
     /// Whether `w` is a Pod in the ambient mesh (`config::enrolled`).
     pub(super) fn enrolled(&self, w: &Workload) -> bool {
         let ambient = self.ambient_namespaces.contains(w.meta.namespace.as_str());
