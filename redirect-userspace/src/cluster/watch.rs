@@ -279,8 +279,18 @@ pub(super) fn as_json(
     } = object;
     if kind != Kind::ServiceEntry || !observed {
         metadata.managed_fields = None;
-        if kind != Kind::AuthorizationPolicy {
-            metadata.annotations = None;
+        // Of the annotations, a policy's dry run is read, and whether a Pod has a sidecar.
+        match kind {
+            Kind::AuthorizationPolicy => {}
+            Kind::Pod | Kind::PodElsewhere => {
+                metadata.annotations = (metadata.annotations.take())
+                    .map(|mut a| {
+                        a.retain(|key, _| key == crate::config::SIDECAR_STATUS_ANNOTATION);
+                        a
+                    })
+                    .filter(|a| !a.is_empty());
+            }
+            _ => metadata.annotations = None,
         }
     }
     let mut json = match data {
@@ -559,6 +569,15 @@ mod tests {
                 "metadata": {"name": "a", "namespace": "team-a", "labels": {"app": "x"}},
                 "spec": {"nodeName": "n"}, "status": {"podIP": "10.0.0.1"}
             })
+        );
+        // Of a Pod's annotations, only whether it has a sidecar.
+        let mut sidecar = object("Pod");
+        (sidecar.metadata.annotations.get_or_insert_default())
+            .insert("sidecar.istio.io/status".into(), "{}".into());
+        let pod = as_json(Kind::Pod, sidecar, false).unwrap();
+        assert_eq!(
+            pod["metadata"]["annotations"],
+            serde_json::json!({"sidecar.istio.io/status": "{}"})
         );
         let se = as_json(Kind::ServiceEntry, object("ServiceEntry"), true).unwrap();
         assert_eq!(se["metadata"]["managedFields"][0]["manager"], "m");

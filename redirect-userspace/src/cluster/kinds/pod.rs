@@ -267,6 +267,31 @@ mod tests {
         assert_eq!(w.ips.len(), 2);
     }
 
+    /// A Pod with a data plane of its own (a sidecar's annotation, or the node's network) is never
+    /// in the ambient mesh, read either way, by both watches; the same Pod without is.
+    #[test]
+    fn a_sidecar_or_the_nodes_network_is_read_either_way() {
+        let never_enrolled = |object: Value, kind: Kind| {
+            let text = object.to_string();
+            same_either_way(&text).unwrap();
+            match read_slim(kind, &text).object {
+                Some(super::super::Object::Workload(w)) => w.never_enrolled,
+                Some(super::super::Object::PodElsewhere(p)) => p.never_enrolled,
+                other => panic!("{other:?}"),
+            }
+        };
+        let mut sidecar = pod();
+        sidecar["metadata"]["annotations"]["sidecar.istio.io/status"] =
+            json!("{\"containers\":[]}");
+        let mut host = pod();
+        host["spec"]["hostNetwork"] = json!(true);
+        for kind in [Kind::Pod, Kind::PodElsewhere] {
+            assert!(!never_enrolled(pod(), kind), "{kind:?}");
+            assert!(never_enrolled(sidecar.clone(), kind), "{kind:?}");
+            assert!(never_enrolled(host.clone(), kind), "{kind:?}");
+        }
+    }
+
     #[test]
     fn only_what_the_model_reads_is_read() {
         let got = Reader(&POD).deserialize(pod()).unwrap();
