@@ -213,6 +213,21 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
 fn encryption_follows_enrollment_pods_outside_the_mesh_reach_the_other_node_in_plaintext()
 -> Result<()> {
     let n = nodes(&[])?;
+    // Node a's /config_dump says who is in the mesh.
+    let dump: serde_json::Value =
+        serde_json::from_slice(&n.agent_a.admin_get("/config_dump")?.body)?;
+    let in_mesh = |key: &str| {
+        let (namespace, name) = key.split_once('/').unwrap_or_default();
+        (dump["workloads"].as_array().into_iter().flatten())
+            .find(|w| w["namespace"] == namespace && w["name"] == name)
+            .map(|w| w["inMesh"] == true)
+    };
+    for (key, want) in [(A1.0, true), (A2.0, true), (P1.0, false), (A3.0, false)] {
+        ensure!(
+            in_mesh(key) == Some(want),
+            "/config_dump: {key} inMesh should be {want}: {dump:#}"
+        );
+    }
     let peer_url = format!("http://{B1_WEB}/peer");
     for (key, ip, ..) in [P1, A3] {
         let (sent, received) = (

@@ -57,6 +57,10 @@ pub struct WorkloadDump {
     /// Labelled `istio.io/dataplane-mode: none`: the programs leave this pod alone.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub opted_out: bool,
+    /// A Pod in the ambient mesh (`docs/data-plane.md#who-is-in-the-mesh`): its traffic to the
+    /// mesh's Pods of other nodes goes over HBONE.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub in_mesh: bool,
     /// The id of the pod's own cgroup, once the agent has found it on this node (it then knows the
     /// pod by its cgroup, not only by its address); filled in by the running agent.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -153,6 +157,7 @@ impl Snapshot {
                     node: w.node_name.clone(),
                     uid: w.meta.uid.map(|uid| uid.to_string()),
                     opted_out: w.opts_out_of_capture(),
+                    in_mesh: self.enrolled(w),
                     cgroup: None,
                 })
                 .collect(),
