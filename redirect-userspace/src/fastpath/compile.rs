@@ -178,12 +178,15 @@ pub(crate) fn with_workloads(
     limits: Limits,
 ) -> (Tables, Stats) {
     let (mut tables, mut stats) = (tables.clone(), stats.clone());
-    if tables.config.proxy_everything != 0 {
+    if stats.fallbacks.contains_key(&Fallback::SharedFull) {
         // The shared entries did not fit: no table holds anything, workloads included.
         return (tables, stats);
     }
+    // Otherwise the proxy decides everything only when the workloads it alone may carry did not
+    // fit: worked out again below, like the rest of the workloads.
     tables.workloads.clear();
     tables.config.workloads_incomplete = 0;
+    tables.config.proxy_everything = 0;
     stats.workloads = 0;
     stats.fallbacks.remove(&Fallback::WorkloadsUncounted);
     Workloads::of(snapshot, limits).add_to(&mut tables, &mut stats);
