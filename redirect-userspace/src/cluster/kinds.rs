@@ -362,41 +362,20 @@ pub(crate) fn strip(kind: Kind, object: Value) -> Map<String, Value> {
 }
 
 /// An object's metadata cut down to what the model reads of its kind.
-fn strip_meta(kind: Kind, meta: Map<String, Value>) -> Map<String, Value> {
-    // A Pod of another node is an endpoint or a workload address, never a client here: its uid
-    // (which ties a client to its cgroup), node and age are not kept.
-    let meta_fields: &[&str] = match kind {
-        // Of the annotations, whether it has a sidecar (cut below); the owner names its workload.
-        Kind::PodElsewhere => &[
-            "name",
-            "namespace",
-            "labels",
-            "annotations",
-            "generateName",
-            "ownerReferences",
-        ],
-        Kind::Pod => &[
-            "name",
-            "namespace",
-            "labels",
-            "creationTimestamp",
-            "uid",
-            "annotations",
-            "generateName",
-            "ownerReferences",
-        ],
-        // Of the annotations, a policy's dry run (cut below).
-        Kind::AuthorizationPolicy => &[
-            "name",
-            "namespace",
-            "labels",
-            "creationTimestamp",
-            "uid",
-            "annotations",
-        ],
-        _ => &["name", "namespace", "labels", "creationTimestamp", "uid"],
+fn strip_meta(kind: Kind, mut meta: Map<String, Value>) -> Map<String, Value> {
+    let pod = matches!(kind, Kind::Pod | Kind::PodElsewhere);
+    let read = |field: &str| match field {
+        "name" | "namespace" | "labels" => true,
+        // A Pod of another node is an endpoint or a workload address, never a client here: its
+        // uid (which ties a client to its cgroup), node and age are not kept.
+        "creationTimestamp" | "uid" => kind != Kind::PodElsewhere,
+        // Of the annotations, a policy's dry run and a Pod's sidecar (cut below).
+        "annotations" => pod || kind == Kind::AuthorizationPolicy,
+        // The owner that made a Pod names its workload.
+        "generateName" | "ownerReferences" => pod,
+        _ => false,
     };
-    let mut meta = keep(meta, meta_fields);
+    meta.retain(|field, _| read(field));
     if let Some(Value::Object(annotations)) = meta.get_mut("annotations") {
         let read = match kind {
             Kind::AuthorizationPolicy => config::DRY_RUN_ANNOTATION,

@@ -376,10 +376,10 @@ pub(crate) const DATAPLANE_AMBIENT: &str = "ambient";
 /// `istio.io/dataplane-mode: ambient`, not opted out with `none`, and no data plane of its own
 /// (`docs/data-plane.md#who-is-in-the-mesh`).
 pub(crate) fn enrolled(pod_labels: &Labels, never_enrolled: bool, namespace_ambient: bool) -> bool {
-    let mode = pod_labels.get(DATAPLANE_MODE_LABEL).map(String::as_str);
-    !never_enrolled
-        && mode != Some("none")
-        && (namespace_ambient || mode == Some(DATAPLANE_AMBIENT))
+    let labelled_ambient = pod_labels
+        .get(DATAPLANE_MODE_LABEL)
+        .is_some_and(|mode| mode == DATAPLANE_AMBIENT);
+    !never_enrolled && !opts_out_of_capture(pod_labels) && (namespace_ambient || labelled_ambient)
 }
 
 impl Workload {
