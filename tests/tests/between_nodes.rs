@@ -129,6 +129,26 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
 }
 
 impl Nodes {
+    /// `pod` (`namespace/name`, address) reaches b1, which sees the Pod's own address, and node b
+    /// receives one more stream over HBONE (`why` it should).
+    fn reaches_b1_over_hbone(&self, (key, ip): (&str, &str), why: &str) -> Result<()> {
+        let received = self.agent_b.metrics()?.get_or_zero(&inbound("ok"));
+        let seen = curl_body(self.a.pod(key), &format!("http://{B1_WEB}/peer"))?;
+        ensure!(
+            seen.starts_with(&format!("{ip}:")),
+            "b1 saw {seen:?} for {key}, not its address {ip}"
+        );
+        // Counted as the stream is answered; read again for a moment.
+        let received_after =
+            counted(&self.agent_b, &inbound("ok"), received + 1.0)?.get_or_zero(&inbound("ok"));
+        ensure!(
+            received_after >= received + 1.0,
+            "{why}: node b should have received its stream over HBONE, got {}",
+            received_after - received
+        );
+        Ok(())
+    }
+
     fn curl_from_a1(&self, url: &str) -> Result<String> {
         curl_body(self.a.pod(A1.0), url)
     }
@@ -250,21 +270,7 @@ fn encryption_follows_enrollment_pods_outside_the_mesh_reach_the_other_node_in_p
             received_after - received
         );
     }
-    let received = n.agent_b.metrics()?.get_or_zero(&inbound("ok"));
-    let seen = curl_body(n.a.pod(A2.0), &peer_url)?;
-    ensure!(
-        seen.starts_with(&format!("{}:", A2.1)),
-        "b1 saw {seen:?} for a2, not a2's address {}",
-        A2.1
-    );
-    // Counted as the stream is answered; read again for a moment.
-    let received_after =
-        counted(&n.agent_b, &inbound("ok"), received + 1.0)?.get_or_zero(&inbound("ok"));
-    ensure!(
-        received_after >= received + 1.0,
-        "a2 is in the mesh: node b should have received its stream over HBONE, got {}",
-        received_after - received
-    );
+    n.reaches_b1_over_hbone((A2.0, A2.1), "a2 is in the mesh")?;
     let from_a2 = format!("client={}:", A2.1);
     let log = n.agent_b.log();
     ensure!(
@@ -288,18 +294,7 @@ fn encryption_follows_enrollment_pods_outside_the_mesh_reach_the_other_node_in_p
             |m| delta(&before, m, key::RELOAD_OK) >= 1.0,
         )?;
     }
-    let received = n.agent_b.metrics()?.get_or_zero(&inbound("ok"));
-    let seen = curl_body(n.a.pod(P1.0), &peer_url)?;
-    ensure!(
-        seen.starts_with(&format!("{}:", P1.1)),
-        "b1 saw {seen:?} for p1 in the mesh, not p1's address {}",
-        P1.1
-    );
-    let metrics = counted(&n.agent_b, &inbound("ok"), received + 1.0)?;
-    ensure!(
-        metrics.get_or_zero(&inbound("ok")) >= received + 1.0,
-        "p1's namespace is in the mesh now: node b should have received its stream over HBONE"
-    );
+    n.reaches_b1_over_hbone((P1.0, P1.1), "p1's namespace is in the mesh now")?;
     Ok(())
 }
 
