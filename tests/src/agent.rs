@@ -437,6 +437,28 @@ impl Agent {
     pub fn log(&self) -> String {
         self.proc.log()
     }
+
+    /// Waits until a line of the agent's log satisfies `found` (the access log is written as a
+    /// connection ends, after the client already has its answer); fails with the log at the deadline.
+    pub fn wait_log_line(
+        &self,
+        what: &str,
+        timeout: Duration,
+        found: impl Fn(&str) -> bool,
+    ) -> Result<()> {
+        let timeout = crate::pace::scaled(timeout);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let log = self.log();
+            if log.lines().any(&found) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("the agent's log has no line {what} within {timeout:?}; log:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     pub fn is_running(&mut self) -> bool {
         self.proc.is_running()
     }

@@ -17,6 +17,8 @@ const B1_WEB: &str = "10.244.2.20:8080";
 /// team-b's ServiceEntry whose one endpoint is b1.
 const WEB_VIP: &str = "203.0.113.80";
 
+/// How long a count or a log line may lag the client's answer (scaled by `pace`).
+const WAIT: Duration = Duration::from_secs(5);
 const TUNNELS_OK: &str = r#"redirect_hbone_tunnels_total{result="ok"}"#;
 fn inbound(result: &str) -> String {
     format!(r#"redirect_hbone_inbound_total{{result="{result}"}}"#)
@@ -210,18 +212,17 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
         "node b's agent received {received} streams"
     );
     let from_a1 = format!("spiffe://{TRUST_DOMAIN}/ns/team-a/sa/default");
-    let log = n.agent_b.log();
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| l.contains(" inbound") && l.contains(&from_a1))
-        .collect();
-    ensure!(
-        lines
-            .iter()
-            .any(|l| l.contains(B1_WEB) && l.contains(&format!("client={}:", A1.1))),
-        "node b's access log names a1's identity, a1's address and b1; log:\n{log}"
-    );
-    Ok(())
+    let from_a1_address = format!("client={}:", A1.1);
+    n.agent_b.wait_log_line(
+        "of a stream received naming a1's identity, a1's address and b1",
+        WAIT,
+        |l| {
+            l.contains(" inbound")
+                && l.contains(&from_a1)
+                && l.contains(B1_WEB)
+                && l.contains(&from_a1_address)
+        },
+    )
 }
 
 /// Encryption follows enrollment (`docs/data-plane.md#who-is-in-the-mesh`), with no flag: a2, in
@@ -272,12 +273,10 @@ fn encryption_follows_enrollment_pods_outside_the_mesh_reach_the_other_node_in_p
     }
     n.reaches_b1_over_hbone((A2.0, A2.1), "a2 is in the mesh")?;
     let from_a2 = format!("client={}:", A2.1);
-    let log = n.agent_b.log();
-    ensure!(
-        log.lines()
-            .any(|l| l.contains(" inbound") && l.contains(&from_a2)),
-        "node b's access log has no stream received from a2; log:\n{log}"
-    );
+    n.agent_b
+        .wait_log_line("of a stream received from a2", WAIT, |l| {
+            l.contains(" inbound") && l.contains(&from_a2)
+        })?;
 
     // p1's namespace joins the mesh: both agents read it on their next reload.
     let ambient = format!(
@@ -376,7 +375,10 @@ fn the_receiving_node_checks_the_sender_and_carries_only_to_the_pod_dialled() ->
     let metrics = counted(&n.agent_b, &inbound("tls_refused"), 1.0)?;
     ensure!(
         metrics.get_or_zero(&inbound("tls_refused")) >= 1.0,
-        "the refusal is counted: {metrics:#?}"
+        "the refusal is counted; the client said {out:?}; node b counted {:?}",
+        metrics
+            .matching("redirect_hbone_inbound_total", &[])
+            .collect::<Vec<_>>()
     );
 
     let (out, ok) = n.hbone_client(&n.ca, "mesh-peer", B1_WEB)?;
@@ -404,14 +406,17 @@ fn the_receiving_node_checks_the_sender_and_carries_only_to_the_pod_dialled() ->
     let metrics = counted(&n.agent_b, &inbound("bad_request"), 2.0)?;
     ensure!(
         metrics.get_or_zero(&inbound("bad_request")) >= 2.0,
-        "counted: {metrics:#?}"
+        "both counted as bad requests; node b counted {:?}",
+        metrics
+            .matching("redirect_hbone_inbound_total", &[])
+            .collect::<Vec<_>>()
     );
     Ok(())
 }
 
 /// `agent`'s metrics once `key` reached `at_least`, or as they are after a moment.
 fn counted(agent: &Agent, key: &str, at_least: f64) -> Result<integration::metrics::Metrics> {
-    let deadline = std::time::Instant::now() + pace::scaled(Duration::from_secs(2));
+    let deadline = std::time::Instant::now() + pace::scaled(WAIT);
     loop {
         let metrics = agent.metrics()?;
         if metrics.get_or_zero(key) >= at_least || std::time::Instant::now() > deadline {

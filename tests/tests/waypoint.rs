@@ -178,13 +178,16 @@ fn a_bound_service_is_reached_through_its_waypoint_as_the_client_identity() -> R
         explained.contains("waypoint team-a/team-a-waypoint"),
         "{explained}"
     );
-    let log = w.agent.log();
-    ensure!(
-        log.lines().any(|l| l.contains("access:")
-            && l.contains("waypoint=team-a/team-a-waypoint")
-            && l.contains(&format!("endpoint={TEAM_A_WAYPOINT}:15008"))),
-        "no access-log line names the waypoint:\n{log}"
-    );
+    let endpoint = format!("endpoint={TEAM_A_WAYPOINT}:15008");
+    w.agent.wait_log_line(
+        "of an access naming the waypoint",
+        Duration::from_secs(5),
+        |l| {
+            l.contains("access:")
+                && l.contains("waypoint=team-a/team-a-waypoint")
+                && l.contains(&endpoint)
+        },
+    )?;
 
     // team-b cannot see it: its name is answered upstream and the connection passes through to
     // the real host, never to a waypoint.
