@@ -82,6 +82,7 @@ pub mod maps {
     /// from to this node's Pods (HBONE received, carried on with the sender's address). Kept by
     /// the agent; the agent's own, not pinned.
     pub const HBONE_SOURCES: &str = "HBONE_SOURCES";
+    pub const HBONE_SOURCES6: &str = "HBONE_SOURCES6";
     /// The inbound authorization table in force: an array of one map, replaced whole.
     pub const INBOUND_TABLE: &str = "INBOUND_TABLE";
     /// Per-CPU counters of the inbound decisions (`inbound::INBOUND_COUNT_SLOTS`).

@@ -1,6 +1,8 @@
 //! tc ingress on the node's links, with HBONE between nodes: marks the packets that answer one of
 //! the agent's sockets bound to an address that is not the node's (a Pod's), so that a policy rule
-//! delivers them in the node's netns instead of forwarding them to that address.
+//! delivers them in the node's netns instead of forwarding them to that address. IPv4 and IPv6
+//! (a TCP header right after the fixed IPv6 header: the agent's own connections carry no
+//! extension headers).
 //!
 //! Two kinds of socket do that, and a cheap test finds each kind's packets before any lookup:
 //! - the agent sends a Pod's connection to another node from the Pod's address: the answers come
@@ -20,12 +22,15 @@ use aya_ebpf::{
 };
 use redirect_common::{HBONE_PORT, HBONE_REPLY_MARK};
 
-use crate::maps::HBONE_SOURCES;
+use crate::maps::{HBONE_SOURCES, HBONE_SOURCES6};
 
 /// `TC_ACT_UNSPEC` (and `TCX_NEXT`): the programs and filters after this one still run.
 const NEXT: i32 = -1;
 const ETH_HEADER: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86dd;
+/// The fixed IPv6 header.
+const IPV6_HEADER: usize = 40;
 const IPPROTO_TCP: u8 = 6;
 /// `TCP_LISTEN` in the kernel's socket states.
 const TCP_LISTEN: u32 = 10;
@@ -41,13 +46,19 @@ pub(crate) fn hbone_replies(ctx: TcContext) -> i32 {
     NEXT
 }
 
-/// Whether the packet is IPv4 TCP that answers a socket of the node's netns bound to its
-/// destination, and passes one of the two tests. `None` when the packet is too short to tell.
+/// Whether the packet is TCP that answers a socket of the node's netns bound to its destination,
+/// and passes one of the two tests. `None` when the packet is too short to tell.
 #[inline(always)]
 fn answers_agent_socket(ctx: &TcContext) -> Option<bool> {
-    if u16::from_be(ctx.load::<u16>(12).ok()?) != ETH_P_IP {
-        return Some(false);
+    match u16::from_be(ctx.load::<u16>(12).ok()?) {
+        ETH_P_IP => answers_v4(ctx),
+        ETH_P_IPV6 => answers_v6(ctx),
+        _ => Some(false),
     }
+}
+
+#[inline(always)]
+fn answers_v4(ctx: &TcContext) -> Option<bool> {
     let version_ihl: u8 = ctx.load(ETH_HEADER).ok()?;
     let protocol: u8 = ctx.load(ETH_HEADER + 9).ok()?;
     // A fragment after the first carries no ports.
@@ -78,24 +89,62 @@ fn answers_agent_socket(ctx: &TcContext) -> Option<bool> {
     };
     let size =
         core::mem::size_of::<aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_1>();
+    Some(answers_established(ctx, &mut tuple, size))
+}
+
+#[inline(always)]
+fn answers_v6(ctx: &TcContext) -> Option<bool> {
+    let next_header: u8 = ctx.load(ETH_HEADER + 6).ok()?;
+    if next_header != IPPROTO_TCP {
+        return Some(false);
+    }
+    let saddr: [u32; 4] = ctx.load(ETH_HEADER + 8).ok()?;
+    let daddr: [u32; 4] = ctx.load(ETH_HEADER + 24).ok()?;
+    let tcp = ETH_HEADER + IPV6_HEADER;
+    let sport: u16 = ctx.load(tcp).ok()?;
+    let dport: u16 = ctx.load(tcp + 2).ok()?;
+    let from_peer_port = u16::from_be(sport) == HBONE_PORT;
+    // SAFETY: as in `answers_v4`.
+    if !from_peer_port && unsafe { HBONE_SOURCES6.get(&daddr) }.is_none() {
+        return Some(false);
+    }
+    let mut tuple = bpf_sock_tuple {
+        __bindgen_anon_1: aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1 {
+            ipv6: aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2 {
+                saddr,
+                daddr,
+                sport,
+                dport,
+            },
+        },
+    };
+    let size =
+        core::mem::size_of::<aya_ebpf::bindings::bpf_sock_tuple__bindgen_ty_1__bindgen_ty_2>();
+    Some(answers_established(ctx, &mut tuple, size))
+}
+
+/// Whether a socket of the node's netns that is not a listener has exactly `tuple` (`size` bytes
+/// of it: the family's part).
+#[inline(always)]
+fn answers_established(ctx: &TcContext, tuple: &mut bpf_sock_tuple, size: usize) -> bool {
     // SAFETY: the helper reads `size` bytes of the tuple on our stack, for the skb the kernel
     // passed; a socket it returns is released below, on every path.
     let sk = unsafe {
         bpf_skc_lookup_tcp(
             ctx.as_ptr(),
-            &mut tuple,
+            tuple,
             size as u32,
             BPF_F_CURRENT_NETNS as u64,
             0,
         )
     };
     if sk.is_null() {
-        return Some(false);
+        return false;
     }
     // SAFETY: a non-null socket from the lookup, not yet released; `state` is a field of its
     // common part, which every kind of socket the lookup returns has.
     let state = unsafe { (*sk).state };
     // SAFETY: released once, as the lookup requires.
     unsafe { bpf_sk_release(sk.cast()) };
-    Some(state != TCP_LISTEN)
+    state != TCP_LISTEN
 }

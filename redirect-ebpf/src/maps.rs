@@ -87,6 +87,11 @@ pub(crate) static CONN_RECORDS: RingBuf = RingBuf::with_byte_size(RECORDS_BYTES,
 pub(crate) static HBONE_SOURCES: HashMap<u32, u8> =
     HashMap::with_max_entries(HBONE_SOURCES_ENTRIES, BPF_F_NO_PREALLOC);
 
+/// The same for IPv6 senders (the address's four words as the packet carries them -> 1).
+#[map]
+pub(crate) static HBONE_SOURCES6: HashMap<[u32; 4], u8> =
+    HashMap::with_max_entries(HBONE_SOURCES_ENTRIES, BPF_F_NO_PREALLOC);
+
 /// How many of the kernel's decisions are recorded: 0 none, 1 all, N one in N (set by the agent).
 #[map]
 pub(crate) static RECORDS_SAMPLE: Array<u32> = Array::with_max_entries(1, 0);

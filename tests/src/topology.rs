@@ -350,6 +350,19 @@ impl Topology {
             ip(&["-n", ns, "link", "set", "to-peer", "up"])?;
             ip(&["-n", ns, "route", "add", pods, "via", other])?;
         }
+        // The Pods' IPv6 addresses ([`pod_ip6`]) are routed alike, a /64 per node.
+        for (ns, own, other, pods) in [
+            (na, "fd00:64::1/64", "fd00:64::2", b_pods),
+            (nb, "fd00:64::2/64", "fd00:64::1", a_pods),
+        ] {
+            let network: Ipv4Addr = pods
+                .split_once('/')
+                .and_then(|(ip, _)| ip.parse().ok())
+                .with_context(|| format!("the Pods' network {pods:?}"))?;
+            let pods6 = format!("{}/64", pod_ip6(network));
+            add_v6(ns, own, "to-peer")?;
+            ip(&["-n", ns, "-6", "route", "add", &pods6, "via", other])?;
+        }
         Ok(())
     }
 

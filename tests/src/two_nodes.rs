@@ -14,8 +14,12 @@ pub const DAY: Duration = Duration::from_secs(24 * 3600);
 pub fn pods() -> String {
     let pod = |(key, ip): (&str, &str), node: &str, uid: &str| {
         let (namespace, name) = key.split_once('/').unwrap_or_default();
+        let ip6 = ip
+            .parse()
+            .map(crate::pod_ip6)
+            .unwrap_or(std::net::Ipv6Addr::UNSPECIFIED);
         format!(
-            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n"
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, uid: {uid}}}\nspec: {{nodeName: {node}, serviceAccountName: default}}\nstatus: {{podIP: {ip}, podIPs: [{{ip: {ip}}}, {{ip: '{ip6}'}}]}}\n"
         )
     };
     format!(

@@ -4,6 +4,7 @@
 //! other node's agent receives it as the destination Pod's identity, checks the sender against
 //! the trust domain, and carries the stream to the Pod. Each Pod sees the other's address, as with
 //! ztunnel: the sender dials from its Pod's address, the receiver carries the stream on from it.
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
@@ -11,7 +12,7 @@ use integration::fixtures::{curl_body, curls_moved};
 use integration::pki::TestCa;
 use integration::two_nodes::{self, A1, B1, DAY, TRUST_DOMAIN};
 use integration::world::{delta, key, replace_file};
-use integration::{Agent, Peer, Topology, pace, peer};
+use integration::{Agent, Peer, Topology, pace, peer, pod_ip6};
 
 const B1_WEB: &str = "10.244.2.20:8080";
 /// team-b's ServiceEntry whose one endpoint is b1.
@@ -86,7 +87,13 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
     let b = Topology::with_pods(&[B1])?;
     Topology::link_nodes(&a, "10.244.1.0/24", &b, "10.244.2.0/24")?;
     let ca = TestCa::new(TRUST_DOMAIN)?;
-    let web = Peer::start(b.pod(B1.0).place(), "web-b1", &[B1_WEB.parse()?], &[])?;
+    let b1_web6 = SocketAddr::new(pod_ip6(B1.1.parse()?).into(), 8080);
+    let web = Peer::start(
+        b.pod(B1.0).place(),
+        "web-b1",
+        &[B1_WEB.parse()?, b1_web6],
+        &[],
+    )?;
     let args = |topo: &Topology, node: &str| -> Result<Vec<String>> {
         let identities = topo.scratch_path("identities");
         ca.write_identity_dir(
@@ -223,6 +230,37 @@ fn a_pod_reaches_a_pod_of_the_other_node_over_hbone_as_its_own_identity() -> Res
                 && l.contains(&from_a1_address)
         },
     )
+}
+
+/// IPv6 Pods too: a1 reaches b1 at its IPv6 address over HBONE, and b1 sees a1's own IPv6
+/// address (node a dials from it; node b carries the stream on from it).
+#[test]
+fn an_ipv6_pod_reaches_a_pod_of_the_other_node_over_hbone_from_its_own_address() -> Result<()> {
+    let n = nodes(&[])?;
+    let (a1, b1) = (pod_ip6(A1.1.parse()?), pod_ip6(B1.1.parse()?));
+    let (sent, received) = (
+        n.agent_a.metrics()?.get_or_zero(TUNNELS_OK),
+        n.agent_b.metrics()?.get_or_zero(&inbound("ok")),
+    );
+    let seen = n.curl_from_a1(&format!("http://[{b1}]:8080/peer"))?;
+    ensure!(
+        seen.starts_with(&format!("[{a1}]:")),
+        "b1 saw {seen:?}, not a1's IPv6 address {a1}"
+    );
+    let received_after =
+        counted(&n.agent_b, &inbound("ok"), received + 1.0)?.get_or_zero(&inbound("ok"));
+    let sent_after = n.agent_a.metrics()?.get_or_zero(TUNNELS_OK);
+    ensure!(
+        sent_after > sent && received_after > received,
+        "a1 -> b1 over IPv6 should ride HBONE: node a opened {} tunnels, node b received {} streams",
+        sent_after - sent,
+        received_after - received
+    );
+    let from_a1 = format!("client=[{a1}]:");
+    n.agent_b
+        .wait_log_line("of a stream received from a1's IPv6 address", WAIT, |l| {
+            l.contains(" inbound") && l.contains(&from_a1)
+        })
 }
 
 /// Encryption follows enrollment (`docs/data-plane.md#who-is-in-the-mesh`), with no flag: a2, in

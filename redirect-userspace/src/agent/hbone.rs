@@ -5,7 +5,7 @@
 //! on every link of the node.
 use std::{
     collections::BTreeSet,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::Arc,
 };
 
@@ -28,13 +28,19 @@ use crate::{
 
 /// The listener and the routing, in place before the programs are attached.
 pub(super) struct Prepared {
-    listener: TcpListener,
+    listeners: Listeners,
     routes: PodRoutes,
+}
+
+/// The transparent listeners on 15008: IPv4, and IPv6 where the node has it.
+struct Listeners {
+    v4: TcpListener,
+    v6: Option<TcpListener>,
 }
 
 /// The listener, the routing and the marking, in place before the agent calls itself ready.
 pub(super) struct Receiving {
-    listener: TcpListener,
+    listeners: Listeners,
     routing: Routing,
     sources: Arc<HboneSources>,
 }
@@ -53,12 +59,26 @@ pub(super) async fn prepare(config: &AgentConfig) -> anyhow::Result<Option<Prepa
         return Ok(None);
     }
     let addr = SocketAddr::from((Ipv4Addr::UNSPECIFIED, crate::hbone::PORT));
-    let listener = listen_transparent(addr)
+    let v4 = listen_transparent(addr)
         .with_context(|| format!("listening for HBONE on {addr} (IP_TRANSPARENT)"))?;
+    let addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, crate::hbone::PORT));
+    // A node without IPv6 has no IPv6 Pods to receive for.
+    let v6 = match listen_transparent(addr) {
+        Ok(listener) => Some(listener),
+        Err(e) if e.raw_os_error() == Some(libc::EAFNOSUPPORT) => {
+            warn!(error = %e, "no IPv6 on this node: HBONE is received for its Pods' IPv4 addresses only");
+            None
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("listening for HBONE on {addr} (IPV6_TRANSPARENT)"));
+        }
+    };
+    let listeners = Listeners { v4, v6 };
     let routes = PodRoutes::install(crate::hbone::PORT)
         .await
         .context("routing HBONE for this node's Pods to the agent (rule and table 15008)")?;
-    Ok(Some(Prepared { listener, routes }))
+    Ok(Some(Prepared { listeners, routes }))
 }
 
 /// What was prepared, with the marking of answers loaded from the agent's object and put on the
@@ -94,7 +114,7 @@ impl Prepared {
             "answers to the agent's HBONE sockets are marked on the node's links"
         );
         Ok(Receiving {
-            listener: self.listener,
+            listeners: self.listeners,
             routing: Routing {
                 routes: self.routes,
                 marker,
@@ -105,26 +125,34 @@ impl Prepared {
 }
 
 impl Receiving {
-    /// Serves the listener, and keeps a route for each Pod of the node of every snapshot applied.
+    /// Serves the listeners, and keeps a route for each Pod of the node of every snapshot applied.
     pub(super) fn spawn(
         self,
         proxy: &Arc<ProxyContext>,
         lifecycle: &Lifecycle,
-    ) -> [JoinHandle<()>; 2] {
+    ) -> Vec<JoinHandle<()>> {
         let live = proxy.live.clone();
         info!(
             port = crate::hbone::PORT,
+            ipv6 = self.listeners.v6.is_some(),
             "receiving HBONE for this node's Pods"
         );
-        [
+        let serve = |listener| {
             tokio::spawn(serve_inbound(
-                self.listener,
+                listener,
                 proxy.clone(),
-                self.sources,
+                self.sources.clone(),
                 lifecycle.serving(),
-            )),
-            tokio::spawn(keep_routing(self.routing, live, lifecycle.serving())),
-        ]
+            ))
+        };
+        let mut tasks = vec![serve(self.listeners.v4)];
+        tasks.extend(self.listeners.v6.map(serve));
+        tasks.push(tokio::spawn(keep_routing(
+            self.routing,
+            live,
+            lifecycle.serving(),
+        )));
+        tasks
     }
 }
 
@@ -138,14 +166,7 @@ async fn keep_routing(routing: Routing, live: Arc<LiveState>, mut stop: Watcher)
     } = routing;
     let mut applied = live.applied();
     loop {
-        let pods: BTreeSet<Ipv4Addr> = live
-            .snapshot()
-            .local_pod_addresses()
-            .filter_map(|ip| match ip {
-                IpAddr::V4(v4) => Some(v4),
-                IpAddr::V6(_) => None,
-            })
-            .collect();
+        let pods: BTreeSet<IpAddr> = live.snapshot().local_pod_addresses().collect();
         let mut failed = match routes.sync(pods).await {
             Ok(()) => false,
             Err(e) => {

@@ -965,7 +965,7 @@ fn a_service_bound_to_a_known_waypoint_goes_to_the_proxy_and_otherwise_stays_a_r
 #[test]
 fn the_other_nodes_pods_in_the_mesh_are_marked_for_the_proxy_and_enrolled_clients() {
     use redirect_common::fastpath::{NS_ENROLLED, WORKLOAD_DIRECT, WORKLOAD_HBONE};
-    let pods = "apiVersion: v1\nkind: Namespace\nmetadata: {name: ns-b, labels: {istio.io/dataplane-mode: ambient}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: here, namespace: ns-a}\nspec: {nodeName: node-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: there, namespace: ns-b}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: ns-a}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.2}\n";
+    let pods = "apiVersion: v1\nkind: Namespace\nmetadata: {name: ns-b, labels: {istio.io/dataplane-mode: ambient}}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: here, namespace: ns-a}\nspec: {nodeName: node-a}\nstatus: {podIP: 10.0.1.1}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: there, namespace: ns-b}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.1, podIPs: [{ip: 10.0.2.1}, {ip: 'fd00::2:1'}]}\n---\napiVersion: v1\nkind: Pod\nmetadata: {name: plain, namespace: ns-a}\nspec: {nodeName: node-b}\nstatus: {podIP: 10.0.2.2}\n";
     let yaml = format!("{HEADER}---\n{pods}");
     let mut model = load_sources([("w.yaml", yaml.as_str())]).unwrap();
     let (plain, _) = compile(&Snapshot::from_model(&model), Limits::default());
@@ -980,6 +980,7 @@ fn the_other_nodes_pods_in_the_mesh_are_marked_for_the_proxy_and_enrolled_client
     };
     assert_eq!(class("10.0.1.1"), Some(WORKLOAD_DIRECT));
     assert_eq!(class("10.0.2.1"), Some(WORKLOAD_HBONE));
+    assert_eq!(class("fd00::2:1"), Some(WORKLOAD_HBONE), "either family");
     assert_eq!(class("10.0.2.2"), Some(WORKLOAD_DIRECT), "outside the mesh");
     let ns = tables.namespace_id("ns-a");
     let to = |ns, ip: &str| super::kernel::decide_for(&tables, ns, ip.parse().unwrap(), 80);
@@ -987,10 +988,9 @@ fn the_other_nodes_pods_in_the_mesh_are_marked_for_the_proxy_and_enrolled_client
         assert!(matches!(to(client, "10.0.1.1"), FastDecision::Workload));
         assert!(matches!(to(client, "10.0.2.2"), FastDecision::Workload));
     }
-    assert!(matches!(
-        to(ns | NS_ENROLLED, "10.0.2.1"),
-        FastDecision::Proxy
-    ));
+    for there in ["10.0.2.1", "fd00::2:1"] {
+        assert!(matches!(to(ns | NS_ENROLLED, there), FastDecision::Proxy));
+    }
     assert!(
         matches!(to(ns, "10.0.2.1"), FastDecision::Workload),
         "a client outside the mesh goes straight, in plaintext"

@@ -21,7 +21,7 @@ mod trim;
 
 use std::{
     io,
-    net::{IpAddr, Ipv4Addr, SocketAddr},
+    net::{IpAddr, SocketAddr},
     sync::Arc,
     time::{Duration, Instant},
 };
@@ -71,7 +71,14 @@ pub(crate) fn listen_transparent(addr: SocketAddr) -> io::Result<TcpListener> {
     socket.set_reuse_address(true)?;
     // A successor binds beside it during a hand-over.
     socket.set_reuse_port(true)?;
-    socket.set_ip_transparent_v4(true)?;
+    match addr {
+        SocketAddr::V4(_) => socket.set_ip_transparent_v4(true)?,
+        SocketAddr::V6(_) => {
+            // IPv4 has its own listener: this one takes IPv6 only.
+            socket.set_only_v6(true)?;
+            socket.set_ip_transparent_v6(true)?;
+        }
+    }
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;
     socket.listen(BACKLOG)?;
@@ -172,10 +179,7 @@ async fn connection(
         metrics.inbound("tls_refused");
         return;
     };
-    let from = match peer.ip() {
-        IpAddr::V4(ip) if from_pod => hold_source(&sources, ip),
-        _ => None,
-    };
+    let from = from_pod.then(|| hold_source(&sources, peer.ip())).flatten();
     let sender = Arc::new(Sender {
         source,
         peer,
@@ -237,7 +241,7 @@ struct Sender {
 
 /// Holds `ip` as a source to carry streams on from; `None` (the node's address is used) when the
 /// kernel's map takes no more.
-fn hold_source(sources: &Arc<HboneSources>, ip: Ipv4Addr) -> Option<SourceHeld> {
+fn hold_source(sources: &Arc<HboneSources>, ip: IpAddr) -> Option<SourceHeld> {
     match sources.hold(ip) {
         Ok(held) => Some(held),
         Err(e) => {
@@ -394,7 +398,7 @@ async fn dial(
 ) -> io::Result<TcpStream> {
     let sockets = &*context.sockets;
     match &sender.from {
-        Some(from) => connect_from(sockets, from.ip().into(), target, CONNECT_TIMEOUT).await,
+        Some(from) => connect_from(sockets, from.ip(), target, CONNECT_TIMEOUT).await,
         None => crate::net::connect(sockets, target, CONNECT_TIMEOUT, None).await,
     }
 }

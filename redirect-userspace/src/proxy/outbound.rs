@@ -304,12 +304,12 @@ async fn route(
         let mut route =
             through_waypoint(context, peer, orig, &who, waypoint, plan.outcome, result)?;
         // With HBONE between nodes the answers to a Pod's address come back to the agent (marked
-        // on the node's links, IPv4): the waypoint sees the client Pod's address, as ztunnel
-        // dials it. Otherwise, the node's.
+        // on the node's links): the waypoint sees the client Pod's address, as ztunnel dials it.
+        // Otherwise, or to a waypoint of the other family, the node's.
         if let Some(via) = &mut route.via {
             let client = peer.ip().to_canonical();
             via.source = Some(client).filter(|ip| {
-                snapshot.hbone_between_nodes() && ip.is_ipv4() && route.first.is_ipv4()
+                snapshot.hbone_between_nodes() && ip.is_ipv4() == route.first.is_ipv4()
             });
         }
         return Ok(route);

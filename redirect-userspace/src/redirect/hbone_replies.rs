@@ -9,7 +9,7 @@
 //! other nodes' Pods the agent currently sends from.
 use std::{
     collections::HashMap as StdHashMap,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::{Arc, Mutex},
     time::Duration,
 };
@@ -37,11 +37,11 @@ pub(super) fn load(
     let mut object = ebpf.locked();
     (program::<SchedClassifier>(&mut object, name)?.load())
         .map_err(|source| RedirectError::Program { name, source })?;
-    let map = take_map(&mut object, maps::HBONE_SOURCES, HashMap::try_from)?;
+    let v4 = take_map(&mut object, maps::HBONE_SOURCES, HashMap::try_from)?;
+    let v6 = take_map(&mut object, maps::HBONE_SOURCES6, HashMap::try_from)?;
     drop(object);
     let marker = TcOnLinks::new(ebpf, name, TcAttachType::Ingress, is_ethernet)?;
-    let map: HashMap<MapData, u32, u8> = map;
-    let sources = HboneSources::new(Box::new(map), LINGER);
+    let sources = HboneSources::new(Box::new(KernelSources { v4, v6 }), LINGER);
     Ok((marker, sources))
 }
 
@@ -63,28 +63,48 @@ pub(crate) struct HboneSources {
 /// The kernel's map and how many holds each address in it has.
 struct Held {
     map: Box<dyn SourceMap>,
-    counts: StdHashMap<Ipv4Addr, usize>,
+    counts: StdHashMap<IpAddr, usize>,
 }
 
 /// Where the addresses go: the kernel's map, or a set in tests.
 trait SourceMap: Send {
-    fn insert(&mut self, ip: Ipv4Addr) -> Result<(), MapError>;
-    fn remove(&mut self, ip: Ipv4Addr) -> Result<(), MapError>;
+    fn insert(&mut self, ip: IpAddr) -> Result<(), MapError>;
+    fn remove(&mut self, ip: IpAddr) -> Result<(), MapError>;
 }
 
-impl SourceMap for HashMap<MapData, u32, u8> {
-    fn insert(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
-        HashMap::insert(self, key(ip), 1, 0)
+/// The kernel's maps, one a family, keyed by the address as the packet carries it.
+struct KernelSources {
+    v4: HashMap<MapData, u32, u8>,
+    v6: HashMap<MapData, [u32; 4], u8>,
+}
+
+impl SourceMap for KernelSources {
+    fn insert(&mut self, ip: IpAddr) -> Result<(), MapError> {
+        match ip {
+            IpAddr::V4(v4) => self.v4.insert(key(v4), 1, 0),
+            IpAddr::V6(v6) => self.v6.insert(key6(v6), 1, 0),
+        }
     }
 
-    fn remove(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
-        HashMap::remove(self, &key(ip))
+    fn remove(&mut self, ip: IpAddr) -> Result<(), MapError> {
+        match ip {
+            IpAddr::V4(v4) => self.v4.remove(&key(v4)),
+            IpAddr::V6(v6) => self.v6.remove(&key6(v6)),
+        }
     }
 }
 
-/// The map's key: the address as the packet carries it.
+/// The IPv4 map's key: the address as the packet carries it.
 fn key(ip: Ipv4Addr) -> u32 {
     u32::from_ne_bytes(ip.octets())
+}
+
+/// The IPv6 map's key: the address's four words as the packet carries them.
+fn key6(ip: Ipv6Addr) -> [u32; 4] {
+    let o = ip.octets();
+    std::array::from_fn(|i| {
+        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    })
 }
 
 impl std::fmt::Debug for HboneSources {
@@ -105,7 +125,7 @@ impl HboneSources {
     }
 
     /// Holds `ip` until the returned guard drops: the answers to sockets bound to it are marked.
-    pub(crate) fn hold(self: &Arc<Self>, ip: Ipv4Addr) -> Result<SourceHeld, MapError> {
+    pub(crate) fn hold(self: &Arc<Self>, ip: IpAddr) -> Result<SourceHeld, MapError> {
         let mut held = self.held.locked();
         let Held { map, counts } = &mut *held;
         if !counts.contains_key(&ip) {
@@ -118,7 +138,7 @@ impl HboneSources {
         })
     }
 
-    fn release(&self, ip: Ipv4Addr) {
+    fn release(&self, ip: IpAddr) {
         let mut held = self.held.locked();
         let Held { map, counts } = &mut *held;
         let Some(count) = counts.get_mut(&ip) else {
@@ -138,11 +158,11 @@ impl HboneSources {
 #[derive(Debug)]
 pub(crate) struct SourceHeld {
     sources: Arc<HboneSources>,
-    ip: Ipv4Addr,
+    ip: IpAddr,
 }
 
 impl SourceHeld {
-    pub(crate) fn ip(&self) -> Ipv4Addr {
+    pub(crate) fn ip(&self) -> IpAddr {
         self.ip
     }
 }
@@ -178,10 +198,10 @@ mod tests {
 
     /// The addresses "in the kernel", shared with the test; full after `room` of them.
     #[derive(Clone, Default)]
-    struct Set(Arc<Mutex<BTreeSet<Ipv4Addr>>>, usize);
+    struct Set(Arc<Mutex<BTreeSet<IpAddr>>>, usize);
 
     impl SourceMap for Set {
-        fn insert(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
+        fn insert(&mut self, ip: IpAddr) -> Result<(), MapError> {
             let mut set = self.0.locked();
             if set.len() >= self.1 {
                 return Err(MapError::OutOfBounds {
@@ -193,14 +213,14 @@ mod tests {
             Ok(())
         }
 
-        fn remove(&mut self, ip: Ipv4Addr) -> Result<(), MapError> {
+        fn remove(&mut self, ip: IpAddr) -> Result<(), MapError> {
             self.0.locked().remove(&ip);
             Ok(())
         }
     }
 
-    const A1: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 10);
-    const A2: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 11);
+    const A1: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 244, 1, 10));
+    const A2: IpAddr = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 0x11));
 
     #[test]
     fn an_address_stays_in_the_map_while_any_connection_from_it_holds_it() {
@@ -250,6 +270,12 @@ mod tests {
 
     #[test]
     fn the_key_is_the_address_as_the_packet_carries_it() {
-        assert_eq!(key(A1).to_ne_bytes(), [10, 244, 1, 10]);
+        assert_eq!(
+            key(Ipv4Addr::new(10, 244, 1, 10)).to_ne_bytes(),
+            [10, 244, 1, 10]
+        );
+        let words = key6("fd00:10:244:1::11".parse().unwrap());
+        assert_eq!(words[0].to_ne_bytes(), [0xfd, 0, 0, 0x10]);
+        assert_eq!(words[3].to_ne_bytes(), [0, 0, 0, 0x11]);
     }
 }

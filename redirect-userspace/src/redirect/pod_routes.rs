@@ -11,14 +11,18 @@
 //! addressed to a Pod, here or there: the node would forward them. `hbone_replies` marks them
 //! (`HBONE_REPLY_MARK`), and a second rule sends marked packets to a table holding only a `local`
 //! default route, so they are delivered in the node's netns, to the agent's socket.
-use std::{collections::BTreeSet, io, net::Ipv4Addr};
+use std::{
+    collections::BTreeSet,
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use futures::TryStreamExt;
 use redirect_common::HBONE_REPLY_MARK;
 use rtnetlink::{
-    Handle, IpVersion, RouteMessageBuilder,
+    Handle, IpVersion, RouteMessageBuilder, RuleAddRequest,
     packet_route::{
-        IpProtocol,
+        AddressFamily, IpProtocol,
         route::{RouteAddress, RouteAttribute, RouteMessage, RouteScope, RouteType},
         rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
     },
@@ -37,7 +41,7 @@ pub(crate) struct PodRoutes {
     handle: Handle,
     port: u16,
     loopback: u32,
-    held: BTreeSet<Ipv4Addr>,
+    held: BTreeSet<IpAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,39 +74,45 @@ impl PodRoutes {
             loopback,
             held: BTreeSet::new(),
         };
-        if routes
-            .rules(RULE_PRIORITY, TABLE)
-            .await
-            .map_err(io::Error::other)?
-            .is_empty()
-        {
-            routes.add_rule().await.map_err(io::Error::other)?;
+        for family in FAMILIES {
+            if routes
+                .rules(family, RULE_PRIORITY, TABLE)
+                .await
+                .map_err(io::Error::other)?
+                .is_empty()
+            {
+                routes.add_rule(family).await.map_err(io::Error::other)?;
+            }
+            if routes
+                .rules(family, REPLY_RULE_PRIORITY, REPLY_TABLE)
+                .await
+                .map_err(io::Error::other)?
+                .is_empty()
+            {
+                routes
+                    .add_reply_rule(family)
+                    .await
+                    .map_err(io::Error::other)?;
+            }
+            // `replace`: one a predecessor left is kept as it is.
+            let to_node = routes.reply_route(family);
+            routes
+                .handle
+                .route()
+                .add(to_node)
+                .replace()
+                .execute()
+                .await
+                .map_err(io::Error::other)?;
         }
-        if routes
-            .rules(REPLY_RULE_PRIORITY, REPLY_TABLE)
-            .await
-            .map_err(io::Error::other)?
-            .is_empty()
-        {
-            routes.add_reply_rule().await.map_err(io::Error::other)?;
-        }
-        // `replace`: one a predecessor left is kept as it is.
-        let to_node = routes.reply_route();
-        routes
-            .handle
-            .route()
-            .add(to_node)
-            .replace()
-            .execute()
-            .await
-            .map_err(io::Error::other)?;
         for route in routes.routes().await.map_err(io::Error::other)? {
             let to = route.attributes.iter().find_map(|a| match a {
-                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+                RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+                RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
                 _ => None,
             });
             match to {
-                Some(ip) if route.header.destination_prefix_length == 32 => {
+                Some(ip) if route.header.destination_prefix_length == host_prefix(ip) => {
                     routes.held.insert(ip);
                 }
                 // Not one this agent makes: gone at once.
@@ -113,13 +123,13 @@ impl PodRoutes {
     }
 
     /// Holds a `local` route for exactly the addresses of `pods`.
-    pub(crate) async fn sync(&mut self, pods: BTreeSet<Ipv4Addr>) -> Result<(), RoutesError> {
-        let gone: Vec<Ipv4Addr> = self.held.difference(&pods).copied().collect();
+    pub(crate) async fn sync(&mut self, pods: BTreeSet<IpAddr>) -> Result<(), RoutesError> {
+        let gone: Vec<IpAddr> = self.held.difference(&pods).copied().collect();
         for ip in gone {
             self.delete_route(self.route(ip)).await?;
             self.held.remove(&ip);
         }
-        let new: Vec<Ipv4Addr> = pods.difference(&self.held).copied().collect();
+        let new: Vec<IpAddr> = pods.difference(&self.held).copied().collect();
         for ip in new {
             match self
                 .handle
@@ -139,42 +149,62 @@ impl PodRoutes {
 
     /// Takes the rules and every route of the tables away.
     pub(crate) async fn remove(self) -> Result<(), RoutesError> {
-        let mut rules = self.rules(RULE_PRIORITY, TABLE).await?;
-        rules.extend(self.rules(REPLY_RULE_PRIORITY, REPLY_TABLE).await?);
-        for rule in rules {
-            self.handle
-                .rule()
-                .del(rule)
-                .execute()
-                .await
-                .map_err(failed("removing the rule for HBONE"))?;
+        for family in FAMILIES {
+            let mut rules = self.rules(family, RULE_PRIORITY, TABLE).await?;
+            rules.extend(self.rules(family, REPLY_RULE_PRIORITY, REPLY_TABLE).await?);
+            for rule in rules {
+                self.handle
+                    .rule()
+                    .del(rule)
+                    .execute()
+                    .await
+                    .map_err(failed("removing the rule for HBONE"))?;
+            }
         }
         for route in self.routes().await? {
             self.delete_route(route).await?;
         }
-        self.delete_route(self.reply_route()).await
+        for family in FAMILIES {
+            self.delete_route(self.reply_route(family)).await?;
+        }
+        Ok(())
     }
 
     /// `local default dev lo` in the reply table: what is looked up there is the node's own.
-    fn reply_route(&self) -> RouteMessage {
-        RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
-            .table_id(REPLY_TABLE)
-            .kind(RouteType::Local)
-            .scope(RouteScope::Host)
-            .output_interface(self.loopback)
-            .build()
+    fn reply_route(&self, family: Family) -> RouteMessage {
+        let any = match family {
+            Family::V4 => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            Family::V6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        };
+        self.local_route(any, 0, REPLY_TABLE)
     }
 
     /// The `local` route of one Pod's address in the agent's table.
-    fn route(&self, ip: Ipv4Addr) -> RouteMessage {
-        RouteMessageBuilder::<Ipv4Addr>::new()
-            .destination_prefix(ip, 32)
-            .table_id(TABLE)
-            .kind(RouteType::Local)
-            .scope(RouteScope::Host)
-            .output_interface(self.loopback)
-            .build()
+    fn route(&self, ip: IpAddr) -> RouteMessage {
+        self.local_route(ip, host_prefix(ip), TABLE)
+    }
+
+    fn local_route(&self, ip: IpAddr, prefix: u8, table: u32) -> RouteMessage {
+        fn local<T>(builder: RouteMessageBuilder<T>, table: u32, lo: u32) -> RouteMessage {
+            builder
+                .table_id(table)
+                .kind(RouteType::Local)
+                .scope(RouteScope::Host)
+                .output_interface(lo)
+                .build()
+        }
+        match ip {
+            IpAddr::V4(v4) => local(
+                RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(v4, prefix),
+                table,
+                self.loopback,
+            ),
+            IpAddr::V6(v6) => local(
+                RouteMessageBuilder::<Ipv6Addr>::new().destination_prefix(v6, prefix),
+                table,
+                self.loopback,
+            ),
+        }
     }
 
     /// Deletes `route`; one already gone (with its Pod's link, or by another agent) is no error.
@@ -186,12 +216,8 @@ impl PodRoutes {
         }
     }
 
-    async fn add_rule(&self) -> Result<(), RoutesError> {
-        let mut add = self
-            .handle
-            .rule()
-            .add()
-            .v4()
+    async fn add_rule(&self, family: Family) -> Result<(), RoutesError> {
+        let mut add = of_family(self.handle.rule().add(), family)
             .priority(RULE_PRIORITY)
             .table_id(TABLE)
             .action(RuleAction::ToTable);
@@ -207,12 +233,8 @@ impl PodRoutes {
     }
 
     /// Packets marked as answers to the agent's sockets look up the reply table.
-    async fn add_reply_rule(&self) -> Result<(), RoutesError> {
-        let mut add = self
-            .handle
-            .rule()
-            .add()
-            .v4()
+    async fn add_reply_rule(&self, family: Family) -> Result<(), RoutesError> {
+        let mut add = of_family(self.handle.rule().add(), family)
             .priority(REPLY_RULE_PRIORITY)
             .table_id(REPLY_TABLE)
             .action(RuleAction::ToTable)
@@ -225,13 +247,21 @@ impl PodRoutes {
         ))
     }
 
-    /// The agent's rules of one priority, IPv4: those at `priority` that look up `table` (another's
-    /// rule at that priority is not ours to take over, or to remove).
-    async fn rules(&self, priority: u32, table: u32) -> Result<Vec<RuleMessage>, RoutesError> {
+    /// The agent's rules of one family and priority: those at `priority` that look up `table`
+    /// (another's rule at that priority is not ours to take over, or to remove).
+    async fn rules(
+        &self,
+        family: Family,
+        priority: u32,
+        table: u32,
+    ) -> Result<Vec<RuleMessage>, RoutesError> {
         let rules: Vec<RuleMessage> = self
             .handle
             .rule()
-            .get(IpVersion::V4)
+            .get(match family {
+                Family::V4 => IpVersion::V4,
+                Family::V6 => IpVersion::V6,
+            })
             .execute()
             .try_collect()
             .await
@@ -244,26 +274,61 @@ impl PodRoutes {
             .collect())
     }
 
-    /// The routes of the agent's table.
+    /// The routes of the agent's table, of both families.
     async fn routes(&self) -> Result<Vec<RouteMessage>, RoutesError> {
-        let mut table = RouteMessageBuilder::<Ipv4Addr>::new()
-            .table_id(TABLE)
-            .build();
-        // The kernel filters a dump by table only when asked strictly; every table comes back.
-        table.header.table = 0;
-        let routes: Vec<RouteMessage> = self
-            .handle
-            .route()
-            .get(table)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(failed("listing the routes"))?;
-        Ok(routes
-            .into_iter()
-            .filter(|r| r.attributes.contains(&RouteAttribute::Table(TABLE)))
-            .collect())
+        let mut all = Vec::new();
+        for mut table in [
+            RouteMessageBuilder::<Ipv4Addr>::new()
+                .table_id(TABLE)
+                .build(),
+            RouteMessageBuilder::<Ipv6Addr>::new()
+                .table_id(TABLE)
+                .build(),
+        ] {
+            // The kernel filters a dump by table only when asked strictly; every table comes back.
+            table.header.table = 0;
+            let routes: Vec<RouteMessage> = self
+                .handle
+                .route()
+                .get(table)
+                .execute()
+                .try_collect()
+                .await
+                .map_err(failed("listing the routes"))?;
+            all.extend(
+                routes
+                    .into_iter()
+                    .filter(|r| r.attributes.contains(&RouteAttribute::Table(TABLE))),
+            );
+        }
+        Ok(all)
     }
+}
+
+/// Both families: the Pods of a dual-stack node are dialled at either address.
+const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
+
+#[derive(Debug, Clone, Copy)]
+enum Family {
+    V4,
+    V6,
+}
+
+/// The prefix length of one address's route.
+fn host_prefix(ip: IpAddr) -> u8 {
+    match ip {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
+/// A rule request of `family`.
+fn of_family(mut add: RuleAddRequest, family: Family) -> RuleAddRequest {
+    add.message_mut().header.family = match family {
+        Family::V4 => AddressFamily::Inet,
+        Family::V6 => AddressFamily::Inet6,
+    };
+    add
 }
 
 /// The index of `lo`.

@@ -669,8 +669,14 @@ fn hbone_peers_are_the_enrolled_pods_of_other_nodes_and_this_nodes_pods_receive(
         pod("out", "b", "node-b", "10.0.2.2", "istio.io/dataplane-mode: none"),
         "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere, namespace: a}\nstatus: {podIP: 10.0.1.2}\n---\n".to_string(),
         pod("waypoint", "a", "node-a", "10.0.1.3", "istio.io/dataplane-mode: none"),
-        pod("proxy", "kube-system", "node-b", "192.0.2.2", ""),
-        pod("cni", "kube-system", "node-b", "192.0.2.2", ""),
+        pod("proxy", "kube-system", "node-b", "192.0.2.2", "").replace(
+            "podIP: 192.0.2.2",
+            "podIP: 192.0.2.2, podIPs: [{ip: 192.0.2.2}, {ip: 'fd00:2::2'}]",
+        ),
+        pod("cni", "kube-system", "node-b", "192.0.2.2", "").replace(
+            "podIP: 192.0.2.2",
+            "podIP: 192.0.2.2, podIPs: [{ip: 192.0.2.2}, {ip: 'fd00:2::2'}]",
+        ),
         pod("plain", "c", "node-b", "10.0.3.1", ""),
         pod("enrolled", "c", "node-b", "10.0.3.2", "istio.io/dataplane-mode: ambient"),
         pod("sidecar", "b", "node-b", "10.0.2.3", "").replace(
@@ -714,16 +720,14 @@ fn hbone_peers_are_the_enrolled_pods_of_other_nodes_and_this_nodes_pods_receive(
     );
     assert_eq!(
         snap.hbone_peer(ip("fd00::2:1")),
-        None,
-        "IPv6: reached directly"
+        Some("b"),
+        "either family"
     );
     assert_eq!(snap.hbone_peer(ip("10.0.1.1")), None, "this node's");
     assert_eq!(snap.hbone_peer(ip("10.9.9.9")), None, "no Pod");
-    assert_eq!(
-        snap.hbone_peer(ip("192.0.2.2")),
-        None,
-        "node b's own address"
-    );
+    for own in ["192.0.2.2", "fd00:2::2"] {
+        assert_eq!(snap.hbone_peer(ip(own)), None, "node b's own address {own}");
+    }
     let mut local: Vec<IpAddr> = snap.local_pod_addresses().collect();
     local.sort();
     assert_eq!(local, vec![ip("10.0.1.1"), ip("10.0.1.2")]);

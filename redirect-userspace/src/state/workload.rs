@@ -77,9 +77,10 @@ type Place = (u32, u32);
 struct ByAddress {
     v4: Vec<(u32, Place)>,
     v6: Vec<(u128, Place)>,
-    /// The IPv4 addresses given more than once (a node's, which its hostNetwork Pods all have),
+    /// The addresses given more than once (a node's, which its hostNetwork Pods all have),
     /// sorted.
     shared_v4: Vec<u32>,
+    shared_v6: Vec<u128>,
 }
 
 impl ByAddress {
@@ -103,6 +104,13 @@ impl ByAddress {
         by.shared_v4.dedup();
         by.v4.dedup_by_key(|(ip, _)| *ip);
         by.v6.sort_by_key(|(ip, _)| *ip);
+        by.shared_v6 = by
+            .v6
+            .windows(2)
+            .filter(|pair| pair[0].0 == pair[1].0)
+            .map(|pair| pair[0].0)
+            .collect();
+        by.shared_v6.dedup();
         by.v6.dedup_by_key(|(ip, _)| *ip);
         by.v4.shrink_to_fit();
         by.v6.shrink_to_fit();
@@ -124,7 +132,7 @@ impl ByAddress {
     fn is_shared(&self, ip: IpAddr) -> bool {
         match ip {
             IpAddr::V4(v4) => self.shared_v4.binary_search(&v4.to_bits()).is_ok(),
-            IpAddr::V6(_) => false,
+            IpAddr::V6(v6) => self.shared_v6.binary_search(&v6.to_bits()).is_ok(),
         }
     }
 
@@ -220,20 +228,16 @@ impl WorkloadStore {
 
     /// With HBONE between nodes, the namespace of the Pod of another node a connection to `ip`
     /// reaches, which that node's data plane receives over HBONE: a Pod in the mesh. Any other
-    /// (not enrolled, opted out, with a sidecar) is reached directly, as is everything else. IPv4
-    /// only: the receiving side routes and listens for IPv4, so an IPv6 address is reached directly.
+    /// (not enrolled, opted out, with a sidecar) is reached directly, as is everything else.
     pub(super) fn hbone_peer(&self, ip: IpAddr) -> Option<&str> {
         let (namespace, enrolled) = self.other_nodes_pod(ip)?;
         enrolled.then_some(namespace)
     }
 
-    /// With HBONE between nodes, the namespace of the Pod of another node at IPv4 address `ip`
-    /// (not a node's own address), and whether it is in the mesh.
+    /// With HBONE between nodes, the namespace of the Pod of another node at address `ip` (not a
+    /// node's own address), and whether it is in the mesh.
     pub(super) fn other_nodes_pod(&self, ip: IpAddr) -> Option<(&str, bool)> {
         let node = self.hbone_node.as_deref()?;
-        if ip.is_ipv6() {
-            return None;
-        }
         // An address several Pods have is a node's (its hostNetwork Pods'): no Pod's data plane
         // stands there. (A node's single hostNetwork Pod is told apart by `hostNetwork` itself: it
         // is never in the mesh.)
