@@ -718,11 +718,7 @@ fn hbone_peers_are_the_enrolled_pods_of_other_nodes_and_this_nodes_pods_receive(
         None,
         "on the node's network"
     );
-    assert_eq!(
-        snap.hbone_peer(ip("fd00::2:1")),
-        Some("b"),
-        "either family"
-    );
+    assert_eq!(snap.hbone_peer(ip("fd00::2:1")), Some("b"), "either family");
     assert_eq!(snap.hbone_peer(ip("10.0.1.1")), None, "this node's");
     assert_eq!(snap.hbone_peer(ip("10.9.9.9")), None, "no Pod");
     for own in ["192.0.2.2", "fd00:2::2"] {
