@@ -282,6 +282,10 @@ pub fn remove_all(tag: &str) {
     }
 }
 
+/// The DaemonSet's flags that need the API as the source (`--kube`), dropped when a test gives
+/// `--config` instead.
+const KUBE_ONLY: [&str; 2] = ["--kube", "--write-status"];
+
 /// How the test changes the DaemonSet's container, to show what the manifest's settings are for.
 #[derive(Clone, Debug, Default)]
 pub struct Edit {
@@ -401,7 +405,16 @@ pub fn podman_run(
     );
     set_flag(&mut args, "--gateway", Some(&crate::GATEWAY.to_string()));
     set_flag(&mut args, "--admin", Some(crate::ADMIN_ADDR));
-    for (flag, value) in flag_pairs(extra)? {
+    let extra = flag_pairs(extra)?;
+    if extra.iter().any(|(flag, _)| flag == "--config") {
+        // A directory as the source instead of the API: the flags that need the API go.
+        args.retain(|a| {
+            !KUBE_ONLY
+                .iter()
+                .any(|k| a == k || a.starts_with(&format!("{k}=")))
+        });
+    }
+    for (flag, value) in extra {
         if let Some(v) = &value
             && v.starts_with('/')
             && Path::new(v).exists()

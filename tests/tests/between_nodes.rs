@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
+use integration::container::{self, Image};
 use integration::fixtures::{curl_body, curls_moved};
 use integration::pki::TestCa;
 use integration::two_nodes::{self, A1, B1, DAY, TRUST_DOMAIN};
@@ -76,10 +77,18 @@ struct Nodes {
     b: Topology,
 }
 
+/// How an agent is started on a node, with its arguments: from the binary, or from the image.
+type Start<'a> = &'a dyn Fn(&Topology, &[&str]) -> Result<Agent>;
+
 /// Node a with a1 (and a2, p1, a3), node b with b1 (serving HTTP on 8080), linked; an agent on
 /// each with the Pods' certificates from one test CA and its node's name, and so HBONE between
 /// nodes by default.
 fn nodes(extra: &[&str]) -> Result<Nodes> {
+    nodes_started_by(extra, &|topo, args| Agent::start(topo, args))
+}
+
+/// [`nodes`], each agent started by `start`.
+fn nodes_started_by(extra: &[&str], start: Start<'_>) -> Result<Nodes> {
     let mut a = Topology::with_pods(&[A1])?;
     for (key, ip, uid, _) in [A2, P1, A3] {
         a.add_kube_pod(key, ip.parse()?, uid)?;
@@ -120,7 +129,7 @@ fn nodes(extra: &[&str]) -> Result<Nodes> {
         Ok(args)
     };
     let start = |topo: &Topology, args: &[String]| -> Result<Agent> {
-        Agent::start(topo, &args.iter().map(String::as_str).collect::<Vec<_>>())
+        start(topo, &args.iter().map(String::as_str).collect::<Vec<_>>())
     };
     let (args_a, args_b) = (args(&a, "node-a")?, args(&b, "node-b")?);
     let agent_a = start(&a, &args_a)?;
@@ -553,13 +562,24 @@ fn a_successor_takes_over_receiving_and_the_routing_stays_in_place() -> Result<(
     Ok(())
 }
 
-/// A rollout of both nodes' agents under HBONE traffic fails no connection: a1 (known to the proxy
-/// by its address) and a2 (known to the kernel by its cgroup) connect to b1 in a loop while node
-/// b's agent, then node a's, is handed over to a successor and the old one stops. Every connection
-/// is answered by b1, and the successors carry streams over HBONE.
+/// A rollout of the DaemonSet's image on both nodes under HBONE traffic fails no connection: each
+/// agent runs from the image as the DaemonSet runs it (its capabilities, seccomp profile and
+/// arguments, the source swapped for this run's files); a1 (known to the proxy by its address) and
+/// a2 (known to the kernel by its cgroup) connect to b1 in a loop while node b's agent, then node
+/// a's, is handed over to a surge container and the old one stops. Every connection is answered
+/// by b1, and the successors carry streams over HBONE.
 #[test]
 fn a_rollout_of_both_agents_under_hbone_traffic_fails_no_connection() -> Result<()> {
     use std::sync::atomic::{AtomicBool, Ordering};
+    if let Err(why) = container::runtime_available() {
+        eprintln!(
+            "SKIPPED: the rollout runs the DaemonSet's image, which needs a container runtime: {why:#}"
+        );
+        return Ok(());
+    }
+    let image = Image::from_env();
+    container::require_image(&image.tag)?;
+    let launch = |topo: &Topology, args: &[&str]| Agent::launch_image(topo, &image, args);
     let Nodes {
         agent_a,
         agent_b,
@@ -569,7 +589,7 @@ fn a_rollout_of_both_agents_under_hbone_traffic_fails_no_connection() -> Result<
         ca: _,
         a,
         b,
-    } = nodes(&[])?;
+    } = nodes_started_by(&[], &launch)?;
     let url = format!("http://{B1_WEB}/");
     let stop = AtomicBool::new(false);
     let (answered, failures, successor_a, successor_b) = std::thread::scope(|scope| {
@@ -591,7 +611,7 @@ fn a_rollout_of_both_agents_under_hbone_traffic_fails_no_connection() -> Result<
         let hand_over = |topo: &Topology, args: &[String], old: Agent| -> Result<Agent> {
             pause();
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
-            let successor = Agent::start_successor(topo, &args)?;
+            let successor = Agent::start_successor_image(topo, &image, &args)?;
             pause();
             old.terminate_async();
             old.wait_exit(Duration::from_secs(60))?;

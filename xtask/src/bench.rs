@@ -29,11 +29,11 @@ fn need_root(command: &str) -> anyhow::Result<()> {
 
 /// The agent with its eBPF object embedded, and the harness's helper server.
 fn built() -> anyhow::Result<bench::Built> {
-    build::build()?;
+    let (_agent, peer) = build::build_with_peer()?;
     Ok(bench::Built {
         workspace: cmd::workspace_root(),
         target_dir: build::target_dir(),
         ebpf_object: build::target_dir().join("bpfel-unknown-none/release/redirect"),
-        peer: build::peer()?,
+        peer,
     })
 }

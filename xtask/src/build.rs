@@ -5,8 +5,31 @@ use anyhow::Context;
 
 use crate::{cmd, setup};
 
-/// Builds everything; returns the agent binary's path.
+/// Builds the eBPF object and the agent embedding it; returns the agent binary's path.
 pub(crate) fn build() -> anyhow::Result<PathBuf> {
+    build_release(&["--package", "redirect-userspace"])
+}
+
+/// The agent and the harness's helper server (`rdt-peer`: identity web servers and echo) for the
+/// demo and the bench, in one cargo invocation: built one after the other, the two unify their
+/// dependencies' features differently, and each build undoes the other's (minutes each time).
+/// Returns the agent's path and the server's.
+pub(crate) fn build_with_peer() -> anyhow::Result<(PathBuf, PathBuf)> {
+    let agent = build_release(&[
+        "--package",
+        "redirect-userspace",
+        "--bin",
+        "redirect",
+        "--package",
+        "tests",
+        "--bin",
+        "rdt-peer",
+    ])?;
+    Ok((agent, target_dir().join("release/rdt-peer")))
+}
+
+/// The eBPF object, then `cargo build --release` of `packages` with the object embedded.
+fn build_release(packages: &[&str]) -> anyhow::Result<PathBuf> {
     let root = cmd::workspace_root();
     let linker_bin = setup::bpf_linker_dir()?.join("bin");
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -18,7 +41,8 @@ pub(crate) fn build() -> anyhow::Result<PathBuf> {
     cmd::run(
         cmd::cargo()
             .current_dir(&root)
-            .args(["build", "--package", "redirect-userspace", "--release"])
+            .args(["build", "--release"])
+            .args(packages)
             .env("REDIRECT_EBPF_OBJECT", &object),
     )?;
     let agent = target_dir().join("release/redirect");
@@ -53,20 +77,6 @@ pub(crate) fn ebpf_cargo(subcommand: &str) -> Command {
         .env_remove("RUSTUP_TOOLCHAIN")
         .env_remove("CARGO");
     cargo
-}
-
-/// Builds the harness's helper server (`rdt-peer`: identity web servers and echo) for the demo and
-/// the bench; returns its path.
-pub(crate) fn peer() -> anyhow::Result<PathBuf> {
-    cmd::run(cmd::cargo().current_dir(cmd::workspace_root()).args([
-        "build",
-        "--release",
-        "--package",
-        "tests",
-        "--bin",
-        "rdt-peer",
-    ]))?;
-    Ok(target_dir().join("release/rdt-peer"))
 }
 
 pub(crate) fn target_dir() -> PathBuf {

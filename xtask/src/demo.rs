@@ -112,8 +112,7 @@ pub(crate) fn demo() -> anyhow::Result<()> {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
-    let agent_bin = build::build()?;
-    let peer_bin = build::peer()?;
+    let (agent_bin, peer_bin) = build::build_with_peer()?;
     // The harness finds its binaries through these (as the integration tests do).
     // SAFETY: single-threaded at this point; nothing reads the environment concurrently.
     unsafe {
