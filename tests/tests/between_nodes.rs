@@ -494,6 +494,27 @@ fn other_ports_pass_to_the_pod_and_the_routing_goes_with_the_agent() -> Result<(
         "the rule is in place: {}",
         rules()?
     );
+    // Once the agent is ready, not some time after: a peer may dial b1 at once.
+    for family in ["-4", "-6"] {
+        let rules = b
+            .node_cmd("ip")
+            .args([family, "rule", "list"])
+            .ok()?
+            .stdout_str();
+        ensure!(rules.contains("15008"), "the {family} rule: {rules}");
+    }
+    let b1_ip6 = pod_ip6(B1.1.parse()?).to_string();
+    for (family, b1) in [("-4", B1.1), ("-6", b1_ip6.as_str())] {
+        let routes = b
+            .node_cmd("ip")
+            .args([family, "route", "show", "table", "15008"])
+            .ok()?
+            .stdout_str();
+        ensure!(
+            routes.contains(b1),
+            "b1's {family} route to the agent at once: {routes:?}"
+        );
+    }
     let body = a
         .node_cmd("curl")
         .args(["-sS", "--max-time", "10", &format!("http://{B1_WEB}/")])

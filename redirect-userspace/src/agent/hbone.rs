@@ -86,15 +86,25 @@ pub(super) async fn prepare(config: &AgentConfig) -> anyhow::Result<Option<Prepa
 pub(super) async fn marking_replies(
     prepared: Option<Prepared>,
     redirector: &Redirector,
+    live: &LiveState,
 ) -> anyhow::Result<Option<Receiving>> {
     match prepared {
-        Some(prepared) => Ok(Some(prepared.marking_replies(redirector).await?)),
+        Some(prepared) => Ok(Some(prepared.marking_replies(redirector, live).await?)),
         None => Ok(None),
     }
 }
 
 impl Prepared {
-    async fn marking_replies(self, redirector: &Redirector) -> anyhow::Result<Receiving> {
+    async fn marking_replies(
+        mut self,
+        redirector: &Redirector,
+        live: &LiveState,
+    ) -> anyhow::Result<Receiving> {
+        // Routed before the agent calls itself ready: a peer that dials a Pod of this node at
+        // once reaches the agent, not the Pod's closed port 15008.
+        if let Err(e) = self.routes.sync(local_pods(live)).await {
+            warn!(error = %e, "routing HBONE to this node's Pods failed; tried again in 5 s");
+        }
         let (mut marker, sources) = redirector
             .hbone_replies()
             .context("loading hbone_replies (HBONE between nodes keeps the Pods' addresses)")?;
@@ -166,8 +176,7 @@ async fn keep_routing(routing: Routing, live: Arc<LiveState>, mut stop: Watcher)
     } = routing;
     let mut applied = live.applied();
     loop {
-        let pods: BTreeSet<IpAddr> = live.snapshot().local_pod_addresses().collect();
-        let mut failed = match routes.sync(pods).await {
+        let mut failed = match routes.sync(local_pods(&live)).await {
             Ok(()) => false,
             Err(e) => {
                 warn!(error = %e, "routing HBONE to this node's Pods failed; tried again in 5 s or with the next change");
@@ -200,6 +209,11 @@ async fn keep_routing(routing: Routing, live: Arc<LiveState>, mut stop: Watcher)
         Ok(()) => info!("took away the routing of HBONE for this node's Pods"),
         Err(e) => warn!(error = %e, "taking away the routing of HBONE failed"),
     }
+}
+
+/// The addresses of this node's Pods in the configuration in force.
+fn local_pods(live: &LiveState) -> BTreeSet<IpAddr> {
+    live.snapshot().local_pod_addresses().collect()
 }
 
 /// The HBONE client, with the node's pods' certificates from the source configured (a bad one

@@ -249,7 +249,7 @@ async fn start(
         inbound,
     } = attach(config, &live, &upstream, &families, predecessor.is_some()).await?;
     let redirector = starting.redirector()?;
-    let receiving = hbone::marking_replies(prepared, redirector).await?;
+    let receiving = hbone::marking_replies(prepared, redirector, &live).await?;
     // Pods that opted out are left alone before the agent calls itself ready.
     opt_out.sync().await;
     visible_names.use_kernel(redirector.maps(), cgroups.clone());

@@ -27,6 +27,7 @@ use rtnetlink::{
         rule::{RuleAction, RuleAttribute, RuleMessage, RulePortRange},
     },
 };
+use tracing::warn;
 
 /// The agent's routing table, and its rule's priority (before the `main` table's 32766).
 const TABLE: u32 = 15008;
@@ -42,6 +43,8 @@ pub(crate) struct PodRoutes {
     port: u16,
     loopback: u32,
     held: BTreeSet<IpAddr>,
+    /// The families whose rules are in place (IPv6 only where the node has it).
+    families: Vec<Family>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -73,37 +76,17 @@ impl PodRoutes {
             port,
             loopback,
             held: BTreeSet::new(),
+            families: Vec::new(),
         };
         for family in FAMILIES {
-            if routes
-                .rules(family, RULE_PRIORITY, TABLE)
-                .await
-                .map_err(io::Error::other)?
-                .is_empty()
-            {
-                routes.add_rule(family).await.map_err(io::Error::other)?;
+            match routes.install_family(family).await {
+                Ok(()) => routes.families.push(family),
+                // A node without IPv6 has no IPv6 Pods to route.
+                Err(e) if family == Family::V6 && e.unsupported() => {
+                    warn!(error = %e, "no IPv6 routing rules on this node: HBONE is routed to its Pods' IPv4 addresses only");
+                }
+                Err(e) => return Err(io::Error::other(e)),
             }
-            if routes
-                .rules(family, REPLY_RULE_PRIORITY, REPLY_TABLE)
-                .await
-                .map_err(io::Error::other)?
-                .is_empty()
-            {
-                routes
-                    .add_reply_rule(family)
-                    .await
-                    .map_err(io::Error::other)?;
-            }
-            // `replace`: one a predecessor left is kept as it is.
-            let to_node = routes.reply_route(family);
-            routes
-                .handle
-                .route()
-                .add(to_node)
-                .replace()
-                .execute()
-                .await
-                .map_err(io::Error::other)?;
         }
         for route in routes.routes().await.map_err(io::Error::other)? {
             let to = route.attributes.iter().find_map(|a| match a {
@@ -122,8 +105,33 @@ impl PodRoutes {
         Ok(routes)
     }
 
+    /// The rules of one family and its reply table's route.
+    async fn install_family(&self, family: Family) -> Result<(), RoutesError> {
+        if self.rules(family, RULE_PRIORITY, TABLE).await?.is_empty() {
+            self.add_rule(family).await?;
+        }
+        if self
+            .rules(family, REPLY_RULE_PRIORITY, REPLY_TABLE)
+            .await?
+            .is_empty()
+        {
+            self.add_reply_rule(family).await?;
+        }
+        // `replace`: one a predecessor left is kept as it is.
+        self.handle
+            .route()
+            .add(self.reply_route(family))
+            .replace()
+            .execute()
+            .await
+            .map_err(failed(
+                "adding the route for answers to the agent's HBONE sockets",
+            ))
+    }
+
     /// Holds a `local` route for exactly the addresses of `pods`.
-    pub(crate) async fn sync(&mut self, pods: BTreeSet<IpAddr>) -> Result<(), RoutesError> {
+    pub(crate) async fn sync(&mut self, mut pods: BTreeSet<IpAddr>) -> Result<(), RoutesError> {
+        pods.retain(|ip| self.families.contains(&Family::of(*ip)));
         let gone: Vec<IpAddr> = self.held.difference(&pods).copied().collect();
         for ip in gone {
             self.delete_route(self.route(ip)).await?;
@@ -149,7 +157,7 @@ impl PodRoutes {
 
     /// Takes the rules and every route of the tables away.
     pub(crate) async fn remove(self) -> Result<(), RoutesError> {
-        for family in FAMILIES {
+        for &family in &self.families {
             let mut rules = self.rules(family, RULE_PRIORITY, TABLE).await?;
             rules.extend(self.rules(family, REPLY_RULE_PRIORITY, REPLY_TABLE).await?);
             for rule in rules {
@@ -164,7 +172,7 @@ impl PodRoutes {
         for route in self.routes().await? {
             self.delete_route(route).await?;
         }
-        for family in FAMILIES {
+        for &family in &self.families {
             self.delete_route(self.reply_route(family)).await?;
         }
         Ok(())
@@ -274,17 +282,18 @@ impl PodRoutes {
             .collect())
     }
 
-    /// The routes of the agent's table, of both families.
+    /// The routes of the agent's table, of the families in place.
     async fn routes(&self) -> Result<Vec<RouteMessage>, RoutesError> {
         let mut all = Vec::new();
-        for mut table in [
-            RouteMessageBuilder::<Ipv4Addr>::new()
-                .table_id(TABLE)
-                .build(),
-            RouteMessageBuilder::<Ipv6Addr>::new()
-                .table_id(TABLE)
-                .build(),
-        ] {
+        for family in &self.families {
+            let mut table = match family {
+                Family::V4 => RouteMessageBuilder::<Ipv4Addr>::new()
+                    .table_id(TABLE)
+                    .build(),
+                Family::V6 => RouteMessageBuilder::<Ipv6Addr>::new()
+                    .table_id(TABLE)
+                    .build(),
+            };
             // The kernel filters a dump by table only when asked strictly; every table comes back.
             table.header.table = 0;
             let routes: Vec<RouteMessage> = self
@@ -308,10 +317,26 @@ impl PodRoutes {
 /// Both families: the Pods of a dual-stack node are dialled at either address.
 const FAMILIES: [Family; 2] = [Family::V4, Family::V6];
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Family {
     V4,
     V6,
+}
+
+impl Family {
+    fn of(ip: IpAddr) -> Family {
+        match ip {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+}
+
+impl RoutesError {
+    /// The kernel has no such family (IPv6 not built in, or turned off at boot).
+    fn unsupported(&self) -> bool {
+        matches!(&self.source, rtnetlink::Error::NetlinkError(e) if e.raw_code() == -libc::EAFNOSUPPORT)
+    }
 }
 
 /// The prefix length of one address's route.
