@@ -6,7 +6,9 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_PROG_QUERY: libc::c_long = 16;
@@ -59,6 +61,43 @@ struct QueryAttr {
 pub struct Attached {
     pub attach_type: &'static str,
     pub prog_id: u32,
+}
+
+/// The cgroup hooks the agent attaches one program to each.
+pub const AGENT_HOOKS: usize = 9;
+
+/// The programs attached to `cgroup`: exactly one on each of the agent's hooks, their ids sorted;
+/// or an error.
+pub fn one_set_attached(cgroup: &Path) -> Result<Vec<u32>> {
+    let attached = attached_programs(cgroup)?;
+    let mut hooks: Vec<&str> = attached.iter().map(|a| a.attach_type).collect();
+    hooks.sort_unstable();
+    hooks.dedup();
+    ensure!(
+        attached.len() == AGENT_HOOKS && hooks.len() == AGENT_HOOKS,
+        "want one program on each of {AGENT_HOOKS} hooks of {}, got {attached:?}",
+        cgroup.display()
+    );
+    let mut ids: Vec<u32> = attached.iter().map(|a| a.prog_id).collect();
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Waits until nothing is attached to `cgroup` (5 s, scaled by [`crate::pace`]).
+pub fn wait_detached(cgroup: &Path) -> Result<()> {
+    let deadline = Instant::now() + crate::pace::scaled(Duration::from_secs(5));
+    loop {
+        let attached = attached_programs(cgroup)?;
+        if attached.is_empty() {
+            return Ok(());
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "still attached to {}: {attached:?}",
+            cgroup.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Every program attached to `cgroup` itself, over all cgroup attach types.

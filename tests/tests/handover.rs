@@ -23,9 +23,6 @@ const UNKNOWN_BODY: &str = "unknown-203.0.113.30";
 const UNKNOWN_ECHO: &str = "203.0.113.30:7";
 const A1_UID: &str = "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a51";
 const B1_UID: &str = "6b2f0e1c-3a4d-4e5f-8a9b-0c1d2e3f4a52";
-/// One program per hook the agent uses.
-const HOOKS: usize = 9;
-
 fn config() -> String {
     format!(
         r#"apiVersion: v1
@@ -133,33 +130,6 @@ impl World {
     }
 }
 
-/// The programs attached to the pods' cgroup, by hook: exactly one per hook, or an error.
-fn one_set_attached(topo: &Topology) -> Result<Vec<u32>> {
-    let attached = bpf::attached_programs(topo.attach_cgroup())?;
-    let mut hooks: Vec<&str> = attached.iter().map(|a| a.attach_type).collect();
-    hooks.sort_unstable();
-    hooks.dedup();
-    ensure!(
-        attached.len() == HOOKS && hooks.len() == HOOKS,
-        "want one program on each of {HOOKS} hooks, got {attached:?}"
-    );
-    let mut ids: Vec<u32> = attached.iter().map(|a| a.prog_id).collect();
-    ids.sort_unstable();
-    Ok(ids)
-}
-
-fn wait_detached(topo: &Topology) -> Result<()> {
-    let deadline = Instant::now() + pace::scaled(Duration::from_secs(5));
-    loop {
-        let attached = bpf::attached_programs(topo.attach_cgroup())?;
-        if attached.is_empty() {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "still attached: {attached:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The connections the kernel decided itself (left alone or rewritten), over its pinned counters.
 fn kernel_decided(m: &integration::Metrics) -> f64 {
     ["passthrough", "workload", "rewritten"]
@@ -250,7 +220,7 @@ fn a_replaced_agent_fails_no_connection_or_query_and_finishes_a_transfer_begun_b
     let n: u64 = (256 << 20) / u64::from(pace::scale());
     let w = world()?;
     let old = Agent::start(&w.topo, &w.agent_args())?;
-    let before = one_set_attached(&w.topo)?;
+    let before = bpf::one_set_attached(w.topo.attach_cgroup())?;
 
     let mix = start_mix(&w.topo)?;
     std::thread::sleep(pace::scaled(Duration::from_secs(1)));
@@ -279,7 +249,7 @@ fn a_replaced_agent_fails_no_connection_or_query_and_finishes_a_transfer_begun_b
         transfer.is_running(),
         "the transfer ended before the hand-over completed: the test proves nothing"
     );
-    let after = one_set_attached(&w.topo)?;
+    let after = bpf::one_set_attached(w.topo.attach_cgroup())?;
     assert_ne!(
         before, after,
         "the successor's programs must be the attached ones"
@@ -328,13 +298,13 @@ fn a_replaced_agent_fails_no_connection_or_query_and_finishes_a_transfer_begun_b
     );
 
     // The successor carries everything now, and is the one whose exit uninstalls.
-    assert_eq!(one_set_attached(&w.topo)?, after);
+    assert_eq!(bpf::one_set_attached(w.topo.attach_cgroup())?, after);
     assert_eq!(
         fixtures::curl_body(w.topo.pod(B1.0), "http://203.0.113.20/")?,
         SERVICE_ENDPOINT_BODY
     );
     new.stop()?;
-    wait_detached(&w.topo)?;
+    bpf::wait_detached(w.topo.attach_cgroup())?;
     // The uninstall path: the pin directory went with the last agent.
     let dir = w.topo.pin_dir();
     assert!(
@@ -355,12 +325,12 @@ fn a_killed_agent_leaves_connections_refused_at_once_and_a_restarted_one_adopts_
         fixtures::curl_body(pod, "http://203.0.113.20/")?,
         SERVICE_ENDPOINT_BODY
     );
-    let before = one_set_attached(&w.topo)?;
+    let before = bpf::one_set_attached(w.topo.attach_cgroup())?;
     first.kill()?;
 
     // Fail closed: the programs stay, nobody listens at the gateway, a connection is refused at once
     // (never passed to the original destination, never left hanging).
-    assert_eq!(one_set_attached(&w.topo)?, before);
+    assert_eq!(bpf::one_set_attached(w.topo.attach_cgroup())?, before);
     let tried = Instant::now();
     let out = pod
         .cmd("curl")
@@ -383,7 +353,7 @@ fn a_killed_agent_leaves_connections_refused_at_once_and_a_restarted_one_adopts_
         "restart window {window:?}"
     );
     assert!(second.log().contains("Adopted"), "{}", second.log());
-    let after = one_set_attached(&w.topo)?;
+    let after = bpf::one_set_attached(w.topo.attach_cgroup())?;
     assert_ne!(
         before, after,
         "the restarted agent's programs must be the attached ones"
@@ -393,7 +363,7 @@ fn a_killed_agent_leaves_connections_refused_at_once_and_a_restarted_one_adopts_
         HIDDEN_REAL_BODY
     );
     second.stop()?;
-    wait_detached(&w.topo)?;
+    bpf::wait_detached(w.topo.attach_cgroup())?;
     Ok(())
 }
 
@@ -419,7 +389,7 @@ fn pinned_state_of_an_unknown_layout_is_replaced_not_adopted() -> Result<()> {
         .with_context(|| format!("no window logged:\n{log}"))?;
     eprintln!("{window}");
     assert!(window.contains("window_ms="), "{window}");
-    one_set_attached(&w.topo)?;
+    bpf::one_set_attached(w.topo.attach_cgroup())?;
     assert_eq!(
         fixtures::curl_body(pod, "http://203.0.113.20/")?,
         SERVICE_ENDPOINT_BODY
@@ -428,8 +398,8 @@ fn pinned_state_of_an_unknown_layout_is_replaced_not_adopted() -> Result<()> {
     second.kill()?;
     let third = Agent::start(&w.topo, &w.agent_args())?;
     assert!(third.log().contains("Adopted"), "{}", third.log());
-    one_set_attached(&w.topo)?;
+    bpf::one_set_attached(w.topo.attach_cgroup())?;
     third.stop()?;
-    wait_detached(&w.topo)?;
+    bpf::wait_detached(w.topo.attach_cgroup())?;
     Ok(())
 }

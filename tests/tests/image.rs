@@ -12,9 +12,6 @@ use integration::container::{self, DaemonSetContainer, Edit, Image};
 use integration::world::{Reach, Resolver, World};
 use integration::{Agent, RESOLVER_IP, Topology, apiserver::ApiServer, bpf, peer};
 
-/// One program per hook the agent uses.
-const HOOKS: usize = 9;
-
 /// The image to run, or None (and why, printed) where no container runtime is installed.
 fn image() -> Result<Option<Image>> {
     integration::require_root()?;
@@ -38,21 +35,6 @@ fn source_args(kubeconfig: &str) -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
-}
-
-/// The programs attached to the pods' cgroup: exactly one per hook, or an error.
-fn one_set_attached(topo: &Topology) -> Result<Vec<u32>> {
-    let attached = bpf::attached_programs(topo.attach_cgroup())?;
-    let mut hooks: Vec<&str> = attached.iter().map(|a| a.attach_type).collect();
-    hooks.sort_unstable();
-    hooks.dedup();
-    ensure!(
-        attached.len() == HOOKS && hooks.len() == HOOKS,
-        "want one program on each of {HOOKS} hooks, got {attached:?}"
-    );
-    let mut ids: Vec<u32> = attached.iter().map(|a| a.prog_id).collect();
-    ids.sort_unstable();
-    Ok(ids)
 }
 
 /// A client loop in the client pod of `from`: new connections to `http` (address = the server that
@@ -121,7 +103,7 @@ fn the_image_run_as_the_daemonset_runs_it_serves_each_namespace_its_view_and_rol
     // The rollout: the surge container starts beside the old one, takes its sockets over the
     // shared hand-over directory and swaps its programs into the pins on the shared bpffs; then
     // the old one is stopped (SIGTERM, it drains), under new connections and queries from both.
-    let before = one_set_attached(&w.topo)?;
+    let before = bpf::one_set_attached(w.topo.attach_cgroup())?;
     let names = ["api.example.com", "httpbin.example.com"];
     let mix_a = start_mix(
         &w,
@@ -180,7 +162,7 @@ fn the_image_run_as_the_daemonset_runs_it_serves_each_namespace_its_view_and_rol
     );
 
     // One set of programs, the successor's, and it serves both views.
-    let after = one_set_attached(&w.topo)?;
+    let after = bpf::one_set_attached(w.topo.attach_cgroup())?;
     assert_ne!(
         before, after,
         "the successor's programs must be the attached ones"

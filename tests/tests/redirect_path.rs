@@ -443,21 +443,6 @@ fn the_node_and_the_agent_itself_are_not_redirected() -> Result<()> {
     Ok(())
 }
 
-fn wait_detached(topo: &Topology) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let attached = bpf::attached_programs(topo.attach_cgroup())?;
-        if attached.is_empty() {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "still attached after the agent exited: {attached:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -> Result<()> {
     let topo = Topology::with_pods(&[A1])?;
@@ -482,7 +467,7 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
         );
     }
     agent.stop()?; // SIGTERM, exit status 0
-    wait_detached(&topo)?;
+    bpf::wait_detached(topo.attach_cgroup())?;
     // Back on the direct path: the server sees the pod itself.
     let seen = curl(pod.cmd("curl"), peer_url).ok()?.stdout_str();
     assert!(
@@ -516,7 +501,7 @@ fn nothing_stays_attached_after_the_agent_exits_and_a_new_one_starts_cleanly() -
         pinned.len()
     );
     third.stop()?;
-    wait_detached(&topo)?;
+    bpf::wait_detached(topo.attach_cgroup())?;
     Ok(())
 }
 

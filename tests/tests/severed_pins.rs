@@ -24,7 +24,6 @@ const SERVICE_HOST: &str = "svc.example.com";
 const SERVICE_VIP: &str = "203.0.113.20";
 const SERVICE_ENDPOINT_BODY: &str = "team-b-svc";
 /// One program per hook the agent uses.
-const HOOKS: usize = 9;
 /// The phrase of the one warning.
 const WARNING: &str = "cannot be adopted";
 
@@ -105,36 +104,6 @@ fn steered(topo: &Topology) -> Result<()> {
         "{SERVICE_HOST} not answered by the agent: {reply:#?}"
     );
     Ok(())
-}
-
-/// The programs attached to `cgroup`: exactly one per hook, or an error.
-fn one_set_attached(cgroup: &Path) -> Result<()> {
-    let attached = bpf::attached_programs(cgroup)?;
-    let mut hooks: Vec<&str> = attached.iter().map(|a| a.attach_type).collect();
-    hooks.sort_unstable();
-    hooks.dedup();
-    ensure!(
-        attached.len() == HOOKS && hooks.len() == HOOKS,
-        "want one program on each of {HOOKS} hooks of {}, got {attached:?}",
-        cgroup.display()
-    );
-    Ok(())
-}
-
-fn wait_detached(cgroup: &Path) -> Result<()> {
-    let deadline = Instant::now() + pace::scaled(Duration::from_secs(5));
-    loop {
-        let attached = bpf::attached_programs(cgroup)?;
-        if attached.is_empty() {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "still attached to {}: {attached:?}",
-            cgroup.display()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// The warning lines of the agent's log about pinned links it cannot adopt; requires exactly one.
@@ -307,7 +276,7 @@ fn links_severed_by_a_remade_pods_cgroup_are_unpinned_and_the_programs_attached_
         pinned_link_cgroup_id(&connect4)? == new_id,
         "the pinned link is not the new cgroup's"
     );
-    one_set_attached(cgroup)?;
+    bpf::one_set_attached(cgroup)?;
     steered(&w.topo)?;
 
     // Its state is its own now: the next agent adopts it, without a word.
@@ -316,10 +285,10 @@ fn links_severed_by_a_remade_pods_cgroup_are_unpinned_and_the_programs_attached_
     let log = third.log();
     ensure!(start_of(&log)?.contains("start=Adopted"), "{log}");
     ensure!(!log.contains(WARNING), "{log}");
-    one_set_attached(cgroup)?;
+    bpf::one_set_attached(cgroup)?;
     steered(&w.topo)?;
     third.stop()?;
-    wait_detached(cgroup)?;
+    bpf::wait_detached(cgroup)?;
     let dir = w.topo.pin_dir();
     ensure!(!dir.exists(), "{} left after the last agent", dir.display());
     Ok(())
@@ -339,10 +308,10 @@ fn links_pinned_for_another_cgroup_are_unpinned_and_the_programs_attached_to_thi
     let pins = w.topo.pin_dir();
     let connect4 = pins.join("links").join("connect4");
     let first = Agent::launch_wrapped(&other, &[], &pins, &w.agent_args())?;
-    one_set_attached(a)?;
+    bpf::one_set_attached(a)?;
     ensure!(pinned_link_cgroup_id(&connect4)? == cgroup_id(a)?);
     first.kill()?;
-    one_set_attached(a)?;
+    bpf::one_set_attached(a)?;
 
     let second = Agent::start(&w.topo, &w.agent_args())?;
     let log = second.log();
@@ -364,12 +333,12 @@ fn links_pinned_for_another_cgroup_are_unpinned_and_the_programs_attached_to_thi
         pinned_link_cgroup_id(&connect4)? == cgroup_id(b)?,
         "the pinned link is not this agent's cgroup's"
     );
-    one_set_attached(b)?;
+    bpf::one_set_attached(b)?;
     // A's links went with their pins: nothing of the first agent is left attached anywhere.
-    wait_detached(a)?;
+    bpf::wait_detached(a)?;
     steered(&w.topo)?;
     second.stop()?;
-    wait_detached(b)?;
+    bpf::wait_detached(b)?;
     Ok(())
 }
 
@@ -418,10 +387,10 @@ fn links_of_a_removed_cgroup_not_yet_severed_are_unpinned_and_the_programs_attac
         "the warning names neither the pin nor why: {warning}"
     );
     ensure!(start_of(&log)?.contains("start=Reattached"), "{log}");
-    one_set_attached(cgroup)?;
+    bpf::one_set_attached(cgroup)?;
     steered(&w.topo)?;
     drop(holder);
     second.stop()?;
-    wait_detached(cgroup)?;
+    bpf::wait_detached(cgroup)?;
     Ok(())
 }
