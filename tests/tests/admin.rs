@@ -82,6 +82,56 @@ fn services_named<'a>(dump: &'a Value, namespace: &str, name: &str) -> Vec<&'a V
         .unwrap_or_default()
 }
 
+/// The flags in force, defaults included, are in `/config_dump` and in the log at start: what
+/// the agent was given and what it made of what it was not.
+#[test]
+fn config_dump_and_the_log_show_the_flags_in_force_with_their_defaults() -> Result<()> {
+    let topo = Topology::new()?;
+    let config = examples_copy(&topo)?;
+    let upstream = format!("{RESOLVER_IP}:53");
+    let agent = Agent::start(
+        &topo,
+        &[
+            "--config",
+            &config.to_string_lossy(),
+            "--dns-upstream",
+            &upstream,
+            "--kernel-records",
+            "1/4",
+            "--drain-timeout",
+            "7s",
+        ],
+    )?;
+    let in_force = &config_dump(&agent)?["inForce"];
+    let expect = [
+        (
+            "source",
+            Value::from(format!("directory {}", config.display())),
+        ),
+        ("dnsUpstream", Value::from(upstream.as_str())),
+        ("kernelRecords", Value::from("1/4")),
+        ("drainTimeoutSecs", Value::from(7.0)),
+        // Not given: the defaults.
+        ("proxyPort", Value::from(15001)),
+        ("accessLog", Value::from(true)),
+        ("hboneBetweenNodes", Value::from(false)),
+    ];
+    for (field, want) in &expect {
+        ensure!(
+            &in_force[field] == want,
+            "inForce.{field} is {}, not {want}: {in_force:#}",
+            in_force[field]
+        );
+    }
+    ensure!(
+        agent.log().lines().any(|l| l.contains("configuration in force")
+            && l.contains(r#""kernelRecords":"1/4""#)),
+        "the log at start has no line with the configuration in force:\n{}",
+        agent.log()
+    );
+    Ok(())
+}
+
 #[test]
 fn config_dump_shows_every_delivered_service_with_the_visibility_resolve_gives() -> Result<()> {
     let topo = Topology::new()?;

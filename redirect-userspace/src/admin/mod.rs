@@ -48,6 +48,8 @@ pub(crate) struct AdminState {
     pub cgroups: Option<Arc<crate::identity::CgroupPods>>,
     /// The connection records, kernel's and proxy's (`/connections`).
     pub connections: Option<Arc<crate::records::Connections>>,
+    /// The agent's flags and defaults in force (`inForce` in `/config_dump`).
+    pub in_force: Option<crate::agent::InForce>,
 }
 
 impl AdminState {
@@ -78,6 +80,8 @@ struct Dump {
     fast_path: FastPathDump,
     #[serde(skip_serializing_if = "Option::is_none")]
     handover: Option<crate::redirect::bpffs::Handover>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_force: Option<crate::agent::InForce>,
 }
 
 /// `fastPath` in `/config_dump`.
@@ -293,6 +297,7 @@ fn route(req: &Request<Incoming>, state: &AdminState) -> Response<Body> {
                     in_force: state.fast_path.as_ref().and_then(|fast| fast.dump()),
                 },
                 handover: state.handover.clone(),
+                in_force: state.in_force.clone(),
             };
             match serde_json::to_string_pretty(&dump) {
                 Ok(body) => with_type(StatusCode::OK, "application/json", body + "\n"),

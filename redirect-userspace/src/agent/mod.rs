@@ -6,6 +6,8 @@ mod dir_watch;
 mod families;
 mod file_watch;
 mod hbone;
+mod in_force;
+pub(crate) use in_force::InForce;
 mod inbound;
 
 pub(crate) mod handover;
@@ -106,6 +108,8 @@ pub(crate) fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()
     });
     let limits = Limits::size(fd_limit, ephemeral_ports, &config.budget);
     info!(?limits, "resource budgets");
+    let in_force = in_force::InForce::of(&config);
+    info!(config = %in_force.to_json_line(), "configuration in force");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("proxy")
@@ -272,6 +276,7 @@ async fn start(
         log_level: Some(log_level),
         budgets: Some(budgets.clone()),
         connections: Some(connections),
+        in_force: Some(in_force::InForce::of(config)),
     };
 
     if predecessor.is_some() {

@@ -53,6 +53,17 @@ impl KernelRecords {
     }
 }
 
+impl std::fmt::Display for KernelRecords {
+    /// As `--kernel-records` takes it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelRecords::Off => f.write_str("off"),
+            KernelRecords::All => f.write_str("all"),
+            KernelRecords::OneIn(n) => write!(f, "1/{n}"),
+        }
+    }
+}
+
 impl std::str::FromStr for KernelRecords {
     type Err = String;
 

@@ -273,4 +273,13 @@ fn the_flag_reads_all_off_and_one_in_n() {
         let e = parse(bad).unwrap_err();
         assert!(e.contains("1/N"), "{bad}: {e}");
     }
+    // Shown as the flag takes it (the configuration in force).
+    for value in [
+        KernelRecords::Off,
+        KernelRecords::All,
+        KernelRecords::OneIn(20),
+    ] {
+        assert_eq!(parse(&value.to_string()), Ok(value));
+    }
+    assert_eq!(KernelRecords::OneIn(20).to_string(), "1/20");
 }
