@@ -6,6 +6,9 @@
 //! proxy never delays a scrape, and a slow scraper never takes a proxy worker.
 pub(crate) mod client;
 mod connections;
+mod in_force;
+
+pub(crate) use in_force::InForce;
 
 use std::{convert::Infallible, io, net::SocketAddr, sync::Arc, thread};
 
@@ -49,7 +52,7 @@ pub(crate) struct AdminState {
     /// The connection records, kernel's and proxy's (`/connections`).
     pub connections: Option<Arc<crate::records::Connections>>,
     /// The agent's flags and defaults in force (`inForce` in `/config_dump`).
-    pub in_force: Option<crate::agent::InForce>,
+    pub in_force: Option<InForce>,
 }
 
 impl AdminState {
@@ -81,7 +84,7 @@ struct Dump {
     #[serde(skip_serializing_if = "Option::is_none")]
     handover: Option<crate::redirect::bpffs::Handover>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    in_force: Option<crate::agent::InForce>,
+    in_force: Option<InForce>,
 }
 
 /// `fastPath` in `/config_dump`.

@@ -7,7 +7,6 @@ mod families;
 mod file_watch;
 mod hbone;
 mod in_force;
-pub(crate) use in_force::InForce;
 mod inbound;
 
 pub(crate) mod handover;
@@ -108,7 +107,7 @@ pub(crate) fn run(config: AgentConfig, log_level: LogLevel) -> anyhow::Result<()
     });
     let limits = Limits::size(fd_limit, ephemeral_ports, &config.budget);
     info!(?limits, "resource budgets");
-    let in_force = in_force::InForce::of(&config);
+    let in_force = in_force::of(&config);
     info!(config = %in_force.to_json_line(), "configuration in force");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -276,7 +275,7 @@ async fn start(
         log_level: Some(log_level),
         budgets: Some(budgets.clone()),
         connections: Some(connections),
-        in_force: Some(in_force::InForce::of(config)),
+        in_force: Some(in_force::of(config)),
     };
 
     if predecessor.is_some() {
