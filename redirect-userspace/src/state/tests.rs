@@ -660,23 +660,21 @@ fn hbone_peers_are_the_enrolled_pods_of_other_nodes_and_this_nodes_pods_receive(
             "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{{labels}}}}}\nspec: {{nodeName: {node}}}\nstatus: {{podIP: {ip}}}\n---\n"
         )
     };
+    // The Pod's manifest with both its addresses in `podIPs`.
+    let dual_stack = |manifest: String, v4: &str, v6: &str| {
+        manifest.replace(
+            &format!("podIP: {v4}"),
+            &format!("podIP: {v4}, podIPs: [{{ip: {v4}}}, {{ip: '{v6}'}}]"),
+        )
+    };
     let pods = [
         pod("here", "a", "node-a", "10.0.1.1", ""),
-        pod("there", "b", "node-b", "10.0.2.1", "").replace(
-            "podIP: 10.0.2.1",
-            "podIP: 10.0.2.1, podIPs: [{ip: 10.0.2.1}, {ip: 'fd00::2:1'}]",
-        ),
+        dual_stack(pod("there", "b", "node-b", "10.0.2.1", ""), "10.0.2.1", "fd00::2:1"),
         pod("out", "b", "node-b", "10.0.2.2", "istio.io/dataplane-mode: none"),
         "apiVersion: v1\nkind: Pod\nmetadata: {name: nowhere, namespace: a}\nstatus: {podIP: 10.0.1.2}\n---\n".to_string(),
         pod("waypoint", "a", "node-a", "10.0.1.3", "istio.io/dataplane-mode: none"),
-        pod("proxy", "kube-system", "node-b", "192.0.2.2", "").replace(
-            "podIP: 192.0.2.2",
-            "podIP: 192.0.2.2, podIPs: [{ip: 192.0.2.2}, {ip: 'fd00:2::2'}]",
-        ),
-        pod("cni", "kube-system", "node-b", "192.0.2.2", "").replace(
-            "podIP: 192.0.2.2",
-            "podIP: 192.0.2.2, podIPs: [{ip: 192.0.2.2}, {ip: 'fd00:2::2'}]",
-        ),
+        dual_stack(pod("proxy", "kube-system", "node-b", "192.0.2.2", ""), "192.0.2.2", "fd00:2::2"),
+        dual_stack(pod("cni", "kube-system", "node-b", "192.0.2.2", ""), "192.0.2.2", "fd00:2::2"),
         pod("plain", "c", "node-b", "10.0.3.1", ""),
         pod("enrolled", "c", "node-b", "10.0.3.2", "istio.io/dataplane-mode: ambient"),
         pod("sidecar", "b", "node-b", "10.0.2.3", "").replace(

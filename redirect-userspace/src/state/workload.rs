@@ -83,6 +83,20 @@ struct ByAddress {
     shared_v6: Vec<u128>,
 }
 
+/// Sorts `held` by address and keeps the first place given for each (the sort is stable); returns
+/// the addresses given more than once, sorted.
+fn sort_keeping_first<K: Ord + Copy>(held: &mut Vec<(K, Place)>) -> Vec<K> {
+    held.sort_by_key(|(ip, _)| *ip);
+    let mut shared: Vec<K> = held
+        .windows(2)
+        .filter(|pair| pair[0].0 == pair[1].0)
+        .map(|pair| pair[0].0)
+        .collect();
+    shared.dedup();
+    held.dedup_by_key(|(ip, _)| *ip);
+    shared
+}
+
 impl ByAddress {
     /// The first place given for each address, of `places` in their order.
     fn new(places: impl Iterator<Item = (IpAddr, Place)>) -> Self {
@@ -93,25 +107,8 @@ impl ByAddress {
                 IpAddr::V6(v6) => by.v6.push((v6.to_bits(), place)),
             }
         }
-        // Stable: the first of several with one address stays first, and is the one kept.
-        by.v4.sort_by_key(|(ip, _)| *ip);
-        by.shared_v4 = by
-            .v4
-            .windows(2)
-            .filter(|pair| pair[0].0 == pair[1].0)
-            .map(|pair| pair[0].0)
-            .collect();
-        by.shared_v4.dedup();
-        by.v4.dedup_by_key(|(ip, _)| *ip);
-        by.v6.sort_by_key(|(ip, _)| *ip);
-        by.shared_v6 = by
-            .v6
-            .windows(2)
-            .filter(|pair| pair[0].0 == pair[1].0)
-            .map(|pair| pair[0].0)
-            .collect();
-        by.shared_v6.dedup();
-        by.v6.dedup_by_key(|(ip, _)| *ip);
+        by.shared_v4 = sort_keeping_first(&mut by.v4);
+        by.shared_v6 = sort_keeping_first(&mut by.v6);
         by.v4.shrink_to_fit();
         by.v6.shrink_to_fit();
         by
